@@ -146,6 +146,11 @@ CELERY_BROKER_TRANSPORT_OPTIONS = (
     if CELERY_BROKER_URL.startswith("filesystem")
     else {}
 )
+for _folder in CELERY_BROKER_TRANSPORT_OPTIONS.get("data_folder_in", ""), CELERY_BROKER_TRANSPORT_OPTIONS.get(
+    "processed_folder", ""
+):
+    if _folder:
+        Path(_folder).mkdir(parents=True, exist_ok=True)
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
