@@ -1,0 +1,34 @@
+# The two commands: `make run` starts the whole system on the embedded default, `make test` runs
+# every test. Both create or update .venv first, so either works as the first command on a clone.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+RUN_STAMP := $(VENV)/.installed-run
+DEV_STAMP := $(VENV)/.installed-dev
+
+.PHONY: run test venv lint clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(RUN_STAMP): requirements.txt | $(VENV)/bin/python
+	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+$(DEV_STAMP): requirements.txt requirements-dev.txt | $(VENV)/bin/python
+	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $(RUN_STAMP) $@
+
+venv: $(DEV_STAMP)
+
+run: $(RUN_STAMP)
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py run_local
+
+test: $(DEV_STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf var test-artifacts .pytest_cache

@@ -1,0 +1,64 @@
+"""Start a set of child processes and stop them all together (the local launcher's supervisor)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ProcessGroup:
+    """Children started in their own process groups, so stopping one also stops its descendants."""
+
+    children: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+
+    def start(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        process = subprocess.Popen(list(argv), env={**os.environ, **(env or {})}, start_new_session=True)
+        self.children.append((name, process))
+        return process
+
+    def first_exit(self, poll_s: float = 0.5) -> tuple[str, int]:
+        """Block until a child exits; return its name and exit code."""
+        while True:
+            for name, process in self.children:
+                code = process.poll()
+                if code is not None:
+                    return name, code
+            time.sleep(poll_s)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every child group, then SIGKILL what is still there after the grace period."""
+        for _, process in self.children:
+            _signal_group(process, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for _, process in self.children:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(process, signal.SIGKILL)
+                process.wait()
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def raise_keyboard_interrupt_on_sigterm() -> None:
+    """Make SIGTERM stop the launcher like Ctrl-C does, so its children are always stopped too."""
+
+    def _handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _handler)
+
+
+def python_argv(*args: str) -> list[str]:
+    return [sys.executable, *args]

@@ -1,0 +1,44 @@
+"""Helpers for tests that start real processes: free ports, waiting for HTTP, clean environments."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SERVICE_VARIABLES = ("DATABASE_URL", "CELERY_BROKER_URL", "CHANNEL_REDIS_URL")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def embedded_env(var_dir: Path) -> dict[str, str]:
+    """The environment of a fresh embedded-default install: no service variables, its own var/ dir."""
+    env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARIABLES and k != "DJANGO_SETTINGS_MODULE"}
+    env["MOTLEY_VAR_DIR"] = str(var_dir)
+    return env
+
+
+def wait_for_http(url: str, timeout_s: float = 60.0, headers: dict[str, str] | None = None) -> httpx.Response:
+    """Poll until the URL answers at all (any status), or fail with what we last saw."""
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            return httpx.get(url, headers=headers, timeout=2.0)
+        except httpx.HTTPError as exc:
+            last_error = exc
+            time.sleep(0.3)
+    raise TimeoutError(f"{url} did not answer within {timeout_s}s: {last_error}")
+
+
+def manage_argv(*args: str) -> list[str]:
+    return [sys.executable, str(REPO_ROOT / "manage.py"), *args]
