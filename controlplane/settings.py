@@ -143,15 +143,14 @@ CELERY_BROKER_TRANSPORT_OPTIONS = (
         "data_folder_in": str(VAR_DIR / "broker"),
         "data_folder_out": str(VAR_DIR / "broker"),
         "processed_folder": str(VAR_DIR / "broker-processed"),
+        "control_folder": str(VAR_DIR / "broker-control"),
         "store_processed": False,
     }
     if CELERY_BROKER_URL.startswith("filesystem")
     else {}
 )
-for _folder in CELERY_BROKER_TRANSPORT_OPTIONS.get("data_folder_in", ""), CELERY_BROKER_TRANSPORT_OPTIONS.get(
-    "processed_folder", ""
-):
-    if _folder:
+for _option in ("data_folder_in", "processed_folder", "control_folder"):
+    if _folder := CELERY_BROKER_TRANSPORT_OPTIONS.get(_option):
         Path(_folder).mkdir(parents=True, exist_ok=True)
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
