@@ -1,0 +1,182 @@
+"""Discovery and per-second metrics of NVIDIA GPUs through NVML (the nvidia-ml-py package).
+
+NVML reports what a card is (name, uuid, memory, PCIe link, NUMA node, NVLink peers) and how it is
+doing (utilization, memory used, temperature, power, clocks, throttle reasons, PCIe throughput).
+It does not report memory bandwidth or tensor throughput: the GPU catalog fills those by name.
+
+Every function takes the NVML module as a parameter (default: the real ``pynvml``) so tests on
+machines without a GPU can hand in a stand-in, while on a GPU host this exact code runs.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+from controlplane.hardware.gpu_catalog import UnknownGpuModel, lookup
+from controlplane.hardware.specs import DeviceSpec
+
+
+@dataclass(frozen=True)
+class GpuMetrics:
+    """One sample of one GPU, as pushed with each heartbeat."""
+
+    index: int
+    utilization_pct: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+    temperature_c: float
+    power_w: float
+    power_limit_w: float
+    sm_clock_mhz: int
+    throttle_reasons: tuple[str, ...]
+    pcie_tx_bytes_per_s: float
+    pcie_rx_bytes_per_s: float
+
+
+# The NVML throttle ("clock event") reason bits that mean the card is running slower than it could.
+_THROTTLE_BITS = {
+    "nvmlClocksThrottleReasonSwPowerCap": "power_cap",
+    "nvmlClocksThrottleReasonHwSlowdown": "hw_slowdown",
+    "nvmlClocksThrottleReasonSwThermalSlowdown": "sw_thermal",
+    "nvmlClocksThrottleReasonHwThermalSlowdown": "hw_thermal",
+    "nvmlClocksThrottleReasonHwPowerBrakeSlowdown": "power_brake",
+}
+
+
+def _real_nvml() -> types.ModuleType:
+    import pynvml
+
+    return pynvml
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def nvml_available(nvml: types.ModuleType | None = None) -> bool:
+    """True when NVML loads and sees at least one GPU (False on machines without the driver)."""
+    nvml = nvml or _real_nvml()
+    try:
+        nvml.nvmlInit()
+    except Exception:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...: no GPUs to manage here
+        return False
+    try:
+        return nvml.nvmlDeviceGetCount() > 0
+    finally:
+        nvml.nvmlShutdown()
+
+
+def discover_devices(node: str, nvml: types.ModuleType | None = None) -> list[DeviceSpec]:
+    """Describe every GPU of this node; NVLink-connected GPUs share an island name."""
+    nvml = nvml or _real_nvml()
+    nvml.nvmlInit()
+    try:
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        bus_ids = [_text(nvml.nvmlDeviceGetPciInfo(h).busId).lower() for h in handles]
+        islands = _nvlink_islands(nvml, handles, bus_ids)
+        return [_describe(nvml, node, index, handle, bus_ids[index], islands.get(index))
+                for index, handle in enumerate(handles)]
+    finally:
+        nvml.nvmlShutdown()
+
+
+def _describe(nvml, node: str, index: int, handle, bus_id: str, island: str | None) -> DeviceSpec:
+    name = _text(nvml.nvmlDeviceGetName(handle))
+    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    try:
+        card = lookup(name)
+    except UnknownGpuModel:
+        card = None  # still usable: memory is known; speed figures stay 0 until declared
+    return DeviceSpec(
+        name=f"{node}/gpu{index}",
+        node=node,
+        index=index,
+        model=card.name if card else name,
+        uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+        memory_bytes=int(memory.total),
+        memory_bandwidth_gbs=card.memory_bandwidth_gbs if card else 0.0,
+        fp16_tflops=card.fp16_tflops if card else 0.0,
+        bf16_tflops=card.bf16_tflops if card else 0.0,
+        int8_tops=card.int8_tops if card else 0.0,
+        pcie_gen=int(nvml.nvmlDeviceGetMaxPcieLinkGeneration(handle)),
+        pcie_lanes=int(nvml.nvmlDeviceGetMaxPcieLinkWidth(handle)),
+        numa_node=_numa_node(nvml, handle, bus_id),
+        nvlink_island=island,
+        nvlink_bandwidth_gbs=(card.nvlink_gbs if card else 0.0) if island else 0.0,
+        memory_used_bytes=int(memory.used),
+        emulated=False,
+    )
+
+
+def _numa_node(nvml, handle, bus_id: str) -> int | None:
+    try:
+        node = nvml.nvmlDeviceGetNumaNodeId(handle)
+        return int(node) if node >= 0 else None
+    except Exception:  # older drivers lack the call: the kernel knows it from the PCI address
+        path = Path("/sys/bus/pci/devices") / bus_id[-12:] / "numa_node"
+        try:
+            node = int(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return node if node >= 0 else None
+
+
+def _nvlink_islands(nvml, handles: list, bus_ids: list[str]) -> dict[int, str]:
+    """Group GPUs joined by active NVLinks (transitively) and name each group after its first GPU."""
+    index_of_bus = {bus: i for i, bus in enumerate(bus_ids)}
+    parent = list(range(len(handles)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    linked: set[int] = set()
+    for i, handle in enumerate(handles):
+        for link in range(nvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                if nvml.nvmlDeviceGetNvLinkState(handle, link) != nvml.NVML_FEATURE_ENABLED:
+                    continue
+                peer_bus = _text(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId).lower()
+            except Exception:  # no such link on this card (NVML raises NotSupported / InvalidArgument)
+                continue
+            peer = index_of_bus.get(peer_bus)
+            if peer is not None and peer != i:  # NVSwitch ports report the switch's bus id: skip those
+                parent[root(i)] = root(peer)
+                linked.update((i, peer))
+    return {i: f"nvlink-{min(j for j in linked if root(j) == root(i))}" for i in sorted(linked)}
+
+
+def sample_metrics(nvml: types.ModuleType | None = None) -> list[GpuMetrics]:
+    """One metrics sample per GPU. NVML must stay initialised by the caller for repeated sampling."""
+    nvml = nvml or _real_nvml()
+    samples = []
+    for index in range(nvml.nvmlDeviceGetCount()):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        samples.append(
+            GpuMetrics(
+                index=index,
+                utilization_pct=float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+                memory_used_bytes=int(memory.used),
+                memory_total_bytes=int(memory.total),
+                temperature_c=float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
+                power_w=nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+                power_limit_w=nvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0,
+                sm_clock_mhz=int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+                throttle_reasons=_throttle_reasons(nvml, handle),
+                # NVML reports KB/s over a 20 ms window.
+                pcie_tx_bytes_per_s=nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_TX_BYTES) * 1024.0,
+                pcie_rx_bytes_per_s=nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_RX_BYTES) * 1024.0,
+            )
+        )
+    return samples
+
+
+def _throttle_reasons(nvml, handle) -> tuple[str, ...]:
+    getter = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    bits = int(getter(handle))
+    return tuple(label for attr, label in _THROTTLE_BITS.items() if bits & int(getattr(nvml, attr, 0)))
