@@ -1,0 +1,199 @@
+"""A paged KV cache preallocated to the token budget the plan gives a stage.
+
+Memory is one tensor per K and V, ``[layers, slots, kv_heads, head_dim]``, cut into blocks of
+``block_size`` token slots. A sequence owns a list of blocks, so sequences of any mix of lengths
+waste less than one block each, freeing a sequence returns its blocks at once, and a request past
+the budget is refused with :class:`KVBudgetExceeded` before anything is written, never an
+out-of-memory crash in the middle of a step.
+
+The cache also owns each sequence's length (its next position), which is all the per-sequence state
+a stage keeps; :meth:`KVCache.plan` turns a ragged batch into the few index tensors every layer shares.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+class KVBudgetExceeded(RuntimeError):
+    """The stage's KV cache cannot hold the tokens asked for; nothing was reserved or written."""
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """Index tensors for one forward of a ragged batch, shared by all layers of the stage.
+
+    Tokens are packed flat (sequence after sequence); attention runs on a padded
+    ``[batch, max_new_tokens]`` view of the queries against ``[batch, max_length]`` gathered keys.
+    """
+
+    positions: torch.Tensor  # [tokens] position of each new token
+    seq_ends: torch.Tensor  # [tokens] length of the token's sequence after this step
+    write_slots: torch.Tensor  # [tokens] cache slot each new token's K/V goes to
+    gather_slots: torch.Tensor  # [batch, max_length] cache slots of each sequence's keys (padded)
+    query_index: torch.Tensor | None  # [tokens] index into the padded [batch * max_new] layout; None if no padding
+    mask: torch.Tensor | None  # [batch, 1, max_new, max_length] bool, True where attention is allowed
+    batch: int
+    max_new: int
+
+
+class KVCache:
+    """Paged K/V storage for ``num_layers`` layers and at most ``kv_tokens`` tokens in total."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        kv_tokens: int,
+        *,
+        block_size: int = 16,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        sliding_window: int | None = None,
+    ):
+        if kv_tokens <= 0 or block_size <= 0:
+            raise ValueError("kv_tokens and block_size must be positive")
+        self.block_size = block_size
+        self.num_blocks = math.ceil(kv_tokens / block_size)
+        self.sliding_window = sliding_window
+        self.device = torch.device(device)
+        shape = (num_layers, self.num_blocks * block_size, num_kv_heads, head_dim)
+        # Zeros, not empty: padded gathers read unused slots, and 0 * NaN would poison real rows.
+        self.k = torch.zeros(shape, device=self.device, dtype=dtype)
+        self.v = torch.zeros(shape, device=self.device, dtype=dtype)
+        self._free_blocks = list(range(self.num_blocks - 1, -1, -1))
+        self._blocks: dict[int, list[int]] = {}
+        self._lengths: dict[int, int] = {}
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def free_tokens(self) -> int:
+        """Tokens that can still be reserved (whole free blocks)."""
+        return len(self._free_blocks) * self.block_size
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.nbytes // self.capacity_tokens
+
+    @property
+    def sequences(self) -> list[int]:
+        return list(self._blocks)
+
+    def length(self, seq_id: int) -> int:
+        """Tokens of ``seq_id`` held in the cache (its next position); 0 for an unknown sequence."""
+        return self._lengths.get(seq_id, 0)
+
+    def reserved_tokens(self, seq_id: int) -> int:
+        return len(self._blocks.get(seq_id, ())) * self.block_size
+
+    def _blocks_needed(self, seq_id: int, n_tokens: int) -> int:
+        return max(0, math.ceil(n_tokens / self.block_size) - len(self._blocks.get(seq_id, ())))
+
+    def allocate(self, seq_id: int, n_tokens: int) -> None:
+        """Reserve room for ``seq_id`` to reach ``n_tokens`` tokens in total (e.g. prompt + max new tokens).
+
+        Reserving up front lets a scheduler admit a request only when it can finish; without it, blocks
+        are taken on demand by :meth:`plan`. Raises :class:`KVBudgetExceeded` and reserves nothing if
+        the blocks are not free.
+        """
+        self._reserve({seq_id: n_tokens})
+
+    def _reserve(self, totals: dict[int, int]) -> None:
+        needed = {seq_id: self._blocks_needed(seq_id, n) for seq_id, n in totals.items()}
+        for seq_id, n in totals.items():
+            if n > self.capacity_tokens:
+                raise KVBudgetExceeded(
+                    f"sequence {seq_id} needs {n} KV tokens but this stage's whole cache holds "
+                    f"{self.capacity_tokens} (kv_tokens budget of the plan)"
+                )
+        total = sum(needed.values())
+        if total > len(self._free_blocks):
+            raise KVBudgetExceeded(
+                f"KV cache full: sequences {sorted(totals)} need {total * self.block_size} more tokens, "
+                f"{self.free_tokens} of {self.capacity_tokens} are free; free finished sequences or retry later"
+            )
+        for seq_id, count in needed.items():
+            blocks = self._blocks.setdefault(seq_id, [])
+            self._lengths.setdefault(seq_id, 0)
+            blocks.extend(self._free_blocks.pop() for _ in range(count))
+
+    def free(self, seq_id: int) -> None:
+        """Forget ``seq_id`` and return its blocks; freeing an unknown sequence is a no-op (idempotent)."""
+        self._free_blocks.extend(reversed(self._blocks.pop(seq_id, [])))
+        self._lengths.pop(seq_id, None)
+
+    def plan(self, seq_ids: list[int], starts: list[int], lengths: list[int]) -> AttentionPlan:
+        """Reserve room for a ragged batch, advance each sequence's length, and build the index tensors.
+
+        ``starts[i]`` is the position of sequence ``i``'s first new token. It may be lower than the
+        cached length (the tail is recomputed and overwritten, e.g. a retried step) but not higher,
+        since the cache would have a hole.
+        """
+        if not (len(seq_ids) == len(starts) == len(lengths)) or not seq_ids:
+            raise ValueError("a batch needs equally long, non-empty seq_ids, starts and lengths")
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError("a sequence may appear only once per batch")
+        for seq_id, start, n in zip(seq_ids, starts, lengths):
+            if n <= 0:
+                raise ValueError(f"sequence {seq_id}: a batch entry needs at least one token")
+            if not 0 <= start <= self.length(seq_id):
+                raise ValueError(
+                    f"sequence {seq_id}: start position {start} but the cache holds {self.length(seq_id)} tokens"
+                )
+        self._reserve({seq_id: start + n for seq_id, start, n in zip(seq_ids, starts, lengths)})
+        for seq_id, start, n in zip(seq_ids, starts, lengths):
+            self._lengths[seq_id] = start + n
+        return self._build_plan(seq_ids, starts, lengths)
+
+    def _slots(self, seq_id: int, end: int) -> torch.Tensor:
+        blocks = torch.tensor(self._blocks[seq_id], dtype=torch.long)
+        pos = torch.arange(end)
+        return blocks[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def _build_plan(self, seq_ids: list[int], starts: list[int], lengths: list[int]) -> AttentionPlan:
+        batch, max_new = len(seq_ids), max(lengths)
+        ends = [s + n for s, n in zip(starts, lengths)]
+        max_len = max(ends)
+        gather = torch.empty(batch, max_len, dtype=torch.long)
+        write, positions, seq_ends, query_index = [], [], [], []
+        for b, (seq_id, start, n, end) in enumerate(zip(seq_ids, starts, lengths, ends)):
+            slots = self._slots(seq_id, end)
+            gather[b, :end] = slots
+            gather[b, end:] = slots[0]  # any slot of the same sequence; masked out anyway
+            write.append(slots[start:])
+            positions.append(torch.arange(start, end))
+            seq_ends.append(torch.full((n,), end))
+            query_index.append(torch.arange(b * max_new, b * max_new + n))
+        starts_t = torch.tensor(starts)
+        q_pos = starts_t[:, None] + torch.arange(max_new)[None, :]  # [batch, max_new]
+        k_pos = torch.arange(max_len)[None, None, :]
+        padded = any(n != max_new for n in lengths)
+        needs_mask = padded or max_new > 1 or any(e != max_len for e in ends) or self.sliding_window is not None
+        mask = None
+        if needs_mask:
+            mask = k_pos <= q_pos[:, :, None]
+            if self.sliding_window is not None:
+                mask &= k_pos > q_pos[:, :, None] - self.sliding_window
+            mask = mask[:, None].to(self.device)
+        dev = self.device
+        return AttentionPlan(
+            positions=torch.cat(positions).to(dev),
+            seq_ends=torch.cat(seq_ends).to(dev),
+            write_slots=torch.cat(write).to(dev),
+            gather_slots=gather.to(dev),
+            query_index=torch.cat(query_index).to(dev) if padded else None,
+            mask=mask,
+            batch=batch,
+            max_new=max_new,
+        )

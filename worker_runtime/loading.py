@@ -1,0 +1,95 @@
+"""Reading a stage's own tensors out of a Hugging Face safetensors checkpoint, block of rows by block.
+
+safetensors memory-maps each file, so a stage touches only the bytes of the tensors it asks for.
+Tensors are copied in row blocks of at most ``CHUNK_BYTES`` straight into the stage's final
+parameters (converted or quantized on the way), which keeps peak memory while loading to the stage's
+final size plus one block, whatever the size of the embedding or the lm_head.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+CHUNK_BYTES = 16 * 2**20
+
+
+class CheckpointReader:
+    """Name -> file lookup over ``model.safetensors`` or a sharded ``model.safetensors.index.json``."""
+
+    def __init__(self, model_dir: str | Path):
+        self.model_dir = Path(model_dir)
+        index = self.model_dir / "model.safetensors.index.json"
+        self._stack = ExitStack()
+        self._handles: dict[str, object] = {}
+        if index.exists():
+            self._file_of = dict(json.loads(index.read_text())["weight_map"])
+        else:
+            single = self.model_dir / "model.safetensors"
+            if not single.exists():
+                raise FileNotFoundError(f"{self.model_dir}: no model.safetensors or model.safetensors.index.json")
+            with safe_open(single, framework="pt") as f:
+                self._file_of = {name: single.name for name in f.keys()}
+
+    def __enter__(self) -> "CheckpointReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+        self._handles.clear()
+
+    def has(self, name: str) -> bool:
+        return name in self._file_of
+
+    def _handle(self, name: str):
+        if name not in self._file_of:
+            raise KeyError(f"{self.model_dir}: tensor {name!r} is not in the checkpoint")
+        file = self._file_of[name]
+        if file not in self._handles:
+            self._handles[file] = self._stack.enter_context(safe_open(self.model_dir / file, framework="pt"))
+        return self._handles[file]
+
+    def shape(self, name: str) -> list[int]:
+        return list(self._handle(name).get_slice(name).get_shape())
+
+    def row_blocks(self, name: str, max_rows: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+        """Yield (first row, rows) of tensor ``name`` in blocks of at most ``CHUNK_BYTES`` (or ``max_rows``)."""
+        tensor = self._handle(name).get_slice(name)
+        shape = tensor.get_shape()
+        if len(shape) == 1:
+            yield 0, tensor[:]
+            return
+        row_bytes = max(1, shape[1] * 4)
+        step = max(64, CHUNK_BYTES // row_bytes // 64 * 64)
+        if max_rows is not None:
+            step = min(step, max_rows)
+        for start in range(0, shape[0], step):
+            yield start, tensor[start : start + step]
+
+
+RowWriter = Callable[[int, torch.Tensor], None]
+
+
+def copy_rows_into(param: torch.Tensor) -> RowWriter:
+    """A row writer that copies (and converts) blocks into a preallocated dense tensor."""
+
+    def write(row0: int, rows: torch.Tensor) -> None:
+        param[row0 : row0 + rows.shape[0]].copy_(rows)
+
+    return write
+
+
+def load_concatenated(reader: CheckpointReader, names: list[str], write: RowWriter) -> None:
+    """Stream the tensors ``names``, concatenated along rows, through ``write`` (fused q/k/v, gate/up)."""
+    offset = 0
+    for name in names:
+        rows = 0
+        for start, block in reader.row_blocks(name):
+            write(offset + start, block)
+            rows = start + block.shape[0]
+        offset += rows

@@ -1,0 +1,124 @@
+"""A LLaMA-family decoder layer in the gpt-fast style: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+
+Covers LLaMA 1-3, Mistral and Qwen2 (q/k/v biases). q/k/v and gate/up are fused into one matmul each,
+which matters on a CPU at batch 1 where every kernel call costs. Layers work on flat ``[tokens, hidden]``
+activations of a ragged batch; attention reads and writes the paged cache through an
+:class:`~worker_runtime.kv_cache.AttentionPlan` built once per forward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .kv_cache import AttentionPlan
+from .rope import apply_rotary
+
+
+class RMSNorm(nn.Module):
+    """Normalizes in fp32 and casts back before the weight, exactly as transformers does."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.wqkv = nn.Linear(config.hidden_size, config.q_size + 2 * config.kv_size, bias=config.attention_bias)
+        # LLaMA's attention_bias also covers o_proj; Qwen2 has biases on q/k/v only.
+        self.wo = nn.Linear(config.q_size, config.hidden_size, bias=config.attention_bias and config.model_type != "qwen2")
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        plan: AttentionPlan,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        tokens = x.shape[0]
+        q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = apply_rotary(q.view(tokens, self.n_heads, self.head_dim), cos, sin)
+        k = apply_rotary(k.view(tokens, self.n_kv_heads, self.head_dim), cos, sin)
+        k_cache.index_copy_(0, plan.write_slots, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, plan.write_slots, v.view(tokens, self.n_kv_heads, self.head_dim).to(v_cache.dtype))
+        keys = k_cache[plan.gather_slots].transpose(1, 2).to(q.dtype)  # [batch, kv_heads, max_len, head_dim]
+        values = v_cache[plan.gather_slots].transpose(1, 2).to(q.dtype)
+        if plan.query_index is None:
+            q = q.view(plan.batch, plan.max_new, self.n_heads, self.head_dim)
+        else:
+            padded = q.new_zeros(plan.batch * plan.max_new, self.n_heads, self.head_dim)
+            q = padded.index_copy_(0, plan.query_index, q).view(plan.batch, plan.max_new, self.n_heads, self.head_dim)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, values, attn_mask=plan.mask, enable_gqa=self.n_heads != self.n_kv_heads
+        )
+        out = out.transpose(1, 2).reshape(plan.batch * plan.max_new, q_size)
+        if plan.query_index is not None:
+            out = out.index_select(0, plan.query_index)
+        return self.wo(out)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)), with gate and up fused into ``w13``."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.intermediate = config.intermediate_size
+        self.w13 = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.w2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w13(x).split([self.intermediate, self.intermediate], dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attention = Attention(config)
+        self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.feed_forward = FeedForward(config)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        plan: AttentionPlan,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), plan, cos, sin, k_cache, v_cache)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+def hf_tensor_names(layer: int) -> dict[str, list[str]]:
+    """Our parameter names in a layer -> the Hugging Face tensors they are made of (row-concatenated)."""
+    p = f"model.layers.{layer}."
+    names = {
+        "attention_norm.weight": [p + "input_layernorm.weight"],
+        "ffn_norm.weight": [p + "post_attention_layernorm.weight"],
+        "attention.wqkv.weight": [p + f"self_attn.{n}_proj.weight" for n in "qkv"],
+        "attention.wqkv.bias": [p + f"self_attn.{n}_proj.bias" for n in "qkv"],
+        "attention.wo.weight": [p + "self_attn.o_proj.weight"],
+        "attention.wo.bias": [p + "self_attn.o_proj.bias"],
+        "feed_forward.w13.weight": [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
+        "feed_forward.w13.bias": [p + "mlp.gate_proj.bias", p + "mlp.up_proj.bias"],
+        "feed_forward.w2.weight": [p + "mlp.down_proj.weight"],
+        "feed_forward.w2.bias": [p + "mlp.down_proj.bias"],
+    }
+    return names

@@ -1,0 +1,179 @@
+"""Weight-only int8 (per output channel) and int4 (group-wise) linear layers on torch's packed kernels.
+
+Decode is memory-bound, so the point is to read fewer weight bytes per token. The layers fill
+themselves row block by row block while a stage loads (:meth:`load_rows`), so a full-precision copy
+of a whole matrix never exists. The packed kernels run on bfloat16 activations: on CPU that is the
+only fast path torch has (fp32 inputs hit a scalar fallback several times slower than a dense fp32
+matmul), and on CUDA the int4 kernel accepts nothing else. Inputs and outputs keep the stage's dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+KERNEL_DTYPE = torch.bfloat16
+INT4_GROUP_SIZES = (256, 128, 64, 32)  # what torch's int4 kernels accept
+_CPU_PACK_ROWS = 64  # torch's CPU int4 packing is independent per block of 64 rows
+_CUDA_INNER_K_TILES = 8
+
+
+class QuantizationError(ValueError):
+    """A layer whose shape the chosen packed kernel cannot take; the message says which constraint."""
+
+
+@functools.cache
+def int8_kernel_available(device_type: str) -> bool:
+    """Whether ``torch._weight_int8pack_mm`` runs on this kind of device (probed once)."""
+    try:
+        device = torch.device(device_type)
+        x = torch.zeros(1, 32, dtype=KERNEL_DTYPE, device=device)
+        w = torch.zeros(32, 32, dtype=torch.int8, device=device)
+        torch._weight_int8pack_mm(x, w, torch.ones(32, dtype=KERNEL_DTYPE, device=device))
+        return True
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+def quantize_int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8: returns (int8 rows, bf16 scales); the scale is rounded before use."""
+    w = w.float()
+    scales = (w.abs().amax(dim=1).clamp(min=1e-8) / 127).to(KERNEL_DTYPE)
+    q = torch.round(w / scales.float()[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scales
+
+
+def quantize_int4_rows(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric group-wise int4: returns (int32 values 0..15, bf16 scales_and_zeros [groups, rows, 2]).
+
+    torch's kernels dequantize as ``(q - 8) * scale + zero``, so ``zero`` is the group minimum plus 8 scales.
+    """
+    rows, cols = w.shape
+    groups = w.float().view(rows, cols // group_size, group_size)
+    lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)
+    scale = ((hi - lo).clamp(min=1e-8) / 15).to(KERNEL_DTYPE)
+    zero = (lo + 8 * scale.float()).to(KERNEL_DTYPE)
+    minimum = zero.float() - 8 * scale.float()
+    q = torch.round((groups - minimum[..., None]) / scale.float()[..., None]).clamp(0, 15)
+    scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
+    return q.view(rows, cols).to(torch.int32), scales_and_zeros
+
+
+def pick_group_size(in_features: int, wanted: int) -> int:
+    """The largest supported group size no larger than ``wanted`` that divides ``in_features``."""
+    for size in INT4_GROUP_SIZES:
+        if size <= wanted and in_features % size == 0:
+            return size
+    raise QuantizationError(f"int4: in_features {in_features} is not a multiple of any group size {INT4_GROUP_SIZES}")
+
+
+class Int8Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool, device: torch.device, dtype: torch.dtype):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("weight", torch.empty(out_features, in_features, dtype=torch.int8, device=device))
+        self.register_buffer("scales", torch.empty(out_features, dtype=KERNEL_DTYPE, device=device))
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
+        self.use_kernel = int8_kernel_available(device.type)
+
+    def load_rows(self, row0: int, w: torch.Tensor) -> None:
+        q, scales = quantize_int8_rows(w.to(self.weight.device))
+        self.weight[row0 : row0 + q.shape[0]] = q
+        self.scales[row0 : row0 + q.shape[0]] = scales
+
+    def finish(self) -> None:
+        """Nothing is staged for int8; present so every quantized layer loads the same way."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features).to(KERNEL_DTYPE)
+        if self.use_kernel:
+            y = torch._weight_int8pack_mm(x2, self.weight, self.scales)
+        else:
+            y = F.linear(x2, self.weight.to(KERNEL_DTYPE)) * self.scales
+        y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+class Int4Linear(nn.Module):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        device: torch.device,
+        dtype: torch.dtype,
+        group_size: int = 128,
+    ):
+        super().__init__()
+        if out_features % 16:
+            raise QuantizationError(f"int4: out_features {out_features} is not a multiple of 16")
+        self.in_features, self.out_features = in_features, out_features
+        self.group_size = pick_group_size(in_features, group_size)
+        self.on_cpu = device.type == "cpu"
+        if self.on_cpu:
+            packed = torch.empty(out_features, in_features // 2, dtype=torch.uint8, device=device)
+        else:
+            if in_features % (16 * _CUDA_INNER_K_TILES):
+                raise QuantizationError(f"int4 on cuda: in_features {in_features} is not a multiple of 128")
+            packed = torch.empty(0, dtype=torch.int32, device=device)  # shape known after packing
+        self.register_buffer("weight", packed)
+        groups = in_features // self.group_size
+        self.register_buffer("scales_and_zeros", torch.empty(groups, out_features, 2, dtype=KERNEL_DTYPE, device=device))
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
+        self._pending: list[torch.Tensor] = []
+        self._packed_rows = 0
+
+    def load_rows(self, row0: int, w: torch.Tensor) -> None:
+        """Quantize rows ``row0..``; rows must arrive in order, since packing works on whole row blocks."""
+        pending_rows = sum(p.shape[0] for p in self._pending)
+        if row0 != self._packed_rows + pending_rows:
+            raise ValueError("int4 rows must be loaded in order")
+        q, scales_and_zeros = quantize_int4_rows(w.to(self.scales_and_zeros.device), self.group_size)
+        self.scales_and_zeros[:, row0 : row0 + q.shape[0]] = scales_and_zeros
+        self._pending.append(q)
+        if self.on_cpu:
+            self._pack_cpu(final=False)
+
+    def _pack_cpu(self, final: bool) -> None:
+        pending = torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]
+        ready = pending.shape[0] if final else pending.shape[0] // _CPU_PACK_ROWS * _CPU_PACK_ROWS
+        if ready:
+            r = self._packed_rows
+            self.weight[r : r + ready] = torch._convert_weight_to_int4pack_for_cpu(pending[:ready], 1)
+            self._packed_rows += ready
+        self._pending = [pending[ready:]] if ready < pending.shape[0] else []
+
+    def finish(self) -> None:
+        """Pack the rows still staged (on CUDA: the whole matrix, packed on the device)."""
+        if not self._pending:
+            return
+        if self.on_cpu:
+            self._pack_cpu(final=True)
+            return
+        q = torch.cat(self._pending).to(torch.uint8)
+        self._pending = []
+        self.weight = torch._convert_weight_to_int4pack((q[:, ::2] << 4 | q[:, 1::2]).contiguous(), _CUDA_INNER_K_TILES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features).to(KERNEL_DTYPE)
+        if self.on_cpu:
+            y = torch._weight_int4pack_mm_for_cpu(x2, self.weight, self.group_size, self.scales_and_zeros)
+        else:
+            y = torch._weight_int4pack_mm(x2, self.weight, self.group_size, self.scales_and_zeros)
+        y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+def quantized_linear(
+    linear: nn.Linear, bits: int, device: torch.device, dtype: torch.dtype, group_size: int
+) -> nn.Module:
+    """An empty int8/int4 replacement for ``linear`` (which may live on the meta device)."""
+    args = (linear.in_features, linear.out_features, linear.bias is not None, device, dtype)
+    if bits == 8:
+        return Int8Linear(*args)
+    if bits == 4:
+        return Int4Linear(*args, group_size=group_size)
+    raise ValueError(f"bits must be 16, 8 or 4, got {bits}")

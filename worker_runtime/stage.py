@@ -1,0 +1,249 @@
+"""A pipeline stage: layers [start, end) of a model, its own KV cache, and a ragged-batch forward.
+
+The first stage also holds the token embedding; the last one the final norm and the lm_head. A stage
+is what one worker process serves: it loads only its own tensors, at the precision the plan chose,
+and turns a batch of (sequence id, start position, new tokens or hidden states) into hidden states
+for the next stage, or into the logits of each sequence's last token if it is the last stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .config import ModelConfig
+from .kv_cache import KVCache
+from .loading import CheckpointReader, copy_rows_into, load_concatenated
+from .model import DecoderLayer, RMSNorm, hf_tensor_names
+from .quantize import Int4Linear, Int8Linear, quantized_linear
+from .rope import RotaryEmbedding
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class Batch:
+    """A ragged batch: the new tokens of many sequences, packed flat in the order of ``seq_ids``.
+
+    Sequence ``i`` contributes ``lengths[i]`` tokens at positions ``start_positions[i] ...``: a prompt
+    (or a chunk of one) for prefill, a single token for decode; both kinds may share one batch. The
+    first stage takes ``input_ids`` [tokens] (int64); the others ``hidden`` [tokens, hidden_size].
+    """
+
+    seq_ids: list[int]
+    start_positions: list[int]
+    lengths: list[int]
+    input_ids: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+
+    @classmethod
+    def of_tokens(cls, seq_ids: list[int], tokens: list[list[int]], start_positions: list[int]) -> "Batch":
+        """Pack per-sequence token lists into a flat batch for the first stage."""
+        flat = [t for seq in tokens for t in seq]
+        return cls(list(seq_ids), list(start_positions), [len(t) for t in tokens], input_ids=torch.tensor(flat))
+
+    def with_hidden(self, hidden: torch.Tensor) -> "Batch":
+        """The same sequences carrying a previous stage's output, as the next stage receives them."""
+        return replace(self, input_ids=None, hidden=hidden)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.lengths)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes a loaded stage really holds, for the planner: weights by storage kind, and the KV cache."""
+
+    weight_bytes_by_kind: dict[str, int] = field(default_factory=dict)  # "int8", "int4", "float32", ...
+    kv_cache_bytes: int = 0
+    kv_bytes_per_token: int = 0
+    kv_tokens: int = 0
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(self.weight_bytes_by_kind.values())
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_cache_bytes
+
+
+class Stage(nn.Module):
+    """Layers [start, end) of a LLaMA-family model with a KV cache; build it with :meth:`Stage.load`."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        start: int,
+        end: int,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype | None = None,
+        bits: int = 16,
+        kv_tokens: int = 4096,
+        block_size: int = 16,
+        group_size: int = 128,
+    ):
+        super().__init__()
+        if not 0 <= start < end <= config.num_layers:
+            raise ValueError(f"stage layers [{start}, {end}) are not within the model's {config.num_layers} layers")
+        if bits not in (16, 8, 4):
+            raise ValueError(f"bits must be 16, 8 or 4, got {bits}")
+        self.config, self.start, self.end, self.bits = config, start, end, bits
+        self.device = torch.device(device)
+        self.dtype = dtype or DTYPES[config.torch_dtype]
+        self.is_first, self.is_last = start == 0, end == config.num_layers
+        self.group_size = group_size
+        with torch.device("meta"):
+            self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(end - start)).to(self.dtype)
+            self.embed = nn.Embedding(config.vocab_size, config.hidden_size).to(self.dtype) if self.is_first else None
+            self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps).to(self.dtype) if self.is_last else None
+            self.lm_head = (
+                nn.Linear(config.hidden_size, config.vocab_size, bias=False).to(self.dtype) if self.is_last else None
+            )
+        if bits != 16:
+            for layer in self.layers:
+                for parent, name in (
+                    (layer.attention, "wqkv"),
+                    (layer.attention, "wo"),
+                    (layer.feed_forward, "w13"),
+                    (layer.feed_forward, "w2"),
+                ):
+                    setattr(parent, name, self._quantized(getattr(parent, name)))
+            if self.lm_head is not None:
+                self.lm_head = self._quantized(self.lm_head)
+        self.to_empty(device=self.device)
+        self.rope = RotaryEmbedding(config, self.device)
+        self.kv = KVCache(
+            end - start,
+            config.num_kv_heads,
+            config.head_dim,
+            kv_tokens,
+            block_size=block_size,
+            device=self.device,
+            dtype=self.dtype,
+            sliding_window=config.sliding_window,
+        )
+
+    def _quantized(self, linear: nn.Linear) -> nn.Module:
+        return quantized_linear(linear, self.bits, self.device, self.dtype, self.group_size)
+
+    @classmethod
+    def load(
+        cls,
+        model_dir: str | Path,
+        start: int,
+        end: int,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype | None = None,
+        bits: int = 16,
+        kv_tokens: int = 4096,
+        block_size: int = 16,
+        group_size: int = 128,
+    ) -> "Stage":
+        """Load layers [start, end) of the checkpoint in ``model_dir``, reading only this stage's tensors.
+
+        ``dtype`` defaults to the checkpoint's; ``bits`` 8 or 4 quantizes every linear layer of the
+        stage (the lm_head included, the embedding lookup not); ``kv_tokens`` is the cache budget.
+        """
+        config = ModelConfig.from_file(model_dir)
+        stage = cls(
+            config,
+            start,
+            end,
+            device=device,
+            dtype=dtype,
+            bits=bits,
+            kv_tokens=kv_tokens,
+            block_size=block_size,
+            group_size=group_size,
+        )
+        with torch.inference_mode(), CheckpointReader(model_dir) as reader:
+            stage._load_weights(reader)
+        stage.eval()
+        return stage
+
+    def _load_weights(self, reader: CheckpointReader) -> None:
+        for i, layer in enumerate(self.layers):
+            modules = dict(layer.named_modules())
+            for ours, theirs in hf_tensor_names(self.start + i).items():
+                module_name, attr = ours.rsplit(".", 1)
+                self._load_into(reader, modules[module_name], attr, theirs)
+        if self.embed is not None:
+            self._load_into(reader, self.embed, "weight", ["model.embed_tokens.weight"])
+        if self.is_last:
+            self._load_into(reader, self.norm, "weight", ["model.norm.weight"])
+            untied = reader.has("lm_head.weight") and not self.config.tie_word_embeddings
+            if not untied and self.embed is not None and self.bits == 16:
+                self.lm_head.weight = self.embed.weight  # tied: one tensor serves both
+            else:
+                head = "lm_head.weight" if untied else "model.embed_tokens.weight"
+                self._load_into(reader, self.lm_head, "weight", [head])
+
+    @staticmethod
+    def _load_into(reader: CheckpointReader, module: nn.Module, attr: str, names: list[str]) -> None:
+        target = getattr(module, attr)
+        if attr == "bias" and target is None:
+            return
+        if isinstance(module, (Int8Linear, Int4Linear)) and attr == "weight":
+            load_concatenated(reader, names, module.load_rows)
+            module.finish()
+        else:
+            load_concatenated(reader, names, copy_rows_into(target))
+
+    @property
+    def hidden_dtype(self) -> torch.dtype:
+        """The dtype of the hidden states this stage sends (and expects to receive)."""
+        return self.dtype
+
+    @torch.inference_mode()
+    def forward(self, batch: Batch, all_logits: bool = False) -> torch.Tensor:
+        """Run the stage's layers over a ragged batch, appending each sequence's new K/V to the cache.
+
+        Returns contiguous hidden states [tokens, hidden] in :attr:`hidden_dtype`; the last stage
+        returns fp32 logits [sequences, vocab] of each sequence's last token (every token with
+        ``all_logits``). Raises :class:`~worker_runtime.kv_cache.KVBudgetExceeded` before running
+        anything if the cache cannot hold the batch.
+        """
+        tokens = batch.input_ids if self.is_first else batch.hidden
+        if tokens is None or tokens.shape[0] != batch.num_tokens:
+            kind = "input_ids" if self.is_first else "hidden"
+            raise ValueError(f"stage [{self.start}, {self.end}) needs {batch.num_tokens} rows of {kind}")
+        plan = self.kv.plan(batch.seq_ids, batch.start_positions, batch.lengths)
+        if self.is_first:
+            x = self.embed(tokens.to(self.device))
+        else:
+            x = tokens.to(device=self.device, dtype=self.dtype)
+        cos, sin = self.rope.cos_sin(plan.positions, plan.seq_ends, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, plan, cos, sin, self.kv.k[i], self.kv.v[i])
+        if not self.is_last:
+            return x.contiguous()
+        if not all_logits:
+            last = torch.tensor(batch.lengths, device=self.device).cumsum(0) - 1
+            x = x.index_select(0, last)
+        return self.lm_head(self.norm(x)).float()
+
+    def memory(self) -> StageMemory:
+        """The stage's real bytes: weights by storage kind (tied tensors once) and its KV cache."""
+        by_kind: dict[str, int] = {}
+        seen: set[int] = set()
+        for module in self.modules():
+            kind = {Int8Linear: "int8", Int4Linear: "int4"}.get(type(module))
+            for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+                if tensor.data_ptr() in seen:
+                    continue
+                seen.add(tensor.data_ptr())
+                key = kind or str(tensor.dtype).removeprefix("torch.")
+                by_kind[key] = by_kind.get(key, 0) + tensor.nbytes
+        return StageMemory(
+            weight_bytes_by_kind=by_kind,
+            kv_cache_bytes=self.kv.nbytes,
+            kv_bytes_per_token=self.kv.bytes_per_token,
+            kv_tokens=self.kv.capacity_tokens,
+        )
