@@ -1,0 +1,24 @@
+"""The gateway's router: pure Python (no Django, no asyncio), so the views, the tests and the
+benchmark's simulator all drive the very same decisions.
+
+``Router.route(request, deadline_s=...)`` returns a ``Decision`` (the replica to use) or a
+``Rejection`` (answer 400/429/503 at once). The caller tells each replica's ``ReplicaState`` what
+happened to the request (first token, each token, finish) so that the load figures stay current.
+"""
+
+from controlplane.gateway.routing.costs import ReplicaCosts, RequestShape
+from controlplane.gateway.routing.router import Decision, Rejection, Router
+from controlplane.gateway.routing.state import ReplicaHealth, ReplicaState
+from controlplane.gateway.routing.strategies import STRATEGIES, DEFAULT_STRATEGY
+
+__all__ = [
+    "DEFAULT_STRATEGY",
+    "STRATEGIES",
+    "Decision",
+    "Rejection",
+    "ReplicaCosts",
+    "ReplicaHealth",
+    "ReplicaState",
+    "RequestShape",
+    "Router",
+]

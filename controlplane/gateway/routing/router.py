@@ -1,0 +1,81 @@
+"""Admission and choice: one place decides whether a request may run and where.
+
+Admission is the same for every strategy, so the baselines differ from cost-aware routing only in
+their choice: a replica is a candidate when it is healthy, has the KV space to finish the request,
+and is estimated to finish it within the deadline. With no candidate the request is refused at once
+(the gateway keeps no queue of its own):
+
+- ``too_large`` (400): no replica could hold prompt + max_tokens even when idle;
+- ``unavailable`` (503): no healthy replica;
+- ``saturated`` (429): healthy replicas exist but none can take it now within the deadline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controlplane.gateway.routing.costs import RequestShape
+from controlplane.gateway.routing.state import ReplicaState
+from controlplane.gateway.routing.strategies import DEFAULT_STRATEGY, STRATEGIES
+
+
+@dataclass(frozen=True)
+class Decision:
+    replica: ReplicaState
+    strategy: str
+    estimated_ttft_s: float
+    estimated_finish_s: float
+    candidates: int
+
+
+@dataclass(frozen=True)
+class Rejection:
+    reason: str  # "too_large" | "unavailable" | "saturated"
+    message: str
+
+    @property
+    def status(self) -> int:
+        return {"too_large": 400, "unavailable": 503, "saturated": 429}[self.reason]
+
+
+class Router:
+    """Routes requests over a deployment's replicas with one strategy."""
+
+    def __init__(self, replicas: list[ReplicaState], strategy: str = DEFAULT_STRATEGY) -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown routing strategy {strategy!r}; choose one of {sorted(STRATEGIES)}")
+        self.replicas = replicas
+        self.strategy = strategy
+        self._choose = STRATEGIES[strategy]
+        self._cursor = 0
+
+    def route(self, request: RequestShape, *, deadline_s: float) -> Decision | Rejection:
+        """Choose a replica for ``request`` or refuse it. The caller books an accepted request with
+        ``decision.replica.start(request_id, request)`` once it has a request id."""
+        healthy = [r for r in self.replicas if r.health.ok]
+        if not self.replicas:
+            return Rejection("unavailable", "this model has no running replica")
+        if not any(r.could_ever_fit(request) for r in self.replicas):
+            biggest = max((r.kv_capacity for r in self.replicas), default=0)
+            return Rejection(
+                "too_large",
+                f"prompt ({request.prompt_tokens} tokens) plus max_tokens ({request.max_tokens}) exceeds "
+                f"the largest replica's KV capacity of {biggest} tokens",
+            )
+        if not healthy:
+            return Rejection("unavailable", "no healthy replica of this model is available")
+        candidates = [r for r in healthy if r.fits(request) and r.estimate_finish(request) <= deadline_s]
+        if not candidates:
+            return Rejection(
+                "saturated",
+                f"all {len(healthy)} replicas are busy: none can finish this request within {deadline_s:g} s",
+            )
+        chosen = self._choose(request, candidates, self._cursor)
+        self._cursor += 1
+        return Decision(
+            replica=chosen,
+            strategy=self.strategy,
+            estimated_ttft_s=chosen.estimate_ttft(request),
+            estimated_finish_s=chosen.estimate_finish(request),
+            candidates=len(candidates),
+        )

@@ -1,0 +1,117 @@
+"""A replica as the router sees it: its costs and capacity, what it has in flight, and its health.
+
+The gateway is the only way requests reach a replica, so its own bookkeeping (what it admitted and
+how far each request got) is the exact, up-to-the-token picture of the load; telemetry adds what
+bookkeeping cannot know: KV space used by others, thermal throttling, memory pressure, errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from controlplane.gateway.routing.costs import ReplicaCosts, RequestShape, time_to_finish, time_to_first_token
+
+ERROR_PENALTY = 10.0  # an error rate of 10% makes a replica look twice as slow
+MEMORY_PRESSURE_KNEE = 0.9  # above this share of device memory used, a replica looks slower
+MEMORY_PRESSURE_PENALTY = 10.0
+
+
+@dataclass(frozen=True)
+class ReplicaHealth:
+    """From telemetry. ``throttle``: share of clock lost to thermal/power limits (0..1);
+    ``memory_pressure``: share of device memory in use (0..1); ``error_rate``: recent share of
+    requests that failed (0..1); ``ok`` False: broken (a stage died), never chosen."""
+
+    ok: bool = True
+    throttle: float = 0.0
+    memory_pressure: float = 0.0
+    error_rate: float = 0.0
+
+    @property
+    def slowdown(self) -> float:
+        """Factor applied to every time estimate of the replica (1 when healthy)."""
+        throttled = 1.0 / max(1.0 - min(self.throttle, 0.95), 0.05)
+        pressure = 1.0 + MEMORY_PRESSURE_PENALTY * max(0.0, self.memory_pressure - MEMORY_PRESSURE_KNEE)
+        return throttled * pressure * (1.0 + ERROR_PENALTY * self.error_rate)
+
+
+@dataclass
+class _InFlight:
+    prefill_left: int
+    decode_left: int
+    kv_tokens: int
+
+
+@dataclass
+class ReplicaState:
+    """One replica of a deployment. ``kv_capacity``: the smallest stage's KV budget, tokens."""
+
+    replica_id: str
+    costs: ReplicaCosts
+    kv_capacity: int
+    health: ReplicaHealth = field(default_factory=ReplicaHealth)
+    _in_flight: dict[str, _InFlight] = field(default_factory=dict, repr=False)
+    _external_kv: int = field(default=0, repr=False)
+
+    # -- load figures -------------------------------------------------------------------------------
+    @property
+    def kv_reserved(self) -> int:
+        return sum(r.kv_tokens for r in self._in_flight.values())
+
+    @property
+    def kv_free(self) -> int:
+        return self.kv_capacity - self.kv_reserved - self._external_kv
+
+    @property
+    def queued_tokens(self) -> int:
+        """Prompt tokens admitted but not yet prefilled."""
+        return sum(r.prefill_left for r in self._in_flight.values())
+
+    @property
+    def running_tokens(self) -> int:
+        """Tokens the running sequences may still decode."""
+        return sum(r.decode_left for r in self._in_flight.values())
+
+    @property
+    def outstanding_tokens(self) -> int:
+        return self.queued_tokens + self.running_tokens
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def fits(self, request: RequestShape) -> bool:
+        return request.kv_tokens <= self.kv_free
+
+    def could_ever_fit(self, request: RequestShape) -> bool:
+        return request.kv_tokens <= self.kv_capacity
+
+    def estimate_ttft(self, request: RequestShape) -> float:
+        return time_to_first_token(self.costs, request, self.queued_tokens) * self.health.slowdown
+
+    def estimate_finish(self, request: RequestShape) -> float:
+        running = [r.decode_left for r in self._in_flight.values()]
+        return time_to_finish(self.costs, request, self.queued_tokens, running) * self.health.slowdown
+
+    # -- bookkeeping --------------------------------------------------------------------------------
+    def start(self, request_id: str, request: RequestShape) -> None:
+        """The request was sent here: reserve its KV space and count its tokens."""
+        self._in_flight[request_id] = _InFlight(request.prompt_tokens, request.max_tokens, request.kv_tokens)
+
+    def token(self, request_id: str) -> None:
+        """One more token of the request was sampled (the first one ends its prefill)."""
+        if (r := self._in_flight.get(request_id)) is not None:
+            r.prefill_left = 0
+            r.decode_left = max(0, r.decode_left - 1)
+
+    def finish(self, request_id: str) -> None:
+        """Finished, failed or cancelled: its KV space is free again. Idempotent."""
+        self._in_flight.pop(request_id, None)
+
+    def observe(self, *, health: ReplicaHealth | None = None, kv_tokens_free: int | None = None) -> None:
+        """Telemetry: health, and the head's free KV tokens (what it lacks beyond our own
+        reservations is used by someone else, e.g. another gateway process)."""
+        if health is not None:
+            self.health = health
+        if kv_tokens_free is not None:
+            self._external_kv = max(0, self.kv_capacity - kv_tokens_free - self.kv_reserved)

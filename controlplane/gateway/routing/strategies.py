@@ -1,0 +1,39 @@
+"""How to choose among the replicas that may take a request (admission already filtered them).
+
+Each strategy is ``choose(request, candidates, cursor) -> ReplicaState``; ``cursor`` counts the
+requests routed so far, which only round-robin uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from controlplane.gateway.routing.costs import RequestShape
+from controlplane.gateway.routing.state import ReplicaState
+
+Strategy = Callable[[RequestShape, Sequence[ReplicaState], int], ReplicaState]
+
+
+def cost_aware(request: RequestShape, candidates: Sequence[ReplicaState], cursor: int) -> ReplicaState:
+    """The replica that finishes the request soonest (ties: the one with more free KV)."""
+    return min(candidates, key=lambda r: (r.estimate_finish(request), -r.kv_free))
+
+
+def least_outstanding_tokens(
+    request: RequestShape, candidates: Sequence[ReplicaState], cursor: int
+) -> ReplicaState:
+    """Baseline: the replica with the fewest queued and running tokens, blind to its speed."""
+    return min(candidates, key=lambda r: (r.outstanding_tokens, -r.kv_free))
+
+
+def round_robin(request: RequestShape, candidates: Sequence[ReplicaState], cursor: int) -> ReplicaState:
+    """Baseline: each replica in turn."""
+    return candidates[cursor % len(candidates)]
+
+
+STRATEGIES: dict[str, Strategy] = {
+    "cost_aware": cost_aware,
+    "least_outstanding_tokens": least_outstanding_tokens,
+    "round_robin": round_robin,
+}
+DEFAULT_STRATEGY = "cost_aware"
