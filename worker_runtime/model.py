@@ -109,7 +109,7 @@ class DecoderLayer(nn.Module):
 def hf_tensor_names(layer: int) -> dict[str, list[str]]:
     """Our parameter names in a layer -> the Hugging Face tensors they are made of (row-concatenated)."""
     p = f"model.layers.{layer}."
-    names = {
+    return {
         "attention_norm.weight": [p + "input_layernorm.weight"],
         "ffn_norm.weight": [p + "post_attention_layernorm.weight"],
         "attention.wqkv.weight": [p + f"self_attn.{n}_proj.weight" for n in "qkv"],
@@ -121,4 +121,3 @@ def hf_tensor_names(layer: int) -> dict[str, list[str]]:
         "feed_forward.w2.weight": [p + "mlp.down_proj.weight"],
         "feed_forward.w2.bias": [p + "mlp.down_proj.bias"],
     }
-    return names

@@ -1,0 +1,60 @@
+"""Tiny checkpoints and transformers' own outputs on them, made once per test session."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from .checkpoints import VARIANTS, hf_model, make_checkpoint
+
+PROMPT_LEN = 11
+DECODE_STEPS = 32
+
+
+@dataclass
+class Reference:
+    path: Path
+    num_layers: int
+    prompt: list[int]
+    prefill_logits: torch.Tensor  # [prompt, vocab], transformers' forward on the prompt
+    step_logits: torch.Tensor  # [1 + DECODE_STEPS, vocab], transformers' generate (greedy, with its KV cache)
+    greedy_tokens: list[int]  # 1 + DECODE_STEPS tokens
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("checkpoints")
+    return {name: make_checkpoint(name, root / name) for name in VARIANTS}
+
+
+@pytest.fixture(scope="session")
+def references(checkpoints) -> dict[str, Reference]:
+    refs = {}
+    for name, path in checkpoints.items():
+        model = hf_model(path)
+        prompt = torch.randint(3, model.config.vocab_size, (PROMPT_LEN,), generator=torch.Generator().manual_seed(1))
+        ids = prompt[None]
+        with torch.no_grad():
+            prefill = model(ids).logits[0]
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=1 + DECODE_STEPS,
+                min_new_tokens=1 + DECODE_STEPS,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+                pad_token_id=0,
+            )
+        refs[name] = Reference(
+            path=path,
+            num_layers=model.config.num_hidden_layers,
+            prompt=prompt.tolist(),
+            prefill_logits=prefill,
+            step_logits=torch.cat(out.logits),
+            greedy_tokens=out.sequences[0, PROMPT_LEN:].tolist(),
+        )
+    return refs

@@ -1,0 +1,300 @@
+"""The head: stage 0's loop, where requests enter, micro-batches start and sampled tokens come back.
+
+It owns all request state (the :class:`~worker_runtime.scheduler.Scheduler`) and the pipeline's health:
+every other stage heartbeats here, so one place decides that a stage is dead (silent for
+``peer_timeout_s``, or restarted with a new incarnation), fails every request in flight with
+:class:`~worker_runtime.errors.PipelineBroken`, and once all stages answer again starts a new epoch
+with a ``reset`` that wipes their caches: a restarted stage rejoins without anyone restarting the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import DeadlineExceeded, PipelineBroken, PipelineError, RequestRejected
+from .events import EventWriter, Every
+from .frames import Frame
+from .kv_cache import KVBudgetExceeded
+from .protocol import batch_message
+from .relay import heartbeat_interval
+from .sampling import SamplingParams
+from .scheduler import KVLedger, Request, Scheduler
+from .spec import StageSpec
+from .stage import Batch
+from .transport import Incoming, PeerUnavailable, Transport
+from .worker import StageWorker
+
+log = logging.getLogger(__name__)
+KEEPALIVE_S = 0.5
+
+
+@dataclass
+class Peer:
+    incarnation: str
+    last_seen: float
+    stats: dict
+
+
+class HeadLoop:
+    def __init__(self, spec: StageSpec, worker: StageWorker, transport: Transport, events: EventWriter):
+        self.spec, self.worker, self.transport, self.events = spec, worker, transport, events
+        kv = worker.stage.kv
+        self.ledger = KVLedger()
+        self.ledger.set_stage(0, kv.capacity_tokens, kv.block_size)
+        self.scheduler = Scheduler(
+            self.ledger, spec.micro_batches or spec.num_stages, spec.max_batch_tokens, spec.max_queue
+        )
+        self.peers: dict[int, Peer] = {}
+        self.epoch = time.time_ns()  # larger than any epoch of a previous head, so stages drop stale work
+        self.healthy = spec.num_stages == 1
+        self.reason = "" if self.healthy else "waiting for every stage to join"
+        self.broken_stage: int | None = None
+        self.broken_at = time.monotonic()
+        self.draining = False
+        self._pending_free: list[int] = []
+        self._keepalive = Every(KEEPALIVE_S)
+        self._stats_line = Every(1.0)
+        self._check = Every(heartbeat_interval(spec))
+
+    # ----- the loop
+
+    def run(self, stopping: Callable[[], bool]) -> None:
+        """Serve until ``stopping()``; then refuse new requests and finish (or fail) the rest within ``peer_timeout_s``."""
+        drain_until = None
+        while True:
+            if drain_until is None and stopping():
+                self.draining = True
+                drain_until = time.monotonic() + self.spec.peer_timeout_s
+            if drain_until is not None and (not self.scheduler.requests or time.monotonic() > drain_until):
+                self._fail(self.scheduler.clear(), PipelineBroken("the head stage is shutting down"))
+                return
+            busy = self.healthy and self.scheduler.ready and len(self.scheduler.in_flight) < self.scheduler.micro_batches
+            waited = time.perf_counter()
+            incoming = self.transport.receive(0 if busy else 0.02)
+            if not incoming and not busy:
+                self.worker.stats.record_idle(time.perf_counter() - waited)
+            for message in incoming:
+                self.handle(message)
+            self.tick()
+            if self.healthy:
+                self.step()
+
+    def step(self) -> None:
+        """Start micro-batches while slots are free: stage 0's layers here, the rest downstream."""
+        while (mb := self.scheduler.next_micro_batch()) is not None:
+            inputs = [r.next_input() for r in mb.requests]
+            batch = Batch.of_tokens([r.seq_id for r in mb.requests], [t for t, _ in inputs], [s for _, s in inputs])
+            params = [r.params for r in mb.requests]
+            try:
+                out, compute_s = self.worker.step(batch, params)
+            except (KVBudgetExceeded, ValueError) as exc:
+                self._fail(self.scheduler.on_failed(mb.id), PipelineError(f"stage 0: {exc}"))
+                continue
+            sent = time.perf_counter()
+            if self.spec.num_stages == 1:
+                self.on_tokens(mb.id, batch.seq_ids, out.tolist())
+            else:
+                header, tensors = batch_message(self.epoch, mb.id, batch, params, out)
+                try:
+                    self.transport.send_next(header, tensors)
+                except PeerUnavailable as exc:
+                    self.break_pipeline(1, f"stage 1 is unreachable: {exc}")
+                    return
+            self.worker.stats.record_step(compute_s, time.perf_counter() - sent, len(batch.seq_ids), batch.num_tokens)
+        self._flush_frees()
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        for request in self.scheduler.expired(now):
+            self._end(request, DeadlineExceeded(f"request {request.request_id} passed its deadline"))
+        if self._check.due():
+            self.check_peers(now)
+            for mb_id in self.scheduler.overdue(now, self.spec.peer_timeout_s):
+                self._fail(self.scheduler.on_failed(mb_id), PipelineBroken(f"micro-batch {mb_id} was lost in the pipeline"))
+        if self._keepalive.due():
+            for client in {r.client for r in self.scheduler.requests.values()}:
+                self.transport.reply(client, {"type": "alive"})
+        self.worker.stats.queue_depth = len(self.scheduler.waiting)
+        if self._stats_line.due():
+            self.events.emit("stats", pipeline_id=self.spec.pipeline_id, stage_index=0, **self.own_stats())
+
+    # ----- health
+
+    def check_peers(self, now: float) -> None:
+        missing = [i for i in range(1, self.spec.num_stages) if i not in self.peers]
+        silent = [i for i, p in self.peers.items() if now - p.last_seen > self.spec.peer_timeout_s]
+        if self.healthy and silent:
+            self.break_pipeline(silent[0], f"stage {silent[0]} silent for over {self.spec.peer_timeout_s} s")
+        elif not self.healthy and not missing and all(p.last_seen > self.broken_at for p in self.peers.values()):
+            try:
+                self.transport.send_next({"type": "reset", "epoch": self.epoch})
+            except PeerUnavailable:
+                return  # stage 1 heartbeats but our link to it is not up yet: try again next check
+            log.info("pipeline %s complete: epoch %d", self.spec.pipeline_id, self.epoch)
+            self.healthy, self.reason, self.broken_stage = True, "", None
+
+    def break_pipeline(self, stage: int, reason: str) -> None:
+        """Fail everything in flight, wipe stage 0's cache and wait for all stages to answer again."""
+        log.warning("pipeline %s broken: %s", self.spec.pipeline_id, reason)
+        self.healthy, self.reason, self.broken_stage = False, reason, stage
+        self.broken_at = time.monotonic()
+        self.epoch += 1
+        self._fail(self.scheduler.clear(), PipelineBroken(f"pipeline {self.spec.pipeline_id} broken: {reason}"))
+        kv = self.worker.stage.kv
+        for seq_id in kv.sequences:
+            kv.free(seq_id)
+        self._pending_free.clear()
+
+    def on_heartbeat(self, header: dict[str, Any]) -> None:
+        index, incarnation = header.get("stage_index"), header.get("incarnation")
+        if not isinstance(index, int) or not 0 < index < self.spec.num_stages:
+            log.warning("heartbeat from an unknown stage %r", index)
+            return
+        known = self.peers.get(index)
+        if known is not None and known.incarnation != incarnation and self.healthy:
+            self.break_pipeline(index, f"stage {index} restarted and lost its state")
+        self.peers[index] = Peer(str(incarnation), time.monotonic(), dict(header.get("stats") or {}))
+        self.ledger.set_stage(index, int(header["kv_capacity"]), int(header["block_size"]))
+
+    # ----- messages
+
+    def handle(self, message: Incoming) -> None:
+        frame, kind = message.frame, message.frame.type
+        handler = {
+            "submit": self.on_submit,
+            "cancel": self.on_cancel,
+            "stats": self.on_query,
+            "health": self.on_query,
+        }.get(kind)
+        if handler is not None:
+            handler(message.peer, frame.header)
+        elif kind == "heartbeat":
+            self.on_heartbeat(frame.header)
+        elif kind in ("tokens", "failed"):
+            self.on_result(frame)
+        else:
+            log.warning("dropped a frame of unknown type %r", kind)
+
+    def on_result(self, frame: Frame) -> None:
+        h = frame.header
+        if h.get("epoch") != self.epoch:
+            return  # belongs to the pipeline before a reset
+        if frame.type == "tokens":
+            self.on_tokens(h["mb"], h["seq_ids"], h["tokens"])
+        else:
+            self._fail(self.scheduler.on_failed(h["mb"]), PipelineError(str(h.get("message"))))
+
+    def on_tokens(self, mb_id: int, seq_ids: list[int], tokens: list[int]) -> None:
+        for request, token, reason in self.scheduler.on_tokens(mb_id, seq_ids, tokens):
+            self.transport.reply(
+                request.client,
+                {"type": "token", "request_id": request.request_id, "token_id": token, "finish_reason": reason},
+            )
+            if reason is not None:
+                self._release(request)
+
+    def on_submit(self, client: bytes, h: dict[str, Any]) -> None:
+        request_id = str(h.get("request_id"))
+        try:
+            if not self.healthy:
+                raise PipelineBroken(f"pipeline {self.spec.pipeline_id} is not serving: {self.reason}")
+            if self.draining:
+                raise PipelineBroken(f"pipeline {self.spec.pipeline_id} is draining")
+            request = self._parse_submit(client, request_id, h)
+            self.scheduler.submit(request)
+        except PipelineError as exc:
+            self._send_error(client, request_id, exc)
+
+    def _parse_submit(self, client: bytes, request_id: str, h: dict[str, Any]) -> Request:
+        vocab = self.worker.stage.config.vocab_size
+        try:
+            prompt = [int(t) for t in h["prompt"]]
+            params = SamplingParams(**h.get("sampling", {}))
+            max_tokens = int(h["max_tokens"])
+            stop = frozenset(int(t) for t in h.get("stop_token_ids", ()))
+            deadline_s = h.get("deadline_s")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RequestRejected(f"malformed request: {exc}") from exc
+        if not prompt or max_tokens < 1 or any(not 0 <= t < vocab for t in prompt):
+            raise RequestRejected(f"a request needs a non-empty prompt of token ids below {vocab} and max_tokens >= 1")
+        deadline = None if deadline_s is None else time.monotonic() + float(deadline_s)
+        return Request(request_id, client, prompt, params, max_tokens, stop, deadline)
+
+    def on_cancel(self, client: bytes, h: dict[str, Any]) -> None:
+        request = self.scheduler.remove(str(h.get("request_id")))
+        if request is not None:
+            self._release(request)
+            self.transport.reply(
+                request.client,
+                {"type": "error", "request_id": request.request_id, "kind": "cancelled", "message": "cancelled"},
+            )
+        self.transport.reply(client, {"type": "reply", "call_id": h.get("call_id"), "body": {"cancelled": request is not None}})
+
+    def on_query(self, client: bytes, h: dict[str, Any]) -> None:
+        body = self.stats() if h["type"] == "stats" else self.health()
+        self.transport.reply(client, {"type": "reply", "call_id": h.get("call_id"), "body": body})
+
+    # ----- figures
+
+    def health(self) -> dict[str, Any]:
+        return {"ok": self.healthy and not self.draining, "broken_stage": self.broken_stage, "reason": self.reason}
+
+    def own_stats(self) -> dict[str, Any]:
+        figures = self.worker.kv_figures()
+        return self.worker.stats.snapshot(
+            kv_used=figures["kv_tokens_used"],
+            kv_free=figures["kv_tokens_free"],
+            bytes_sent=getattr(self.transport, "bytes_sent", 0),
+            bytes_received=getattr(self.transport, "bytes_received", 0),
+        )
+
+    def stats(self) -> dict[str, Any]:
+        s = self.scheduler
+        stages = [self.own_stats()] + [
+            self.peers[i].stats if i in self.peers else None for i in range(1, self.spec.num_stages)
+        ]
+        return {
+            "pipeline_id": self.spec.pipeline_id,
+            **self.health(),
+            "stages": stages,
+            "queue_depth": len(s.waiting),
+            "running": len(s.requests) - len(s.waiting),
+            "micro_batches_in_flight": len(s.in_flight),
+            "completed": s.completed,
+            "rejected": s.rejected,
+            "kv_tokens_free_by_stage": self.ledger.free_tokens(),
+            "max_request_tokens": self.ledger.largest(),
+        }
+
+    # ----- ending requests
+
+    def _release(self, request: Request) -> None:
+        """Free a sequence's KV here now and on the other stages with the next ``free`` frame."""
+        self.worker.stage.kv.free(request.seq_id)
+        self._pending_free.append(request.seq_id)
+
+    def _flush_frees(self) -> None:
+        if self._pending_free and self.spec.num_stages > 1:
+            try:
+                self.transport.send_next({"type": "free", "epoch": self.epoch, "seq_ids": self._pending_free})
+            except PeerUnavailable as exc:
+                self.break_pipeline(1, f"stage 1 is unreachable: {exc}")
+        self._pending_free = []
+
+    def _end(self, request: Request, error: PipelineError) -> None:
+        self.scheduler.remove(request.request_id)
+        self._release(request)
+        self._send_error(request.client, request.request_id, error)
+
+    def _fail(self, requests: list[Request], error: PipelineError) -> None:
+        for request in requests:
+            self._release(request)
+            self._send_error(request.client, request.request_id, error)
+
+    def _send_error(self, client: bytes, request_id: str, error: PipelineError) -> None:
+        self.transport.reply(client, {"type": "error", "request_id": request_id, "kind": error.kind, "message": str(error)})
+

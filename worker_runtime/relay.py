@@ -1,0 +1,143 @@
+"""The loop of every stage but the head: receive a micro-batch, run it, pass it on (or sample and return tokens).
+
+Such a stage keeps no request state beyond its KV cache, so it needs no failure logic of its own:
+it heartbeats to the head, which decides; a ``reset`` or a newer epoch wipes its cache, which is how
+a restarted neighbour or head brings it back into a consistent pipeline.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from .events import EventWriter, Every
+from .frames import Frame, FrameError
+from .kv_cache import KVBudgetExceeded
+from .protocol import batch_from_frame, batch_message
+from .spec import StageSpec
+from .transport import Incoming, PeerUnavailable, Transport
+from .worker import StageWorker
+
+log = logging.getLogger(__name__)
+
+
+def heartbeat_interval(spec: StageSpec) -> float:
+    return min(1.0, max(0.02, spec.peer_timeout_s / 5))
+
+
+class RelayLoop:
+    def __init__(self, spec: StageSpec, worker: StageWorker, transport: Transport, events: EventWriter, incarnation: str):
+        self.spec, self.worker, self.transport, self.events = spec, worker, transport, events
+        self.incarnation = incarnation
+        self.epoch = 0
+        self._heartbeat = Every(heartbeat_interval(spec))
+        self._stats_line = Every(1.0)
+
+    def run(self, stopping: Callable[[], bool]) -> None:
+        """Serve until ``stopping()``; then finish what keeps arriving for at most ``peer_timeout_s``."""
+        drain_until = None
+        while True:
+            if drain_until is None and stopping():
+                drain_until = time.monotonic() + self.spec.peer_timeout_s
+            waited = time.perf_counter()
+            incoming = self.transport.receive(min(0.05, self._heartbeat.remaining()))
+            if not incoming:
+                self.worker.stats.record_idle(time.perf_counter() - waited)
+            for message in incoming:
+                self.handle(message)
+            self.tick()
+            if drain_until is not None and (not incoming or time.monotonic() > drain_until):
+                return
+
+    def tick(self) -> None:
+        if self._heartbeat.due():
+            try:
+                self.transport.send_head(
+                    {
+                        "type": "heartbeat",
+                        "stage_index": self.spec.stage_index,
+                        "incarnation": self.incarnation,
+                        "kv_capacity": self.worker.stage.kv.capacity_tokens,
+                        "block_size": self.worker.stage.kv.block_size,
+                        "stats": self.snapshot(),
+                    }
+                )
+            except PeerUnavailable:
+                pass  # the head is down or restarting; it learns we are alive once it is back
+        if self._stats_line.due():
+            self.events.emit("stats", pipeline_id=self.spec.pipeline_id, stage_index=self.spec.stage_index, **self.snapshot())
+
+    def snapshot(self) -> dict:
+        t = self.transport
+        figures = self.worker.kv_figures()
+        return self.worker.stats.snapshot(
+            kv_used=figures["kv_tokens_used"],
+            kv_free=figures["kv_tokens_free"],
+            bytes_sent=getattr(t, "bytes_sent", 0),
+            bytes_received=getattr(t, "bytes_received", 0),
+        )
+
+    def _adopt_epoch(self, epoch: int) -> bool:
+        """False for a message of an older epoch (drop it); a newer epoch wipes the cache first."""
+        if epoch < self.epoch:
+            return False
+        if epoch > self.epoch:
+            kv = self.worker.stage.kv
+            for seq_id in kv.sequences:
+                kv.free(seq_id)
+            self.epoch = epoch
+        return True
+
+    def handle(self, message: Incoming) -> None:
+        frame = message.frame
+        epoch = frame.header.get("epoch")
+        if not isinstance(epoch, int):
+            log.warning("dropped a %r frame without an epoch", frame.type)
+            return
+        if not self._adopt_epoch(epoch):
+            return
+        if frame.type == "batch":
+            self.run_batch(frame)
+        elif frame.type in ("free", "reset"):
+            for seq_id in frame.header.get("seq_ids", []):
+                self.worker.stage.kv.free(seq_id)
+            self._forward(frame.header)
+        else:
+            log.warning("dropped a frame of unknown type %r", frame.type)
+
+    def _forward(self, header: dict) -> None:
+        if self.spec.is_last:
+            return
+        try:
+            self.transport.send_next({k: v for k, v in header.items() if k not in ("pipeline_id", "tensors")})
+        except PeerUnavailable as exc:
+            log.warning("could not pass %r on: %s", header["type"], exc)
+
+    def run_batch(self, frame: Frame) -> None:
+        mb = frame.header.get("mb")
+        try:
+            batch, params = batch_from_frame(frame, first_stage=False)
+            out, compute_s = self.worker.step(batch, params)
+        except (FrameError, KVBudgetExceeded, ValueError) as exc:
+            self._report_failure(mb, frame.header.get("seq_ids", []), f"stage {self.spec.stage_index}: {exc}")
+            return
+        sent = time.perf_counter()
+        try:
+            if self.spec.is_last:
+                self.transport.send_head(
+                    {"type": "tokens", "epoch": self.epoch, "mb": mb, "seq_ids": batch.seq_ids, "tokens": out.tolist()}
+                )
+            else:
+                header, tensors = batch_message(self.epoch, mb, batch, params, out)
+                self.transport.send_next(header, tensors)
+        except PeerUnavailable as exc:
+            self._report_failure(mb, batch.seq_ids, f"stage {self.spec.stage_index} cannot send on: {exc}")
+        self.worker.stats.record_step(compute_s, time.perf_counter() - sent, len(batch.seq_ids), batch.num_tokens)
+
+    def _report_failure(self, mb: object, seq_ids: list, message: str) -> None:
+        log.warning("micro-batch %s failed: %s", mb, message)
+        try:
+            self.transport.send_head({"type": "failed", "epoch": self.epoch, "mb": mb, "seq_ids": seq_ids, "message": message})
+        except PeerUnavailable:
+            pass

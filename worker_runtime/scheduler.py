@@ -1,0 +1,212 @@
+"""Continuous batching at the head: admission by KV budget, micro-batches in flight, finishing requests.
+
+Pure bookkeeping (no sockets, no torch), so every rule is tested alone. A request is admitted only
+when every stage's KV cache can hold its whole length (prompt + ``max_tokens``): it then never fails
+halfway for lack of memory, and the stages can allocate on demand. Admitted sequences rotate through
+``micro_batches`` groups: a sequence is in at most one micro-batch at a time (its next token depends
+on the last), and while one micro-batch is in a later stage the head starts the next one, so with
+``micro_batches >= num_stages`` every stage has work at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from .errors import RequestRejected
+from .sampling import SamplingParams
+
+
+@dataclass(eq=False)  # identity: a request is one object, compared by `is`
+class Request:
+    request_id: str
+    client: bytes
+    prompt: list[int]
+    params: SamplingParams
+    max_tokens: int
+    stop_token_ids: frozenset[int] = frozenset()
+    deadline: float | None = None  # time.monotonic() by which it must finish
+    seq_id: int = -1
+    output: list[int] = field(default_factory=list)
+
+    @property
+    def kv_tokens(self) -> int:
+        return len(self.prompt) + self.max_tokens
+
+    def next_input(self) -> tuple[list[int], int]:
+        """The tokens this sequence feeds next and the position of the first: the prompt, then its last token."""
+        if not self.output:
+            return self.prompt, 0
+        return [self.output[-1]], len(self.prompt) + len(self.output) - 1
+
+    def finish_reason(self) -> str | None:
+        if self.output and self.output[-1] in self.stop_token_ids:
+            return "stop"
+        if len(self.output) >= self.max_tokens:
+            return "length"
+        return None
+
+
+class KVLedger:
+    """Blocks reserved per stage, counted the way each stage's paged cache counts them."""
+
+    def __init__(self) -> None:
+        self.capacity: dict[int, tuple[int, int]] = {}  # stage -> (blocks, block_size)
+        self.reserved: dict[int, int] = {}  # stage -> blocks
+        self._held: dict[int, int] = {}  # seq_id -> tokens
+
+    def set_stage(self, stage: int, capacity_tokens: int, block_size: int) -> None:
+        self.capacity[stage] = (capacity_tokens // block_size, block_size)
+        self.reserved.setdefault(stage, 0)
+
+    def _blocks(self, stage: int, tokens: int) -> int:
+        return math.ceil(tokens / self.capacity[stage][1])
+
+    def largest(self) -> int:
+        """The longest sequence the pipeline could ever hold (the smallest stage's whole cache)."""
+        return min(blocks * size for blocks, size in self.capacity.values())
+
+    def free_tokens(self) -> dict[int, int]:
+        return {s: (blocks - self.reserved[s]) * size for s, (blocks, size) in self.capacity.items()}
+
+    def try_reserve(self, seq_id: int, tokens: int) -> bool:
+        if any(self.reserved[s] + self._blocks(s, tokens) > blocks for s, (blocks, _) in self.capacity.items()):
+            return False
+        for s in self.capacity:
+            self.reserved[s] += self._blocks(s, tokens)
+        self._held[seq_id] = tokens
+        return True
+
+    def release(self, seq_id: int) -> None:
+        tokens = self._held.pop(seq_id, None)
+        if tokens is not None:
+            for s in self.capacity:
+                self.reserved[s] -= self._blocks(s, tokens)
+
+
+@dataclass
+class MicroBatch:
+    id: int
+    requests: list[Request]
+    sent_at: float
+
+
+class Scheduler:
+    def __init__(self, ledger: KVLedger, micro_batches: int, max_batch_tokens: int, max_queue: int):
+        self.ledger = ledger
+        self.micro_batches, self.max_batch_tokens, self.max_queue = micro_batches, max_batch_tokens, max_queue
+        self.requests: dict[str, Request] = {}  # every request not yet finished: waiting, ready or in flight
+        self.waiting: deque[Request] = deque()  # not admitted yet
+        self.ready: deque[Request] = deque()  # admitted, waiting for their next micro-batch
+        self.in_flight: dict[int, MicroBatch] = {}
+        self._by_seq: dict[int, Request] = {}
+        self._seq_ids = itertools.count(1)  # never reused, so a late token of a dead sequence is just ignored
+        self._mb_ids = itertools.count(1)
+        self.completed = 0
+        self.rejected = 0
+
+    def submit(self, request: Request) -> None:
+        """Queue a request for admission, or raise :class:`RequestRejected` saying why not."""
+        problem = None
+        if request.request_id in self.requests:
+            problem = f"request id {request.request_id!r} is already running"
+        elif request.kv_tokens > self.ledger.largest():
+            problem = (
+                f"request needs {request.kv_tokens} KV tokens (prompt {len(request.prompt)} + max_tokens "
+                f"{request.max_tokens}) but the smallest stage holds {self.ledger.largest()}"
+            )
+        elif len(self.waiting) >= self.max_queue:
+            problem = f"queue full: {len(self.waiting)} requests are waiting for KV space"
+        if problem:
+            self.rejected += 1
+            raise RequestRejected(problem)
+        request.seq_id = next(self._seq_ids)
+        self.requests[request.request_id] = request
+        self._by_seq[request.seq_id] = request
+        self.waiting.append(request)
+        self.admit()
+
+    def admit(self) -> None:
+        """First come, first served: admit waiting requests while every stage has room for them."""
+        while self.waiting and self.ledger.try_reserve(self.waiting[0].seq_id, self.waiting[0].kv_tokens):
+            self.ready.append(self.waiting.popleft())
+
+    def next_micro_batch(self) -> MicroBatch | None:
+        """The next group to run, if a micro-batch slot is free: an even share of the admitted sequences."""
+        if not self.ready or len(self.in_flight) >= self.micro_batches:
+            return None
+        admitted = len(self.ready) + sum(len(mb.requests) for mb in self.in_flight.values())
+        share = math.ceil(admitted / self.micro_batches)
+        chosen: list[Request] = []
+        tokens = 0
+        while self.ready and len(chosen) < share:
+            size = len(self.ready[0].next_input()[0])
+            if chosen and tokens + size > self.max_batch_tokens:
+                break
+            chosen.append(self.ready.popleft())
+            tokens += size
+        mb = MicroBatch(next(self._mb_ids), chosen, time.monotonic())
+        self.in_flight[mb.id] = mb
+        return mb
+
+    def on_tokens(self, mb_id: int, seq_ids: list[int], tokens: list[int]) -> list[tuple[Request, int, str | None]]:
+        """Record the sampled tokens of a returned micro-batch; finished requests leave the scheduler."""
+        self.in_flight.pop(mb_id, None)
+        events = []
+        for seq_id, token in zip(seq_ids, tokens):
+            request = self._by_seq.get(seq_id)
+            if request is None:  # cancelled or failed meanwhile
+                continue
+            request.output.append(int(token))
+            reason = request.finish_reason()
+            events.append((request, int(token), reason))
+            if reason is None:
+                self.ready.append(request)
+            else:
+                self.completed += 1
+                self._forget(request)
+        self.admit()
+        return events
+
+    def on_failed(self, mb_id: int) -> list[Request]:
+        """A micro-batch that a stage could not run: its requests leave the scheduler and fail."""
+        mb = self.in_flight.pop(mb_id, None)
+        failed = [r for r in (mb.requests if mb else []) if r.seq_id in self._by_seq]
+        for request in failed:
+            self._forget(request)
+        self.admit()
+        return failed
+
+    def remove(self, request_id: str) -> Request | None:
+        """Take a request out wherever it is (cancel, deadline); its micro-batch may still return, ignored."""
+        request = self.requests.get(request_id)
+        if request is not None:
+            self._forget(request)
+            self.admit()
+        return request
+
+    def expired(self, now: float) -> list[Request]:
+        return [r for r in self.requests.values() if r.deadline is not None and now > r.deadline]
+
+    def overdue(self, now: float, timeout_s: float) -> list[int]:
+        """Micro-batches in flight longer than ``timeout_s``: lost in a stage that failed."""
+        return [mb.id for mb in self.in_flight.values() if now - mb.sent_at > timeout_s]
+
+    def clear(self) -> list[Request]:
+        """Drop everything (the pipeline broke); returns the requests that must fail."""
+        failed = list(self.requests.values())
+        for request in failed:
+            self._forget(request)
+        self.in_flight.clear()
+        return failed
+
+    def _forget(self, request: Request) -> None:
+        self.requests.pop(request.request_id, None)
+        self._by_seq.pop(request.seq_id, None)
+        self.ledger.release(request.seq_id)
+        for queue in (self.waiting, self.ready):
+            if request in queue:
+                queue.remove(request)

@@ -1,0 +1,106 @@
+"""The stage spec of contracts §1: what the agent writes and ``python -m worker_runtime.serve`` reads.
+
+Parsing lives apart from the server so that agents, tests and the benchmark build and validate the
+very same object the process will run, and a bad spec fails with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+
+class SpecError(ValueError):
+    """A stage spec the server cannot run; the message names the field at fault."""
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """A modeled device: each step is paced to ``time_scale × max(bytes / bandwidth, FLOPs / peak)``."""
+
+    memory_bandwidth_gbs: float
+    fp16_tflops: float
+    time_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    pipeline_id: str
+    auth_token: str
+    model_path: str
+    stage_index: int
+    num_stages: int
+    layers: tuple[int, int]
+    listen: str
+    head: str
+    next: str | None = None
+    bits: int = 16
+    dtype: str | None = None
+    device: str = "cpu"
+    threads: int = 1
+    kv_tokens: int = 4096
+    peer_timeout_s: float = 5.0
+    emulation: Emulation | None = None
+    # Head (stage 0) only: scheduling knobs, optional in the spec.
+    micro_batches: int | None = None  # micro-batches in flight; default num_stages + 1
+    max_batch_tokens: int = 4096  # tokens per micro-batch (a longer prompt still goes alone)
+    max_queue: int = 256  # requests waiting for KV space before new ones are refused
+
+    @property
+    def is_head(self) -> bool:
+        return self.stage_index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage_index == self.num_stages - 1
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["layers"] = list(self.layers)
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "StageSpec":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise SpecError(f"unknown spec fields: {unknown}")
+        values = dict(raw)
+        try:
+            if values.get("emulation") is not None:
+                values["emulation"] = Emulation(**values["emulation"])
+            values["layers"] = tuple(values["layers"])
+            spec = cls(**values)
+        except (TypeError, KeyError) as exc:
+            raise SpecError(f"invalid stage spec: {exc}") from exc
+        spec.validate()
+        return spec
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "StageSpec":
+        try:
+            raw = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SpecError(f"cannot read stage spec {path}: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise SpecError("a stage spec is a JSON object")
+        return cls.from_dict(raw)
+
+    def validate(self) -> None:
+        start, end = self.layers
+        checks = [
+            (0 <= self.stage_index < self.num_stages, "stage_index must be in [0, num_stages)"),
+            (0 <= start < end, "layers must be a half-open range [start, end) with start < end"),
+            (self.bits in (16, 8, 4), "bits must be 16, 8 or 4"),
+            (self.is_last == (self.next is None), "next must be null exactly on the last stage"),
+            (self.kv_tokens > 0 and self.threads > 0, "kv_tokens and threads must be positive"),
+            (self.peer_timeout_s > 0, "peer_timeout_s must be positive"),
+            (bool(self.auth_token), "auth_token must not be empty"),
+            (self.micro_batches is None or self.micro_batches >= 1, "micro_batches must be at least 1"),
+            (self.max_batch_tokens > 0 and self.max_queue >= 0, "max_batch_tokens/max_queue out of range"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise SpecError(f"stage spec of {self.pipeline_id!r} stage {self.stage_index}: {message}")

@@ -1,0 +1,41 @@
+"""One step of one stage: forward a micro-batch, sample on the last stage, pace if emulated, count it.
+
+Both loops (the head's and the other stages') run their compute through here, so the statistics and
+the emulation pacing mean the same thing on every stage.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .pacing import Pacer
+from .sampling import SamplingParams, sample
+from .stage import Batch, Stage
+from .stats import StageStats
+
+
+class StageWorker:
+    def __init__(self, stage: Stage, stats: StageStats, pacer: Pacer | None = None):
+        self.stage, self.stats, self.pacer = stage, stats, pacer
+
+    def step(self, batch: Batch, params: list[SamplingParams]) -> tuple[torch.Tensor, float]:
+        """Hidden states for the next stage, or on the last stage each sequence's next token (int64).
+
+        Returns the output and the compute seconds (pacing included); the caller records the step once
+        it knows the transfer time too. Raises what :meth:`Stage.forward` raises (``KVBudgetExceeded``,
+        ``ValueError``), having changed nothing.
+        """
+        started = time.perf_counter()
+        out = self.stage.forward(batch)
+        if self.stage.is_last:
+            positions = [s + n for s, n in zip(batch.start_positions, batch.lengths)]
+            out = sample(out, params, positions)
+        if self.pacer is not None:
+            self.pacer.pace(batch, time.perf_counter() - started)
+        return out, time.perf_counter() - started
+
+    def kv_figures(self) -> dict[str, int]:
+        kv = self.stage.kv
+        return {"kv_tokens_used": kv.capacity_tokens - kv.free_tokens, "kv_tokens_free": kv.free_tokens}
