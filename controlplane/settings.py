@@ -53,6 +53,9 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "channels",
     "controlplane.ops",
+    "controlplane.common",
+    "controlplane.inventory",
+    "controlplane.models_catalog",
 ]
 
 MIDDLEWARE = [

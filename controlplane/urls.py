@@ -3,10 +3,14 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView
+
+from controlplane.common.docs import ApiDocsView
 
 api_v1 = [
     # Apps append their routers here (see each app's api/urls.py).
+    path("", include("controlplane.inventory.api.urls")),
+    path("", include("controlplane.models_catalog.api.urls")),
 ]
 
 urlpatterns = [
@@ -15,5 +19,5 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/docs/", ApiDocsView.as_view(), name="api-docs"),
 ]

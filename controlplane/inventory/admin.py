@@ -1,0 +1,25 @@
+from django.contrib import admin
+
+from controlplane.inventory.models import Device, Link, Node
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ["name", "address", "status", "network_gbps", "fleet", "last_heartbeat"]
+    list_filter = ["status", "fleet"]
+    search_fields = ["name", "address"]
+
+
+@admin.register(Device)
+class DeviceAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "model_name", "memory_bytes", "emulated", "health"]
+    list_filter = ["emulated", "health", "model_name"]
+    list_select_related = ["node"]
+    search_fields = ["node__name", "model_name", "uuid"]
+
+
+@admin.register(Link)
+class LinkAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "kind", "bandwidth_gbs", "latency_us"]
+    list_filter = ["kind"]
+    list_select_related = ["node_a", "node_b", "device_a__node", "device_b__node"]

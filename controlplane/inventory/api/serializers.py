@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from controlplane.common.api import ValidatedModelSerializer
+from controlplane.inventory.models import Device, Link, Node
+
+
+class NodeSerializer(ValidatedModelSerializer):
+    url = serializers.HyperlinkedIdentityField(view_name="node-detail")
+    device_count = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Node
+        fields = [
+            "id", "url", "name", "address", "labels", "network_gbps", "status", "last_heartbeat",
+            "incarnation", "fleet", "device_count", "created", "last_updated",
+        ]
+        # Written by the agent that owns the node, never by an API client.
+        read_only_fields = ["last_heartbeat", "incarnation"]
+
+
+class DeviceSerializer(ValidatedModelSerializer):
+    url = serializers.HyperlinkedIdentityField(view_name="device-detail")
+    name = serializers.CharField(read_only=True)
+    node_name = serializers.CharField(source="node.name", read_only=True)
+
+    class Meta:
+        model = Device
+        fields = [
+            "id", "url", "name", "node", "node_name", "index", "uuid", "vendor", "model_name", "memory_bytes",
+            "memory_bandwidth_gbs", "fp16_tflops", "bf16_tflops", "int8_tops", "pcie_gen", "pcie_lanes",
+            "numa_node", "nvlink_island", "nvlink_bandwidth_gbs", "emulated", "health", "created", "last_updated",
+        ]
+
+
+class LinkSerializer(ValidatedModelSerializer):
+    url = serializers.HyperlinkedIdentityField(view_name="link-detail")
+    endpoints = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Link
+        fields = [
+            "id", "url", "kind", "device_a", "device_b", "node_a", "node_b", "endpoints", "bandwidth_gbs",
+            "latency_us", "created", "last_updated",
+        ]
+
+    def get_endpoints(self, link: Link) -> list[str]:
+        """The two endpoints by name (``<node>`` or ``<node>/gpu<i>``)."""
+        return [endpoint.name for endpoint in link.endpoints]
+
+
+class GpuModelSerializer(serializers.Serializer):
+    """A GPU catalog entry (controlplane/hardware/gpu_catalog.py): spec-sheet figures, read-only."""
+
+    name = serializers.CharField()
+    aliases = serializers.ListField(child=serializers.CharField())
+    vendor = serializers.CharField()
+    architecture = serializers.CharField()
+    compute_capability = serializers.CharField()
+    year = serializers.IntegerField()
+    memory_gib = serializers.FloatField()
+    memory_bytes = serializers.IntegerField()
+    memory_bandwidth_gbs = serializers.FloatField()
+    fp16_tflops = serializers.FloatField()
+    bf16_tflops = serializers.FloatField()
+    int8_tops = serializers.FloatField()
+    pcie_gen = serializers.IntegerField()
+    pcie_lanes = serializers.IntegerField()
+    nvlink_gbs = serializers.FloatField()

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+from django.db.models import Count
+from rest_framework import viewsets
+from rest_framework.exceptions import NotFound
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from controlplane.common.api import InventoryViewSet
+from controlplane.hardware import gpu_catalog
+from controlplane.inventory.api import filtersets, serializers
+from controlplane.inventory.models import Device, Link, Node
+
+
+class NodeViewSet(InventoryViewSet):
+    queryset = Node.objects.annotate(device_count=Count("devices"))
+    serializer_class = serializers.NodeSerializer
+    filterset_class = filtersets.NodeFilterSet
+
+
+class DeviceViewSet(InventoryViewSet):
+    queryset = Device.objects.select_related("node")
+    serializer_class = serializers.DeviceSerializer
+    filterset_class = filtersets.DeviceFilterSet
+
+
+class LinkViewSet(InventoryViewSet):
+    queryset = Link.objects.select_related("node_a", "node_b", "device_a__node", "device_b__node")
+    serializer_class = serializers.LinkSerializer
+    filterset_class = filtersets.LinkFilterSet
+
+
+class GpuModelViewSet(viewsets.ViewSet):
+    """The GPU catalog: what a fleet file may name, and the figures a declared device gets."""
+
+    lookup_field = "name"
+    lookup_value_regex = "[^/]+"
+    serializer_class = serializers.GpuModelSerializer
+
+    def list(self, request: Request) -> Response:
+        return Response(self.serializer_class(gpu_catalog.all_models(), many=True).data)
+
+    def retrieve(self, request: Request, name: str) -> Response:
+        """One entry by catalog name or alias (case-insensitive; NVML names work too)."""
+        try:
+            model = gpu_catalog.lookup(name)
+        except gpu_catalog.UnknownGpuModel as exc:
+            raise NotFound(str(exc)) from None
+        return Response(self.serializer_class(model).data)

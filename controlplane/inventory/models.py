@@ -1,0 +1,204 @@
+"""What the fleet is made of: nodes, the devices in them, and the links between them.
+
+Rows are written by fleet-file imports (declared, usually emulated devices), by agents (discovered
+devices) and by the API. The planner never reads these models: ``selectors.fleet_spec_from_inventory``
+turns them into the plain ``FleetSpec`` it works on.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import F, Q
+
+from django.core.validators import MinValueValidator
+
+from controlplane.common.models import TimestampedModel, validate_positive
+
+
+class Node(TimestampedModel):
+    """A host that runs an agent (or, for an emulated fleet, pretends to)."""
+
+    class Status(models.TextChoices):
+        READY = "ready", "Ready"
+        SUSPECT = "suspect", "Suspect"  # heartbeats late; still planned on, watched
+        LOST = "lost", "Lost"  # heartbeats stopped: its devices are down
+        DRAINING = "draining", "Draining"  # being emptied by an operator: no new stages
+
+    name = models.CharField(max_length=100, unique=True)
+    address = models.CharField(max_length=255, blank=True, help_text="Host name or IP of the node's agent.")
+    labels = models.JSONField(default=dict, blank=True, help_text="Free-form string labels, e.g. rack.")
+    network_gbps = models.FloatField(default=25.0, validators=[validate_positive], help_text="Network interface bandwidth, Gbit/s.")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.READY)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    # Bumped each time the node's agent (re)registers, so messages from an older life are ignored.
+    incarnation = models.PositiveIntegerField(default=0)
+    fleet = models.CharField(max_length=100, blank=True, help_text="Fleet file the node was imported from.")
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(network_gbps__gt=0),
+                name="node_network_positive",
+                violation_error_message="network_gbps must be greater than 0",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        if "/" in self.name:
+            raise ValidationError({"name": "a node name must not contain '/' (device names are <node>/gpu<i>)"})
+        if not isinstance(self.labels, dict) or not all(
+            isinstance(v, str) for v in [*self.labels, *self.labels.values()]
+        ):
+            raise ValidationError({"labels": "expected an object of strings to strings"})
+
+    @property
+    def is_down(self) -> bool:
+        return self.status in (self.Status.LOST, self.Status.DRAINING)
+
+
+class Device(TimestampedModel):
+    """One GPU: its capacity and speed (from NVML and the GPU catalog) and its health."""
+
+    class Health(models.TextChoices):
+        HEALTHY = "healthy", "Healthy"
+        DEGRADED = "degraded", "Degraded"  # e.g. throttling: still usable, slower
+        UNHEALTHY = "unhealthy", "Unhealthy"  # XID errors, fell off the bus: not planned on
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="devices")
+    index = models.PositiveSmallIntegerField(help_text="Position on the node: the device is <node>/gpu<index>.")
+    uuid = models.CharField(max_length=64, blank=True, help_text="NVML UUID; empty for declared devices.")
+    vendor = models.CharField(max_length=32, default="NVIDIA")
+    model_name = models.CharField(max_length=100, help_text="GPU catalog name, or the NVML name if unknown.")
+    memory_bytes = models.BigIntegerField(validators=[validate_positive])
+    memory_bandwidth_gbs = models.FloatField(validators=[validate_positive], help_text="GB/s")
+    fp16_tflops = models.FloatField(validators=[validate_positive], help_text="Dense tensor-core peak.")
+    bf16_tflops = models.FloatField(
+        validators=[MinValueValidator(0)], help_text="Dense tensor-core peak; 0 when the card has no bf16."
+    )
+    int8_tops = models.FloatField(
+        validators=[MinValueValidator(0)], help_text="Dense tensor-core peak; 0 when the card has no int8 path."
+    )
+    pcie_gen = models.PositiveSmallIntegerField(default=4)
+    pcie_lanes = models.PositiveSmallIntegerField(default=16)
+    numa_node = models.PositiveSmallIntegerField(null=True, blank=True)
+    nvlink_island = models.CharField(
+        max_length=120, blank=True, help_text="Devices sharing an island talk over NVLink."
+    )
+    nvlink_bandwidth_gbs = models.FloatField(
+        default=0.0, validators=[MinValueValidator(0)], help_text="Per-direction GB/s inside the island."
+    )
+    emulated = models.BooleanField(
+        default=False, help_text="Declared by a fleet file, not real hardware: workers run on the CPU."
+    )
+    health = models.CharField(max_length=16, choices=Health.choices, default=Health.HEALTHY)
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node", "index"],
+                name="device_unique_index_per_node",
+                violation_error_message="this node already has a device with this index",
+            ),
+            models.UniqueConstraint(
+                fields=["uuid"],
+                condition=~Q(uuid=""),
+                name="device_unique_uuid",
+                violation_error_message="another device has this uuid",
+            ),
+            models.CheckConstraint(
+                condition=Q(memory_bytes__gt=0),
+                name="device_memory_positive",
+                violation_error_message="memory_bytes must be greater than 0",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def name(self) -> str:
+        return f"{self.node.name}/gpu{self.index}"
+
+
+class Link(TimestampedModel):
+    """A declared or measured link: two devices (NVLink, PCIe) or two nodes (network).
+
+    Links nobody declared are not stored; the planner assumes NVLink inside an island, PCIe inside a
+    node and each node's own network bandwidth between nodes (see ``FleetSpec.link_between``).
+    """
+
+    class Kind(models.TextChoices):
+        NVLINK = "nvlink", "NVLink"
+        PCIE = "pcie", "PCIe"
+        NETWORK = "network", "Network"
+
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    device_a = models.ForeignKey(Device, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    device_b = models.ForeignKey(Device, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    node_a = models.ForeignKey(Node, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    node_b = models.ForeignKey(Node, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    bandwidth_gbs = models.FloatField(validators=[validate_positive], help_text="GB/s, one direction.")
+    latency_us = models.FloatField(validators=[MinValueValidator(0)], help_text="Microseconds.")
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    Q(device_a__isnull=False, device_b__isnull=False, node_a__isnull=True, node_b__isnull=True)
+                    | Q(device_a__isnull=True, device_b__isnull=True, node_a__isnull=False, node_b__isnull=False)
+                ),
+                name="link_two_devices_or_two_nodes",
+                violation_error_message="a link joins two devices (device_a, device_b) or two nodes (node_a, node_b)",
+            ),
+            models.CheckConstraint(
+                condition=~Q(device_a=F("device_b")) & ~Q(node_a=F("node_b")),
+                name="link_endpoints_differ",
+                violation_error_message="a link joins two different endpoints",
+            ),
+            models.UniqueConstraint(
+                fields=["device_a", "device_b"],
+                name="link_unique_device_pair",
+                violation_error_message="a link between these two devices already exists",
+            ),
+            models.UniqueConstraint(
+                fields=["node_a", "node_b"],
+                name="link_unique_node_pair",
+                violation_error_message="a link between these two nodes already exists",
+            ),
+            models.CheckConstraint(
+                condition=Q(bandwidth_gbs__gt=0, latency_us__gte=0),
+                name="link_figures",
+                violation_error_message="bandwidth_gbs must be greater than 0 and latency_us at least 0",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        a, b = self.endpoints
+        return f"{self.kind} {a} <-> {b}"
+
+    @property
+    def endpoints(self) -> tuple[Device | Node, Device | Node]:
+        if self.device_a_id is not None:
+            return self.device_a, self.device_b
+        return self.node_a, self.node_b
+
+    def clean(self) -> None:
+        """What the constraints cannot say: which kind fits the endpoints, and the pair reversed."""
+        devices = self.device_a_id is not None and self.device_b_id is not None
+        nodes = self.node_a_id is not None and self.node_b_id is not None
+        if devices and self.kind in (self.Kind.NVLINK, self.Kind.PCIE) and self.device_a.node_id != self.device_b.node_id:
+            raise ValidationError({"kind": f"{self.kind} joins two devices of the same node"})
+        if nodes and self.kind != self.Kind.NETWORK:
+            raise ValidationError({"kind": "a link between two nodes is a network link"})
+        if devices or nodes:
+            a, b = ("device_a", "device_b") if devices else ("node_a", "node_b")
+            reverse = Link.objects.filter(**{a: getattr(self, f"{b}_id"), b: getattr(self, f"{a}_id")})
+            if reverse.exclude(pk=self.pk).exists():
+                raise ValidationError("a link between these two endpoints already exists")

@@ -1,0 +1,67 @@
+"""Reads from the inventory, shaped for the code that consumes them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db.models import Q
+
+from controlplane.hardware.specs import DeviceSpec, FleetSpec, LinkSpec, NodeSpec
+from controlplane.inventory.models import Device, Link, Node
+
+
+def fleet_spec_from_inventory(*, node_ids: Iterable[int] | None = None, name: str = "inventory") -> FleetSpec:
+    """The inventory (or the given nodes of it) as the planner's FleetSpec, health included.
+
+    A device is down when its node is LOST or DRAINING or the device itself is UNHEALTHY: the
+    planner places nothing on it. SUSPECT nodes stay plannable; the heartbeat monitor decides
+    when suspicion becomes LOST. Three queries whatever the fleet's size.
+    """
+    nodes = Node.objects.prefetch_related("devices").order_by("name")
+    if node_ids is not None:
+        nodes = nodes.filter(pk__in=list(node_ids))
+    node_specs = tuple(_node_spec(node) for node in nodes)
+    node_pks = [node.pk for node in nodes]
+    links = Link.objects.filter(
+        Q(node_a__in=node_pks, node_b__in=node_pks)
+        | Q(device_a__node__in=node_pks, device_b__node__in=node_pks)
+    ).select_related("node_a", "node_b", "device_a__node", "device_b__node")
+    return FleetSpec(name=name, nodes=node_specs, links=tuple(_link_spec(link) for link in links))
+
+
+def _node_spec(node: Node) -> NodeSpec:
+    return NodeSpec(
+        name=node.name,
+        devices=tuple(_device_spec(node, device) for device in sorted(node.devices.all(), key=lambda d: d.index)),
+        network_gbps=node.network_gbps,
+        address=node.address,
+        labels=dict(node.labels),
+    )
+
+
+def _device_spec(node: Node, device: Device) -> DeviceSpec:
+    return DeviceSpec(
+        name=f"{node.name}/gpu{device.index}",
+        node=node.name,
+        index=device.index,
+        model=device.model_name,
+        memory_bytes=device.memory_bytes,
+        memory_bandwidth_gbs=device.memory_bandwidth_gbs,
+        fp16_tflops=device.fp16_tflops,
+        bf16_tflops=device.bf16_tflops,
+        int8_tops=device.int8_tops,
+        vendor=device.vendor,
+        uuid=device.uuid,
+        pcie_gen=device.pcie_gen,
+        pcie_lanes=device.pcie_lanes,
+        numa_node=device.numa_node,
+        nvlink_island=device.nvlink_island or None,
+        nvlink_bandwidth_gbs=device.nvlink_bandwidth_gbs,
+        emulated=device.emulated,
+        down=node.is_down or device.health == Device.Health.UNHEALTHY,
+    )
+
+
+def _link_spec(link: Link) -> LinkSpec:
+    a, b = link.endpoints
+    return LinkSpec(a=a.name, b=b.name, kind=link.kind, bandwidth_gbs=link.bandwidth_gbs, latency_us=link.latency_us)

@@ -1,0 +1,32 @@
+"""``python manage.py register_model PATH [--name NAME]``: add a model to the catalog."""
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+
+from controlplane.models_catalog.services import model_register
+
+
+class Command(BaseCommand):
+    help = (
+        "Register a Hugging Face-format checkpoint directory, or a bare config.json for planning only. "
+        "Registering the same path again refreshes it."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("path", help="checkpoint directory or config.json")
+        parser.add_argument("--name", help="catalog name (default: the directory's name)")
+
+    def handle(self, *args, **options):
+        try:
+            model = model_register(path=options["path"], name=options["name"])
+        except ValidationError as exc:
+            if hasattr(exc, "error_dict"):
+                raise CommandError("; ".join(f"{k}: {m}" for k, ms in exc.message_dict.items() for m in ms)) from None
+            raise CommandError("; ".join(exc.messages)) from None
+        weights = "weights present" if model.has_weights else "config only: planning, not deployable"
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"model {model.name} (id {model.id}): {model.model_type}, {model.num_layers} layers, "
+                f"{model.total_params / 1e9:.2f}B parameters; {weights}"
+            )
+        )

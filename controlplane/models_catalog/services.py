@@ -1,0 +1,77 @@
+"""Registering models: read the config, refuse what motley cannot run, store the profile."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from controlplane.models_catalog.models import LlmModel
+from controlplane.modelspec.profiler import profile_model
+from worker_runtime.config import ModelConfig, UnsupportedModelError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+
+
+@transaction.atomic
+def model_register(
+    *, path: str | Path | None = None, config: dict[str, Any] | None = None, name: str | None = None
+) -> LlmModel:
+    """Register a checkpoint directory (or a bare config.json), or an uploaded config for planning only.
+
+    ``path`` is on the control plane's filesystem. Registering the same path under the same name
+    again re-reads it (the checkpoint may have gained weights), so scripts can run this at every
+    start; any other clash of names is refused. An unsupported architecture is refused with the
+    config field at fault.
+    """
+    if (path is None) == (config is None):
+        raise ValidationError("give either path (a checkpoint directory or config.json) or config, not both")
+    if path is not None:
+        path = Path(path).expanduser().resolve()
+        raw = _read_config(path)
+        # A bare config.json is for planning only, even where weights happen to sit beside it.
+        name = name or (path.name if path.is_dir() else path.parent.name)
+        has_weights = path.is_dir() and any(path.glob("*.safetensors"))
+        has_tokenizer = path.is_dir() and any((path / f).is_file() for f in TOKENIZER_FILES)
+        stored_path = str(path)
+    else:
+        if not name:
+            raise ValidationError({"name": "a name is required when uploading a config"})
+        raw, has_weights, has_tokenizer, stored_path = config, False, False, ""
+    try:
+        parsed = ModelConfig.from_dict(raw)
+    except UnsupportedModelError as exc:
+        raise ValidationError({"config": str(exc)}) from None
+    existing = LlmModel.objects.select_for_update().filter(name=name).first()
+    if existing is not None and not (stored_path and existing.path == stored_path):
+        raise ValidationError({"name": f"a model named {name!r} is already registered; choose another name"})
+    profile = profile_model(parsed, name)
+    model = existing or LlmModel(name=name)
+    model.path = stored_path
+    model.config = raw
+    model.profile = profile.to_dict()
+    model.model_type = parsed.model_type
+    model.num_layers = parsed.num_layers
+    model.hidden_size = parsed.hidden_size
+    model.total_params = profile.total_params
+    model.torch_dtype = parsed.torch_dtype
+    model.has_weights = has_weights
+    model.has_tokenizer = has_tokenizer
+    model.full_clean()
+    model.save()
+    return model
+
+
+def _read_config(path: Path) -> Any:
+    """The raw JSON config of a checkpoint directory or of a config.json file."""
+    config_file = path / "config.json" if path.is_dir() else path
+    if not config_file.is_file():
+        problem = "no config.json in this directory" if path.is_dir() else "no such file or directory"
+        raise ValidationError({"path": f"{path}: {problem}"})
+    try:
+        return json.loads(config_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValidationError({"path": f"{config_file}: not a readable JSON file ({exc})"}) from None

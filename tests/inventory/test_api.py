@@ -1,0 +1,169 @@
+import pytest
+
+from controlplane.hardware.specs import GIB
+from controlplane.inventory.models import Device, Link, Node
+from tests.api.factories import make_device, make_link, make_node
+from tests.api.mixins import APIResourceTests, assert_error
+
+
+class TestNodeAPI(APIResourceTests):
+    url = "/api/v1/nodes/"
+
+    def make_rows(self, n):
+        nodes = [make_node() for _ in range(n)]
+        for node in nodes:
+            make_device(node)
+        return nodes
+
+    def create_data(self):
+        return {"name": "node-x", "address": "10.0.0.5", "labels": {"rack": "r1"}, "network_gbps": 100.0}
+
+    def update_data(self):
+        return {"status": "draining", "labels": {"rack": "r2"}}
+
+    def test_device_count_and_read_only_agent_fields(self, api):
+        node = self.make_rows(1)[0]
+        body = api.patch(f"{self.url}{node.pk}/", {"incarnation": 7}, format="json").json()
+        assert body["device_count"] == 1 and body["incarnation"] == 0
+
+    def test_invalid_node_is_refused_with_the_field(self, api):
+        make_node(name="taken")
+        assert_error(api.post(self.url, {"name": "taken"}, format="json"), 400, "name:")
+        assert_error(api.post(self.url, {"name": "a/b"}, format="json"), 400, "name: a node name must not contain '/'")
+        assert_error(api.post(self.url, {"name": "n", "labels": {"a": 1}}, format="json"), 400, "labels:")
+        assert_error(api.post(self.url, {"name": "n", "network_gbps": 0}, format="json"), 400, "network_gbps")
+        assert_error(api.post(self.url, {"name": "n", "status": "gone"}, format="json"), 400, "status:")
+        assert not Node.objects.filter(name="n").exists()
+
+    def test_filters(self, api):
+        make_node(name="alpha", status="ready", labels={"rack": "r1", "zone": "z"}, address="10.0.0.1")
+        make_node(name="beta", status="lost", labels={"rack": "r2"}, fleet="lab")
+        make_node(name="gamma", status="draining", labels={"rack": "r1"})
+
+        def names(**params):
+            return [item["name"] for item in api.get(self.url, params).json()["results"]]
+
+        assert names(status=["lost", "draining"]) == ["beta", "gamma"]
+        assert names(label="rack:r1") == ["alpha", "gamma"]
+        assert names(label="rack:r1,zone:z") == ["alpha"]
+        assert names(fleet="lab") == ["beta"]
+        assert names(q="10.0.0") == ["alpha"]
+        assert names(name="BETA") == ["beta"]
+        assert names(ordering="-name") == ["gamma", "beta", "alpha"]
+        assert_error(api.get(self.url, {"label": "rack"}), 400, "label: expected key:value")
+
+
+class TestDeviceAPI(APIResourceTests):
+    url = "/api/v1/devices/"
+
+    def make_rows(self, n):
+        return [make_device() for _ in range(n)]
+
+    def create_data(self):
+        return {
+            "node": make_node(name="host").pk, "index": 3, "model_name": "L4", "memory_bytes": 24 * GIB,
+            "memory_bandwidth_gbs": 300.0, "fp16_tflops": 121.0, "bf16_tflops": 121.0, "int8_tops": 242.0,
+            "emulated": True,
+        }
+
+    def check_created(self, body, data):
+        super().check_created(body, data)
+        assert body["name"] == "host/gpu3" and body["node_name"] == "host"
+
+    def update_data(self):
+        return {"health": "unhealthy", "memory_bytes": 15 * GIB}
+
+    def test_duplicate_index_and_bad_figures_are_refused(self, api):
+        device = make_device()
+        data = {**self.create_data(), "node": device.node_id, "index": device.index}
+        assert_error(api.post(self.url, data, format="json"), 400, "index")
+        assert_error(api.post(self.url, {**data, "index": 9, "memory_bytes": 0}, format="json"), 400, "memory")
+        assert Device.objects.count() == 1
+
+    def test_filters(self, api):
+        a, b = make_node(name="a"), make_node(name="b")
+        make_device(a, model_name="T4", memory_bytes=16 * GIB, emulated=True)
+        make_device(a, model_name="A100-80GB-SXM", memory_bytes=80 * GIB, health="unhealthy")
+        make_device(b, model_name="t4", memory_bytes=15 * GIB, emulated=True)
+
+        def names(**params):
+            return [item["name"] for item in api.get(self.url, params).json()["results"]]
+
+        assert names(node=a.pk) == ["a/gpu0", "a/gpu1"]
+        assert names(node_name="B") == ["b/gpu0"]
+        assert names(model_name="T4") == ["a/gpu0", "b/gpu0"]
+        assert names(emulated="true") == ["a/gpu0", "b/gpu0"]
+        assert names(health="unhealthy") == ["a/gpu1"]
+        assert names(memory_bytes__gte=16 * GIB) == ["a/gpu0", "a/gpu1"]
+        assert names(ordering="-memory_bytes") == ["a/gpu1", "a/gpu0", "b/gpu0"]
+
+
+class TestLinkAPI(APIResourceTests):
+    url = "/api/v1/links/"
+
+    def make_rows(self, n):
+        return [make_link() for _ in range(n)]
+
+    def create_data(self):
+        node = make_node(name="host")
+        a, b = make_device(node), make_device(node)
+        return {"kind": "pcie", "device_a": a.pk, "device_b": b.pk, "bandwidth_gbs": 25.0, "latency_us": 3.0}
+
+    def check_created(self, body, data):
+        super().check_created(body, data)
+        assert body["endpoints"] == ["host/gpu0", "host/gpu1"]
+
+    def update_data(self):
+        return {"bandwidth_gbs": 50.0}
+
+    @pytest.mark.parametrize(
+        "change, message",
+        [
+            (lambda d, other: {"device_b": d["device_a"]}, "two different endpoints"),
+            (lambda d, other: {"device_b": None}, "a link joins two devices (device_a, device_b) or two nodes"),
+            (lambda d, other: {"node_a": other.node_id, "device_b": other.pk}, "a link joins two devices"),
+            (lambda d, other: {"device_b": other.pk}, "kind: pcie joins two devices of the same node"),
+            (lambda d, other: {"device_a": d["device_b"], "device_b": d["device_a"]}, "already exists"),
+            (lambda d, other: {"bandwidth_gbs": 0}, "bandwidth_gbs: must be greater than 0"),
+            (lambda d, other: {"device_a": other.pk, "latency_us": -1}, "latency_us:"),
+        ],
+    )
+    def test_invalid_links_are_refused(self, api, change, message):
+        data = self.create_data()
+        other = make_device()
+        assert api.post(self.url, data, format="json").status_code == 201
+        assert_error(api.post(self.url, {**data, **change(data, other)}, format="json"), 400, message)
+        assert Link.objects.count() == 1
+
+    def test_node_links_are_network_links(self, api):
+        a, b = make_node(), make_node()
+        data = {"kind": "nvlink", "node_a": a.pk, "node_b": b.pk, "bandwidth_gbs": 12.5, "latency_us": 30}
+        assert_error(api.post(self.url, data, format="json"), 400, "kind: a link between two nodes is a network link")
+
+    def test_filters(self, api):
+        network = make_link(kind="network")
+        node = make_node()
+        pcie = make_link(kind="pcie", device_a=make_device(node), device_b=make_device(node))
+
+        def ids(**params):
+            return [item["id"] for item in api.get(self.url, params).json()["results"]]
+
+        assert ids(kind="pcie") == [pcie.pk]
+        assert ids(node=network.node_b_id) == [network.pk]
+        assert ids(node=node.pk) == [pcie.pk]
+        assert ids(device=pcie.device_b_id) == [pcie.pk]
+
+
+def test_gpu_catalog_endpoint(api, anonymous):
+    assert anonymous.get("/api/v1/gpu-models/").status_code in (401, 403)
+    models = api.get("/api/v1/gpu-models/").json()
+    assert {"T4", "H100-SXM", "RTX-4090"} <= {m["name"] for m in models}
+    t4 = api.get("/api/v1/gpu-models/Tesla T4/").json()
+    assert (t4["name"], t4["bf16_tflops"], t4["memory_gib"]) == ("T4", 0.0, 16.0)
+    assert_error(api.get("/api/v1/gpu-models/A100-80G/"), 404, "did you mean A100-80GB-SXM")
+
+
+def test_session_login_works_for_the_browser(client, user):
+    assert client.get("/api/v1/nodes/").status_code in (401, 403)
+    client.login(username="alice", password="correct horse battery")
+    assert client.get("/api/v1/nodes/").status_code == 200
