@@ -1,0 +1,141 @@
+"""Starting real stage processes for tests and the benchmark: specs, ready events, and certain cleanup."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from tests.support.processes import REPO_ROOT, free_port
+from worker_runtime.spec import StageSpec
+
+TOKEN = "test-token-123"
+
+
+def split_layers(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
+    bounds = [round(i * num_layers / num_stages) for i in range(num_stages + 1)]
+    return list(zip(bounds, bounds[1:]))
+
+
+def pipeline_specs(model: Path, num_layers: int, num_stages: int, pipeline_id: str = "p0", **overrides) -> list[StageSpec]:
+    ports = [free_port() for _ in range(num_stages)]
+    addresses = [f"tcp://127.0.0.1:{p}" for p in ports]
+    per_stage = overrides.pop("per_stage", {})
+    return [
+        StageSpec.from_dict(
+            {
+                "pipeline_id": pipeline_id,
+                "auth_token": TOKEN,
+                "model_path": str(model),
+                "stage_index": i,
+                "num_stages": num_stages,
+                "layers": list(layers),
+                "listen": addresses[i],
+                "next": addresses[i + 1] if i + 1 < num_stages else None,
+                "head": addresses[0],
+                "threads": 1,
+                "kv_tokens": 2048,
+                "peer_timeout_s": 2.0,
+                **overrides,
+                **per_stage.get(i, {}),
+            }
+        )
+        for i, layers in enumerate(split_layers(num_layers, num_stages))
+    ]
+
+
+@dataclass
+class StageProcess:
+    spec: StageSpec
+    popen: subprocess.Popen
+    events: "queue.Queue[dict]" = field(default_factory=queue.Queue)
+    stderr_lines: list[str] = field(default_factory=list)
+
+    def wait_event(self, name: str, timeout_s: float = 60.0) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                event = self.events.get(timeout=0.1)
+            except queue.Empty:
+                if self.popen.poll() is not None:
+                    raise RuntimeError(f"stage {self.spec.stage_index} exited {self.popen.returncode}: {self.stderr()}")
+                continue
+            if event.get("event") == name:
+                return event
+        raise TimeoutError(f"stage {self.spec.stage_index} sent no {name!r} event in {timeout_s}s: {self.stderr()}")
+
+    def stderr(self) -> str:
+        return "".join(self.stderr_lines[-30:])
+
+
+class Pipeline:
+    """Stage processes started from specs; :meth:`stop` kills whatever is left (children included)."""
+
+    def __init__(self, specs: list[StageSpec], workdir: Path):
+        self.specs, self.workdir = specs, workdir
+        self.stages: list[StageProcess] = [self.start(i) for i in range(len(specs))]
+
+    @property
+    def head(self) -> str:
+        return self.specs[0].listen
+
+    def start(self, index: int) -> StageProcess:
+        spec = self.specs[index]
+        path = self.workdir / f"stage{index}.json"
+        path.write_text(json.dumps(spec.to_json()))
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": str(spec.threads)}
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "worker_runtime.serve", "--spec", str(path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO_ROOT,
+        )
+        proc = StageProcess(spec, popen)
+        threading.Thread(target=self._pump_stdout, args=(proc,), daemon=True).start()
+        threading.Thread(target=self._pump_stderr, args=(proc,), daemon=True).start()
+        return proc
+
+    @staticmethod
+    def _pump_stdout(proc: StageProcess) -> None:
+        for line in proc.popen.stdout:
+            proc.events.put(json.loads(line))  # anything but a JSON line breaks the contract: fail loudly
+
+    @staticmethod
+    def _pump_stderr(proc: StageProcess) -> None:
+        for line in proc.popen.stderr:
+            proc.stderr_lines.append(line)
+
+    def wait_ready(self, timeout_s: float = 60.0) -> list[dict]:
+        return [stage.wait_event("ready", timeout_s) for stage in self.stages]
+
+    def restart(self, index: int) -> StageProcess:
+        self.stages[index] = self.start(index)
+        return self.stages[index]
+
+    def pids(self) -> list[int]:
+        return [s.popen.pid for s in self.stages]
+
+    def stop(self) -> None:
+        for stage in self.stages:
+            if stage.popen.poll() is None:
+                stage.popen.terminate()
+        for stage in self.stages:
+            try:
+                stage.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                stage.popen.kill()
+                stage.popen.wait(timeout=5)
+
+    def assert_none_left(self) -> None:
+        alive = [pid for pid in self.pids() if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        assert not alive, f"stage processes left running: {alive}"
