@@ -1,0 +1,207 @@
+"""First-principles prices of a stage: memory it needs, time of a decode step, prefill and hops.
+
+A decode step of a stage reads its weights once and the KV cache of every sequence in the
+micro-batch; it is bound by whichever is slower, moving those bytes through memory or doing the
+FLOPs. Prefill is FLOP-bound. A hop moves the micro-batch's hidden states over the link. Every time
+is scaled by the device's measured calibration factor and slowed by thermal throttling, so the
+figures improve as deployments report real step times.
+
+All interval figures come from prefix sums, so the partition search can price every
+[start, end) of a device at once as a matrix (numpy) and the evaluator can price one stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from controlplane.hardware.specs import DeviceSpec, FleetSpec, LinkSpec
+from controlplane.planning.request import PlanRequest
+
+# Fractions of the spec sheet that real kernels reach. Calibration corrects them per device.
+BANDWIDTH_EFFICIENCY = 0.80
+DECODE_COMPUTE_EFFICIENCY = 0.50
+PREFILL_COMPUTE_EFFICIENCY = 0.60
+LAYER_OVERHEAD_S = 20e-6  # kernel launches and synchronisation per layer per step
+# Memory no stage may use: CUDA context, allocator slack and fragmentation.
+RESERVED_FRACTION = 0.05
+RESERVED_BYTES = 384 * 1024**2
+# Activation workspace: a prefill chunk's intermediate tensors (MLP up/gate dominate) ...
+PREFILL_CHUNK_TOKENS = 512
+ACTIVATION_WORKSPACE_FACTOR = 10
+# ... and fp32 logits of a decode step on the stage that holds the head.
+LOGIT_BYTES = 4
+TOKEN_ID_BYTES = 4  # sampled token ids returned from the last stage to the first
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    weights_bytes: int
+    kv_bytes_per_token: int  # KV bytes one token of context costs on this stage
+    workspace_bytes: int
+    capacity_bytes: int
+
+    @property
+    def free_for_kv(self) -> int:
+        return self.capacity_bytes - self.weights_bytes - self.workspace_bytes
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens of context (summed over sequences) this stage can cache."""
+        if self.kv_bytes_per_token <= 0:
+            return 0 if self.free_for_kv < 0 else 2**62
+        return max(0, self.free_for_kv // self.kv_bytes_per_token)
+
+
+def capacity_bytes(device: DeviceSpec) -> int:
+    """Memory a stage may fill on this device, after what others use and a reserve."""
+    return int(device.memory_bytes - device.memory_used_bytes
+               - RESERVED_FRACTION * device.memory_bytes - RESERVED_BYTES)
+
+
+def _slowdown(device: DeviceSpec) -> float:
+    return device.calibration / max(device.throttle_factor, 1e-3)
+
+
+def _bandwidth(device: DeviceSpec) -> float:
+    return device.memory_bandwidth_gbs * 1e9 * BANDWIDTH_EFFICIENCY
+
+
+def _peak(device: DeviceSpec) -> float:
+    return max(device.fp16_tflops, device.bf16_tflops) * 1e12
+
+
+def device_key(device: DeviceSpec) -> tuple:
+    """Everything about a device that changes its prices (not its name or place)."""
+    return (device.memory_bytes, device.memory_used_bytes, device.memory_bandwidth_gbs, device.fp16_tflops,
+            device.bf16_tflops, device.calibration, device.throttle_factor)
+
+
+class CostModel:
+    """Prices for one request. Holds prefix sums of the model and caches per-device matrices."""
+
+    def __init__(self, request: PlanRequest) -> None:
+        model, workload = request.model, request.workload
+        self.request = request
+        self.fleet: FleetSpec = request.fleet
+        self.num_layers = model.num_layers
+        self.batch = workload.batch
+        self.kv_context = workload.mean_decode_context
+        self.prompt = workload.prompt
+        self.kv_required = workload.kv_tokens_required
+        layers = model.layers
+        zero = np.zeros(1)
+        self.weights = {b: np.concatenate([zero, np.cumsum([float(l.weight_bytes[b]) for l in layers])])
+                        for b in (16, 8, 4)}
+        self.flops = np.concatenate([zero, np.cumsum([float(l.flops_per_token) for l in layers])])
+        self.attn = np.concatenate(
+            [zero, np.cumsum([float(l.attention_flops_per_token_per_context) for l in layers])])
+        self.kv = np.concatenate([zero, np.cumsum([float(l.kv_bytes_per_token) for l in layers])])
+        # The embedding is a lookup and stays 16-bit; lm_head is a matmul at its stage's precision
+        # (the stage engine quantizes every nn.Linear of a stage).
+        self.embedding_bytes = float(model.embedding.weight_bytes[16])
+        self.head_bytes = {b: float(model.head.weight_bytes[b]) for b in (16, 8, 4)}
+        self.head_flops = float(model.head.flops_per_token)
+        self.activation_bytes = float(model.activation_bytes_per_token)
+        self.workspace = float(PREFILL_CHUNK_TOKENS * model.activation_bytes_per_token * ACTIVATION_WORKSPACE_FACTOR)
+        self.logits = float(LOGIT_BYTES * model.vocab_size * workload.batch)
+        self._matrices: dict[tuple, np.ndarray] = {}
+        self._devices = {d.name: d for d in self.fleet.devices}
+        self._links: dict[tuple[str, str], LinkSpec] = {}
+
+    def device(self, name: str) -> DeviceSpec:
+        """The fleet's device by name (KeyError for an unknown one)."""
+        return self._devices[name]
+
+    def link(self, a: DeviceSpec, b: DeviceSpec) -> LinkSpec:
+        """``FleetSpec.link_between``, remembered: the search asks for the same pairs many times."""
+        key = (a.name, b.name)
+        if key not in self._links:
+            self._links[key] = self.fleet.link_between(a, b)
+        return self._links[key]
+
+    # -- one stage ------------------------------------------------------------------------------
+
+    def memory(self, device: DeviceSpec, start: int, end: int, bits: int) -> StageMemory:
+        return StageMemory(
+            weights_bytes=int(self._stored_weights(start, end, bits)),
+            kv_bytes_per_token=int(self.kv[end] - self.kv[start]),
+            workspace_bytes=int(self._workspace(end)),
+            capacity_bytes=capacity_bytes(device),
+        )
+
+    def decode_s(self, device: DeviceSpec, start: int, end: int, bits: int, micro_batch: float) -> float:
+        """One decode step of a micro-batch through layers [start, end) on this device."""
+        return float(self._decode(device, np.array(start), np.array(end), bits, micro_batch))
+
+    def prefill_s(self, device: DeviceSpec, start: int, end: int, bits: int, tokens: int) -> float:
+        """Prefill of one prompt of ``tokens`` tokens: FLOP-bound, weights read at least once."""
+        last = end == self.num_layers
+        flops = tokens * (self.flops[end] - self.flops[start] + self.head_flops * last / max(tokens, 1))
+        flops += (self.attn[end] - self.attn[start]) * tokens * tokens / 2.0
+        weights = self.weights[bits][end] - self.weights[bits][start] + self.head_bytes[bits] * last
+        seconds = max(flops / (_peak(device) * PREFILL_COMPUTE_EFFICIENCY), weights / _bandwidth(device))
+        return (seconds + (end - start) * LAYER_OVERHEAD_S) * _slowdown(device)
+
+    def hop_s(self, a: DeviceSpec, b: DeviceSpec, tokens: float) -> float:
+        """Hidden states of ``tokens`` tokens from a to b: bytes over bandwidth plus latency."""
+        link = self.link(a, b)
+        return tokens * self.activation_bytes / (link.bandwidth_gbs * 1e9) + link.latency_us * 1e-6
+
+    def return_s(self, last: DeviceSpec, first: DeviceSpec, micro_batch: float) -> float:
+        """Sampled token ids going back from the last stage to the first (closes the decode loop)."""
+        if last.name == first.name:
+            return 0.0
+        link = self.link(last, first)
+        return micro_batch * TOKEN_ID_BYTES / (link.bandwidth_gbs * 1e9) + link.latency_us * 1e-6
+
+    def limiting_resource(self, device: DeviceSpec, start: int, end: int, bits: int, micro_batch: float) -> str:
+        """Whether the stage's decode step waits on memory bandwidth or on compute."""
+        memory_s, compute_s = self._parts(device, np.array(start), np.array(end), bits, micro_batch)
+        return "memory bandwidth" if memory_s >= compute_s else "compute"
+
+    # -- every interval of a device at once -----------------------------------------------------
+
+    def decode_matrix(self, device: DeviceSpec, bits: int, micro_batch: float) -> np.ndarray:
+        """M[i, j] = decode step time of layers [i, j) on this device, inf where it does not fit.
+
+        Memory feasibility needs the KV of the whole replica batch at full context, not just the
+        micro-batch: every sequence in flight keeps its cache on every stage.
+        """
+        key = (device_key(device), bits, micro_batch)
+        cached = self._matrices.get(key)
+        if cached is not None:
+            return cached
+        n = self.num_layers + 1
+        starts = np.arange(n)[:, None]
+        ends = np.arange(n)[None, :]
+        times = self._decode(device, starts, ends, bits, micro_batch)
+        kv = (self.kv[ends] - self.kv[starts]) * self.kv_required
+        need = self._stored_weights(starts, ends, bits) + kv + self._workspace(ends)
+        fits = (need <= capacity_bytes(device)) & (ends > starts)
+        matrix = np.where(fits, times, np.inf)
+        matrix.setflags(write=False)
+        self._matrices[key] = matrix
+        return matrix
+
+    def _stored_weights(self, starts, ends, bits: int):
+        """Weights a stage keeps in memory: its layers, the embedding on the first, the head on the last."""
+        return (self.weights[bits][ends] - self.weights[bits][starts] + self.embedding_bytes * (starts == 0)
+                + self.head_bytes[bits] * (ends == self.num_layers))
+
+    def _workspace(self, ends):
+        return self.workspace + self.logits * (ends == self.num_layers)
+
+    def _decode(self, device: DeviceSpec, starts, ends, bits: int, micro_batch: float):
+        memory_s, compute_s = self._parts(device, starts, ends, bits, micro_batch)
+        return (np.maximum(memory_s, compute_s) + (ends - starts) * LAYER_OVERHEAD_S) * _slowdown(device)
+
+    def _parts(self, device: DeviceSpec, starts, ends, bits: int, micro_batch: float):
+        """Seconds to move the step's bytes and to do its FLOPs, before overheads and calibration."""
+        last = ends == self.num_layers
+        weights = self.weights[bits][ends] - self.weights[bits][starts] + self.head_bytes[bits] * last
+        kv = (self.kv[ends] - self.kv[starts]) * micro_batch * self.kv_context
+        flops = micro_batch * (self.flops[ends] - self.flops[starts] + self.head_flops * last
+                               + (self.attn[ends] - self.attn[starts]) * self.kv_context)
+        return (weights + kv) / _bandwidth(device), flops / (_peak(device) * DECODE_COMPUTE_EFFICIENCY)

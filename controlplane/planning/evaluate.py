@@ -1,0 +1,114 @@
+"""Predicted figures of a placement: the one pipeline model every plan is judged by.
+
+The planner's own plans, the baselines and an operator's edited plan all go through
+``evaluate_replica``, so their figures are comparable by construction.
+
+Pipeline model (docs/planner.md): a replica serves ``batch`` sequences split into ``m``
+micro-batches. A decode round advances every sequence by one token; it lasts
+``max(m * slowest stage step, one micro-batch's trip through all stages and hops back)``.
+Decode throughput is batch / round, and a sequence waits one round between two tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from controlplane.hardware.specs import DeviceSpec
+from controlplane.planning.cost_model import CostModel
+from controlplane.planning.plan import (Bottleneck, Figures, MemoryBreakdown, Placement, Plan, PlanKind, ReplicaPlan,
+                                        StagePlan)
+from controlplane.planning.precision import quantized_layers
+from controlplane.planning.request import PlanRequest
+
+
+def micro_batch_size(batch: int, micro_batches: int) -> int:
+    return math.ceil(batch / micro_batches)
+
+
+def round_s(step_times: Sequence[float], trip_s: float, micro_batches: int) -> float:
+    return max(micro_batches * max(step_times), trip_s)
+
+
+def stage_plan(cost: CostModel, placement: Placement, following: DeviceSpec | None, micro_batch: int) -> StagePlan:
+    device = cost.device(placement.device)
+    memory = cost.memory(device, placement.start, placement.end, placement.bits)
+    kv_tokens = memory.kv_tokens
+    kv_bytes = kv_tokens * memory.kv_bytes_per_token
+    compute = cost.decode_s(device, placement.start, placement.end, placement.bits, micro_batch)
+    transfer = cost.hop_s(device, following, micro_batch) if following is not None else 0.0
+    link = cost.link(device, following).kind if following is not None else None
+    return StagePlan(
+        device=device.name, node=device.node, gpu_model=device.model,
+        start=placement.start, end=placement.end, bits=placement.bits, kv_tokens=int(min(kv_tokens, 2**53)),
+        memory=MemoryBreakdown(
+            weights_bytes=memory.weights_bytes, kv_bytes=int(min(kv_bytes, 2**53)),
+            workspace_bytes=memory.workspace_bytes,
+            total_bytes=int(memory.weights_bytes + min(kv_bytes, 2**53) + memory.workspace_bytes),
+            capacity_bytes=memory.capacity_bytes),
+        compute_ms=compute * 1e3, transfer_ms=transfer * 1e3, step_ms=max(compute, transfer) * 1e3, link=link,
+    )
+
+
+def evaluate_replica(cost: CostModel, placements: Sequence[Placement], micro_batches: int,
+                     replica: int = 0) -> ReplicaPlan:
+    devices = [cost.device(p.device) for p in placements]
+    micro_batches = max(1, min(micro_batches, cost.batch))
+    mb = micro_batch_size(cost.batch, micro_batches)
+    stages = tuple(stage_plan(cost, p, devices[i + 1] if i + 1 < len(devices) else None, mb)
+                   for i, p in enumerate(placements))
+    back = cost.return_s(devices[-1], devices[0], mb)
+    trip = sum(s.compute_ms + s.transfer_ms for s in stages) / 1e3 + back
+    steps = [s.step_ms / 1e3 for s in stages]
+    round_time = round_s(steps, trip, micro_batches)
+    prefill = sum(cost.prefill_s(d, p.start, p.end, p.bits, cost.prompt) for d, p in zip(devices, placements))
+    prefill += sum(cost.hop_s(devices[i], devices[i + 1], cost.prompt) for i in range(len(devices) - 1))
+    figures = Figures(decode_tokens_per_s=cost.batch / round_time, token_latency_ms=round_time * 1e3,
+                      prefill_ms=float(prefill) * 1e3, round_ms=round_time * 1e3)
+    return ReplicaPlan(stages, micro_batches, mb, figures,
+                       _bottleneck(cost, stages, micro_batches, trip, round_time, replica))
+
+
+def _bottleneck(cost: CostModel, stages: Sequence[StagePlan], micro_batches: int, trip: float,
+                round_time: float, replica: int) -> Bottleneck:
+    worst = max(range(len(stages)), key=lambda i: (stages[i].step_ms, -i))
+    stage = stages[worst]
+    if trip >= micro_batches * stage.step_ms / 1e3 and len(stages) > 1 and micro_batches < cost.batch:
+        return Bottleneck(replica, stage.device, "pipeline latency",
+                          f"{micro_batches} micro-batch(es) in flight cannot hide the {trip * 1e3:.2f} ms "
+                          f"trip through {len(stages)} stages")
+    if stage.transfer_ms > stage.compute_ms:
+        following = stages[worst + 1].device
+        return Bottleneck(replica, stage.device, f"link {stage.device} -> {following}",
+                          f"{stage.link} transfer of {stage.transfer_ms:.3f} ms per micro-batch")
+    device = cost.device(stage.device)
+    resource = cost.limiting_resource(device, stage.start, stage.end, stage.bits,
+                                      micro_batch_size(cost.batch, micro_batches))
+    return Bottleneck(replica, stage.device, resource,
+                      f"{stage.gpu_model} step of {stage.compute_ms:.2f} ms for layers "
+                      f"[{stage.start}, {stage.end}) at {stage.bits} bits")
+
+
+def total_figures(replicas: Sequence[ReplicaPlan]) -> Figures:
+    return Figures(
+        decode_tokens_per_s=sum(r.predicted.decode_tokens_per_s for r in replicas),
+        token_latency_ms=max(r.predicted.token_latency_ms for r in replicas),
+        prefill_ms=max(r.predicted.prefill_ms for r in replicas),
+        round_ms=max(r.predicted.round_ms for r in replicas),
+    )
+
+
+def plan_bottleneck(replicas: Sequence[ReplicaPlan]) -> Bottleneck:
+    """The bottleneck of the slowest replica (longest round)."""
+    return max(replicas, key=lambda r: r.predicted.round_ms).bottleneck
+
+
+def assemble(request: PlanRequest, cost: CostModel, kind: PlanKind, replicas: Sequence[ReplicaPlan],
+             explanation: Sequence[str], unused: Sequence[tuple[str, str]] = ()) -> Plan:
+    return Plan(
+        kind=kind, model=request.model.name, fleet=request.fleet.name, objective=request.objective,
+        batch=request.workload.batch, context=request.workload.context, replicas=tuple(replicas),
+        predicted=total_figures(replicas), bottleneck=plan_bottleneck(replicas),
+        quantized_layers=max(quantized_layers(r.stages) for r in replicas),
+        explanation=tuple(explanation), unused_devices=tuple(unused),
+    )

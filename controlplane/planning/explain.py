@@ -1,0 +1,110 @@
+"""Sentences a person can read: why these devices in this order, why low bits there, what limits.
+
+Every sentence is derived from the evaluated plan and the cost model, never from the search's
+internals, so the explanation of an edited plan is as true as that of the planner's own.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from controlplane.hardware.specs import GIB, DeviceSpec
+from controlplane.planning.cost_model import CostModel, capacity_bytes
+from controlplane.planning.plan import ReplicaPlan
+from controlplane.planning.request import PlanRequest
+
+
+def _gib(value: float) -> str:
+    return f"{value / GIB:.1f} GiB"
+
+
+def explain(request: PlanRequest, cost: CostModel, replicas: Sequence[ReplicaPlan]) -> list[str]:
+    total = sum(r.predicted.decode_tokens_per_s for r in replicas)
+    lines = [
+        f"{len(replicas)} replica(s), {total:.0f} decode tokens/s predicted in total; each replica holds "
+        f"{request.workload.batch} sequences of up to {request.workload.context} tokens."
+    ]
+    for index, replica in enumerate(replicas):
+        lines.extend(_replica_lines(request, cost, index, replica))
+    budget = request.quantized_layer_budget
+    worst = max(sum(s.end - s.start for s in r.stages if s.bits < 16) for r in replicas)
+    lines.append(f"Quality: at most {worst} of {request.model.num_layers} layers per replica run below 16 bits "
+                 f"(budget {budget}).")
+    return lines
+
+
+def _replica_lines(request: PlanRequest, cost: CostModel, index: int, replica: ReplicaPlan) -> list[str]:
+    stages = replica.stages
+    chain = " -> ".join(f"{s.device} ({s.gpu_model}, layers [{s.start}, {s.end}), {s.bits}-bit)" for s in stages)
+    lines = [f"Replica {index}: {chain}; {replica.micro_batches} micro-batch(es) of {replica.micro_batch_size}, "
+             f"{replica.predicted.decode_tokens_per_s:.0f} tokens/s, {replica.predicted.token_latency_ms:.2f} ms "
+             f"between tokens, {replica.predicted.prefill_ms:.0f} ms prefill of {request.workload.prompt} tokens."]
+    nodes = []
+    for s in stages:
+        if not nodes or nodes[-1] != s.node:
+            nodes.append(s.node)
+    hops = [(a, b) for a, b in zip(stages, stages[1:]) if a.link == "network"]
+    if len(stages) > 1:
+        order = (f"Order: devices of a node stay adjacent (nodes {' -> '.join(nodes)}), "
+                 f"{len(hops)} network hop(s)")
+        if hops:
+            links = [(cost.link(cost.device(a.device), cost.device(b.device)), a, b) for a, b in hops]
+            link, source, target = min(links, key=lambda item: item[0].bandwidth_gbs)
+            order += f", the slowest at {link.bandwidth_gbs:.1f} GB/s ({source.node} -> {target.node})"
+        lines.append(order + "; each stage's share is sized so the slowest step is as short as possible.")
+    bottleneck = max(s.step_ms for s in stages)
+    for s in stages:
+        if s.bits < 16:
+            lines.append(_why_low_bits(cost, cost.device(s.device), s.start, s.end, s.bits,
+                                       replica.micro_batch_size, bottleneck))
+    b = replica.bottleneck
+    lines.append(f"Replica {index} is limited by {b.resource} of {b.device}: {b.detail}.")
+    tight = min(stages, key=lambda s: s.kv_tokens)
+    lines.append(f"KV cache: the tightest stage, {tight.device}, holds {tight.kv_tokens} tokens for the "
+                 f"{request.workload.kv_tokens_required} the workload needs "
+                 f"({_gib(tight.memory.total_bytes)} of {_gib(tight.memory.capacity_bytes)} used).")
+    return lines
+
+
+def _why_low_bits(cost: CostModel, device: DeviceSpec, start: int, end: int, bits: int, micro_batch: int,
+                  bottleneck_ms: float) -> str:
+    full = cost.memory(device, start, end, 16)
+    need = full.weights_bytes + full.workspace_bytes + full.kv_bytes_per_token * cost.kv_required
+    head = f"{device.name} ({device.model}) runs layers [{start}, {end}) at {bits} bits: at 16 bits"
+    if need > full.capacity_bytes:
+        return f"{head} they need {_gib(need)} with their KV cache but the card has {_gib(full.capacity_bytes)}."
+    slow = cost.decode_s(device, start, end, 16, micro_batch) * 1e3
+    return (f"{head} their step would take {slow:.2f} ms against the pipeline's {bottleneck_ms:.2f} ms "
+            f"(an old or small card made to keep pace).")
+
+
+def unused_devices(request: PlanRequest, replicas: Sequence[ReplicaPlan]) -> list[tuple[str, str]]:
+    used = {s.device for r in replicas for s in r.stages}
+    unused = []
+    for device in request.fleet.devices:
+        if device.name in used:
+            continue
+        reason = request.excluded_reason(device)
+        if reason is None and capacity_bytes(device) <= 0:
+            reason = "no free memory"
+        unused.append((device.name, reason or "not needed: giving it layers would not raise throughput"))
+    return unused
+
+
+def infeasible_message(request: PlanRequest, cost: CostModel, devices: Sequence[DeviceSpec],
+                       need_bytes: float) -> str:
+    """Why nothing fits, with the shortfall in GiB."""
+    have = sum(max(capacity_bytes(d), 0) for d in devices)
+    low = min(request.bits)
+    head = (f"infeasible: {request.model.name} with {request.workload.batch} sequences x "
+            f"{request.workload.context} tokens of KV needs at least {_gib(need_bytes)} "
+            f"(weights at {low} bits where the budget of {request.quantized_layer_budget} low-bit layers allows, "
+            f"16 bits elsewhere, plus KV and workspace)")
+    if need_bytes > have:
+        return (f"{head}, but the {len(devices)} usable device(s) offer {_gib(have)}: short by "
+                f"{_gib(need_bytes - have)}. Add devices, allow lower precision (--bits, --max-quantized) or "
+                f"shrink --batch / --context.")
+    largest = max(devices, key=capacity_bytes)
+    return (f"{head}; the usable devices offer {_gib(have)} in total, but no partition fits each stage's "
+            f"weights and KV into its device (largest: {largest.name} with {_gib(capacity_bytes(largest))}), "
+            f"or an operator pin cannot be met. Allow lower precision or shrink --batch / --context.")

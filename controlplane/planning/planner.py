@@ -1,0 +1,194 @@
+"""``plan(request)``: the replica count, each replica's devices, order, partition and precisions.
+
+The search, outermost first (docs/planner.md explains each step):
+1. eligible devices: not down, not excluded; refuse early with the memory shortfall if the whole
+   fleet cannot hold one copy of the model even at the lowest allowed precision;
+2. replica counts (``replicas``) and two ways to split devices into groups;
+3. per group: device order (``ordering``), then an exact partition for each micro-batch regime
+   (``partition``); the group's plan is the one with the shortest decode round;
+4. figures (``evaluate``) and the explanation (``explain``).
+Groups that look alike (same cards, same link structure) are planned once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controlplane.hardware.specs import DeviceSpec
+from controlplane.planning.cost_model import CostModel, capacity_bytes, device_key
+from controlplane.planning.evaluate import assemble, evaluate_replica, micro_batch_size
+from controlplane.planning.explain import explain, infeasible_message, unused_devices
+from controlplane.planning.ordering import EXACT_ORDER_LIMIT, candidate_orders, speed, topology_order
+from controlplane.planning.partition import bottleneck_partition, sum_partition
+from controlplane.planning.plan import Placement, Plan, ReplicaPlan
+from controlplane.planning.precision import THROUGHPUT_TOLERANCE, quantized_layers
+from controlplane.planning.replicas import SPLITS, best_count, split
+from controlplane.planning.request import PlanningError, PlanRequest
+
+
+@dataclass(frozen=True)
+class _GroupPlan:
+    placements: tuple[Placement, ...]
+    micro_batches: int
+    replica: ReplicaPlan
+
+
+def plan(request: PlanRequest) -> Plan:
+    """The best plan for the request; ``PlanningError`` with the reason when none fits."""
+    cost = CostModel(request)
+    devices = _eligible(request)
+    need = min_replica_bytes(request, cost)
+    if need > sum(capacity_bytes(d) for d in devices):
+        raise PlanningError(infeasible_message(request, cost, devices, need))
+    search = _Search(cost, request, exact=len(devices) <= EXACT_ORDER_LIMIT)
+    pinned = tuple(p.device for p in request.pins)
+    tried: dict[int, list[_GroupPlan] | None] = {}
+
+    def attempt(count: int) -> list[_GroupPlan] | None:
+        if count not in tried:
+            found = None
+            for how in SPLITS[:1] if count == 1 else SPLITS:
+                planned = search.groups(split(devices, request.fleet, count, how, pinned),
+                                        require_all=request.replicas != "auto")
+                if planned is not None and (found is None or search.better(planned, found)):
+                    found = planned
+            tried[count] = found
+        return tried[count]
+
+    if request.replicas == "auto":
+        limit = _count_limit(request, cost, devices)
+        best = attempt(best_count(attempt, search.better, limit))
+    else:
+        best = attempt(request.replicas)
+    if best is None:
+        raise PlanningError(infeasible_message(request, cost, devices, min_replica_bytes(request, cost)))
+    replicas = tuple(evaluate_replica(cost, g.placements, g.micro_batches, i) for i, g in enumerate(best))
+    return assemble(request, cost, "planner", replicas, explain(request, cost, replicas),
+                    unused_devices(request, replicas))
+
+
+def _eligible(request: PlanRequest) -> list[DeviceSpec]:
+    for pin in request.pins:
+        try:
+            device = request.fleet.device(pin.device)
+        except KeyError:
+            raise PlanningError(f"pin: unknown device {pin.device!r}") from None
+        reason = request.excluded_reason(device)
+        if reason:
+            raise PlanningError(f"pin: device {pin.device} cannot be used ({reason})")
+    devices = [d for d in request.eligible_devices() if capacity_bytes(d) > 0]
+    if not devices:
+        raise PlanningError("no usable device: every device is down, excluded or has no free memory")
+    return devices
+
+
+def _count_limit(request: PlanRequest, cost: CostModel, devices: list[DeviceSpec]) -> int:
+    """No more replicas than devices, nor than copies of the model the fleet's memory holds."""
+    need = min_replica_bytes(request, cost)
+    total = sum(capacity_bytes(d) for d in devices)
+    return max(1, min(len(devices), int(total // max(need, 1))))
+
+
+def min_replica_bytes(request: PlanRequest, cost: CostModel) -> float:
+    """Least memory one replica needs: weights at the lowest precisions the budget allows + KV."""
+    layers = request.model.layers
+    low = min(request.bits)
+    savings = sorted((l.weight_bytes[16] - l.weight_bytes[low] for l in layers), reverse=True)
+    weights = sum(l.weight_bytes[16] for l in layers) - sum(savings[: request.quantized_layer_budget])
+    return (weights + cost.embedding_bytes + cost.head_bytes[low] + cost.kv[-1] * cost.kv_required
+            + cost.workspace + cost.logits)
+
+
+class _Search:
+    """Plans groups of devices; remembers groups that look alike."""
+
+    def __init__(self, cost: CostModel, request: PlanRequest, exact: bool) -> None:
+        self.cost = cost
+        self.request = request
+        self.exact = exact
+        self.pins = {p.device: (p.start, p.end) for p in request.pins}
+        self._memo: dict[tuple, tuple | None] = {}
+
+    def better(self, a: list[_GroupPlan], b: list[_GroupPlan]) -> bool:
+        return self._score(a) < self._score(b)
+
+    def _score(self, groups: list[_GroupPlan]) -> tuple:
+        throughput = sum(g.replica.predicted.decode_tokens_per_s for g in groups)
+        latency = max(g.replica.predicted.token_latency_ms for g in groups)
+        quantized = max(quantized_layers(g.placements) for g in groups)
+        if self.request.objective == "latency":
+            return (round(latency, 9), -throughput, quantized)
+        return (-round(throughput, 6), quantized, latency)
+
+    def groups(self, groups: list[list[DeviceSpec]], require_all: bool) -> list[_GroupPlan] | None:
+        """Plans of the groups that can hold the model (the others' devices stay idle); None when
+        none can, when ``require_all`` and one cannot, or when the pinned group (the first) cannot."""
+        planned = []
+        for index, group in enumerate(groups):
+            result = self.group(group)
+            if result is None and (require_all or (index == 0 and self.pins)):
+                return None
+            if result is not None:
+                planned.append(result)
+        return planned or None
+
+    def group(self, devices: list[DeviceSpec]) -> _GroupPlan | None:
+        ordered = topology_order(devices, self.request.fleet)
+        key = self._signature(ordered)
+        if key is not None and key in self._memo:
+            found = self._memo[key]
+        else:
+            found = self._plan_group(ordered)
+            if found is not None:
+                names = [d.name for d in ordered]
+                found = ([names.index(p.device) for p in found[0]], found)
+            if key is not None:
+                self._memo[key] = found
+        if found is None:
+            return None
+        positions, (placements, micro_batches) = found
+        placements = tuple(Placement(ordered[i].name, p.start, p.end, p.bits) for i, p in zip(positions, placements))
+        return _GroupPlan(placements, micro_batches, evaluate_replica(self.cost, placements, micro_batches))
+
+    def _signature(self, ordered: list[DeviceSpec]) -> tuple | None:
+        """Groups with equal signatures get equal plans (up to device names)."""
+        if any(d.name in self.pins for d in ordered):
+            return None
+        fleet = self.request.fleet
+        nodes: dict[str, int] = {}
+        islands: dict[tuple, int] = {}
+        devices = tuple((device_key(d), nodes.setdefault(d.node, len(nodes)),
+                         d.nvlink_island and islands.setdefault((d.node, d.nvlink_island), len(islands)),
+                         fleet.node(d.node).network_bandwidth_gbs, speed(d)) for d in ordered)
+        pairs = ([(a, b) for a in ordered for b in ordered if a is not b] if len(ordered) <= EXACT_ORDER_LIMIT
+                 else list(zip(ordered, ordered[1:])))
+        links = tuple((link.kind, link.bandwidth_gbs, link.latency_us)
+                      for link in (self.cost.link(a, b) for a, b in pairs))
+        return devices, links
+
+    def _plan_group(self, ordered: list[DeviceSpec]) -> tuple[tuple[Placement, ...], int] | None:
+        cost, request = self.cost, self.request
+        batch, budget, bits = cost.batch, request.quantized_layer_budget, request.sorted_bits
+        exact = self.exact and len(ordered) <= EXACT_ORDER_LIMIT
+        orders = [ordered] if exact else candidate_orders(ordered, request.fleet)
+        options: list[tuple[tuple[Placement, ...], int]] = []
+        for order in orders:
+            micro_batches, tried = min(batch, len(order)), set()
+            while micro_batches not in tried:
+                tried.add(micro_batches)
+                found = bottleneck_partition(cost, order, micro_batch_size(batch, micro_batches), budget, bits,
+                                             self.pins, exact_order=exact)
+                if found is None:
+                    break
+                options.append((found.stages, micro_batches))
+                micro_batches = min(batch, len(found.stages))
+        chain = sum_partition(cost, orders[0], batch, budget, bits, self.pins)
+        if chain is not None:
+            options.append((chain.stages, 1))
+        if not options:
+            return None
+        rounds = [evaluate_replica(cost, *option).predicted.round_ms for option in options]
+        fastest = min(rounds)
+        # Within 1% of the fastest round, fewer low-bit layers win, then the faster, then fewer stages.
+        return min((o for o, r in zip(options, rounds) if r * (1.0 - THROUGHPUT_TOLERANCE) <= fastest),
+                   key=lambda o: (quantized_layers(o[0]), rounds[options.index(o)], len(o[0])))
