@@ -33,6 +33,7 @@ class GpuMetrics:
     throttle_reasons: tuple[str, ...]
     pcie_tx_bytes_per_s: float
     pcie_rx_bytes_per_s: float
+    emulated: bool = False  # modeled figures of an emulated device (agents/discovery/emulated.py)
 
 
 # The NVML throttle ("clock event") reason bits that mean the card is running slower than it could.
@@ -180,3 +181,18 @@ def _throttle_reasons(nvml, handle) -> tuple[str, ...]:
     getter = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
     bits = int(getter(handle))
     return tuple(label for attr, label in _THROTTLE_BITS.items() if bits & int(getattr(nvml, attr, 0)))
+
+
+class NvmlMetrics:
+    """The agent's per-second metrics source on a GPU host: NVML stays initialised while it lives."""
+
+    def __init__(self, nvml: types.ModuleType | None = None):
+        self._nvml = nvml or _real_nvml()
+        self._nvml.nvmlInit()
+
+    def sample(self, loads: object = None) -> list[GpuMetrics]:
+        """NVML measures the cards itself; the stages' loads (used when emulating) are not needed."""
+        return sample_metrics(self._nvml)
+
+    def close(self) -> None:
+        self._nvml.nvmlShutdown()

@@ -1,0 +1,87 @@
+"""Operating-system plumbing for stage processes: dying with the agent, signalling groups, pid records.
+
+Three mechanisms together keep "never leaves orphans" true:
+- every stage runs in its own session (process group), so a signal reaches the stage's children too;
+- PR_SET_PDEATHSIG makes the kernel SIGKILL a stage when the agent thread that forked it dies, even
+  when the agent itself is SIGKILLed (hence all spawning happens on one long-lived thread);
+- a pid record (pid + start time, so a recycled pid is never mistaken for ours) per running stage
+  lets a restarted agent find and kill whatever survived anyway (another host-level accident).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: the child only makes the call
+
+
+def die_with_parent() -> Callable[[], None]:
+    """A ``preexec_fn`` that asks the kernel to SIGKILL the child when its parent goes away.
+
+    It also closes the race where the parent dies between fork and prctl: the child then already
+    has a different parent and exits at once instead of running unsupervised.
+    """
+    parent = os.getpid()
+
+    def preexec() -> None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+def signal_group(pid: int, sig: int) -> None:
+    """Signal a stage's whole process group (its pid leads the group); a vanished group is fine."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def write_pid_record(path: Path, pid: int) -> None:
+    try:
+        started = psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return
+    path.write_text(json.dumps({"pid": pid, "create_time": started}))
+
+
+def sweep_pid_records(paths: list[Path], grace_s: float = 2.0) -> list[int]:
+    """Kill the process groups of recorded stages that still run; remove the records. Returns pids."""
+    survivors: list[psutil.Process] = []
+    for path in paths:
+        process = _recorded_process(path)
+        path.unlink(missing_ok=True)
+        if process is not None:
+            log.warning("killing leftover stage process %s (%s) from a previous agent run", process.pid, path.parent.name)
+            signal_group(process.pid, signal.SIGTERM)
+            survivors.append(process)
+    _, alive = psutil.wait_procs(survivors, timeout=grace_s)
+    for process in alive:
+        signal_group(process.pid, signal.SIGKILL)
+    psutil.wait_procs(alive, timeout=grace_s)
+    return [p.pid for p in survivors]
+
+
+def _recorded_process(path: Path) -> psutil.Process | None:
+    try:
+        record = json.loads(path.read_text())
+        process = psutil.Process(int(record["pid"]))
+        # create_time is rounded differently across calls on some kernels: allow a little slack.
+        if abs(process.create_time() - float(record["create_time"])) > 0.05:
+            return None
+        return process
+    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+        return None

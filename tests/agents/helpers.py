@@ -1,0 +1,87 @@
+"""Shared pieces of the agent tests: the stand-in stage, specs, an event recorder, an orphan check."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from agents.status import StageStatus
+
+STAND_IN_COMMAND = [sys.executable, str(Path(__file__).with_name("stand_in_stage.py"))]
+ORPHAN_TAG = "MOTLEY_AGENT_TEST_TAG"
+MIB = 1024**2
+
+TINY_FLEET = """
+name: tiny
+nodes:
+  - name: box
+    gpus:
+      - model: T4
+        overrides: {memory_gib: 1}
+      - model: A100-80GB-SXM
+"""
+
+
+def stage_spec(pipeline_id: str = "d7-r0", stage_index: int = 0, device_index: int = 0,
+               memory_mib: int = 100, **stand_in: Any) -> dict[str, Any]:
+    return {
+        "pipeline_id": pipeline_id, "auth_token": "t", "model_path": "/nonexistent",
+        "stage_index": stage_index, "num_stages": 2, "layers": [0, 1], "bits": 16, "dtype": None,
+        "device": f"cuda:{device_index}", "threads": 1, "kv_tokens": 64,
+        "listen": "tcp://127.0.0.1:1", "next": None, "head": "tcp://127.0.0.1:1", "peer_timeout_s": 1.0,
+        "emulation": None, "memory": {"weight_bytes": memory_mib * MIB // 2, "kv_bytes": memory_mib * MIB // 2},
+        "stand_in": stand_in,
+    }
+
+
+class Events:
+    """Records stage events (called from the supervisor thread) and waits for one to match."""
+
+    def __init__(self) -> None:
+        self.seen: list[StageStatus] = []
+        self._changed = threading.Condition()
+
+    def __call__(self, status: StageStatus) -> None:
+        with self._changed:
+            self.seen.append(status)
+            self._changed.notify_all()
+
+    def wait_for(self, predicate: Callable[[StageStatus], bool], timeout_s: float = 10.0) -> StageStatus:
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while True:
+                for status in self.seen:
+                    if predicate(status):
+                        return status
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no matching event in {timeout_s}s; saw {[(s.stage_key, s.state) for s in self.seen]}")
+                self._changed.wait(left)
+
+
+def tagged_processes(tag: str) -> list[psutil.Process]:
+    """Live processes whose environment carries the test's tag (stages and their children)."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get(ORPHAN_TAG) == tag and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not reached within {timeout_s}s")

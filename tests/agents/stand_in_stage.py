@@ -1,0 +1,53 @@
+"""A stand-in for ``python -m worker_runtime.serve`` that follows contracts §1 without a model.
+
+It reads the spec, prints ``ready`` and then ``stats`` lines on stdout, drains and exits 0 on SIGTERM.
+The spec's extra ``stand_in`` block scripts misbehaviour for supervision tests:
+``crash_after_s`` + ``exit_code`` (+ ``error``: an error event first), ``ignore_sigterm``,
+``spawn_child`` (a grandchild in the same process group), ``steps_per_s`` and ``step_ms``.
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def emit(**event):
+    print(json.dumps(event), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--spec", required=True)
+    spec = json.load(open(parser.parse_args().spec))
+    script = spec.get("stand_in", {})
+    stopping = []
+    if script.get("ignore_sigterm"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    if script.get("spawn_child"):
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    emit(event="ready", pipeline_id=spec["pipeline_id"], stage_index=spec["stage_index"], pid=os.getpid(),
+         weight_bytes=1000, kv_bytes=2000, kv_tokens=spec.get("kv_tokens", 0))
+    print(f"stand-in stage {spec['pipeline_id']}/{spec['stage_index']} on {spec['device']}", file=sys.stderr)
+    started, steps, interval = time.monotonic(), 0, 0.2
+    while not stopping:
+        time.sleep(interval)
+        if "crash_after_s" in script and time.monotonic() - started >= script["crash_after_s"]:
+            if "error" in script:
+                emit(event="error", message=script["error"])
+            print("stand-in: crashing as scripted", file=sys.stderr, flush=True)
+            return int(script.get("exit_code", 3))
+        steps += int(script.get("steps_per_s", 10) * interval)
+        emit(event="stats", step_ms=script.get("step_ms", 50.0), compute_ms=1.0, transfer_ms=0.0,
+             tokens_per_s=0.0, batch_size=1, queue_depth=0, kv_tokens_used=0, kv_tokens_free=0,
+             bytes_sent=steps * 1000, bytes_received=steps * 500, bubble_fraction=0.5, steps=steps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

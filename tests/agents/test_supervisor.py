@@ -1,0 +1,167 @@
+"""Supervision of real child processes (the stand-in stage): start, idempotence, exits, restarts, stops."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from agents.admission import Admission
+from agents.discovery.emulated import emulated_devices
+from agents.supervisor import RestartPolicy, Supervisor
+from tests.agents.helpers import STAND_IN_COMMAND, Events, stage_spec, wait_until
+
+FAST = RestartPolicy(max_restarts=2, backoff_s=0.2, max_backoff_s=0.4, stop_grace_s=1.0)
+
+
+@pytest.fixture
+def events():
+    return Events()
+
+
+@pytest.fixture
+def supervisor(tmp_path, tiny_fleet, events):
+    sup = Supervisor(tmp_path / "state", Admission(emulated_devices(tiny_fleet, "box")), events,
+                     command=STAND_IN_COMMAND, policy=FAST)
+    yield sup
+    sup.close()
+
+
+def test_start_reports_ready_and_stats_and_runs_on_the_cpu_paced_like_the_device(supervisor, events, tmp_path):
+    status = supervisor.start("d7-r0-s0", stage_spec())
+    assert status.state == "starting" and status.pid and (status.deployment_id, status.replica) == (7, 0)
+    events.wait_for(lambda s: s.state == "ready")
+    written = json.loads((tmp_path / "state/stages/d7-r0-s0/spec.json").read_text())
+    assert written["device"] == "cpu"
+    assert written["emulation"]["memory_bandwidth_gbs"] == 320 and written["emulation"]["time_scale"] > 1
+    (snapshot_status, load), = wait_until(
+        lambda: [x for x in supervisor.snapshot() if x[1].busy_fraction > 0], what="a load from two stats lines")
+    assert snapshot_status.stats["steps"] > 0
+    assert 0.3 < load.busy_fraction <= 1.0  # 10 steps/s x 50 ms
+    assert load.memory_bytes == 100 * 1024**2 and load.device_index == 0 and load.tx_bytes_per_s > 0
+
+
+def test_the_same_start_twice_runs_one_process_and_a_new_spec_replaces_it(supervisor, events):
+    first = supervisor.start("k", stage_spec())
+    again = supervisor.start("k", stage_spec())
+    assert again.pid == first.pid
+    assert len([s for s in events.seen if s.state == "starting"]) == 1
+    replaced = supervisor.start("k", stage_spec(kv_tokens_note="changed"))
+    assert replaced.pid != first.pid and not psutil.pid_exists(first.pid)
+
+
+def test_a_crash_is_reported_within_two_seconds_restarted_with_backoff_then_given_up(supervisor, events):
+    supervisor.start("k", stage_spec(crash_after_s=0.3, exit_code=3, error="CUDA out of memory"))
+    first = events.wait_for(lambda s: s.state == "ready")
+    crashed_at = time.monotonic()
+    crash = events.wait_for(lambda s: s.exit_code == 3)
+    assert time.monotonic() - crashed_at < 2.5  # the stand-in crashes ~0.4 s after ready
+    assert crash.state == "starting" and crash.restarts == 1 and "CUDA out of memory" in crash.message
+    failed = events.wait_for(lambda s: s.state == "failed", timeout_s=15)
+    assert failed.restarts == 2 and "gave up" in failed.message
+    pids = {s.pid for s in events.seen if s.pid}
+    assert len(pids) == 3 and first.pid in pids
+    (status, _), = supervisor.snapshot()
+    assert status.state == "failed"  # stays listed for the control plane to see
+
+
+def test_a_crash_without_an_error_event_quotes_stderr(supervisor, events):
+    supervisor.start("k", stage_spec(crash_after_s=0.1, exit_code=9))
+    crash = events.wait_for(lambda s: s.exit_code == 9)
+    assert "exited with code 9" in crash.message and "crashing as scripted" in crash.message
+
+
+def test_stop_terms_then_kills_and_takes_the_process_group_down(supervisor, events):
+    status = supervisor.start("k", stage_spec(ignore_sigterm=True, spawn_child=True))
+    events.wait_for(lambda s: s.state == "ready")
+    group = [p for p in psutil.process_iter() if _pgid(p) == status.pid]
+    assert len(group) == 2  # the stage and its child
+    started = time.monotonic()
+    stopped = supervisor.stop("k")
+    assert stopped.state == "exited" and stopped.exit_code == -signal.SIGKILL
+    assert 0.9 < time.monotonic() - started < 3  # the 1 s grace, then SIGKILL
+    assert not [p for p in group if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert supervisor.snapshot() == []
+
+
+def test_drain_returns_at_once_and_the_stage_exits_cleanly(supervisor, events):
+    supervisor.start("k", stage_spec())
+    events.wait_for(lambda s: s.state == "ready")
+    assert supervisor.drain("k").state == "draining"
+    exited = events.wait_for(lambda s: s.state == "exited")
+    assert exited.exit_code == 0 and exited.message == "stopped on request"
+
+
+def test_sync_stops_only_the_unwanted(supervisor, events):
+    for key in ("a", "b", "c"):
+        supervisor.start(key, stage_spec(pipeline_id=f"d1-r0", memory_mib=10))
+    assert supervisor.sync(["b"]) == ["a", "c"]
+    assert [s.stage_key for s, _ in supervisor.snapshot()] == ["b"]
+
+
+def test_a_stage_over_the_emulated_memory_budget_is_refused(supervisor, events):
+    supervisor.start("big", stage_spec(memory_mib=700))
+    refused = supervisor.start("too-big", stage_spec(memory_mib=400))  # T4 of 1 GiB holds 700 MiB already
+    assert refused.state == "failed" and refused.pid is None
+    assert "does not fit on emulated box/gpu0" in refused.message and "0.32 GiB is free" in refused.message
+    assert supervisor.start("elsewhere", stage_spec(memory_mib=400, device_index=1)).state == "starting"
+    unknown = supervisor.start("nowhere", stage_spec(device_index=7))
+    assert unknown.state == "failed" and "device index 7 does not exist" in unknown.message
+
+
+def test_a_new_supervisor_kills_stages_a_killed_agent_left_running(tmp_path, tiny_fleet):
+    """The pid-file sweep, for stages that outlived their agent (here: forked by a helper process that
+    exits without PDEATHSIG reaching them, by starting them itself and recording their pids)."""
+    state = tmp_path / "state"
+    stage_dir = state / "stages" / "old"
+    stage_dir.mkdir(parents=True)
+    (stage_dir / "spec.json").write_text(json.dumps(stage_spec()))
+    leftover = subprocess.Popen([*STAND_IN_COMMAND, "--spec", str(stage_dir / "spec.json")],
+                                stdout=subprocess.DEVNULL, start_new_session=True)
+    from agents.processes import write_pid_record
+
+    write_pid_record(stage_dir / "pid.json", leftover.pid)
+    (state / "stages" / "stale").mkdir()
+    (state / "stages" / "stale" / "pid.json").write_text(json.dumps({"pid": os.getpid(), "create_time": 1.0}))
+    sup = Supervisor(state, Admission(emulated_devices(tiny_fleet, "box")), Events(), command=STAND_IN_COMMAND)
+    try:
+        assert sup.swept_pids == [leftover.pid]  # the stale record names a live pid of another process
+        assert leftover.wait(timeout=5) is not None
+    finally:
+        sup.close()
+
+
+def test_stages_die_with_a_sigkilled_agent(tmp_path, tiny_fleet):
+    """PR_SET_PDEATHSIG: a supervisor in a process that is kill -9'd takes its stages with it."""
+    script = f"""
+import sys, time
+sys.path.insert(0, {str(os.getcwd())!r})
+from agents.admission import Admission
+from agents.discovery.emulated import emulated_devices
+from agents.supervisor import Supervisor
+from tests.agents.helpers import STAND_IN_COMMAND, stage_spec
+sup = Supervisor({str(tmp_path / 'state')!r}, Admission(emulated_devices({str(tiny_fleet)!r}, "box")),
+                 lambda s: None, command=STAND_IN_COMMAND)
+print(sup.start("k", stage_spec()).pid, flush=True)
+time.sleep(600)
+"""
+    agent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    stage_pid = int(agent.stdout.readline())
+    assert psutil.pid_exists(stage_pid)
+    agent.kill()
+    agent.wait()
+    wait_until(lambda: not psutil.pid_exists(stage_pid) or psutil.Process(stage_pid).status() == psutil.STATUS_ZOMBIE,
+               timeout_s=5, what="stage gone with its agent")
+
+
+def _pgid(process: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(process.pid)
+    except ProcessLookupError:
+        return None
