@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "channels",
     "controlplane.ops",
+    "controlplane.plans",
     "controlplane.common",
     "controlplane.inventory",
     "controlplane.models_catalog",

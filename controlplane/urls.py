@@ -11,6 +11,7 @@ api_v1 = [
     # Apps append their routers here (see each app's api/urls.py).
     path("", include("controlplane.inventory.api.urls")),
     path("", include("controlplane.models_catalog.api.urls")),
+    path("", include("controlplane.plans.api.urls")),
 ]
 
 urlpatterns = [

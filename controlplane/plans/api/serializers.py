@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from controlplane.models_catalog.models import LlmModel
+
+
+class ReplicasField(serializers.Field):
+    """A positive number of replicas, or "auto" (add replicas while total throughput rises)."""
+
+    def to_internal_value(self, data):
+        if data == "auto":
+            return data
+        if isinstance(data, int) and not isinstance(data, bool) and data >= 1:
+            return data
+        raise serializers.ValidationError('expected a positive integer or "auto"')
+
+    def to_representation(self, value):
+        return value
+
+
+class PinSerializer(serializers.Serializer):
+    device = serializers.CharField(help_text="<node>/gpu<i>")
+    start = serializers.IntegerField(min_value=0)
+    end = serializers.IntegerField(min_value=1)
+
+    def validate(self, attrs):
+        if attrs["end"] <= attrs["start"]:
+            raise serializers.ValidationError("end must be greater than start (layers are [start, end))")
+        return attrs
+
+
+class PlanRequestSerializer(serializers.Serializer):
+    """What to plan: a registered model, the workload and the operator's rules."""
+
+    model = serializers.PrimaryKeyRelatedField(queryset=LlmModel.objects.all())
+    batch = serializers.IntegerField(min_value=1, default=8, help_text="Concurrent sequences per replica.")
+    context = serializers.IntegerField(min_value=1, default=4096, help_text="Tokens each sequence may hold.")
+    prompt_tokens = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
+    objective = serializers.ChoiceField(choices=["throughput", "latency"], default="throughput")
+    bits = serializers.ListField(
+        child=serializers.ChoiceField(choices=[16, 8, 4]), min_length=1, default=[16, 8, 4]
+    )
+    max_quantized = serializers.FloatField(min_value=0.0, max_value=1.0, default=0.5)
+    replicas = ReplicasField(default="auto")
+    pins = PinSerializer(many=True, default=list)
+    exclude_nodes = serializers.ListField(child=serializers.CharField(), default=list)
+    exclude_devices = serializers.ListField(child=serializers.CharField(), default=list)
+    baseline = serializers.ChoiceField(
+        choices=["even", "memory"], required=False, help_text="Plan with a baseline instead of the planner."
+    )
+
+    def validate(self, attrs):
+        prompt = attrs.get("prompt_tokens")
+        if prompt is not None and prompt > attrs["context"]:
+            raise serializers.ValidationError({"prompt_tokens": "must not exceed context"})
+        return attrs
+
+
+class PlanValidateSerializer(PlanRequestSerializer):
+    """An operator-edited plan (the planner's JSON, see docs/planner.md) and the request to judge it by."""
+
+    plan = serializers.JSONField()
+
+    def validate_plan(self, value):
+        if not isinstance(value, dict) or not isinstance(value.get("replicas"), list):
+            raise serializers.ValidationError('expected the planner\'s JSON: an object with a "replicas" list')
+        return value

@@ -1,0 +1,127 @@
+"""The planner over HTTP: preview on the live inventory, refuse the infeasible, what-if an edit."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from controlplane.hardware.fleet_file import load_fleet_file
+from controlplane.inventory.models import Node
+from controlplane.inventory.services import fleet_import
+from controlplane.models_catalog.services import model_register
+from tests.api.mixins import assert_error
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture
+def lab(db):
+    fleet_import(fleet=load_fleet_file(EXAMPLES / "fleets" / "lab-3node.yaml"))
+
+
+@pytest.fixture
+def llama3_8b(db):
+    return model_register(path=EXAMPLES / "models" / "Llama-3-8B" / "config.json")
+
+
+def _layers_covered(replica: dict) -> list[int]:
+    return [layer for stage in replica["stages"] for layer in range(*stage["layers"])]
+
+
+def test_anonymous_callers_are_refused(anonymous, llama3_8b):
+    assert anonymous.post("/api/v1/plans/", {"model": llama3_8b.id}, format="json").status_code == 401
+    assert anonymous.post("/api/v1/plans/validate/", {}, format="json").status_code == 401
+
+
+def test_preview_plans_every_layer_once_on_known_devices(api, lab, llama3_8b):
+    response = api.post("/api/v1/plans/", {"model": llama3_8b.id, "batch": 4, "context": 2048}, format="json")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    devices = {d["name"] for d in api.get("/api/v1/devices/?limit=1000").json()["results"]}
+    for replica in body["replicas"]:
+        assert _layers_covered(replica) == list(range(32))
+        assert {stage["device"] for stage in replica["stages"]} <= devices
+        assert all(stage["kv_tokens"] >= 4 * 2048 for stage in replica["stages"])
+    assert body["predicted"]["decode_tokens_per_s"] > 0
+    assert body["explanation"]
+
+
+def test_preview_routes_around_a_lost_node(api, lab, llama3_8b):
+    lost = Node.objects.order_by("name").first()
+    lost.status = Node.Status.LOST
+    lost.save()
+    body = api.post("/api/v1/plans/", {"model": llama3_8b.id}, format="json").json()
+    used = {stage["device"] for replica in body["replicas"] for stage in replica["stages"]}
+    assert used and not any(name.startswith(f"{lost.name}/") for name in used)
+
+
+def test_baseline_is_never_better_than_the_planner(api, lab, llama3_8b):
+    planned = api.post("/api/v1/plans/", {"model": llama3_8b.id, "replicas": 1}, format="json").json()
+    even = api.post("/api/v1/plans/", {"model": llama3_8b.id, "replicas": 1, "baseline": "even"}, format="json")
+    assert even.status_code == 200, even.content
+    assert planned["predicted"]["decode_tokens_per_s"] >= even.json()["predicted"]["decode_tokens_per_s"]
+
+
+def test_infeasible_request_names_the_shortfall(api, db):
+    fleet_import(fleet=load_fleet_file(EXAMPLES / "fleets" / "workstation.yaml"))
+    huge = model_register(path=EXAMPLES / "models" / "Llama-3-70B" / "config.json")
+    response = api.post("/api/v1/plans/", {"model": huge.id, "bits": [16]}, format="json")
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "infeasible"
+    assert "GiB" in response.json()["error"]["message"] or "bytes" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "payload, field",
+    [
+        ({"batch": -1}, "batch"),
+        ({"bits": [3]}, "bits"),
+        ({"replicas": "many"}, "replicas"),
+        ({"objective": "cheapest"}, "objective"),
+        ({"model": 999999}, "model"),
+        ({"pins": [{"device": "x/gpu0", "start": 5, "end": 2}]}, "pins"),
+    ],
+)
+def test_bad_payloads_name_the_field(api, lab, llama3_8b, payload, field):
+    response = api.post("/api/v1/plans/", {"model": llama3_8b.id, **payload}, format="json")
+    assert_error(response, 400, field)
+
+
+def test_validate_reports_every_problem_of_a_broken_edit(api, lab, llama3_8b):
+    planned = api.post("/api/v1/plans/", {"model": llama3_8b.id, "replicas": 1}, format="json").json()
+    edited = copy.deepcopy(planned)
+    stages = edited["replicas"][0]["stages"]
+    stages[0]["layers"][1] -= 1  # opens a gap: one layer belongs to no stage
+    stages[-1]["device"] = "nowhere/gpu9"
+    response = api.post("/api/v1/plans/validate/", {"model": llama3_8b.id, "plan": edited}, format="json")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    codes = {problem["code"] for problem in body["problems"]}
+    assert not body["valid"]
+    assert {"layer_missing", "unknown_device"} <= codes or {"not_contiguous", "unknown_device"} <= codes
+    assert body["reference"]["predicted"]["decode_tokens_per_s"] > 0
+
+
+def test_validate_prices_a_valid_edit_next_to_the_planner(api, lab, llama3_8b):
+    planned = api.post("/api/v1/plans/", {"model": llama3_8b.id, "replicas": 1}, format="json").json()
+    stages = planned["replicas"][0]["stages"]
+    if len(stages) < 2:
+        pytest.skip("the planner used one stage; nothing to move")
+    edited = copy.deepcopy(planned)
+    moved = edited["replicas"][0]["stages"]
+    moved[0]["layers"][1] -= 1
+    moved[1]["layers"][0] -= 1
+    body = api.post("/api/v1/plans/validate/", {"model": llama3_8b.id, "plan": edited}, format="json").json()
+    if body["valid"]:
+        assert body["predicted"]["predicted"]["decode_tokens_per_s"] <= body["reference"]["predicted"][
+            "decode_tokens_per_s"
+        ] * 1.0001
+    else:  # moving one layer may overflow a full card: then the problem says which
+        assert any(problem["code"] == "over_memory" for problem in body["problems"])
+
+
+def test_validate_refuses_a_plan_without_replicas(api, lab, llama3_8b):
+    response = api.post("/api/v1/plans/validate/", {"model": llama3_8b.id, "plan": {"stages": []}}, format="json")
+    assert_error(response, 400, "plan")
