@@ -1,4 +1,9 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels' authenticated routers."""
+"""ASGI entry point: HTTP through Django, websockets through Channels.
+
+Two kinds of websocket clients: agents, authenticated by the node credential in a header (a web
+page cannot set one, and agents send no Origin), and browsers, authenticated by their session and
+held to the site's allowed hosts so another site's page cannot open a socket in a user's name.
+"""
 
 import os
 
@@ -7,6 +12,28 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 django_asgi_app = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402  (needs Django set up first)
+# Imported after Django is set up: consumers import models.
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+from django.urls import path  # noqa: E402
 
-application = ProtocolTypeRouter({"http": django_asgi_app})
+from controlplane.dashboard.routing import websocket_urlpatterns as dashboard_websockets  # noqa: E402
+
+from controlplane.enrollment.consumers import AgentConsumer  # noqa: E402
+from controlplane.telemetry.consumers import TelemetryConsumer  # noqa: E402
+from controlplane.telemetry.hub import WithTelemetryHub  # noqa: E402
+
+def browser(consumer):
+    """A route for browsers: session user in scope, and an Origin of this site required."""
+    return AllowedHostsOriginValidator(AuthMiddlewareStack(consumer))
+
+
+application = ProtocolTypeRouter({
+    "http": django_asgi_app,
+    "websocket": URLRouter([
+        path("ws/agents/", AgentConsumer.as_asgi()),
+        path("ws/telemetry/", browser(TelemetryConsumer.as_asgi())),
+    ]),
+})

@@ -57,6 +57,9 @@ INSTALLED_APPS = [
     "controlplane.common",
     "controlplane.inventory",
     "controlplane.models_catalog",
+    "controlplane.deployments",
+    "controlplane.enrollment",
+    "controlplane.telemetry",
 ]
 
 MIDDLEWARE = [
@@ -164,6 +167,36 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "control"
 CELERY_TASK_ALWAYS_EAGER = _env_bool("MOTLEY_CELERY_EAGER", False)
+
+# Agents and the deployment controller (docs/deployments.md).
+# The broker URL handed to agents at registration: the control plane's own unless agents on other
+# hosts must reach the broker under another name.
+MOTLEY_AGENT_BROKER_URL = os.environ.get("MOTLEY_AGENT_BROKER_URL", CELERY_BROKER_URL)
+MOTLEY_AGENT_HEARTBEAT_INTERVAL_S = float(os.environ.get("MOTLEY_AGENT_HEARTBEAT_INTERVAL_S", "1.0"))
+MOTLEY_NODE_SUSPECT_MISSED_HEARTBEATS = int(os.environ.get("MOTLEY_NODE_SUSPECT_MISSED_HEARTBEATS", "3"))
+MOTLEY_NODE_LOST_AFTER_S = float(os.environ.get("MOTLEY_NODE_LOST_AFTER_S", "15"))
+MOTLEY_NODE_HEALTH_CHECK_INTERVAL_S = float(os.environ.get("MOTLEY_NODE_HEALTH_CHECK_INTERVAL_S", "1.0"))
+MOTLEY_RECONCILE_INTERVAL_S = float(os.environ.get("MOTLEY_RECONCILE_INTERVAL_S", "10"))
+# A start (or stop) not confirmed by the agent within this time is sent again (loading takes a while).
+MOTLEY_STAGE_START_TIMEOUT_S = float(os.environ.get("MOTLEY_STAGE_START_TIMEOUT_S", "120"))
+MOTLEY_STAGE_PORTS = tuple(int(p) for p in os.environ.get("MOTLEY_STAGE_PORTS", "5600-5999").split("-", 1))
+MOTLEY_STAGE_THREADS = int(os.environ.get("MOTLEY_STAGE_THREADS", "1"))
+MOTLEY_STAGE_PEER_TIMEOUT_S = float(os.environ.get("MOTLEY_STAGE_PEER_TIMEOUT_S", "5.0"))
+MOTLEY_EMULATION_TIME_SCALE = float(os.environ.get("MOTLEY_EMULATION_TIME_SCALE", "20"))
+MOTLEY_TELEMETRY_SAMPLE_TTL_S = float(os.environ.get("MOTLEY_TELEMETRY_SAMPLE_TTL_S", "30"))
+MOTLEY_TELEMETRY_PUBLISH_INTERVAL_S = float(os.environ.get("MOTLEY_TELEMETRY_PUBLISH_INTERVAL_S", "1.0"))
+CELERY_BEAT_SCHEDULE = {
+    "node-health-check": {
+        "task": "motley.deployments.node_health_check",
+        "schedule": MOTLEY_NODE_HEALTH_CHECK_INTERVAL_S,
+        "options": {"expires": MOTLEY_NODE_HEALTH_CHECK_INTERVAL_S},
+    },
+    "reconcile-all": {
+        "task": "motley.deployments.reconcile_all",
+        "schedule": MOTLEY_RECONCILE_INTERVAL_S,
+        "options": {"expires": MOTLEY_RECONCILE_INTERVAL_S},
+    },
+}
 
 CHANNEL_REDIS_URL = os.environ.get("CHANNEL_REDIS_URL", "")
 CHANNEL_LAYERS = {

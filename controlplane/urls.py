@@ -12,6 +12,8 @@ api_v1 = [
     path("", include("controlplane.inventory.api.urls")),
     path("", include("controlplane.models_catalog.api.urls")),
     path("", include("controlplane.plans.api.urls")),
+    path("", include("controlplane.enrollment.api.urls")),
+    path("", include("controlplane.deployments.api.urls")),
 ]
 
 urlpatterns = [

@@ -10,7 +10,7 @@ from controlplane.ops.services import admin_ensure
 
 
 class Command(BaseCommand):
-    help = "Start the ASGI server and a Celery worker; Ctrl-C stops everything started."
+    help = "Start the ASGI server, a Celery worker and Celery beat; Ctrl-C stops everything started."
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
@@ -30,6 +30,12 @@ class Command(BaseCommand):
                 "celery",
                 python_argv("-m", "celery", "-A", "controlplane.celery", "worker", "--loglevel", "INFO",
                             "--concurrency", "2", "--queues", "control"),
+            )
+            # Periodic control tasks: node health (heartbeats missed) and the level-triggered reconcile.
+            group.start(
+                "beat",
+                python_argv("-m", "celery", "-A", "controlplane.celery", "beat", "--loglevel", "INFO",
+                            "--schedule", str(settings.VAR_DIR / "celerybeat-schedule")),
             )
             base = f"http://{host}:{port}"
             self.stdout.write(f"motley is up: API {base}/api/v1/  schema {base}/api/schema/  docs {base}/api/docs/")

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from controlplane.deployments.models import Deployment, DeploymentStage, PlanRevision
+from controlplane.models_catalog.models import LlmModel
+
+
+class StageSerializer(serializers.ModelSerializer):
+    """A stage's place and observed state; the spec's auth token is never shown."""
+
+    stage_key = serializers.CharField(read_only=True)
+    node_name = serializers.CharField(source="node.name", read_only=True)
+    device_name = serializers.CharField(source="device.name", read_only=True, default=None)
+    address = serializers.CharField(source="spec.listen", read_only=True, default=None)
+    layers = serializers.JSONField(source="spec.layers", read_only=True, default=None)
+    bits = serializers.IntegerField(source="spec.bits", read_only=True, default=None)
+
+    class Meta:
+        model = DeploymentStage
+        fields = [
+            "stage_key", "replica", "stage_index", "wanted", "node", "node_name", "device", "device_name",
+            "address", "layers", "bits", "state", "pid", "exit_code", "restarts", "message", "observed_at",
+        ]
+
+
+class PlanRevisionSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = PlanRevision
+        fields = ["id", "number", "model", "deployment", "source", "status", "plan", "request", "created", "applied_at"]
+
+
+class DeploymentSerializer(serializers.ModelSerializer):
+    url = serializers.HyperlinkedIdentityField(view_name="deployment-detail")
+    model_name = serializers.CharField(source="model.name", read_only=True)
+    revision_number = serializers.IntegerField(source="revision.number", read_only=True, default=None)
+    stages = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Deployment
+        fields = [
+            "id", "url", "name", "model", "model_name", "revision", "revision_number", "replan_on_failure",
+            "status", "status_message", "stop_requested", "stages", "created", "last_updated",
+        ]
+
+    def get_stages(self, deployment: Deployment) -> list[dict]:
+        """Wanted stages first; stages still being stopped after a move follow."""
+        return StageSerializer(deployment.stages.all(), many=True).data
+
+
+class PlanInputSerializer(serializers.Serializer):
+    """Either an existing draft revision or a plan (with the request it answers) to store as one."""
+
+    revision = serializers.PrimaryKeyRelatedField(
+        queryset=PlanRevision.objects.filter(status=PlanRevision.Status.DRAFT), required=False
+    )
+    plan = serializers.JSONField(required=False)
+    request = serializers.JSONField(required=False, default=dict)
+    source = serializers.ChoiceField(
+        choices=[PlanRevision.Source.PLANNER, PlanRevision.Source.EDITED], default=PlanRevision.Source.PLANNER
+    )
+
+    def validate(self, attrs):
+        if ("revision" in attrs) == ("plan" in attrs):
+            raise serializers.ValidationError("give either revision (a draft plan revision's id) or plan")
+        return attrs
+
+
+class DeploymentCreateSerializer(PlanInputSerializer):
+    name = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+    model = serializers.PrimaryKeyRelatedField(queryset=LlmModel.objects.all(), required=False)
+    replan_on_failure = serializers.BooleanField(default=True)
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        if "plan" in attrs and "model" not in attrs:
+            raise serializers.ValidationError({"model": "required with a plan"})
+        return attrs

@@ -1,0 +1,82 @@
+"""Deployments API: list/get, create from a plan, apply a new plan revision, stop; drain a node."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.deployments import selectors, services
+from controlplane.deployments.api import serializers
+from controlplane.deployments.models import Deployment, PlanRevision
+from controlplane.inventory.models import Node
+
+
+def _revision_from(data: dict, *, model, deployment=None) -> PlanRevision:
+    if "revision" in data:
+        return data["revision"]
+    return services.plan_revision_create(
+        model=model, plan=data["plan"], request=data["request"], source=data["source"], deployment=deployment
+    )
+
+
+class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    queryset = selectors.deployment_list()
+    serializer_class = serializers.DeploymentSerializer
+    filterset_fields = ["status", "model"]
+    ordering_fields = ["name", "status", "created"]
+
+    @extend_schema(request=serializers.DeploymentCreateSerializer, responses={201: serializers.DeploymentSerializer})
+    def create(self, request):
+        data = serializers.DeploymentCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        with transaction.atomic():  # a refused deployment leaves no draft behind
+            revision = _revision_from(values, model=values.get("model"))
+            deployment = services.deployment_create(
+                name=values["name"], revision=revision, replan_on_failure=values["replan_on_failure"],
+                created_by=request.user,
+            )
+        return Response(self._detail(deployment), status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=serializers.PlanInputSerializer, responses=serializers.DeploymentSerializer)
+    @action(detail=True, methods=["post"])
+    def apply(self, request, pk=None):
+        """Make a plan revision the desired state; only stages whose spec changes restart."""
+        deployment = self.get_object()
+        data = serializers.PlanInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        with transaction.atomic():
+            revision = _revision_from(data.validated_data, model=deployment.model, deployment=deployment)
+            services.deployment_apply(deployment=deployment, revision=revision)
+        return Response(self._detail(deployment))
+
+    @extend_schema(request=None, responses=serializers.DeploymentSerializer)
+    @action(detail=True, methods=["post"])
+    def stop(self, request, pk=None):
+        deployment = services.deployment_stop(deployment=self.get_object())
+        return Response(self._detail(deployment))
+
+    @extend_schema(responses=serializers.PlanRevisionSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def revisions(self, request, pk=None):
+        deployment = self.get_object()
+        return Response(serializers.PlanRevisionSerializer(deployment.revisions.order_by("-number"), many=True).data)
+
+    def _detail(self, deployment: Deployment) -> dict:
+        return self.get_serializer(selectors.deployment_list().get(pk=deployment.pk)).data
+
+
+class NodeDrainView(APIView):
+    """Move every stage off a node (re-planning its deployments without it) and keep it empty."""
+
+    @extend_schema(request=None, responses={200: serializers.DeploymentSerializer(many=True)})
+    def post(self, request, pk: int):
+        node = get_object_or_404(Node, pk=pk)
+        affected = services.node_drain(node=node)
+        deployments = selectors.deployment_list().filter(pk__in=[d.pk for d in affected])
+        return Response(serializers.DeploymentSerializer(deployments, many=True, context={"request": request}).data)

@@ -1,0 +1,150 @@
+"""Deployments: the desired state (a plan revision) and the observed state (what each stage reports).
+
+Desired state is written only through the services the API calls; observed state only by the agents
+(through the websocket consumer) and the controller. ``reconcile`` compares the two.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from controlplane.common.models import TimestampedModel
+from controlplane.inventory.models import Device, Node
+from controlplane.models_catalog.models import LlmModel
+
+
+class PlanRevision(TimestampedModel):
+    """One plan for one model, as the planner or an operator wrote it; immutable once applied."""
+
+    class Status(models.TextChoices):
+        DRAFT = "draft", "Draft"
+        APPLIED = "applied", "Applied"  # the desired state of its deployment
+        SUPERSEDED = "superseded", "Superseded"  # was applied, replaced by a later revision
+
+    class Source(models.TextChoices):
+        PLANNER = "planner", "Planner"
+        EDITED = "edited", "Edited by an operator"
+        REPLAN = "replan", "Re-planned after a failure"
+        DRAIN = "drain", "Re-planned to drain a node"
+
+    model = models.ForeignKey(LlmModel, on_delete=models.PROTECT, related_name="plan_revisions")
+    deployment = models.ForeignKey(
+        "Deployment", null=True, blank=True, on_delete=models.CASCADE, related_name="revisions"
+    )
+    number = models.PositiveIntegerField(null=True, blank=True, help_text="1, 2, … within its deployment.")
+    plan = models.JSONField(help_text="The plan as docs/planner.md describes it.")
+    request = models.JSONField(help_text="Workload and operator rules the plan was made for (no fleet).")
+    source = models.CharField(max_length=16, choices=Source.choices)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT)
+    applied_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created"]
+        constraints = [
+            models.UniqueConstraint(fields=["deployment", "number"], name="plan_revision_unique_number"),
+        ]
+
+    def __str__(self) -> str:
+        return f"plan revision {self.pk} of {self.model}"
+
+
+class Deployment(TimestampedModel):
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        DEPLOYING = "deploying", "Deploying"
+        READY = "ready", "Ready"
+        DEGRADED = "degraded", "Degraded"
+        FAILED = "failed", "Failed"
+        STOPPED = "stopped", "Stopped"
+
+    name = models.CharField(max_length=100, unique=True)
+    model = models.ForeignKey(LlmModel, on_delete=models.PROTECT, related_name="deployments")
+    revision = models.ForeignKey(
+        PlanRevision, null=True, on_delete=models.PROTECT, related_name="+", help_text="The desired plan."
+    )
+    replan_on_failure = models.BooleanField(
+        default=True, help_text="Re-plan on the healthy devices when a node carrying a stage is lost."
+    )
+    stop_requested = models.BooleanField(default=False)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    status_message = models.TextField(blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class DeploymentReplica(models.Model):
+    """One pipeline of a deployment; its auth token is shared by its stages and the gateway only."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="replicas")
+    index = models.PositiveSmallIntegerField()
+    auth_token = models.CharField(max_length=64)
+
+    class Meta:
+        ordering = ["deployment", "index"]
+        constraints = [models.UniqueConstraint(fields=["deployment", "index"], name="replica_unique_index")]
+
+    @property
+    def pipeline_id(self) -> str:
+        return f"d{self.deployment_id}-r{self.index}"
+
+
+class DeploymentStage(models.Model):
+    """One stage process: where it must run with what spec (desired) and what its agent reports.
+
+    A stage that moves to another node leaves its old row behind with ``wanted=False`` until the old
+    node confirms it stopped (or is lost), so nothing keeps running unseen.
+    """
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"  # start sent (or to be sent); the agent has not reported it yet
+        STARTING = "starting", "Starting"
+        READY = "ready", "Ready"
+        DRAINING = "draining", "Draining"
+        EXITED = "exited", "Exited"
+        FAILED = "failed", "Failed"
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="stages")
+    replica = models.PositiveSmallIntegerField()
+    stage_index = models.PositiveSmallIntegerField()
+    wanted = models.BooleanField(default=True)
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="stages")
+    device = models.ForeignKey(Device, null=True, on_delete=models.SET_NULL, related_name="stages")
+    port = models.PositiveIntegerField()
+    spec = models.JSONField(help_text="The stage spec (docs/contracts.md §1) the agent is asked to run.")
+    # Desired spec last sent to the node, and to which of its incarnations.
+    sent_spec = models.JSONField(null=True, blank=True)
+    sent_incarnation = models.PositiveIntegerField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    stop_sent_at = models.DateTimeField(null=True, blank=True)
+    # Observed, from the agent's StageStatus.
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    superseded_pid = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Process replaced by the last start: its reports are not the new one's."
+    )
+    exit_code = models.IntegerField(null=True, blank=True)
+    restarts = models.PositiveIntegerField(default=0)
+    message = models.TextField(blank=True)
+    observed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["deployment", "replica", "stage_index", "-wanted"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["deployment", "replica", "stage_index"], condition=Q(wanted=True), name="stage_unique_wanted"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.stage_key} on {self.node_id}"
+
+    @property
+    def stage_key(self) -> str:
+        return f"d{self.deployment_id}-r{self.replica}-s{self.stage_index}"

@@ -1,0 +1,40 @@
+"""The stored form of a plan request (everything but the fleet and the model) and back.
+
+A plan revision keeps the request it was planned for, so that a re-plan after a failure asks the
+planner the same question about the fleet as it is now.
+
+    {"workload": {"batch": 8, "context": 4096, "prompt_tokens": null}, "objective": "throughput",
+     "bits": [16, 8, 4], "max_quantized": 0.5, "replicas": "auto",
+     "pins": [{"device": "n1/gpu0", "start": 0, "end": 8}], "exclude_nodes": [], "exclude_devices": []}
+
+Every key is optional; missing ones take the planner's defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from controlplane.hardware.specs import FleetSpec
+from controlplane.modelspec.profile import ModelProfile
+from controlplane.planning import Pin, PlanningError, PlanRequest, Workload
+
+
+def plan_request_from_dict(
+    data: Mapping[str, Any], *, fleet: FleetSpec, profile: ModelProfile, exclude_nodes: tuple[str, ...] = ()
+) -> PlanRequest:
+    """A PlanRequest for this fleet and model; PlanningError names a malformed field."""
+    try:
+        options: dict[str, Any] = {}
+        if "workload" in data:
+            options["workload"] = Workload(**dict(data["workload"]))
+        for key in ("objective", "max_quantized", "replicas"):
+            if key in data:
+                options[key] = data[key]
+        if "bits" in data:
+            options["bits"] = tuple(int(b) for b in data["bits"])
+        options["pins"] = tuple(Pin(**dict(p)) for p in data.get("pins", ()))
+        options["exclude_nodes"] = tuple(data.get("exclude_nodes", ())) + tuple(exclude_nodes)
+        options["exclude_devices"] = tuple(data.get("exclude_devices", ()))
+    except (TypeError, ValueError) as exc:
+        raise PlanningError(f"request: malformed ({exc})") from None
+    return PlanRequest(fleet=fleet, model=profile, **options)
