@@ -1,9 +1,14 @@
 """Deciding whether and how a stage spec runs on this node's devices, before its process starts.
 
-The control plane plans for a device by index; the agent knows what that device really is. On a real
-GPU the stage gets ``cuda:N`` (with CUDA's device order pinned to NVML's). On an emulated device it
+The control plane plans for a device; the agent knows what that device is. On a real GPU the stage
+runs on ``cuda:N`` (CUDA's device order pinned to NVML's by the supervisor). On an emulated device it
 runs on the CPU, paced to the card's modeled speed (the spec's ``emulation`` block, filled from the
 device when the control plane left it out) and held to the card's memory budget.
+
+Which device: the task's ``device_index`` when the control plane sends it, else ``cuda:N`` in the
+spec, else (an emulated stage arrives as ``device: "cpu"``) the first device whose modeled speed is
+the spec's ``emulation`` and whose budget still holds the stage. Devices of one model are
+interchangeable for budgeting, so this refuses only what no such device could hold.
 """
 
 from __future__ import annotations
@@ -34,40 +39,47 @@ class Admission:
     devices: Sequence[DeviceSpec]
     time_scale: float = DEFAULT_TIME_SCALE
 
-    @property
-    def emulated(self) -> bool:
-        return any(device.emulated for device in self.devices)
-
-    def admit(self, spec: dict[str, Any], others: Sequence[Admitted]) -> Admitted:
-        """The spec to run, or StageRefused. ``others``: the stages already running on this node."""
-        index = self._device_index(spec)
-        if index is None:
-            if spec.get("device") == "cpu" and not self.emulated:
-                return Admitted(spec, None, 0)  # a plain CPU stage on a real node: nothing to budget
-            raise StageRefused(f"spec names no device of this node (device={spec.get('device')!r}, "
-                               "and no device_index)")
-        device = next((d for d in self.devices if d.index == index), None)
+    def admit(self, spec: dict[str, Any], others: Sequence[Admitted], device_index: int | None = None) -> Admitted:
+        """The spec to run, or StageRefused. ``others``: the stages already admitted on this node."""
+        if device_index is None:
+            match = _CUDA.match(str(spec.get("device", "")))
+            device_index = int(match[1]) if match else None
+        if device_index is None:
+            if not any(d.emulated for d in self.devices):
+                return Admitted(spec, None, 0)  # a plain CPU stage on a GPU node: nothing to budget
+            return self._first_fit(spec, others)
+        device = next((d for d in self.devices if d.index == device_index), None)
         if device is None:
-            raise StageRefused(f"device index {index} does not exist on this node "
+            raise StageRefused(f"device index {device_index} does not exist on this node "
                                f"({len(self.devices)} device(s))")
         if not device.emulated:
-            return Admitted({**spec, "device": f"cuda:{index}"}, index, 0)
+            return Admitted({**spec, "device": f"cuda:{device_index}"}, device_index, 0)
+        return self._on_emulated(spec, others, device)
+
+    def _on_emulated(self, spec: dict[str, Any], others: Sequence[Admitted], device: DeviceSpec) -> Admitted:
         need = stage_bytes(spec)
-        check_fits(need, device, sum(o.memory_bytes for o in others if o.device_index == index))
+        check_fits(need, device, sum(o.memory_bytes for o in others if o.device_index == device.index))
         emulation = spec.get("emulation") or {
             "memory_bandwidth_gbs": device.memory_bandwidth_gbs,
             "fp16_tflops": device.fp16_tflops,
             "time_scale": self.time_scale,
         }
-        return Admitted({**spec, "device": "cpu", "emulation": emulation}, index, need.total)
+        return Admitted({**spec, "device": "cpu", "emulation": emulation}, device.index, need.total)
 
-    def _device_index(self, spec: dict[str, Any]) -> int | None:
-        explicit = spec.get("device_index")
-        if isinstance(explicit, int) and not isinstance(explicit, bool):
-            return explicit
-        match = _CUDA.match(str(spec.get("device", "")))
-        if match:
-            return int(match[1])
-        if len(self.devices) == 1 and self.emulated:
-            return self.devices[0].index
-        return None
+    def _first_fit(self, spec: dict[str, Any], others: Sequence[Admitted]) -> Admitted:
+        emulation = spec.get("emulation") or {}
+        candidates = [
+            d for d in self.devices
+            if d.emulated and (not emulation or (
+                d.memory_bandwidth_gbs == emulation.get("memory_bandwidth_gbs")
+                and d.fp16_tflops == emulation.get("fp16_tflops")))
+        ]
+        if not candidates:
+            raise StageRefused(f"no emulated device of this node models {emulation}")
+        refusals = []
+        for device in candidates:
+            try:
+                return self._on_emulated(spec, others, device)
+            except StageRefused as exc:
+                refusals.append(str(exc))
+        raise StageRefused("; ".join(refusals))

@@ -3,8 +3,7 @@
 A CPU has far more memory than the GPU it stands in for, so nothing would ever fail to load; the
 budget makes the emulated fleet refuse exactly the placements the real one could not hold. A stage's
 bytes are what the planner counts for the real card (weights at the stage's precision, a 16-bit KV
-cache of ``kv_tokens``), taken from the spec's ``memory`` block when the control plane sends one, or
-computed from the checkpoint's config.json with the planner's own profiler.
+cache of ``kv_tokens``), computed from the checkpoint's config.json with the planner's own profiler.
 """
 
 from __future__ import annotations
@@ -16,6 +15,8 @@ from typing import Any
 from controlplane.hardware.specs import GIB, DeviceSpec
 from controlplane.modelspec.profiler import profile_model
 from worker_runtime.config import ModelConfig, UnsupportedModelError
+
+MIB = 1024**2
 
 
 class StageRefused(ValueError):
@@ -33,13 +34,7 @@ class StageBytes:
 
 
 def stage_bytes(spec: dict[str, Any]) -> StageBytes:
-    """Bytes the stage holds on its device: the spec's ``memory`` block, else from config.json."""
-    declared = spec.get("memory")
-    if isinstance(declared, dict):
-        try:
-            return StageBytes(int(declared["weight_bytes"]), int(declared["kv_bytes"]))
-        except (KeyError, TypeError, ValueError):
-            raise StageRefused("spec.memory: expected integers weight_bytes and kv_bytes") from None
+    """Bytes the stage would hold on the real card, from the checkpoint's config.json."""
     try:
         config = ModelConfig.from_file(Path(spec["model_path"]))
         first, last = (int(x) for x in spec["layers"])
@@ -69,7 +64,11 @@ def check_fits(need: StageBytes, device: DeviceSpec, used_bytes: int) -> None:
     free = device.memory_bytes - device.memory_used_bytes - used_bytes
     if need.total > free:
         raise StageRefused(
-            f"does not fit on emulated {device.name} ({device.model}, {device.memory_bytes / GIB:.1f} GiB): "
-            f"needs {need.total / GIB:.2f} GiB (weights {need.weight_bytes / GIB:.2f} GiB + "
-            f"KV {need.kv_bytes / GIB:.2f} GiB) but {max(free, 0) / GIB:.2f} GiB is free"
+            f"does not fit on emulated {device.name} ({device.model}, {_size(device.memory_bytes)}): "
+            f"needs {_size(need.total)} (weights {_size(need.weight_bytes)} + KV {_size(need.kv_bytes)}) "
+            f"but {_size(max(free, 0))} is free"
         )
+
+
+def _size(n: int) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.1f} MiB"

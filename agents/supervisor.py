@@ -74,7 +74,7 @@ class _Run:
 @dataclass
 class _Stage:
     key: str
-    requested: dict[str, Any]  # the spec as the control plane sent it (idempotence compares this)
+    requested: tuple[dict[str, Any], int | None]  # spec and device index as sent (idempotence compares this)
     admitted: Admitted
     status: StageStatus
     run: _Run | None = None
@@ -115,14 +115,15 @@ class Supervisor:
 
     # --- interface for other threads -------------------------------------------------------------
 
-    def start(self, stage_key: str, spec: dict[str, Any]) -> StageStatus:
+    def start(self, stage_key: str, spec: dict[str, Any], device_index: int | None = None) -> StageStatus:
         """Run the spec under this key. The same spec again changes nothing; a different one (or a
         start while the stage drains) stops the running process first."""
         if not _STAGE_KEY.match(stage_key):
             raise ValueError(f"stage_key {stage_key!r}: use letters, digits, '.', '_' or '-' (max 128)")
-        if self._call(self._needs_replacing, stage_key, spec):
+        requested = (spec, device_index)
+        if self._call(self._needs_replacing, stage_key, requested):
             self.stop(stage_key)
-        return self._call(self._start, stage_key, spec)
+        return self._call(self._start, stage_key, requested)
 
     def stop(self, stage_key: str) -> StageStatus | None:
         """SIGTERM, SIGKILL after the grace period; returns once the process is gone."""
@@ -202,14 +203,15 @@ class Supervisor:
 
     # --- handlers, run on the loop thread ------------------------------------------------------
 
-    def _needs_replacing(self, key: str, spec: dict[str, Any]) -> bool:
+    def _needs_replacing(self, key: str, requested: tuple[dict[str, Any], int | None]) -> bool:
         stage = self._stages.get(key)
-        return bool(stage and stage.alive and (stage.requested != spec or stage.stop_requested))
+        return bool(stage and stage.alive and (stage.requested != requested or stage.stop_requested))
 
-    def _start(self, key: str, spec: dict[str, Any]) -> StageStatus:
+    def _start(self, key: str, requested: tuple[dict[str, Any], int | None]) -> StageStatus:
+        spec, device_index = requested
         stage = self._stages.get(key)
         if stage is not None:
-            if stage.alive and stage.requested == spec and not stage.stop_requested:
+            if stage.alive and stage.requested == requested and not stage.stop_requested:
                 return _copy(stage.status)  # idempotent: already running this spec
             if stage.alive:
                 raise RuntimeError(f"stage {key} is still running another spec")
@@ -218,13 +220,13 @@ class Supervisor:
         status = StageStatus(key, deployment, replica, index, "starting")
         others = [s.admitted for s in self._stages.values()]
         try:
-            admitted = self._admission.admit(spec, others)
+            admitted = self._admission.admit(spec, others, device_index)
         except StageRefused as exc:
             status.state, status.message = "failed", f"refused: {exc}"
-            self._stages[key] = _Stage(key, spec, Admitted(spec, None, 0), status)
+            self._stages[key] = _Stage(key, requested, Admitted(spec, None, 0), status)
             self._emit(self._stages[key])
             return _copy(status)
-        stage = _Stage(key, spec, admitted, status)
+        stage = _Stage(key, requested, admitted, status)
         self._stages[key] = stage
         self._spawn(stage)
         return _copy(stage.status)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -28,15 +29,29 @@ nodes:
 """
 
 
-def stage_spec(pipeline_id: str = "d7-r0", stage_index: int = 0, device_index: int = 0,
-               memory_mib: int = 100, **stand_in: Any) -> dict[str, Any]:
+TINY_MODEL_CONFIG = {
+    "model_type": "llama", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1000, "torch_dtype": "float16",
+}
+TINY_LAYER_BYTES = 1311744  # one 16-bit decoder layer of the tiny config
+KV_BYTES_PER_TOKEN = 1024  # one layer: K and V of 256 values, 16-bit
+
+
+def tiny_model(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(TINY_MODEL_CONFIG))
+    return directory
+
+
+def stage_spec(model: Path, pipeline_id: str = "d7-r0", stage_index: int = 1, device: str = "cpu",
+               memory_mib: int = 100, emulation: dict | None = None, **stand_in: Any) -> dict[str, Any]:
+    """A §1 spec of a middle stage holding one layer of the tiny model and about ``memory_mib`` of KV."""
     return {
-        "pipeline_id": pipeline_id, "auth_token": "t", "model_path": "/nonexistent",
-        "stage_index": stage_index, "num_stages": 2, "layers": [0, 1], "bits": 16, "dtype": None,
-        "device": f"cuda:{device_index}", "threads": 1, "kv_tokens": 64,
+        "pipeline_id": pipeline_id, "auth_token": "t", "model_path": str(model),
+        "stage_index": stage_index, "num_stages": 3, "layers": [stage_index, stage_index + 1], "bits": 16,
+        "dtype": None, "device": device, "threads": 1, "kv_tokens": memory_mib * MIB // KV_BYTES_PER_TOKEN,
         "listen": "tcp://127.0.0.1:1", "next": None, "head": "tcp://127.0.0.1:1", "peer_timeout_s": 1.0,
-        "emulation": None, "memory": {"weight_bytes": memory_mib * MIB // 2, "kv_bytes": memory_mib * MIB // 2},
-        "stand_in": stand_in,
+        "emulation": emulation, "stand_in": stand_in,
     }
 
 

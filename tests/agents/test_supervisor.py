@@ -15,7 +15,7 @@ import pytest
 from agents.admission import Admission
 from agents.discovery.emulated import emulated_devices
 from agents.supervisor import RestartPolicy, Supervisor
-from tests.agents.helpers import STAND_IN_COMMAND, Events, stage_spec, wait_until
+from tests.agents.helpers import STAND_IN_COMMAND, TINY_LAYER_BYTES, Events, stage_spec, tiny_model, wait_until
 
 FAST = RestartPolicy(max_restarts=2, backoff_s=0.2, max_backoff_s=0.4, stop_grace_s=1.0)
 
@@ -26,6 +26,12 @@ def events():
 
 
 @pytest.fixture
+def spec(tmp_path):
+    model = tiny_model(tmp_path / "model")
+    return lambda **kw: stage_spec(model, **{"device": "cuda:0", **kw})
+
+
+@pytest.fixture
 def supervisor(tmp_path, tiny_fleet, events):
     sup = Supervisor(tmp_path / "state", Admission(emulated_devices(tiny_fleet, "box")), events,
                      command=STAND_IN_COMMAND, policy=FAST)
@@ -33,8 +39,8 @@ def supervisor(tmp_path, tiny_fleet, events):
     sup.close()
 
 
-def test_start_reports_ready_and_stats_and_runs_on_the_cpu_paced_like_the_device(supervisor, events, tmp_path):
-    status = supervisor.start("d7-r0-s0", stage_spec())
+def test_start_reports_ready_and_stats_and_runs_on_the_cpu_paced_like_the_device(supervisor, events, spec, tmp_path):
+    status = supervisor.start("d7-r0-s0", spec())
     assert status.state == "starting" and status.pid and (status.deployment_id, status.replica) == (7, 0)
     events.wait_for(lambda s: s.state == "ready")
     written = json.loads((tmp_path / "state/stages/d7-r0-s0/spec.json").read_text())
@@ -44,20 +50,20 @@ def test_start_reports_ready_and_stats_and_runs_on_the_cpu_paced_like_the_device
         lambda: [x for x in supervisor.snapshot() if x[1].busy_fraction > 0], what="a load from two stats lines")
     assert snapshot_status.stats["steps"] > 0
     assert 0.3 < load.busy_fraction <= 1.0  # 10 steps/s x 50 ms
-    assert load.memory_bytes == 100 * 1024**2 and load.device_index == 0 and load.tx_bytes_per_s > 0
+    assert load.memory_bytes == 100 * 1024**2 + TINY_LAYER_BYTES and load.device_index == 0 and load.tx_bytes_per_s > 0
 
 
-def test_the_same_start_twice_runs_one_process_and_a_new_spec_replaces_it(supervisor, events):
-    first = supervisor.start("k", stage_spec())
-    again = supervisor.start("k", stage_spec())
+def test_the_same_start_twice_runs_one_process_and_a_new_spec_replaces_it(supervisor, events, spec):
+    first = supervisor.start("k", spec())
+    again = supervisor.start("k", spec())
     assert again.pid == first.pid
     assert len([s for s in events.seen if s.state == "starting"]) == 1
-    replaced = supervisor.start("k", stage_spec(kv_tokens_note="changed"))
+    replaced = supervisor.start("k", spec(kv_tokens_note="changed"))
     assert replaced.pid != first.pid and not psutil.pid_exists(first.pid)
 
 
-def test_a_crash_is_reported_within_two_seconds_restarted_with_backoff_then_given_up(supervisor, events):
-    supervisor.start("k", stage_spec(crash_after_s=0.3, exit_code=3, error="CUDA out of memory"))
+def test_a_crash_is_reported_within_two_seconds_restarted_with_backoff_then_given_up(supervisor, events, spec):
+    supervisor.start("k", spec(crash_after_s=0.3, exit_code=3, error="CUDA out of memory"))
     first = events.wait_for(lambda s: s.state == "ready")
     crashed_at = time.monotonic()
     crash = events.wait_for(lambda s: s.exit_code == 3)
@@ -71,14 +77,14 @@ def test_a_crash_is_reported_within_two_seconds_restarted_with_backoff_then_give
     assert status.state == "failed"  # stays listed for the control plane to see
 
 
-def test_a_crash_without_an_error_event_quotes_stderr(supervisor, events):
-    supervisor.start("k", stage_spec(crash_after_s=0.1, exit_code=9))
+def test_a_crash_without_an_error_event_quotes_stderr(supervisor, events, spec):
+    supervisor.start("k", spec(crash_after_s=0.1, exit_code=9))
     crash = events.wait_for(lambda s: s.exit_code == 9)
     assert "exited with code 9" in crash.message and "crashing as scripted" in crash.message
 
 
-def test_stop_terms_then_kills_and_takes_the_process_group_down(supervisor, events):
-    status = supervisor.start("k", stage_spec(ignore_sigterm=True, spawn_child=True))
+def test_stop_terms_then_kills_and_takes_the_process_group_down(supervisor, events, spec):
+    status = supervisor.start("k", spec(ignore_sigterm=True, spawn_child=True))
     events.wait_for(lambda s: s.state == "ready")
     group = [p for p in psutil.process_iter() if _pgid(p) == status.pid]
     assert len(group) == 2  # the stage and its child
@@ -90,29 +96,41 @@ def test_stop_terms_then_kills_and_takes_the_process_group_down(supervisor, even
     assert supervisor.snapshot() == []
 
 
-def test_drain_returns_at_once_and_the_stage_exits_cleanly(supervisor, events):
-    supervisor.start("k", stage_spec())
+def test_drain_returns_at_once_and_the_stage_exits_cleanly(supervisor, events, spec):
+    supervisor.start("k", spec())
     events.wait_for(lambda s: s.state == "ready")
     assert supervisor.drain("k").state == "draining"
     exited = events.wait_for(lambda s: s.state == "exited")
     assert exited.exit_code == 0 and exited.message == "stopped on request"
 
 
-def test_sync_stops_only_the_unwanted(supervisor, events):
+def test_sync_stops_only_the_unwanted(supervisor, events, spec):
     for key in ("a", "b", "c"):
-        supervisor.start(key, stage_spec(pipeline_id=f"d1-r0", memory_mib=10))
+        supervisor.start(key, spec(pipeline_id=f"d1-r0", memory_mib=10))
     assert supervisor.sync(["b"]) == ["a", "c"]
     assert [s.stage_key for s, _ in supervisor.snapshot()] == ["b"]
 
 
-def test_a_stage_over_the_emulated_memory_budget_is_refused(supervisor, events):
-    supervisor.start("big", stage_spec(memory_mib=700))
-    refused = supervisor.start("too-big", stage_spec(memory_mib=400))  # T4 of 1 GiB holds 700 MiB already
+def test_a_stage_over_the_emulated_memory_budget_is_refused(supervisor, events, spec):
+    supervisor.start("big", spec(memory_mib=700))
+    refused = supervisor.start("too-big", spec(memory_mib=400))  # T4 of 1 GiB holds 700 MiB already
     assert refused.state == "failed" and refused.pid is None
-    assert "does not fit on emulated box/gpu0" in refused.message and "0.32 GiB is free" in refused.message
-    assert supervisor.start("elsewhere", stage_spec(memory_mib=400, device_index=1)).state == "starting"
-    unknown = supervisor.start("nowhere", stage_spec(device_index=7))
+    assert refused.message == ("refused: does not fit on emulated box/gpu0 (T4, 1.00 GiB): needs 401.3 MiB "
+                               "(weights 1.3 MiB + KV 400.0 MiB) but 322.7 MiB is free")
+    assert supervisor.start("elsewhere", spec(memory_mib=400), device_index=1).state == "starting"
+    unknown = supervisor.start("nowhere", spec(device="cuda:7"))
     assert unknown.state == "failed" and "device index 7 does not exist" in unknown.message
+
+
+def test_an_emulated_cpu_spec_goes_to_the_first_device_of_its_model_with_room(supervisor, events, spec, tmp_path):
+    t4 = {"memory_bandwidth_gbs": 320.0, "fp16_tflops": 65.0, "time_scale": 5}
+    assert supervisor.start("d1-r0-s1", spec(device="cpu", emulation=t4, memory_mib=700)).state == "starting"
+    refused = supervisor.start("d1-r0-s2", spec(device="cpu", emulation=t4, memory_mib=700))
+    assert refused.state == "failed" and "box/gpu0" in refused.message
+    written = json.loads((tmp_path / "state/stages/d1-r0-s1/spec.json").read_text())
+    assert written["emulation"] == t4  # the control plane's figures are kept
+    loads = {s.stage_key: load.device_index for s, load in supervisor.snapshot()}
+    assert loads == {"d1-r0-s1": 0, "d1-r0-s2": None}
 
 
 def test_a_new_supervisor_kills_stages_a_killed_agent_left_running(tmp_path, tiny_fleet):
@@ -121,7 +139,7 @@ def test_a_new_supervisor_kills_stages_a_killed_agent_left_running(tmp_path, tin
     state = tmp_path / "state"
     stage_dir = state / "stages" / "old"
     stage_dir.mkdir(parents=True)
-    (stage_dir / "spec.json").write_text(json.dumps(stage_spec()))
+    (stage_dir / "spec.json").write_text(json.dumps(stage_spec(tiny_model(tmp_path / "model"))))
     leftover = subprocess.Popen([*STAND_IN_COMMAND, "--spec", str(stage_dir / "spec.json")],
                                 stdout=subprocess.DEVNULL, start_new_session=True)
     from agents.processes import write_pid_record
@@ -145,10 +163,11 @@ sys.path.insert(0, {str(os.getcwd())!r})
 from agents.admission import Admission
 from agents.discovery.emulated import emulated_devices
 from agents.supervisor import Supervisor
-from tests.agents.helpers import STAND_IN_COMMAND, stage_spec
+from tests.agents.helpers import STAND_IN_COMMAND, stage_spec, tiny_model
+from pathlib import Path
 sup = Supervisor({str(tmp_path / 'state')!r}, Admission(emulated_devices({str(tiny_fleet)!r}, "box")),
                  lambda s: None, command=STAND_IN_COMMAND)
-print(sup.start("k", stage_spec()).pid, flush=True)
+print(sup.start("k", stage_spec(tiny_model(Path({str(tmp_path / 'model')!r})), device="cuda:0")).pid, flush=True)
 time.sleep(600)
 """
     agent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
