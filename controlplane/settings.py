@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "controlplane.deployments",
     "controlplane.enrollment",
     "controlplane.telemetry",
+    "controlplane.dashboard",
 ]
 
 MIDDLEWARE = [
@@ -114,6 +115,11 @@ USE_TZ = True
 
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "frontend" / "static"]
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    "controlplane.dashboard.staticfiles.PlotlyFinder",  # vendor/plotly.min.js from the plotly package
+]
 STATIC_ROOT = VAR_DIR / "static"
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
@@ -185,6 +191,12 @@ MOTLEY_STAGE_PEER_TIMEOUT_S = float(os.environ.get("MOTLEY_STAGE_PEER_TIMEOUT_S"
 MOTLEY_EMULATION_TIME_SCALE = float(os.environ.get("MOTLEY_EMULATION_TIME_SCALE", "20"))
 MOTLEY_TELEMETRY_SAMPLE_TTL_S = float(os.environ.get("MOTLEY_TELEMETRY_SAMPLE_TTL_S", "30"))
 MOTLEY_TELEMETRY_PUBLISH_INTERVAL_S = float(os.environ.get("MOTLEY_TELEMETRY_PUBLISH_INTERVAL_S", "1.0"))
+# Dashboard telemetry (docs/dashboard.md): per-second history kept in memory for the live charts,
+# rollup bucket length, how long rollups stay in the database, and the browser snapshot interval.
+TELEMETRY_HISTORY_S = float(os.environ.get("MOTLEY_TELEMETRY_HISTORY_S", "300"))
+TELEMETRY_ROLLUP_S = int(os.environ.get("MOTLEY_TELEMETRY_ROLLUP_S", "10"))
+TELEMETRY_RETENTION_S = float(os.environ.get("MOTLEY_TELEMETRY_RETENTION_HOURS", "24")) * 3600
+DASHBOARD_SNAPSHOT_INTERVAL_S = float(os.environ.get("MOTLEY_DASHBOARD_SNAPSHOT_INTERVAL_S", "0.5"))
 CELERY_BEAT_SCHEDULE = {
     "node-health-check": {
         "task": "motley.deployments.node_health_check",

@@ -18,9 +18,10 @@ api_v1 = [
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("accounts/login/", auth_views.LoginView.as_view(template_name="admin/login.html"), name="login"),
+    path("accounts/login/", auth_views.LoginView.as_view(template_name="dashboard/login.html"), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", ApiDocsView.as_view(), name="api-docs"),
+    path("", include("controlplane.dashboard.urls")),
 ]

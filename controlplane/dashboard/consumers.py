@@ -1,0 +1,59 @@
+"""The browser socket ``/ws/dashboard/``: throttled full snapshots, paced by the browser's acks.
+
+Telemetry to browsers is lossy by design (ARCHITECTURE invariants): each socket sends the hub's
+current snapshot at most once per ``DASHBOARD_SNAPSHOT_INTERVAL_S``, and only after the browser
+acknowledged the previous one. A slow or stalled browser therefore holds at most one snapshot in
+flight and simply sees fewer of them; nothing queues up in the server on its behalf, and the
+control plane's ingest never waits for a browser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from controlplane.telemetry.hub import running_hub
+
+CLOSE_UNAUTHENTICATED = 4401
+ACK_TIMEOUT_S = 10.0  # a browser silent this long is sent the next snapshot anyway
+
+
+class DashboardConsumer(AsyncWebsocketConsumer):
+    async def connect(self):
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        self.hub = running_hub()
+        self.sent_version = -1
+        self.awaiting_ack_since: float | None = None
+        await self.accept()
+        self.pump = asyncio.create_task(self._pump())
+
+    async def disconnect(self, code):
+        pump = getattr(self, "pump", None)
+        if pump is not None:
+            pump.cancel()
+
+    async def receive(self, text_data=None, bytes_data=None):
+        """The browser acks each snapshot by its version: ``{"ack": version}``."""
+        try:
+            ack = json.loads(text_data or "{}").get("ack")
+        except (ValueError, AttributeError):
+            return
+        if ack == self.sent_version:
+            self.awaiting_ack_since = None
+
+    async def _pump(self):
+        interval = settings.DASHBOARD_SNAPSHOT_INTERVAL_S
+        loop = asyncio.get_running_loop()
+        while True:
+            waiting = self.awaiting_ack_since
+            if (waiting is None or loop.time() - waiting > ACK_TIMEOUT_S) and self.hub.version != self.sent_version:
+                self.sent_version = self.hub.version
+                self.awaiting_ack_since = loop.time()
+                await self.send(text_data=self.hub.snapshot_text())
+            await asyncio.sleep(interval)

@@ -1,0 +1,15 @@
+from django.urls import path
+
+from controlplane.dashboard import views
+
+app_name = "dashboard"
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("topology/", views.topology, name="topology"),
+    path("utilization/", views.utilization, name="utilization"),
+    path("nodes/", views.nodes, name="nodes"),
+    path("models/", views.models, name="models"),
+    path("dashboard/telemetry/", views.telemetry_series, name="telemetry-series"),
+    path("dashboard/topology.json", views.topology_json, name="topology-json"),
+]

@@ -1,0 +1,79 @@
+"""Dashboard pages: thin views over selectors; each page embeds its first paint as JSON.
+
+The JS modules (frontend/static/dashboard/) redraw from the same JSON, from ``/ws/dashboard/``
+snapshots, and from the REST API when the socket reconnects.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET
+
+from controlplane.dashboard import selectors
+from controlplane.telemetry.hub import FIELDS, current_hub
+from controlplane.telemetry.rollups import rollup_series
+
+LIVE_WINDOW_S = 300
+STORED_WINDOW_S = 3600
+
+
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    return redirect("dashboard:topology")
+
+
+@login_required
+def topology(request: HttpRequest) -> HttpResponse:
+    return render(request, "dashboard/topology.html", {"page": "topology", "topology": selectors.topology()})
+
+
+@login_required
+def utilization(request: HttpRequest) -> HttpResponse:
+    return render(request, "dashboard/utilization.html", {"page": "utilization", "topology": selectors.topology()})
+
+
+@login_required
+def nodes(request: HttpRequest) -> HttpResponse:
+    context = {"page": "nodes", "nodes": selectors.node_list(), "devices": selectors.device_list()}
+    return render(request, "dashboard/nodes.html", context)
+
+
+@login_required
+def models(request: HttpRequest) -> HttpResponse:
+    return render(request, "dashboard/models.html", {"page": "models", "models": selectors.model_list()})
+
+
+@login_required
+@require_GET
+def telemetry_series(request: HttpRequest) -> HttpResponse:
+    """Series per device or stage: the last 5 minutes from memory, or the last hour from rollups.
+
+    ``?kind=device|stage&window=300|3600&key=<name>&key=…`` (no key: all). The page calls it on load
+    and whenever its socket reconnects, so a gap in the live stream never stays on screen.
+    """
+    kind = request.GET.get("kind", "device")
+    if kind not in FIELDS:
+        return HttpResponseBadRequest("kind: device or stage")
+    try:
+        window = int(request.GET.get("window", LIVE_WINDOW_S))
+    except ValueError:
+        return HttpResponseBadRequest("window: seconds")
+    keys = request.GET.getlist("key") or None
+    if window <= settings.TELEMETRY_HISTORY_S:
+        hub = current_hub()
+        series = hub.recent(kind, keys, window) if hub else {}
+        source = "memory"
+    else:
+        series, source = rollup_series(kind=kind, keys=keys, window_s=window), "rollups"
+    return JsonResponse({"kind": kind, "window": window, "source": source, "fields": FIELDS[kind],
+                         "series": series})
+
+
+@login_required
+@require_GET
+def topology_json(request: HttpRequest) -> HttpResponse:
+    """The topology page's data, refetched when its socket reconnects."""
+    return JsonResponse(selectors.topology())

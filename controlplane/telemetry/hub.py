@@ -1,0 +1,282 @@
+"""Live telemetry for browsers: one subscriber per server process, snapshots rendered once.
+
+Agents push a heartbeat every second on ``/ws/agents/``; the telemetry ingest publishes each one to
+the channel-layer group ``telemetry``. One ``TelemetryHub`` per process joins that group (one
+subscription, however many browsers are open), keeps the latest sample of every GPU and stage and
+the last few minutes of history in memory, and renders the snapshot text at most once per change.
+Browser sockets (``consumers.py``) each take the current text at their own pace, so the cost of a
+heartbeat does not grow with the number of browsers and a slow browser only skips snapshots.
+
+Every ``TELEMETRY_ROLLUP_S`` the hub closes the rollup buckets that ended and hands them to the
+rollup store (mean and peak per field), which keeps them in the database for the "last hour" views.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from array import array
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+GROUP = "telemetry"
+GPU_FIELDS = (
+    "utilization_pct", "memory_used_bytes", "memory_total_bytes", "temperature_c", "power_w",
+    "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s",
+)
+STAGE_FIELDS = (
+    "step_ms", "compute_ms", "transfer_ms", "tokens_per_s", "batch_size", "queue_depth",
+    "kv_tokens_used", "kv_tokens_free", "bubble_fraction",
+)
+FIELDS = {"device": GPU_FIELDS, "stage": STAGE_FIELDS}
+_MISSING = float("nan")
+
+
+@dataclass(frozen=True)
+class Rollup:
+    """Mean and peak of each field of one device or stage over one bucket (JSON NaN-free)."""
+
+    kind: str  # "device" | "stage"
+    key: str  # device name "<node>/gpu<i>" or stage key
+    bucket_start: float  # unix seconds, a multiple of the bucket length
+    seconds: int
+    samples: int
+    mean: dict[str, float]
+    peak: dict[str, float]
+
+
+class _Bucket:
+    __slots__ = ("start", "count", "sums", "peaks", "seen")
+
+    def __init__(self, start: float, width: int):
+        self.start, self.count = start, 0
+        self.sums, self.peaks, self.seen = [0.0] * width, [float("-inf")] * width, [0] * width
+
+
+class TelemetryHub:
+    """Latest samples, recent history and open rollup buckets of every GPU and stage."""
+
+    def __init__(self, *, history_s: float = 300, rollup_s: int = 10, clock: Callable[[], float] = time.time):
+        self.history_s, self.rollup_s, self.clock = history_s, rollup_s, clock
+        self.devices: dict[str, dict[str, Any]] = {}
+        self.stages: dict[str, dict[str, Any]] = {}
+        self.history: dict[tuple[str, str], deque[array]] = {}
+        self.version = 0
+        self._node_seen: dict[str, float] = {}
+        self._rendered: tuple[int, str] = (-1, "")
+        self._buckets: dict[tuple[str, str], _Bucket] = {}
+        self._closed: list[Rollup] = []
+        self._tasks: list[asyncio.Task] = []
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    # -- ingest ---------------------------------------------------------------------------------
+    def ingest(self, message: Mapping[str, Any]) -> None:
+        """Take one published message; anything malformed is skipped, not raised.
+
+        ``telemetry_ingest`` publishes ``{"snapshot": {"at", "nodes": [sample, ...]}}`` where each
+        sample is a node's latest heartbeat (``{"node", "received_at", "sent_at", "devices":
+        [GpuMetrics], "stages": [StageStatus]}``, contracts §3). A snapshot repeats the samples of
+        nodes that did not report since the last one; those are recognised by their unchanged
+        ``received_at`` and not counted twice. A bare sample is accepted too.
+        """
+        snapshot = message.get("snapshot")
+        samples = snapshot.get("nodes") if isinstance(snapshot, Mapping) else [message]
+        changed = False
+        for sample in samples or ():
+            if isinstance(sample, Mapping):
+                changed |= self._ingest_sample(sample)
+        if changed:
+            self.version += 1
+
+    def _ingest_sample(self, sample: Mapping[str, Any]) -> bool:
+        now = self.clock()
+        node = sample.get("node")
+        t = _number(sample.get("received_at"), now)
+        if node is not None:
+            if t <= self._node_seen.get(node, float("-inf")):
+                return False
+            self._node_seen[node] = t
+        sent_at = _number(sample.get("sent_at"), t)
+        for metrics in sample.get("devices") or ():
+            try:
+                name = metrics.get("device") or f"{node}/gpu{int(metrics['index'])}"
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue
+            values = [_number(metrics.get(f)) for f in GPU_FIELDS]
+            self.devices[name] = {"t": t, "sent_at": sent_at, "node": node, **_present(GPU_FIELDS, values),
+                                  "throttle": list(metrics.get("throttle_reasons") or ())}
+            self._record("device", name, t, values)
+        stages = list(sample.get("stages") or ())
+        if isinstance(sample.get("stage"), Mapping):
+            stages.append(sample["stage"])
+        for status in stages:
+            if not isinstance(status, Mapping) or not status.get("stage_key"):
+                continue
+            stats = status.get("stats") if isinstance(status.get("stats"), Mapping) else {}
+            values = [_number(stats.get(f)) for f in STAGE_FIELDS]
+            key = str(status["stage_key"])
+            self.stages[key] = {
+                "t": t, "sent_at": sent_at, "node": node, "state": status.get("state"),
+                **{k: status.get(k) for k in ("deployment_id", "replica", "stage_index")},
+                **_present(STAGE_FIELDS, values),
+            }
+            if stats:
+                self._record("stage", key, t, values)
+        return True
+
+    def _record(self, kind: str, key: str, now: float, values: list[float]) -> None:
+        ring = self.history.get((kind, key))
+        if ring is None:
+            ring = self.history[(kind, key)] = deque()
+        ring.append(array("d", [now, *values]))
+        while ring and ring[0][0] < now - self.history_s:
+            ring.popleft()
+        start = now - now % self.rollup_s
+        bucket = self._buckets.get((kind, key))
+        if bucket is None or bucket.start != start:
+            if bucket is not None:
+                self._closed.append(_close(kind, key, bucket, self.rollup_s))
+            bucket = self._buckets[(kind, key)] = _Bucket(start, len(values))
+        bucket.count += 1
+        for i, value in enumerate(values):
+            if value == value:  # not NaN
+                bucket.sums[i] += value
+                bucket.seen[i] += 1
+                bucket.peaks[i] = max(bucket.peaks[i], value)
+
+    # -- reads ----------------------------------------------------------------------------------
+    def snapshot_text(self) -> str:
+        """The full current state as one JSON text, rendered once per change whoever asks."""
+        version, text = self._rendered
+        if version != self.version:
+            version = self.version
+            text = json.dumps({"type": "snapshot", "version": version, "at": self.clock(),
+                               "devices": self.devices, "stages": self.stages}, separators=(",", ":"))
+            self._rendered = (version, text)
+        return text
+
+    def recent(self, kind: str, keys: Iterable[str] | None = None, since_s: float | None = None) -> dict[str, Any]:
+        """History from memory as columns per key: ``{"t": [...], field: [...]}`` (None for gaps)."""
+        fields = FIELDS[kind]
+        since = self.clock() - (since_s or self.history_s)
+        wanted = None if keys is None else set(keys)
+        series: dict[str, Any] = {}
+        for (k, key), ring in list(self.history.items()):
+            if k != kind or (wanted is not None and key not in wanted):
+                continue
+            rows = [row for row in list(ring) if row[0] >= since]
+            series[key] = {"t": [row[0] for row in rows]} | {
+                f: [None if row[i + 1] != row[i + 1] else row[i + 1] for row in rows] for i, f in enumerate(fields)
+            }
+        return series
+
+    def take_closed_rollups(self, *, flush_all: bool = False) -> list[Rollup]:
+        """Buckets that ended (all open ones too with ``flush_all``, at shutdown), once each."""
+        now = self.clock()
+        for (kind, key), bucket in list(self._buckets.items()):
+            if flush_all or bucket.start + self.rollup_s <= now:
+                self._closed.append(_close(kind, key, bucket, self.rollup_s))
+                del self._buckets[(kind, key)]
+        closed, self._closed = self._closed, []
+        return closed
+
+    # -- running inside a server process --------------------------------------------------------
+    def start(self, layer, store: Callable[[list[Rollup]], Any] | None) -> None:
+        """Subscribe to the telemetry group and flush rollups to ``store`` (an async callable)."""
+        self.loop = asyncio.get_running_loop()
+        self._tasks = [asyncio.create_task(self._receive(layer), name="telemetry-hub-receive"),
+                       asyncio.create_task(self._flush(layer, store), name="telemetry-hub-flush")]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _receive(self, layer) -> None:
+        self.channel = await layer.new_channel()
+        await layer.group_add(GROUP, self.channel)
+        while True:
+            message = await layer.receive(self.channel)
+            try:
+                self.ingest(message)
+            except Exception:  # one bad message must not stop live telemetry for every browser
+                logger.exception("telemetry hub: could not ingest a message")
+
+    async def _flush(self, layer, store) -> None:
+        while True:
+            await asyncio.sleep(self.rollup_s)
+            if getattr(self, "channel", None):  # stay subscribed past the layer's group expiry
+                await layer.group_add(GROUP, self.channel)
+            rollups = self.take_closed_rollups()
+            if rollups and store is not None:
+                try:
+                    await store(rollups)
+                except Exception:
+                    logger.exception("telemetry hub: could not store %d rollups", len(rollups))
+
+
+def _close(kind: str, key: str, bucket: _Bucket, seconds: int) -> Rollup:
+    fields = FIELDS[kind]
+    mean = {f: bucket.sums[i] / bucket.seen[i] for i, f in enumerate(fields) if bucket.seen[i]}
+    peak = {f: bucket.peaks[i] for i, f in enumerate(fields) if bucket.seen[i]}
+    return Rollup(kind, key, bucket.start, seconds, bucket.count, mean, peak)
+
+
+def _number(value: Any, default: float = _MISSING) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return default
+    return number if number == number and number not in (float("inf"), float("-inf")) else default
+
+
+def _present(fields: tuple[str, ...], values: list[float]) -> dict[str, float]:
+    return {f: v for f, v in zip(fields, values) if v == v}
+
+
+_hub: TelemetryHub | None = None
+
+
+def current_hub() -> TelemetryHub | None:
+    """The hub of this process, if a socket started one (read by the REST views for history)."""
+    return _hub
+
+
+def running_hub() -> TelemetryHub:
+    """This process's hub, started on the running event loop on first use.
+
+    A hub belongs to one event loop (its tasks run there); a new loop (each test, or a restarted
+    server) gets a fresh hub.
+    """
+    global _hub
+    loop = asyncio.get_running_loop()
+    if _hub is None or _hub.loop is not loop or loop.is_closed():
+        from channels.layers import get_channel_layer
+        from django.conf import settings
+
+        from controlplane.telemetry.rollups import rollups_store
+
+        _hub = TelemetryHub(history_s=settings.TELEMETRY_HISTORY_S, rollup_s=settings.TELEMETRY_ROLLUP_S)
+        _hub.start(get_channel_layer(), rollups_store)
+    return _hub
+
+
+class WithTelemetryHub:
+    """ASGI wrapper: make sure this process's hub runs before the first websocket is served.
+
+    Agents connect by websocket, so the hub is subscribed (and storing rollups) before their first
+    heartbeat, whether or not a browser is open.
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        running_hub()
+        return await self.app(scope, receive, send)
