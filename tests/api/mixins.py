@@ -22,7 +22,8 @@ ALL_ACTIONS = frozenset({"list", "retrieve", "create", "update", "delete"})
 
 @pytest.fixture
 def user(db):
-    return get_user_model().objects.create_user("alice", password="correct horse battery")
+    # No password: hashing one costs about a second a test on a slow CPU; browsers log in with force_login.
+    return get_user_model().objects.create_user("alice")
 
 
 @pytest.fixture

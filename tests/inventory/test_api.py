@@ -165,5 +165,5 @@ def test_gpu_catalog_endpoint(api, anonymous):
 
 def test_session_login_works_for_the_browser(client, user):
     assert client.get("/api/v1/nodes/").status_code in (401, 403)
-    client.login(username="alice", password="correct horse battery")
+    client.force_login(user)  # a session cookie, as after the login page
     assert client.get("/api/v1/nodes/").status_code == 200
