@@ -231,8 +231,10 @@ def bottleneck_partition(cost: CostModel, devices: Sequence[DeviceSpec], micro_b
 
         def fewest(tau: float) -> float:
             return _ordered_rows(problem, chain, tau, track=False)[0][-1]
+    # The optimum is a stage time or a hop time: binary search over exactly those values.
+    hop_values = hop_matrix.ravel() if exact_order else np.asarray(chain)
     candidates = np.unique(np.concatenate(
-        [m[np.isfinite(m)] for per_bits in problem.matrices for m in per_bits.values()] + [np.zeros(1)]))
+        [m[np.isfinite(m)] for m in {id(m): m for m in problem.full + problem.low}.values()] + [hop_values]))
     best = _smallest(candidates, lambda tau: fewest(tau) <= budget)
     if best is None:
         return None

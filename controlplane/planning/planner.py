@@ -60,6 +60,9 @@ def plan(request: PlanRequest) -> Plan:
         best = attempt(best_count(attempt, search.better, limit))
     else:
         best = attempt(request.replicas)
+        if best is None or len(best) != request.replicas:
+            raise PlanningError(f"infeasible: no split of the {len(devices)} usable device(s) into "
+                                f"{request.replicas} replicas holds the model in each; try fewer replicas or 'auto'")
     if best is None:
         raise PlanningError(infeasible_message(request, cost, devices, min_replica_bytes(request, cost)))
     replicas = tuple(evaluate_replica(cost, g.placements, g.micro_batches, i) for i, g in enumerate(best))

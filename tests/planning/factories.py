@@ -23,8 +23,11 @@ def device(node: str, index: int, card: str, island: str | None = None, **health
                       nvlink_island=island, nvlink_bandwidth_gbs=300.0 if island else 0.0, **health)
 
 
-def fleet(layout: dict[str, list[str]], network_gbps: float = 100.0, name: str = "test", **health) -> FleetSpec:
-    """``{"node-a": ["A100", "T4"], ...}``; a card name ending in '*' joins the node's NVLink island."""
+def fleet(layout: dict[str, list[str]], network_gbps: float = 100.0, name: str = "test",
+          health: dict[str, dict] | None = None) -> FleetSpec:
+    """``{"node-a": ["A100", "T4"], ...}``; a card name ending in '*' joins the node's NVLink island.
+    ``health`` maps a device name to DeviceSpec health fields (down, throttle_factor, ...)."""
+    health = health or {}
     nodes = []
     for node, cards in layout.items():
         devices = tuple(device(node, i, c.rstrip("*"), island="nv0" if c.endswith("*") else None,

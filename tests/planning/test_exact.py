@@ -1,0 +1,105 @@
+"""The partition search against a brute force over every order, subset, boundary and precision."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controlplane.planning.cost_model import CostModel
+from controlplane.planning.partition import bottleneck_partition
+from controlplane.planning.precision import THROUGHPUT_TOLERANCE
+from controlplane.planning.request import PlanRequest, Workload
+from tests.planning.factories import CARDS, fleet, profile
+
+
+def brute_force(cost: CostModel, devices, micro_batch: int, budget: int, bits=(16, 8, 4)):
+    """(min bottleneck, fewest low-bit layers among plans within 1% of it), by enumeration.
+
+    Low precisions all count the same towards the budget, so per stage only the best 16-bit time and
+    the best low-bit time matter: 2^k precision choices per composition instead of 3^k.
+    """
+    layers = cost.num_layers
+    matrices = [{b: cost.decode_matrix(d, b, micro_batch) for b in bits} for d in devices]
+    plans = []  # per order: (bottlenecks, low-bit layers) of every feasible plan
+    for k in range(1, min(len(devices), layers) + 1):
+        cuts = np.array([(0, *c, layers) for c in itertools.combinations(range(1, layers), k - 1)])
+        sizes = np.diff(cuts, axis=1)
+        for order in itertools.permutations(range(len(devices)), k):
+            hop = max((cost.hop_s(devices[a], devices[b], micro_batch) for a, b in zip(order, order[1:])),
+                      default=0.0)
+            full = np.stack([matrices[d][16][cuts[:, i], cuts[:, i + 1]] for i, d in enumerate(order)], axis=1)
+            low = np.stack([np.minimum(matrices[d][8], matrices[d][4])[cuts[:, i], cuts[:, i + 1]]
+                            for i, d in enumerate(order)], axis=1)
+            masks = np.array(list(itertools.product((False, True), repeat=k)))  # (2^k, k)
+            times = np.where(masks[None], low[:, None], full[:, None]).max(axis=2)  # (C, 2^k)
+            quantized = (sizes[:, None, :] * masks[None]).sum(axis=2)
+            ok = np.isfinite(times) & (quantized <= budget)
+            plans.append((np.maximum(times[ok], hop), quantized[ok]))
+    times = np.concatenate([t for t, _ in plans])
+    quantized = np.concatenate([q for _, q in plans])
+    if not len(times):
+        return None, None
+    best = float(times.min())
+    return best, int(quantized[times * (1.0 - THROUGHPUT_TOLERANCE) <= best].min())
+
+
+def instance(cards, layer_sizes, batch, two_nodes, budget_share):
+    layout = {"n0": cards[: (len(cards) + 1) // 2], "n1": cards[(len(cards) + 1) // 2:]} if two_nodes \
+        else {"n0": cards}
+    layout = {k: v for k, v in layout.items() if v}
+    request = PlanRequest(fleet(layout, network_gbps=10), profile(sizes=layer_sizes, vocab=32000),
+                          Workload(batch=batch, context=2048), max_quantized=budget_share)
+    return request, CostModel(request)
+
+
+cards = st.lists(st.sampled_from(sorted(CARDS)), min_size=1, max_size=5)
+sizes = st.lists(st.integers(100, 1500).map(lambda m: m * 1_000_000), min_size=2, max_size=10)
+
+
+@settings(max_examples=30, deadline=None)
+@given(cards=cards, layer_sizes=sizes, batch=st.integers(1, 16), micro=st.integers(1, 4),
+       two_nodes=st.booleans(), share=st.sampled_from([0.0, 0.25, 0.5, 1.0]))
+def test_bottleneck_equals_brute_force(cards, layer_sizes, batch, micro, two_nodes, share):
+    request, cost = instance(cards, layer_sizes, batch, two_nodes, share)
+    devices = list(request.fleet.devices)
+    micro_batch = max(1, batch // micro)
+    found = bottleneck_partition(cost, devices, micro_batch, request.quantized_layer_budget, request.bits,
+                                 exact_order=True)
+    best, fewest = brute_force(cost, devices, micro_batch, request.quantized_layer_budget)
+    if best is None:
+        assert found is None
+        return
+    # Within 1% of the optimum, with the fewest low-bit layers such plans can have.
+    assert found is not None
+    assert found.objective_s * (1.0 - THROUGHPUT_TOLERANCE) <= best * (1 + 1e-12)
+    assert found.quantized == fewest
+    assert found.objective_s >= best * (1 - 1e-12)
+
+
+def test_six_devices_ten_layers_three_precisions():
+    request, cost = instance(["A100", "T4", "P40", "3090", "A10", "V100"],
+                             [400_000_000 + 37_000_000 * i for i in range(10)], 8, True, 0.5)
+    devices = list(request.fleet.devices)
+    found = bottleneck_partition(cost, devices, 2, request.quantized_layer_budget, request.bits, exact_order=True)
+    best, fewest = brute_force(cost, devices, 2, request.quantized_layer_budget)
+    assert found.objective_s * (1.0 - THROUGHPUT_TOLERANCE) <= best * (1 + 1e-12)
+    assert found.quantized == fewest
+
+
+def test_exact_search_finds_the_optimum_without_tolerance(monkeypatch):
+    """With the 1% trade switched off, the search returns the brute force's bottleneck exactly."""
+    monkeypatch.setattr("controlplane.planning.partition.THROUGHPUT_TOLERANCE", 0.0)
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        cards_ = list(rng.choice(sorted(CARDS), size=4))
+        layer_sizes = [int(x) * 1_000_000 for x in rng.integers(100, 1500, size=8)]
+        request, cost = instance(cards_, layer_sizes, 8, bool(seed % 2), 0.5)
+        devices = list(request.fleet.devices)
+        found = bottleneck_partition(cost, devices, 4, request.quantized_layer_budget, request.bits,
+                                     exact_order=True)
+        monkeypatch.setattr("tests.planning.test_exact.THROUGHPUT_TOLERANCE", 0.0)
+        best, _ = brute_force(cost, devices, 4, request.quantized_layer_budget)
+        assert found is not None and abs(found.objective_s - best) <= 1e-12 * best

@@ -1,0 +1,104 @@
+"""The planner's choices on hand-made fleets: precision as equalizer, health, pins, replicas, limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.hardware.specs import GIB
+from controlplane.planning import Pin, PlanningError, PlanRequest, Workload, baseline_plan, plan
+from controlplane.planning.cost_model import CostModel
+from tests.planning.factories import fleet, profile
+
+
+def devices_of(result):
+    return [[s.device for s in r.stages] for r in result.replicas]
+
+
+def test_old_small_card_carries_its_share_at_low_bits():
+    request = PlanRequest(fleet({"n": ["A10", "T4"]}), profile(32), Workload(8, 2048), replicas=1)
+    result = plan(request)
+    stages = {s.gpu_model: s for s in result.replicas[0].stages}
+    assert stages["T4"].bits < 16 and stages["A10"].bits == 16
+    assert any("T4" in line and "bits" in line for line in result.explanation)
+    # The bottleneck is no worse than either baseline over the same devices.
+    for kind in ("even", "memory"):
+        assert result.predicted.decode_tokens_per_s >= baseline_plan(request, kind).predicted.decode_tokens_per_s
+
+
+def test_no_low_bits_when_they_buy_nothing():
+    result = plan(PlanRequest(fleet({"n": ["A100"]}), profile(16), Workload(4, 1024), replicas=1))
+    assert [s.bits for s in result.replicas[0].stages] == [16]
+    assert result.quantized_layers == 0
+
+
+def test_quality_budget_zero_keeps_every_layer_at_16_bits():
+    result = plan(PlanRequest(fleet({"n": ["A10", "T4", "P40"]}), profile(32), Workload(8, 2048),
+                              max_quantized=0.0))
+    assert all(s.bits == 16 for r in result.replicas for s in r.stages)
+
+
+def test_down_throttled_and_busy_devices():
+    health = {"n/gpu0": {"down": True}, "n/gpu1": {"memory_used_bytes": 20 * GIB}}
+    request = PlanRequest(fleet({"n": ["A100", "A100", "A100"]}, health=health), profile(32), Workload(8, 2048))
+    result = plan(request)
+    used = {d for r in devices_of(result) for d in r}
+    assert "n/gpu0" not in used
+    assert dict(result.unused_devices)["n/gpu0"] == "down"
+    busy = next(s for r in result.replicas for s in r.stages if s.device == "n/gpu1")
+    assert busy.memory.capacity_bytes < CostModel(request).memory(request.fleet.device("n/gpu2"), 0, 1, 16).capacity_bytes
+    throttled = fleet({"n": ["A100", "A100"]}, health={"n/gpu0": {"throttle_factor": 0.5}})
+    slow, fast = (plan(PlanRequest(throttled, profile(32), Workload(8, 2048), exclude_devices=(name,), replicas=1))
+                  for name in ("n/gpu1", "n/gpu0"))
+    assert slow.predicted.decode_tokens_per_s == pytest.approx(fast.predicted.decode_tokens_per_s / 2, rel=0.02)
+
+
+def test_calibration_scales_predictions():
+    base = plan(PlanRequest(fleet({"n": ["A100"]}), profile(16), Workload(4, 1024)))
+    slower = plan(PlanRequest(fleet({"n": ["A100"]}, health={"n/gpu0": {"calibration": 2.0}}), profile(16),
+                              Workload(4, 1024)))
+    assert slower.predicted.token_latency_ms == pytest.approx(2 * base.predicted.token_latency_ms, rel=1e-3)
+
+
+def test_excluded_node_and_pin():
+    layout = {"a": ["A10", "A10"], "b": ["A10", "A10"]}
+    result = plan(PlanRequest(fleet(layout), profile(24), Workload(8, 2048), exclude_nodes=("b",)))
+    assert all(d.startswith("a/") for r in devices_of(result) for d in r)
+    pinned = plan(PlanRequest(fleet(layout), profile(24), Workload(8, 2048), replicas=1,
+                              pins=(Pin("b/gpu1", 0, 5),)))
+    first = pinned.replicas[0].stages[0]
+    assert (first.device, first.start, first.end) == ("b/gpu1", 0, 5)
+
+
+def test_auto_replicas_raise_throughput_over_one():
+    request = PlanRequest(fleet({"n": ["A100"] * 4}), profile(32), Workload(8, 2048))
+    auto = plan(request)
+    single = plan(PlanRequest(request.fleet, request.model, request.workload, replicas=1))
+    assert len(auto.replicas) > 1
+    assert auto.predicted.decode_tokens_per_s > single.predicted.decode_tokens_per_s
+
+
+def test_latency_objective_never_slower_between_tokens():
+    layout = {"a": ["A100", "T4"], "b": ["3090", "P40"]}
+    latency = plan(PlanRequest(fleet(layout), profile(32), Workload(8, 2048), objective="latency"))
+    throughput = plan(PlanRequest(fleet(layout), profile(32), Workload(8, 2048)))
+    assert latency.predicted.token_latency_ms <= throughput.predicted.token_latency_ms
+    assert throughput.predicted.decode_tokens_per_s >= latency.predicted.decode_tokens_per_s
+
+
+def test_infeasible_model_reports_the_shortfall():
+    with pytest.raises(PlanningError) as raised:
+        plan(PlanRequest(fleet({"n": ["T4", "T4"]}), profile(80, layer_params=800_000_000), Workload(8, 4096)))
+    message = str(raised.value)
+    assert "short by" in message and "GiB" in message and "4 bits" in message
+
+
+def test_infeasible_partition_is_explained():
+    # One layer alone exceeds every card, though the total would fit.
+    with pytest.raises(PlanningError, match="no partition fits"):
+        plan(PlanRequest(fleet({"n": ["T4"] * 8}), profile(2, layer_params=12_000_000_000), Workload(1, 128),
+                         bits=(16, 8)))
+
+
+def test_everything_down():
+    with pytest.raises(PlanningError, match="no usable device"):
+        plan(PlanRequest(fleet({"n": ["A100"]}, health={"n/gpu0": {"down": True}}), profile(8)))
