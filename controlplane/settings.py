@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "controlplane.common",
     "controlplane.inventory",
     "controlplane.models_catalog",
+    "controlplane.gateway",
     "controlplane.deployments",
     "controlplane.enrollment",
     "controlplane.telemetry",

@@ -21,6 +21,7 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(template_name="dashboard/login.html"), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include(api_v1)),
+    path("v1/", include("controlplane.gateway.urls")),  # OpenAI-compatible, where its clients look
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", ApiDocsView.as_view(), name="api-docs"),
     path("", include("controlplane.dashboard.urls")),

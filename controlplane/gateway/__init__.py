@@ -1,0 +1,1 @@
+"""The OpenAI-compatible gateway: API keys, the /v1/ endpoints, tokenization and the router."""

@@ -5,8 +5,8 @@ their choice: a replica is a candidate when it is healthy, has the KV space to f
 and is estimated to finish it within the deadline. With no candidate the request is refused at once
 (the gateway keeps no queue of its own):
 
-- ``too_large`` (400): no replica could hold prompt + max_tokens even when idle;
 - ``unavailable`` (503): no healthy replica;
+- ``too_large`` (400): no healthy replica could hold prompt + max_tokens even when idle;
 - ``saturated`` (429): healthy replicas exist but none can take it now within the deadline.
 """
 
@@ -53,17 +53,15 @@ class Router:
         """Choose a replica for ``request`` or refuse it. The caller books an accepted request with
         ``decision.replica.start(request_id, request)`` once it has a request id."""
         healthy = [r for r in self.replicas if r.health.ok]
-        if not self.replicas:
-            return Rejection("unavailable", "this model has no running replica")
-        if not any(r.could_ever_fit(request) for r in self.replicas):
-            biggest = max((r.kv_capacity for r in self.replicas), default=0)
+        if not healthy:
+            return Rejection("unavailable", "no healthy replica of this model is available")
+        if not any(r.could_ever_fit(request) for r in healthy):
+            biggest = max(r.kv_capacity for r in healthy)
             return Rejection(
                 "too_large",
                 f"prompt ({request.prompt_tokens} tokens) plus max_tokens ({request.max_tokens}) exceeds "
                 f"the largest replica's KV capacity of {biggest} tokens",
             )
-        if not healthy:
-            return Rejection("unavailable", "no healthy replica of this model is available")
         candidates = [r for r in healthy if r.fits(request) and r.estimate_finish(request) <= deadline_s]
         if not candidates:
             return Rejection(

@@ -1,0 +1,30 @@
+"""The gateway's settings: ``settings.MOTLEY_GATEWAY`` (a dict) over these defaults.
+
+``DEADLINE_S``: every request's deadline (504 past it); ``SERVED_MODELS``: dotted path of the
+callable listing the served models and their replica endpoints (see directory.py);
+``MODELS_FILE``: the JSON file the default source reads (env MOTLEY_GATEWAY_MODELS_FILE);
+``CLIENT``: dotted path of the pipeline client class (contracts §2); ``REFRESH_S``: how often
+the served models and replica telemetry are re-read; ``DEFAULT_CHAT_MAX_TOKENS``: a chat request's
+output budget when it sets none (capped by the context left).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from django.conf import settings
+
+DEFAULTS: dict[str, Any] = {
+    "DEADLINE_S": 120.0,
+    "SERVED_MODELS": "controlplane.gateway.directory.served_models_from_file",
+    "MODELS_FILE": os.environ.get("MOTLEY_GATEWAY_MODELS_FILE", ""),
+    "CLIENT": "worker_runtime.client.PipelineClient",
+    "CLIENT_TIMEOUT_S": 5.0,
+    "REFRESH_S": 2.0,
+    "DEFAULT_CHAT_MAX_TOKENS": 256,
+}
+
+
+def gateway_setting(name: str) -> Any:
+    return {**DEFAULTS, **getattr(settings, "MOTLEY_GATEWAY", {})}[name]

@@ -1,0 +1,73 @@
+"""Which models the gateway serves and where their replicas listen: the gateway's one input.
+
+The gateway depends only on ``ServedModel`` / ``ReplicaEndpoint`` and a zero-argument callable
+returning the list (``MOTLEY_GATEWAY["SERVED_MODELS"]``, a dotted path). The deployment controller
+satisfies it from its READY deployments; until then, and for tests and benchmarks, a JSON file
+(``MOTLEY_GATEWAY["MODELS_FILE"]``) names them:
+
+    {"models": [{"name": "demo", "tokenizer_path": "/ckpt", "strategy": "cost_aware",
+                 "replicas": [{"pipeline_id": "d1-r0", "head_address": "tcp://127.0.0.1:5601",
+                               "auth_token": "…", "kv_tokens": 2048,
+                               "costs": {"prefill_s_per_token": 0.0005, "decode_s_per_token": 0.001,
+                                         "decode_step_s": 0.02}}]}]}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from controlplane.gateway.conf import gateway_setting
+from controlplane.gateway.routing import DEFAULT_STRATEGY, ReplicaCosts, ReplicaHealth
+
+# Used when a replica's costs are not calibrated yet: a small model on a fast GPU. Only the ratios
+# between replicas matter to the choice; the absolute figures matter to the deadline admission.
+UNCALIBRATED = ReplicaCosts(prefill_s_per_token=0.0002, decode_s_per_token=0.0005, decode_step_s=0.02)
+
+
+@dataclass(frozen=True)
+class ReplicaEndpoint:
+    """One pipeline replica: its head (stage 0) address and the token its frames are signed with.
+
+    ``kv_tokens``: the smallest stage's KV budget (None: learned from the head's statistics);
+    ``health``: what the control plane's telemetry says (throttling, memory pressure, errors).
+    """
+
+    pipeline_id: str
+    head_address: str
+    auth_token: str
+    kv_tokens: int | None = None
+    costs: ReplicaCosts = UNCALIBRATED
+    health: ReplicaHealth = field(default_factory=ReplicaHealth)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str
+    tokenizer_path: str
+    replicas: tuple[ReplicaEndpoint, ...]
+    strategy: str = DEFAULT_STRATEGY
+
+
+def served_model_from_dict(data: dict) -> ServedModel:
+    replicas = tuple(
+        ReplicaEndpoint(
+            pipeline_id=r["pipeline_id"],
+            head_address=r["head_address"],
+            auth_token=r["auth_token"],
+            kv_tokens=r.get("kv_tokens"),
+            costs=ReplicaCosts(**r["costs"]) if r.get("costs") else UNCALIBRATED,
+            health=ReplicaHealth(**r.get("health", {})),
+        )
+        for r in data["replicas"]
+    )
+    return ServedModel(data["name"], data["tokenizer_path"], replicas, data.get("strategy", DEFAULT_STRATEGY))
+
+
+def served_models_from_file() -> list[ServedModel]:
+    """The default source: the JSON file named by the settings, or nothing when none is set."""
+    path = gateway_setting("MODELS_FILE")
+    if not path or not Path(path).exists():
+        return []
+    return [served_model_from_dict(m) for m in json.loads(Path(path).read_text())["models"]]

@@ -1,0 +1,56 @@
+"""Errors in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with its status codes,
+so OpenAI's own clients raise the exception a developer expects (BadRequestError, RateLimitError…)."""
+
+from __future__ import annotations
+
+from django.http import JsonResponse
+
+
+class OpenAIError(Exception):
+    def __init__(self, status: int, message: str, *, type: str, code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JsonResponse:
+        response = JsonResponse(self.body(), status=self.status)
+        if self.status == 401:
+            response["WWW-Authenticate"] = "Bearer"
+        return response
+
+
+def bad_request(message: str, *, param: str | None = None, code: str | None = None) -> OpenAIError:
+    return OpenAIError(400, message, type="invalid_request_error", param=param, code=code)
+
+
+def invalid_api_key() -> OpenAIError:
+    return OpenAIError(
+        401,
+        "Incorrect or missing API key: send 'Authorization: Bearer <key>' with a key from the control plane.",
+        type="invalid_request_error",
+        code="invalid_api_key",
+    )
+
+
+def model_not_found(name: str) -> OpenAIError:
+    return OpenAIError(
+        404, f"The model {name!r} does not exist or has no ready deployment.",
+        type="invalid_request_error", param="model", code="model_not_found",
+    )
+
+
+def saturated(message: str) -> OpenAIError:
+    return OpenAIError(429, message, type="rate_limit_error", code="server_saturated")
+
+
+def unavailable(message: str) -> OpenAIError:
+    return OpenAIError(503, message, type="server_error", code="service_unavailable")
+
+
+def deadline_exceeded(deadline_s: float) -> OpenAIError:
+    return OpenAIError(
+        504, f"The request did not finish within its deadline of {deadline_s:g} s.",
+        type="server_error", code="deadline_exceeded",
+    )

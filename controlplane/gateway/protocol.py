@@ -1,0 +1,161 @@
+"""The request bodies of /v1/completions and /v1/chat/completions, checked field by field.
+
+Every rule answers a 400 naming the field (``param``), so a client sees what to fix. Fields OpenAI
+defines that motley cannot honour (n > 1, logprobs, echo, best_of) are refused rather than ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from controlplane.gateway.errors import bad_request
+
+MAX_STOPS = 4
+CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    model: str
+    prompt: str | list[int] | None  # /v1/completions
+    messages: list[dict[str, str]] | None  # /v1/chat/completions (contents flattened to text)
+    max_tokens: int | None  # None: the endpoint's default
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float, *, low_open: bool = False) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise bad_request(f"'{name}' must be a number", param=name, code="invalid_type")
+    if value > high or value < low or (low_open and value == low):
+        bounds = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
+        raise bad_request(f"'{name}' must be in {bounds}; got {value}", param=name, code="invalid_value")
+    return float(value)
+
+
+def _optional_int(body: dict, name: str, *, minimum: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise bad_request(f"'{name}' must be an integer", param=name, code="invalid_type")
+    if minimum is not None and value < minimum:
+        raise bad_request(f"'{name}' must be at least {minimum}; got {value}", param=name, code="invalid_value")
+    return value
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    value = body.get("stop")
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad_request("'stop' must be a string or a list of strings", param="stop", code="invalid_type")
+    if len(stops) > MAX_STOPS:
+        raise bad_request(f"'stop' takes at most {MAX_STOPS} strings", param="stop", code="invalid_value")
+    return tuple(stops)
+
+
+def _unsupported(body: dict) -> None:
+    if body.get("n", 1) != 1:
+        raise bad_request("only n=1 is supported", param="n", code="unsupported_value")
+    if body.get("best_of", 1) not in (1, None):
+        raise bad_request("best_of is not supported", param="best_of", code="unsupported_value")
+    for name in ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions"):
+        if body.get(name) not in (None, False):
+            raise bad_request(f"'{name}' is not supported", param=name, code="unsupported_parameter")
+
+
+def _prompt(body: dict) -> str | list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("'prompt' must not be empty", param="prompt", code="invalid_value")
+        return prompt
+    if isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
+        return prompt
+    raise bad_request(
+        "'prompt' must be a non-empty string or a list of token ids (one prompt per request)",
+        param="prompt", code="invalid_type",
+    )
+
+
+def _content_text(content: Any, index: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        return "".join(str(p.get("text", "")) for p in content)
+    raise bad_request(
+        f"messages[{index}].content must be a string or a list of text parts",
+        param=f"messages[{index}].content", code="invalid_type",
+    )
+
+
+def _messages(body: dict) -> list[dict[str, str]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty list", param="messages", code="invalid_type")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
+            raise bad_request(
+                f"messages[{i}] must be an object with a role in {sorted(CHAT_ROLES)}",
+                param=f"messages[{i}].role", code="invalid_value",
+            )
+        out.append({"role": message["role"], "content": _content_text(message.get("content"), i)})
+    return out
+
+
+def parse_body(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def generation_request(body: dict, *, chat: bool) -> GenerationRequest:
+    """Validate a completions (``chat=False``) or chat-completions body; raises OpenAIError (400)."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' must be a non-empty string", param="model", code="invalid_type")
+    _unsupported(body)
+    max_tokens = _optional_int(body, "max_tokens", minimum=1)
+    if chat and max_tokens is None:
+        max_tokens = _optional_int(body, "max_completion_tokens", minimum=1)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad_request("'stream' must be a boolean", param="stream", code="invalid_type")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise bad_request("'stream_options' must be an object", param="stream_options", code="invalid_type")
+    return GenerationRequest(
+        model=model,
+        prompt=None if chat else _prompt(body),
+        messages=_messages(body) if chat else None,
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
+        seed=_optional_int(body, "seed"),
+        stop=_stop(body),
+        stream=stream,
+        include_usage=bool(options.get("include_usage", False)),
+    )
+

@@ -1,0 +1,173 @@
+"""The OpenAI-compatible endpoints: thin async views over protocol, tokenization and generation.
+
+Errors use OpenAI's shape and status codes (errors.py). A streamed response only starts once the
+first text is ready, so a refusal from the replica still gets its status code rather than a 200
+stream carrying an error; after that, an error arrives as a final ``data: {"error": …}`` event.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
+
+from controlplane.gateway.conf import gateway_setting
+from controlplane.gateway.errors import OpenAIError, bad_request, invalid_api_key, model_not_found
+from controlplane.gateway.generation import Delta, Generation, generation_start
+from controlplane.gateway.protocol import GenerationRequest, generation_request, parse_body
+from controlplane.gateway.runtime import ModelRoute, gateway
+from controlplane.gateway.selectors import api_key_user
+from controlplane.gateway.tokenization import ChatTemplateError
+
+
+async def _authenticate(request: HttpRequest) -> None:
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip() or await api_key_user(raw_key=key.strip()) is None:
+        raise invalid_api_key()
+
+
+@require_GET
+async def models_view(request: HttpRequest) -> HttpResponse:
+    try:
+        await _authenticate(request)
+    except OpenAIError as exc:
+        return exc.response()
+    data = [
+        {"id": route.served.name, "object": "model", "created": 0, "owned_by": "motley"}
+        for route in await gateway().all_routes()
+    ]
+    return JsonResponse({"object": "list", "data": data})
+
+
+async def _prepare(request: HttpRequest, *, chat: bool) -> tuple[GenerationRequest, Generation]:
+    """Authenticate, validate, tokenize and admit; raises OpenAIError for every refusal."""
+    await _authenticate(request)
+    body = generation_request(parse_body(request.body), chat=chat)
+    route = await gateway().route(body.model)
+    if route is None:
+        raise model_not_found(body.model)
+    prompt_ids = _prompt_ids(route, body)
+    context = route.tokenizer.max_context
+    default = gateway_setting("DEFAULT_CHAT_MAX_TOKENS") if chat else 16
+    max_tokens = body.max_tokens or max(1, min(default, context - len(prompt_ids)))
+    if len(prompt_ids) + max_tokens > context:
+        raise bad_request(
+            f"this model's context is {context} tokens; the prompt has {len(prompt_ids)} and max_tokens "
+            f"asks for {max_tokens} more",
+            param="messages" if chat else "prompt", code="context_length_exceeded",
+        )
+    deadline_s = float(gateway_setting("DEADLINE_S"))
+    return body, generation_start(
+        route=route, request=body, prompt_ids=prompt_ids, max_tokens=max_tokens, deadline_s=deadline_s
+    )
+
+
+def _prompt_ids(route: ModelRoute, body: GenerationRequest) -> list[int]:
+    tokenizer = route.tokenizer
+    if body.messages is not None:
+        try:
+            return tokenizer.encode_chat(body.messages)
+        except ChatTemplateError as exc:
+            raise bad_request(str(exc), param="messages", code="invalid_value") from None
+    if isinstance(body.prompt, list):
+        vocab = tokenizer.tokenizer.get_vocab_size()
+        if max(body.prompt) >= vocab:
+            raise bad_request(f"token ids must be below the vocabulary size {vocab}", param="prompt")
+        return list(body.prompt)
+    return tokenizer.encode_prompt(body.prompt)
+
+
+def _choice(text: str, finish_reason: str | None, *, chat: bool, stream: bool) -> dict:
+    if not chat:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    key = "delta" if stream else "message"
+    return {"index": 0, key: {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish_reason}
+
+
+def _envelope(body: GenerationRequest, generation: Generation, *, chat: bool, stream: bool) -> dict:
+    kind = "chat.completion" if chat else "text_completion"
+    return {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{generation.request_id}",
+        "object": f"{kind}.chunk" if chat and stream else kind,
+        "created": int(time.time()),
+        "model": body.model,
+    }
+
+
+def _usage(generation: Generation) -> dict:
+    prompt, completion = len(generation.prompt_ids), generation.completion_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def _complete(body: GenerationRequest, generation: Generation, *, chat: bool) -> JsonResponse:
+    parts, finish_reason = [], None
+    async with aclosing(generation.deltas()) as deltas:
+        async for delta in deltas:
+            parts.append(delta.text)
+            finish_reason = delta.finish_reason
+    return JsonResponse({
+        **_envelope(body, generation, chat=chat, stream=False),
+        "choices": [_choice("".join(parts), finish_reason, chat=chat, stream=False)],
+        "usage": _usage(generation),
+    })
+
+
+def _event(data: dict) -> bytes:
+    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+async def _stream(
+    body: GenerationRequest, generation: Generation, deltas: AsyncIterator[Delta], first: Delta, *, chat: bool
+) -> AsyncIterator[bytes]:
+    envelope = _envelope(body, generation, chat=chat, stream=True)
+    async with aclosing(deltas):
+        try:
+            if chat:
+                yield _event({**envelope, "choices": [_choice("", None, chat=True, stream=True)]})
+            delta = first
+            while True:
+                yield _event({**envelope, "choices": [_choice(delta.text, delta.finish_reason, chat=chat, stream=True)]})
+                if delta.finish_reason is not None:
+                    break
+                delta = await anext(deltas)
+            if body.include_usage:
+                yield _event({**envelope, "choices": [], "usage": _usage(generation)})
+        except OpenAIError as exc:
+            yield _event(exc.body())
+    yield b"data: [DONE]\n\n"
+
+
+async def _respond(request: HttpRequest, *, chat: bool) -> HttpResponse:
+    try:
+        body, generation = await _prepare(request, chat=chat)
+        if not body.stream:
+            return await _complete(body, generation, chat=chat)
+        deltas = generation.deltas()
+        try:
+            first = await anext(deltas)
+        except BaseException:
+            await deltas.aclose()
+            raise
+    except OpenAIError as exc:
+        return exc.response()
+    response = StreamingHttpResponse(_stream(body, generation, deltas, first, chat=chat), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+@csrf_exempt
+@require_POST
+async def completions_view(request: HttpRequest) -> HttpResponse:
+    return await _respond(request, chat=False)
+
+
+@csrf_exempt
+@require_POST
+async def chat_completions_view(request: HttpRequest) -> HttpResponse:
+    return await _respond(request, chat=True)

@@ -1,0 +1,57 @@
+"""Fixtures of the gateway tests: the demo checkpoint (tokenizer + chat template), API keys, and a
+gateway wired to the stand-in pipeline client."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controlplane.gateway.services import api_key_create
+from tests.gateway.fakes import FakePipelineClient, Script
+from worker_runtime.make_demo_model import parse_args, write_demo_model
+
+DEMO_ARGS = ["--layers", "2", "--hidden", "64", "--intermediate", "128", "--heads", "4", "--kv-heads", "2",
+             "--max-positions", "256"]
+
+
+@pytest.fixture(scope="session")
+def demo_model(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("models") / "demo"
+    write_demo_model(parse_args([str(out), *DEMO_ARGS]))
+    return out
+
+
+@pytest.fixture
+def api_key(django_user_model) -> str:
+    user = django_user_model.objects.create_user("alice", password="x")
+    return api_key_create(user=user, name="test")[1]
+
+
+@pytest.fixture
+def fake_pipeline(settings, demo_model):
+    """``fake_pipeline({"r0": Script(...), ...})`` serves model "demo" on those stand-in replicas."""
+    settings.MOTLEY_GATEWAY = {
+        "CLIENT": "tests.gateway.fakes.FakePipelineClient",
+        "SERVED_MODELS": "tests.gateway.fakes.served_models",
+        "REFRESH_S": 0.05,
+        "DEADLINE_S": 30.0,
+    }
+
+    def configure(scripts: dict[str, Script]) -> type[FakePipelineClient]:
+        FakePipelineClient.reset(str(demo_model), scripts)
+        return FakePipelineClient
+
+    return configure
+
+
+@pytest.fixture(autouse=True)
+async def _close_gateway():
+    """Each test runs on its own event loop, hence its own gateway: stop its poller and clients."""
+    yield
+    import asyncio
+
+    from controlplane.gateway.runtime import _gateways
+
+    if (gateway := _gateways.get(asyncio.get_running_loop())) is not None:
+        await gateway.close()

@@ -1,0 +1,75 @@
+"""A stand-in pipeline client (contracts §2) for the view tests: scripted tokens, errors and delays,
+recording what it was asked, so the gateway's own logic is tested without stage processes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from controlplane.gateway.directory import ReplicaEndpoint, ServedModel
+from worker_runtime.client import TokenEvent
+from worker_runtime.sampling import SamplingParams
+
+
+@dataclass
+class Script:
+    tokens: list[int] = field(default_factory=list)  # emitted in order, then "length"
+    delay_s: float = 0.0
+    error: Exception | None = None
+    kv_tokens: int = 4096
+
+
+class FakePipelineClient:
+    scripts: ClassVar[dict[str, Script]] = {}
+    submitted: ClassVar[list[dict]] = []
+    cancelled: ClassVar[list[str]] = []
+    model_path: ClassVar[str] = ""
+
+    def __init__(self, head_address: str, auth_token: str, pipeline_id: str, timeout_s: float = 5.0):
+        self.pipeline_id = pipeline_id
+
+    @classmethod
+    def reset(cls, model_path: str, scripts: dict[str, Script]) -> None:
+        cls.model_path, cls.scripts = model_path, scripts
+        cls.submitted, cls.cancelled = [], []
+
+    async def submit(
+        self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams(), *, max_tokens: int = 16,
+        stop_token_ids: Sequence[int] = (), request_id: str | None = None, deadline_s: float | None = None,
+    ) -> AsyncIterator[TokenEvent]:
+        script = self.scripts[self.pipeline_id]
+        self.submitted.append(dict(pipeline_id=self.pipeline_id, prompt_ids=list(prompt_ids), params=params,
+                                   max_tokens=max_tokens, stop_token_ids=tuple(stop_token_ids)))
+        finished = False
+        try:
+            if script.error is not None:
+                finished = True
+                raise script.error
+            for i, token in enumerate(script.tokens[:max_tokens]):
+                await asyncio.sleep(script.delay_s)
+                last = i + 1 == max_tokens or token in stop_token_ids or i + 1 == len(script.tokens)
+                reason = ("stop" if token in stop_token_ids else "length") if last else None
+                finished = last
+                yield TokenEvent(request_id, token, reason)
+                if last:
+                    return
+        finally:
+            if not finished:
+                self.cancelled.append(request_id)
+
+    async def stats(self) -> dict:
+        kv = self.scripts[self.pipeline_id].kv_tokens
+        return {"ok": True, "kv_tokens_free_by_stage": {"0": kv}, "max_request_tokens": kv, "stages": []}
+
+    async def close(self) -> None:
+        pass
+
+
+def served_models() -> list[ServedModel]:
+    replicas = tuple(
+        ReplicaEndpoint(pipeline_id=pid, head_address=f"tcp://fake/{pid}", auth_token="t")
+        for pid in FakePipelineClient.scripts
+    )
+    return [ServedModel("demo", FakePipelineClient.model_path, replicas)]
