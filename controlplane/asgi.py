@@ -19,8 +19,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.urls import path  # noqa: E402
 
-from controlplane.dashboard.routing import websocket_urlpatterns as dashboard_websockets  # noqa: E402
-
+from controlplane.dashboard.consumers import DashboardConsumer  # noqa: E402
 from controlplane.enrollment.consumers import AgentConsumer  # noqa: E402
 from controlplane.telemetry.consumers import TelemetryConsumer  # noqa: E402
 from controlplane.telemetry.hub import WithTelemetryHub  # noqa: E402
@@ -30,10 +29,14 @@ def browser(consumer):
     return AllowedHostsOriginValidator(AuthMiddlewareStack(consumer))
 
 
+# Static files (the dashboard's CSS, JS and plotly.js) are served by the app itself, so the embedded
+# default needs no web server in front. The telemetry hub (dashboard snapshots, rollups) starts with
+# the first websocket, an agent's or a browser's.
 application = ProtocolTypeRouter({
-    "http": django_asgi_app,
-    "websocket": URLRouter([
+    "http": ASGIStaticFilesHandler(django_asgi_app),
+    "websocket": WithTelemetryHub(URLRouter([
         path("ws/agents/", AgentConsumer.as_asgi()),
         path("ws/telemetry/", browser(TelemetryConsumer.as_asgi())),
-    ]),
+        path("ws/dashboard/", browser(DashboardConsumer.as_asgi())),
+    ])),
 })

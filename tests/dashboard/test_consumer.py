@@ -1,0 +1,77 @@
+"""/ws/dashboard/: who may connect, and snapshots fed by the telemetry group, paced by acks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.test import Client
+
+from controlplane.asgi import application
+from controlplane.telemetry.hub import GROUP
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ORIGIN = (b"origin", b"http://127.0.0.1:8000")
+
+
+@database_sync_to_async
+def _session_cookie(django_user_model) -> bytes:
+    user = django_user_model.objects.create_user(username="viewer", password="x" * 12)
+    client = Client()
+    client.force_login(user)
+    return f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
+def _heartbeat(node: str, util: float) -> dict:
+    now = time.time()
+    return {"type": "telemetry.snapshot", "snapshot": {"at": now, "nodes": [{
+        "node_id": 1, "node": node, "received_at": now, "sent_at": now - 0.01,
+        "devices": [{"index": 0, "utilization_pct": util, "memory_used_bytes": 2**30, "memory_total_bytes": 2**34,
+                     "temperature_c": 55.0, "power_w": 120.0, "pcie_tx_bytes_per_s": 1e9, "pcie_rx_bytes_per_s": 2e9}],
+        "stages": [{"stage_key": "d1-r0-s0", "deployment_id": 1, "replica": 0, "stage_index": 0, "state": "ready",
+                    "stats": {"step_ms": 12.0, "compute_ms": 9.0, "transfer_ms": 2.0, "tokens_per_s": 80.0}}],
+    }]}}
+
+
+async def test_anonymous_socket_is_refused():
+    communicator = WebsocketCommunicator(application, "/ws/dashboard/", headers=[ORIGIN])
+    connected, code = await communicator.connect()
+    assert not connected and code == 4401
+
+
+async def test_foreign_origin_is_refused_even_with_a_session(django_user_model):
+    cookie = await _session_cookie(django_user_model)
+    for origin in (b"http://evil.example", None):
+        headers = [(b"cookie", cookie)] + ([(b"origin", origin)] if origin else [])
+        communicator = WebsocketCommunicator(application, "/ws/dashboard/", headers=headers)
+        connected, _ = await communicator.connect()
+        assert not connected
+
+
+async def test_logged_in_socket_gets_snapshots_from_the_telemetry_group_paced_by_acks(django_user_model, settings):
+    settings.DASHBOARD_SNAPSHOT_INTERVAL_S = 0.05
+    cookie = await _session_cookie(django_user_model)
+    communicator = WebsocketCommunicator(application, "/ws/dashboard/", headers=[ORIGIN, (b"cookie", cookie)])
+    connected, _ = await communicator.connect()
+    assert connected
+    try:
+        initial = json.loads(await communicator.receive_from(timeout=2))  # the state at connect
+        await communicator.send_to(text_data=json.dumps({"ack": initial["version"]}))
+        layer = get_channel_layer()
+        await layer.group_send(GROUP, _heartbeat("node-x", 40.0))
+        first = json.loads(await communicator.receive_from(timeout=2))
+        assert first["devices"]["node-x/gpu0"]["utilization_pct"] == 40.0
+        assert first["stages"]["d1-r0-s0"]["tokens_per_s"] == 80.0
+        # Unacknowledged, the socket holds further snapshots back: a slow browser only misses some.
+        await layer.group_send(GROUP, _heartbeat("node-x", 70.0))
+        assert await communicator.receive_nothing(timeout=0.3)
+        await communicator.send_to(text_data=json.dumps({"ack": first["version"]}))
+        second = json.loads(await communicator.receive_from(timeout=2))
+        assert second["devices"]["node-x/gpu0"]["utilization_pct"] == 70.0
+    finally:
+        await communicator.disconnect()
