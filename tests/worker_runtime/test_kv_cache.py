@@ -1,0 +1,111 @@
+"""KV accounting: the budget is enforced before anything is written, freeing returns space, and
+ragged batches give exactly the tokens each sequence gets alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from worker_runtime import Batch, KVBudgetExceeded, KVCache, Stage, generate, run_stages
+
+
+@pytest.fixture
+def model_path(checkpoints):
+    return checkpoints["llama_gqa_llama3"]
+
+
+def two_stages(path, kv_tokens=256, block_size=16):
+    return [Stage.load(path, 0, 2, kv_tokens=kv_tokens, block_size=block_size),
+            Stage.load(path, 2, 4, kv_tokens=kv_tokens, block_size=block_size)]
+
+
+def test_allocate_refuses_past_the_budget_and_reserves_nothing():
+    cache = KVCache(2, 2, 8, kv_tokens=64, block_size=16)
+    cache.allocate(1, 40)  # 3 blocks
+    assert cache.free_tokens == 16
+    with pytest.raises(KVBudgetExceeded, match="16 of 64 are free"):
+        cache.allocate(2, 17)
+    with pytest.raises(KVBudgetExceeded, match="whole cache holds 64"):
+        cache.allocate(3, 65)
+    assert cache.free_tokens == 16 and cache.sequences == [1]
+    cache.free(1)
+    assert cache.free_tokens == 64 and cache.sequences == []
+    cache.allocate(2, 64)  # the freed space is usable again
+    assert cache.free_tokens == 0
+
+
+def test_forward_past_the_budget_raises_before_touching_the_cache(model_path):
+    stage = Stage.load(model_path, 0, 4, kv_tokens=32, block_size=8)
+    stage.forward(Batch.of_tokens([1], [list(range(3, 23))], [0]))  # 20 tokens -> 3 blocks
+    k_before, free_before = stage.kv.k.clone(), stage.kv.free_tokens
+    batch = Batch.of_tokens([1, 2], [[5], list(range(3, 13))], [20, 0])  # needs 0 + 2 blocks, 1 free
+    with pytest.raises(KVBudgetExceeded):
+        stage.forward(batch)
+    assert torch.equal(stage.kv.k, k_before) and stage.kv.free_tokens == free_before
+    assert stage.kv.length(1) == 20 and stage.kv.length(2) == 0
+    stage.kv.free(1)
+    stage.forward(batch.__class__.of_tokens([2], [list(range(3, 13))], [0]))
+    assert stage.kv.length(2) == 10
+
+
+def test_generate_refuses_a_sequence_longer_than_the_budget_with_a_clear_error(model_path):
+    stages = two_stages(model_path, kv_tokens=32, block_size=8)
+    with pytest.raises(KVBudgetExceeded, match="KV"):
+        generate(stages, [list(range(3, 23))], max_new_tokens=20)
+    assert all(s.kv.free_tokens == s.kv.capacity_tokens for s in stages)  # freed on the way out
+
+
+PROMPTS = [list(range(3, 6)), list(range(40, 57)), [9], list(range(100, 130)), [7, 8, 9, 10, 11, 12, 13, 14, 15]]
+
+
+def test_mixed_length_batch_gives_the_same_tokens_as_each_sequence_alone(model_path):
+    stages = two_stages(model_path, block_size=4)
+    alone = [generate(stages, [p], max_new_tokens=12)[0] for p in PROMPTS]
+    together = generate(stages, PROMPTS, max_new_tokens=12, seq_ids=[11, 3, 42, 7, 0])
+    assert together == alone
+    assert all(s.kv.free_tokens == s.kv.capacity_tokens for s in stages)
+
+
+def test_prefill_and_decode_share_a_batch(model_path):
+    """A sequence decoding while another prefills gets the logits it gets alone."""
+    stages = two_stages(model_path, block_size=4)
+    a, b = PROMPTS[1], PROMPTS[3]
+    run_stages(stages, Batch.of_tokens([1], [a], [0]))
+    solo_a = run_stages(stages, Batch.of_tokens([1], [[77]], [len(a)]))
+    solo_b = run_stages(stages, Batch.of_tokens([2], [b], [0]))
+    for s in stages:
+        s.kv.free(1), s.kv.free(2)
+    run_stages(stages, Batch.of_tokens([1], [a], [0]))
+    mixed = run_stages(stages, Batch.of_tokens([2, 1], [b, [77]], [0, len(a)]))
+    torch.testing.assert_close(mixed[1], solo_a[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(mixed[0], solo_b[0], atol=1e-5, rtol=0)
+
+
+def test_chunked_prefill_and_retried_step_match_one_shot_prefill(model_path):
+    stages = two_stages(model_path, block_size=4)
+    prompt = PROMPTS[3]
+    whole = run_stages(stages, Batch.of_tokens([1], [prompt], [0]))
+    run_stages(stages, Batch.of_tokens([2], [prompt[:13]], [0]))
+    run_stages(stages, Batch.of_tokens([2], [prompt[13:]], [13]))
+    retried = run_stages(stages, Batch.of_tokens([2], [prompt[13:]], [13]))  # same step again
+    torch.testing.assert_close(retried, whole, atol=1e-5, rtol=0)
+    assert stages[0].kv.length(2) == len(prompt)
+    with pytest.raises(ValueError, match="start position 40"):
+        run_stages(stages, Batch.of_tokens([2], [[1]], [40]))
+
+
+def test_freed_blocks_are_reused_by_other_sequences_without_leaking_old_state(model_path):
+    stages = two_stages(model_path, kv_tokens=48, block_size=4)
+    first = generate(stages, [PROMPTS[3]], max_new_tokens=8)  # fills most of the cache
+    again = generate(stages, [PROMPTS[3]], max_new_tokens=8)
+    short = generate(stages, [PROMPTS[0]], max_new_tokens=8)
+    fresh = two_stages(model_path, kv_tokens=48, block_size=4)
+    assert first == again and short == generate(fresh, [PROMPTS[0]], max_new_tokens=8)
+
+
+def test_memory_report_counts_the_cache(model_path):
+    stage = Stage.load(model_path, 0, 4, kv_tokens=100, block_size=16)
+    report = stage.memory()
+    # 4 layers x K and V x 112 slots (7 blocks) x 2 kv heads x 16 dims x 4 bytes
+    assert report.kv_tokens == 112 and report.kv_cache_bytes == 4 * 2 * 112 * 2 * 16 * 4
+    assert report.kv_bytes_per_token == 4 * 2 * 2 * 16 * 4
