@@ -1,0 +1,112 @@
+"""The agent's Celery consumer: its own queue ``node.<id>``, JSON only, one task at a time, acks late.
+
+A minimal Celery app, separate from the control plane's (no Django here), whose tasks are thin calls
+into the supervisor. It accepts JSON only, so a pickled message is refused by kombu before anything
+is deserialized (and logged by Celery as an invalid task). Tasks are acked after they ran, so a task
+lost with the agent is redelivered; they are idempotent, so a redelivery changes nothing.
+
+The worker runs on a thread of the agent (a ``WorkController`` with the solo pool, the way Celery's
+own embedded test worker does), because the agent's main thread belongs to its telemetry loop and
+its stages must be forked by the long-lived supervisor thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import Celery
+from celery.worker import WorkController
+from celery.worker import state as worker_state
+
+from agents.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+START_STAGE = "motley.agent.start_stage"
+STOP_STAGE = "motley.agent.stop_stage"
+DRAIN_STAGE = "motley.agent.drain_stage"
+SYNC = "motley.agent.sync"
+
+
+def build_app(broker_url: str, transport_options: dict[str, Any], queue: str, supervisor: Supervisor) -> Celery:
+    # fixups=[]: no Django fixup even where DJANGO_SETTINGS_MODULE is set; the agent is not Django.
+    app = Celery("motley-agent", broker=broker_url, set_as_current=False, fixups=[])
+    app.conf.update(
+        broker_transport_options=transport_options,
+        broker_connection_retry_on_startup=True,
+        accept_content=["json"],
+        task_serializer="json",
+        result_serializer="json",
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=queue,
+        task_ignore_result=True,
+        worker_hijack_root_logger=False,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+    )
+
+    @app.task(name=START_STAGE, shared=False)
+    def start_stage(stage_key: str, spec: dict[str, Any], device_index: int | None = None) -> dict[str, Any]:
+        if not isinstance(spec, dict):
+            raise TypeError(f"start_stage {stage_key}: spec must be a JSON object")
+        return supervisor.start(stage_key, spec, device_index).to_json()
+
+    @app.task(name=STOP_STAGE, shared=False)
+    def stop_stage(stage_key: str) -> dict[str, Any] | None:
+        status = supervisor.stop(stage_key)
+        return status.to_json() if status else None
+
+    @app.task(name=DRAIN_STAGE, shared=False)
+    def drain_stage(stage_key: str) -> dict[str, Any] | None:
+        status = supervisor.drain(stage_key)
+        return status.to_json() if status else None
+
+    @app.task(name=SYNC, shared=False)
+    def sync(wanted_stage_keys: list[str]) -> list[str]:
+        return supervisor.sync(list(wanted_stage_keys))
+
+    return app
+
+
+class QueueConsumer:
+    """Runs the agent's Celery worker on a thread; ``stop`` lets the current task finish."""
+
+    def __init__(self, app: Celery, queue: str, hostname: str):
+        app.finalize()
+        self.app = app
+        self._ready = threading.Event()
+        self._worker = WorkController(
+            app=app,
+            hostname=hostname,
+            pool_cls="solo",
+            concurrency=1,
+            queues=[queue],
+            without_heartbeat=True,
+            without_mingle=True,
+            without_gossip=True,
+            ready_callback=lambda consumer: self._ready.set(),
+        )
+        self._thread = threading.Thread(target=self._run, name="agent-queue-consumer", daemon=True)
+
+    def _run(self) -> None:
+        # The solo pool traces tasks against Celery's current app (thread-local, else the default).
+        self.app.set_default()
+        self.app.set_current()
+        self._worker.start()
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        worker_state.should_terminate = None
+        self._thread.start()
+        if not self._ready.wait(timeout_s):
+            raise TimeoutError(f"the queue consumer did not connect to the broker within {timeout_s}s")
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        # Celery's warm-shutdown flag, polled by the worker's loop (as celery.contrib.testing does).
+        worker_state.should_terminate = 0
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning("the queue consumer did not stop within %ss", timeout_s)
+        worker_state.should_terminate = None

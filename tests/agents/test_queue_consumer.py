@@ -1,0 +1,138 @@
+"""The agent's queue consumer against real brokers: Redis (service mode) and the filesystem transport
+(embedded mode). Tasks are sent the way the controller sends them (``send_task``, JSON)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import uuid
+
+import kombu
+import pytest
+from celery import Celery
+
+from agents.admission import Admission
+from agents.discovery.emulated import emulated_devices
+from agents.queue_consumer import DRAIN_STAGE, START_STAGE, STOP_STAGE, SYNC, QueueConsumer, build_app
+from agents.supervisor import RestartPolicy, Supervisor
+from tests.agents.helpers import STAND_IN_COMMAND, Events, stage_spec, tiny_model, wait_until
+
+REDIS_URL = "redis://127.0.0.1:6379/7"
+
+
+def _redis_up() -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", 6379), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def _filesystem(tmp_path):
+    folder = tmp_path / "broker"
+    for sub in ("data", "processed", "control"):
+        (folder / sub).mkdir(parents=True)
+    options = {"data_folder_in": str(folder / "data"), "data_folder_out": str(folder / "data"),
+               "processed_folder": str(folder / "processed"), "control_folder": str(folder / "control"),
+               "store_processed": False, "polling_interval": 0.1}
+    return "filesystem://", options
+
+
+@pytest.fixture(params=["redis", "filesystem"])
+def broker(request, tmp_path):
+    if request.param == "redis":
+        if not _redis_up():
+            pytest.skip("no Redis on 127.0.0.1:6379")
+        return REDIS_URL, {}
+    return _filesystem(tmp_path)
+
+
+@pytest.fixture
+def agent_side(broker, tmp_path, tiny_fleet):
+    """A supervisor and its queue consumer on a queue of its own; yields (queue, events, supervisor)."""
+    url, options = broker
+    queue = f"node.test-{uuid.uuid4().hex[:8]}"
+    events = Events()
+    supervisor = Supervisor(tmp_path / "state", Admission(emulated_devices(tiny_fleet, "box")), events,
+                            command=STAND_IN_COMMAND, policy=RestartPolicy(stop_grace_s=1.0))
+    consumer = QueueConsumer(build_app(url, options, queue, supervisor), queue, hostname=f"agent@{queue}")
+    consumer.start()
+    try:
+        yield queue, events, supervisor
+    finally:
+        consumer.stop()
+        supervisor.close()
+        if url.startswith("redis"):
+            with kombu.Connection(url) as conn:
+                conn.default_channel.client.delete(queue)
+
+
+@pytest.fixture
+def controller(broker):
+    """The sending side, as plain as the control plane's dispatch: a Celery app and send_task."""
+    url, options = broker
+    app = Celery("controller", broker=url, set_as_current=False, fixups=[])
+    app.conf.broker_transport_options = options
+    yield app
+    app.close()
+
+
+def test_tasks_start_idempotently_drain_sync_and_stop(agent_side, controller, tmp_path):
+    queue, events, supervisor = agent_side
+    spec = stage_spec(tiny_model(tmp_path / "model"), device="cuda:0")
+    for _ in range(2):  # the same start twice (a redelivery) starts one process
+        controller.send_task(START_STAGE, kwargs={"stage_key": "d7-r0-s1", "spec": spec}, queue=queue,
+                             serializer="json")
+    ready = events.wait_for(lambda s: s.state == "ready")
+    controller.send_task(START_STAGE, kwargs={"stage_key": "d7-r0-s2", "spec": spec, "device_index": 1},
+                         queue=queue, serializer="json")
+    events.wait_for(lambda s: s.stage_key == "d7-r0-s2" and s.state == "ready")
+    assert len({s.pid for s in events.seen if s.stage_key == "d7-r0-s1" and s.pid}) == 1
+    assert ready.pid == supervisor.snapshot()[0][0].pid
+
+    controller.send_task(DRAIN_STAGE, args=["d7-r0-s2"], queue=queue, serializer="json")
+    events.wait_for(lambda s: s.stage_key == "d7-r0-s2" and s.state == "exited")
+    controller.send_task(START_STAGE, args=["d7-r0-s3", spec], queue=queue, serializer="json")
+    events.wait_for(lambda s: s.stage_key == "d7-r0-s3" and s.state == "ready")
+    controller.send_task(SYNC, kwargs={"wanted_stage_keys": ["d7-r0-s3"]}, queue=queue, serializer="json")
+    events.wait_for(lambda s: s.stage_key == "d7-r0-s1" and s.state == "exited")
+    controller.send_task(STOP_STAGE, kwargs={"stage_key": "d7-r0-s3"}, queue=queue, serializer="json")
+    events.wait_for(lambda s: s.stage_key == "d7-r0-s3" and s.state == "exited")
+    wait_until(lambda: supervisor.snapshot() == [], what="no stage left")
+
+
+class _Canary:
+    """Unpickling this creates a file: proof that a pickle reached ``pickle.loads``."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_pickled_task_is_refused_without_being_unpickled(agent_side, broker, tmp_path, caplog):
+    queue, events, supervisor = agent_side
+    url, options = broker
+    canary = tmp_path / "unpickled"
+    spec = stage_spec(tiny_model(tmp_path / "model"), device="cuda:0")
+    caplog.set_level(logging.ERROR)
+    task_id = str(uuid.uuid4())
+    with kombu.Connection(url, transport_options=options) as conn:
+        conn.Producer().publish(
+            ((), {"stage_key": "d7-r0-s1", "spec": spec, "device_index": _Canary(canary)}, {}),
+            serializer="pickle",
+            routing_key=queue,
+            declare=[kombu.Queue(queue)],
+            headers={"lang": "py", "task": START_STAGE, "id": task_id, "root_id": task_id, "argsrepr": "",
+                     "kwargsrepr": "", "origin": "attacker", "retries": 0},
+        )
+    wait_until(lambda: "untrusted content of type pickle" in caplog.text, what="the refusal logged")
+    assert not canary.exists()
+    assert supervisor.snapshot() == [] and events.seen == []
+    # The consumer goes on with JSON work.
+    controller = Celery("controller", broker=url, set_as_current=False, fixups=[])
+    controller.conf.broker_transport_options = options
+    controller.send_task(START_STAGE, args=["d7-r0-s1", spec], queue=queue, serializer="json")
+    events.wait_for(lambda s: s.state == "ready")
+    controller.close()
