@@ -31,7 +31,10 @@ class ApiDocsView(LoginRequiredMixin, TemplateView):
                     for p in operation.get("parameters", [])
                 ],
                 "request": _schema_name(operation.get("requestBody", {}).get("content", {})),
-                "responses": {code: _schema_name(r.get("content", {})) for code, r in operation["responses"].items()},
+                "responses": {
+                    code: _schema_name(response.get("content", {}))
+                    for code, response in operation["responses"].items()
+                },
             }
             for path, item in schema["paths"].items()
             for method, operation in item.items()

@@ -14,4 +14,6 @@ class TimestampedModel(models.Model):
 
 def validate_positive(value: float) -> None:
     if value <= 0:
-        raise ValidationError("must be greater than 0, got %(value)s", params={"value": value}, code="min_value")
+        raise ValidationError(
+            "must be greater than 0, got %(value)s", params={"value": value}, code="min_value"
+        )

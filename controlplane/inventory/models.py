@@ -28,7 +28,9 @@ class Node(TimestampedModel):
     name = models.CharField(max_length=100, unique=True)
     address = models.CharField(max_length=255, blank=True, help_text="Host name or IP of the node's agent.")
     labels = models.JSONField(default=dict, blank=True, help_text="Free-form string labels, e.g. rack.")
-    network_gbps = models.FloatField(default=25.0, validators=[validate_positive], help_text="Network interface bandwidth, Gbit/s.")
+    network_gbps = models.FloatField(
+        default=25.0, validators=[validate_positive], help_text="Network interface bandwidth, Gbit/s."
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.READY)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     # Bumped each time the node's agent (re)registers, so messages from an older life are ignored.
@@ -50,7 +52,9 @@ class Node(TimestampedModel):
 
     def clean(self) -> None:
         if "/" in self.name:
-            raise ValidationError({"name": "a node name must not contain '/' (device names are <node>/gpu<i>)"})
+            raise ValidationError(
+                {"name": "a node name must not contain '/' (device names are <node>/gpu<i>)"}
+            )
         if not isinstance(self.labels, dict) or not all(
             isinstance(v, str) for v in [*self.labels, *self.labels.values()]
         ):
@@ -70,7 +74,9 @@ class Device(TimestampedModel):
         UNHEALTHY = "unhealthy", "Unhealthy"  # XID errors, fell off the bus: not planned on
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="devices")
-    index = models.PositiveSmallIntegerField(help_text="Position on the node: the device is <node>/gpu<index>.")
+    index = models.PositiveSmallIntegerField(
+        help_text="Position on the node: the device is <node>/gpu<index>."
+    )
     uuid = models.CharField(max_length=64, blank=True, help_text="NVML UUID; empty for declared devices.")
     vendor = models.CharField(max_length=32, default="NVIDIA")
     model_name = models.CharField(max_length=100, help_text="GPU catalog name, or the NVML name if unknown.")
@@ -81,7 +87,8 @@ class Device(TimestampedModel):
         validators=[MinValueValidator(0)], help_text="Dense tensor-core peak; 0 when the card has no bf16."
     )
     int8_tops = models.FloatField(
-        validators=[MinValueValidator(0)], help_text="Dense tensor-core peak; 0 when the card has no int8 path."
+        validators=[MinValueValidator(0)],
+        help_text="Dense tensor-core peak; 0 when the card has no int8 path.",
     )
     pcie_gen = models.PositiveSmallIntegerField(default=4)
     pcie_lanes = models.PositiveSmallIntegerField(default=16)
@@ -126,6 +133,10 @@ class Device(TimestampedModel):
         return f"{self.node.name}/gpu{self.index}"
 
 
+_DEVICE_PAIR = Q(device_a__isnull=False, device_b__isnull=False, node_a__isnull=True, node_b__isnull=True)
+_NODE_PAIR = Q(device_a__isnull=True, device_b__isnull=True, node_a__isnull=False, node_b__isnull=False)
+
+
 class Link(TimestampedModel):
     """A declared or measured link: two devices (NVLink, PCIe) or two nodes (network).
 
@@ -150,12 +161,11 @@ class Link(TimestampedModel):
         ordering = ["id"]
         constraints = [
             models.CheckConstraint(
-                condition=(
-                    Q(device_a__isnull=False, device_b__isnull=False, node_a__isnull=True, node_b__isnull=True)
-                    | Q(device_a__isnull=True, device_b__isnull=True, node_a__isnull=False, node_b__isnull=False)
-                ),
+                condition=_DEVICE_PAIR | _NODE_PAIR,
                 name="link_two_devices_or_two_nodes",
-                violation_error_message="a link joins two devices (device_a, device_b) or two nodes (node_a, node_b)",
+                violation_error_message=(
+                    "a link joins two devices (device_a, device_b) or two nodes (node_a, node_b)"
+                ),
             ),
             models.CheckConstraint(
                 condition=~Q(device_a=F("device_b")) & ~Q(node_a=F("node_b")),
@@ -193,7 +203,8 @@ class Link(TimestampedModel):
         """What the constraints cannot say: which kind fits the endpoints, and the pair reversed."""
         devices = self.device_a_id is not None and self.device_b_id is not None
         nodes = self.node_a_id is not None and self.node_b_id is not None
-        if devices and self.kind in (self.Kind.NVLINK, self.Kind.PCIE) and self.device_a.node_id != self.device_b.node_id:
+        within_node = self.kind in (self.Kind.NVLINK, self.Kind.PCIE)
+        if devices and within_node and self.device_a.node_id != self.device_b.node_id:
             raise ValidationError({"kind": f"{self.kind} joins two devices of the same node"})
         if nodes and self.kind != self.Kind.NETWORK:
             raise ValidationError({"kind": "a link between two nodes is a network link"})

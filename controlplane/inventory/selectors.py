@@ -32,7 +32,7 @@ def fleet_spec_from_inventory(*, node_ids: Iterable[int] | None = None, name: st
 def _node_spec(node: Node) -> NodeSpec:
     return NodeSpec(
         name=node.name,
-        devices=tuple(_device_spec(node, device) for device in sorted(node.devices.all(), key=lambda d: d.index)),
+        devices=tuple(_device_spec(node, d) for d in sorted(node.devices.all(), key=lambda d: d.index)),
         network_gbps=node.network_gbps,
         address=node.address,
         labels=dict(node.labels),
@@ -64,4 +64,6 @@ def _device_spec(node: Node, device: Device) -> DeviceSpec:
 
 def _link_spec(link: Link) -> LinkSpec:
     a, b = link.endpoints
-    return LinkSpec(a=a.name, b=b.name, kind=link.kind, bandwidth_gbs=link.bandwidth_gbs, latency_us=link.latency_us)
+    return LinkSpec(
+        a=a.name, b=b.name, kind=link.kind, bandwidth_gbs=link.bandwidth_gbs, latency_us=link.latency_us
+    )

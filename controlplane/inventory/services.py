@@ -26,7 +26,8 @@ class ImportResult:
         return (
             f"fleet {self.fleet}: nodes {self.nodes_created} created, {self.nodes_updated} updated; "
             f"devices {self.devices_created} created, {self.devices_updated} updated, "
-            f"{self.devices_removed} removed; links {self.links_created} created, {self.links_updated} updated"
+            f"{self.devices_removed} removed; "
+            f"links {self.links_created} created, {self.links_updated} updated"
         )
 
 

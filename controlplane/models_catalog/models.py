@@ -17,7 +17,9 @@ class LlmModel(TimestampedModel):
 
     name = models.CharField(max_length=200, unique=True)
     path = models.CharField(
-        max_length=1000, blank=True, help_text="Checkpoint directory on the control plane; empty when uploaded."
+        max_length=1000,
+        blank=True,
+        help_text="Checkpoint directory on the control plane; empty when uploaded.",
     )
     config = models.JSONField()
     profile = models.JSONField()
@@ -26,7 +28,9 @@ class LlmModel(TimestampedModel):
     hidden_size = models.PositiveIntegerField()
     total_params = models.BigIntegerField()
     torch_dtype = models.CharField(max_length=16)
-    has_weights = models.BooleanField(help_text="The directory holds *.safetensors: the model can be deployed.")
+    has_weights = models.BooleanField(
+        help_text="The directory holds *.safetensors: the model can be deployed."
+    )
     has_tokenizer = models.BooleanField(help_text="The directory holds tokenizer.json or tokenizer.model.")
 
     class Meta:

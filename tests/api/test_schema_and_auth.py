@@ -41,7 +41,7 @@ def test_create_api_token_prints_a_working_key(user):
 
 @pytest.mark.django_db
 def test_create_api_token_for_an_unknown_user():
-    with pytest.raises(CommandError, match="no user 'bob'; create one first with: python manage.py createsuperuser"):
+    with pytest.raises(CommandError, match="no user 'bob'; create one first with: python manage.py create"):
         call_command("create_api_token", "bob")
 
 

@@ -29,7 +29,7 @@ class TestNodeAPI(APIResourceTests):
     def test_invalid_node_is_refused_with_the_field(self, api):
         make_node(name="taken")
         assert_error(api.post(self.url, {"name": "taken"}, format="json"), 400, "name:")
-        assert_error(api.post(self.url, {"name": "a/b"}, format="json"), 400, "name: a node name must not contain '/'")
+        assert_error(api.post(self.url, {"name": "a/b"}, format="json"), 400, "name: a node name must not")
         assert_error(api.post(self.url, {"name": "n", "labels": {"a": 1}}, format="json"), 400, "labels:")
         assert_error(api.post(self.url, {"name": "n", "network_gbps": 0}, format="json"), 400, "network_gbps")
         assert_error(api.post(self.url, {"name": "n", "status": "gone"}, format="json"), 400, "status:")
@@ -77,7 +77,8 @@ class TestDeviceAPI(APIResourceTests):
         device = make_device()
         data = {**self.create_data(), "node": device.node_id, "index": device.index}
         assert_error(api.post(self.url, data, format="json"), 400, "index")
-        assert_error(api.post(self.url, {**data, "index": 9, "memory_bytes": 0}, format="json"), 400, "memory")
+        zero = {**data, "index": 9, "memory_bytes": 0}
+        assert_error(api.post(self.url, zero, format="json"), 400, "memory_bytes: must be greater than 0")
         assert Device.objects.count() == 1
 
     def test_filters(self, api):
@@ -120,7 +121,7 @@ class TestLinkAPI(APIResourceTests):
         "change, message",
         [
             (lambda d, other: {"device_b": d["device_a"]}, "two different endpoints"),
-            (lambda d, other: {"device_b": None}, "a link joins two devices (device_a, device_b) or two nodes"),
+            (lambda d, other: {"device_b": None}, "a link joins two devices (device_a, device_b) or two"),
             (lambda d, other: {"node_a": other.node_id, "device_b": other.pk}, "a link joins two devices"),
             (lambda d, other: {"device_b": other.pk}, "kind: pcie joins two devices of the same node"),
             (lambda d, other: {"device_a": d["device_b"], "device_b": d["device_a"]}, "already exists"),
@@ -138,7 +139,8 @@ class TestLinkAPI(APIResourceTests):
     def test_node_links_are_network_links(self, api):
         a, b = make_node(), make_node()
         data = {"kind": "nvlink", "node_a": a.pk, "node_b": b.pk, "bandwidth_gbs": 12.5, "latency_us": 30}
-        assert_error(api.post(self.url, data, format="json"), 400, "kind: a link between two nodes is a network link")
+        response = api.post(self.url, data, format="json")
+        assert_error(response, 400, "kind: a link between two nodes is a network link")
 
     def test_filters(self, api):
         network = make_link(kind="network")

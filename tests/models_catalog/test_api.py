@@ -42,7 +42,8 @@ class TestModelAPI(APIResourceTests):
         assert_error(api.post(self.url, {"path": "/nonexistent/model"}, format="json"),
                      400, "path: /nonexistent/model: no such file or directory")
         assert_error(api.post(self.url, {"name": "x"}, format="json"), 400, "give either path or config")
-        assert_error(api.post(self.url, {"config": config_of("Llama-2-7B")}, format="json"), 400, "name: a name is required")
+        unnamed = {"config": config_of("Llama-2-7B")}
+        assert_error(api.post(self.url, unnamed, format="json"), 400, "name: a name is required")
         assert not LlmModel.objects.exists()
 
     def test_list_is_light_and_detail_carries_the_config(self, api):

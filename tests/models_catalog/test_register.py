@@ -14,6 +14,7 @@ from controlplane.modelspec.profiler import profile_model
 from worker_runtime.config import ModelConfig
 
 MODELS = Path(__file__).resolve().parents[2] / "examples" / "models"
+LLAMA = json.loads((MODELS / "Llama-2-7B" / "config.json").read_text())
 pytestmark = pytest.mark.django_db
 
 
@@ -65,9 +66,8 @@ def test_name_clashes_are_refused(checkpoint):
     "config, field",
     [
         ({"model_type": "gpt2"}, "model_type: 'gpt2' is not supported"),
-        ({**json.loads((MODELS / "Llama-2-7B" / "config.json").read_text()), "hidden_act": "gelu"}, "hidden_act"),
-        ({**json.loads((MODELS / "Llama-2-7B" / "config.json").read_text()), "num_hidden_layers": 0},
-         "num_hidden_layers: expected a positive integer"),
+        ({**LLAMA, "hidden_act": "gelu"}, "hidden_act: 'gelu' is not supported"),
+        ({**LLAMA, "num_hidden_layers": 0}, "num_hidden_layers: expected a positive integer"),
     ],
 )
 def test_unsupported_configs_are_refused_naming_the_field(config, field):

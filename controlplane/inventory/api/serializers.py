@@ -28,9 +28,10 @@ class DeviceSerializer(ValidatedModelSerializer):
     class Meta:
         model = Device
         fields = [
-            "id", "url", "name", "node", "node_name", "index", "uuid", "vendor", "model_name", "memory_bytes",
-            "memory_bandwidth_gbs", "fp16_tflops", "bf16_tflops", "int8_tops", "pcie_gen", "pcie_lanes",
-            "numa_node", "nvlink_island", "nvlink_bandwidth_gbs", "emulated", "health", "created", "last_updated",
+            "id", "url", "name", "node", "node_name", "index", "uuid", "vendor", "model_name",
+            "memory_bytes", "memory_bandwidth_gbs", "fp16_tflops", "bf16_tflops", "int8_tops", "pcie_gen",
+            "pcie_lanes", "numa_node", "nvlink_island", "nvlink_bandwidth_gbs", "emulated", "health",
+            "created", "last_updated",
         ]
 
 

@@ -13,8 +13,8 @@ class LlmModelSerializer(serializers.ModelSerializer):
     class Meta:
         model = LlmModel
         fields = [
-            "id", "url", "name", "path", "model_type", "num_layers", "hidden_size", "total_params", "torch_dtype",
-            "has_weights", "has_tokenizer", "created", "last_updated",
+            "id", "url", "name", "path", "model_type", "num_layers", "hidden_size", "total_params",
+            "torch_dtype", "has_weights", "has_tokenizer", "created", "last_updated",
         ]
         read_only_fields = fields
 

@@ -31,7 +31,9 @@ class LlmModelViewSet(
     def get_serializer_class(self):
         return serializers.LlmModelDetailSerializer if self.action == "retrieve" else self.serializer_class
 
-    @extend_schema(request=serializers.ModelRegisterSerializer, responses={201: serializers.LlmModelDetailSerializer})
+    @extend_schema(
+        request=serializers.ModelRegisterSerializer, responses={201: serializers.LlmModelDetailSerializer}
+    )
     def create(self, request: Request) -> Response:
         registration = serializers.ModelRegisterSerializer(data=request.data)
         registration.is_valid(raise_exception=True)

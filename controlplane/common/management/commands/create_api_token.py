@@ -10,20 +10,24 @@ from rest_framework.authtoken.models import Token
 
 
 class Command(BaseCommand):
-    help = "Print USER's API token (created on first use); --reset replaces it. Send as 'Authorization: Token <key>'."
+    help = (
+        "Print USER's API token (created on first use); --reset replaces it. "
+        "Send it as 'Authorization: Token <key>'."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("username")
-        parser.add_argument("--reset", action="store_true", help="revoke the current token and issue a new one")
+        parser.add_argument(
+            "--reset", action="store_true", help="revoke the current token and issue a new one"
+        )
 
     def handle(self, *args, **options):
         username = options["username"]
         try:
             user = get_user_model().objects.get_by_natural_key(username)
         except get_user_model().DoesNotExist:
-            raise CommandError(
-                f"no user {username!r}; create one first with: python manage.py createsuperuser --username {username}"
-            ) from None
+            hint = f"python manage.py createsuperuser --username {username}"
+            raise CommandError(f"no user {username!r}; create one first with: {hint}") from None
         if options["reset"]:
             Token.objects.filter(user=user).delete()
         token, _ = Token.objects.get_or_create(user=user)

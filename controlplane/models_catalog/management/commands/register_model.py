@@ -21,8 +21,10 @@ class Command(BaseCommand):
             model = model_register(path=options["path"], name=options["name"])
         except ValidationError as exc:
             if hasattr(exc, "error_dict"):
-                raise CommandError("; ".join(f"{k}: {m}" for k, ms in exc.message_dict.items() for m in ms)) from None
-            raise CommandError("; ".join(exc.messages)) from None
+                lines = [f"{field}: {m}" for field, messages in exc.message_dict.items() for m in messages]
+            else:
+                lines = exc.messages
+            raise CommandError("; ".join(lines)) from None
         weights = "weights present" if model.has_weights else "config only: planning, not deployable"
         self.stdout.write(
             self.style.SUCCESS(
