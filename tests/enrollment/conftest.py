@@ -4,6 +4,7 @@ import pytest
 
 from controlplane.enrollment.services import join_token_create
 from tests.api.mixins import anonymous, api, user  # noqa: F401  (shared fixtures)
+from tests.deployments.conftest import llm, sent  # noqa: F401  (sent is autouse: nothing reaches a broker)
 
 DEVICE = {
     "model": "T4", "memory_bytes": 16 * 1024**3, "memory_bandwidth_gbs": 320.0, "fp16_tflops": 65.0,

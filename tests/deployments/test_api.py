@@ -1,0 +1,87 @@
+"""REST API: create/list/get/stop, apply a revision, drain a node; validated first, secrets never shown."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.deployments.models import Deployment
+from controlplane.deployments.services import deployment_create
+from controlplane.inventory.models import Node
+from tests.api.mixins import assert_error
+from tests.deployments.conftest import REQUEST, THREE_STAGES, edited_plan
+
+pytestmark = pytest.mark.django_db
+URL = "/api/v1/deployments/"
+
+
+def test_anonymous_callers_and_agents_are_refused(anonymous, nodes, revision, sent):
+    deployment = deployment_create(name="tiny", revision=revision)
+    for method, url in [("get", URL), ("post", URL), ("get", f"{URL}{deployment.pk}/"),
+                        ("post", f"{URL}{deployment.pk}/stop/"), ("post", f"/api/v1/nodes/{nodes[0].pk}/drain/")]:
+        assert getattr(anonymous, method)(url, {}, format="json").status_code == 401, (method, url)
+
+
+def test_create_from_a_plan_then_list_and_get_without_the_pipeline_token(api, nodes, llm, sent):
+    response = api.post(URL, {"name": "tiny", "model": llm.pk, "plan": THREE_STAGES, "request": REQUEST,
+                              "source": "edited"}, format="json")
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["status"] == "deploying" and body["revision_number"] == 1 and body["model_name"] == "tiny"
+    assert [(s["stage_key"][-2:], s["node_name"], s["layers"]) for s in body["stages"]] == [
+        ("s0", "n0", [0, 2]), ("s1", "n1", [2, 4]), ("s2", "n2", [4, 6])]
+    token = Deployment.objects.get().replicas.get().auth_token
+    listed = api.get(URL)
+    assert listed.json()["count"] == 1 and token not in listed.content.decode()
+    assert token not in api.get(f"{URL}{body['id']}/").content.decode()
+    revisions = api.get(f"{URL}{body['id']}/revisions/").json()
+    assert [(r["number"], r["status"], r["source"]) for r in revisions] == [(1, "applied", "edited")]
+
+
+def test_create_from_a_draft_revision(api, nodes, revision, sent):
+    response = api.post(URL, {"name": "tiny", "revision": revision.pk}, format="json")
+    assert response.status_code == 201, response.content
+    again = api.post(URL, {"name": "other", "revision": revision.pk}, format="json")
+    assert_error(again, 400, "revision")
+
+
+def test_a_plan_on_a_lost_device_is_refused_with_the_reason_and_leaves_nothing(api, nodes, llm, sent):
+    Node.objects.filter(name="n1").update(status=Node.Status.LOST)
+    response = api.post(URL, {"name": "tiny", "model": llm.pk, "plan": THREE_STAGES, "request": REQUEST},
+                        format="json")
+    assert_error(response, 400, "n1/gpu0", "node n1 is lost")
+    assert not Deployment.objects.exists() and not llm.plan_revisions.exists() and sent.tasks == []
+
+
+def test_apply_a_new_revision_and_stop(api, nodes, llm, revision, sent):
+    deployment = deployment_create(name="tiny", revision=revision)
+    moved = edited_plan(("n0/gpu0", 0, 3), ("n1/gpu0", 3, 4), ("n2/gpu0", 4, 6))
+    response = api.post(f"{URL}{deployment.pk}/apply/", {"plan": moved, "request": REQUEST, "source": "edited"},
+                        format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["revision_number"] == 2
+    assert [s["layers"] for s in response.json()["stages"]] == [[0, 3], [3, 4], [4, 6]]
+    refused = api.post(f"{URL}{deployment.pk}/apply/", {"plan": edited_plan(("n0/gpu0", 0, 5))}, format="json")
+    assert_error(refused, 400, "layer")
+    assert Deployment.objects.get().revision.number == 2
+    stopped = api.post(f"{URL}{deployment.pk}/stop/")
+    assert stopped.status_code == 200 and stopped.json()["stop_requested"]
+    assert_error(api.post(f"{URL}{deployment.pk}/apply/", {"plan": moved}, format="json"), 400, "stopped")
+
+
+def test_drain_moves_the_stages_off_the_node(api, nodes, revision, sent):
+    deployment = deployment_create(name="tiny", revision=revision)
+    response = api.post(f"/api/v1/nodes/{nodes[1].pk}/drain/")
+    assert response.status_code == 200, response.content
+    assert [d["id"] for d in response.json()] == [deployment.pk]
+    assert Node.objects.get(pk=nodes[1].pk).status == Node.Status.DRAINING
+    deployment.refresh_from_db()
+    assert deployment.revision.source == "drain"
+    assert not deployment.stages.filter(wanted=True, node=nodes[1]).exists()
+
+
+def test_drain_is_refused_when_a_deployment_cannot_fit_without_the_node(api, nodes, revision, sent):
+    deployment_create(name="tiny", revision=revision)
+    Node.objects.exclude(pk=nodes[1].pk).update(status=Node.Status.LOST)
+    response = api.post(f"/api/v1/nodes/{nodes[1].pk}/drain/")
+    assert_error(response, 400, "cannot drain n1", "tiny")
+    assert Node.objects.get(pk=nodes[1].pk).status == Node.Status.READY

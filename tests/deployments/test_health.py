@@ -1,0 +1,113 @@
+"""Node health: SUSPECT after missed heartbeats, LOST after the timeout, then DEGRADED and re-planned."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from controlplane.deployments.models import Deployment, PlanRevision
+from controlplane.deployments.services import (deployment_create, deployment_reconcile, node_agent_restarted,
+                                               node_health_check, node_heartbeat_record)
+from controlplane.inventory.models import Node
+from tests.deployments.conftest import report
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def short_timeouts(settings):
+    settings.MOTLEY_AGENT_HEARTBEAT_INTERVAL_S = 1.0
+    settings.MOTLEY_NODE_SUSPECT_MISSED_HEARTBEATS = 3
+    settings.MOTLEY_NODE_LOST_AFTER_S = 10.0
+
+
+def silent_for(node: Node, seconds: float) -> None:
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=timezone.now() - timedelta(seconds=seconds))
+
+
+def status(node: Node) -> str:
+    return Node.objects.get(pk=node.pk).status
+
+
+def test_suspect_after_three_missed_heartbeats_lost_after_the_timeout_ready_again_on_a_heartbeat(nodes, sent):
+    node = nodes[0]
+    silent_for(node, 2.5)
+    node_health_check()
+    assert status(node) == Node.Status.READY
+    silent_for(node, 3.5)
+    assert [(n.name, s) for n, s in node_health_check()] == [("n0", Node.Status.SUSPECT)]
+    node_heartbeat_record(node=node, heartbeat={"stages": []})
+    assert status(node) == Node.Status.READY
+    silent_for(node, 11)
+    node_health_check()
+    assert status(node) == Node.Status.LOST
+    assert node_health_check() == []  # nothing more to say about a lost node
+    node_heartbeat_record(node=node, heartbeat={"stages": []})
+    assert status(node) == Node.Status.READY
+    # Back from LOST: told to keep only what is wanted on it (nothing here).
+    assert sent.take() == [(f"node.{node.pk}", "motley.agent.sync", {"wanted_stage_keys": []})]
+
+
+def test_nodes_without_an_agent_are_not_watched(nodes, sent):
+    declared = Node.objects.create(name="declared")
+    node_health_check()
+    assert status(declared) == Node.Status.READY
+
+
+def deploy_ready(revision, **options) -> Deployment:
+    deployment = deployment_create(name="tiny", revision=revision, **options)
+    deployment_reconcile(deployment_id=deployment.pk)
+    for stage in deployment.stages.all():
+        node_heartbeat_record(node=stage.node, heartbeat={"stages": [report(stage, "ready", 100 + stage.stage_index)]})
+    return deployment_reconcile(deployment_id=deployment.pk)
+
+
+def test_a_lost_node_degrades_its_deployment_which_is_replanned_on_the_healthy_devices(nodes, revision, sent):
+    deployment = deploy_ready(revision)
+    assert deployment.status == Deployment.Status.READY
+    sent.take()
+    silent_for(nodes[1], 11)
+    node_health_check()
+    assert sent.reconciles[-1] == deployment.pk
+    deployment = deployment_reconcile(deployment_id=deployment.pk)
+    replanned = deployment.revision
+    assert replanned.source == PlanRevision.Source.REPLAN and replanned.number == 2
+    assert deployment.status == Deployment.Status.DEPLOYING
+    assert not deployment.stages.filter(wanted=True, node=nodes[1]).exists()
+    assert "n1/gpu0" not in str(replanned.plan["replicas"])
+    # The lost node's row is forgotten (it cannot be told to stop); the new stages start elsewhere.
+    deployment = deployment_reconcile(deployment_id=deployment.pk)
+    assert not deployment.stages.filter(node=nodes[1]).exists()
+    started = [(q, kw["stage_key"]) for q, n, kw in sent.take() if n == "motley.agent.start_stage"]
+    assert started and all(q != f"node.{nodes[1].pk}" for q, _ in started)
+
+
+def test_without_the_replan_policy_the_deployment_stays_degraded(nodes, revision, sent):
+    deployment = deploy_ready(revision, replan_on_failure=False)
+    silent_for(nodes[1], 11)
+    node_health_check()
+    deployment = deployment_reconcile(deployment_id=deployment.pk)
+    assert deployment.status == Deployment.Status.DEGRADED and "n1" in deployment.status_message
+    assert deployment.revision.number == 1
+
+
+def test_a_replan_that_cannot_fit_leaves_the_deployment_degraded_with_the_reason(nodes, revision, sent):
+    deployment = deploy_ready(revision)
+    for node in nodes:
+        silent_for(node, 11)
+    node_health_check()
+    deployment = deployment_reconcile(deployment_id=deployment.pk)
+    assert deployment.status == Deployment.Status.DEGRADED
+    assert "re-plan failed" in deployment.status_message
+
+
+def test_a_restarted_agent_is_told_what_is_wanted_and_gets_its_stages_again(nodes, revision, sent):
+    deployment = deploy_ready(revision)
+    sent.take()
+    node_agent_restarted(node=nodes[0])
+    key = f"d{deployment.pk}-r0-s0"
+    assert sent.take() == [(f"node.{nodes[0].pk}", "motley.agent.sync", {"wanted_stage_keys": [key]})]
+    deployment_reconcile(deployment_id=deployment.pk)
+    assert [kw["stage_key"] for _, n, kw in sent.take() if n == "motley.agent.start_stage"] == [key]
