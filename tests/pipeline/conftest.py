@@ -49,4 +49,5 @@ def start_pipeline(tiny_model, tmp_path):
     yield start
     for pipeline in started:
         pipeline.stop()
-        pipeline.assert_none_left()
+        pipeline.assert_clean()
+

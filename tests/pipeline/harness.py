@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import queue
@@ -58,6 +59,7 @@ class StageProcess:
     popen: subprocess.Popen
     events: "queue.Queue[dict]" = field(default_factory=queue.Queue)
     stderr_lines: list[str] = field(default_factory=list)
+    bad_stdout: list[str] = field(default_factory=list)  # contracts §1: stdout is JSON lines only
 
     def wait_event(self, name: str, timeout_s: float = 60.0) -> dict:
         deadline = time.monotonic() + timeout_s
@@ -108,7 +110,10 @@ class Pipeline:
     @staticmethod
     def _pump_stdout(proc: StageProcess) -> None:
         for line in proc.popen.stdout:
-            proc.events.put(json.loads(line))  # anything but a JSON line breaks the contract: fail loudly
+            try:
+                proc.events.put(json.loads(line))
+            except json.JSONDecodeError:
+                proc.bad_stdout.append(line)
 
     @staticmethod
     def _pump_stderr(proc: StageProcess) -> None:
@@ -136,6 +141,22 @@ class Pipeline:
                 stage.popen.kill()
                 stage.popen.wait(timeout=5)
 
+    def assert_clean(self) -> None:
+        """No stage process left running, and nothing but JSON lines on any stage's stdout."""
+        self.assert_none_left()
+        bad = [line for stage in self.stages for line in stage.bad_stdout]
+        assert not bad, f"non-JSON lines on a stage's stdout: {bad[:5]}"
+
     def assert_none_left(self) -> None:
         alive = [pid for pid in self.pids() if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
         assert not alive, f"stage processes left running: {alive}"
+
+
+async def wait_healthy(client, timeout_s: float = 30.0) -> dict:
+    """Poll ``client.health()`` until the whole pipeline serves (or give up and return the last answer)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        health = await client.health()
+        if health["ok"] or time.monotonic() > deadline:
+            return health
+        await asyncio.sleep(0.05)

@@ -1,0 +1,57 @@
+"""A stage killed with SIGKILL: every request fails in bounded time, health says so, and a restart rejoins."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from worker_runtime.client import PipelineClient
+from worker_runtime.errors import PipelineBroken
+
+from .harness import TOKEN, wait_healthy
+from .test_pipeline import SLOW, collect, reference
+
+pytestmark = pytest.mark.timeout(120)
+PEER_TIMEOUT_S = 1.0
+
+
+async def test_kill_9_of_the_middle_stage_fails_everything_in_time_then_it_rejoins(start_pipeline, tiny_model):
+    pipeline = start_pipeline(3, peer_timeout_s=PEER_TIMEOUT_S, emulation=SLOW)
+    async with PipelineClient(pipeline.head, TOKEN, "p0", timeout_s=3.0) as client:
+        assert (await wait_healthy(client))["ok"]
+        streams = [asyncio.create_task(collect(client, [i + 1] * 4, 200)) for i in range(8)]
+        await asyncio.sleep(0.5)
+        os.kill(pipeline.stages[1].popen.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        results = await asyncio.wait_for(asyncio.gather(*streams, return_exceptions=True), timeout=10)
+        took = time.monotonic() - killed_at
+        assert all(isinstance(r, PipelineBroken) for r in results), results
+        assert took < PEER_TIMEOUT_S + 1.5, f"requests failed only after {took:.1f}s"
+        health = await client.health()
+        assert not health["ok"] and health["broken_stage"] == 1 and "stage 1" in health["reason"]
+        with pytest.raises(PipelineBroken, match="not serving"):
+            await collect(client, [1, 2], 4)
+        assert pipeline.stages[1].popen.wait(timeout=5) == -signal.SIGKILL
+
+        pipeline.restart(1).wait_event("ready")
+        assert (await wait_healthy(client, timeout_s=20))["ok"]
+        assert await collect(client, [9, 8, 7], 5) == reference(tiny_model, [9, 8, 7], 5)
+
+
+async def test_a_dead_head_is_reported_by_the_client_within_its_timeout(start_pipeline):
+    pipeline = start_pipeline(2, peer_timeout_s=PEER_TIMEOUT_S, emulation=SLOW)
+    async with PipelineClient(pipeline.head, TOKEN, "p0", timeout_s=1.0) as client:
+        assert (await wait_healthy(client))["ok"]
+        stream = asyncio.create_task(collect(client, [3, 4], 300))
+        await asyncio.sleep(0.3)
+        os.kill(pipeline.stages[0].popen.pid, signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(PipelineBroken, match="silent"):
+            await asyncio.wait_for(stream, timeout=5)
+        assert time.monotonic() - started < 2.5
+        health = await client.health()
+        assert not health["ok"] and health["broken_stage"] == 0

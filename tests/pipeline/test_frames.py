@@ -1,0 +1,69 @@
+"""The wire format: round trips without copies or pickles, and every kind of bad frame refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from worker_runtime.frames import FrameCodec, FrameError
+
+codec = FrameCodec("p0", "secret")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64])
+def test_round_trip_keeps_values_dtype_and_shape(dtype):
+    tensor = (torch.randn(5, 7) * 100).to(dtype)
+    frame = codec.decode(codec.encode({"type": "batch", "x": [1, 2]}, [tensor]))
+    assert frame.type == "batch" and frame.header["x"] == [1, 2]
+    assert frame.tensors[0].dtype == dtype and torch.equal(frame.tensors[0], tensor)
+
+
+def test_wrong_token_is_refused():
+    parts = FrameCodec("p0", "other").encode({"type": "batch"})
+    with pytest.raises(FrameError, match="authentication"):
+        codec.decode(parts)
+
+
+def test_tampered_header_is_refused():
+    mac, body = codec.encode({"type": "batch", "epoch": 1})
+    with pytest.raises(FrameError, match="authentication"):
+        codec.decode([mac, body.replace(b'"epoch": 1', b'"epoch": 2')])
+
+
+def test_another_pipeline_is_refused():
+    with pytest.raises(FrameError, match="pipeline"):
+        codec.decode(FrameCodec("p1", "secret").encode({"type": "batch"}))
+
+
+def _signed(body: bytes) -> list[bytes]:
+    return [codec._mac(body), body]
+
+
+@pytest.mark.parametrize(
+    "body, parts, match",
+    [
+        (b"not json", [], "not JSON"),
+        (b"[1, 2]", [], "JSON object"),
+        (json.dumps({"type": "batch", "pipeline_id": "p0", "tensors": []}).encode(), [b"x"], "describe"),
+        (
+            json.dumps({"type": "b", "pipeline_id": "p0", "tensors": [{"dtype": "float32", "shape": [3]}]}).encode(),
+            [b"abcd"],
+            "does not match",
+        ),
+        (
+            json.dumps({"type": "b", "pipeline_id": "p0", "tensors": [{"dtype": "object", "shape": [1]}]}).encode(),
+            [b"abcd"],
+            "bad tensor",
+        ),
+    ],
+)
+def test_malformed_frames_are_refused(body, parts, match):
+    with pytest.raises(FrameError, match=match):
+        codec.decode(_signed(body) + parts)
+
+
+def test_too_few_parts():
+    with pytest.raises(FrameError, match="at least 2 parts"):
+        codec.decode([b"x"])

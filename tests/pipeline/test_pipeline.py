@@ -1,0 +1,138 @@
+"""Stage processes on loopback: same tokens as one process, admission, cancellation, bad frames, SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import pytest
+import torch
+import zmq
+
+from worker_runtime.chain import generate
+from worker_runtime.client import PipelineClient
+from worker_runtime.errors import RequestRejected
+from worker_runtime.frames import FrameCodec
+from worker_runtime.sampling import SamplingParams
+from worker_runtime.stage import Stage
+
+from .harness import TOKEN, wait_healthy
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def reference(model, prompt: list[int], max_tokens: int, params: SamplingParams = SamplingParams()) -> list[int]:
+    torch.set_num_threads(1)
+    stage = Stage.load(model, 0, 6, kv_tokens=1024)
+    return generate([stage], [prompt], params, max_new_tokens=max_tokens)[0]
+
+
+async def collect(client: PipelineClient, prompt, max_tokens, params=SamplingParams(), **kw) -> list[int]:
+    return [e.token_id async for e in client.submit(prompt, params, max_tokens=max_tokens, **kw)]
+
+
+async def test_three_processes_generate_the_tokens_of_one_process(start_pipeline, tiny_model):
+    """32 concurrent requests, mixed lengths, and a KV budget that forces queueing (512 < 32 x 48)."""
+    pipeline = start_pipeline(3, kv_tokens=512)
+    rng = random.Random(0)
+    jobs = [([rng.randrange(1, 256) for _ in range(rng.randrange(1, 21))], rng.randrange(1, 25)) for _ in range(32)]
+    seeded = SamplingParams(temperature=0.9, top_k=40, seed=7)
+    async with PipelineClient(pipeline.head, TOKEN, "p0") as client:
+        assert (await wait_healthy(client))["ok"]
+        outputs = await asyncio.gather(*(collect(client, p, n) for p, n in jobs), collect(client, jobs[0][0], 12, seeded))
+        stats = await client.stats()
+    stage = Stage.load(tiny_model, 0, 6, kv_tokens=1024)
+    expected = [generate([stage], [p], max_new_tokens=n)[0] for p, n in jobs]
+    expected.append(generate([stage], [jobs[0][0]], seeded, max_new_tokens=12)[0])
+    assert outputs == expected
+    assert stats["completed"] == 33 and stats["queue_depth"] == 0 and len(stats["stages"]) == 3
+    assert stats["stages"][0]["steps"] > 0 and stats["kv_tokens_free_by_stage"] == {"0": 512, "1": 512, "2": 512}
+    for stage_process in pipeline.stages:
+        event = stage_process.wait_event("stats", timeout_s=5)
+        assert {"step_ms", "compute_ms", "transfer_ms", "bubble_fraction", "kv_tokens_free"} <= set(event)
+
+
+SLOW = {"memory_bandwidth_gbs": 1.0, "fp16_tflops": 1.0, "time_scale": 50.0}  # ~20 ms a step on the tiny model
+
+
+async def test_kv_budget_queues_refuses_and_cancel_frees(start_pipeline):
+    pipeline = start_pipeline(2, kv_tokens=128, max_queue=1, emulation=SLOW)
+    async with PipelineClient(pipeline.head, TOKEN, "p0") as client:
+        assert (await wait_healthy(client))["ok"]
+        with pytest.raises(RequestRejected, match="smallest stage holds 128"):
+            await collect(client, [1] * 100, 100)
+        first = asyncio.create_task(collect(client, [1, 2, 3], 90, request_id="first"))
+        await asyncio.sleep(0.3)
+        second = asyncio.create_task(collect(client, [4, 5, 6], 90, request_id="second"))
+        await asyncio.sleep(0.3)
+        stats = await client.stats()
+        assert stats["queue_depth"] == 1 and stats["running"] == 1
+        with pytest.raises(RequestRejected, match="queue full"):
+            await collect(client, [7], 90)
+        assert await client.cancel("first")
+        partial = await first  # a cancelled stream just ends
+        assert 0 < len(partial) < 90
+        await asyncio.sleep(0.3)
+        stats = await client.stats()
+        assert stats["queue_depth"] == 0 and stats["running"] == 1  # the queued one got the freed space
+        assert await client.cancel("second") and not await client.cancel("second")
+        await second
+        await asyncio.sleep(0.5)
+        stats = await client.stats()
+        assert stats["kv_tokens_free_by_stage"] == {"0": 128, "1": 128}
+        assert stats["stages"][0]["kv_tokens_free"] == 128 and stats["stages"][0]["compute_ms"] >= 10  # paced
+
+
+async def test_bad_frames_are_rejected_logged_and_the_stage_keeps_serving(start_pipeline, tiny_model):
+    pipeline = start_pipeline(3)
+    context = zmq.Context()
+    sockets = []
+    try:
+        for spec in pipeline.specs[:2]:
+            sock = context.socket(zmq.DEALER)
+            sockets.append(sock)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(spec.listen)
+            good, bad = FrameCodec("p0", TOKEN), FrameCodec("p0", "wrong-token")
+            sock.send_multipart(bad.encode({"type": "reset", "epoch": 2**62}))
+            body = b'{"type": "batch", "pipeline_id": "p0", "tensors": [}'
+            sock.send_multipart([good._mac(body), body])
+            sock.send_multipart(good.encode({"type": "batch", "epoch": 0, "mb": 1, "seq_ids": "x"}))
+            sock.send_multipart([b"lonely"])
+        async with PipelineClient(pipeline.head, TOKEN, "p0") as client:
+            assert (await wait_healthy(client))["ok"]
+            assert await collect(client, [5, 6, 7], 6) == reference(tiny_model, [5, 6, 7], 6)
+        for stage in pipeline.stages[:2]:
+            log = stage.stderr()
+            assert "bad authentication" in log and "not JSON" in log and "at least 2 parts" in log
+    finally:
+        context.destroy(linger=0)
+
+
+async def test_sigterm_drains_and_exits_zero(start_pipeline):
+    pipeline = start_pipeline(2)
+    async with PipelineClient(pipeline.head, TOKEN, "p0") as client:
+        assert (await wait_healthy(client))["ok"]
+        for stage in reversed(pipeline.stages):
+            stage.popen.terminate()
+        started = time.monotonic()
+        codes = [await asyncio.to_thread(stage.popen.wait, 10) for stage in pipeline.stages]
+    assert codes == [0, 0] and time.monotonic() - started < pipeline.specs[0].peer_timeout_s + 3
+
+
+def test_a_bad_spec_prints_an_error_event_and_exits_nonzero(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from tests.support.processes import REPO_ROOT
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"pipeline_id": "p0", "bits": 3}))
+    done = subprocess.run(
+        [sys.executable, "-m", "worker_runtime.serve", "--spec", str(spec)], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60
+    )
+    assert done.returncode == 1
+    event = json.loads(done.stdout.strip().splitlines()[-1])
+    assert event["event"] == "error" and "spec" in event["message"]
