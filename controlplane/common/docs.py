@@ -25,7 +25,7 @@ class ApiDocsView(LoginRequiredMixin, TemplateView):
                 "path": path,
                 "method": method.upper(),
                 "summary": operation.get("summary") or operation.get("description", "").split("\n")[0],
-                "tag": (operation.get("tags") or [""])[0],
+                "resource": path.removeprefix("/api/v1/").split("/")[0],
                 "parameters": [
                     {"name": p["name"], "in": p["in"], "description": p.get("description", "")}
                     for p in operation.get("parameters", [])
@@ -40,6 +40,7 @@ class ApiDocsView(LoginRequiredMixin, TemplateView):
             for method, operation in item.items()
             if method in METHODS
         ]
+        operations.sort(key=lambda op: op["resource"])  # stable: paths keep their order within a resource
         return {**super().get_context_data(**kwargs), "info": schema["info"], "operations": operations}
 
 

@@ -13,18 +13,24 @@ from controlplane.inventory.models import Device, Link, Node
 
 
 class NodeViewSet(InventoryViewSet):
+    """Hosts of the fleet; set status to draining to keep new plans off one."""
+
     queryset = Node.objects.annotate(device_count=Count("devices"))
     serializer_class = serializers.NodeSerializer
     filterset_class = filtersets.NodeFilterSet
 
 
 class DeviceViewSet(InventoryViewSet):
+    """GPUs: capacity, speed and health; emulated ones come from fleet files."""
+
     queryset = Device.objects.select_related("node")
     serializer_class = serializers.DeviceSerializer
     filterset_class = filtersets.DeviceFilterSet
 
 
 class LinkViewSet(InventoryViewSet):
+    """Declared links between two devices (NVLink, PCIe) or two nodes (network)."""
+
     queryset = Link.objects.select_related("node_a", "node_b", "device_a__node", "device_b__node")
     serializer_class = serializers.LinkSerializer
     filterset_class = filtersets.LinkFilterSet
