@@ -31,7 +31,7 @@ class ValidatedModelSerializer(serializers.ModelSerializer):
         return attrs
 
 
-class InventoryViewSet(viewsets.ModelViewSet):
+class ResourceViewSet(viewsets.ModelViewSet):
     """Declarative CRUD: a subclass names its queryset, serializer_class and filterset_class.
 
     Lists are ordered by default and may be reordered by any of ``ordering_fields`` with

@@ -6,13 +6,13 @@ from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from controlplane.common.api import InventoryViewSet
+from controlplane.common.api import ResourceViewSet
 from controlplane.hardware import gpu_catalog
 from controlplane.inventory.api import filtersets, serializers
 from controlplane.inventory.models import Device, Link, Node
 
 
-class NodeViewSet(InventoryViewSet):
+class NodeViewSet(ResourceViewSet):
     """Hosts of the fleet; set status to draining to keep new plans off one."""
 
     queryset = Node.objects.annotate(device_count=Count("devices"))
@@ -20,7 +20,7 @@ class NodeViewSet(InventoryViewSet):
     filterset_class = filtersets.NodeFilterSet
 
 
-class DeviceViewSet(InventoryViewSet):
+class DeviceViewSet(ResourceViewSet):
     """GPUs: capacity, speed and health; emulated ones come from fleet files."""
 
     queryset = Device.objects.select_related("node")
@@ -28,7 +28,7 @@ class DeviceViewSet(InventoryViewSet):
     filterset_class = filtersets.DeviceFilterSet
 
 
-class LinkViewSet(InventoryViewSet):
+class LinkViewSet(ResourceViewSet):
     """Declared links between two devices (NVLink, PCIe) or two nodes (network)."""
 
     queryset = Link.objects.select_related("node_a", "node_b", "device_a__node", "device_b__node")
