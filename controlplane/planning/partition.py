@@ -29,7 +29,7 @@ from controlplane.planning.plan import Placement
 from controlplane.planning.precision import THROUGHPUT_TOLERANCE, low_bit_cost
 
 INF = float("inf")
-LAGRANGE_STEPS = 14  # bisection steps on the low-bit penalty of ``sum_partition``
+LAGRANGE_STEPS = 10  # bisection steps on the low-bit penalty of ``sum_partition``
 
 
 @dataclass(frozen=True)

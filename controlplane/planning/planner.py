@@ -12,6 +12,7 @@ Groups that look alike (same cards, same link structure) are planned once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from controlplane.hardware.specs import DeviceSpec
@@ -22,7 +23,7 @@ from controlplane.planning.ordering import EXACT_ORDER_LIMIT, candidate_orders, 
 from controlplane.planning.partition import bottleneck_partition, sum_partition
 from controlplane.planning.plan import Placement, Plan, ReplicaPlan
 from controlplane.planning.precision import THROUGHPUT_TOLERANCE, quantized_layers
-from controlplane.planning.replicas import SPLITS, best_count, split
+from controlplane.planning.replicas import SPLITS, best_count, split, useful_group_size
 from controlplane.planning.request import PlanningError, PlanRequest
 
 
@@ -56,8 +57,8 @@ def plan(request: PlanRequest) -> Plan:
         return tried[count]
 
     if request.replicas == "auto":
-        limit = _count_limit(request, cost, devices)
-        best = attempt(best_count(attempt, search.better, limit))
+        lower, limit = _count_range(request, cost, devices)
+        best = attempt(best_count(attempt, search.better, lower, limit))
     else:
         best = attempt(request.replicas)
         if best is None or len(best) != request.replicas:
@@ -85,11 +86,15 @@ def _eligible(request: PlanRequest) -> list[DeviceSpec]:
     return devices
 
 
-def _count_limit(request: PlanRequest, cost: CostModel, devices: list[DeviceSpec]) -> int:
-    """No more replicas than devices, nor than copies of the model the fleet's memory holds."""
+def _count_range(request: PlanRequest, cost: CostModel, devices: list[DeviceSpec]) -> tuple[int, int]:
+    """Replica counts worth trying: groups no larger than useful, no more replicas than devices
+    nor than copies of the model the fleet's memory holds."""
     need = min_replica_bytes(request, cost)
-    total = sum(capacity_bytes(d) for d in devices)
-    return max(1, min(len(devices), int(total // max(need, 1))))
+    capacities = [capacity_bytes(d) for d in devices]
+    limit = max(1, min(len(devices), int(sum(capacities) // max(need, 1))))
+    for_memory = math.ceil(need / min(capacities))
+    largest = useful_group_size(cost.batch, cost.num_layers, for_memory)
+    return min(limit, max(1, len(devices) // largest)), limit
 
 
 def min_replica_bytes(request: PlanRequest, cost: CostModel) -> float:
@@ -185,9 +190,10 @@ class _Search:
                     break
                 options.append((found.stages, micro_batches))
                 micro_batches = min(batch, len(found.stages))
-        chain = sum_partition(cost, orders[0], batch, budget, bits, self.pins)
-        if chain is not None:
-            options.append((chain.stages, 1))
+        if len(ordered) > 1:  # one device: the chain is the bottleneck plan
+            chain = sum_partition(cost, orders[0], batch, budget, bits, self.pins)
+            if chain is not None:
+                options.append((chain.stages, 1))
         if not options:
             return None
         rounds = [evaluate_replica(cost, *option).predicted.round_ms for option in options]

@@ -8,8 +8,10 @@ ways to split the fleet are tried for every replica count and the better plan ke
 * ``dealt``: deal devices, fastest first and in snake order, so replicas get similar mixes of new
   and old cards (balanced throughput when nodes are heterogeneous).
 
-"auto" keeps adding replicas while total throughput rises: counts double (1, 2, 4, ...) until two
-in a row bring no gain, then a local search halves its step around the best count. Groups that
+"auto" keeps adding replicas while total throughput rises: counts double until two in a row bring
+no gain, then a local search halves its step around the best count. Counts start where groups are
+no larger than a pipeline can use (``useful_group_size``): more stages than micro-batches (at most
+the batch) or than layers only add hops, unless memory needs them. Groups that
 cannot hold the model are left idle, so a count is judged by the replicas it really yields.
 """
 
@@ -27,13 +29,16 @@ Result = TypeVar("Result")
 
 
 def best_count(attempt: Callable[[int], Result | None], better: Callable[[Result, Result], bool],
-               limit: int) -> int:
-    """The replica count whose plan is best, by doubling then a shrinking local search."""
+               lower: int, limit: int) -> int:
+    """The replica count in [lower, limit] whose plan is best, by doubling from ``lower`` then a
+    shrinking local search (from 1 when ``lower`` replicas cannot all be planned)."""
     def wins(count: int, incumbent: int) -> bool:
         found, held = attempt(count), attempt(incumbent)
         return found is not None and (held is None or better(found, held))
 
-    best, count, declines = 1, 2, 0
+    if attempt(lower) is None:
+        lower = 1
+    best, count, declines = lower, 2 * lower, 0
     while count <= limit and declines < 2:
         if wins(count, best):
             best, declines = count, 0
@@ -43,11 +48,16 @@ def best_count(attempt: Callable[[int], Result | None], better: Callable[[Result
     step = max(1, best // 2)
     while True:
         for count in (best - step, best + step):
-            if 1 <= count <= limit and wins(count, best):
+            if lower <= count <= limit and wins(count, best):
                 best = count
         if step == 1:
             return best
         step //= 2
+
+
+def useful_group_size(batch: int, num_layers: int, devices_for_memory: int) -> int:
+    """Largest replica worth planning: twice what the micro-batches or the memory need."""
+    return 2 * max(min(batch, num_layers), devices_for_memory)
 
 
 def split(devices: Sequence[DeviceSpec], fleet: FleetSpec, replicas: int, how: str,

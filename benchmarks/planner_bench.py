@@ -1,0 +1,145 @@
+"""Planner benchmark: predicted throughput against the baselines, and planning time.
+
+    .venv/bin/python benchmarks/planner_bench.py [--quick] [--markdown]
+
+For every example fleet and published model config it plans a deployment (batch 8 sequences of
+2048 tokens per replica, default quality budget) and prices the even and memory-proportional
+splits over the same replicas and devices (the planner's "chosen GPUs"). Ratios are planner /
+baseline decode tokens per second; a baseline that cannot hold the model on those devices within
+the budget is reported as "infeasible" and left out of the geometric mean. Planning time is
+measured on one core (no BLAS threads) for the 64-GPU cluster with the 80-layer models and for a
+512-GPU fleet made of eight copies of that cluster.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from controlplane.hardware.fleet_file import load_fleet_file  # noqa: E402
+from controlplane.hardware.specs import FleetSpec  # noqa: E402
+from controlplane.modelspec.profiler import profile_model  # noqa: E402
+from controlplane.planning import PlanningError, PlanRequest, Workload, baseline_plan, plan  # noqa: E402
+from worker_runtime.config import ModelConfig  # noqa: E402
+
+MODELS = ["Llama-2-7B", "Llama-2-13B", "Llama-2-70B", "Llama-3-8B", "Llama-3-70B", "Mistral-7B-v0.1", "Qwen2.5-32B"]
+WORKLOAD = Workload(batch=8, context=2048)
+
+
+def fleets() -> dict[str, FleetSpec]:
+    paths = sorted((ROOT / "examples" / "fleets").glob("*.yaml")) + sorted((ROOT / "examples" / "fleets").glob("*.json"))
+    return {p.stem: load_fleet_file(p) for p in paths}
+
+
+def model(name: str):
+    return profile_model(ModelConfig.from_file(ROOT / "examples" / "models" / name), name)
+
+
+def replicate(fleet: FleetSpec, copies: int) -> FleetSpec:
+    """``copies`` copies of a fleet's nodes, renamed, as one fleet (links between copies: networks)."""
+    nodes = []
+    for copy in range(copies):
+        for node in fleet.nodes:
+            name = f"{node.name}-c{copy}"
+            devices = tuple(dataclasses.replace(d, name=f"{name}/gpu{d.index}", node=name) for d in node.devices)
+            nodes.append(dataclasses.replace(node, name=name, devices=devices))
+    return FleetSpec(name=f"{fleet.name}x{copies}", nodes=tuple(nodes))
+
+
+def heterogeneous(fleet: FleetSpec) -> bool:
+    return len({d.model for d in fleet.devices}) > 1
+
+
+def timed_plan(request: PlanRequest):
+    """The plan and the CPU seconds it took (process time: fair on a shared machine)."""
+    start = time.process_time()
+    result = plan(request)
+    return result, time.process_time() - start
+
+
+def compare(quick: bool) -> list[dict]:
+    rows = []
+    for fleet_name, fleet in fleets().items():
+        for name in MODELS[:3] if quick else MODELS:
+            request = PlanRequest(fleet, model(name), WORKLOAD)
+            row = {"fleet": fleet_name, "model": name, "heterogeneous": heterogeneous(fleet)}
+            try:
+                result, seconds = timed_plan(request)
+            except PlanningError as exc:
+                rows.append({**row, "infeasible": str(exc).split(":")[1].strip()[:60]})
+                continue
+            groups = [[s.device for s in r.stages] for r in result.replicas]
+            row.update(tokens=result.predicted.decode_tokens_per_s, replicas=len(result.replicas),
+                       stages=sum(len(r.stages) for r in result.replicas), low_bit=result.quantized_layers,
+                       seconds=seconds)
+            for kind in ("even", "memory"):
+                try:
+                    other = baseline_plan(request, kind, groups).predicted.decode_tokens_per_s
+                    row[kind] = result.predicted.decode_tokens_per_s / other
+                except PlanningError:
+                    row[kind] = None
+            rows.append(row)
+    return rows
+
+
+def timings(quick: bool) -> list[tuple[str, str, int, float]]:
+    cluster = fleets()["cluster-64"]
+    cases = [(cluster, "Llama-2-70B"), (cluster, "Llama-3-70B")]
+    if not quick:
+        big = replicate(cluster, 8)
+        cases += [(big, "Llama-2-70B"), (big, "Llama-3-70B"), (big, "Llama-3-8B")]
+    out = []
+    for fleet, name in cases:
+        _, seconds = timed_plan(PlanRequest(fleet, model(name), WORKLOAD))
+        out.append((fleet.name, name, len(fleet.devices), seconds))
+    return out
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def report(rows: list[dict], times: list[tuple[str, str, int, float]]) -> str:
+    fmt = lambda v: "infeasible" if v is None else f"{v:.2f}x"  # noqa: E731
+    lines = ["| fleet | model | replicas | stages | low-bit layers | tokens/s | vs even | vs memory | plan CPU s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if "infeasible" in r:
+            lines.append(f"| {r['fleet']} | {r['model']} | - | - | - | infeasible ({r['infeasible']}) | | | |")
+            continue
+        lines.append(f"| {r['fleet']} | {r['model']} | {r['replicas']} | {r['stages']} | {r['low_bit']} | "
+                     f"{r['tokens']:.0f} | {fmt(r['even'])} | {fmt(r['memory'])} | {r['seconds']:.2f} |")
+    lines.append("")
+    for kind in ("even", "memory"):
+        hetero = [r[kind] for r in rows if r.get(kind) is not None and r["heterogeneous"]]
+        every = [r[kind] for r in rows if r.get(kind) is not None]
+        infeasible = sum(1 for r in rows if "tokens" in r and r[kind] is None)
+        lines.append(f"- vs {kind}: geometric mean {geomean(hetero):.2f}x on heterogeneous fleets "
+                     f"({len(hetero)} comparisons), minimum {min(every, default=float('nan')):.2f}x over all; "
+                     f"baseline infeasible on the planner's devices in {infeasible} case(s)")
+    lines += ["", "| fleet | GPUs | model | planning time (CPU s, one core) |", "|---|---:|---|---:|"]
+    lines += [f"| {f} | {n} | {m} | {s:.2f} |" for f, m, n, s in times]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="three models, no 512-GPU timing")
+    args = parser.parse_args()
+    print(report(compare(args.quick), timings(args.quick)))
+
+
+if __name__ == "__main__":
+    main()
