@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Count, Q
+from django.db.models import Count, Prefetch, Q
 
+from controlplane.deployments.models import Deployment, DeploymentStage, PlanRevision
 from controlplane.hardware.specs import GIB
 from controlplane.inventory.models import Device, Link, Node
 from controlplane.models_catalog.models import LlmModel
@@ -64,7 +65,7 @@ def topology() -> dict[str, Any]:
                     pairs.add(pair)
                     links.append({"kind": "nvlink", "a": min(pair), "b": max(pair),
                                   "bandwidth_gbs": a.nvlink_bandwidth_gbs, "implied": True})
-    return {"nodes": node_rows, "links": links}
+    return {"nodes": node_rows, "links": links, "deployments": deployment_overlay()}
 
 
 def _device(node: Node, device: Device) -> dict[str, Any]:
@@ -79,3 +80,90 @@ def _device(node: Node, device: Device) -> dict[str, Any]:
 def _link(link: Link) -> dict[str, Any]:
     a, b = link.endpoints
     return {"kind": link.kind, "a": a.name, "b": b.name, "bandwidth_gbs": link.bandwidth_gbs, "implied": False}
+
+
+def deployment_overview() -> list[dict[str, Any]]:
+    """Every deployment with its revisions (newest first) and its stages, for the deployments page.
+
+    Events are read from what the controller records: each revision's creation and application
+    (its source says why: planner, operator edit, re-plan after a lost node, drain) and the
+    deployment's current status message. Four queries whatever the number of deployments.
+    """
+    deployments = Deployment.objects.select_related("model", "revision").prefetch_related(
+        Prefetch("revisions", queryset=PlanRevision.objects.order_by("-number", "-created")),
+        Prefetch("stages", queryset=DeploymentStage.objects.select_related("node", "device__node")
+                 .order_by("replica", "stage_index", "-wanted")),
+    ).order_by("name")
+    return [_deployment(d) for d in deployments]
+
+
+def _deployment(deployment: Deployment) -> dict[str, Any]:
+    plan = deployment.revision.plan if deployment.revision else {}
+    predicted_stages = {(r, s): stage for r, replica in enumerate(plan.get("replicas", []))
+                        for s, stage in enumerate(replica.get("stages", []))}
+    revisions = list(deployment.revisions.all())
+    events = []
+    for revision in revisions:
+        if revision.applied_at:
+            events.append({"at": revision.applied_at, "text": f"revision {revision.number} applied "
+                           f"({revision.get_source_display().lower()})", "kind": revision.source})
+        events.append({"at": revision.created, "text": f"revision {revision.number or '—'} created "
+                       f"({revision.get_source_display().lower()})", "kind": "created"})
+    events.sort(key=lambda e: e["at"], reverse=True)
+    return {
+        "id": deployment.pk, "name": deployment.name, "model": deployment.model.name, "model_id": deployment.model_id,
+        "status": deployment.status, "status_display": deployment.get_status_display(),
+        "status_message": deployment.status_message, "revision_number": getattr(deployment.revision, "number", None),
+        "replicas": len(plan.get("replicas", [])),
+        "predicted": plan.get("predicted"), "bottleneck": plan.get("bottleneck"),
+        "replica_bottlenecks": [(r.get("bottleneck") or {}).get("device") for r in plan.get("replicas", [])],
+        "revisions": [{"id": r.pk, "number": r.number, "source": r.get_source_display(), "status": r.status,
+                       "created": r.created, "applied_at": r.applied_at,
+                       "tokens_per_s": (r.plan.get("predicted") or {}).get("decode_tokens_per_s"),
+                       "latency_ms": (r.plan.get("predicted") or {}).get("token_latency_ms"),
+                       "bottleneck": (r.plan.get("bottleneck") or {}).get("device")} for r in revisions],
+        "stages": [{
+            "stage_key": s.stage_key, "replica": s.replica, "stage_index": s.stage_index, "wanted": s.wanted,
+            "node": s.node.name, "device": s.device.name if s.device else None,
+            "layers": s.spec.get("layers"), "bits": s.spec.get("bits"), "state": s.state,
+            "restarts": s.restarts, "message": s.message,
+            "predicted_step_ms": (predicted_stages.get((s.replica, s.stage_index)) or {}).get("predicted", {}).get("step_ms")
+            if s.wanted else None,
+        } for s in deployment.stages.all()],
+        "events": events,
+    }
+
+
+def deployment_overlay() -> list[dict[str, Any]]:
+    """What the topology lays over the GPUs: each running deployment's replicas, stages in pipeline
+    order, and each replica's bottleneck device (from its desired plan's prediction)."""
+    overlay = []
+    for d in deployment_overview():
+        if d["status"] == Deployment.Status.STOPPED:
+            continue
+        plan_replicas = {}
+        for stage in d["stages"]:
+            if stage["wanted"] and stage["device"]:
+                plan_replicas.setdefault(stage["replica"], []).append(stage)
+        bottlenecks = d["replica_bottlenecks"]
+        overlay.append({"id": d["id"], "name": d["name"], "status": d["status"], "replicas": [
+            {"index": r, "bottleneck_device": bottlenecks[r] if r < len(bottlenecks) else None,
+             "stages": [{k: s[k] for k in ("stage_key", "device", "layers", "bits", "state")} for s in stages]}
+            for r, stages in sorted(plan_replicas.items())]})
+    return overlay
+
+
+def deployment_editor(*, deployment_id: int) -> dict[str, Any]:
+    """What the plan editor starts from: the applied plan, the request it answered, the devices."""
+    deployment = Deployment.objects.select_related("model", "revision").get(pk=deployment_id)
+    revision = deployment.revision
+    devices = [{"name": d.name, "model": d.model_name, "memory_gib": round(d.memory_bytes / GIB, 1),
+                "emulated": d.emulated} for d in Device.objects.select_related("node").order_by("node__name", "index")]
+    return {
+        "deployment": {"id": deployment.pk, "name": deployment.name, "status": deployment.status},
+        "model": {"id": deployment.model_id, "name": deployment.model.name, "num_layers": deployment.model.num_layers},
+        "revision": {"id": revision.pk, "number": revision.number} if revision else None,
+        "plan": revision.plan if revision else None,
+        "request": revision.request if revision else {},
+        "devices": devices,
+    }

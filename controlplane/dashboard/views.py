@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET
 
 from controlplane.dashboard import selectors
+from controlplane.deployments.models import Deployment
 from controlplane.telemetry.hub import FIELDS, current_hub
 from controlplane.telemetry.rollups import rollup_series
 
@@ -77,3 +78,18 @@ def telemetry_series(request: HttpRequest) -> HttpResponse:
 def topology_json(request: HttpRequest) -> HttpResponse:
     """The topology page's data, refetched when its socket reconnects."""
     return JsonResponse(selectors.topology())
+
+
+@login_required
+def deployments(request: HttpRequest) -> HttpResponse:
+    return render(request, "dashboard/deployments.html",
+                  {"page": "deployments", "deployments": selectors.deployment_overview()})
+
+
+@login_required
+def plan_editor(request: HttpRequest, pk: int) -> HttpResponse:
+    try:
+        editor = selectors.deployment_editor(deployment_id=pk)
+    except Deployment.DoesNotExist:
+        raise Http404("no such deployment") from None
+    return render(request, "dashboard/plan_editor.html", {"page": "deployments", "editor": editor})

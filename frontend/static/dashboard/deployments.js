@@ -1,0 +1,56 @@
+// Deployments page: measured figures from live stage statistics next to the predicted ones, and
+// statuses refreshed from the REST API whenever the socket (re)connects.
+import { connectLive } from "./live.js";
+import { getJSON } from "./api.js";
+
+const fmt = (v, digits = 1) => (v === undefined || v === null ? "—" : Number(v).toFixed(digits));
+
+function onSnapshot(snapshot) {
+  for (const section of document.querySelectorAll("section.deployment")) {
+    const lastStage = {};  // replica -> stats of its last stage (its tokens/s is the replica's)
+    let slowest = null;
+    for (const row of section.querySelectorAll("tr[data-stage]")) {
+      const stats = snapshot.stages[row.dataset.stage];
+      if (!stats) continue;
+      row.querySelector('[data-live="step_ms"]').textContent = fmt(stats.step_ms, 2);
+      row.querySelector('[data-live="tokens_per_s"]').textContent = fmt(stats.tokens_per_s);
+      row.querySelector('[data-live="queue_depth"]').textContent = fmt(stats.queue_depth, 0);
+      const kvTotal = (stats.kv_tokens_used ?? 0) + (stats.kv_tokens_free ?? 0);
+      row.querySelector('[data-live="kv"]').textContent = kvTotal ? `${fmt((100 * stats.kv_tokens_used) / kvTotal, 0)} %` : "—";
+      if (stats.state) {
+        const badge = row.querySelector('[data-field="state"]');
+        badge.textContent = stats.state;
+        badge.className = `status status-${stats.state}`;
+      }
+      const replica = row.dataset.replica, index = Number(row.dataset.index);
+      if (!lastStage[replica] || lastStage[replica].index < index) lastStage[replica] = { index, stats };
+      if (stats.step_ms !== undefined && (!slowest || stats.step_ms > slowest.step_ms)) slowest = { ...stats, key: row.dataset.stage };
+    }
+    const replicas = Object.values(lastStage);
+    if (!replicas.length) continue;
+    const tokens = replicas.reduce((sum, r) => sum + (r.stats.tokens_per_s || 0), 0);
+    section.querySelector('[data-measured="replicas"]').textContent = replicas.length;
+    section.querySelector('[data-measured="tokens_per_s"]').textContent = fmt(tokens);
+    const steps = [...section.querySelectorAll('[data-live="step_ms"]')].map((c) => Number(c.textContent)).filter((v) => !Number.isNaN(v));
+    section.querySelector('[data-measured="latency"]').textContent = steps.length ? `${fmt(steps.reduce((a, b) => a + b, 0) / replicas.length)} ms` : "—";
+    section.querySelector('[data-measured="slowest"]').textContent = slowest ? `${slowest.key} · ${fmt(slowest.step_ms, 2)} ms` : "—";
+  }
+}
+
+async function onResync() {
+  const page = await getJSON("/api/v1/deployments/?limit=1000");
+  for (const deployment of page.results) {
+    const section = document.querySelector(`section.deployment[data-deployment="${deployment.id}"]`);
+    if (!section) { location.reload(); return; }  // a new deployment: the server renders it
+    const badge = section.querySelector('[data-field="status"]');
+    badge.textContent = deployment.status;
+    badge.className = `status status-${deployment.status}`;
+    section.querySelector('[data-field="status_message"]').textContent = deployment.status_message;
+    for (const stage of deployment.stages) {
+      const cell = section.querySelector(`tr[data-stage="${stage.stage_key}"] [data-field="state"]`);
+      if (cell) { cell.textContent = stage.state; cell.className = `status status-${stage.state}`; }
+    }
+  }
+}
+
+connectLive({ onSnapshot, onResync });

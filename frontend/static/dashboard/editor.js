@@ -1,0 +1,198 @@
+// Plan editor: edit the applied plan's placement, have every edit priced by the planner
+// (POST /api/v1/plans/validate/), and apply a valid plan as a new revision after confirming the diff.
+import { postJSON } from "./api.js";
+
+const editor = JSON.parse(document.getElementById("editor-data").textContent);
+const REQUEST_KEYS = ["batch", "context", "prompt_tokens", "objective", "bits", "max_quantized", "replicas", "pins",
+  "exclude_nodes", "exclude_devices"];
+const request = Object.fromEntries(Object.entries(editor.request || {}).filter(([k]) => REQUEST_KEYS.includes(k)));
+const layers = editor.model.num_layers;
+const placement = (plan) => ({ replicas: plan.replicas.map((r) => ({
+  micro_batches: r.micro_batches, stages: r.stages.map((s) => ({ device: s.device, layers: [...s.layers], bits: s.bits })) })) });
+const current = editor.plan && placement(editor.plan);
+let edited = editor.plan && placement(editor.plan);
+let check = null, checkSeq = 0, timer = null;
+
+const GIB = 2 ** 30;
+const fmt = (v, d = 1) => (v === undefined || v === null ? "—" : Number(v).toFixed(d));
+const bitsLabel = (b) => (b === 16 ? "16-bit" : `int${b}`);
+function colour(name) {
+  let h = 0;
+  for (const c of name) h = (h * 31 + c.charCodeAt(0)) % 360;
+  return `hsl(${h}, 55%, 45%)`;
+}
+const h = (tag, attrs = {}, ...children) => {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k.startsWith("on")) node.addEventListener(k.slice(2), v); else if (v !== false) node.setAttribute(k, v === true ? "" : v);
+  }
+  node.append(...children);
+  return node;
+};
+
+function renderTables() {
+  const root = document.getElementById("stage-tables");
+  root.replaceChildren(...edited.replicas.map((replica, r) => {
+    const rows = replica.stages.map((stage, s) => h("tr", { "data-replica": r, "data-stage": s },
+      h("td", {}, `stage ${s}`),
+      h("td", {}, h("select", { class: "device", "aria-label": `replica ${r} stage ${s} device`,
+        onchange: (e) => edit(() => { stage.device = e.target.value; }) },
+        ...editor.devices.map((d) => h("option", { value: d.name, selected: d.name === stage.device },
+          `${d.name} · ${d.model} · ${d.memory_gib} GiB${d.emulated ? " (emulated)" : ""}`)))),
+      h("td", { class: "num" }, String(stage.layers[0])),
+      h("td", {}, h("input", { type: "number", class: "end", min: 1, max: layers, value: stage.layers[1],
+        "aria-label": `replica ${r} stage ${s} last layer (exclusive)`,
+        onchange: (e) => edit(() => moveBoundary(replica, s, Number(e.target.value))) })),
+      h("td", {}, h("select", { class: "bits", "aria-label": `replica ${r} stage ${s} precision`,
+        onchange: (e) => edit(() => { stage.bits = Number(e.target.value); }) },
+        ...[16, 8, 4].map((b) => h("option", { value: b, selected: b === stage.bits }, bitsLabel(b)))))));
+    return h("table", { class: "grid replica-table" },
+      h("caption", {}, `Replica ${r}`),
+      h("thead", {}, h("tr", {}, ...["", "device", "from layer", "to layer (excl.)", "precision"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, ...rows));
+  }));
+}
+
+function moveBoundary(replica, s, end) {
+  replica.stages[s].layers[1] = end;
+  if (replica.stages[s + 1]) replica.stages[s + 1].layers[0] = end;  // the next stage starts where this one ends
+}
+
+function bar(replica, label) {
+  return h("div", {}, h("div", { class: "muted" }, label),
+    h("div", { class: "bar" }, ...replica.stages.map((s) => {
+      const width = Math.max(0, s.layers[1] - s.layers[0]) / layers * 100;
+      return h("div", { style: `width:${width}%;background:${colour(s.device)}`, title: `${s.device} layers [${s.layers[0]}, ${s.layers[1]}) ${bitsLabel(s.bits)}` },
+        `${s.device} ${s.layers[0]}–${s.layers[1]} ${s.bits === 16 ? "" : bitsLabel(s.bits)}`);
+    })));
+}
+
+function renderBars() {
+  document.getElementById("bars").replaceChildren(...edited.replicas.flatMap((replica, r) => [
+    bar(current.replicas[r] || { stages: [] }, `replica ${r} · current`), bar(replica, `replica ${r} · edited`)]));
+}
+
+function renderCheck() {
+  const status = document.getElementById("check-status");
+  const problems = document.getElementById("problems");
+  const changed = diff().length > 0;
+  if (!check) { status.textContent = "checking…"; return; }
+  problems.replaceChildren(...check.problems.map((p) => h("li", { "data-code": p.code }, p.message)));
+  status.className = check.valid ? "ok" : "error";
+  status.textContent = check.valid ? (changed ? "valid: this plan can be applied" : "valid (no change yet)")
+    : `${check.problems.length} problem${check.problems.length === 1 ? "" : "s"}: this plan cannot be applied`;
+  const columns = [editor.plan, check.predicted, check.reference];
+  for (const row of document.querySelectorAll("#figures tr[data-figure]")) {
+    const key = row.dataset.figure;
+    const cells = row.querySelectorAll("td");
+    columns.forEach((plan, i) => {
+      cells[i + 1].textContent = !plan ? "—" : key === "bottleneck"
+        ? `${plan.bottleneck.device} · ${plan.bottleneck.resource}` : fmt(plan.predicted[key], key === "decode_tokens_per_s" ? 1 : 2);
+    });
+    if (key === "decode_tokens_per_s" && check.predicted) {
+      const delta = check.predicted.predicted[key] - editor.plan.predicted[key];
+      cells[2].className = delta > 0.05 ? "better" : delta < -0.05 ? "worse" : "";
+    }
+  }
+  renderMemory();
+  document.getElementById("apply").disabled = !(check.valid && changed);
+}
+
+function renderMemory() {
+  const root = document.getElementById("memory");
+  if (!check.predicted) { root.replaceChildren(h("p", { class: "hint" }, "the edited plan cannot be priced until its structure is fixed")); return; }
+  root.replaceChildren(...check.predicted.replicas.flatMap((r) => r.stages).map((s) => {
+    const { total_bytes: used, capacity_bytes: cap } = s.memory;
+    const over = used > cap;
+    return h("div", { class: `memory-row${over ? " over" : ""}`, "data-device": s.device },
+      h("span", {}, s.device),
+      h("div", { class: "track", title: `weights ${fmt(s.memory.weights_bytes / GIB, 2)} GiB, KV ${fmt(s.memory.kv_bytes / GIB, 2)} GiB` },
+        h("div", { class: "fill", style: `width:${Math.min(100, (100 * used) / cap)}%` })),
+      h("span", { class: "num" }, `${fmt(used / GIB)} / ${fmt(cap / GIB)} GiB`));
+  }));
+}
+
+function diff() {
+  const lines = [];
+  edited.replicas.forEach((replica, r) => replica.stages.forEach((s, i) => {
+    const before = current.replicas[r]?.stages[i];
+    const describe = (x) => `${x.device} [${x.layers[0]}, ${x.layers[1]}) ${bitsLabel(x.bits)}`;
+    if (!before) lines.push(`replica ${r} stage ${i}: new, ${describe(s)}`);
+    else if (describe(before) !== describe(s)) lines.push(`replica ${r} stage ${i}: ${describe(before)} → ${describe(s)}`);
+  }));
+  return lines;
+}
+
+async function validate() {
+  const seq = ++checkSeq;
+  check = null;
+  document.getElementById("apply").disabled = true;
+  renderCheck();
+  try {
+    const result = await postJSON("/api/v1/plans/validate/", { ...request, model: editor.model.id, plan: edited });
+    if (seq === checkSeq) { check = result; renderCheck(); }
+  } catch (error) {
+    if (seq !== checkSeq) return;
+    check = { valid: false, problems: [{ code: "request", message: error.message }], predicted: null, reference: null };
+    renderCheck();
+  }
+}
+
+function edit(change) {
+  change();
+  renderTables();
+  renderBars();
+  clearTimeout(timer);
+  timer = setTimeout(validate, 150);
+}
+
+function main() {
+  document.getElementById("reset").addEventListener("click", () => {
+    document.getElementById("proposal").hidden = true;
+    edit(() => { edited = placement(editor.plan); });
+  });
+
+  document.getElementById("rebalance").addEventListener("click", async () => {
+    const proposal = document.getElementById("proposal");
+    proposal.hidden = false;
+    proposal.className = "card";
+    proposal.textContent = "asking the planner for a fresh plan from current health and calibration…";
+    try {
+      const plan = await postJSON("/api/v1/plans/", { ...request, model: editor.model.id });
+      proposal.textContent = `Proposal from the planner: ${fmt(plan.predicted.decode_tokens_per_s)} tokens/s predicted, ` +
+        `bottleneck ${plan.bottleneck.device}. Review it below and apply it, or reset.`;
+      edit(() => { edited = placement(plan); });
+    } catch (error) {
+      proposal.className = "card error";
+      proposal.textContent = `The planner found no plan: ${error.message}`;
+    }
+  });
+
+  document.getElementById("apply").addEventListener("click", () => {
+    document.getElementById("diff").replaceChildren(...diff().map((line) => h("li", { class: "changed" }, line)));
+    document.getElementById("confirm").showModal();
+  });
+
+  document.getElementById("confirm").addEventListener("close", async (event) => {
+    if (event.target.returnValue !== "apply" || !check?.valid) return;
+    const result = document.getElementById("apply-result");
+    result.className = "";
+    result.textContent = "applying…";
+    try {
+      const deployment = await postJSON(`/api/v1/deployments/${editor.deployment.id}/apply/`,
+        { plan: check.predicted, request, source: "edited" });
+      result.className = "ok";
+      result.textContent = `applied as revision ${deployment.revision_number}; the controller is moving the stages`;
+      setTimeout(() => { location.href = "/deployments/"; }, 800);
+    } catch (error) {
+      result.className = "error";
+      result.textContent = `refused: ${error.message}`;
+    }
+  });
+
+  renderTables();
+  renderBars();
+  validate();
+}
+
+if (editor.plan) main();
