@@ -4,9 +4,13 @@
 
 For every example fleet and published model config it plans a deployment (batch 8 sequences of
 2048 tokens per replica, default quality budget) and prices the even and memory-proportional
-splits over the same replicas and devices (the planner's "chosen GPUs"). Ratios are planner /
-baseline decode tokens per second; a baseline that cannot hold the model on those devices within
-the budget is reported as "infeasible" and left out of the geometric mean. Planning time is
+splits two ways:
+- "same devices": over exactly the planner's replicas and devices (its "chosen GPUs"), so the
+  ratio isolates the partition and precision choice;
+- "all GPUs": as many replicas as the planner, each an even/memory split over a contiguous share
+  of every usable GPU (what an operator running that many copies of vLLM or exo would do).
+Ratios are planner / baseline decode tokens per second; a baseline that cannot hold the model
+within the budget is reported as "infeasible" and left out of the geometric mean. Planning time is
 measured on one core (no BLAS threads) for the 64-GPU cluster with the 80-layer models and for a
 512-GPU fleet made of eight copies of that cluster.
 """
@@ -32,6 +36,7 @@ from controlplane.hardware.fleet_file import load_fleet_file  # noqa: E402
 from controlplane.hardware.specs import FleetSpec  # noqa: E402
 from controlplane.modelspec.profiler import profile_model  # noqa: E402
 from controlplane.planning import PlanningError, PlanRequest, Workload, baseline_plan, plan  # noqa: E402
+from controlplane.planning.replicas import split  # noqa: E402
 from worker_runtime.config import ModelConfig  # noqa: E402
 
 MODELS = ["Llama-2-7B", "Llama-2-13B", "Llama-2-70B", "Llama-3-8B", "Llama-3-70B", "Mistral-7B-v0.1", "Qwen2.5-32B"]
@@ -80,16 +85,18 @@ def compare(quick: bool) -> list[dict]:
             except PlanningError as exc:
                 rows.append({**row, "infeasible": str(exc).split(":")[1].strip()[:60]})
                 continue
-            groups = [[s.device for s in r.stages] for r in result.replicas]
+            chosen = [[s.device for s in r.stages] for r in result.replicas]
+            shares = [[d.name for d in g] for g in split(request.eligible_devices(), fleet, len(chosen), "contiguous")]
             row.update(tokens=result.predicted.decode_tokens_per_s, replicas=len(result.replicas),
                        stages=sum(len(r.stages) for r in result.replicas), low_bit=result.quantized_layers,
                        seconds=seconds)
             for kind in ("even", "memory"):
-                try:
-                    other = baseline_plan(request, kind, groups).predicted.decode_tokens_per_s
-                    row[kind] = result.predicted.decode_tokens_per_s / other
-                except PlanningError:
-                    row[kind] = None
+                for suffix, groups in (("", chosen), (" all", shares)):
+                    try:
+                        other = baseline_plan(request, kind, groups).predicted.decode_tokens_per_s
+                        row[kind + suffix] = result.predicted.decode_tokens_per_s / other
+                    except PlanningError:
+                        row[kind + suffix] = None
             rows.append(row)
     return rows
 
@@ -113,22 +120,24 @@ def geomean(values: list[float]) -> float:
 
 def report(rows: list[dict], times: list[tuple[str, str, int, float]]) -> str:
     fmt = lambda v: "infeasible" if v is None else f"{v:.2f}x"  # noqa: E731
-    lines = ["| fleet | model | replicas | stages | low-bit layers | tokens/s | vs even | vs memory | plan CPU s |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| fleet | model | replicas | stages | low-bit layers | tokens/s | vs even (same devices) | "
+             "vs memory (same devices) | vs even (all GPUs) | vs memory (all GPUs) | plan CPU s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if "infeasible" in r:
-            lines.append(f"| {r['fleet']} | {r['model']} | - | - | - | infeasible ({r['infeasible']}) | | | |")
+            lines.append(f"| {r['fleet']} | {r['model']} | - | - | - | infeasible ({r['infeasible']}) | | | | | |")
             continue
         lines.append(f"| {r['fleet']} | {r['model']} | {r['replicas']} | {r['stages']} | {r['low_bit']} | "
-                     f"{r['tokens']:.0f} | {fmt(r['even'])} | {fmt(r['memory'])} | {r['seconds']:.2f} |")
+                     f"{r['tokens']:.0f} | {fmt(r['even'])} | {fmt(r['memory'])} | {fmt(r['even all'])} | "
+                     f"{fmt(r['memory all'])} | {r['seconds']:.2f} |")
     lines.append("")
-    for kind in ("even", "memory"):
+    for kind in ("even", "memory", "even all", "memory all"):
         hetero = [r[kind] for r in rows if r.get(kind) is not None and r["heterogeneous"]]
         every = [r[kind] for r in rows if r.get(kind) is not None]
         infeasible = sum(1 for r in rows if "tokens" in r and r[kind] is None)
         lines.append(f"- vs {kind}: geometric mean {geomean(hetero):.2f}x on heterogeneous fleets "
                      f"({len(hetero)} comparisons), minimum {min(every, default=float('nan')):.2f}x over all; "
-                     f"baseline infeasible on the planner's devices in {infeasible} case(s)")
+                     f"baseline infeasible in {infeasible} case(s)")
     lines += ["", "| fleet | GPUs | model | planning time (CPU s, one core) |", "|---|---:|---|---:|"]
     lines += [f"| {f} | {n} | {m} | {s:.2f} |" for f, m, n, s in times]
     return "\n".join(lines)

@@ -17,7 +17,7 @@ from controlplane.modelspec.profiler import profile_model
 from controlplane.planning.baselines import baseline_plan
 from controlplane.planning.plan import Plan
 from controlplane.planning.planner import plan
-from controlplane.planning.request import PlanningError, PlanRequest, Workload
+from controlplane.planning.request import Pin, PlanningError, PlanRequest, Workload
 from controlplane.planning.serialize import plan_to_dict
 from worker_runtime.config import ModelConfig, UnsupportedModelError
 
@@ -38,6 +38,16 @@ def _replicas(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {text!r}") from None
 
 
+def _pin(text: str) -> Pin:
+    """``node-a/gpu0:0-10`` -> the device holds layers [0, 10)."""
+    try:
+        device, span = text.rsplit(":", 1)
+        start, end = (int(x) for x in span.split("-"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected DEVICE:START-END like node-a/gpu0:0-10, got {text!r}") from None
+    return Pin(device, start, end)
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="python -m controlplane.planning", description=__doc__)
     commands = root.add_subparsers(dest="command", required=True)
@@ -52,6 +62,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-quantized", type=float, default=0.5, help="largest share of layers below 16 bits")
     p.add_argument("--replicas", type=_replicas, default="auto", help="a number or 'auto'")
     p.add_argument("--exclude-node", action="append", default=[], help="never use this node (repeatable)")
+    p.add_argument("--exclude-device", action="append", default=[], help="never use this device (repeatable)")
+    p.add_argument("--pin", type=_pin, action="append", default=[],
+                   help="DEVICE:START-END, the device holds layers [START, END) (repeatable)")
     p.add_argument("--baseline", choices=("even", "memory"), help="print a baseline split instead")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (docs/planner.md)")
     return root
@@ -68,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             fleet=fleet, model=profile_model(config, name),
             workload=Workload(batch=args.batch, context=args.context, prompt_tokens=args.prompt),
             objective=args.objective, bits=args.bits, max_quantized=args.max_quantized, replicas=args.replicas,
-            exclude_nodes=tuple(args.exclude_node),
+            exclude_nodes=tuple(args.exclude_node), exclude_devices=tuple(args.exclude_device), pins=tuple(args.pin),
         )
         result = baseline_plan(request, args.baseline) if args.baseline else plan(request)
     except (PlanningError, FleetFileError, UnsupportedModelError) as exc:

@@ -91,10 +91,6 @@ class Plan:
     replicas: tuple[ReplicaPlan, ...]
     predicted: Figures
     bottleneck: Bottleneck
-    quantized_layers: int  # decoder layers below 16 bits, summed over replicas' stages of replica 0
+    quantized_layers: int  # the most decoder layers below 16 bits in any replica
     explanation: tuple[str, ...]
     unused_devices: tuple[tuple[str, str], ...] = ()  # (device, why it carries no stage)
-
-    @property
-    def placements(self) -> tuple[tuple[Placement, ...], ...]:
-        return tuple(tuple(s.placement for s in r.stages) for r in self.replicas)
