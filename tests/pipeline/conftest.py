@@ -1,7 +1,9 @@
-"""Fixtures of the pipeline tests: a tiny checkpoint made once, and stage processes that never outlive a test."""
+"""Fixtures of the pipeline tests: a tiny checkpoint made once, and stage processes that never outlive their test."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -35,19 +37,34 @@ def tiny_model(tmp_path_factory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")
 
 
-@pytest.fixture
-def start_pipeline(tiny_model, tmp_path):
-    """``start_pipeline(num_stages, **spec_overrides)`` -> a ready :class:`Pipeline`; killed at teardown."""
+@contextmanager
+def launcher(model: Path, workdir: Path) -> Iterator[Callable[..., Pipeline]]:
+    """``start(num_stages, **spec_overrides)`` -> a ready :class:`Pipeline`; all are stopped and checked on exit."""
     started: list[Pipeline] = []
 
     def start(num_stages: int = 3, **overrides) -> Pipeline:
-        pipeline = Pipeline(pipeline_specs(tiny_model, NUM_LAYERS, num_stages, **overrides), tmp_path)
+        pipeline = Pipeline(pipeline_specs(model, NUM_LAYERS, num_stages, **overrides), workdir)
         started.append(pipeline)
         pipeline.wait_ready()
         return pipeline
 
-    yield start
-    for pipeline in started:
-        pipeline.stop()
-        pipeline.assert_clean()
+    try:
+        yield start
+    finally:
+        for pipeline in started:
+            pipeline.stop()
+        for pipeline in started:
+            pipeline.assert_clean()
 
+
+@pytest.fixture
+def start_pipeline(tiny_model, tmp_path):
+    with launcher(tiny_model, tmp_path) as start:
+        yield start
+
+
+@pytest.fixture(scope="module")
+def shared_pipeline(tiny_model, tmp_path_factory) -> Iterator[Pipeline]:
+    """Three stages with a 512-token KV budget each, shared by the tests of a module that leave it clean."""
+    with launcher(tiny_model, tmp_path_factory.mktemp("shared")) as start:
+        yield start(3, kv_tokens=512)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ import zmq
 
 from worker_runtime.chain import generate
 from worker_runtime.client import PipelineClient
-from worker_runtime.errors import RequestRejected
+from worker_runtime.errors import PipelineBroken, RequestRejected
 from worker_runtime.frames import FrameCodec
 from worker_runtime.sampling import SamplingParams
 from worker_runtime.stage import Stage
@@ -32,9 +31,9 @@ async def collect(client: PipelineClient, prompt, max_tokens, params=SamplingPar
     return [e.token_id async for e in client.submit(prompt, params, max_tokens=max_tokens, **kw)]
 
 
-async def test_three_processes_generate_the_tokens_of_one_process(start_pipeline, tiny_model):
+async def test_three_processes_generate_the_tokens_of_one_process(shared_pipeline, tiny_model):
     """32 concurrent requests, mixed lengths, and a KV budget that forces queueing (512 < 32 x 48)."""
-    pipeline = start_pipeline(3, kv_tokens=512)
+    pipeline = shared_pipeline
     rng = random.Random(0)
     jobs = [([rng.randrange(1, 256) for _ in range(rng.randrange(1, 21))], rng.randrange(1, 25)) for _ in range(32)]
     seeded = SamplingParams(temperature=0.9, top_k=40, seed=7)
@@ -56,7 +55,7 @@ async def test_three_processes_generate_the_tokens_of_one_process(start_pipeline
 SLOW = {"memory_bandwidth_gbs": 1.0, "fp16_tflops": 1.0, "time_scale": 50.0}  # ~20 ms a step on the tiny model
 
 
-async def test_kv_budget_queues_refuses_and_cancel_frees(start_pipeline):
+async def test_kv_budget_queues_refuses_cancel_frees_and_sigterm_drains(start_pipeline):
     pipeline = start_pipeline(2, kv_tokens=128, max_queue=1, emulation=SLOW)
     async with PipelineClient(pipeline.head, TOKEN, "p0") as client:
         assert (await wait_healthy(client))["ok"]
@@ -83,9 +82,21 @@ async def test_kv_budget_queues_refuses_and_cancel_frees(start_pipeline):
         assert stats["kv_tokens_free_by_stage"] == {"0": 128, "1": 128}
         assert stats["stages"][0]["kv_tokens_free"] == 128 and stats["stages"][0]["compute_ms"] >= 10  # paced
 
+        # SIGTERM drains: the running request still finishes, a new one is refused, the head exits 0.
+        running = asyncio.create_task(collect(client, [8, 9], 20))
+        await asyncio.sleep(0.2)
+        pipeline.stages[0].popen.terminate()
+        await asyncio.sleep(0.1)
+        with pytest.raises(PipelineBroken, match="draining"):
+            await collect(client, [1], 2)
+        assert len(await running) == 20
+        assert await asyncio.to_thread(pipeline.stages[0].popen.wait, 10) == 0
+        pipeline.stages[1].popen.terminate()
+        assert await asyncio.to_thread(pipeline.stages[1].popen.wait, 10) == 0
 
-async def test_bad_frames_are_rejected_logged_and_the_stage_keeps_serving(start_pipeline, tiny_model):
-    pipeline = start_pipeline(3)
+
+async def test_bad_frames_are_rejected_logged_and_the_stage_keeps_serving(shared_pipeline, tiny_model):
+    pipeline = shared_pipeline
     context = zmq.Context()
     sockets = []
     try:
@@ -108,17 +119,6 @@ async def test_bad_frames_are_rejected_logged_and_the_stage_keeps_serving(start_
             assert "bad authentication" in log and "not JSON" in log and "at least 2 parts" in log
     finally:
         context.destroy(linger=0)
-
-
-async def test_sigterm_drains_and_exits_zero(start_pipeline):
-    pipeline = start_pipeline(2)
-    async with PipelineClient(pipeline.head, TOKEN, "p0") as client:
-        assert (await wait_healthy(client))["ok"]
-        for stage in reversed(pipeline.stages):
-            stage.popen.terminate()
-        started = time.monotonic()
-        codes = [await asyncio.to_thread(stage.popen.wait, 10) for stage in pipeline.stages]
-    assert codes == [0, 0] and time.monotonic() - started < pipeline.specs[0].peer_timeout_s + 3
 
 
 def test_a_bad_spec_prints_an_error_event_and_exits_nonzero(tmp_path):
