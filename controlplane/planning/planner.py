@@ -188,7 +188,9 @@ class _Search:
                                              self.pins, exact_order=exact)
                 if found is None:
                     break
-                options.append((found.stages, micro_batches))
+                # The partition was sized for this micro-batch; other counts may pace it better
+                # (ceil(batch / m) wastes slots when m does not divide the batch). Pricing is cheap.
+                options.extend((found.stages, m) for m in range(1, min(batch, 2 * len(found.stages)) + 1))
                 micro_batches = min(batch, len(found.stages))
         if len(ordered) > 1:  # one device: the chain is the bottleneck plan
             chain = sum_partition(cost, orders[0], batch, budget, bits, self.pins)

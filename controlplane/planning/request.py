@@ -88,9 +88,12 @@ class PlanRequest:
 
     @property
     def quantized_layer_budget(self) -> int:
-        """Number of decoder layers that may run below 16 bits (0 when 16 is the only choice)."""
+        """Number of decoder layers that may run below 16 bits (0 when 16 is the only choice; all
+        of them when the operator does not allow 16 bits at all)."""
         if all(b == 16 for b in self.bits):
             return 0
+        if 16 not in self.bits:
+            return self.model.num_layers
         return int(self.max_quantized * self.model.num_layers + 1e-9)
 
     @property

@@ -102,3 +102,8 @@ def test_infeasible_partition_is_explained():
 def test_everything_down():
     with pytest.raises(PlanningError, match="no usable device"):
         plan(PlanRequest(fleet({"n": ["A100"]}, health={"n/gpu0": {"down": True}}), profile(8)))
+
+
+def test_without_16_bits_every_layer_is_low_bit():
+    result = plan(PlanRequest(fleet({"n": ["A10"]}), profile(8), Workload(2, 512), bits=(8, 4), max_quantized=0.0))
+    assert {s.bits for r in result.replicas for s in r.stages} <= {8, 4}
