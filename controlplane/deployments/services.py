@@ -325,9 +325,9 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
     deployment = Deployment.objects.select_for_update().select_related("revision", "model").get(pk=deployment_id)
     now = timezone.now()
     start_timeout = timedelta(seconds=settings.MOTLEY_STAGE_START_TIMEOUT_S)
-    rows = list(deployment.stages.select_related("node"))
+    rows = list(deployment.stages.select_related("node", "device"))
     for row in rows:
-        lost = row.node.status == Node.Status.LOST
+        lost = _lost(row)
         if not row.wanted:
             if lost or row.sent_at is None or row.state in (row.State.EXITED, row.State.FAILED):
                 row.delete()
@@ -349,7 +349,7 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
         _status_set(deployment, Deployment.Status.STOPPED if not remaining else deployment.status,
                     "stopped" if not remaining else f"stopping: {remaining} stage(s) not yet confirmed stopped")
         return deployment
-    lost = [row for row in wanted if row.node.status == Node.Status.LOST]
+    lost = [row for row in wanted if _lost(row)]
     failed = [row for row in wanted if row.state == row.State.FAILED]
     if lost:
         names = ", ".join(sorted({row.node.name for row in lost}))
@@ -367,9 +367,15 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
     return deployment
 
 
+def _lost(row: DeploymentStage) -> bool:
+    """The stage's node is LOST, or its device disappeared (its agent re-registered without it)."""
+    return row.node.status == Node.Status.LOST or row.device_id is None
+
+
 def _stage_start(*, row: DeploymentStage, now, restart: bool) -> None:
     dispatch.agent_task_send_on_commit(
-        node=row.node, name=dispatch.START_STAGE, kwargs={"stage_key": row.stage_key, "spec": row.spec}
+        node=row.node, name=dispatch.START_STAGE,
+        kwargs={"stage_key": row.stage_key, "spec": row.spec, "device_index": row.device.index},
     )
     # Until the new process reports, reports of the one it replaces say nothing about the new spec.
     row.superseded_pid = row.pid if restart else None

@@ -1,0 +1,120 @@
+"""What reaches a real broker: the controller's agent tasks as JSON on each node's queue (Redis in
+service mode, the filesystem transport always), and a Celery worker that refuses pickle."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import kombu
+import pytest
+from celery import Celery
+
+from controlplane.deployments import dispatch
+from controlplane.deployments.services import deployment_create, deployment_reconcile
+from tests.support.processes import REPO_ROOT, embedded_env
+
+pytestmark = pytest.mark.django_db
+
+
+def _redis_up() -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", 6379), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def _filesystem_options(folder) -> dict:
+    for sub in ("data", "processed", "control"):
+        (folder / sub).mkdir(parents=True)
+    return {"data_folder_in": str(folder / "data"), "data_folder_out": str(folder / "data"),
+            "processed_folder": str(folder / "processed"), "control_folder": str(folder / "control"),
+            "store_processed": False}
+
+
+@pytest.fixture(params=["filesystem", "redis"])
+def broker_app(request, tmp_path, monkeypatch, nodes):
+    """The controller's sends, from now on, go to a real broker (the recorder is set aside)."""
+    if request.param == "redis":
+        if not _redis_up():
+            pytest.skip("no Redis on 127.0.0.1:6379")
+        url, options = "redis://127.0.0.1:6379/8", {}
+    else:
+        url, options = "filesystem://", _filesystem_options(tmp_path / "broker")
+    app = Celery(f"test-{uuid.uuid4().hex[:6]}", broker=url)
+    app.conf.broker_transport_options = options
+    app.conf.task_serializer = "json"
+    for node in nodes:  # a Redis database outlives the test database's ids
+        drain(app, f"node.{node.pk}")
+    monkeypatch.setattr(dispatch, "current_app", app)
+    yield app
+    app.close()
+
+
+def drain(app: Celery, queue: str) -> list[dict]:
+    """Every message waiting on ``queue``, as (content type, task name, kwargs)."""
+    received = []
+    with app.connection_for_read() as connection:
+        with connection.SimpleQueue(kombu.Queue(queue, routing_key=queue)) as simple:
+            while True:
+                try:
+                    message = simple.get(timeout=0.5)
+                except simple.Empty:
+                    return received
+                args, kwargs, _ = json.loads(message.body)
+                received.append((message.content_type, message.headers["task"], kwargs))
+                message.ack()
+
+
+def test_reconcile_puts_json_start_tasks_on_each_nodes_queue_once(broker_app, nodes, revision):
+    deployment = deployment_create(name="tiny", revision=revision)
+    deployment_reconcile(deployment_id=deployment.pk)
+    deployment_reconcile(deployment_id=deployment.pk)
+    for index, node in enumerate(nodes[:3]):
+        (message,) = drain(broker_app, f"node.{node.pk}")
+        content_type, name, kwargs = message
+        assert (content_type, name) == ("application/json", "motley.agent.start_stage")
+        assert kwargs["stage_key"] == f"d{deployment.pk}-r0-s{index}" and kwargs["spec"]["stage_index"] == index
+        assert kwargs["device_index"] == 0
+    assert drain(broker_app, f"node.{nodes[3].pk}") == []
+
+
+@pytest.mark.slow
+def test_the_control_worker_refuses_a_pickled_task_and_accepts_a_json_one(tmp_path):
+    env = embedded_env(tmp_path)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "controlplane.celery", "worker", "--pool", "solo",
+         "--queues", "control", "--loglevel", "INFO", "--without-heartbeat", "--without-gossip", "--without-mingle"],
+        env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        broker = tmp_path / "broker"
+        broker.mkdir(exist_ok=True)
+        app = Celery("sender", broker="filesystem://")
+        app.conf.broker_transport_options = {"data_folder_in": str(broker), "data_folder_out": str(broker),
+                                             "store_processed": False}
+        app.send_task("motley.deployments.node_health_check", queue="control", serializer="pickle")
+        app.send_task("motley.deployments.node_health_check", queue="control", serializer="json")
+        output = _read_until(worker, "Task motley.deployments.node_health_check", timeout_s=30)
+        assert "untrusted content of type pickle" in output  # refused unread, before the JSON one
+    finally:
+        worker.terminate()
+        worker.wait(timeout=15)
+
+
+def _read_until(process: subprocess.Popen, needle: str, timeout_s: float) -> str:
+    seen = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if needle in line:
+            return "".join(seen)
+    raise AssertionError(f"worker never said {needle!r}:\n{''.join(seen)[-3000:]}")
