@@ -79,6 +79,8 @@ def _recorded_process(path: Path) -> psutil.Process | None:
     try:
         record = json.loads(path.read_text())
         process = psutil.Process(int(record["pid"]))
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None  # already dead (PDEATHSIG did its job), only not yet reaped by init
         # create_time is rounded differently across calls on some kernels: allow a little slack.
         if abs(process.create_time() - float(record["create_time"])) > 0.05:
             return None

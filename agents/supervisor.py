@@ -44,6 +44,10 @@ DEFAULT_COMMAND = (sys.executable, "-m", "worker_runtime.serve")
 _STAGE_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
+class SupervisorClosed(RuntimeError):
+    """The agent is shutting down: no stage is started, stopped or listed any more."""
+
+
 @dataclass(frozen=True)
 class RestartPolicy:
     max_restarts: int = 5
@@ -109,6 +113,7 @@ class Supervisor:
         self._stages: dict[str, _Stage] = {}
         self._inbox: queue.Queue = queue.Queue()
         self._closed = threading.Event()
+        self._closing = threading.Lock()  # orders "closed?" + put against "close" + drain
         self.swept_pids = sweep_pid_records(sorted(self._dir.glob("*/pid.json")))
         self._thread = threading.Thread(target=self._loop, name="stage-supervisor", daemon=True)
         self._thread.start()
@@ -142,21 +147,27 @@ class Supervisor:
         return sorted(waits)
 
     def snapshot(self) -> list[tuple[StageStatus, StageLoad]]:
-        return self._call(self._snapshot)
+        """Every stage's status and load; empty once closed (nothing runs any more)."""
+        try:
+            return self._call(self._snapshot)
+        except SupervisorClosed:
+            return []
 
     def close(self) -> None:
         """Stop every stage (no orphans) and end the loop."""
         if self._closed.is_set():
             return
         self.sync([])
-        self._closed.set()
+        with self._closing:
+            self._closed.set()
         self._thread.join(timeout=5)
 
     def _call(self, fn: Callable, *args: Any) -> Any:
-        if self._closed.is_set():
-            raise RuntimeError("the supervisor is closed")
         future: Future = Future()
-        self._inbox.put((fn, args, future))
+        with self._closing:
+            if self._closed.is_set():
+                raise SupervisorClosed("the supervisor is closed")
+            self._inbox.put((fn, args, future))
         return future.result(timeout=30)
 
     def _max_wait(self, stage_key: str) -> float:
@@ -182,6 +193,10 @@ class Supervisor:
                     if future is not None:
                         future.set_result(result)
             self._tick(time.monotonic())
+        while not self._inbox.empty():  # calls that raced with close: answer them, never leave them hanging
+            _, _, future = self._inbox.get_nowait()
+            if future is not None:
+                future.set_exception(SupervisorClosed("the supervisor is closed"))
 
     def _tick(self, now: float) -> None:
         for stage in list(self._stages.values()):

@@ -119,7 +119,9 @@ class Telemetry:
                 if stop.is_set():
                     return
                 if time.monotonic() >= next_heartbeat:
-                    await socket.send(json.dumps(await self._heartbeat(registration)))
+                    heartbeat = await self._heartbeat(registration)
+                    if heartbeat is not None:
+                        await socket.send(json.dumps(heartbeat))
                     next_heartbeat = time.monotonic() + registration.heartbeat_interval_s
                 self._wake.clear()
                 waits = [asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())]
@@ -142,8 +144,12 @@ class Telemetry:
             await socket.send(json.dumps(frame))
             self._pending.popleft()  # only once sent: an event is not lost with the connection
 
-    async def _heartbeat(self, registration: Registration) -> dict[str, Any]:
-        devices, stages = await asyncio.to_thread(self._snapshot)
+    async def _heartbeat(self, registration: Registration) -> dict[str, Any] | None:
+        try:
+            devices, stages = await asyncio.to_thread(self._snapshot)
+        except Exception:  # a failing metrics source must not take the connection (and events) down
+            log.exception("no heartbeat: the snapshot failed")
+            return None
         self._seq += 1
         return {"type": "heartbeat", "incarnation": registration.incarnation, "seq": self._seq,
                 "sent_at": time.time(), "devices": devices, "stages": stages}

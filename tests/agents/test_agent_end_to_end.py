@@ -1,0 +1,139 @@
+"""``python -m agents run`` against a real control plane (daphne, embedded mode: SQLite and the
+filesystem broker): it registers, heartbeats, takes tasks from its queue, and leaves no process behind
+when stopped or kill -9'd."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+from celery import Celery
+
+from agents.queue_consumer import START_STAGE
+from tests.agents.helpers import STAND_IN_COMMAND, stage_spec, tiny_model, wait_until
+from tests.support.processes import REPO_ROOT, embedded_env, free_port, manage_argv, wait_for_http
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def control_plane(tmp_path_factory):
+    """One daphne for the module; yields (url, env, var_dir)."""
+    var = tmp_path_factory.mktemp("var")
+    env = {**embedded_env(var), "MOTLEY_NODE_LOST_AFTER_S": "600"}
+    subprocess.run(manage_argv("migrate", "--noinput", "-v0"), env=env, cwd=REPO_ROOT, check=True)
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                               "controlplane.asgi:application"], env=env, cwd=REPO_ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/api/schema/")
+        yield f"http://127.0.0.1:{port}", env, var
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+@pytest.fixture(autouse=True)
+def no_orphans():
+    """The module-scoped daphne outlives each test: the agent's own tests check their processes."""
+    yield
+
+
+def _join_token(env) -> str:
+    out = subprocess.run(manage_argv("create_join_token", "--ttl", "10m"), env=env, cwd=REPO_ROOT,
+                         check=True, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def _node(var, name: str):
+    with sqlite3.connect(var / "motley.sqlite3") as db:
+        return db.execute("SELECT id, incarnation, status, last_heartbeat FROM inventory_node WHERE name = ?",
+                          (name,)).fetchone()
+
+
+def _agent(url, env, token, fleet, state, name="box") -> subprocess.Popen:
+    argv = [sys.executable, "-m", "agents", "run", "--server", url, "--join-token", token, "--emulate",
+            str(fleet), "--node", "box", "--name", name, "--state-dir", str(state),
+            "--stage-command", shlex.join(STAND_IN_COMMAND)]
+    log = open(state.parent / f"agent-{name}.log", "a")  # read by the assertions' messages
+    return subprocess.Popen(argv, env=env, cwd=REPO_ROOT, stderr=log, stdout=log)
+
+
+def _log(state, name="box") -> str:
+    return (state.parent / f"agent-{name}.log").read_text()[-4000:]
+
+
+def _send(var, name: str, **kwargs) -> None:
+    app = Celery("test-controller", broker="filesystem://", set_as_current=False, fixups=[])
+    app.conf.broker_transport_options = {"data_folder_in": str(var / "broker"), "data_folder_out": str(var / "broker"),
+                                         "processed_folder": str(var / "broker-processed"),
+                                         "control_folder": str(var / "broker-control"), "store_processed": False}
+    app.send_task(name, kwargs=kwargs, queue=kwargs.pop("queue"), serializer="json")
+    app.close()
+
+
+def _pid_of(state, key: str) -> int:
+    return wait_until(lambda: (state / "stages" / key / "pid.json").exists()
+                      and json.loads((state / "stages" / key / "pid.json").read_text())["pid"],
+                      timeout_s=15, what=f"stage {key} running")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1][0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_agent_registers_heartbeats_runs_a_task_and_stops_everything(control_plane, tiny_fleet, tmp_path):
+    url, env, var = control_plane
+    agent = _agent(url, env, _join_token(env), tiny_fleet, tmp_path / "state")
+    try:
+        node_id, incarnation, status, first_beat = wait_until(lambda: _node(var, "box"), timeout_s=20,
+                                                              what="node registered")
+        assert incarnation >= 1 and status == "ready"
+        wait_until(lambda: _node(var, "box")[3] != first_beat, timeout_s=5, what="a heartbeat")
+        spec = stage_spec(tiny_model(tmp_path / "model"), device="cuda:0")
+        _send(var, START_STAGE, queue=f"node.{node_id}", stage_key="d99-r0-s1", spec=spec)
+        pid = _pid_of(tmp_path / "state", "d99-r0-s1")
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        code = agent.wait(timeout=30)
+    assert code == 0, _log(tmp_path / "state")
+    assert _gone(pid)
+
+
+def test_a_kill_9_agent_takes_its_stages_along_and_a_restart_is_a_new_incarnation(control_plane, tiny_fleet,
+                                                                                 tmp_path):
+    url, env, var = control_plane
+    token = _join_token(env)
+    agent = _agent(url, env, token, tiny_fleet, tmp_path / "state", name="box9")
+    try:
+        node_id, first, _, _ = wait_until(lambda: _node(var, "box9"), timeout_s=20, what="node registered")
+        spec = stage_spec(tiny_model(tmp_path / "model"), device="cuda:0")
+        _send(var, START_STAGE, queue=f"node.{node_id}", stage_key="d98-r0-s1", spec=spec)
+        pid = _pid_of(tmp_path / "state", "d98-r0-s1")
+        agent.kill()
+        agent.wait(timeout=10)
+        wait_until(lambda: _gone(pid), timeout_s=5, what="the stage gone with its agent")
+        agent = _agent(url, env, token, tiny_fleet, tmp_path / "state", name="box9")
+        wait_until(lambda: _node(var, "box9")[1] == first + 1, timeout_s=20, what="incarnation + 1")
+        assert not (tmp_path / "state" / "stages" / "d98-r0-s1" / "pid.json").exists()
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=30) == 0, _log(tmp_path / "state", "box9")
+
+
+def test_a_refused_join_token_stops_the_agent_with_the_servers_reason(control_plane, tiny_fleet, tmp_path):
+    url, env, _ = control_plane
+    agent = _agent(url, env, "mjt_not-a-token", tiny_fleet, tmp_path / "state")
+    assert agent.wait(timeout=30) == 2
+    assert "join token refused: unknown join token" in _log(tmp_path / "state")
