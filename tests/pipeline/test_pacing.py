@@ -1,0 +1,45 @@
+"""Emulation pacing: a stage on a slower modeled device takes proportionally longer per step."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from worker_runtime.pacing import Pacer
+from worker_runtime.spec import Emulation
+from worker_runtime.stage import Batch, Stage
+
+
+def timed_step(stage: Stage, pacer: Pacer, seq_id: int) -> float:
+    batch = Batch.of_tokens([seq_id], [[1, 2, 3, 4]], [0])
+    started = time.perf_counter()
+    stage.forward(batch)
+    pacer.pace(batch, time.perf_counter() - started)
+    stage.kv.free(seq_id)
+    return time.perf_counter() - started
+
+
+def test_modeled_time_follows_the_roofline(tiny_model):
+    stage = Stage.load(tiny_model, 0, 3, kv_tokens=256)
+    fast = Pacer(stage, Emulation(memory_bandwidth_gbs=2.0, fp16_tflops=1.0, time_scale=1.0))
+    slow = Pacer(stage, Emulation(memory_bandwidth_gbs=0.5, fp16_tflops=1.0, time_scale=1.0))
+    decode = Batch(seq_ids=[1], start_positions=[10], lengths=[1])
+    assert slow.modeled_s(decode) == 4 * fast.modeled_s(decode)  # memory-bound: bandwidth ratio
+    expected = (stage.memory().weight_bytes + stage.kv.bytes_per_token * 11) / 2e9
+    assert abs(fast.modeled_s(decode) - expected) < 1e-12
+    compute_bound = Pacer(stage, Emulation(memory_bandwidth_gbs=1e6, fp16_tflops=1e-6, time_scale=1.0))
+    long_prefill = Batch(seq_ids=[1], start_positions=[0], lengths=[64])
+    assert compute_bound.modeled_s(long_prefill) > 60 * compute_bound.modeled_s(decode)  # FLOPs grow with tokens
+
+
+def test_a_slower_device_takes_proportionally_longer(tiny_model):
+    torch.set_num_threads(1)
+    stage = Stage.load(tiny_model, 0, 3, kv_tokens=256)
+    scale = 0.03 / Pacer(stage, Emulation(1.0, 1.0, 1.0)).modeled_s(Batch([1], [0], [4]))  # ~30 ms at 1 GB/s
+    fast = Pacer(stage, Emulation(memory_bandwidth_gbs=1.0, fp16_tflops=1.0, time_scale=scale))
+    slow = Pacer(stage, Emulation(memory_bandwidth_gbs=1 / 3, fp16_tflops=1 / 3, time_scale=scale))
+    fast_s = min(timed_step(stage, fast, 1) for _ in range(3))
+    slow_s = min(timed_step(stage, slow, 2) for _ in range(3))
+    assert 0.029 < fast_s < 0.06 and 0.089 < slow_s < 0.15
+    assert 2.5 < slow_s / fast_s < 3.5
