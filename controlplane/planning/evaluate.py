@@ -26,27 +26,43 @@ def micro_batch_size(batch: int, micro_batches: int) -> int:
     return math.ceil(batch / micro_batches)
 
 
-def round_s(step_times: Sequence[float], trip_s: float, micro_batches: int) -> float:
-    return max(micro_batches * max(step_times), trip_s)
+def _timings(cost: CostModel, placements: Sequence[Placement], micro_batch: int):
+    """Per stage (compute s, transfer-to-next s), and the return hop of sampled tokens."""
+    devices = [cost.device(p.device) for p in placements]
+    times = [(cost.decode_s(d, p.start, p.end, p.bits, micro_batch),
+              cost.hop_s(d, devices[i + 1], micro_batch) if i + 1 < len(devices) else 0.0)
+             for i, (d, p) in enumerate(zip(devices, placements))]
+    return times, cost.return_s(devices[-1], devices[0], micro_batch)
 
 
-def stage_plan(cost: CostModel, placement: Placement, following: DeviceSpec | None, micro_batch: int) -> StagePlan:
+def _round(times, back: float, micro_batches: int) -> tuple[float, float]:
+    """(round, trip) in seconds: see the module doc."""
+    trip = sum(c + t for c, t in times) + back
+    return max(micro_batches * max(max(c, t) for c, t in times), trip), trip
+
+
+def round_seconds(cost: CostModel, placements: Sequence[Placement], micro_batches: int) -> float:
+    """A decode round of the replica: what the search compares (cheaper than ``evaluate_replica``)."""
+    micro_batches = max(1, min(micro_batches, cost.batch))
+    times, back = _timings(cost, placements, micro_batch_size(cost.batch, micro_batches))
+    return _round(times, back, micro_batches)[0]
+
+
+def stage_plan(cost: CostModel, placement: Placement, following: DeviceSpec | None, compute: float,
+               transfer: float) -> StagePlan:
     device = cost.device(placement.device)
     memory = cost.memory(device, placement.start, placement.end, placement.bits)
-    kv_tokens = memory.kv_tokens
+    kv_tokens = min(memory.kv_tokens, 2**53)
     kv_bytes = kv_tokens * memory.kv_bytes_per_token
-    compute = cost.decode_s(device, placement.start, placement.end, placement.bits, micro_batch)
-    transfer = cost.hop_s(device, following, micro_batch) if following is not None else 0.0
-    link = cost.link(device, following).kind if following is not None else None
     return StagePlan(
         device=device.name, node=device.node, gpu_model=device.model,
-        start=placement.start, end=placement.end, bits=placement.bits, kv_tokens=int(min(kv_tokens, 2**53)),
+        start=placement.start, end=placement.end, bits=placement.bits, kv_tokens=int(kv_tokens),
         memory=MemoryBreakdown(
-            weights_bytes=memory.weights_bytes, kv_bytes=int(min(kv_bytes, 2**53)),
-            workspace_bytes=memory.workspace_bytes,
-            total_bytes=int(memory.weights_bytes + min(kv_bytes, 2**53) + memory.workspace_bytes),
+            weights_bytes=memory.weights_bytes, kv_bytes=int(kv_bytes), workspace_bytes=memory.workspace_bytes,
+            total_bytes=int(memory.weights_bytes + kv_bytes + memory.workspace_bytes),
             capacity_bytes=memory.capacity_bytes),
-        compute_ms=compute * 1e3, transfer_ms=transfer * 1e3, step_ms=max(compute, transfer) * 1e3, link=link,
+        compute_ms=compute * 1e3, transfer_ms=transfer * 1e3, step_ms=max(compute, transfer) * 1e3,
+        link=cost.link(device, following).kind if following is not None else None,
     )
 
 
@@ -55,12 +71,10 @@ def evaluate_replica(cost: CostModel, placements: Sequence[Placement], micro_bat
     devices = [cost.device(p.device) for p in placements]
     micro_batches = max(1, min(micro_batches, cost.batch))
     mb = micro_batch_size(cost.batch, micro_batches)
-    stages = tuple(stage_plan(cost, p, devices[i + 1] if i + 1 < len(devices) else None, mb)
+    times, back = _timings(cost, placements, mb)
+    stages = tuple(stage_plan(cost, p, devices[i + 1] if i + 1 < len(devices) else None, *times[i])
                    for i, p in enumerate(placements))
-    back = cost.return_s(devices[-1], devices[0], mb)
-    trip = sum(s.compute_ms + s.transfer_ms for s in stages) / 1e3 + back
-    steps = [s.step_ms / 1e3 for s in stages]
-    round_time = round_s(steps, trip, micro_batches)
+    round_time, trip = _round(times, back, micro_batches)
     prefill = sum(cost.prefill_s(d, p.start, p.end, p.bits, cost.prompt) for d, p in zip(devices, placements))
     prefill += sum(cost.hop_s(devices[i], devices[i + 1], cost.prompt) for i in range(len(devices) - 1))
     figures = Figures(decode_tokens_per_s=cost.batch / round_time, token_latency_ms=round_time * 1e3,

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 from controlplane.hardware.specs import DeviceSpec
 from controlplane.planning.cost_model import CostModel, capacity_bytes, device_key
-from controlplane.planning.evaluate import assemble, evaluate_replica, micro_batch_size
+from controlplane.planning.evaluate import assemble, evaluate_replica, micro_batch_size, round_seconds
 from controlplane.planning.explain import explain, infeasible_message, unused_devices
 from controlplane.planning.ordering import EXACT_ORDER_LIMIT, candidate_orders, speed, topology_order
 from controlplane.planning.partition import bottleneck_partition, sum_partition
-from controlplane.planning.plan import Placement, Plan, ReplicaPlan
+from controlplane.planning.plan import Placement, Plan
 from controlplane.planning.precision import THROUGHPUT_TOLERANCE, quantized_layers
 from controlplane.planning.replicas import SPLITS, best_count, split, useful_group_size
 from controlplane.planning.request import PlanningError, PlanRequest
@@ -31,7 +31,7 @@ from controlplane.planning.request import PlanningError, PlanRequest
 class _GroupPlan:
     placements: tuple[Placement, ...]
     micro_batches: int
-    replica: ReplicaPlan
+    round_s: float
 
 
 def plan(request: PlanRequest) -> Plan:
@@ -121,11 +121,11 @@ class _Search:
         return self._score(a) < self._score(b)
 
     def _score(self, groups: list[_GroupPlan]) -> tuple:
-        throughput = sum(g.replica.predicted.decode_tokens_per_s for g in groups)
-        latency = max(g.replica.predicted.token_latency_ms for g in groups)
+        throughput = sum(self.cost.batch / g.round_s for g in groups)
+        latency = max(g.round_s for g in groups)
         quantized = max(quantized_layers(g.placements) for g in groups)
         if self.request.objective == "latency":
-            return (round(latency, 9), -throughput, quantized)
+            return (round(latency, 12), -throughput, quantized)
         return (-round(throughput, 6), quantized, latency)
 
     def groups(self, groups: list[list[DeviceSpec]], require_all: bool) -> list[_GroupPlan] | None:
@@ -156,7 +156,7 @@ class _Search:
             return None
         positions, (placements, micro_batches) = found
         placements = tuple(Placement(ordered[i].name, p.start, p.end, p.bits) for i, p in zip(positions, placements))
-        return _GroupPlan(placements, micro_batches, evaluate_replica(self.cost, placements, micro_batches))
+        return _GroupPlan(placements, micro_batches, round_seconds(self.cost, placements, micro_batches))
 
     def _signature(self, ordered: list[DeviceSpec]) -> tuple | None:
         """Groups with equal signatures get equal plans (up to device names)."""
@@ -198,7 +198,7 @@ class _Search:
                 options.append((chain.stages, 1))
         if not options:
             return None
-        rounds = [evaluate_replica(cost, *option).predicted.round_ms for option in options]
+        rounds = [round_seconds(cost, *option) for option in options]
         fastest = min(rounds)
         # Within 1% of the fastest round, fewer low-bit layers win, then the faster, then fewer stages.
         return min((o for o, r in zip(options, rounds) if r * (1.0 - THROUGHPUT_TOLERANCE) <= fastest),
