@@ -1,0 +1,49 @@
+"""The supervisor with the real stage process (``python -m worker_runtime.serve``) on an emulated device:
+a tiny demo checkpoint loads, reports ready and statistics, is paced like the card, and drains on stop."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from agents.admission import Admission
+from agents.discovery.emulated import emulated_devices
+from agents.supervisor import Supervisor
+from tests.agents.helpers import Events, wait_until
+from tests.support.processes import REPO_ROOT, free_port
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def demo_model(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    subprocess.run([sys.executable, "-m", "worker_runtime.make_demo_model", str(out), "--layers", "2", "--hidden", "64",
+                    "--intermediate", "128", "--heads", "4", "--kv-heads", "2", "--max-positions", "128"],
+                   cwd=REPO_ROOT, check=True, capture_output=True)
+    return out
+
+
+def test_a_real_stage_starts_reports_and_drains(tmp_path, tiny_fleet, demo_model):
+    events = Events()
+    supervisor = Supervisor(tmp_path / "state", Admission(emulated_devices(tiny_fleet, "box"), time_scale=2.0), events)
+    address = f"tcp://127.0.0.1:{free_port()}"
+    spec = {"pipeline_id": "d5-r0", "auth_token": "secret", "model_path": str(demo_model), "stage_index": 0,
+            "num_stages": 1, "layers": [0, 2], "bits": 16, "dtype": None, "device": "cpu", "threads": 1,
+            "kv_tokens": 256, "listen": address, "next": None, "head": address, "peer_timeout_s": 2.0,
+            "emulation": None}
+    try:
+        status = supervisor.start("d5-r0-s0", spec, device_index=0)
+        assert status.state == "starting", status.message
+        written = json.loads((tmp_path / "state/stages/d5-r0-s0/spec.json").read_text())
+        assert written["emulation"] == {"memory_bandwidth_gbs": 320.0, "fp16_tflops": 65.0, "time_scale": 2.0}
+        events.wait_for(lambda s: s.state == "ready", timeout_s=60)
+        stats = wait_until(lambda: supervisor.snapshot()[0][0].stats, timeout_s=10, what="a stats line")
+        assert {"step_ms", "tokens_per_s", "kv_tokens_free", "steps"} <= set(stats)
+    finally:
+        stopped = supervisor.stop("d5-r0-s0")
+        supervisor.close()
+    assert (stopped.state, stopped.exit_code) == ("exited", 0), stopped.message
