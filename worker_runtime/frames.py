@@ -30,6 +30,8 @@ DTYPES = {
     "int32": torch.int32,
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+# Received buffers are read-only and the stages only read them: torch's warning about it is noise.
+warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
 
 
 class FrameError(ValueError):
@@ -105,6 +107,4 @@ class FrameCodec:
             raise FrameError(f"tensor part of {buffer.nbytes} bytes does not match {spec!r}")
         if expected == 0:
             return torch.empty(shape, dtype=dtype)
-        with warnings.catch_warnings():  # received buffers are read-only; the stage only reads them
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).reshape(shape)
+        return torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).reshape(shape)
