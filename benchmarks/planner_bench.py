@@ -25,6 +25,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import math  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -83,7 +84,8 @@ def compare(quick: bool) -> list[dict]:
             try:
                 result, seconds = timed_plan(request)
             except PlanningError as exc:
-                rows.append({**row, "infeasible": str(exc).split(":")[1].strip()[:60]})
+                short = re.search(r"short by [0-9.]+ GiB", str(exc))
+                rows.append({**row, "infeasible": short.group(0) if short else "no partition fits"})
                 continue
             chosen = [[s.device for s in r.stages] for r in result.replicas]
             shares = [[d.name for d in g] for g in split(request.eligible_devices(), fleet, len(chosen), "contiguous")]
