@@ -161,6 +161,15 @@ class CostModel:
         memory_s, compute_s = self._parts(device, np.array(start), np.array(end), bits, micro_batch)
         return "memory bandwidth" if memory_s >= compute_s else "compute"
 
+    def least_replica_bytes(self, low_bits: int, low_layers: int) -> float:
+        """Least memory one replica needs with ``low_layers`` layers at ``low_bits`` (the ones that
+        save the most) and the rest at 16 bits, plus the KV of the batch and one workspace."""
+        per_layer = np.diff(self.weights[16])
+        savings = np.sort(per_layer - np.diff(self.weights[low_bits]))[::-1]
+        weights = per_layer.sum() - savings[:low_layers].sum()
+        return float(weights + self.embedding_bytes + self.head_bytes[low_bits] + self.kv[-1] * self.kv_required
+                     + self.workspace + self.logits)
+
     # -- every interval of a device at once -----------------------------------------------------
 
     def decode_matrix(self, device: DeviceSpec, bits: int, micro_batch: float) -> np.ndarray:

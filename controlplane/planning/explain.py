@@ -91,18 +91,29 @@ def unused_devices(request: PlanRequest, replicas: Sequence[ReplicaPlan]) -> lis
     return unused
 
 
-def infeasible_message(request: PlanRequest, cost: CostModel, devices: Sequence[DeviceSpec],
-                       need_bytes: float) -> str:
-    """Why nothing fits, with the shortfall in GiB."""
+def min_replica_bytes(request: PlanRequest, cost: CostModel) -> float:
+    """Least memory one replica needs within the request's precisions and quality budget."""
+    return cost.least_replica_bytes(min(request.bits), request.quantized_layer_budget)
+
+
+def infeasible_message(request: PlanRequest, cost: CostModel, devices: Sequence[DeviceSpec]) -> str:
+    """Why nothing fits, with the shortfall in GiB (within the budget and at the lowest precision)."""
     have = sum(max(capacity_bytes(d), 0) for d in devices)
     low = min(request.bits)
+    need = min_replica_bytes(request, cost)
+    floor = cost.least_replica_bytes(low, request.model.num_layers)
     head = (f"infeasible: {request.model.name} with {request.workload.batch} sequences x "
-            f"{request.workload.context} tokens of KV needs at least {_gib(need_bytes)} "
-            f"(weights at {low} bits where the budget of {request.quantized_layer_budget} low-bit layers allows, "
+            f"{request.workload.context} tokens of KV needs at least {_gib(need)} "
+            f"(weights at {low} bits for the {request.quantized_layer_budget} layers the quality budget allows, "
             f"16 bits elsewhere, plus KV and workspace)")
-    if need_bytes > have:
+    if need > have:
+        if floor > have:
+            lowest = (f" Even with every layer at {low} bits it needs {_gib(floor)}: short by "
+                      f"{_gib(floor - have)}.")
+        else:
+            lowest = f" With every layer at {low} bits (--max-quantized 1) it would need {_gib(floor)}, which the fleet's total memory holds."
         return (f"{head}, but the {len(devices)} usable device(s) offer {_gib(have)}: short by "
-                f"{_gib(need_bytes - have)}. Add devices, allow lower precision (--bits, --max-quantized) or "
+                f"{_gib(need - have)}.{lowest} Add devices, allow lower precision (--bits, --max-quantized) or "
                 f"shrink --batch / --context.")
     largest = max(devices, key=capacity_bytes)
     return (f"{head}; the usable devices offer {_gib(have)} in total, but no partition fits each stage's "

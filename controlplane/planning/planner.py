@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from controlplane.hardware.specs import DeviceSpec
 from controlplane.planning.cost_model import CostModel, capacity_bytes, device_key
 from controlplane.planning.evaluate import assemble, evaluate_replica, micro_batch_size, round_seconds
-from controlplane.planning.explain import explain, infeasible_message, unused_devices
+from controlplane.planning.explain import explain, infeasible_message, min_replica_bytes, unused_devices
 from controlplane.planning.ordering import EXACT_ORDER_LIMIT, candidate_orders, speed, topology_order
 from controlplane.planning.partition import bottleneck_partition, sum_partition
 from controlplane.planning.plan import Placement, Plan
@@ -38,9 +38,8 @@ def plan(request: PlanRequest) -> Plan:
     """The best plan for the request; ``PlanningError`` with the reason when none fits."""
     cost = CostModel(request)
     devices = _eligible(request)
-    need = min_replica_bytes(request, cost)
-    if need > sum(capacity_bytes(d) for d in devices):
-        raise PlanningError(infeasible_message(request, cost, devices, need))
+    if min_replica_bytes(request, cost) > sum(capacity_bytes(d) for d in devices):
+        raise PlanningError(infeasible_message(request, cost, devices))
     search = _Search(cost, request, exact=len(devices) <= EXACT_ORDER_LIMIT)
     pinned = tuple(p.device for p in request.pins)
     tried: dict[int, list[_GroupPlan] | None] = {}
@@ -65,7 +64,7 @@ def plan(request: PlanRequest) -> Plan:
             raise PlanningError(f"infeasible: no split of the {len(devices)} usable device(s) into "
                                 f"{request.replicas} replicas holds the model in each; try fewer replicas or 'auto'")
     if best is None:
-        raise PlanningError(infeasible_message(request, cost, devices, min_replica_bytes(request, cost)))
+        raise PlanningError(infeasible_message(request, cost, devices))
     replicas = tuple(evaluate_replica(cost, g.placements, g.micro_batches, i) for i, g in enumerate(best))
     return assemble(request, cost, "planner", replicas, explain(request, cost, replicas),
                     unused_devices(request, replicas))
@@ -95,16 +94,6 @@ def _count_range(request: PlanRequest, cost: CostModel, devices: list[DeviceSpec
     for_memory = math.ceil(need / min(capacities))
     largest = useful_group_size(cost.batch, cost.num_layers, for_memory)
     return min(limit, max(1, len(devices) // largest)), limit
-
-
-def min_replica_bytes(request: PlanRequest, cost: CostModel) -> float:
-    """Least memory one replica needs: weights at the lowest precisions the budget allows + KV."""
-    layers = request.model.layers
-    low = min(request.bits)
-    savings = sorted((l.weight_bytes[16] - l.weight_bytes[low] for l in layers), reverse=True)
-    weights = sum(l.weight_bytes[16] for l in layers) - sum(savings[: request.quantized_layer_budget])
-    return (weights + cost.embedding_bytes + cost.head_bytes[low] + cost.kv[-1] * cost.kv_required
-            + cost.workspace + cost.logits)
 
 
 class _Search:
