@@ -44,7 +44,8 @@ def _pin(text: str) -> Pin:
         device, span = text.rsplit(":", 1)
         start, end = (int(x) for x in span.split("-"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected DEVICE:START-END like node-a/gpu0:0-10, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected DEVICE:START-END like node-a/gpu0:0-10, got {text!r}") from None
     return Pin(device, start, end)
 
 
@@ -55,7 +56,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fleet", required=True, help="fleet file (YAML or JSON)")
     p.add_argument("--model", required=True, help="Hugging Face config.json or the directory holding it")
     p.add_argument("--batch", type=int, default=8, help="concurrent sequences per replica")
-    p.add_argument("--context", type=int, default=4096, help="tokens (prompt + output) each sequence may hold")
+    p.add_argument("--context", type=int, default=4096,
+                   help="tokens (prompt + output) each sequence may hold")
     p.add_argument("--prompt", type=int, default=None, help="typical prompt length (default: context / 2)")
     p.add_argument("--objective", choices=("throughput", "latency"), default="throughput")
     p.add_argument("--bits", type=_bits, default=(16, 8, 4), help="allowed precisions, e.g. 16,8")
@@ -80,8 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         request = PlanRequest(
             fleet=fleet, model=profile_model(config, name),
             workload=Workload(batch=args.batch, context=args.context, prompt_tokens=args.prompt),
-            objective=args.objective, bits=args.bits, max_quantized=args.max_quantized, replicas=args.replicas,
-            exclude_nodes=tuple(args.exclude_node), exclude_devices=tuple(args.exclude_device), pins=tuple(args.pin),
+            objective=args.objective, bits=args.bits, max_quantized=args.max_quantized,
+            replicas=args.replicas, exclude_nodes=tuple(args.exclude_node),
+            exclude_devices=tuple(args.exclude_device), pins=tuple(args.pin),
         )
         result = baseline_plan(request, args.baseline) if args.baseline else plan(request)
     except (PlanningError, FleetFileError, UnsupportedModelError) as exc:
@@ -94,13 +97,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 def render(result: Plan) -> str:
     """A short human-readable table of the plan, then its explanation."""
     lines = [f"{result.kind} plan of {result.model} on {result.fleet}: "
-             f"{result.predicted.decode_tokens_per_s:.0f} tokens/s, {result.predicted.token_latency_ms:.2f} ms "
+             f"{result.predicted.decode_tokens_per_s:.0f} tokens/s, "
+             f"{result.predicted.token_latency_ms:.2f} ms "
              f"between tokens, prefill {result.predicted.prefill_ms:.0f} ms"]
     for index, replica in enumerate(result.replicas):
-        lines.append(f"replica {index} ({replica.micro_batches} micro-batches of {replica.micro_batch_size}):")
+        lines.append(f"replica {index} ({replica.micro_batches} micro-batches of "
+                     f"{replica.micro_batch_size}):")
         for s in replica.stages:
-            lines.append(f"  {s.device:<16} {s.gpu_model:<16} layers [{s.start:>3}, {s.end:>3}) {s.bits:>2}-bit "
-                         f"kv {s.kv_tokens:>9} step {s.step_ms:8.3f} ms  mem {s.memory.total_bytes / 2**30:6.1f}"
+            lines.append(f"  {s.device:<16} {s.gpu_model:<16} layers [{s.start:>3}, {s.end:>3}) "
+                         f"{s.bits:>2}-bit kv {s.kv_tokens:>9} step {s.step_ms:8.3f} ms  "
+                         f"mem {s.memory.total_bytes / 2**30:6.1f}"
                          f"/{s.memory.capacity_bytes / 2**30:.1f} GiB")
     lines.extend(f"- {line}" for line in result.explanation)
     return "\n".join(lines)

@@ -104,7 +104,8 @@ class CostModel:
         self.head_bytes = {b: float(model.head.weight_bytes[b]) for b in (16, 8, 4)}
         self.head_flops = float(model.head.flops_per_token)
         self.activation_bytes = float(model.activation_bytes_per_token)
-        self.workspace = float(PREFILL_CHUNK_TOKENS * model.activation_bytes_per_token * ACTIVATION_WORKSPACE_FACTOR)
+        self.workspace = float(PREFILL_CHUNK_TOKENS * model.activation_bytes_per_token
+                               * ACTIVATION_WORKSPACE_FACTOR)
         self.logits = float(LOGIT_BYTES * model.vocab_size * workload.batch)
         self._matrices: dict[tuple, np.ndarray] = {}
         self._devices = {d.name: d for d in self.fleet.devices}
@@ -156,7 +157,8 @@ class CostModel:
         link = self.link(last, first)
         return micro_batch * TOKEN_ID_BYTES / (link.bandwidth_gbs * 1e9) + link.latency_us * 1e-6
 
-    def limiting_resource(self, device: DeviceSpec, start: int, end: int, bits: int, micro_batch: float) -> str:
+    def limiting_resource(self, device: DeviceSpec, start: int, end: int, bits: int,
+                          micro_batch: float) -> str:
         """Whether the stage's decode step waits on memory bandwidth or on compute."""
         memory_s, compute_s = self._parts(device, np.array(start), np.array(end), bits, micro_batch)
         return "memory bandwidth" if memory_s >= compute_s else "compute"
@@ -167,8 +169,8 @@ class CostModel:
         per_layer = np.diff(self.weights[16])
         savings = np.sort(per_layer - np.diff(self.weights[low_bits]))[::-1]
         weights = per_layer.sum() - savings[:low_layers].sum()
-        return float(weights + self.embedding_bytes + self.head_bytes[low_bits] + self.kv[-1] * self.kv_required
-                     + self.workspace + self.logits)
+        return float(weights + self.embedding_bytes + self.head_bytes[low_bits]
+                     + self.kv[-1] * self.kv_required + self.workspace + self.logits)
 
     # -- every interval of a device at once -----------------------------------------------------
 

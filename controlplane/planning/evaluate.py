@@ -16,8 +16,8 @@ from typing import Sequence
 
 from controlplane.hardware.specs import DeviceSpec
 from controlplane.planning.cost_model import CostModel
-from controlplane.planning.plan import (Bottleneck, Figures, MemoryBreakdown, Placement, Plan, PlanKind, ReplicaPlan,
-                                        StagePlan)
+from controlplane.planning.plan import (Bottleneck, Figures, MemoryBreakdown, Placement, Plan, PlanKind,
+                                        ReplicaPlan, StagePlan)
 from controlplane.planning.precision import quantized_layers
 from controlplane.planning.request import PlanRequest
 
@@ -58,7 +58,8 @@ def stage_plan(cost: CostModel, placement: Placement, following: DeviceSpec | No
         device=device.name, node=device.node, gpu_model=device.model,
         start=placement.start, end=placement.end, bits=placement.bits, kv_tokens=int(kv_tokens),
         memory=MemoryBreakdown(
-            weights_bytes=memory.weights_bytes, kv_bytes=int(kv_bytes), workspace_bytes=memory.workspace_bytes,
+            weights_bytes=memory.weights_bytes, kv_bytes=int(kv_bytes),
+            workspace_bytes=memory.workspace_bytes,
             total_bytes=int(memory.weights_bytes + kv_bytes + memory.workspace_bytes),
             capacity_bytes=memory.capacity_bytes),
         compute_ms=compute * 1e3, transfer_ms=transfer * 1e3, step_ms=max(compute, transfer) * 1e3,

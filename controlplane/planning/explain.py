@@ -28,17 +28,20 @@ def explain(request: PlanRequest, cost: CostModel, replicas: Sequence[ReplicaPla
         lines.extend(_replica_lines(request, cost, index, replica))
     budget = request.quantized_layer_budget
     worst = max(sum(s.end - s.start for s in r.stages if s.bits < 16) for r in replicas)
-    lines.append(f"Quality: at most {worst} of {request.model.num_layers} layers per replica run below 16 bits "
-                 f"(budget {budget}).")
+    lines.append(f"Quality: at most {worst} of {request.model.num_layers} layers per replica run "
+                 f"below 16 bits (budget {budget}).")
     return lines
 
 
 def _replica_lines(request: PlanRequest, cost: CostModel, index: int, replica: ReplicaPlan) -> list[str]:
     stages = replica.stages
-    chain = " -> ".join(f"{s.device} ({s.gpu_model}, layers [{s.start}, {s.end}), {s.bits}-bit)" for s in stages)
-    lines = [f"Replica {index}: {chain}; {replica.micro_batches} micro-batch(es) of {replica.micro_batch_size}, "
-             f"{replica.predicted.decode_tokens_per_s:.0f} tokens/s, {replica.predicted.token_latency_ms:.2f} ms "
-             f"between tokens, {replica.predicted.prefill_ms:.0f} ms prefill of {request.workload.prompt} tokens."]
+    chain = " -> ".join(f"{s.device} ({s.gpu_model}, layers [{s.start}, {s.end}), {s.bits}-bit)"
+                        for s in stages)
+    figures = replica.predicted
+    lines = [f"Replica {index}: {chain}; {replica.micro_batches} micro-batch(es) of "
+             f"{replica.micro_batch_size}, {figures.decode_tokens_per_s:.0f} tokens/s, "
+             f"{figures.token_latency_ms:.2f} ms between tokens, {figures.prefill_ms:.0f} ms prefill of "
+             f"{request.workload.prompt} tokens."]
     nodes = []
     for s in stages:
         if not nodes or nodes[-1] != s.node:
@@ -72,7 +75,8 @@ def _why_low_bits(cost: CostModel, device: DeviceSpec, start: int, end: int, bit
     need = full.weights_bytes + full.workspace_bytes + full.kv_bytes_per_token * cost.kv_required
     head = f"{device.name} ({device.model}) runs layers [{start}, {end}) at {bits} bits: at 16 bits"
     if need > full.capacity_bytes:
-        return f"{head} they need {_gib(need)} with their KV cache but the card has {_gib(full.capacity_bytes)}."
+        return (f"{head} they need {_gib(need)} with their KV cache but the card has "
+                f"{_gib(full.capacity_bytes)}.")
     slow = cost.decode_s(device, start, end, 16, micro_batch) * 1e3
     return (f"{head} their step would take {slow:.2f} ms against the pipeline's {bottleneck_ms:.2f} ms "
             f"(an old or small card made to keep pace).")
@@ -104,17 +108,18 @@ def infeasible_message(request: PlanRequest, cost: CostModel, devices: Sequence[
     floor = cost.least_replica_bytes(low, request.model.num_layers)
     head = (f"infeasible: {request.model.name} with {request.workload.batch} sequences x "
             f"{request.workload.context} tokens of KV needs at least {_gib(need)} "
-            f"(weights at {low} bits for the {request.quantized_layer_budget} layers the quality budget allows, "
-            f"16 bits elsewhere, plus KV and workspace)")
+            f"(weights at {low} bits for the {request.quantized_layer_budget} layers the quality budget "
+            f"allows, 16 bits elsewhere, plus KV and workspace)")
     if need > have:
         if floor > have:
             lowest = (f" Even with every layer at {low} bits it needs {_gib(floor)}: short by "
                       f"{_gib(floor - have)}.")
         else:
-            lowest = f" With every layer at {low} bits (--max-quantized 1) it would need {_gib(floor)}, which the fleet's total memory holds."
+            lowest = (f" With every layer at {low} bits (--max-quantized 1) it would need {_gib(floor)}, "
+                      f"which the fleet's total memory holds.")
         return (f"{head}, but the {len(devices)} usable device(s) offer {_gib(have)}: short by "
-                f"{_gib(need - have)}.{lowest} Add devices, allow lower precision (--bits, --max-quantized) or "
-                f"shrink --batch / --context.")
+                f"{_gib(need - have)}.{lowest} Add devices, allow lower precision (--bits, --max-quantized) "
+                f"or shrink --batch / --context.")
     largest = max(devices, key=capacity_bytes)
     return (f"{head}; the usable devices offer {_gib(have)} in total, but no partition fits each stage's "
             f"weights and KV into its device (largest: {largest.name} with {_gib(capacity_bytes(largest))}), "

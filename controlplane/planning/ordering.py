@@ -21,7 +21,8 @@ def speed(device: DeviceSpec) -> float:
     return device.memory_bandwidth_gbs * device.throttle_factor / max(device.calibration, 1e-6)
 
 
-def topology_order(devices: Sequence[DeviceSpec], fleet: FleetSpec, fast_first: bool = True) -> list[DeviceSpec]:
+def topology_order(devices: Sequence[DeviceSpec], fleet: FleetSpec,
+                   fast_first: bool = True) -> list[DeviceSpec]:
     """Node-major order: nodes by network bandwidth, then NVLink islands, then devices by speed."""
     def node_key(name: str) -> tuple:
         return (-fleet.node(name).network_bandwidth_gbs, name)

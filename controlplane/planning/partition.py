@@ -242,7 +242,8 @@ def bottleneck_partition(cost: CostModel, devices: Sequence[DeviceSpec], micro_b
     quantized = int(fewest(relaxed))
     tau = best
     if fewest(best) > quantized:
-        tau = _smallest(candidates[(candidates >= best) & (candidates <= relaxed)], lambda t: fewest(t) <= quantized)
+        window = candidates[(candidates >= best) & (candidates <= relaxed)]
+        tau = _smallest(window, lambda t: fewest(t) <= quantized)
     if exact_order:
         stages = _subset_stages(problem, hop_matrix, tau)
     else:

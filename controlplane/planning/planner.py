@@ -62,7 +62,8 @@ def plan(request: PlanRequest) -> Plan:
         best = attempt(request.replicas)
         if best is None or len(best) != request.replicas:
             raise PlanningError(f"infeasible: no split of the {len(devices)} usable device(s) into "
-                                f"{request.replicas} replicas holds the model in each; try fewer replicas or 'auto'")
+                                f"{request.replicas} replicas holds the model in each; "
+                                f"try fewer replicas or 'auto'")
     if best is None:
         raise PlanningError(infeasible_message(request, cost, devices))
     replicas = tuple(evaluate_replica(cost, g.placements, g.micro_batches, i) for i, g in enumerate(best))
@@ -144,7 +145,8 @@ class _Search:
         if found is None:
             return None
         positions, (placements, micro_batches) = found
-        placements = tuple(Placement(ordered[i].name, p.start, p.end, p.bits) for i, p in zip(positions, placements))
+        placements = tuple(Placement(ordered[i].name, p.start, p.end, p.bits)
+                           for i, p in zip(positions, placements))
         return _GroupPlan(placements, micro_batches, round_seconds(self.cost, placements, micro_batches))
 
     def _signature(self, ordered: list[DeviceSpec]) -> tuple | None:
@@ -173,8 +175,8 @@ class _Search:
             micro_batches, tried = min(batch, len(order)), set()
             while micro_batches not in tried:
                 tried.add(micro_batches)
-                found = bottleneck_partition(cost, order, micro_batch_size(batch, micro_batches), budget, bits,
-                                             self.pins, exact_order=exact)
+                found = bottleneck_partition(cost, order, micro_batch_size(batch, micro_batches), budget,
+                                             bits, self.pins, exact_order=exact)
                 if found is None:
                     break
                 # The partition was sized for this micro-batch; other counts may pace it better

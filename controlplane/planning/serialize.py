@@ -28,8 +28,8 @@ def _bottleneck(b: Bottleneck) -> dict[str, Any]:
 
 def _stage(s: StagePlan) -> dict[str, Any]:
     return {
-        "device": s.device, "node": s.node, "gpu_model": s.gpu_model, "layers": [s.start, s.end], "bits": s.bits,
-        "kv_tokens": s.kv_tokens, "memory": {k: getattr(s.memory, k) for k in _MEMORY},
+        "device": s.device, "node": s.node, "gpu_model": s.gpu_model, "layers": [s.start, s.end],
+        "bits": s.bits, "kv_tokens": s.kv_tokens, "memory": {k: getattr(s.memory, k) for k in _MEMORY},
         "predicted": {"compute_ms": s.compute_ms, "transfer_ms": s.transfer_ms, "step_ms": s.step_ms},
         "link": s.link,
     }
@@ -59,9 +59,11 @@ def plan_from_dict(data: Mapping[str, Any]) -> Plan:
     return Plan(
         kind=data["kind"], model=data["model"], fleet=data["fleet"], objective=data["objective"],
         batch=data["batch"], context=data["context"],
-        replicas=tuple(ReplicaPlan(stages=tuple(stage(s) for s in r["stages"]), micro_batches=r["micro_batches"],
-                                   micro_batch_size=r["micro_batch_size"], predicted=Figures(**r["predicted"]),
-                                   bottleneck=Bottleneck(**r["bottleneck"])) for r in data["replicas"]),
+        replicas=tuple(ReplicaPlan(stages=tuple(stage(s) for s in r["stages"]),
+                                   micro_batches=r["micro_batches"], micro_batch_size=r["micro_batch_size"],
+                                   predicted=Figures(**r["predicted"]),
+                                   bottleneck=Bottleneck(**r["bottleneck"]))
+                       for r in data["replicas"]),
         predicted=Figures(**data["predicted"]), bottleneck=Bottleneck(**data["bottleneck"]),
         quantized_layers=data["quantized_layers"], explanation=tuple(data["explanation"]),
         unused_devices=tuple((u["device"], u["reason"]) for u in data["unused_devices"]),

@@ -99,24 +99,26 @@ def _problems(request: PlanRequest, replicas) -> list[Problem]:
             if 0 <= p.start < p.end <= layers:
                 covered.update(range(p.start, p.end))
             if s and p.start != stages[s - 1].end:
-                problems.append(Problem("not_contiguous", f"stage {s} starts at layer {p.start} but stage {s - 1} "
-                                        f"ends at {stages[s - 1].end}", r, s))
+                problems.append(Problem("not_contiguous", f"stage {s} starts at layer {p.start} but stage "
+                                        f"{s - 1} ends at {stages[s - 1].end}", r, s))
         missing = [i for i in range(layers) if covered[i] == 0]
         twice = [i for i in range(layers) if covered[i] > 1]
         if missing:
-            problems.append(Problem("layer_missing", f"replica {r}: layers {_ranges(missing)} are in no stage", r))
+            problems.append(Problem("layer_missing", f"replica {r}: layers {_ranges(missing)} are in no "
+                                    f"stage", r))
         if twice:
-            problems.append(Problem("layer_duplicated", f"replica {r}: layers {_ranges(twice)} are in more than "
-                                    f"one stage", r))
+            problems.append(Problem("layer_duplicated", f"replica {r}: layers {_ranges(twice)} are in more "
+                                    f"than one stage", r))
         low = quantized_layers(stages)
         if low > request.quantized_layer_budget:
-            problems.append(Problem("over_quality_budget", f"replica {r}: {low} layers below 16 bits, budget "
-                                    f"{request.quantized_layer_budget} ({request.max_quantized:.0%} of {layers})", r))
+            problems.append(Problem("over_quality_budget", f"replica {r}: {low} layers below 16 bits, "
+                                    f"budget {request.quantized_layer_budget} ({request.max_quantized:.0%} "
+                                    f"of {layers})", r))
     for pin in request.pins:
         if not replicas or not any((p.device, p.start, p.end) == (pin.device, pin.start, pin.end)
                                    for p in replicas[0][0]):
-            problems.append(Problem("pin_violated", f"pin: {pin.device} must hold layers [{pin.start}, {pin.end}) "
-                                    f"in replica 0", 0))
+            problems.append(Problem("pin_violated", f"pin: {pin.device} must hold layers "
+                                    f"[{pin.start}, {pin.end}) in replica 0", 0))
     return problems
 
 
@@ -132,8 +134,8 @@ def _stage_problems(request: PlanRequest, cost: CostModel, known, uses, p: Place
     if uses[p.device] > 1:
         yield Problem("device_reused", f"{where}: device carries {uses[p.device]} stages", r, s)
     if p.bits not in request.bits:
-        yield Problem("precision_not_allowed", f"{where}: {p.bits} bits not in the allowed {list(request.bits)}",
-                      r, s)
+        yield Problem("precision_not_allowed",
+                      f"{where}: {p.bits} bits not in the allowed {list(request.bits)}", r, s)
     if not 0 <= p.start < p.end <= request.model.num_layers:
         yield Problem("bad_range", f"{where}: layers [{p.start}, {p.end}) is empty or outside "
                       f"[0, {request.model.num_layers})", r, s)
