@@ -1,7 +1,7 @@
 """Reading a stage's own tensors out of a Hugging Face safetensors checkpoint, block of rows by block.
 
 safetensors memory-maps each file, so a stage touches only the bytes of the tensors it asks for.
-Tensors are copied in row blocks of at most ``CHUNK_BYTES`` straight into the stage's final
+Tensors are copied in row blocks of about ``CHUNK_BYTES`` (as fp32) straight into the stage's final
 parameters (converted or quantized on the way), which keeps peak memory while loading to the stage's
 final size plus one block, whatever the size of the embedding or the lm_head.
 """
@@ -16,7 +16,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-CHUNK_BYTES = 16 * 2**20
+# Small blocks keep the transient (a block plus its quantization temporaries) far below even an
+# int4 stage's size; the per-block overhead is a few microseconds.
+CHUNK_BYTES = 64 * 2**10
 
 
 class CheckpointReader:
@@ -57,17 +59,14 @@ class CheckpointReader:
     def shape(self, name: str) -> list[int]:
         return list(self._handle(name).get_slice(name).get_shape())
 
-    def row_blocks(self, name: str, max_rows: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
-        """Yield (first row, rows) of tensor ``name`` in blocks of at most ``CHUNK_BYTES`` (or ``max_rows``)."""
+    def row_blocks(self, name: str) -> Iterator[tuple[int, torch.Tensor]]:
+        """Yield (first row, rows) of tensor ``name`` in blocks of about ``CHUNK_BYTES`` (as fp32)."""
         tensor = self._handle(name).get_slice(name)
         shape = tensor.get_shape()
         if len(shape) == 1:
             yield 0, tensor[:]
             return
-        row_bytes = max(1, shape[1] * 4)
-        step = max(64, CHUNK_BYTES // row_bytes // 64 * 64)
-        if max_rows is not None:
-            step = min(step, max_rows)
+        step = max(16, CHUNK_BYTES // (shape[1] * 4))
         for start in range(0, shape[0], step):
             yield start, tensor[start : start + step]
 

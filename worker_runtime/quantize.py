@@ -39,27 +39,30 @@ def int8_kernel_available(device_type: str) -> bool:
 
 
 def quantize_int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-row int8: returns (int8 rows, bf16 scales); the scale is rounded before use."""
-    w = w.float()
-    scales = (w.abs().amax(dim=1).clamp(min=1e-8) / 127).to(KERNEL_DTYPE)
-    q = torch.round(w / scales.float()[:, None]).clamp(-127, 127).to(torch.int8)
+    """Symmetric per-row int8: returns (int8 rows, bf16 scales); the scale is rounded before use.
+
+    Works in place on one fp32 copy of the block, so loading needs little memory beyond the result.
+    """
+    w = w.to(torch.float32, copy=True)
+    scales = (torch.maximum(w.amax(dim=1), -w.amin(dim=1)).clamp(min=1e-8) / 127).to(KERNEL_DTYPE)
+    q = w.div_(scales.float()[:, None]).round_().clamp_(-127, 127).to(torch.int8)
     return q, scales
 
 
 def quantize_int4_rows(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Asymmetric group-wise int4: returns (int32 values 0..15, bf16 scales_and_zeros [groups, rows, 2]).
+    """Asymmetric group-wise int4: returns (uint8 values 0..15, bf16 scales_and_zeros [groups, rows, 2]).
 
     torch's kernels dequantize as ``(q - 8) * scale + zero``, so ``zero`` is the group minimum plus 8 scales.
     """
     rows, cols = w.shape
-    groups = w.float().view(rows, cols // group_size, group_size)
+    groups = w.to(torch.float32, copy=True).view(rows, cols // group_size, group_size)
     lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)
     scale = ((hi - lo).clamp(min=1e-8) / 15).to(KERNEL_DTYPE)
     zero = (lo + 8 * scale.float()).to(KERNEL_DTYPE)
     minimum = zero.float() - 8 * scale.float()
-    q = torch.round((groups - minimum[..., None]) / scale.float()[..., None]).clamp(0, 15)
+    q = groups.sub_(minimum[..., None]).div_(scale.float()[..., None]).round_().clamp_(0, 15)
     scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
-    return q.view(rows, cols).to(torch.int32), scales_and_zeros
+    return q.view(rows, cols).to(torch.uint8), scales_and_zeros
 
 
 def pick_group_size(in_features: int, wanted: int) -> int:
@@ -140,20 +143,21 @@ class Int4Linear(nn.Module):
     def _pack_cpu(self, final: bool) -> None:
         pending = torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]
         ready = pending.shape[0] if final else pending.shape[0] // _CPU_PACK_ROWS * _CPU_PACK_ROWS
-        if ready:
+        for start in range(0, ready, _CPU_PACK_ROWS):  # the packer wants int32: one block at a time
+            block = pending[start : min(start + _CPU_PACK_ROWS, ready)].to(torch.int32)
             r = self._packed_rows
-            self.weight[r : r + ready] = torch._convert_weight_to_int4pack_for_cpu(pending[:ready], 1)
-            self._packed_rows += ready
+            self.weight[r : r + block.shape[0]] = torch._convert_weight_to_int4pack_for_cpu(block, 1)
+            self._packed_rows += block.shape[0]
         self._pending = [pending[ready:]] if ready < pending.shape[0] else []
 
     def finish(self) -> None:
-        """Pack the rows still staged (on CUDA: the whole matrix, packed on the device)."""
+        """Pack the rows still staged (on CUDA: the whole matrix, one byte a weight, packed on the device)."""
         if not self._pending:
             return
         if self.on_cpu:
             self._pack_cpu(final=True)
             return
-        q = torch.cat(self._pending).to(torch.uint8)
+        q = torch.cat(self._pending)
         self._pending = []
         self.weight = torch._convert_weight_to_int4pack((q[:, ::2] << 4 | q[:, 1::2]).contiguous(), _CUDA_INNER_K_TILES)
 
