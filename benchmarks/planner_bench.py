@@ -40,12 +40,14 @@ from controlplane.planning import PlanningError, PlanRequest, Workload, baseline
 from controlplane.planning.replicas import split  # noqa: E402
 from worker_runtime.config import ModelConfig  # noqa: E402
 
-MODELS = ["Llama-2-7B", "Llama-2-13B", "Llama-2-70B", "Llama-3-8B", "Llama-3-70B", "Mistral-7B-v0.1", "Qwen2.5-32B"]
+MODELS = ["Llama-2-7B", "Llama-2-13B", "Llama-2-70B", "Llama-3-8B", "Llama-3-70B", "Mistral-7B-v0.1",
+          "Qwen2.5-32B"]
 WORKLOAD = Workload(batch=8, context=2048)
 
 
 def fleets() -> dict[str, FleetSpec]:
-    paths = sorted((ROOT / "examples" / "fleets").glob("*.yaml")) + sorted((ROOT / "examples" / "fleets").glob("*.json"))
+    folder = ROOT / "examples" / "fleets"
+    paths = sorted(folder.glob("*.yaml")) + sorted(folder.glob("*.json"))
     return {p.stem: load_fleet_file(p) for p in paths}
 
 
@@ -59,7 +61,8 @@ def replicate(fleet: FleetSpec, copies: int) -> FleetSpec:
     for copy in range(copies):
         for node in fleet.nodes:
             name = f"{node.name}-c{copy}"
-            devices = tuple(dataclasses.replace(d, name=f"{name}/gpu{d.index}", node=name) for d in node.devices)
+            devices = tuple(dataclasses.replace(d, name=f"{name}/gpu{d.index}", node=name)
+                            for d in node.devices)
             nodes.append(dataclasses.replace(node, name=name, devices=devices))
     return FleetSpec(name=f"{fleet.name}x{copies}", nodes=tuple(nodes))
 
@@ -88,7 +91,8 @@ def compare(quick: bool) -> list[dict]:
                 rows.append({**row, "infeasible": short.group(0) if short else "no partition fits"})
                 continue
             chosen = [[s.device for s in r.stages] for r in result.replicas]
-            shares = [[d.name for d in g] for g in split(request.eligible_devices(), fleet, len(chosen), "contiguous")]
+            shares = [[d.name for d in g]
+                      for g in split(request.eligible_devices(), fleet, len(chosen), "contiguous")]
             row.update(tokens=result.predicted.decode_tokens_per_s, replicas=len(result.replicas),
                        stages=sum(len(r.stages) for r in result.replicas), low_bit=result.quantized_layers,
                        seconds=seconds)
@@ -127,7 +131,8 @@ def report(rows: list[dict], times: list[tuple[str, str, int, float]]) -> str:
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if "infeasible" in r:
-            lines.append(f"| {r['fleet']} | {r['model']} | - | - | - | infeasible ({r['infeasible']}) | | | | | |")
+            lines.append(f"| {r['fleet']} | {r['model']} | - | - | - | infeasible ({r['infeasible']}) "
+                         f"| | | | | |")
             continue
         lines.append(f"| {r['fleet']} | {r['model']} | {r['replicas']} | {r['stages']} | {r['low_bit']} | "
                      f"{r['tokens']:.0f} | {fmt(r['even'])} | {fmt(r['memory'])} | {fmt(r['even all'])} | "
@@ -138,7 +143,8 @@ def report(rows: list[dict], times: list[tuple[str, str, int, float]]) -> str:
         every = [r[kind] for r in rows if r.get(kind) is not None]
         infeasible = sum(1 for r in rows if "tokens" in r and r[kind] is None)
         lines.append(f"- vs {kind}: geometric mean {geomean(hetero):.2f}x on heterogeneous fleets "
-                     f"({len(hetero)} comparisons), minimum {min(every, default=float('nan')):.2f}x over all; "
+                     f"({len(hetero)} comparisons), minimum {min(every, default=float('nan')):.2f}x "
+                     f"over all; "
                      f"baseline infeasible in {infeasible} case(s)")
     lines += ["", "| fleet | GPUs | model | planning time (CPU s, one core) |", "|---|---:|---|---:|"]
     lines += [f"| {f} | {n} | {m} | {s:.2f} |" for f, m, n, s in times]

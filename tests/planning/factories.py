@@ -18,8 +18,9 @@ CARDS = {
 
 def device(node: str, index: int, card: str, island: str | None = None, **health) -> DeviceSpec:
     memory, bandwidth, tflops = CARDS[card]
-    return DeviceSpec(name=f"{node}/gpu{index}", node=node, index=index, model=card, memory_bytes=memory * GIB,
-                      memory_bandwidth_gbs=bandwidth, fp16_tflops=tflops, bf16_tflops=tflops, int8_tops=2 * tflops,
+    return DeviceSpec(name=f"{node}/gpu{index}", node=node, index=index, model=card,
+                      memory_bytes=memory * GIB, memory_bandwidth_gbs=bandwidth, fp16_tflops=tflops,
+                      bf16_tflops=tflops, int8_tops=2 * tflops,
                       nvlink_island=island, nvlink_bandwidth_gbs=300.0 if island else 0.0, **health)
 
 
@@ -45,7 +46,8 @@ def layer(params: int, kv_bytes: int, context_flops: int = 0) -> LayerProfile:
 
 
 def profile(num_layers: int = 32, hidden: int = 4096, layer_params: int = 200_000_000, vocab: int = 32000,
-            kv_bytes: int = 2 * 2 * 1024 * 2, sizes: list[int] | None = None, name: str = "synthetic") -> ModelProfile:
+            kv_bytes: int = 2 * 2 * 1024 * 2, sizes: list[int] | None = None,
+            name: str = "synthetic") -> ModelProfile:
     """A LLaMA-like profile; ``sizes`` (params per layer) makes layers differ."""
     sizes = sizes or [layer_params] * num_layers
     embed = LayerProfile(params=vocab * hidden, weight_bytes={b: 2 * vocab * hidden for b in (16, 8, 4)},

@@ -10,7 +10,8 @@ from controlplane.planning import PlanningError, PlanRequest, Workload, baseline
 from tests.planning.factories import fleet, profile
 
 ROOT = Path(__file__).resolve().parents[2]
-FLEETS = sorted((ROOT / "examples" / "fleets").glob("*.y*ml")) + sorted((ROOT / "examples" / "fleets").glob("*.json"))
+FLEET_DIR = ROOT / "examples" / "fleets"
+FLEETS = sorted(FLEET_DIR.glob("*.y*ml")) + sorted(FLEET_DIR.glob("*.json"))
 MODELS = ["Llama-2-7B", "Llama-3-8B", "Qwen2.5-32B", "Llama-2-70B"]
 
 
@@ -26,7 +27,8 @@ def test_even_and_memory_splits():
 
 
 def test_baseline_that_cannot_fit_is_infeasible():
-    request = PlanRequest(fleet({"n": ["T4", "T4"]}), profile(32, layer_params=400_000_000), Workload(8, 4096),
+    request = PlanRequest(fleet({"n": ["T4", "T4"]}), profile(32, layer_params=400_000_000),
+                          Workload(8, 4096),
                           max_quantized=0.0)
     with pytest.raises(PlanningError, match="baseline infeasible"):
         baseline_plan(request, "even", [["n/gpu0"]])
@@ -54,5 +56,6 @@ def test_planner_never_worse_than_baselines_on_example_fleets(fleet_file):
             except PlanningError:
                 continue  # the baseline cannot hold the model on these devices within the budget
             compared += 1
-            assert own.predicted.decode_tokens_per_s >= other.predicted.decode_tokens_per_s * (1 - 1e-9), (name, kind)
+            ours, theirs = own.predicted.decode_tokens_per_s, other.predicted.decode_tokens_per_s
+            assert ours >= theirs * (1 - 1e-9), (name, kind)
     assert compared > 0

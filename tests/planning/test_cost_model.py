@@ -54,4 +54,5 @@ def test_hops_use_the_link():
     request, cost = setup()
     a100, t4 = request.fleet.devices
     link = request.fleet.link_between(a100, t4)
-    assert cost.hop_s(a100, t4, 8) == pytest.approx(8 * 2 * 4096 / (link.bandwidth_gbs * 1e9) + link.latency_us * 1e-6)
+    expected = 8 * 2 * 4096 / (link.bandwidth_gbs * 1e9) + link.latency_us * 1e-6
+    assert cost.hop_s(a100, t4, 8) == pytest.approx(expected)

@@ -30,7 +30,8 @@ def brute_force(cost: CostModel, devices, micro_batch: int, budget: int, bits=(1
         for order in itertools.permutations(range(len(devices)), k):
             hop = max((cost.hop_s(devices[a], devices[b], micro_batch) for a, b in zip(order, order[1:])),
                       default=0.0)
-            full = np.stack([matrices[d][16][cuts[:, i], cuts[:, i + 1]] for i, d in enumerate(order)], axis=1)
+            full = np.stack([matrices[d][16][cuts[:, i], cuts[:, i + 1]] for i, d in enumerate(order)],
+                            axis=1)
             low = np.stack([np.minimum(matrices[d][8], matrices[d][4])[cuts[:, i], cuts[:, i + 1]]
                             for i, d in enumerate(order)], axis=1)
             masks = np.array(list(itertools.product((False, True), repeat=k)))  # (2^k, k)
@@ -83,7 +84,8 @@ def test_six_devices_ten_layers_three_precisions():
     request, cost = instance(["A100", "T4", "P40", "3090", "A10", "V100"],
                              [400_000_000 + 37_000_000 * i for i in range(10)], 8, True, 0.5)
     devices = list(request.fleet.devices)
-    found = bottleneck_partition(cost, devices, 2, request.quantized_layer_budget, request.bits, exact_order=True)
+    found = bottleneck_partition(cost, devices, 2, request.quantized_layer_budget, request.bits,
+                                 exact_order=True)
     best, fewest = brute_force(cost, devices, 2, request.quantized_layer_budget)
     assert found.objective_s * (1.0 - THROUGHPUT_TOLERANCE) <= best * (1 + 1e-12)
     assert found.quantized == fewest

@@ -22,7 +22,8 @@ def test_old_small_card_carries_its_share_at_low_bits():
     assert any("T4" in line and "bits" in line for line in result.explanation)
     # The bottleneck is no worse than either baseline over the same devices.
     for kind in ("even", "memory"):
-        assert result.predicted.decode_tokens_per_s >= baseline_plan(request, kind).predicted.decode_tokens_per_s
+        other = baseline_plan(request, kind)
+        assert result.predicted.decode_tokens_per_s >= other.predicted.decode_tokens_per_s
 
 
 def test_no_low_bits_when_they_buy_nothing():
@@ -39,17 +40,21 @@ def test_quality_budget_zero_keeps_every_layer_at_16_bits():
 
 def test_down_throttled_and_busy_devices():
     health = {"n/gpu0": {"down": True}, "n/gpu1": {"memory_used_bytes": 20 * GIB}}
-    request = PlanRequest(fleet({"n": ["A100", "A100", "A100"]}, health=health), profile(32), Workload(8, 2048))
+    request = PlanRequest(fleet({"n": ["A100", "A100", "A100"]}, health=health), profile(32),
+                          Workload(8, 2048))
     result = plan(request)
     used = {d for r in devices_of(result) for d in r}
     assert "n/gpu0" not in used
     assert dict(result.unused_devices)["n/gpu0"] == "down"
     busy = next(s for r in result.replicas for s in r.stages if s.device == "n/gpu1")
-    assert busy.memory.capacity_bytes < CostModel(request).memory(request.fleet.device("n/gpu2"), 0, 1, 16).capacity_bytes
+    idle = CostModel(request).memory(request.fleet.device("n/gpu2"), 0, 1, 16)
+    assert busy.memory.capacity_bytes < idle.capacity_bytes
     throttled = fleet({"n": ["A100", "A100"]}, health={"n/gpu0": {"throttle_factor": 0.5}})
-    slow, fast = (plan(PlanRequest(throttled, profile(32), Workload(8, 2048), exclude_devices=(name,), replicas=1))
+    slow, fast = (plan(PlanRequest(throttled, profile(32), Workload(8, 2048), exclude_devices=(name,),
+                                   replicas=1))
                   for name in ("n/gpu1", "n/gpu0"))
-    assert slow.predicted.decode_tokens_per_s == pytest.approx(fast.predicted.decode_tokens_per_s / 2, rel=0.02)
+    assert slow.predicted.decode_tokens_per_s == pytest.approx(fast.predicted.decode_tokens_per_s / 2,
+                                                               rel=0.02)
 
 
 def test_calibration_scales_predictions():
@@ -87,7 +92,8 @@ def test_latency_objective_never_slower_between_tokens():
 
 def test_infeasible_model_reports_the_shortfall():
     with pytest.raises(PlanningError) as raised:
-        plan(PlanRequest(fleet({"n": ["T4", "T4"]}), profile(80, layer_params=800_000_000), Workload(8, 4096)))
+        plan(PlanRequest(fleet({"n": ["T4", "T4"]}), profile(80, layer_params=800_000_000),
+                         Workload(8, 4096)))
     message = str(raised.value)
     assert "short by" in message and "GiB" in message
     assert "Even with every layer at 4 bits" in message  # larger than the fleet even at int4
@@ -106,5 +112,6 @@ def test_everything_down():
 
 
 def test_without_16_bits_every_layer_is_low_bit():
-    result = plan(PlanRequest(fleet({"n": ["A10"]}), profile(8), Workload(2, 512), bits=(8, 4), max_quantized=0.0))
+    result = plan(PlanRequest(fleet({"n": ["A10"]}), profile(8), Workload(2, 512), bits=(8, 4),
+                              max_quantized=0.0))
     assert {s.bits for r in result.replicas for s in r.stages} <= {8, 4}

@@ -9,12 +9,14 @@ from controlplane.planning import PlanningError, PlanRequest, Workload, plan, pl
 from tests.planning.factories import CARDS, fleet, profile
 
 layouts = st.dictionaries(st.sampled_from(["n0", "n1", "n2"]),
-                          st.lists(st.sampled_from(sorted(CARDS)), min_size=1, max_size=4), min_size=1, max_size=3)
+                          st.lists(st.sampled_from(sorted(CARDS)), min_size=1, max_size=4),
+                          min_size=1, max_size=3)
 
 
 @settings(max_examples=40, deadline=None)
-@given(layout=layouts, layers=st.integers(2, 24), layer_mparams=st.integers(50, 2000), batch=st.integers(1, 32),
-       context=st.sampled_from([512, 2048, 8192]), share=st.sampled_from([0.0, 0.5, 1.0]),
+@given(layout=layouts, layers=st.integers(2, 24), layer_mparams=st.integers(50, 2000),
+       batch=st.integers(1, 32), context=st.sampled_from([512, 2048, 8192]),
+       share=st.sampled_from([0.0, 0.5, 1.0]),
        replicas=st.sampled_from(["auto", 1, 2]), objective=st.sampled_from(["throughput", "latency"]))
 def test_every_plan_is_well_formed_and_deterministic(layout, layers, layer_mparams, batch, context, share,
                                                       replicas, objective):

@@ -24,8 +24,8 @@ def test_round_trip_through_json():
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "controlplane.planning", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "controlplane.planning", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.skipif(not (FLEETS / "lab-3node.yaml").exists(), reason="example fleets not present")
@@ -47,16 +47,16 @@ def test_cli_prints_the_documented_schema():
             assert stage["kv_tokens"] >= 8 * 4096
             assert stage["memory"]["total_bytes"] <= stage["memory"]["capacity_bytes"]
             assert stage["predicted"]["step_ms"] > 0
-    baseline = run_cli("plan", "--fleet", str(FLEETS / "lab-3node.yaml"), "--model", str(MODELS / "Llama-3-8B"),
-                       "--baseline", "even", "--json")
+    baseline = run_cli("plan", "--fleet", str(FLEETS / "lab-3node.yaml"),
+                       "--model", str(MODELS / "Llama-3-8B"), "--baseline", "even", "--json")
     assert baseline.returncode == 0, baseline.stderr
     assert json.loads(baseline.stdout)["kind"] == "even"
 
 
 @pytest.mark.skipif(not (FLEETS / "workstation.yaml").exists(), reason="example fleets not present")
 def test_cli_infeasible_exits_nonzero_with_the_reason():
-    done = run_cli("plan", "--fleet", str(FLEETS / "workstation.yaml"), "--model", str(MODELS / "Llama-2-70B"),
-                   "--json")
+    done = run_cli("plan", "--fleet", str(FLEETS / "workstation.yaml"),
+                   "--model", str(MODELS / "Llama-2-70B"), "--json")
     assert done.returncode != 0
     assert done.stdout == ""
     assert "short by" in done.stderr and "GiB" in done.stderr
