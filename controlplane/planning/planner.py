@@ -67,8 +67,15 @@ def plan(request: PlanRequest) -> Plan:
     if best is None:
         raise PlanningError(infeasible_message(request, cost, devices))
     replicas = tuple(evaluate_replica(cost, g.placements, g.micro_batches, i) for i, g in enumerate(best))
-    return assemble(request, cost, "planner", replicas, explain(request, cost, replicas),
-                    unused_devices(request, replicas))
+    lines = explain(request, cost, replicas)
+    if request.replicas == "auto":
+        totals = {count: sum(cost.batch / g.round_s for g in found)
+                  for count, found in sorted(tried.items()) if found is not None}
+        lines.insert(1, "Replica count (auto), total tokens/s by device groups tried (groups that cannot "
+                     "hold the model stay idle): "
+                     + "; ".join(f"{count} groups: {len(tried[count])} replica(s), {tokens:.0f}"
+                                 for count, tokens in totals.items()) + ".")
+    return assemble(request, cost, "planner", replicas, lines, unused_devices(request, replicas))
 
 
 def _eligible(request: PlanRequest) -> list[DeviceSpec]:
