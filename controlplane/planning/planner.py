@@ -176,7 +176,7 @@ class _Search:
         cost, request = self.cost, self.request
         batch, budget, bits = cost.batch, request.quantized_layer_budget, request.sorted_bits
         exact = self.exact and len(ordered) <= EXACT_ORDER_LIMIT
-        orders = [ordered] if exact else candidate_orders(ordered, request.fleet)
+        orders = [ordered] if exact else [self._respect_pins(o) for o in candidate_orders(ordered, request.fleet)]
         options: list[tuple[tuple[Placement, ...], int]] = []
         for order in orders:
             micro_batches, tried = min(batch, len(order)), set()
@@ -201,3 +201,22 @@ class _Search:
         # Within 1% of the fastest round, fewer low-bit layers win, then the faster, then fewer stages.
         return min((o for o, r in zip(options, rounds) if r * (1.0 - THROUGHPUT_TOLERANCE) <= fastest),
                    key=lambda o: (quantized_layers(o[0]), rounds[options.index(o)], len(o[0])))
+
+    def _respect_pins(self, order: list[DeviceSpec]) -> list[DeviceSpec]:
+        """A fixed order must visit pinned devices in the order of their layers: keep the free
+        devices where they are and put the pinned ones, sorted by their first layer, in the slots
+        the pinned ones occupied (a pin starting at layer 0 goes first, one ending at the last layer
+        goes last)."""
+        if not self.pins:
+            return order
+        pinned = sorted((d for d in order if d.name in self.pins), key=lambda d: self.pins[d.name])
+        free = [d for d in order if d.name not in self.pins]
+        slots = [i for i, d in enumerate(order) if d.name in self.pins]
+        if pinned and self.pins[pinned[0].name][0] == 0:
+            slots[0] = -1
+        if pinned and self.pins[pinned[-1].name][1] == self.cost.num_layers:
+            slots[-1] = len(order)
+        placed = sorted(list(zip(slots, range(len(pinned)), pinned))
+                        + [(i, -1, d) for i, d in enumerate(order) if d.name not in self.pins])
+        assert len(placed) == len(free) + len(pinned)
+        return [d for _, _, d in placed]
