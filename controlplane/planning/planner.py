@@ -176,7 +176,8 @@ class _Search:
         cost, request = self.cost, self.request
         batch, budget, bits = cost.batch, request.quantized_layer_budget, request.sorted_bits
         exact = self.exact and len(ordered) <= EXACT_ORDER_LIMIT
-        orders = [ordered] if exact else [self._respect_pins(o) for o in candidate_orders(ordered, request.fleet)]
+        orders = ([ordered] if exact
+                  else [self._respect_pins(o) for o in candidate_orders(ordered, request.fleet)])
         options: list[tuple[tuple[Placement, ...], int]] = []
         for order in orders:
             micro_batches, tried = min(batch, len(order)), set()
@@ -210,13 +211,12 @@ class _Search:
         if not self.pins:
             return order
         pinned = sorted((d for d in order if d.name in self.pins), key=lambda d: self.pins[d.name])
-        free = [d for d in order if d.name not in self.pins]
         slots = [i for i, d in enumerate(order) if d.name in self.pins]
         if pinned and self.pins[pinned[0].name][0] == 0:
             slots[0] = -1
         if pinned and self.pins[pinned[-1].name][1] == self.cost.num_layers:
             slots[-1] = len(order)
         placed = sorted(list(zip(slots, range(len(pinned)), pinned))
-                        + [(i, -1, d) for i, d in enumerate(order) if d.name not in self.pins])
-        assert len(placed) == len(free) + len(pinned)
+                        + [(i, -1, d) for i, d in enumerate(order) if d.name not in self.pins],
+                        key=lambda item: item[:2])
         return [d for _, _, d in placed]

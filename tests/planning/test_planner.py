@@ -115,3 +115,11 @@ def test_without_16_bits_every_layer_is_low_bit():
     result = plan(PlanRequest(fleet({"n": ["A10"]}), profile(8), Workload(2, 512), bits=(8, 4),
                               max_quantized=0.0))
     assert {s.bits for r in result.replicas for s in r.stages} <= {8, 4}
+
+
+def test_pins_on_a_fleet_beyond_the_exact_order_search():
+    layout = {"a": ["A10"] * 4, "b": ["A10"] * 4}
+    pins = (Pin("a/gpu0", 20, 24), Pin("b/gpu2", 0, 3))
+    result = plan(PlanRequest(fleet(layout), profile(24), Workload(8, 2048), replicas=1, pins=pins))
+    stages = {s.device: (s.start, s.end) for s in result.replicas[0].stages}
+    assert stages["a/gpu0"] == (20, 24) and stages["b/gpu2"] == (0, 3)
