@@ -16,10 +16,11 @@ let check = null, checkSeq = 0, timer = null;
 const GIB = 2 ** 30;
 const fmt = (v, d = 1) => (v === undefined || v === null ? "—" : Number(v).toFixed(d));
 const bitsLabel = (b) => (b === 16 ? "16-bit" : `int${b}`);
+// One colour per device, spread around the hue circle by the golden angle so neighbours differ.
+const deviceIndex = new Map(editor.devices.map((d, i) => [d.name, i]));
 function colour(name) {
-  let h = 0;
-  for (const c of name) h = (h * 31 + c.charCodeAt(0)) % 360;
-  return `hsl(${h}, 55%, 45%)`;
+  const i = deviceIndex.get(name) ?? 0;
+  return `hsl(${(i * 137.5) % 360}, 55%, 42%)`;
 }
 const h = (tag, attrs = {}, ...children) => {
   const node = document.createElement(tag);

@@ -9,6 +9,7 @@ export function connectLive({ onSnapshot, onResync }) {
 
   function setStatus(text, state) {
     if (!badge) return;
+    badge.hidden = false;
     badge.textContent = text;
     badge.dataset.state = state;
   }

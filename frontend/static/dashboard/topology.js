@@ -5,7 +5,7 @@ import { connectLive, heat } from "./live.js";
 import { getJSON } from "./api.js";
 
 const SVG = "http://www.w3.org/2000/svg";
-const GPU_H = 64, NODE_PAD = 16, NODE_HEAD = 34, ROW_GAP = 70, BUS_Y = 28, MAX_W = 1240;
+const GPU_H = 64, NODE_PAD = 16, NODE_HEAD = 46, ROW_GAP = 70, BUS_Y = 28, MAX_W = 1240;
 const METRICS = {
   utilization: { field: "utilization_pct", low: 0, high: 100, fmt: (v) => `${v.toFixed(0)} %` },
   temperature: { field: "temperature_c", low: 30, high: 90, fmt: (v) => `${v.toFixed(0)} °C` },
@@ -23,15 +23,25 @@ const el = (name, attrs = {}, text) => {
   if (text !== undefined) node.textContent = text;
   return node;
 };
-const gpuWidth = (gib) => Math.max(46, 26 + gib * 1.5);
+const gpuWidth = (gib) => 72 + gib * 1.1;
 const strokeFor = (gbs) => Math.max(1.5, Math.min(9, Math.log2(1 + gbs) * 1.2));
+
+// How many stages (over all deployments) the busiest GPU of a node carries: rows of stage tags.
+function stagesOn(topology, node) {
+  const names = new Set(node.devices.map((d) => d.name));
+  const counts = {};
+  for (const d of topology.deployments || []) for (const r of d.replicas) for (const s of r.stages) {
+    if (names.has(s.device)) counts[s.device] = (counts[s.device] || 0) + 1;
+  }
+  return Math.max(0, ...Object.values(counts));
+}
 
 function layout(topology) {
   const boxes = [];
   let x = 10, y = BUS_Y + 40, rowH = 0;
   for (const node of topology.nodes) {
     const width = Math.max(170, node.devices.reduce((w, d) => w + gpuWidth(d.memory_gib) + 8, NODE_PAD * 2 - 8));
-    const height = NODE_HEAD + GPU_H + 64;
+    const height = NODE_HEAD + GPU_H + 30 + 32 * Math.max(1, stagesOn(topology, node));
     if (x + width > MAX_W && x > 10) { x = 10; y += rowH + ROW_GAP; rowH = 0; }
     const gpus = [];
     let gx = x + NODE_PAD;
@@ -120,31 +130,37 @@ export function drawTopology(svg, topology) {
 }
 
 function drawDeployments(layer, deployments, gpuAt) {
-  deployments.forEach((deployment, di) => {
+  const rows = new Map();  // device -> stage tags already drawn under it
+  for (const deployment of deployments) {
     for (const replica of deployment.replicas) {
       replica.stages.forEach((stage, si) => {
         const gpu = gpuAt.get(stage.device);
         if (!gpu) return;
-        const bottleneck = replica.bottleneck_device === stage.device;
-        const bits = stage.bits === 16 ? "fp16" : `int${stage.bits}`;
+        // A one-stage replica is trivially its own bottleneck: only pipelines get the mark.
+        const bottleneck = replica.stages.length > 1 && replica.bottleneck_device === stage.device;
+        const row = rows.get(stage.device) || 0;
+        rows.set(stage.device, row + 1);
+        const y = gpu.y + gpu.h + 6 + row * 32;
+        const bits = stage.bits === 16 ? "16-bit" : `int${stage.bits}`;
         const tag = el("g", { class: `stage${bottleneck ? " bottleneck" : ""}`, "data-stage": stage.stage_key || "", "data-device": stage.device });
-        tag.append(el("rect", { x: gpu.x, y: gpu.y + gpu.h + 4 + di * 18, width: gpu.w, height: 16, rx: 3, class: "stage-tag" }));
-        tag.append(el("text", { x: gpu.x + 3, y: gpu.y + gpu.h + 16 + di * 18, class: "stage-text" },
-          `${deployment.name} r${replica.index}s${si} L${stage.layers[0]}–${stage.layers[1]} ${bits}`));
+        tag.append(el("title", {}, `${deployment.name} replica ${replica.index} stage ${si}: layers [${stage.layers[0]}, ${stage.layers[1]}) at ${bits}${bottleneck ? " — the replica's bottleneck" : ""}`));
+        tag.append(el("rect", { x: gpu.x, y, width: gpu.w, height: 28, rx: 3, class: "stage-tag" }));
+        tag.append(el("text", { x: gpu.x + 4, y: y + 11, class: "stage-text" }, `${deployment.name} r${replica.index}·s${si}`));
+        tag.append(el("text", { x: gpu.x + 4, y: y + 23, class: "stage-text strong" }, `L${stage.layers[0]}–${stage.layers[1]} ${bits}`));
         if (bottleneck) {
           tag.append(el("rect", { x: gpu.x - 3, y: gpu.y - 3, width: gpu.w + 6, height: gpu.h + 6, rx: 6, class: "bottleneck-ring" }));
-          tag.append(el("text", { x: gpu.x + gpu.w / 2, y: gpu.y - 6, class: "bottleneck-text", "text-anchor": "middle" }, "bottleneck"));
+          tag.append(el("text", { x: gpu.x + gpu.w / 2, y: gpu.y - 6, class: "bottleneck-text", "text-anchor": "middle" }, "▼ bottleneck"));
         }
         layer.append(tag);
         const next = replica.stages[si + 1] && gpuAt.get(replica.stages[si + 1].device);
         if (next) {
           const ax = gpu.x + gpu.w / 2, ay = gpu.y + gpu.h / 2, bx = next.x + next.w / 2, by = next.y + next.h / 2;
-          const lift = Math.abs(bx - ax) < 1 ? 40 : 30 + Math.abs(by - ay) * 0.1;
+          const lift = 34 + Math.abs(by - ay) * 0.1;
           layer.append(el("path", { d: `M ${ax} ${ay} C ${ax} ${ay - lift}, ${bx} ${by - lift}, ${bx} ${by}`, class: "pipeline-arrow", "marker-end": "url(#arrow)" }));
         }
       });
     }
-  });
+  }
 }
 
 export function paintDevices(svg, snapshot, metricName) {

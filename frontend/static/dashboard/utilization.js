@@ -43,7 +43,7 @@ function drawSeries(charts, keys, series) {
   for (const chart of charts) {
     const traces = keys.map((key) => {
       const points = series[key] ? rows(series[key]) : [];
-      return { name: key, mode: "lines", type: "scattergl", x: points.map((p) => new Date(p.t * 1000)), y: points.map(chart.value) };
+      return { name: key, mode: "lines", type: "scatter", x: points.map((p) => new Date(p.t * 1000)), y: points.map(chart.value) };
     });
     const layout = { ...LAYOUT, title: { text: chart.title, font: { size: 13 } }, yaxis: chart.range ? { range: chart.range } : {} };
     Plotly.react(chart.id, traces, layout, CONFIG);

@@ -1,0 +1,111 @@
+"""Helpers of the browser tests: a real server process on a seeded database, simulated agents
+over real websockets, and Debian's chromium through Playwright (never a downloaded browser)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from websockets.sync.client import connect
+
+from tests.support.processes import REPO_ROOT, embedded_env, free_port, manage_argv, wait_for_http
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+SCREENSHOTS = REPO_ROOT / "test-artifacts" / "screenshots"
+
+
+class SeededServer:
+    """``manage.py migrate``, a seed function's output, then daphne serving controlplane.asgi."""
+
+    def __init__(self, var_dir: Path, seed: str):
+        self.env = embedded_env(var_dir)
+        subprocess.run(manage_argv("migrate", "--noinput", "-v0"), env=self.env, cwd=REPO_ROOT, check=True)
+        script = f"import json; from tests.dashboard.seed import {seed}; print('SEED=' + json.dumps({seed}()))"
+        out = subprocess.run(manage_argv("shell", "-c", script), env=self.env, cwd=REPO_ROOT, check=True,
+                             capture_output=True, text=True).stdout
+        self.seed = json.loads(out.split("SEED=", 1)[1])
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = var_dir / "server.log"  # a file, not a pipe nobody reads: the server never blocks on it
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [*manage_argv()[:1], "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+                 "controlplane.asgi:application"],
+                env=self.env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+            )
+        try:
+            wait_for_http(f"{self.url}/accounts/login/", timeout_s=30)
+        except Exception:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+class SimulatedAgents:
+    """One thread per node sending contracts §3 heartbeats every ``interval_s`` on /ws/agents/.
+
+    Utilization follows a slow sine per GPU so a chart visibly moves; stages on the node report
+    ``ready`` with per-stage statistics (§4).
+    """
+
+    def __init__(self, server_url: str, agents: list[dict], stages: list[dict], interval_s: float = 0.5):
+        self.url = server_url.replace("http://", "ws://") + "/ws/agents/"
+        self.agents, self.stages, self.interval_s = agents, stages, interval_s
+        self.stop_event = threading.Event()
+        self.errors: list[BaseException] = []
+        self.threads = [threading.Thread(target=self._run, args=(a,), daemon=True) for a in agents]
+        for thread in self.threads:
+            thread.start()
+
+    def _run(self, agent: dict) -> None:
+        headers = {"Authorization": f"Node {agent['node_id']}:{agent['credential']}"}
+        stages = [s for s in self.stages if s["node"] == agent["node"]]
+        try:
+            with connect(self.url, additional_headers=headers, open_timeout=10) as socket:
+                seq = 0
+                while not self.stop_event.is_set():
+                    seq += 1
+                    socket.send(json.dumps(heartbeat(agent, stages, seq)))
+                    self.stop_event.wait(self.interval_s)
+        except BaseException as exc:  # reported by stop(), not lost in a thread
+            self.errors.append(exc)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for thread in self.threads:
+            thread.join(timeout=5)
+        assert not self.errors, self.errors
+
+
+def heartbeat(agent: dict, stages: list[dict], seq: int) -> dict:
+    now = time.time()
+    devices = []
+    for i in range(agent["gpus"]):
+        util = 50 + 45 * math.sin(now / 4 + i)
+        devices.append({"index": i, "utilization_pct": util, "memory_used_bytes": int((8 + i) * 2**30),
+                        "memory_total_bytes": 24 * 2**30, "temperature_c": 40 + util * 0.4, "power_w": 80 + util * 2,
+                        "power_limit_w": 300.0, "sm_clock_mhz": 1400, "throttle_reasons": [],
+                        "pcie_tx_bytes_per_s": util * 1e8, "pcie_rx_bytes_per_s": util * 5e7})
+    statuses = [{**{k: s[k] for k in ("stage_key", "deployment_id", "replica", "stage_index")}, "state": "ready",
+                 "pid": 1000 + s["stage_index"], "exit_code": None, "restarts": 0, "message": "",
+                 "stats": {"step_ms": 20.0 + 5 * s["stage_index"], "compute_ms": 14.0 + 5 * s["stage_index"],
+                           "transfer_ms": 3.0, "tokens_per_s": 40 + 10 * math.sin(now / 3), "batch_size": 4,
+                           "queue_depth": seq % 3, "kv_tokens_used": 2000 + 50 * (seq % 40), "kv_tokens_free": 6000,
+                           "bytes_sent": 0, "bytes_received": 0, "bubble_fraction": 0.15, "steps": seq}}
+                for s in stages]
+    return {"type": "heartbeat", "incarnation": agent["incarnation"], "seq": seq, "sent_at": now,
+            "devices": devices, "stages": statuses}

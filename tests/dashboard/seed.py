@@ -1,0 +1,96 @@
+"""Database states the dashboard tests start from, shared by fixtures and by the browser tests'
+server process (run there with ``manage.py shell -c``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from datetime import timedelta
+from pathlib import Path
+
+from tests.support.processes import REPO_ROOT
+
+LAB_FLEET = REPO_ROOT / "examples" / "fleets" / "lab-3node.yaml"
+LLAMA3_8B = REPO_ROOT / "examples" / "models" / "Llama-3-8B" / "config.json"
+REQUEST = {"batch": 4, "context": 2048}
+OPERATOR = ("operator", "correct horse battery")
+
+
+def running_deployment_create(*, model, name: str = "chat"):
+    """A READY deployment of the planner's plan, as the controller leaves one once its stages run."""
+    from django.utils import timezone
+
+    from controlplane.deployments.models import Deployment, DeploymentReplica, DeploymentStage, PlanRevision
+    from controlplane.inventory.models import Device
+    from controlplane.planning import plan, plan_to_dict
+    from controlplane.plans.selectors import plan_request_from_inventory
+
+    planned = plan_to_dict(plan(plan_request_from_inventory(model=model, **REQUEST)))
+    deployment = Deployment.objects.create(name=name, model=model, status=Deployment.Status.READY)
+    revision = PlanRevision.objects.create(
+        model=model, deployment=deployment, number=1, plan=planned, request=REQUEST,
+        source=PlanRevision.Source.PLANNER, status=PlanRevision.Status.APPLIED, applied_at=timezone.now(),
+    )
+    deployment.revision = revision
+    deployment.save()
+    devices = {d.name: d for d in Device.objects.select_related("node")}
+    port = 5600
+    for r, replica in enumerate(planned["replicas"]):
+        DeploymentReplica.objects.create(deployment=deployment, index=r, auth_token=f"token-{r}")
+        for s, stage in enumerate(replica["stages"]):
+            device = devices[stage["device"]]
+            port += 1
+            spec = {"layers": stage["layers"], "bits": stage["bits"], "head": f"tcp://127.0.0.1:{port - s}",
+                    "listen": f"tcp://127.0.0.1:{port}"}
+            DeploymentStage.objects.create(
+                deployment=deployment, replica=r, stage_index=s, node=device.node, device=device, port=port,
+                spec=spec, sent_spec=spec, state=DeploymentStage.State.READY,
+            )
+    return deployment
+
+
+def lab_with_deployment() -> dict:
+    """Everything the browser tests need: the lab fleet registered by (simulated) agents, the model,
+    a READY deployment and an operator account. Returns what the simulated agents need to connect."""
+    from django.contrib.auth import get_user_model
+
+    from controlplane.enrollment.services import agent_register, join_token_create
+    from controlplane.hardware.fleet_file import load_fleet_file
+    from controlplane.inventory.selectors import fleet_spec_from_inventory
+    from controlplane.inventory.services import fleet_import
+    from controlplane.models_catalog.services import model_register
+
+    fleet_import(fleet=load_fleet_file(LAB_FLEET))
+    token = join_token_create(ttl=timedelta(hours=1)).secret
+    agents = []
+    for node in fleet_spec_from_inventory().nodes:
+        devices = [{k: v for k, v in dataclasses.asdict(d).items() if k not in ("name", "node", "down")}
+                   for d in node.devices]
+        registration = agent_register(join_token=token, name=node.name, address=node.address, emulated=True,
+                                      devices=devices)
+        agents.append({"node": node.name, "node_id": registration.node.pk, "credential": registration.credential,
+                       "incarnation": registration.incarnation, "gpus": len(node.devices)})
+    model = model_register(path=_checkpoint_stand_in())
+    deployment = running_deployment_create(model=model)
+    get_user_model().objects.create_user(username=OPERATOR[0], password=OPERATOR[1])
+    stages = [{"stage_key": s.stage_key, "node": s.node.name, "deployment_id": deployment.pk, "replica": s.replica,
+               "stage_index": s.stage_index} for s in deployment.stages.select_related("node")]
+    return {"agents": agents, "deployment_id": deployment.pk, "stages": stages}
+
+
+def _checkpoint_stand_in() -> Path:
+    """Llama-3-8B's config beside an empty ``model.safetensors``: deployable as far as the control
+    plane can tell (it never opens weights; agents do), so applying a plan works. No agent runs
+    here, so nothing ever tries to load it."""
+    from django.conf import settings
+
+    directory = settings.VAR_DIR / "models" / "Llama-3-8B"
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copy(LLAMA3_8B, directory / "config.json")
+    (directory / "model.safetensors").touch()
+    return directory
+
+
+if __name__ == "__main__":
+    print(json.dumps(lab_with_deployment()))

@@ -1,0 +1,135 @@
+"""The dashboard in Debian's chromium, against a real server fed by simulated agents' websockets.
+
+Covers: log in; the topology of an emulated fleet with a running deployment; a utilization chart
+updating live from agent telemetry; an invalid plan edit showing the planner's error; a valid edit
+applied as a new revision. Screenshots of each page go to test-artifacts/screenshots/.
+(READY on the new plan needs real agents and stage processes: tests/dashboard/test_e2e.py.)
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.dashboard.browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, SeededServer, SimulatedAgents
+from tests.dashboard.seed import OPERATOR
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    server = SeededServer(tmp_path_factory.mktemp("var"), "lab_with_deployment")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def agents(server):
+    agents = SimulatedAgents(server.url, server.seed["agents"], server.seed["stages"])
+    yield agents
+    try:
+        agents.stop()
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nserver log:\n{server.log.read_text()[-4000:]}") from None
+
+
+@pytest.fixture(scope="module")
+def page(server, agents):
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900}, base_url=server.url)
+            page.set_default_timeout(15_000)
+            yield page
+        finally:
+            browser.close()
+
+
+def shot(page, name: str) -> None:
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def test_1_login_leads_to_the_topology(page):
+    page.goto("/")
+    assert "/accounts/login/" in page.url
+    shot(page, "login")
+    page.fill("input[name=username]", OPERATOR[0])
+    page.fill("input[name=password]", OPERATOR[1])
+    page.click("button[type=submit]")
+    page.wait_for_url(re.compile(r"/topology/$"))
+
+
+def test_2_topology_shows_the_emulated_fleet_the_deployment_and_live_colours(page, server):
+    page.goto("/topology/")
+    assert page.locator("g.gpu").count() == 13
+    assert page.locator("g.gpu.emulated").count() == 13
+    assert page.locator("text.node-status", has_text="EMULATED").count() == 3
+    stages = page.locator("g.stage")
+    assert stages.count() == len(server.seed["stages"])
+    assert page.locator("g.stage.bottleneck").count() >= 1
+    assert page.locator("path.pipeline-arrow").count() == len(server.seed["stages"]) - _replicas(server)
+    page.wait_for_selector("#live-status[data-state=live]")
+    page.wait_for_function("document.querySelectorAll('g.gpu[data-value]').length === 13")  # coloured live
+    page.wait_for_function("[...document.querySelectorAll('g.stage')].every(g => g.dataset.state === 'ready')")
+    shot(page, "topology")
+
+
+def test_3_utilization_chart_updates_live_from_agent_telemetry(page):
+    page.goto("/utilization/")
+    page.wait_for_selector("#live-status[data-state=live]")
+    points = "document.getElementById('chart-utilization').data?.[0]?.x?.length || 0"
+    page.wait_for_function(f"{points} > 0")
+    before = page.evaluate(points)
+    page.wait_for_function(f"{points} >= {before + 3}")  # three more agent heartbeats drawn
+    assert page.evaluate("document.getElementById('chart-utilization').data.length") == 6  # node-a's GPUs
+    page.wait_for_function("document.getElementById('chart-step-split').data?.[0]?.x?.length > 0")
+    page.wait_for_timeout(1000)
+    shot(page, "utilization")
+
+
+def test_4_deployments_page_shows_measured_next_to_predicted(page):
+    page.goto("/deployments/")
+    page.wait_for_function("document.querySelector('[data-measured=tokens_per_s]').textContent !== '—'")
+    assert page.locator("section.deployment .status", has_text="ready").first.is_visible()
+    shot(page, "deployments")
+
+
+def test_5_invalid_edit_shows_the_error_and_a_valid_one_is_applied(page, server):
+    page.goto(f"/deployments/{server.seed['deployment_id']}/plan/")
+    page.wait_for_selector("#check-status.ok")
+    assert page.locator("#apply").is_disabled()  # valid but unchanged
+    last_end = page.locator("table.replica-table").first.locator("input.end").last
+    last_end.fill("30")
+    last_end.dispatch_event("change")
+    page.wait_for_selector("#problems li[data-code=layer_missing]")
+    assert page.locator("#check-status.error").is_visible()
+    assert page.locator("#apply").is_disabled()
+    shot(page, "plan-editor-invalid")
+
+    last_end.fill("32")
+    last_end.dispatch_event("change")
+    page.wait_for_selector("#check-status.ok")
+    # Move the boundary of a two-stage pipeline by one layer (stage 0 takes one more).
+    pipeline = page.locator("table.replica-table").filter(has=page.locator("tbody tr:nth-child(2)")).first
+    boundary = pipeline.locator("input.end").first
+    boundary.fill(str(int(boundary.input_value()) + 1))
+    boundary.dispatch_event("change")
+    page.wait_for_selector("#apply:not([disabled])")
+    assert page.locator("#problems li").count() == 0
+    shot(page, "plan-editor-valid")
+    page.click("#apply")
+    assert page.locator("#diff li").count() == 2  # the boundary is both stages' edge
+    page.click("#confirm-apply")
+    page.wait_for_function("['ok', 'error'].includes(document.getElementById('apply-result').className)")
+    result = page.locator("#apply-result")
+    assert result.get_attribute("class") == "ok", result.inner_text()
+    page.wait_for_url(re.compile(r"/deployments/$"))
+    assert "revision 2 applied (edited by an operator)" in page.content()
+
+
+def _replicas(server) -> int:
+    return len({s["replica"] for s in server.seed["stages"]})
