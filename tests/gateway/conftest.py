@@ -24,7 +24,7 @@ def demo_model(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def api_key(django_user_model) -> str:
-    user = django_user_model.objects.create_user("alice", password="x")
+    user = django_user_model.objects.create_user("alice")  # no password: no slow hashing
     return api_key_create(user=user, name="test")[1]
 
 

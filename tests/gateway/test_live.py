@@ -1,0 +1,132 @@
+"""End to end: the official ``openai`` client against a live daphne server whose gateway routes to a
+real two-stage pipeline of the demo model; its greedy tokens must be the in-process model's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from controlplane.gateway.tokenization import ModelTokenizer
+from tests.gateway.conftest import DEMO_ARGS
+from tests.pipeline.harness import TOKEN, Pipeline, pipeline_specs
+from tests.support.processes import REPO_ROOT, embedded_env, free_port, manage_argv, wait_for_http
+from worker_runtime import SamplingParams, Stage, generate
+from worker_runtime.client import PipelineClient
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+NUM_LAYERS = int(DEMO_ARGS[DEMO_ARGS.index("--layers") + 1])
+KV_TOKENS = 1024
+# Paces each stage's step to a few milliseconds, so a request lasts long enough to be disconnected.
+PACING = {"memory_bandwidth_gbs": 0.03, "fp16_tflops": 1.0, "time_scale": 1.0}
+CREATE_KEY = (
+    "from django.contrib.auth.models import User; from controlplane.gateway.services import api_key_create;"
+    "print(api_key_create(user=User.objects.create_user('alice'), name='live')[1])"
+)
+
+
+def reference_text(demo_model, prompt_ids: list[int], max_tokens: int) -> str:
+    """Greedy tokens of the single-process model, decoded as the gateway decodes them."""
+    tokenizer = ModelTokenizer.load(demo_model)
+    stage = Stage.load(str(demo_model), 0, NUM_LAYERS, kv_tokens=KV_TOKENS)
+    (ids,) = generate([stage], [prompt_ids], [SamplingParams()], max_tokens, stop_tokens=tokenizer.eos_token_ids)
+    return tokenizer.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def live(demo_model, tmp_path_factory):
+    """A two-stage pipeline and a daphne server that serves it as model "demo"; all killed at the end."""
+    workdir = tmp_path_factory.mktemp("live")
+    specs = pipeline_specs(demo_model, NUM_LAYERS, 2, kv_tokens=KV_TOKENS, emulation=PACING)
+    pipeline = Pipeline(specs, workdir)  # loads while the database is prepared
+    server = None
+    try:
+        models_file = workdir / "models.json"
+        models_file.write_text(json.dumps({"models": [{
+            "name": "demo", "tokenizer_path": str(demo_model),
+            "replicas": [{"pipeline_id": "p0", "head_address": pipeline.head, "auth_token": TOKEN}],
+        }]}))
+        env = {**embedded_env(workdir), "MOTLEY_GATEWAY_MODELS_FILE": str(models_file)}
+        subprocess.run(manage_argv("migrate", "--noinput", "-v0"), env=env, cwd=REPO_ROOT, check=True)
+        key = subprocess.run(manage_argv("shell", "-c", CREATE_KEY), env=env, cwd=REPO_ROOT, check=True,
+                             capture_output=True, text=True).stdout.split()[-1]
+        pipeline.wait_ready()
+        port = free_port()
+        server = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"],
+            env=env, cwd=REPO_ROOT, stderr=subprocess.DEVNULL,
+        )
+        wait_for_http(f"http://127.0.0.1:{port}/v1/models")
+        yield {"base_url": f"http://127.0.0.1:{port}/v1", "key": key, "pipeline": pipeline}
+    finally:
+        if server is not None:
+            server.terminate()
+            try:
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+        pipeline.stop()
+        pipeline.assert_none_left()
+
+
+@pytest.fixture
+def client(live) -> openai.OpenAI:
+    return openai.OpenAI(base_url=live["base_url"], api_key=live["key"], max_retries=0, timeout=60)
+
+
+def test_completion_matches_the_single_process_greedy_tokens(client, demo_model):
+    prompt = "The quick brown fox"
+    response = client.completions.create(model="demo", prompt=prompt, max_tokens=12, temperature=0)
+    prompt_ids = ModelTokenizer.load(demo_model).encode_prompt(prompt)
+    assert response.choices[0].text == reference_text(demo_model, prompt_ids, 12)
+    assert response.usage.prompt_tokens == len(prompt_ids)
+    assert 1 <= response.usage.completion_tokens <= 12
+
+
+def test_chat_completion_matches_and_streaming_gives_the_same_text(client, demo_model):
+    messages = [{"role": "user", "content": "Sphinx of black quartz, judge my vow."}]
+    prompt_ids = ModelTokenizer.load(demo_model).encode_chat(messages)
+    expected = reference_text(demo_model, prompt_ids, 10)
+    chat = client.chat.completions.create(model="demo", messages=messages, max_tokens=10, temperature=0)
+    assert chat.choices[0].message.content == expected
+    stream = client.chat.completions.create(model="demo", messages=messages, max_tokens=10, temperature=0, stream=True)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream) == expected
+    completions = client.completions.create(model="demo", prompt=prompt_ids, max_tokens=10, temperature=0, stream=True)
+    assert "".join(chunk.choices[0].text for chunk in completions) == expected
+
+
+def test_errors_reach_the_openai_client_as_its_exceptions(client, live):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="x")
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="demo", prompt="x", max_tokens=-1)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=live["base_url"], api_key="mk-wrong", max_retries=0).models.list()
+    assert [m.id for m in client.models.list()] == ["demo"]
+
+
+async def _kv_used(head: str) -> int:
+    async with PipelineClient(head, TOKEN, "p0") as pipeline:
+        stats = await pipeline.stats()
+    return stats["max_request_tokens"] - min(stats["kv_tokens_free_by_stage"].values())
+
+
+def test_a_disconnected_stream_frees_its_kv_space(live):
+    head = live["pipeline"].head
+    body = {"model": "demo", "prompt": "Pack my box", "max_tokens": 240, "temperature": 0, "stream": True}
+    headers = {"Authorization": f"Bearer {live['key']}"}
+    with httpx.stream("POST", f"{live['base_url']}/completions", json=body, headers=headers, timeout=30) as response:
+        assert response.status_code == 200
+        chunks = response.iter_bytes()  # kept: dropping the iterator would close the response
+        next(chunks)
+        assert asyncio.run(_kv_used(head)) > 0
+    deadline = time.monotonic() + 10
+    while (used := asyncio.run(_kv_used(head))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert used == 0, f"{used} KV tokens still held after the client left"
