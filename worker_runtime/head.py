@@ -163,6 +163,13 @@ class HeadLoop:
     # ----- messages
 
     def handle(self, message: Incoming) -> None:
+        """Act on one frame; an authenticated but malformed one is logged and dropped, never fatal."""
+        try:
+            self._dispatch(message)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("dropped a malformed %r frame: %r", message.frame.type, exc)
+
+    def _dispatch(self, message: Incoming) -> None:
         frame, kind = message.frame, message.frame.type
         handler = {
             "submit": self.on_submit,

@@ -90,7 +90,13 @@ class RelayLoop:
         return True
 
     def handle(self, message: Incoming) -> None:
-        frame = message.frame
+        """Act on one frame; an authenticated but malformed one is logged and dropped, never fatal."""
+        try:
+            self._dispatch(message.frame)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("dropped a malformed %r frame: %r", message.frame.type, exc)
+
+    def _dispatch(self, frame: Frame) -> None:
         epoch = frame.header.get("epoch")
         if not isinstance(epoch, int):
             log.warning("dropped a %r frame without an epoch", frame.type)

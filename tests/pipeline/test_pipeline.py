@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ import zmq
 
 from worker_runtime.chain import generate
 from worker_runtime.client import PipelineClient
-from worker_runtime.errors import PipelineBroken, RequestRejected
+from worker_runtime.errors import DeadlineExceeded, PipelineBroken, RequestRejected
 from worker_runtime.frames import FrameCodec
 from worker_runtime.sampling import SamplingParams
 from worker_runtime.stage import Stage
@@ -77,6 +78,10 @@ async def test_kv_budget_queues_refuses_cancel_frees_and_sigterm_drains(start_pi
         assert stats["queue_depth"] == 0 and stats["running"] == 1  # the queued one got the freed space
         assert await client.cancel("second") and not await client.cancel("second")
         await second
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded, match="deadline"):
+            await collect(client, [1, 2], 90, deadline_s=0.3)
+        assert time.monotonic() - started < 1.5
         await asyncio.sleep(0.5)
         stats = await client.stats()
         assert stats["kv_tokens_free_by_stage"] == {"0": 128, "1": 128}
