@@ -102,6 +102,9 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # Several processes (ASGI server, Celery worker) share the file: wait on locks instead of failing.
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
     DATABASES["default"]["OPTIONS"]["init_command"] = "PRAGMA journal_mode=WAL;"
+    # Take the write lock when a transaction begins: a read transaction that later writes cannot
+    # wait for the lock (SQLite answers "database is locked" at once), an IMMEDIATE one can.
+    DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -54,6 +54,7 @@ class CheckedPlan:
 
     revision: PlanRevision
     replicas: list[list[tuple[Device, dict[str, Any]]]]  # per replica, per stage: device, priced stage
+    workload_kv_tokens: int  # batch x context: the KV one replica's workload needs on every stage
 
 
 def plan_revision_check(*, revision: PlanRevision, exclude_nodes: tuple[Node, ...] = ()) -> CheckedPlan:
@@ -95,6 +96,7 @@ def plan_revision_check(*, revision: PlanRevision, exclude_nodes: tuple[Node, ..
     return CheckedPlan(
         revision=revision,
         replicas=[[(devices[s["device"]], s) for s in replica["stages"]] for replica in priced["replicas"]],
+        workload_kv_tokens=priced["batch"] * priced["context"],
     )
 
 
@@ -241,7 +243,8 @@ def _revision_apply(*, deployment: Deployment, checked: CheckedPlan) -> None:
                 for i, (device, _) in enumerate(stages)]
         addresses = [_address(row) for row in rows]
         for i, (row, (device, stage)) in enumerate(zip(rows, stages)):
-            row.spec = _stage_spec(replica=replica, stage=stage, stage_index=i, device=device, addresses=addresses)
+            row.spec = _stage_spec(replica=replica, stage=stage, stage_index=i, device=device, addresses=addresses,
+                                   workload_kv_tokens=checked.workload_kv_tokens)
             row.device = device
             row.save()
     dispatch.reconcile_on_commit(deployment_id=deployment.pk)
@@ -283,10 +286,16 @@ def _address(row: DeploymentStage) -> str:
 
 
 def _stage_spec(
-    *, replica: DeploymentReplica, stage: dict[str, Any], stage_index: int, device: Device, addresses: list[str]
+    *, replica: DeploymentReplica, stage: dict[str, Any], stage_index: int, device: Device, addresses: list[str],
+    workload_kv_tokens: int,
 ) -> dict[str, Any]:
-    """The stage spec of contracts §1; emulated devices run on the CPU, paced to the card they stand for."""
+    """The stage spec of contracts §1; emulated devices run on the CPU, paced to the card they stand for.
+
+    The planner gives a stage all the KV its device's memory leaves; an emulated device's memory is
+    the host's RAM, shared by every emulated stage, so it gets only what the workload needs.
+    """
     start, end = stage["layers"]
+    kv_tokens = min(stage["kv_tokens"], workload_kv_tokens) if device.emulated else stage["kv_tokens"]
     return {
         "pipeline_id": replica.pipeline_id,
         "auth_token": replica.auth_token,
@@ -298,7 +307,7 @@ def _stage_spec(
         "dtype": None,
         "device": "cpu" if device.emulated else f"cuda:{device.index}",
         "threads": settings.MOTLEY_STAGE_THREADS,
-        "kv_tokens": stage["kv_tokens"],
+        "kv_tokens": kv_tokens,
         "listen": addresses[stage_index],
         "next": addresses[stage_index + 1] if stage_index + 1 < len(addresses) else None,
         "head": addresses[0],

@@ -40,7 +40,8 @@ def test_create_writes_wired_specs_and_reconcile_starts_each_stage_once(nodes, l
     assert {s["pipeline_id"] for s in specs} == {f"d{deployment.pk}-r0"}
     assert len({s["auth_token"] for s in specs}) == 1 and len(specs[0]["auth_token"]) > 30
     assert specs[0]["model_path"] == llm.path and specs[0]["device"] == "cpu"
-    assert specs[0]["emulation"]["memory_bandwidth_gbs"] == 320.0 and specs[0]["kv_tokens"] >= 4 * 256
+    assert specs[0]["emulation"]["memory_bandwidth_gbs"] == 320.0
+    assert specs[0]["kv_tokens"] == 4 * 256  # an emulated device: what the workload needs, not its card's memory
     assert [s["num_stages"] for s in specs] == [3, 3, 3]
 
     deployment_reconcile(deployment_id=deployment.pk)

@@ -1,0 +1,90 @@
+"""Fixtures of the end-to-end tests: a demo checkpoint made once, and a whole system per test."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from tests.e2e.harness import TIMING, System, stage_processes
+from tests.support.processes import REPO_ROOT, embedded_env
+
+
+@pytest.fixture(scope="session")
+def demo_model(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("e2e-model") / "demo-6"
+    subprocess.run([sys.executable, "-m", "worker_runtime.make_demo_model", str(out), "--layers", "6", "--hidden",
+                    "64", "--intermediate", "128", "--heads", "4", "--kv-heads", "2"], cwd=REPO_ROOT, check=True,
+                   capture_output=True)
+    return out
+
+
+def _stage_ports() -> str:
+    base = 20000 + (uuid.uuid4().int % 400) * 100
+    return f"{base}-{base + 99}"
+
+
+@pytest.fixture
+def embedded_system(tmp_path) -> Iterator[System]:
+    """SQLite and the filesystem broker, as `make run` starts them."""
+    env = {**embedded_env(tmp_path / "var"), **TIMING, "MOTLEY_STAGE_PORTS": _stage_ports()}
+    system = System(workdir=tmp_path, env=env)
+    yield from _run(system)
+
+
+def _service_urls() -> tuple[str, str] | None:
+    database = os.environ.get("DATABASE_URL", "")
+    if not database.startswith(("postgres://", "postgresql://")):
+        return None
+    try:
+        socket.create_connection(("127.0.0.1", 6379), timeout=0.5).close()
+    except OSError:
+        return None
+    return database, os.environ.get("CELERY_BROKER_URL", "").startswith("redis://") and os.environ[
+        "CELERY_BROKER_URL"] or "redis://127.0.0.1:6379/14"
+
+
+@pytest.fixture
+def service_system(tmp_path) -> Iterator[System]:
+    """PostgreSQL (a database of its own) and Redis as the broker and channel layer."""
+    urls = _service_urls()
+    if urls is None:
+        pytest.skip("service mode: needs DATABASE_URL=postgres://… and Redis on 127.0.0.1:6379")
+    import psycopg
+    import redis
+
+    database_url, broker_url = urls
+    name = f"motley_e2e_{uuid.uuid4().hex[:8]}"
+    admin = urlunsplit(urlsplit(database_url)._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    broker_url = broker_url.rsplit("/", 1)[0] + "/13"
+    redis.Redis.from_url(broker_url).flushdb()
+    env = {**os.environ, **TIMING, "MOTLEY_VAR_DIR": str(tmp_path / "var"), "MOTLEY_STAGE_PORTS": _stage_ports(),
+           "DATABASE_URL": urlunsplit(urlsplit(database_url)._replace(path=f"/{name}")),
+           "CELERY_BROKER_URL": broker_url, "CHANNEL_REDIS_URL": broker_url.rsplit("/", 1)[0] + "/12"}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    try:
+        yield from _run(System(workdir=tmp_path, env=env))
+    finally:
+        with psycopg.connect(admin, autocommit=True) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _run(system: System) -> Iterator[System]:
+    try:
+        system.start()
+        yield system
+    finally:
+        system.stop()
+        leftovers = stage_processes(system.workdir)
+        for process in leftovers:
+            process.kill()
+        assert not leftovers, f"stage processes outlived the system: {[p.cmdline() for p in leftovers]}"

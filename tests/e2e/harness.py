@@ -1,0 +1,183 @@
+"""The whole system as real processes: run_local (ASGI server, Celery worker, beat), agents with an
+emulated fleet, and the stage processes they start; every process is killed when the test ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from tests.support.processes import REPO_ROOT, free_port, manage_argv, wait_for_http
+
+FLEET = """
+name: e2e
+nodes:
+{nodes}
+"""
+NODE = """  - name: {name}
+    address: 127.0.0.1
+    gpus:
+      - model: T4
+"""
+# Short clocks so failures show within seconds; an emulated T4 paced lightly (CPU time dominates).
+TIMING = {
+    "MOTLEY_AGENT_HEARTBEAT_INTERVAL_S": "1",
+    "MOTLEY_NODE_LOST_AFTER_S": "4",
+    "MOTLEY_NODE_HEALTH_CHECK_INTERVAL_S": "1",
+    "MOTLEY_RECONCILE_INTERVAL_S": "2",
+    "MOTLEY_EMULATION_TIME_SCALE": "1",
+    "MOTLEY_LOG_LEVEL": "WARNING",
+}
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.3) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+@dataclass
+class System:
+    workdir: Path
+    env: dict[str, str]
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    port: int = 0
+    api_token: str = ""
+    join_token: str = ""
+
+    # --- set-up -----------------------------------------------------------------------------------
+
+    def manage(self, *args: str) -> str:
+        done = subprocess.run(manage_argv(*args), env=self.env, cwd=REPO_ROOT, capture_output=True, text=True)
+        assert done.returncode == 0, f"manage.py {' '.join(args)}: {done.stderr[-3000:]}"
+        return done.stdout
+
+    def start(self) -> None:
+        self.manage("migrate", "--noinput", "-v0")
+        self.port = free_port()
+        self._spawn("control-plane", manage_argv("run_local", "--port", str(self.port)))
+        wait_for_http(f"{self.url}/api/schema/", timeout_s=60)
+        credentials = dict(
+            line.split(": ", 1) for line in (Path(self.env["MOTLEY_VAR_DIR"]) / "admin-credentials.txt").read_text().splitlines()
+        )
+        self.api_token = credentials["api_token"]
+        self.join_token = self.manage("create_join_token", "--ttl", "10m").strip()
+
+    def start_agents(self, names: list[str]) -> None:
+        fleet = self.workdir / "fleet.yaml"
+        fleet.write_text(FLEET.format(nodes="".join(NODE.format(name=n) for n in names)))
+        for name in names:
+            self.start_agent(name)
+        wait_until(lambda: len(self.get("/api/v1/nodes/")["results"]) == len(names), 60, "agents registered")
+
+    def start_agent(self, name: str) -> None:
+        self._spawn(f"agent-{name}", [
+            sys.executable, "-m", "agents", "run", "--server", self.url, "--emulate", str(self.workdir / "fleet.yaml"),
+            "--node", name, "--address", "127.0.0.1", "--state-dir", str(self.workdir / "agents" / name),
+            "--log-level", "WARNING",
+        ], env={"MOTLEY_JOIN_TOKEN": self.join_token})
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        log = open(self.workdir / f"{name}.log", "w")  # noqa: SIM115  (closed with the process)
+        self.processes[name] = subprocess.Popen(argv, env={**self.env, **(env or {})}, cwd=REPO_ROOT, stdout=log,
+                                                stderr=subprocess.STDOUT, start_new_session=True)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-2500:]}" for p in sorted(self.workdir.glob("*.log")))
+
+    # --- API --------------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def get(self, path: str) -> Any:
+        response = httpx.get(self.url + path, headers=self._auth, timeout=10)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def post(self, path: str, body: dict | None = None) -> httpx.Response:
+        return httpx.post(self.url + path, json=body or {}, headers=self._auth, timeout=30)
+
+    @property
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Token {self.api_token}"}
+
+    def deployment(self, pk: int) -> dict:
+        return self.get(f"/api/v1/deployments/{pk}/")
+
+    def wait_status(self, pk: int, status: str, timeout_s: float) -> dict:
+        try:
+            return wait_until(lambda: (d := self.deployment(pk))["status"] == status and d, timeout_s,
+                              f"deployment {status}")
+        except AssertionError:
+            raise AssertionError(f"{self.deployment(pk)}\n{self.logs()}") from None
+
+    def endpoints(self, pk: int) -> list[dict]:
+        """What the gateway would get (the selector), read through the control plane's own settings."""
+        script = (
+            "import json, dataclasses;"
+            "from controlplane.deployments.models import Deployment;"
+            "from controlplane.deployments.selectors import deployment_endpoints;"
+            f"print(json.dumps([dataclasses.asdict(e) for e in deployment_endpoints(deployment=Deployment.objects.get(pk={pk}))]))"
+        )
+        return json.loads(self.manage("shell", "-c", script).strip().splitlines()[-1])
+
+    # --- tear-down --------------------------------------------------------------------------------
+
+    def kill(self, name: str) -> None:
+        os.kill(self.processes[name].pid, signal.SIGKILL)
+        self.processes[name].wait(timeout=10)
+
+    def stop(self) -> None:
+        """Stop agents first (they stop their stages), then the control plane; SIGKILL what lingers."""
+        descendants = []
+        for process in self.processes.values():
+            try:
+                descendants += psutil.Process(process.pid).children(recursive=True)
+            except psutil.Error:
+                pass
+        agents = [p for name, p in self.processes.items() if name != "control-plane"]
+        for group in (agents, [p for name, p in self.processes.items() if name == "control-plane"]):
+            for process in group:
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 15
+            for process in group:
+                try:
+                    process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+        for child in descendants:
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+
+
+def stage_processes(workdir: Path) -> list[psutil.Process]:
+    """Live stage worker processes started for this system (their spec files live under workdir)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            cmdline = process.info["cmdline"] or []
+            if "worker_runtime.serve" in cmdline and any(str(workdir) in part for part in cmdline):
+                if process.status() != psutil.STATUS_ZOMBIE:
+                    found.append(process)
+        except psutil.Error:
+            continue
+    return found

@@ -1,0 +1,93 @@
+"""The whole path with real processes: a plan becomes stage processes serving tokens, a new revision
+moves only what changed, and a node killed with SIGKILL is detected, planned around and served again."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from tests.e2e.harness import System, stage_processes, wait_until
+from worker_runtime.chain import generate
+from worker_runtime.client import PipelineClient
+from worker_runtime.sampling import SamplingParams
+from worker_runtime.stage import Stage
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+REQUEST = {"workload": {"batch": 4, "context": 256}, "replicas": 1}
+PROMPT, MAX_TOKENS = [5, 6, 7, 8], 8
+
+
+def three_stages(*bounds: int) -> dict:
+    edges = [0, *bounds, 6]
+    return {"replicas": [{"stages": [{"device": f"n{i}/gpu0", "layers": [edges[i], edges[i + 1]], "bits": 16}
+                                     for i in range(3)]}]}
+
+
+def reference(model) -> list[int]:
+    torch.set_num_threads(1)
+    return generate([Stage.load(model, 0, 6, kv_tokens=1024)], [PROMPT], SamplingParams(), max_new_tokens=MAX_TOKENS)[0]
+
+
+def tokens_through(system: System, deployment_id: int) -> list[int]:
+    (endpoint,) = system.endpoints(deployment_id)
+    assert endpoint["ready"]
+
+    async def run() -> list[int]:
+        async with PipelineClient(endpoint["head_address"], endpoint["auth_token"], endpoint["pipeline_id"]) as client:
+            return [e.token_id async for e in client.submit(PROMPT, SamplingParams(), max_tokens=MAX_TOKENS)]
+
+    return asyncio.run(run())
+
+
+def deploy(system: System, demo_model) -> int:
+    system.manage("register_model", str(demo_model), "--name", "demo")
+    model = system.get("/api/v1/models/?name=demo")["results"][0]["id"]
+    system.start_agents(["n0", "n1", "n2"])
+    response = system.post("/api/v1/deployments/", {"name": "demo", "model": model, "plan": three_stages(2, 4),
+                                                   "request": REQUEST, "source": "edited"})
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def pids(deployment: dict) -> dict[str, int]:
+    return {s["stage_key"]: s["pid"] for s in deployment["stages"] if s["wanted"]}
+
+
+def test_embedded_deploy_and_generate(embedded_system, demo_model):
+    system = embedded_system
+    pk = deploy(system, demo_model)
+    system.wait_status(pk, "ready", 90)
+    assert tokens_through(system, pk) == reference(demo_model)
+
+
+def test_service_deploy_move_a_boundary_and_survive_a_lost_node(service_system, demo_model):
+    system = service_system
+    pk = deploy(system, demo_model)
+    before = pids(system.wait_status(pk, "ready", 90))
+    expected = reference(demo_model)
+    assert tokens_through(system, pk) == expected
+
+    # A new revision moving the boundary between stages 0 and 1: only those two restart.
+    response = system.post(f"/api/v1/deployments/{pk}/apply/", {"plan": three_stages(3, 4), "request": REQUEST,
+                                                               "source": "edited"})
+    assert response.status_code == 200, response.text
+    system.wait_status(pk, "deploying", 10) if system.deployment(pk)["status"] != "ready" else None
+    after = pids(wait_until(lambda: (d := system.deployment(pk))["status"] == "ready" and d["revision_number"] == 2
+                            and all(s["pid"] for s in d["stages"]) and d, 90, "revision 2 ready"))
+    changed = sorted(key[-2:] for key in after if after[key] != before[key])
+    assert changed == ["s0", "s1"]
+    assert tokens_through(system, pk) == expected
+
+    # SIGKILL the agent of node n1: LOST, DEGRADED, re-planned on n0 and n2, serving again, no orphans.
+    victims = [p for p in stage_processes(system.workdir) if "/agents/n1/" in " ".join(p.cmdline())]
+    assert len(victims) == 1
+    system.kill("agent-n1")
+    wait_until(lambda: [n for n in system.get("/api/v1/nodes/")["results"] if n["name"] == "n1"][0]["status"] == "lost",
+               20, "n1 lost")
+    wait_until(lambda: system.deployment(pk)["revision_number"] == 3, 20, "re-plan")
+    final = system.wait_status(pk, "ready", 90)
+    assert all(s["node_name"] != "n1" for s in final["stages"])
+    assert tokens_through(system, pk) == expected
+    wait_until(lambda: not any(v.is_running() and v.status() != "zombie" for v in victims), 10, "n1's stage gone")
