@@ -81,7 +81,8 @@ class Agent:
             log.info("agent %s up: node %s, incarnation %s, %d %sdevice(s)", self.config.name,
                      self.registration.node_id, self.registration.incarnation, len(self._devices),
                      "emulated " if self.config.emulate else "")
-            await stop.wait()
+            while not stop.is_set():
+                await self._watch_consumer(stop)
         finally:
             if self._consumer is not None:
                 await asyncio.to_thread(self._consumer.stop)
@@ -119,6 +120,18 @@ class Agent:
             if self._consumer is not None:
                 await asyncio.to_thread(self._consumer.stop)
             self._consumer = await asyncio.to_thread(self._start_consumer, registration)
+
+    async def _watch_consumer(self, stop: asyncio.Event, interval_s: float = 2.0) -> None:
+        """A consumer that died (Celery's "Unrecoverable error") is started again: without it the
+        node would look healthy in its heartbeats while taking no work."""
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=interval_s)
+            return
+        except TimeoutError:
+            pass
+        if self._consumer is not None and not self._consumer.alive and self.registration is not None:
+            log.error("the queue consumer stopped unexpectedly; starting it again")
+            self._consumer = await asyncio.to_thread(self._start_consumer, self.registration)
 
     def _start_consumer(self, registration: Registration) -> QueueConsumer:
         app = build_app(registration.broker_url, registration.broker_transport_options, registration.queue,

@@ -34,6 +34,8 @@ def build_app(broker_url: str, transport_options: dict[str, Any], queue: str, su
     # fixups=[]: no Django fixup even where DJANGO_SETTINGS_MODULE is set; the agent is not Django.
     app = Celery("motley-agent", broker=broker_url, set_as_current=False, fixups=[])
     app.conf.update(
+        # The embedded broker through a reader that never takes a half-written message.
+        broker_transport="agents.filesystem_broker:Transport" if broker_url.startswith("filesystem:") else None,
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
         accept_content=["json"],
@@ -102,6 +104,11 @@ class QueueConsumer:
         self._thread.start()
         if not self._ready.wait(timeout_s):
             raise TimeoutError(f"the queue consumer did not connect to the broker within {timeout_s}s")
+
+    @property
+    def alive(self) -> bool:
+        """False once the worker thread ended (stopped, or died on an unrecoverable error)."""
+        return self._thread.is_alive()
 
     def stop(self, timeout_s: float = 30.0) -> None:
         # Celery's warm-shutdown flag, polled by the worker's loop (as celery.contrib.testing does).

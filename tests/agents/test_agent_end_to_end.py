@@ -14,8 +14,13 @@ import time
 
 import pytest
 from celery import Celery
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 
+from agents.discovery.emulated import emulated_devices
 from agents.queue_consumer import START_STAGE
+from agents.registration import register
+from agents.telemetry import websocket_url
 from tests.agents.helpers import STAND_IN_COMMAND, stage_spec, tiny_model, wait_until
 from tests.support.processes import REPO_ROOT, embedded_env, free_port, manage_argv, wait_for_http
 
@@ -37,7 +42,11 @@ def control_plane(tmp_path_factory):
         yield f"http://127.0.0.1:{port}", env, var
     finally:
         server.terminate()
-        server.wait(timeout=10)
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # daphne waits on open websockets; the test is over
+            server.kill()
+            server.wait()
 
 
 @pytest.fixture(autouse=True)
@@ -137,3 +146,18 @@ def test_a_refused_join_token_stops_the_agent_with_the_servers_reason(control_pl
     agent = _agent(url, env, "mjt_not-a-token", tiny_fleet, tmp_path / "state")
     assert agent.wait(timeout=30) == 2
     assert "join token refused: unknown join token" in _log(tmp_path / "state")
+
+
+async def test_one_nodes_credential_cannot_act_as_another_node(control_plane, tiny_fleet):
+    url, env, _ = control_plane
+    token = _join_token(env)
+    a, b = (register(server=url, join_token=token, name=name, address="127.0.0.1",
+                     devices=emulated_devices(tiny_fleet, "box", name)) for name in ("cred-a", "cred-b"))
+    assert a.node_id != b.node_id and a.queue != b.queue
+    with pytest.raises(InvalidStatus) as refused:
+        async with connect(websocket_url(url), additional_headers={"Authorization": f"Node {a.node_id}:{b.node_credential}"}):
+            pass
+    assert refused.value.response.status_code == 403
+    async with connect(websocket_url(url), additional_headers={"Authorization": b.authorization}) as own:
+        await own.send('{"type": "heartbeat", "incarnation": %d, "seq": 1, "sent_at": 0, "devices": [], "stages": []}'
+                       % b.incarnation)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 import uuid
 
 import kombu
@@ -136,3 +137,31 @@ def test_a_pickled_task_is_refused_without_being_unpickled(agent_side, broker, t
     controller.send_task(START_STAGE, args=["d7-r0-s1", spec], queue=queue, serializer="json")
     events.wait_for(lambda s: s.state == "ready")
     controller.close()
+
+
+def test_the_embedded_broker_consumer_waits_for_a_message_being_written(tmp_path, tiny_fleet):
+    """kombu's writer creates the file before writing it; its stock reader then dies on empty JSON."""
+    url, options = _filesystem(tmp_path)
+    queue = "node.half"
+    events = Events()
+    supervisor = Supervisor(tmp_path / "state", Admission(emulated_devices(tiny_fleet, "box")), events,
+                            command=STAND_IN_COMMAND)
+    consumer = QueueConsumer(build_app(url, options, queue, supervisor), queue, hostname="agent@half")
+    consumer.start()
+    try:
+        controller = Celery("controller", broker=url, set_as_current=False, fixups=[])
+        controller.conf.broker_transport_options = {**options, "data_folder_out": str(tmp_path / "outbox")}
+        (tmp_path / "outbox").mkdir()
+        spec = stage_spec(tiny_model(tmp_path / "model"), device="cuda:0")
+        controller.send_task(START_STAGE, args=["d7-r0-s1", spec], queue=queue, serializer="json")
+        controller.close()
+        (written,) = (tmp_path / "outbox").iterdir()
+        being_written = tmp_path / "broker" / "data" / written.name
+        being_written.touch()  # the writer has created the file, not yet written it
+        time.sleep(0.5)  # several polls see the empty file
+        assert consumer.alive
+        being_written.write_bytes(written.read_bytes())
+        events.wait_for(lambda s: s.state == "ready")
+    finally:
+        consumer.stop()
+        supervisor.close()
