@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -58,6 +59,19 @@ def raise_keyboard_interrupt_on_sigterm() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _handler)
+
+
+def wait_for_port(host: str, port: int, timeout_s: float = 60.0) -> None:
+    """Block until something accepts TCP connections on host:port."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listens on {host}:{port} after {timeout_s:.0f}s") from None
+            time.sleep(0.2)
 
 
 def python_argv(*args: str) -> list[str]:
