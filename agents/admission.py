@@ -39,7 +39,9 @@ class Admission:
     devices: Sequence[DeviceSpec]
     time_scale: float = DEFAULT_TIME_SCALE
 
-    def admit(self, spec: dict[str, Any], others: Sequence[Admitted], device_index: int | None = None) -> Admitted:
+    def admit(
+        self, spec: dict[str, Any], others: Sequence[Admitted], device_index: int | None = None
+    ) -> Admitted:
         """The spec to run, or StageRefused. ``others``: the stages already admitted on this node."""
         if device_index is None:
             match = _CUDA.match(str(spec.get("device", "")))

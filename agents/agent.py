@@ -37,7 +37,8 @@ def discover(config: AgentConfig) -> tuple[list[DeviceSpec], EmulatedMetrics | N
         devices = emulated_devices(config.emulate, config.node or config.name, config.name)
         return devices, EmulatedMetrics(devices)
     if not nvml_available():
-        raise ValueError("no NVIDIA GPU found through NVML; to emulate one, use --emulate FLEET_FILE --node NODE")
+        raise ValueError("no NVIDIA GPU found through NVML; "
+                         "to emulate one, use --emulate FLEET_FILE --node NODE")
     return discover_devices(config.name), NvmlMetrics()
 
 
@@ -136,7 +137,8 @@ class Agent:
     def _start_consumer(self, registration: Registration) -> QueueConsumer:
         app = build_app(registration.broker_url, registration.broker_transport_options, registration.queue,
                         self._supervisor)
-        consumer = QueueConsumer(app, registration.queue, hostname=f"agent-{self.config.name}@{socket.gethostname()}")
+        hostname = f"agent-{self.config.name}@{socket.gethostname()}"
+        consumer = QueueConsumer(app, registration.queue, hostname=hostname)
         consumer.start()
         return consumer
 

@@ -65,7 +65,8 @@ def sweep_pid_records(paths: list[Path], grace_s: float = 2.0) -> list[int]:
         process = _recorded_process(path)
         path.unlink(missing_ok=True)
         if process is not None:
-            log.warning("killing leftover stage process %s (%s) from a previous agent run", process.pid, path.parent.name)
+            log.warning("killing leftover stage process %s (%s) from a previous agent run",
+                        process.pid, path.parent.name)
             signal_group(process.pid, signal.SIGTERM)
             survivors.append(process)
     _, alive = psutil.wait_procs(survivors, timeout=grace_s)

@@ -30,12 +30,16 @@ DRAIN_STAGE = "motley.agent.drain_stage"
 SYNC = "motley.agent.sync"
 
 
-def build_app(broker_url: str, transport_options: dict[str, Any], queue: str, supervisor: Supervisor) -> Celery:
+def build_app(
+    broker_url: str, transport_options: dict[str, Any], queue: str, supervisor: Supervisor
+) -> Celery:
     # fixups=[]: no Django fixup even where DJANGO_SETTINGS_MODULE is set; the agent is not Django.
     app = Celery("motley-agent", broker=broker_url, set_as_current=False, fixups=[])
     app.conf.update(
         # The embedded broker through a reader that never takes a half-written message.
-        broker_transport="agents.filesystem_broker:Transport" if broker_url.startswith("filesystem:") else None,
+        broker_transport=(
+            "agents.filesystem_broker:Transport" if broker_url.startswith("filesystem:") else None
+        ),
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
         accept_content=["json"],

@@ -74,7 +74,9 @@ def register(*, server: str, join_token: str, name: str, address: str, devices: 
         raise RegistrationRefused(f"unexpected registration response ({exc!r})") from None
 
 
-def register_until_done(stop: threading.Event, max_backoff_s: float = 30.0, **kwargs: Any) -> Registration | None:
+def register_until_done(
+    stop: threading.Event, max_backoff_s: float = 30.0, **kwargs: Any
+) -> Registration | None:
     """``register``, retrying transient failures with exponential backoff; None once ``stop`` is set."""
     delay = 0.5
     while not stop.is_set():

@@ -192,7 +192,10 @@ class Supervisor:
                 else:
                     if future is not None:
                         future.set_result(result)
-            self._tick(time.monotonic())
+            try:
+                self._tick(time.monotonic())
+            except Exception:  # keep supervising the other stages; the next tick tries again
+                log.exception("supervisor tick failed")
         while not self._inbox.empty():  # calls that raced with close: answer them, never leave them hanging
             _, _, future = self._inbox.get_nowait()
             if future is not None:
@@ -384,7 +387,8 @@ class Supervisor:
 
     def _snapshot(self) -> list[tuple[StageStatus, StageLoad]]:
         return [
-            (_copy(s.status), StageLoad(s.admitted.device_index, s.admitted.memory_bytes if s.alive else 0, *s.load))
+            (_copy(s.status),
+             StageLoad(s.admitted.device_index, s.admitted.memory_bytes if s.alive else 0, *s.load))
             for s in self._stages.values()
         ]
 
@@ -407,7 +411,9 @@ def _stage_env() -> dict[str, str]:
     return env
 
 
-def _load_between(t0: float, before: dict[str, Any], t1: float, after: dict[str, Any]) -> tuple[float, float, float]:
+def _load_between(
+    t0: float, before: dict[str, Any], t1: float, after: dict[str, Any]
+) -> tuple[float, float, float]:
     """Busy fraction and transfer rates of a stage between two stats lines."""
     elapsed = t1 - t0
     if elapsed <= 0:

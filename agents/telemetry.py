@@ -110,7 +110,9 @@ class Telemetry:
                 pass
             delay = min(self._max_backoff_s, delay * 2)
 
-    async def _session(self, socket: ClientConnection, registration: Registration, stop: asyncio.Event) -> None:
+    async def _session(
+        self, socket: ClientConnection, registration: Registration, stop: asyncio.Event
+    ) -> None:
         receiver = asyncio.create_task(self._receive(socket))
         try:
             next_heartbeat = time.monotonic()
@@ -140,7 +142,8 @@ class Telemetry:
     async def _send_events(self, socket: ClientConnection, registration: Registration) -> None:
         while self._pending:
             status = self._pending[0]
-            frame = {"type": "stage_event", "incarnation": registration.incarnation, "stage": status.to_json()}
+            frame = {"type": "stage_event", "incarnation": registration.incarnation,
+                     "stage": status.to_json()}
             await socket.send(json.dumps(frame))
             self._pending.popleft()  # only once sent: an event is not lost with the connection
 

@@ -76,7 +76,8 @@ class Events:
                         return status
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise AssertionError(f"no matching event in {timeout_s}s; saw {[(s.stage_key, s.state) for s in self.seen]}")
+                    seen = [(s.stage_key, s.state) for s in self.seen]
+                    raise AssertionError(f"no matching event in {timeout_s}s; saw {seen}")
                 self._changed.wait(left)
 
 

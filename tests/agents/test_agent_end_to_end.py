@@ -10,7 +10,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 
 import pytest
 from celery import Celery
@@ -43,8 +42,8 @@ def control_plane(tmp_path_factory):
     finally:
         server.terminate()
         try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # daphne waits on open websockets; the test is over
+            server.wait(timeout=3)
+        except subprocess.TimeoutExpired:  # daphne waits on its websocket tasks; the test is over
             server.kill()
             server.wait()
 
@@ -81,9 +80,11 @@ def _log(state, name="box") -> str:
 
 def _send(var, name: str, **kwargs) -> None:
     app = Celery("test-controller", broker="filesystem://", set_as_current=False, fixups=[])
-    app.conf.broker_transport_options = {"data_folder_in": str(var / "broker"), "data_folder_out": str(var / "broker"),
-                                         "processed_folder": str(var / "broker-processed"),
-                                         "control_folder": str(var / "broker-control"), "store_processed": False}
+    app.conf.broker_transport_options = {
+        "data_folder_in": str(var / "broker"), "data_folder_out": str(var / "broker"),
+        "processed_folder": str(var / "broker-processed"), "control_folder": str(var / "broker-control"),
+        "store_processed": False,
+    }
     app.send_task(name, kwargs=kwargs, queue=kwargs.pop("queue"), serializer="json")
     app.close()
 
@@ -155,9 +156,10 @@ async def test_one_nodes_credential_cannot_act_as_another_node(control_plane, ti
                      devices=emulated_devices(tiny_fleet, "box", name)) for name in ("cred-a", "cred-b"))
     assert a.node_id != b.node_id and a.queue != b.queue
     with pytest.raises(InvalidStatus) as refused:
-        async with connect(websocket_url(url), additional_headers={"Authorization": f"Node {a.node_id}:{b.node_credential}"}):
+        b_as_a = {"Authorization": f"Node {a.node_id}:{b.node_credential}"}
+        async with connect(websocket_url(url), additional_headers=b_as_a):
             pass
     assert refused.value.response.status_code == 403
     async with connect(websocket_url(url), additional_headers={"Authorization": b.authorization}) as own:
-        await own.send('{"type": "heartbeat", "incarnation": %d, "seq": 1, "sent_at": 0, "devices": [], "stages": []}'
-                       % b.incarnation)
+        await own.send(json.dumps({"type": "heartbeat", "incarnation": b.incarnation, "seq": 1, "sent_at": 0,
+                                   "devices": [], "stages": []}))

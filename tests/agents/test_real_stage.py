@@ -21,15 +21,17 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def demo_model(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    subprocess.run([sys.executable, "-m", "worker_runtime.make_demo_model", str(out), "--layers", "2", "--hidden", "64",
-                    "--intermediate", "128", "--heads", "4", "--kv-heads", "2", "--max-positions", "128"],
+    subprocess.run([sys.executable, "-m", "worker_runtime.make_demo_model", str(out), "--layers", "2",
+                    "--hidden", "64", "--intermediate", "128", "--heads", "4", "--kv-heads", "2",
+                    "--max-positions", "128"],
                    cwd=REPO_ROOT, check=True, capture_output=True)
     return out
 
 
 def test_a_real_stage_starts_reports_and_drains(tmp_path, tiny_fleet, demo_model):
     events = Events()
-    supervisor = Supervisor(tmp_path / "state", Admission(emulated_devices(tiny_fleet, "box"), time_scale=2.0), events)
+    admission = Admission(emulated_devices(tiny_fleet, "box"), time_scale=2.0)
+    supervisor = Supervisor(tmp_path / "state", admission, events)
     address = f"tcp://127.0.0.1:{free_port()}"
     spec = {"pipeline_id": "d5-r0", "auth_token": "secret", "model_path": str(demo_model), "stage_index": 0,
             "num_stages": 1, "layers": [0, 2], "bits": 16, "dtype": None, "device": "cpu", "threads": 1,

@@ -15,7 +15,9 @@ import pytest
 from agents.admission import Admission
 from agents.discovery.emulated import emulated_devices
 from agents.supervisor import RestartPolicy, Supervisor
-from tests.agents.helpers import STAND_IN_COMMAND, TINY_LAYER_BYTES, Events, stage_spec, tiny_model, wait_until
+from tests.agents.helpers import (
+    STAND_IN_COMMAND, TINY_LAYER_BYTES, Events, stage_spec, tiny_model, wait_until,
+)
 
 FAST = RestartPolicy(max_restarts=2, backoff_s=0.2, max_backoff_s=0.4, stop_grace_s=1.0)
 
@@ -39,7 +41,9 @@ def supervisor(tmp_path, tiny_fleet, events):
     sup.close()
 
 
-def test_start_reports_ready_and_stats_and_runs_on_the_cpu_paced_like_the_device(supervisor, events, spec, tmp_path):
+def test_start_reports_ready_and_stats_and_runs_on_the_cpu_paced_like_the_device(
+    supervisor, events, spec, tmp_path
+):
     status = supervisor.start("d7-r0-s0", spec())
     assert status.state == "starting" and status.pid and (status.deployment_id, status.replica) == (7, 0)
     events.wait_for(lambda s: s.state == "ready")
@@ -47,10 +51,12 @@ def test_start_reports_ready_and_stats_and_runs_on_the_cpu_paced_like_the_device
     assert written["device"] == "cpu"
     assert written["emulation"]["memory_bandwidth_gbs"] == 320 and written["emulation"]["time_scale"] > 1
     (snapshot_status, load), = wait_until(
-        lambda: [x for x in supervisor.snapshot() if x[1].busy_fraction > 0], what="a load from two stats lines")
+        lambda: [x for x in supervisor.snapshot() if x[1].busy_fraction > 0],
+        what="a load from two stats lines")
     assert snapshot_status.stats["steps"] > 0
     assert 0.3 < load.busy_fraction <= 1.0  # 10 steps/s x 50 ms
-    assert load.memory_bytes == 100 * 1024**2 + TINY_LAYER_BYTES and load.device_index == 0 and load.tx_bytes_per_s > 0
+    assert load.memory_bytes == 100 * 1024**2 + TINY_LAYER_BYTES
+    assert load.device_index == 0 and load.tx_bytes_per_s > 0
 
 
 def test_the_same_start_twice_runs_one_process_and_a_new_spec_replaces_it(supervisor, events, spec):
@@ -62,7 +68,9 @@ def test_the_same_start_twice_runs_one_process_and_a_new_spec_replaces_it(superv
     assert replaced.pid != first.pid and not psutil.pid_exists(first.pid)
 
 
-def test_a_crash_is_reported_within_two_seconds_restarted_with_backoff_then_given_up(supervisor, events, spec):
+def test_a_crash_is_reported_within_two_seconds_restarted_with_backoff_then_given_up(
+    supervisor, events, spec
+):
     supervisor.start("k", spec(crash_after_s=0.3, exit_code=3, error="CUDA out of memory"))
     first = events.wait_for(lambda s: s.state == "ready")
     crashed_at = time.monotonic()
@@ -122,7 +130,9 @@ def test_a_stage_over_the_emulated_memory_budget_is_refused(supervisor, events, 
     assert unknown.state == "failed" and "device index 7 does not exist" in unknown.message
 
 
-def test_an_emulated_cpu_spec_goes_to_the_first_device_of_its_model_with_room(supervisor, events, spec, tmp_path):
+def test_an_emulated_cpu_spec_goes_to_the_first_device_of_its_model_with_room(
+    supervisor, events, spec, tmp_path
+):
     t4 = {"memory_bandwidth_gbs": 320.0, "fp16_tflops": 65.0, "time_scale": 5}
     assert supervisor.start("d1-r0-s1", spec(device="cpu", emulation=t4, memory_mib=700)).state == "starting"
     refused = supervisor.start("d1-r0-s2", spec(device="cpu", emulation=t4, memory_mib=700))
@@ -147,7 +157,8 @@ def test_a_new_supervisor_kills_stages_a_killed_agent_left_running(tmp_path, tin
     write_pid_record(stage_dir / "pid.json", leftover.pid)
     (state / "stages" / "stale").mkdir()
     (state / "stages" / "stale" / "pid.json").write_text(json.dumps({"pid": os.getpid(), "create_time": 1.0}))
-    sup = Supervisor(state, Admission(emulated_devices(tiny_fleet, "box")), Events(), command=STAND_IN_COMMAND)
+    sup = Supervisor(state, Admission(emulated_devices(tiny_fleet, "box")), Events(),
+                     command=STAND_IN_COMMAND)
     try:
         assert sup.swept_pids == [leftover.pid]  # the stale record names a live pid of another process
         assert leftover.wait(timeout=5) is not None
@@ -167,7 +178,8 @@ from tests.agents.helpers import STAND_IN_COMMAND, stage_spec, tiny_model
 from pathlib import Path
 sup = Supervisor({str(tmp_path / 'state')!r}, Admission(emulated_devices({str(tiny_fleet)!r}, "box")),
                  lambda s: None, command=STAND_IN_COMMAND)
-print(sup.start("k", stage_spec(tiny_model(Path({str(tmp_path / 'model')!r})), device="cuda:0")).pid, flush=True)
+model = tiny_model(Path({str(tmp_path / 'model')!r}))
+print(sup.start("k", stage_spec(model, device="cuda:0")).pid, flush=True)
 time.sleep(600)
 """
     agent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -175,7 +187,8 @@ time.sleep(600)
     assert psutil.pid_exists(stage_pid)
     agent.kill()
     agent.wait()
-    wait_until(lambda: not psutil.pid_exists(stage_pid) or psutil.Process(stage_pid).status() == psutil.STATUS_ZOMBIE,
+    wait_until(lambda: not psutil.pid_exists(stage_pid)
+               or psutil.Process(stage_pid).status() == psutil.STATUS_ZOMBIE,
                timeout_s=5, what="stage gone with its agent")
 
 
