@@ -42,7 +42,6 @@ class FrameError(ValueError):
 class Frame:
     header: dict[str, Any]
     tensors: list[torch.Tensor] = field(default_factory=list)
-    nbytes: int = 0  # bytes on the wire, for the statistics
 
     @property
     def type(self) -> str:
@@ -92,7 +91,7 @@ class FrameCodec:
         if not isinstance(specs, list) or len(specs) != len(parts) - 2:
             raise FrameError("header 'tensors' must describe each tensor part")
         tensors = [self._tensor(spec, part) for spec, part in zip(specs, parts[2:])]
-        return Frame(header, tensors, nbytes=len(body) + 32 + sum(t.nbytes for t in tensors))
+        return Frame(header, tensors)
 
     @staticmethod
     def _tensor(spec: Any, part: Any) -> torch.Tensor:

@@ -251,13 +251,7 @@ class HeadLoop:
         return {"ok": self.healthy and not self.draining, "broken_stage": self.broken_stage, "reason": self.reason}
 
     def own_stats(self) -> dict[str, Any]:
-        figures = self.worker.kv_figures()
-        return self.worker.stats.snapshot(
-            kv_used=figures["kv_tokens_used"],
-            kv_free=figures["kv_tokens_free"],
-            bytes_sent=getattr(self.transport, "bytes_sent", 0),
-            bytes_received=getattr(self.transport, "bytes_received", 0),
-        )
+        return self.worker.snapshot(self.transport)
 
     def stats(self) -> dict[str, Any]:
         s = self.scheduler

@@ -69,14 +69,7 @@ class RelayLoop:
             self.events.emit("stats", pipeline_id=self.spec.pipeline_id, stage_index=self.spec.stage_index, **self.snapshot())
 
     def snapshot(self) -> dict:
-        t = self.transport
-        figures = self.worker.kv_figures()
-        return self.worker.stats.snapshot(
-            kv_used=figures["kv_tokens_used"],
-            kv_free=figures["kv_tokens_free"],
-            bytes_sent=getattr(t, "bytes_sent", 0),
-            bytes_received=getattr(t, "bytes_received", 0),
-        )
+        return self.worker.snapshot(self.transport)
 
     def _adopt_epoch(self, epoch: int) -> bool:
         """False for a message of an older epoch (drop it); a newer epoch wipes the cache first."""

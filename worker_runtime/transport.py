@@ -35,7 +35,15 @@ class Incoming:
 
 
 class Transport(ABC):
-    """Frames in from ``listen``, frames out to the next stage, the head, or a peer that wrote to us."""
+    """Frames in from ``listen``, frames out to the next stage, the head, or a peer that wrote to us.
+
+    Implementations count ``bytes_sent``, ``bytes_received`` and ``rejected`` (frames dropped as
+    unauthenticated or malformed) for the statistics.
+    """
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    rejected: int = 0
 
     @abstractmethod
     def send_next(self, header: dict[str, Any], tensors: list[torch.Tensor] = ()) -> int:
@@ -64,9 +72,6 @@ class ZmqTransport(Transport):
 
     def __init__(self, codec: FrameCodec, listen: str | None, next_address: str | None, head: str | None):
         self.codec = codec
-        self.rejected = 0
-        self.bytes_sent = 0
-        self.bytes_received = 0
         self._context = zmq.Context(io_threads=1)
         self._listen = self._socket(zmq.ROUTER)
         if listen is not None:

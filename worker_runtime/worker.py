@@ -14,6 +14,7 @@ from .pacing import Pacer
 from .sampling import SamplingParams, sample
 from .stage import Batch, Stage
 from .stats import StageStats
+from .transport import Transport
 
 
 class StageWorker:
@@ -36,6 +37,15 @@ class StageWorker:
             self.pacer.pace(batch, time.perf_counter() - started)
         return out, time.perf_counter() - started
 
-    def kv_figures(self) -> dict[str, int]:
+    def snapshot(self, transport: Transport) -> dict:
+        """The §4 statistics of this stage, plus ``frames_rejected`` (bad token or malformed)."""
         kv = self.stage.kv
-        return {"kv_tokens_used": kv.capacity_tokens - kv.free_tokens, "kv_tokens_free": kv.free_tokens}
+        return {
+            **self.stats.snapshot(
+                kv_used=kv.capacity_tokens - kv.free_tokens,
+                kv_free=kv.free_tokens,
+                bytes_sent=transport.bytes_sent,
+                bytes_received=transport.bytes_received,
+            ),
+            "frames_rejected": transport.rejected,
+        }

@@ -36,10 +36,10 @@ def test_modeled_time_follows_the_roofline(tiny_model):
 def test_a_slower_device_takes_proportionally_longer(tiny_model):
     torch.set_num_threads(1)
     stage = Stage.load(tiny_model, 0, 3, kv_tokens=256)
-    scale = 0.03 / Pacer(stage, Emulation(1.0, 1.0, 1.0)).modeled_s(Batch([1], [0], [4]))  # ~30 ms at 1 GB/s
+    scale = 0.06 / Pacer(stage, Emulation(1.0, 1.0, 1.0)).modeled_s(Batch([1], [0], [4]))  # 60 ms at 1 GB/s
     fast = Pacer(stage, Emulation(memory_bandwidth_gbs=1.0, fp16_tflops=1.0, time_scale=scale))
     slow = Pacer(stage, Emulation(memory_bandwidth_gbs=1 / 3, fp16_tflops=1 / 3, time_scale=scale))
     fast_s = min(timed_step(stage, fast, 1) for _ in range(3))
     slow_s = min(timed_step(stage, slow, 2) for _ in range(3))
-    assert 0.029 < fast_s < 0.06 and 0.089 < slow_s < 0.15
-    assert 2.5 < slow_s / fast_s < 3.5
+    assert 0.059 < fast_s < 0.12 and 0.179 < slow_s < 0.3  # generous tops: the build machine is shared
+    assert 2.2 < slow_s / fast_s < 3.1

@@ -119,6 +119,7 @@ async def test_bad_frames_are_rejected_logged_and_the_stage_keeps_serving(shared
         async with PipelineClient(pipeline.head, TOKEN, "p0") as client:
             assert (await wait_healthy(client))["ok"]
             assert await collect(client, [5, 6, 7], 6) == reference(tiny_model, [5, 6, 7], 6)
+            assert (await client.stats())["stages"][0]["frames_rejected"] >= 3
         for stage in pipeline.stages[:2]:
             log = stage.stderr()
             assert "bad authentication" in log and "not JSON" in log and "at least 2 parts" in log
