@@ -132,3 +132,12 @@ def test_unknown_strategy_and_bad_shapes_are_refused():
 
 def test_no_replica_at_all_is_a_503():
     assert Router([]).route(RequestShape(1, 1), deadline_s=60).status == 503
+
+
+def test_baselines_route_blind_and_leave_waiting_to_the_replica_queue():
+    full, idle = replicas(1.0, 1.0, kv=1000)
+    full.start("hog", RequestShape(500, 400))
+    router = Router([full, idle], "round_robin")
+    assert router.route(RequestShape(100, 100), deadline_s=60).replica is full  # no KV space now: it waits there
+    assert router.route(RequestShape(100, 100000), deadline_s=1).status == 400  # never fits anywhere
+    assert isinstance(Router([full], "least_outstanding_tokens").route(RequestShape(10, 900), deadline_s=1), Decision)

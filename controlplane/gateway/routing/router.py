@@ -1,9 +1,11 @@
 """Admission and choice: one place decides whether a request may run and where.
 
-Admission is the same for every strategy, so the baselines differ from cost-aware routing only in
-their choice: a replica is a candidate when it is healthy, has the KV space to finish the request,
-and is estimated to finish it within the deadline. With no candidate the request is refused at once
-(the gateway keeps no queue of its own):
+For cost-aware routing a replica is a candidate when it is healthy, has the KV space to finish the
+request now (so nothing waits in a replica's queue and no cache overflows) and is estimated to
+finish it within the deadline. The baselines (round-robin, least-outstanding-tokens) behave like a
+conventional load balancer: any healthy replica is a candidate, a request that does not fit waits in
+that replica's bounded queue (contracts §2, ``max_queue``) and a late one gets the gateway's 504.
+With no candidate the request is refused at once (the gateway keeps no queue of its own):
 
 - ``unavailable`` (503): no healthy replica;
 - ``too_large`` (400): no healthy replica could hold prompt + max_tokens even when idle;
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 
 from controlplane.gateway.routing.costs import RequestShape
 from controlplane.gateway.routing.state import ReplicaState
-from controlplane.gateway.routing.strategies import DEFAULT_STRATEGY, STRATEGIES
+from controlplane.gateway.routing.strategies import CAPACITY_AWARE, DEFAULT_STRATEGY, STRATEGIES
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,9 @@ class Router:
                 f"prompt ({request.prompt_tokens} tokens) plus max_tokens ({request.max_tokens}) exceeds "
                 f"the largest replica's KV capacity of {biggest} tokens",
             )
-        candidates = [r for r in healthy if r.fits(request) and r.estimate_finish(request) <= deadline_s]
+        candidates = [r for r in healthy if r.could_ever_fit(request)]
+        if self.strategy in CAPACITY_AWARE:
+            candidates = [r for r in candidates if r.fits(request) and r.estimate_finish(request) <= deadline_s]
         if not candidates:
             return Rejection(
                 "saturated",

@@ -1,7 +1,9 @@
 """How to choose among the replicas that may take a request (admission already filtered them).
 
 Each strategy is ``choose(request, candidates, cursor) -> ReplicaState``; ``cursor`` counts the
-requests routed so far, which only round-robin uses.
+requests routed so far, which only round-robin uses. ``CAPACITY_AWARE`` names the strategies that
+admit a request only where it fits and finishes in time; the baselines route as a conventional load
+balancer does and leave admission to each replica's own bounded queue.
 """
 
 from __future__ import annotations
@@ -37,3 +39,4 @@ STRATEGIES: dict[str, Strategy] = {
     "round_robin": round_robin,
 }
 DEFAULT_STRATEGY = "cost_aware"
+CAPACITY_AWARE = frozenset({"cost_aware"})

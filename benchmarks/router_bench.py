@@ -1,0 +1,150 @@
+"""Router benchmark: cost-aware routing against least-outstanding-tokens and round-robin on a fleet
+of replicas of clearly different speed (1x, 0.5x, 0.25x; the slower ones also have less KV space,
+as older GPUs do).
+
+    python benchmarks/router_bench.py [--duration 600] [--seed 0] [--validate]
+
+Replicas are SIMULATED (benchmarks/replica_sim.py: a discrete-event model of continuous-batching
+pipeline heads) and routed by the gateway's real router code. The trace has Poisson arrivals and
+long-tailed (log-normal) prompt and output lengths; each load level is a share of the fleet's total
+capacity, measured by saturating each simulated replica alone. ``--validate`` also replays a short
+trace on real paced pipelines (worker_runtime.serve with emulation pacing) and compares what the
+simulator predicts for it with what they measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.replica_sim import SimReplica, SimRequest, simulate  # noqa: E402
+from controlplane.gateway.routing import STRATEGIES, ReplicaCosts  # noqa: E402
+
+# The 1x replica: a 7B-class model on a fast GPU (20 ms decode step, 0.2 ms per extra sequence,
+# 0.15 ms per prompt token) with room for 40k KV tokens; the others are slower and smaller.
+BASE = ReplicaCosts(prefill_s_per_token=0.00015, decode_s_per_token=0.0002, decode_step_s=0.020)
+FLEET = [("fast-1x", 1.0, 40_000), ("mid-0.5x", 0.5, 20_000), ("slow-0.25x", 0.25, 10_000)]
+LOADS = (0.5, 0.8, 0.95)
+DEADLINE_S = 120.0
+
+
+def make_fleet(fleet=FLEET, base=BASE) -> list[SimReplica]:
+    return [SimReplica(name, base.scaled(1 / speed), kv) for name, speed, kv in fleet]
+
+
+def lengths(rng: random.Random, n: int) -> list[tuple[int, int]]:
+    """Long-tailed prompt and output lengths: log-normal, medians 200 and 120 tokens."""
+    return [
+        (min(4000, max(8, int(rng.lognormvariate(math.log(200), 1.0)))),
+         min(1500, max(4, int(rng.lognormvariate(math.log(120), 1.0)))))
+        for _ in range(n)
+    ]
+
+
+def poisson_trace(rng: random.Random, rate: float, duration: float) -> list[tuple[float, int, int]]:
+    times, t = [], rng.expovariate(rate)
+    while t < duration:
+        times.append(t)
+        t += rng.expovariate(rate)
+    return [(t, p, m) for t, (p, m) in zip(times, lengths(rng, len(times)))]
+
+
+def capacity(replica_factory, seed: int, window_s: float = 300.0) -> float:
+    """Requests per second one replica completes with an endless backlog of trace requests."""
+    replica = replica_factory()
+    backlog = [(0.0, p, m) for p, m in lengths(random.Random(seed), 20_000)]
+    replica.max_queue = len(backlog)
+    done = simulate(
+        backlog, [replica], {replica.name: replica.costs}, "round_robin", 1e9, bypass_router=True, until=window_s
+    )
+    return sum(1 for r in done if r.done_at is not None and r.done_at <= window_s) / window_s
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def summarize(requests: list[SimRequest], duration: float, replicas: list[SimReplica]) -> dict:
+    served = [r for r in requests if r.done_at is not None]
+    admitted = [r for r in requests if r.replica is not None]
+    # A request cut at its deadline counts with the deadline as its latency (a lower bound).
+    ttft = [min(r.first_token_at or math.inf, r.arrival + DEADLINE_S) - r.arrival for r in admitted]
+    e2e = [r.done_at - r.arrival if r.done_at is not None else DEADLINE_S for r in admitted]
+    return {
+        "ttft_p50": percentile(ttft, 0.5), "ttft_p99": percentile(ttft, 0.99),
+        "e2e_p50": percentile(e2e, 0.5), "e2e_p99": percentile(e2e, 0.99),
+        "throughput_tok_s": sum(r.max_tokens for r in served) / max(r.done_at for r in served),
+        "requests": len(requests),
+        "rejected": sum(1 for r in requests if r.rejected),
+        "timed_out": sum(1 for r in requests if r.timed_out),
+        "waited_for_kv": sum(1 for r in requests if r.waited_for_kv),
+        "kv_overflow": sum(1 for rep in replicas if rep.peak_kv > rep.kv_capacity),
+        "share": {rep.name: sum(1 for r in served if r.replica == rep.name) / max(1, len(served)) for rep in replicas},
+    }
+
+
+def run_matrix(duration: float, seed: int) -> dict:
+    total = sum(capacity(lambda f=f: make_fleet([f])[0], seed) for f in FLEET)
+    results = {"total_capacity_req_s": total, "duration_s": duration, "loads": {}}
+    for load in LOADS:
+        trace = poisson_trace(random.Random(seed + 1), load * total, duration)
+        results["loads"][load] = {}
+        for strategy in STRATEGIES:
+            fleet = make_fleet()
+            requests = simulate(trace, fleet, {r.name: r.costs for r in fleet}, strategy, DEADLINE_S)
+            results["loads"][load][strategy] = summarize(requests, duration, fleet)
+    return results
+
+
+def table(results: dict) -> str:
+    head = ("| load | strategy | TTFT p50 s | TTFT p99 s | e2e p50 s | e2e p99 s | tokens/s | rejected | "
+            "504 | e2e p99 vs RR | share fast/mid/slow |")
+    lines = [head, "|" + " --- |" * 11]
+    for load, by_strategy in results["loads"].items():
+        rr = by_strategy["round_robin"]["e2e_p99"]
+        for strategy, m in by_strategy.items():
+            share = "/".join(f"{v:.0%}" for v in m["share"].values())
+            lines.append(
+                f"| {float(load):.0%} | {strategy} | {m['ttft_p50']:.2f} | {m['ttft_p99']:.2f} | {m['e2e_p50']:.1f} | "
+                f"{m['e2e_p99']:.1f} | {m['throughput_tok_s']:.0f} | {m['rejected']}/{m['requests']} | "
+                f"{m['timed_out']} | {m['e2e_p99'] / rr:.2f} | {share} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=600.0, help="simulated seconds of arrivals per run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--validate", action="store_true", help="replay a short trace on real paced pipelines")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    results = run_matrix(args.duration, args.seed)
+    print(f"fleet: {', '.join(f'{n} ({s}x, {kv} KV tokens)' for n, s, kv in FLEET)}; "
+          f"capacity {results['total_capacity_req_s']:.2f} req/s; {args.duration:.0f} s of arrivals per run; "
+          f"deadline {DEADLINE_S:.0f} s (simulated replicas)")
+    print(table(results))
+    for load, by_strategy in results["loads"].items():
+        ratio = by_strategy["cost_aware"]["e2e_p99"] / by_strategy["round_robin"]["e2e_p99"]
+        overflow = sum(m["kv_overflow"] for m in by_strategy.values())
+        print(f"load {float(load):.0%}: cost-aware e2e p99 / round-robin = {ratio:.2f}; KV overflows: {overflow}")
+    if args.validate:
+        from benchmarks.router_validate import validate
+
+        results["validation"] = validate(seed=args.seed)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2, default=str))
+    print(f"done in {time.monotonic() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
