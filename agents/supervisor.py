@@ -105,7 +105,7 @@ class Supervisor:
         policy: RestartPolicy = RestartPolicy(),
     ):
         self._dir = Path(state_dir) / "stages"
-        self._dir.mkdir(parents=True, exist_ok=True)
+        self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # specs carry the pipeline's auth_token
         self._admission = admission
         self._on_event = on_event
         self._command = list(command)
@@ -251,8 +251,9 @@ class Supervisor:
 
     def _spawn(self, stage: _Stage) -> None:
         stage_dir = self._dir / stage.key
-        stage_dir.mkdir(exist_ok=True)
+        stage_dir.mkdir(exist_ok=True, mode=0o700)
         spec_path = stage_dir / "spec.json"
+        spec_path.touch(mode=0o600)
         spec_path.write_text(json.dumps(stage.admitted.spec, indent=1))
         try:
             with open(stage_dir / "stderr.log", "ab") as stderr:

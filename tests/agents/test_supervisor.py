@@ -47,7 +47,9 @@ def test_start_reports_ready_and_stats_and_runs_on_the_cpu_paced_like_the_device
     status = supervisor.start("d7-r0-s0", spec())
     assert status.state == "starting" and status.pid and (status.deployment_id, status.replica) == (7, 0)
     events.wait_for(lambda s: s.state == "ready")
-    written = json.loads((tmp_path / "state/stages/d7-r0-s0/spec.json").read_text())
+    spec_file = tmp_path / "state/stages/d7-r0-s0/spec.json"
+    assert spec_file.stat().st_mode & 0o077 == 0  # the spec carries the pipeline's auth_token
+    written = json.loads(spec_file.read_text())
     assert written["device"] == "cpu"
     assert written["emulation"]["memory_bandwidth_gbs"] == 320 and written["emulation"]["time_scale"] > 1
     (snapshot_status, load), = wait_until(
