@@ -135,12 +135,12 @@ class HeadLoop:
             except PeerUnavailable:
                 return  # stage 1 heartbeats but our link to it is not up yet: try again next check
             log.info("pipeline %s complete: epoch %d", self.spec.pipeline_id, self.epoch)
-            self.healthy, self.reason, self.broken_stage = True, "", None
+            self._set_health(True, "", None)
 
     def break_pipeline(self, stage: int, reason: str) -> None:
         """Fail everything in flight, wipe stage 0's cache and wait for all stages to answer again."""
         log.warning("pipeline %s broken: %s", self.spec.pipeline_id, reason)
-        self.healthy, self.reason, self.broken_stage = False, reason, stage
+        self._set_health(False, reason, stage)
         self.broken_at = time.monotonic()
         self.epoch += 1
         self._fail(self.scheduler.clear(), PipelineBroken(f"pipeline {self.spec.pipeline_id} broken: {reason}"))
@@ -148,6 +148,11 @@ class HeadLoop:
         for seq_id in kv.sequences:
             kv.free(seq_id)
         self._pending_free.clear()
+
+    def _set_health(self, healthy: bool, reason: str, broken_stage: int | None) -> None:
+        """Change the pipeline's health and tell the agent at once (a ``health`` event on stdout)."""
+        self.healthy, self.reason, self.broken_stage = healthy, reason, broken_stage
+        self.events.emit("health", pipeline_id=self.spec.pipeline_id, **self.health())
 
     def on_heartbeat(self, header: dict[str, Any]) -> None:
         index, incarnation = header.get("stage_index"), header.get("incarnation")

@@ -36,6 +36,10 @@ async def test_kill_9_fails_everything_in_time_a_restart_rejoins_and_a_dead_head
         with pytest.raises(PipelineBroken, match="not serving"):
             await collect(client, [1, 2], 4)
         assert pipeline.stages[1].popen.wait(timeout=5) == -signal.SIGKILL
+        event = pipeline.stages[0].wait_event("health", timeout_s=5)
+        while event["ok"]:  # the event of the pipeline's start comes first
+            event = pipeline.stages[0].wait_event("health", timeout_s=5)
+        assert event["broken_stage"] == 1 and "stage 1" in event["reason"]
 
         pipeline.restart(1).wait_event("ready")
         assert (await wait_healthy(client, timeout_s=20))["ok"]
