@@ -13,6 +13,7 @@ import logging
 import signal
 import socket
 import threading
+import types
 from dataclasses import asdict
 
 from agents.admission import Admission
@@ -31,15 +32,18 @@ log = logging.getLogger(__name__)
 EXIT_CONFIG = 2  # the operator must act: bad fleet file, no GPU, join token refused
 
 
-def discover(config: AgentConfig) -> tuple[list[DeviceSpec], EmulatedMetrics | NvmlMetrics]:
-    """The node's devices and their per-second metrics source: the fleet file, else NVML."""
+def discover(
+    config: AgentConfig, nvml: types.ModuleType | None = None
+) -> tuple[list[DeviceSpec], EmulatedMetrics | NvmlMetrics]:
+    """The node's devices and their per-second metrics source: the fleet file, else NVML
+    (``nvml``: a stand-in for tests; the real pynvml by default)."""
     if config.emulate is not None:
         devices = emulated_devices(config.emulate, config.node or config.name, config.name)
         return devices, EmulatedMetrics(devices)
-    if not nvml_available():
+    if not nvml_available(nvml):
         raise ValueError("no NVIDIA GPU found through NVML; "
                          "to emulate one, use --emulate FLEET_FILE --node NODE")
-    return discover_devices(config.name), NvmlMetrics()
+    return discover_devices(config.name, nvml), NvmlMetrics(nvml)
 
 
 class Agent:
