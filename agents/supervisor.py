@@ -236,7 +236,8 @@ class Supervisor:
             del self._stages[key]  # exited, failed or waiting to restart: start afresh
         deployment, replica, index = identity_of(spec)
         status = StageStatus(key, deployment, replica, index, "starting")
-        others = [s.admitted for s in self._stages.values()]
+        # Memory is held by running stages and by crashed ones about to restart, not by failed or exited ones.
+        others = [s.admitted for s in self._stages.values() if s.alive or s.restart_at is not None]
         try:
             admitted = self._admission.admit(spec, others, device_index)
         except StageRefused as exc:

@@ -129,6 +129,9 @@ def test_a_stage_over_the_emulated_memory_budget_is_refused(supervisor, events, 
     assert refused.message == ("refused: does not fit on emulated box/gpu0 (T4, 1.00 GiB): needs 401.3 MiB "
                                "(weights 1.3 MiB + KV 400.0 MiB) but 322.7 MiB is free")
     assert supervisor.start("elsewhere", spec(memory_mib=400), device_index=1).state == "starting"
+    supervisor.drain("big")
+    events.wait_for(lambda s: s.stage_key == "big" and s.state == "exited")
+    assert supervisor.start("too-big", spec(memory_mib=400)).state == "starting"  # the memory is free again
     unknown = supervisor.start("nowhere", spec(device="cuda:7"))
     assert unknown.state == "failed" and "device index 7 does not exist" in unknown.message
 
