@@ -38,7 +38,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--emulate", type=Path, metavar="FLEET_FILE",
                      help="declare the devices from a fleet file instead of NVML (CPU workers)")
     run.add_argument("--node", help="which node of the fleet file this agent emulates")
-    run.add_argument("--state-dir", type=Path, help="spec, pid and log files (default: var/agents/NAME)")
+    run.add_argument("--state-dir", type=Path,
+                     help="spec, pid and log files (default: $MOTLEY_VAR_DIR/agents/NAME, var/ of the checkout)")
     run.add_argument("--stage-command", default=shlex.join(DEFAULT_COMMAND),
                      help="command that runs one stage; '--spec FILE' is appended")
     run.add_argument("--time-scale", type=float, default=DEFAULT_TIME_SCALE,
@@ -58,7 +59,7 @@ def from_args(args: argparse.Namespace) -> AgentConfig:
         join_token=args.join_token,
         name=name,
         address=args.address,
-        state_dir=args.state_dir or PROJECT_ROOT / "var" / "agents" / name,
+        state_dir=args.state_dir or Path(os.environ.get("MOTLEY_VAR_DIR", PROJECT_ROOT / "var")) / "agents" / name,
         emulate=args.emulate,
         node=args.node,
         stage_command=tuple(shlex.split(args.stage_command)),

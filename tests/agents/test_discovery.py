@@ -60,3 +60,8 @@ def test_the_join_token_can_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("MOTLEY_JOIN_TOKEN", "mjt_env")
     config = from_args(parser().parse_args(["run", "--server", "http://cp:8000"]))
     assert config.join_token == "mjt_env"
+
+
+def test_the_state_dir_follows_the_installation_var_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("MOTLEY_VAR_DIR", str(tmp_path))
+    assert _config("--name", "n1").state_dir == tmp_path / "agents" / "n1"
