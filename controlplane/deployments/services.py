@@ -175,11 +175,8 @@ def node_drain(*, node: Node) -> list[Deployment]:
     node = Node.objects.select_for_update().get(pk=node.pk)
     if node.status == Node.Status.LOST:
         raise ValidationError({"node": f"node {node.name} is lost: there is nothing to drain"})
-    affected = list(
-        Deployment.objects.select_for_update()
-        .filter(stages__node=node, stages__wanted=True, stop_requested=False)
-        .distinct()
-    )
+    on_node = DeploymentStage.objects.filter(node=node, wanted=True, deployment__stop_requested=False)
+    affected = list(Deployment.objects.select_for_update().filter(pk__in=on_node.values("deployment_id")))
     checked = []
     for deployment in affected:
         try:
@@ -331,7 +328,9 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
     stops retired ones, forgets those confirmed stopped or lost with their node, re-plans around a
     LOST node when the deployment allows it, and sets the status from what the stages report.
     """
-    deployment = Deployment.objects.select_for_update().select_related("revision", "model").get(pk=deployment_id)
+    deployment = (
+        Deployment.objects.select_for_update(of=("self",)).select_related("revision", "model").get(pk=deployment_id)
+    )
     now = timezone.now()
     start_timeout = timedelta(seconds=settings.MOTLEY_STAGE_START_TIMEOUT_S)
     rows = list(deployment.stages.select_related("node", "device"))

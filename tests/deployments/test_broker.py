@@ -4,9 +4,11 @@ service mode, the filesystem transport always), and a Celery worker that refuses
 from __future__ import annotations
 
 import json
+import queue
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -46,6 +48,7 @@ def broker_app(request, tmp_path, monkeypatch, nodes):
         url, options = "redis://127.0.0.1:6379/8", {}
     else:
         url, options = "filesystem://", _filesystem_options(tmp_path / "broker")
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)  # Celery prefers it to the app's own broker
     app = Celery(f"test-{uuid.uuid4().hex[:6]}", broker=url)
     app.conf.broker_transport_options = options
     app.conf.task_serializer = "json"
@@ -85,8 +88,9 @@ def test_reconcile_puts_json_start_tasks_on_each_nodes_queue_once(broker_app, no
 
 
 @pytest.mark.slow
-def test_the_control_worker_refuses_a_pickled_task_and_accepts_a_json_one(tmp_path):
+def test_the_control_worker_refuses_a_pickled_task_and_accepts_a_json_one(tmp_path, monkeypatch):
     env = embedded_env(tmp_path)
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)  # the sender below uses the worker's broker
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "controlplane.celery", "worker", "--pool", "solo",
          "--queues", "control", "--loglevel", "INFO", "--without-heartbeat", "--without-gossip", "--without-mingle"],
@@ -108,12 +112,15 @@ def test_the_control_worker_refuses_a_pickled_task_and_accepts_a_json_one(tmp_pa
 
 
 def _read_until(process: subprocess.Popen, needle: str, timeout_s: float) -> str:
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
     seen = []
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
+        try:
+            line = lines.get(timeout=0.5)
+        except queue.Empty:
+            continue
         seen.append(line)
         if needle in line:
             return "".join(seen)
