@@ -39,7 +39,8 @@ def parser() -> argparse.ArgumentParser:
                      help="declare the devices from a fleet file instead of NVML (CPU workers)")
     run.add_argument("--node", help="which node of the fleet file this agent emulates")
     run.add_argument("--state-dir", type=Path,
-                     help="spec, pid and log files (default: $MOTLEY_VAR_DIR/agents/NAME, var/ of the checkout)")
+                     help="spec, pid and log files (default: $MOTLEY_VAR_DIR/agents/NAME, "
+                          "else var/agents/NAME of the checkout)")
     run.add_argument("--stage-command", default=shlex.join(DEFAULT_COMMAND),
                      help="command that runs one stage; '--spec FILE' is appended")
     run.add_argument("--time-scale", type=float, default=DEFAULT_TIME_SCALE,
@@ -54,12 +55,13 @@ def from_args(args: argparse.Namespace) -> AgentConfig:
     if (args.emulate is None) != (args.node is None):
         raise SystemExit("--emulate FLEET_FILE and --node NODE go together")
     name = args.name or args.node or socket.gethostname().split(".")[0]
+    var_dir = Path(os.environ.get("MOTLEY_VAR_DIR", PROJECT_ROOT / "var"))
     return AgentConfig(
         server=args.server,
         join_token=args.join_token,
         name=name,
         address=args.address,
-        state_dir=args.state_dir or Path(os.environ.get("MOTLEY_VAR_DIR", PROJECT_ROOT / "var")) / "agents" / name,
+        state_dir=args.state_dir or var_dir / "agents" / name,
         emulate=args.emulate,
         node=args.node,
         stage_command=tuple(shlex.split(args.stage_command)),

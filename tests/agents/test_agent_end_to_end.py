@@ -166,7 +166,8 @@ async def test_one_nodes_credential_cannot_act_as_another_node(control_plane, ti
 
 
 def test_an_agent_waiting_for_an_absent_server_retries_and_stops_on_sigterm(tiny_fleet, tmp_path):
-    agent = _agent(f"http://127.0.0.1:{free_port()}", embedded_env(tmp_path), "mjt_x", tiny_fleet, tmp_path / "state")
+    absent = f"http://127.0.0.1:{free_port()}"
+    agent = _agent(absent, embedded_env(tmp_path), "mjt_x", tiny_fleet, tmp_path / "state")
     try:
         wait_until(lambda: _log(tmp_path / "state").count("retrying in") >= 2, timeout_s=20,
                    what="registration retried")
