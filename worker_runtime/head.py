@@ -75,7 +75,7 @@ class HeadLoop:
             busy = self.healthy and self.scheduler.ready and len(self.scheduler.in_flight) < self.scheduler.micro_batches
             waited = time.perf_counter()
             incoming = self.transport.receive(0 if busy else 0.02)
-            if not incoming and not busy:
+            if not busy:
                 self.worker.stats.record_idle(time.perf_counter() - waited)
             for message in incoming:
                 self.handle(message)
@@ -84,7 +84,12 @@ class HeadLoop:
                 self.step()
 
     def step(self) -> None:
-        """Start micro-batches while slots are free: stage 0's layers here, the rest downstream."""
+        """Start micro-batches while slots are free: stage 0's layers here, the rest downstream.
+
+        Pending ``free`` frames go first: a request admitted into space just freed must not reach a
+        stage before that space is freed there.
+        """
+        self._flush_frees()
         while (mb := self.scheduler.next_micro_batch()) is not None:
             inputs = [r.next_input() for r in mb.requests]
             batch = Batch.of_tokens([r.seq_id for r in mb.requests], [t for t, _ in inputs], [s for _, s in inputs])
@@ -105,7 +110,6 @@ class HeadLoop:
                     self.break_pipeline(1, f"stage 1 is unreachable: {exc}")
                     return
             self.worker.stats.record_step(compute_s, time.perf_counter() - sent, len(batch.seq_ids), batch.num_tokens)
-        self._flush_frees()
 
     def tick(self) -> None:
         now = time.monotonic()

@@ -42,8 +42,7 @@ class RelayLoop:
                 drain_until = time.monotonic() + self.spec.peer_timeout_s
             waited = time.perf_counter()
             incoming = self.transport.receive(min(0.05, self._heartbeat.remaining()))
-            if not incoming:
-                self.worker.stats.record_idle(time.perf_counter() - waited)
+            self.worker.stats.record_idle(time.perf_counter() - waited)  # all work is done by then: waiting is bubble
             for message in incoming:
                 self.handle(message)
             self.tick()
