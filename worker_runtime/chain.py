@@ -54,7 +54,9 @@ def generate(
             tokens = sample(logits, [params[i] for i in active], positions).tolist()
             for i, token in zip(active, tokens):
                 outputs[i].append(token)
-            finished = [i for i in active if len(outputs[i]) >= max_new_tokens or outputs[i][-1] in stop_tokens]
+            finished = [
+                i for i in active if len(outputs[i]) >= max_new_tokens or outputs[i][-1] in stop_tokens
+            ]
             free_sequences(stages, [seq_ids[i] for i in finished])
             active = [i for i in active if i not in finished]
             if not active:

@@ -34,7 +34,7 @@ class AttentionPlan:
     seq_ends: torch.Tensor  # [tokens] length of the token's sequence after this step
     write_slots: torch.Tensor  # [tokens] cache slot each new token's K/V goes to
     gather_slots: torch.Tensor  # [batch, max_length] cache slots of each sequence's keys (padded)
-    query_index: torch.Tensor | None  # [tokens] index into the padded [batch * max_new] layout; None if no padding
+    query_index: torch.Tensor | None  # [tokens] index into the padded [batch * max_new] layout, or None
     mask: torch.Tensor | None  # [batch, 1, max_new, max_length] bool, True where attention is allowed
     batch: int
     max_new: int
@@ -121,7 +121,8 @@ class KVCache:
         if total > len(self._free_blocks):
             raise KVBudgetExceeded(
                 f"KV cache full: sequences {sorted(totals)} need {total * self.block_size} more tokens, "
-                f"{self.free_tokens} of {self.capacity_tokens} are free; free finished sequences or retry later"
+                f"{self.free_tokens} of {self.capacity_tokens} are free; "
+                "free finished sequences or retry later"
             )
         for seq_id, count in needed.items():
             blocks = self._blocks.setdefault(seq_id, [])
@@ -149,7 +150,8 @@ class KVCache:
                 raise ValueError(f"sequence {seq_id}: a batch entry needs at least one token")
             if not 0 <= start <= self.length(seq_id):
                 raise ValueError(
-                    f"sequence {seq_id}: start position {start} but the cache holds {self.length(seq_id)} tokens"
+                    f"sequence {seq_id}: start position {start} "
+                    f"but the cache holds {self.length(seq_id)} tokens"
                 )
         self._reserve({seq_id: start + n for seq_id, start, n in zip(seq_ids, starts, lengths)})
         for seq_id, start, n in zip(seq_ids, starts, lengths):
@@ -179,7 +181,8 @@ class KVCache:
         q_pos = starts_t[:, None] + torch.arange(max_new)[None, :]  # [batch, max_new]
         k_pos = torch.arange(max_len)[None, None, :]
         padded = any(n != max_new for n in lengths)
-        needs_mask = padded or max_new > 1 or any(e != max_len for e in ends) or self.sliding_window is not None
+        ragged_keys = any(e != max_len for e in ends)
+        needs_mask = padded or max_new > 1 or ragged_keys or self.sliding_window is not None
         mask = None
         if needs_mask:
             mask = k_pos <= q_pos[:, :, None]

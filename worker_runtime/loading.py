@@ -34,7 +34,9 @@ class CheckpointReader:
         else:
             single = self.model_dir / "model.safetensors"
             if not single.exists():
-                raise FileNotFoundError(f"{self.model_dir}: no model.safetensors or model.safetensors.index.json")
+                raise FileNotFoundError(
+                    f"{self.model_dir}: no model.safetensors or model.safetensors.index.json"
+                )
             with safe_open(single, framework="pt") as f:
                 self._file_of = {name: single.name for name in f.keys()}
 

@@ -40,7 +40,7 @@ quick daft zebras jump! Sphinx of black quartz, judge my vow. 0123456789 + - * /
 
 
 def build_tokenizer(vocab_multiple: int = 64) -> Tokenizer:
-    """A byte-level BPE whose vocabulary is padded with reserved tokens to a multiple of ``vocab_multiple``."""
+    """A byte-level BPE, its vocabulary padded with reserved tokens to a multiple of ``vocab_multiple``."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()

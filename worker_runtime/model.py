@@ -35,9 +35,11 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
-        self.wqkv = nn.Linear(config.hidden_size, config.q_size + 2 * config.kv_size, bias=config.attention_bias)
+        qkv_size = config.q_size + 2 * config.kv_size
+        self.wqkv = nn.Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
         # LLaMA's attention_bias also covers o_proj; Qwen2 has biases on q/k/v only.
-        self.wo = nn.Linear(config.q_size, config.hidden_size, bias=config.attention_bias and config.model_type != "qwen2")
+        o_bias = config.attention_bias and config.model_type != "qwen2"
+        self.wo = nn.Linear(config.q_size, config.hidden_size, bias=o_bias)
 
     def forward(
         self,
@@ -53,15 +55,15 @@ class Attention(nn.Module):
         q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
         q = apply_rotary(q.view(tokens, self.n_heads, self.head_dim), cos, sin)
         k = apply_rotary(k.view(tokens, self.n_kv_heads, self.head_dim), cos, sin)
+        v = v.view(tokens, self.n_kv_heads, self.head_dim)
         k_cache.index_copy_(0, plan.write_slots, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, plan.write_slots, v.view(tokens, self.n_kv_heads, self.head_dim).to(v_cache.dtype))
+        v_cache.index_copy_(0, plan.write_slots, v.to(v_cache.dtype))
         keys = k_cache[plan.gather_slots].transpose(1, 2).to(q.dtype)  # [batch, kv_heads, max_len, head_dim]
         values = v_cache[plan.gather_slots].transpose(1, 2).to(q.dtype)
-        if plan.query_index is None:
-            q = q.view(plan.batch, plan.max_new, self.n_heads, self.head_dim)
-        else:
+        if plan.query_index is not None:
             padded = q.new_zeros(plan.batch * plan.max_new, self.n_heads, self.head_dim)
-            q = padded.index_copy_(0, plan.query_index, q).view(plan.batch, plan.max_new, self.n_heads, self.head_dim)
+            q = padded.index_copy_(0, plan.query_index, q)
+        q = q.view(plan.batch, plan.max_new, self.n_heads, self.head_dim)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys, values, attn_mask=plan.mask, enable_gqa=self.n_heads != self.n_kv_heads
         )

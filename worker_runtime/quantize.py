@@ -70,14 +70,19 @@ def pick_group_size(in_features: int, wanted: int) -> int:
     for size in INT4_GROUP_SIZES:
         if size <= wanted and in_features % size == 0:
             return size
-    raise QuantizationError(f"int4: in_features {in_features} is not a multiple of any group size {INT4_GROUP_SIZES}")
+    raise QuantizationError(
+        f"int4: in_features {in_features} is not a multiple of any group size {INT4_GROUP_SIZES}"
+    )
 
 
 class Int8Linear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool, device: torch.device, dtype: torch.dtype):
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool, device: torch.device, dtype: torch.dtype
+    ):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.register_buffer("weight", torch.empty(out_features, in_features, dtype=torch.int8, device=device))
+        weight = torch.empty(out_features, in_features, dtype=torch.int8, device=device)
+        self.register_buffer("weight", weight)
         self.register_buffer("scales", torch.empty(out_features, dtype=KERNEL_DTYPE, device=device))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
         self.use_kernel = int8_kernel_available(device.type)
@@ -124,7 +129,8 @@ class Int4Linear(nn.Module):
             packed = torch.empty(0, dtype=torch.int32, device=device)  # shape known after packing
         self.register_buffer("weight", packed)
         groups = in_features // self.group_size
-        self.register_buffer("scales_and_zeros", torch.empty(groups, out_features, 2, dtype=KERNEL_DTYPE, device=device))
+        scales_and_zeros = torch.empty(groups, out_features, 2, dtype=KERNEL_DTYPE, device=device)
+        self.register_buffer("scales_and_zeros", scales_and_zeros)
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
         self._pending: list[torch.Tensor] = []
         self._packed_rows = 0
@@ -159,7 +165,8 @@ class Int4Linear(nn.Module):
             return
         q = torch.cat(self._pending)
         self._pending = []
-        self.weight = torch._convert_weight_to_int4pack((q[:, ::2] << 4 | q[:, 1::2]).contiguous(), _CUDA_INNER_K_TILES)
+        nibbles = (q[:, ::2] << 4 | q[:, 1::2]).contiguous()
+        self.weight = torch._convert_weight_to_int4pack(nibbles, _CUDA_INNER_K_TILES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features).to(KERNEL_DTYPE)

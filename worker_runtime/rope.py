@@ -26,9 +26,12 @@ class RotaryEmbedding:
         self.device = device
         self.inv_freq, self.attention_factor = self._parameters()
 
+    def _exponents(self) -> torch.Tensor:
+        steps = torch.arange(0, self.dim, 2, dtype=torch.int64).to(device=self.device, dtype=torch.float)
+        return steps / self.dim
+
     def _default_inv_freq(self, base: float) -> torch.Tensor:
-        exponents = torch.arange(0, self.dim, 2, dtype=torch.int64).to(device=self.device, dtype=torch.float) / self.dim
-        return 1.0 / (base**exponents)
+        return 1.0 / (base ** self._exponents())
 
     def _parameters(self) -> tuple[torch.Tensor, float]:
         inv_freq = self._default_inv_freq(self.base)
@@ -76,7 +79,7 @@ class RotaryEmbedding:
         low, high = max(low, 0), min(high, self.dim - 1)
         if low == high:
             high += 0.001
-        pos_freqs = self.base ** (torch.arange(0, self.dim, 2).to(device=self.device, dtype=torch.float) / self.dim)
+        pos_freqs = self.base ** self._exponents()
         ramp = ((torch.arange(self.dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
         extrapolation = (1 - ramp).to(self.device)
         inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
@@ -90,14 +93,14 @@ class RotaryEmbedding:
         """
         factor = self.scaling["factor"]
         seq_lens = seq_lens.clamp(min=self.max_positions).to(torch.float)
-        base = self.base * ((factor * seq_lens / self.max_positions) - (factor - 1)) ** (self.dim / (self.dim - 2))
-        exponents = torch.arange(0, self.dim, 2, dtype=torch.int64).to(device=self.device, dtype=torch.float) / self.dim
-        return 1.0 / (base[:, None] ** exponents[None, :])
+        stretch = (factor * seq_lens / self.max_positions) - (factor - 1)
+        base = self.base * stretch ** (self.dim / (self.dim - 2))
+        return 1.0 / (base[:, None] ** self._exponents()[None, :])
 
     def cos_sin(
         self, positions: torch.Tensor, seq_ends: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cos and sin of shape [tokens, head_dim] for flat ``positions`` (``seq_ends``: each token's sequence end)."""
+        """Cos and sin [tokens, head_dim] for flat ``positions``; ``seq_ends``: each token's sequence end."""
         if self.rope_type == "dynamic" and bool((seq_ends > self.max_positions).any()):
             freqs = positions[:, None].float() * self._dynamic_inv_freq(seq_ends)
         else:

@@ -43,7 +43,8 @@ class Batch:
     def of_tokens(cls, seq_ids: list[int], tokens: list[list[int]], start_positions: list[int]) -> "Batch":
         """Pack per-sequence token lists into a flat batch for the first stage."""
         flat = [t for seq in tokens for t in seq]
-        return cls(list(seq_ids), list(start_positions), [len(t) for t in tokens], input_ids=torch.tensor(flat))
+        lengths = [len(t) for t in tokens]
+        return cls(list(seq_ids), list(start_positions), lengths, input_ids=torch.tensor(flat))
 
     def with_hidden(self, hidden: torch.Tensor) -> "Batch":
         """The same sequences carrying a previous stage's output, as the next stage receives them."""
@@ -90,7 +91,9 @@ class Stage(nn.Module):
     ):
         super().__init__()
         if not 0 <= start < end <= config.num_layers:
-            raise ValueError(f"stage layers [{start}, {end}) are not within the model's {config.num_layers} layers")
+            raise ValueError(
+                f"stage layers [{start}, {end}) are not within the model's {config.num_layers} layers"
+            )
         if bits not in (16, 8, 4):
             raise ValueError(f"bits must be 16, 8 or 4, got {bits}")
         self.config, self.start, self.end, self.bits = config, start, end, bits
@@ -98,13 +101,12 @@ class Stage(nn.Module):
         self.dtype = dtype or DTYPES[config.torch_dtype]
         self.is_first, self.is_last = start == 0, end == config.num_layers
         self.group_size = group_size
+        hidden, vocab = config.hidden_size, config.vocab_size
         with torch.device("meta"):
             self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(end - start)).to(self.dtype)
-            self.embed = nn.Embedding(config.vocab_size, config.hidden_size).to(self.dtype) if self.is_first else None
-            self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps).to(self.dtype) if self.is_last else None
-            self.lm_head = (
-                nn.Linear(config.hidden_size, config.vocab_size, bias=False).to(self.dtype) if self.is_last else None
-            )
+            self.embed = nn.Embedding(vocab, hidden).to(self.dtype) if self.is_first else None
+            self.norm = RMSNorm(hidden, config.rms_norm_eps).to(self.dtype) if self.is_last else None
+            self.lm_head = nn.Linear(hidden, vocab, bias=False).to(self.dtype) if self.is_last else None
         if bits != 16:
             for layer in self.layers:
                 for parent, name in (

@@ -35,7 +35,8 @@ def references(checkpoints) -> dict[str, Reference]:
     refs = {}
     for name, path in checkpoints.items():
         model = hf_model(path)
-        prompt = torch.randint(3, model.config.vocab_size, (PROMPT_LEN,), generator=torch.Generator().manual_seed(1))
+        generator = torch.Generator().manual_seed(1)
+        prompt = torch.randint(3, model.config.vocab_size, (PROMPT_LEN,), generator=generator)
         ids = prompt[None]
         with torch.no_grad():
             prefill = model(ids).logits[0]

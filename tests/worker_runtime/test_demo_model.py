@@ -22,7 +22,8 @@ def digest(directory: Path) -> dict[str, str]:
 
 
 def make(out: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "worker_runtime.make_demo_model", str(out), *SMALL], cwd=REPO, check=True)
+    command = [sys.executable, "-m", "worker_runtime.make_demo_model", str(out), *SMALL]
+    subprocess.run(command, cwd=REPO, check=True)
     return out
 
 
@@ -35,7 +36,8 @@ def test_default_size_is_about_100m_parameters():
 def test_demo_model_is_deterministic_and_loads_in_transformers(tmp_path):
     first, second = make(tmp_path / "a"), make(tmp_path / "b")
     assert digest(first) == digest(second)
-    assert set(digest(first)) == {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+    files = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+    assert set(digest(first)) == files
 
     tokenizer = AutoTokenizer.from_pretrained(first)
     chat = tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True)
@@ -50,4 +52,5 @@ def test_demo_model_is_deterministic_and_loads_in_transformers(tmp_path):
             torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
             max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=tokenizer.eos_token_id,
         )[0, len(ids):].tolist()
-    assert generate([Stage.load(first, 0, 1), Stage.load(first, 1, 2)], [ids], max_new_tokens=8)[0] == expected
+    stages = [Stage.load(first, 0, 1), Stage.load(first, 1, 2)]
+    assert generate(stages, [ids], max_new_tokens=8)[0] == expected

@@ -55,4 +55,5 @@ def test_seeded_generation_is_reproducible_across_batch_compositions(checkpoints
     others = [SamplingParams(temperature=0.7, seed=s) for s in (1, 2)]
     batched = generate(stages, [[9, 9], [5, 6, 7], list(range(20, 40))], [others[0], params, others[1]], 16)
     assert batched[1] == alone
-    assert generate(stages, [[5, 6, 7]], SamplingParams(temperature=1.0, top_k=40, top_p=0.9, seed=99), 16)[0] != alone
+    other_seed = SamplingParams(temperature=1.0, top_k=40, top_p=0.9, seed=99)
+    assert generate(stages, [[5, 6, 7]], other_seed, 16)[0] != alone
