@@ -38,7 +38,7 @@ def build_app(
     app.conf.update(
         # The embedded broker through a reader that never takes a half-written message.
         broker_transport=(
-            "agents.filesystem_broker:Transport" if broker_url.startswith("filesystem:") else None
+            "controlplane.embedded_broker:Transport" if broker_url.startswith("filesystem:") else None
         ),
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,

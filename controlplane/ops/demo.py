@@ -32,8 +32,8 @@ from controlplane.plans.selectors import plan_request_from_inventory
 DEMO_FLEET = settings.BASE_DIR / "examples" / "fleets" / "demo.yaml"
 DEMO_DEPLOYMENT = "demo"
 DEMO_KEY_NAME = "make-run demo"
-# The demo workload: a handful of concurrent chats of moderate length.
-DEMO_REQUEST = {"batch": 8, "context": 1024, "replicas": 1}
+# The demo workload: 16 concurrent chats of up to 2048 tokens (the demo model's context), one pipeline.
+DEMO_REQUEST = {"batch": 16, "context": 2048, "replicas": 1}
 
 
 @dataclass(frozen=True)

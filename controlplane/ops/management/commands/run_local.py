@@ -55,13 +55,13 @@ class Command(BaseCommand):
         group.start("asgi", python_argv("-m", "daphne", "-b", host, "-p", str(port), "controlplane.asgi:application"))
         group.start(
             "celery",
-            python_argv("-m", "celery", "-A", "controlplane.celery", "worker", "--loglevel", "INFO",
+            python_argv("-m", "celery", "-A", "controlplane.celery", "worker", "--loglevel", "WARNING",
                         "--concurrency", "2", "--queues", "control"),
         )
         # Periodic control tasks: node health (heartbeats missed) and the level-triggered reconcile.
         group.start(
             "beat",
-            python_argv("-m", "celery", "-A", "controlplane.celery", "beat", "--loglevel", "INFO",
+            python_argv("-m", "celery", "-A", "controlplane.celery", "beat", "--loglevel", "WARNING",
                         "--schedule", str(settings.VAR_DIR / "celerybeat-schedule")),
         )
 
