@@ -101,6 +101,7 @@ def test_the_control_worker_refuses_a_pickled_task_and_accepts_a_json_one(tmp_pa
         broker.mkdir(exist_ok=True)
         app = Celery("sender", broker="filesystem://")
         app.conf.broker_transport_options = {"data_folder_in": str(broker), "data_folder_out": str(broker),
+                                             "control_folder": str(tmp_path / "control"),
                                              "store_processed": False}
         app.send_task("motley.deployments.node_health_check", queue="control", serializer="pickle")
         app.send_task("motley.deployments.node_health_check", queue="control", serializer="json")
