@@ -68,7 +68,7 @@ class System:
     def start(self) -> None:
         self.manage("migrate", "--noinput", "-v0")
         self.port = free_port()
-        self._spawn("control-plane", manage_argv("run_local", "--port", str(self.port)))
+        self._spawn("control-plane", manage_argv("run_local", "--port", str(self.port), "--no-demo"))
         wait_for_http(f"{self.url}/api/schema/", timeout_s=60)
         credentials = dict(
             line.split(": ", 1) for line in (Path(self.env["MOTLEY_VAR_DIR"]) / "admin-credentials.txt").read_text().splitlines()
