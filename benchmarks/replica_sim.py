@@ -3,8 +3,8 @@
 Each simulated replica behaves like the pipeline head of worker_runtime: requests wait first come,
 first served (at most ``max_queue`` of them) until the KV space for prompt + max_tokens can be reserved, then every step carries one
 decode token of each running sequence plus whole prompts of newly admitted ones (up to a token
-budget), and takes ``decode_step_s + decode_s_per_token × sequences + prefill_s_per_token × prompt
-tokens``. The router is the real ``controlplane.gateway.routing.Router`` with real ``ReplicaState``
+budget), and takes ``decode_step_s + decode_s_per_token × sequences + kv_read_s_per_token × their
+cached tokens + prefill_s_per_token × prompt tokens``. The router is the real ``controlplane.gateway.routing.Router`` with real ``ReplicaState``
 bookkeeping (start / token / finish), exactly as the gateway calls it.
 """
 
@@ -64,11 +64,12 @@ class SimReplica:
                 request.waited_for_kv = True
         return admitted
 
-    def step_time(self, decoding: int, prefill: list[SimRequest]) -> float:
+    def step_time(self, decoding: list[SimRequest], prefill: list[SimRequest]) -> float:
         c = self.costs
         return (
             c.decode_step_s
-            + c.decode_s_per_token * (decoding + len(prefill))
+            + c.decode_s_per_token * (len(decoding) + len(prefill))
+            + c.kv_read_s_per_token * sum(r.prompt + r.out for r in decoding)
             + c.prefill_s_per_token * sum(r.prompt for r in prefill)
         )
 
@@ -100,13 +101,13 @@ def simulate(
 
     def start_step(replica: SimReplica, now: float) -> None:
         prefill = replica.admit()
-        decoding = len(replica.running)
+        decoding = list(replica.running)
         if not prefill and not decoding:
             replica.busy = False
             return
         replica.busy = True
         duration = replica.step_time(decoding, prefill)
-        heapq.heappush(events, (now + duration, next(order), "step", (replica, prefill, list(replica.running))))
+        heapq.heappush(events, (now + duration, next(order), "step", (replica, prefill, decoding)))
 
     def end(replica: SimReplica, request: SimRequest, now: float) -> None:
         replica.running.remove(request)

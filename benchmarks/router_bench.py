@@ -28,8 +28,11 @@ from benchmarks.replica_sim import SimReplica, SimRequest, simulate  # noqa: E40
 from controlplane.gateway.routing import STRATEGIES, ReplicaCosts  # noqa: E402
 
 # The 1x replica: a 7B-class model on a fast GPU (20 ms decode step, 0.2 ms per extra sequence,
-# 0.15 ms per prompt token) with room for 40k KV tokens; the others are slower and smaller.
-BASE = ReplicaCosts(prefill_s_per_token=0.00015, decode_s_per_token=0.0002, decode_step_s=0.020)
+# 0.25 µs per cached token read (0.5 MB of fp16 KV per token at 2 TB/s), 0.15 ms per prompt token)
+# with room for 40k KV tokens; the others are slower and smaller.
+BASE = ReplicaCosts(
+    prefill_s_per_token=0.00015, decode_s_per_token=0.0002, decode_step_s=0.020, kv_read_s_per_token=2.5e-7
+)
 FLEET = [("fast-1x", 1.0, 40_000), ("mid-0.5x", 0.5, 20_000), ("slow-0.25x", 0.25, 10_000)]
 LOADS = (0.5, 0.8, 0.95)
 DEADLINE_S = 120.0

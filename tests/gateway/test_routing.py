@@ -28,8 +28,12 @@ def test_cost_model_adds_queued_prompts_and_shared_decode_steps():
     idle = time_to_finish(FAST, request, 0, [])
     assert idle == pytest.approx(0.1 + 10 * 0.02 + 10 * 0.002)
     # Two running sequences: one ends after 3 of our steps, one outlives us (counts 10, not 50).
-    busy = time_to_finish(FAST, request, 200, [3, 50])
+    busy = time_to_finish(FAST, request, 200, [(40, 3), (70, 50)])
     assert busy == pytest.approx(idle + 200 * 0.001 + (3 + 10) * 0.002)
+    # Reading the KV cache: ours grows from 100 to 109 over 10 steps, theirs from 40 (3 steps) and 70 (10).
+    reading = ReplicaCosts(0.001, 0.002, 0.02, kv_read_s_per_token=1e-5)
+    extra = time_to_finish(reading, request, 200, [(40, 3), (70, 50)]) - busy
+    assert extra == pytest.approx(1e-5 * ((100 + 109) * 10 / 2 + (40 + 42) * 3 / 2 + (70 + 79) * 10 / 2))
 
 
 def test_bookkeeping_tracks_tokens_and_kv_reservations():

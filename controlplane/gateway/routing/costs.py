@@ -1,12 +1,13 @@
-"""What a request costs on a replica: a continuous-batching model with three calibrated figures.
+"""What a request costs on a replica: a continuous-batching model with four calibrated figures.
 
 A pipeline replica runs steps; each step carries one decode token of every running sequence plus
 chunks of waiting prompts. Its time is close to ``decode_step_s`` (reading the weights, crossing the
-stages) plus ``decode_s_per_token`` per sequence in the batch plus ``prefill_s_per_token`` per prompt
-token in it. A new request that must decode ``m`` tokens therefore waits for the prompts queued
-ahead of it, then shares ``m`` steps with every running sequence still alive at that step: that is
-the estimate below, which a round-robin or a token count cannot see (a slow replica's step is long
-even when it is idle).
+stages) plus ``decode_s_per_token`` per sequence in the batch, ``kv_read_s_per_token`` per cached
+token those sequences attend to (decode reads each sequence's whole KV cache), and
+``prefill_s_per_token`` per prompt token in it. A new request that must decode ``m`` tokens
+therefore waits for the prompts queued ahead of it, then shares ``m`` steps with every running
+sequence still alive at that step: that is the estimate below, which a round-robin or a token count
+cannot see (a slow replica's step is long even when it is idle).
 """
 
 from __future__ import annotations
@@ -19,22 +20,26 @@ class ReplicaCosts:
     """Calibrated per-token costs of one replica, in seconds.
 
     ``decode_step_s``: a step's fixed time (the latency floor of one decoded token);
-    ``decode_s_per_token``: what each extra sequence in a step adds; ``prefill_s_per_token``: what
-    each prompt token adds.
+    ``decode_s_per_token``: what each extra sequence in a step adds; ``kv_read_s_per_token``: what
+    each cached token of those sequences adds; ``prefill_s_per_token``: what each prompt token adds.
     """
 
     prefill_s_per_token: float
     decode_s_per_token: float
     decode_step_s: float
+    kv_read_s_per_token: float = 0.0
 
     def __post_init__(self) -> None:
-        if min(self.prefill_s_per_token, self.decode_s_per_token, self.decode_step_s) < 0:
+        if min(self.prefill_s_per_token, self.decode_s_per_token, self.decode_step_s, self.kv_read_s_per_token) < 0:
             raise ValueError(f"costs must be non-negative: {self}")
 
     def scaled(self, factor: float) -> ReplicaCosts:
         """The same replica running ``factor`` times slower (throttled, emulated)."""
         return ReplicaCosts(
-            self.prefill_s_per_token * factor, self.decode_s_per_token * factor, self.decode_step_s * factor
+            self.prefill_s_per_token * factor,
+            self.decode_s_per_token * factor,
+            self.decode_step_s * factor,
+            self.kv_read_s_per_token * factor,
         )
 
 
@@ -55,20 +60,34 @@ class RequestShape:
         return self.prompt_tokens + self.max_tokens
 
 
+def _context_sum(context: int, steps: int) -> int:
+    """Cached tokens read over ``steps`` decode steps of a sequence that starts at ``context``."""
+    return steps * context + steps * (steps - 1) // 2
+
+
 def time_to_first_token(costs: ReplicaCosts, request: RequestShape, queued_prefill_tokens: int) -> float:
     """Prompts ahead of it, its own prompt, then the step that samples its first token."""
     return costs.prefill_s_per_token * (queued_prefill_tokens + request.prompt_tokens) + costs.decode_step_s
 
 
 def time_to_finish(
-    costs: ReplicaCosts, request: RequestShape, queued_prefill_tokens: int, running_decode_tokens: list[int]
+    costs: ReplicaCosts,
+    request: RequestShape,
+    queued_prefill_tokens: int,
+    running: list[tuple[int, int]],
 ) -> float:
     """Estimated end-to-end time of ``request`` on a replica with this backlog.
 
-    ``running_decode_tokens`` holds the tokens each outstanding sequence has left to decode; a
-    sequence shares ``min(left, max_tokens)`` of the new request's steps.
+    ``running`` holds ``(context, tokens left to decode)`` of each outstanding sequence; a sequence
+    shares ``min(left, max_tokens)`` of the new request's steps.
     """
     m = request.max_tokens
-    shared = sum(min(left, m) for left in running_decode_tokens)
-    decode = m * costs.decode_step_s + costs.decode_s_per_token * (m + shared)
-    return time_to_first_token(costs, request, queued_prefill_tokens) - costs.decode_step_s + decode
+    shared = [(context, min(left, m)) for context, left in running]
+    decode = m * costs.decode_step_s + costs.decode_s_per_token * (m + sum(steps for _, steps in shared))
+    kv_read = _context_sum(request.prompt_tokens, m) + sum(_context_sum(c, s) for c, s in shared)
+    return (
+        time_to_first_token(costs, request, queued_prefill_tokens)
+        - costs.decode_step_s
+        + decode
+        + costs.kv_read_s_per_token * kv_read
+    )

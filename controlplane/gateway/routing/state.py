@@ -90,7 +90,7 @@ class ReplicaState:
         return time_to_first_token(self.costs, request, self.queued_tokens) * self.health.slowdown
 
     def estimate_finish(self, request: RequestShape) -> float:
-        running = [r.decode_left for r in self._in_flight.values()]
+        running = [(r.kv_tokens - r.decode_left, r.decode_left) for r in self._in_flight.values()]
         return time_to_finish(self.costs, request, self.queued_tokens, running) * self.health.slowdown
 
     # -- bookkeeping --------------------------------------------------------------------------------
