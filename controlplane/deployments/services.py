@@ -55,6 +55,7 @@ class CheckedPlan:
     revision: PlanRevision
     replicas: list[list[tuple[Device, dict[str, Any]]]]  # per replica, per stage: device, priced stage
     workload_kv_tokens: int  # batch x context: the KV one replica's workload needs on every stage
+    micro_batches: list[int]  # per replica: micro-batches its head keeps in flight
 
 
 def plan_revision_check(*, revision: PlanRevision, exclude_nodes: tuple[Node, ...] = ()) -> CheckedPlan:
@@ -97,6 +98,7 @@ def plan_revision_check(*, revision: PlanRevision, exclude_nodes: tuple[Node, ..
         revision=revision,
         replicas=[[(devices[s["device"]], s) for s in replica["stages"]] for replica in priced["replicas"]],
         workload_kv_tokens=priced["batch"] * priced["context"],
+        micro_batches=[replica["micro_batches"] for replica in priced["replicas"]],
     )
 
 
@@ -242,6 +244,8 @@ def _revision_apply(*, deployment: Deployment, checked: CheckedPlan) -> None:
         for i, (row, (device, stage)) in enumerate(zip(rows, stages)):
             row.spec = _stage_spec(replica=replica, stage=stage, stage_index=i, device=device, addresses=addresses,
                                    workload_kv_tokens=checked.workload_kv_tokens)
+            if i == 0:  # the head schedules the pipeline: as many micro-batches in flight as planned
+                row.spec["micro_batches"] = checked.micro_batches[index]
             row.device = device
             row.save()
     dispatch.reconcile_on_commit(deployment_id=deployment.pk)

@@ -43,6 +43,7 @@ def test_create_writes_wired_specs_and_reconcile_starts_each_stage_once(nodes, l
     assert specs[0]["emulation"]["memory_bandwidth_gbs"] == 320.0
     assert specs[0]["kv_tokens"] == 4 * 256  # an emulated device: what the workload needs, not its card's memory
     assert [s["num_stages"] for s in specs] == [3, 3, 3]
+    assert specs[0]["micro_batches"] >= 1 and "micro_batches" not in specs[1]
 
     deployment_reconcile(deployment_id=deployment.pk)
     assert sent.take() == []  # level-triggered and idempotent: nothing new, nothing sent

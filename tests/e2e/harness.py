@@ -83,12 +83,20 @@ class System:
             self.start_agent(name)
         wait_until(lambda: len(self.get("/api/v1/nodes/")["results"]) == len(names), 60, "agents registered")
 
-    def start_agent(self, name: str) -> None:
+    def start_agent(self, name: str, join_token: str | None = None, node: str | None = None) -> None:
+        """An agent named ``name`` emulating fleet node ``node`` (default: the node of that name)."""
         self._spawn(f"agent-{name}", [
             sys.executable, "-m", "agents", "run", "--server", self.url, "--emulate", str(self.workdir / "fleet.yaml"),
-            "--node", name, "--address", "127.0.0.1", "--state-dir", str(self.workdir / "agents" / name),
-            "--log-level", "WARNING",
-        ], env={"MOTLEY_JOIN_TOKEN": self.join_token})
+            "--node", node or name, "--name", name, "--address", "127.0.0.1",
+            "--state-dir", str(self.workdir / "agents" / name), "--log-level", "WARNING",
+        ], env={"MOTLEY_JOIN_TOKEN": join_token or self.join_token})
+
+    def run_agent_until_exit(self, name: str, join_token: str, timeout_s: float) -> int:
+        self.start_agent(name, join_token, node="n0")
+        return self.processes[f"agent-{name}"].wait(timeout=timeout_s)
+
+    def revoke_join_token(self) -> None:
+        self.manage("revoke_join_token", self.join_token[:12])
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         log = open(self.workdir / f"{name}.log", "w")  # noqa: SIM115  (closed with the process)

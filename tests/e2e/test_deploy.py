@@ -55,11 +55,18 @@ def pids(deployment: dict) -> dict[str, int]:
     return {s["stage_key"]: s["pid"] for s in deployment["stages"] if s["wanted"]}
 
 
-def test_embedded_deploy_and_generate(embedded_system, demo_model):
+def test_embedded_deploy_and_generate_and_refuse_bad_join_tokens(embedded_system, demo_model):
     system = embedded_system
     pk = deploy(system, demo_model)
     system.wait_status(pk, "ready", 90)
     assert tokens_through(system, pk) == reference(demo_model)
+
+    # An agent with a wrong join token, then one with a revoked token, is refused and exits.
+    system.revoke_join_token()
+    for name, token in [("intruder", "mjt_wrong"), ("late", system.join_token)]:
+        code = system.run_agent_until_exit(name, token, timeout_s=30)
+        assert code != 0, name
+    assert sorted(n["name"] for n in system.get("/api/v1/nodes/")["results"]) == ["n0", "n1", "n2"]
 
 
 def test_service_deploy_move_a_boundary_and_survive_a_lost_node(service_system, demo_model):
