@@ -109,7 +109,8 @@ class TelemetryHub:
             except (KeyError, TypeError, ValueError, AttributeError):
                 continue
             values = [_number(metrics.get(f)) for f in GPU_FIELDS]
-            self.devices[name] = {"t": t, "sent_at": sent_at, "node": node, **_present(GPU_FIELDS, values),
+            # Two decimals are plenty on a screen and keep a 1,000-GPU snapshot small.
+            self.devices[name] = {"t": t, "sent_at": sent_at, "node": node, **_present(GPU_FIELDS, values, 2),
                                   "throttle": list(metrics.get("throttle_reasons") or ())}
             self._record("device", name, t, values)
         stages = list(sample.get("stages") or ())
@@ -236,8 +237,8 @@ def _number(value: Any, default: float = _MISSING) -> float:
     return number if number == number and number not in (float("inf"), float("-inf")) else default
 
 
-def _present(fields: tuple[str, ...], values: list[float]) -> dict[str, float]:
-    return {f: v for f, v in zip(fields, values) if v == v}
+def _present(fields: tuple[str, ...], values: list[float], digits: int | None = None) -> dict[str, float]:
+    return {f: (v if digits is None else round(v, digits)) for f, v in zip(fields, values) if v == v}
 
 
 _hub: TelemetryHub | None = None

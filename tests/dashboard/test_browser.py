@@ -49,8 +49,8 @@ def page(server, agents):
             browser.close()
 
 
-def shot(page, name: str) -> None:
-    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+def shot(page, name: str, full_page: bool = True) -> None:
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=full_page)
 
 
 def test_1_login_leads_to_the_topology(page):
@@ -108,7 +108,7 @@ def test_5_invalid_edit_shows_the_error_and_a_valid_one_is_applied(page, server)
     page.wait_for_selector("#problems li[data-code=layer_missing]")
     assert page.locator("#check-status.error").is_visible()
     assert page.locator("#apply").is_disabled()
-    shot(page, "plan-editor-invalid")
+    shot(page, "plan-editor-invalid", full_page=False)
 
     last_end.fill("32")
     last_end.dispatch_event("change")
@@ -120,7 +120,7 @@ def test_5_invalid_edit_shows_the_error_and_a_valid_one_is_applied(page, server)
     boundary.dispatch_event("change")
     page.wait_for_selector("#apply:not([disabled])")
     assert page.locator("#problems li").count() == 0
-    shot(page, "plan-editor-valid")
+    shot(page, "plan-editor-valid", full_page=False)
     page.click("#apply")
     assert page.locator("#diff li").count() == 2  # the boundary is both stages' edge
     page.click("#confirm-apply")

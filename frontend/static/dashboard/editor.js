@@ -3,9 +3,11 @@
 import { postJSON } from "./api.js";
 
 const editor = JSON.parse(document.getElementById("editor-data").textContent);
-const REQUEST_KEYS = ["batch", "context", "prompt_tokens", "objective", "bits", "max_quantized", "replicas", "pins",
-  "exclude_nodes", "exclude_devices"];
-const request = Object.fromEntries(Object.entries(editor.request || {}).filter(([k]) => REQUEST_KEYS.includes(k)));
+// A revision stores its request as the controller reads it ({"workload": {"batch", "context", ...},
+// "objective", ...}); the plans API takes the workload's fields flat. Apply sends the stored form back.
+const REQUEST_KEYS = ["objective", "bits", "max_quantized", "replicas", "pins", "exclude_nodes", "exclude_devices"];
+const stored = editor.request || {};
+const request = { ...Object.fromEntries(Object.entries(stored).filter(([k]) => REQUEST_KEYS.includes(k))), ...(stored.workload || {}) };
 const layers = editor.model.num_layers;
 const placement = (plan) => ({ replicas: plan.replicas.map((r) => ({
   micro_batches: r.micro_batches, stages: r.stages.map((s) => ({ device: s.device, layers: [...s.layers], bits: s.bits })) })) });
@@ -82,7 +84,9 @@ function renderCheck() {
   status.className = check.valid ? "ok" : "error";
   status.textContent = check.valid ? (changed ? "valid: this plan can be applied" : "valid (no change yet)")
     : `${check.problems.length} problem${check.problems.length === 1 ? "" : "s"}: this plan cannot be applied`;
-  const columns = [editor.plan, check.predicted, check.reference];
+  // A plan posted without figures (an API client's edit) has no "current" column until priced.
+  const applied = editor.plan.predicted ? editor.plan : null;
+  const columns = [applied, check.predicted, check.reference];
   for (const row of document.querySelectorAll("#figures tr[data-figure]")) {
     const key = row.dataset.figure;
     const cells = row.querySelectorAll("td");
@@ -90,7 +94,7 @@ function renderCheck() {
       cells[i + 1].textContent = !plan ? "—" : key === "bottleneck"
         ? `${plan.bottleneck.device} · ${plan.bottleneck.resource}` : fmt(plan.predicted[key], key === "decode_tokens_per_s" ? 1 : 2);
     });
-    if (key === "decode_tokens_per_s" && check.predicted) {
+    if (key === "decode_tokens_per_s" && check.predicted && applied) {
       const delta = check.predicted.predicted[key] - editor.plan.predicted[key];
       cells[2].className = delta > 0.05 ? "better" : delta < -0.05 ? "worse" : "";
     }
@@ -103,13 +107,18 @@ function renderMemory() {
   const root = document.getElementById("memory");
   if (!check.predicted) { root.replaceChildren(h("p", { class: "hint" }, "the edited plan cannot be priced until its structure is fixed")); return; }
   root.replaceChildren(...check.predicted.replicas.flatMap((r) => r.stages).map((s) => {
-    const { total_bytes: used, capacity_bytes: cap } = s.memory;
+    // Weights and workspace are fixed; the planner gives the KV cache whatever is left, so the
+    // bar shows what the layers take and how much room the cache keeps.
+    const { weights_bytes: weights, workspace_bytes: workspace, kv_bytes: kv, total_bytes: used, capacity_bytes: cap } = s.memory;
     const over = used > cap;
+    const pct = (bytes) => `${Math.min(100, (100 * bytes) / Math.max(cap, used))}%`;
     return h("div", { class: `memory-row${over ? " over" : ""}`, "data-device": s.device },
       h("span", {}, s.device),
-      h("div", { class: "track", title: `weights ${fmt(s.memory.weights_bytes / GIB, 2)} GiB, KV ${fmt(s.memory.kv_bytes / GIB, 2)} GiB` },
-        h("div", { class: "fill", style: `width:${Math.min(100, (100 * used) / cap)}%` })),
-      h("span", { class: "num" }, `${fmt(used / GIB)} / ${fmt(cap / GIB)} GiB`));
+      h("div", { class: "track", title: `weights ${fmt(weights / GIB, 2)} GiB, workspace ${fmt(workspace / GIB, 2)} GiB, KV cache ${fmt(kv / GIB, 2)} GiB (${s.kv_tokens} tokens) of ${fmt(cap / GIB, 2)} GiB usable` },
+        h("div", { class: "fill weights", style: `width:${pct(weights)}` }),
+        h("div", { class: "fill workspace", style: `width:${pct(workspace)}` }),
+        h("div", { class: "fill kv", style: `width:${pct(kv)}` })),
+      h("span", { class: "num" }, `${fmt(weights / GIB)} weights · ${fmt(cap / GIB)} GiB`));
   }));
 }
 
@@ -181,7 +190,7 @@ function main() {
     result.textContent = "applying…";
     try {
       const deployment = await postJSON(`/api/v1/deployments/${editor.deployment.id}/apply/`,
-        { plan: check.predicted, request, source: "edited" });
+        { plan: check.predicted, request: stored, source: "edited" });
       result.className = "ok";
       result.textContent = `applied as revision ${deployment.revision_number}; the controller is moving the stages`;
       setTimeout(() => { location.href = "/deployments/"; }, 800);

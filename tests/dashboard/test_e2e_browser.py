@@ -1,0 +1,75 @@
+"""The operator's whole loop in the browser, on the real system: run_local, three agents with an
+emulated fleet and real stage processes (tests/e2e/harness.py). Log in, see the running deployment
+on the topology coloured by the agents' telemetry and a chart growing live, make an invalid edit
+and see the error, move a layer boundary, apply it, and see the deployment READY on the new plan."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.dashboard.browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS
+from tests.e2e.conftest import demo_model, embedded_system  # noqa: F401  (fixtures)
+from tests.e2e.harness import wait_until
+from tests.e2e.test_deploy import deploy
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(300)]
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+
+def test_operator_moves_a_boundary_and_the_deployment_is_ready_on_the_new_plan(embedded_system, demo_model):
+    system = embedded_system
+    pk = deploy(system, demo_model)  # three stages on n0, n1, n2: layers [0, 2), [2, 4), [4, 6)
+    system.wait_status(pk, "ready", 120)
+    admin = dict(line.split(": ", 1) for line in
+                 (Path(system.env["MOTLEY_VAR_DIR"]) / "admin-credentials.txt").read_text().splitlines())
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900}, base_url=system.url)
+            page.set_default_timeout(20_000)
+            page.goto("/")
+            page.fill("input[name=username]", admin["username"])
+            page.fill("input[name=password]", admin["password"])
+            page.click("button[type=submit]")
+            page.wait_for_url(re.compile(r"/topology/$"))
+            assert page.locator("g.stage").count() == 3
+            page.wait_for_function("document.querySelectorAll('g.gpu[data-value]').length === 3")  # agents' telemetry
+            page.screenshot(path=str(SCREENSHOTS / "e2e-topology.png"), full_page=True)
+
+            page.goto("/utilization/?")
+            page.select_option("#node-filter", "")  # all nodes
+            points = "document.getElementById('chart-utilization').data?.[0]?.x?.length || 0"
+            page.wait_for_function(f"{points} > 0")
+            before = page.evaluate(points)
+            page.wait_for_function(f"{points} >= {before + 2}")
+
+            page.goto(f"/deployments/{pk}/plan/")
+            page.wait_for_selector("#check-status.ok")
+            ends = page.locator("input.end")
+            ends.nth(2).fill("5")
+            ends.nth(2).dispatch_event("change")
+            page.wait_for_selector("#problems li[data-code=layer_missing]")
+            assert page.locator("#apply").is_disabled()
+            ends.nth(2).fill("6")
+            ends.nth(2).dispatch_event("change")
+            ends.nth(0).fill("3")  # stage 0 takes layer 2 from stage 1
+            ends.nth(0).dispatch_event("change")
+            page.wait_for_selector("#apply:not([disabled])")
+            page.click("#apply")
+            page.click("#confirm-apply")
+            page.wait_for_url(re.compile(r"/deployments/$"))
+
+            final = wait_until(lambda: (d := system.deployment(pk))["status"] == "ready" and d["revision_number"] == 2
+                               and all(s["state"] == "ready" for s in d["stages"] if s["wanted"]) and d,
+                               120, "revision 2 ready")
+            assert [s["layers"] for s in final["stages"] if s["wanted"]] == [[0, 3], [3, 4], [4, 6]]
+            page.reload()
+            page.wait_for_selector('section.deployment [data-field=status]:text-is("ready")')
+            assert "revision 2 applied (edited by an operator)" in page.content()
+            page.screenshot(path=str(SCREENSHOTS / "e2e-deployments.png"), full_page=True)
+        finally:
+            browser.close()
