@@ -87,6 +87,11 @@ async def test_kv_budget_queues_refuses_cancel_frees_and_sigterm_drains(start_pi
         assert stats["kv_tokens_free_by_stage"] == {"0": 128, "1": 128}
         assert stats["stages"][0]["kv_tokens_free"] == 128 and stats["stages"][0]["compute_ms"] >= 10  # paced
 
+        # Two requests that each fill every stage's whole cache run one after the other: the second's
+        # prefill reaches stage 1 only after the first's space is freed there.
+        both = await asyncio.gather(collect(client, [1] * 100, 28), collect(client, [2] * 100, 28))
+        assert [len(tokens) for tokens in both] == [28, 28]
+
         # SIGTERM drains: the running request still finishes, a new one is refused, the head exits 0.
         running = asyncio.create_task(collect(client, [8, 9], 20))
         await asyncio.sleep(0.2)
