@@ -40,6 +40,7 @@ class SimReplica:
     kv_capacity: int
     max_prefill_tokens: int = 4096
     max_queue: int = 256  # as the head: a request finding this many waiting is refused (429)
+    kv_block_tokens: int = 16
     waiting: deque = field(default_factory=deque)
     running: list = field(default_factory=list)
     kv_used: int = 0
@@ -51,7 +52,7 @@ class SimReplica:
         admitted, budget = [], self.max_prefill_tokens
         while self.waiting:
             request = self.waiting[0]
-            need = request.prompt + request.max_tokens
+            need = self.kv_need(request)
             if self.kv_used + need > self.kv_capacity or (admitted and request.prompt > budget):
                 break
             self.waiting.popleft()
@@ -63,6 +64,10 @@ class SimReplica:
             for request in self.waiting:
                 request.waited_for_kv = True
         return admitted
+
+    def kv_need(self, request: SimRequest) -> int:
+        """Whole KV blocks, as the head reserves them."""
+        return -(-(request.prompt + request.max_tokens) // self.kv_block_tokens) * self.kv_block_tokens
 
     def step_time(self, decoding: list[SimRequest], prefill: list[SimRequest]) -> float:
         c = self.costs
@@ -111,7 +116,7 @@ def simulate(
 
     def end(replica: SimReplica, request: SimRequest, now: float) -> None:
         replica.running.remove(request)
-        replica.kv_used -= request.prompt + request.max_tokens
+        replica.kv_used -= replica.kv_need(request)
         states[replica.name].finish(request.rid)
 
     while events:

@@ -20,7 +20,7 @@ from pathlib import Path
 from benchmarks.replica_sim import SimReplica, simulate
 from controlplane.gateway.routing import Decision, ReplicaCosts, ReplicaState, RequestShape, Router
 from tests.pipeline.harness import TOKEN, Pipeline, pipeline_specs
-from worker_runtime.client import PipelineClient, RequestRejected
+from worker_runtime.client import PipelineClient, PipelineError, RequestRejected
 from worker_runtime.make_demo_model import parse_args, write_demo_model
 from worker_runtime.sampling import SamplingParams
 
@@ -86,15 +86,16 @@ async def replay(clients: dict, costs: dict, kv: dict, strategy: str, requests) 
         state.start(rid, RequestShape(prompt, max_tokens))
         t0 = time.monotonic()
         try:
-            async for _ in clients[state.replica_id].submit(
-                [7] * prompt, SamplingParams(), max_tokens=max_tokens, request_id=rid, deadline_s=DEADLINE_S
-            ):
-                row.setdefault("ttft", time.monotonic() - t0)
-                state.token(rid)
+            async with asyncio.timeout(DEADLINE_S):  # as the gateway: 504 at the deadline
+                async for _ in clients[state.replica_id].submit(
+                    [7] * prompt, SamplingParams(), max_tokens=max_tokens, request_id=rid, deadline_s=DEADLINE_S
+                ):
+                    row.setdefault("ttft", time.monotonic() - t0)
+                    state.token(rid)
             row["e2e"] = time.monotonic() - t0
         except RequestRejected:
             row["rejected"] = True
-        except Exception:  # deadline: counted at the deadline, as the simulator does
+        except (TimeoutError, PipelineError):  # counted at the deadline, as the simulator does
             row["e2e"] = DEADLINE_S
         finally:
             state.finish(rid)

@@ -39,7 +39,7 @@ def test_cost_model_adds_queued_prompts_and_shared_decode_steps():
 def test_bookkeeping_tracks_tokens_and_kv_reservations():
     (r,) = replicas(1.0, kv=1000)
     r.start("a", RequestShape(100, 50))
-    assert (r.queued_tokens, r.running_tokens, r.kv_free) == (100, 50, 850)
+    assert (r.queued_tokens, r.running_tokens, r.kv_free) == (100, 50, 1000 - 160)  # whole 16-token blocks
     r.token("a")
     assert (r.queued_tokens, r.running_tokens, r.outstanding_tokens) == (0, 49, 49)
     r.finish("a")
@@ -117,12 +117,12 @@ def test_health_penalties_steer_traffic_away(health):
 def test_telemetry_free_kv_counts_space_used_by_others_once():
     (r,) = replicas(1.0, kv=1000)
     r.start("mine", RequestShape(100, 100))
-    r.observe(kv_tokens_free=800)  # exactly our own reservation: nobody else
-    assert r.kv_free == 800
-    r.observe(kv_tokens_free=500)  # 300 more used by someone else
+    r.observe(kv_tokens_free=792)  # exactly our own reservation (208 tokens in blocks): nobody else
+    assert r.kv_free == 792
+    r.observe(kv_tokens_free=500)  # 292 more used by someone else
     assert r.kv_free == 500
     r.finish("mine")
-    assert r.kv_free == 700
+    assert r.kv_free == 708
 
 
 def test_unknown_strategy_and_bad_shapes_are_refused():

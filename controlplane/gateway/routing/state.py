@@ -37,19 +37,23 @@ class ReplicaHealth:
 
 @dataclass
 class _InFlight:
+    prompt: int
     prefill_left: int
     decode_left: int
-    kv_tokens: int
+    kv_tokens: int  # reserved: whole KV blocks
+    generated: int = 0
 
 
 @dataclass
 class ReplicaState:
-    """One replica of a deployment. ``kv_capacity``: the smallest stage's KV budget, tokens."""
+    """One replica of a deployment. ``kv_capacity``: the smallest stage's KV budget, tokens;
+    ``kv_block_tokens``: its KV page size (the head reserves whole pages, worker_runtime's 16)."""
 
     replica_id: str
     costs: ReplicaCosts
     kv_capacity: int
     health: ReplicaHealth = field(default_factory=ReplicaHealth)
+    kv_block_tokens: int = 16
     _in_flight: dict[str, _InFlight] = field(default_factory=dict, repr=False)
     _external_kv: int = field(default=0, repr=False)
 
@@ -80,29 +84,36 @@ class ReplicaState:
     def in_flight(self) -> int:
         return len(self._in_flight)
 
+    def kv_need(self, request: RequestShape) -> int:
+        """The KV space the head will reserve for the request: whole blocks."""
+        return -(-request.kv_tokens // self.kv_block_tokens) * self.kv_block_tokens
+
     def fits(self, request: RequestShape) -> bool:
-        return request.kv_tokens <= self.kv_free
+        return self.kv_need(request) <= self.kv_free
 
     def could_ever_fit(self, request: RequestShape) -> bool:
-        return request.kv_tokens <= self.kv_capacity
+        return self.kv_need(request) <= self.kv_capacity
 
     def estimate_ttft(self, request: RequestShape) -> float:
         return time_to_first_token(self.costs, request, self.queued_tokens) * self.health.slowdown
 
     def estimate_finish(self, request: RequestShape) -> float:
-        running = [(r.kv_tokens - r.decode_left, r.decode_left) for r in self._in_flight.values()]
+        running = [(r.prompt + r.generated, r.decode_left) for r in self._in_flight.values()]
         return time_to_finish(self.costs, request, self.queued_tokens, running) * self.health.slowdown
 
     # -- bookkeeping --------------------------------------------------------------------------------
     def start(self, request_id: str, request: RequestShape) -> None:
         """The request was sent here: reserve its KV space and count its tokens."""
-        self._in_flight[request_id] = _InFlight(request.prompt_tokens, request.max_tokens, request.kv_tokens)
+        self._in_flight[request_id] = _InFlight(
+            request.prompt_tokens, request.prompt_tokens, request.max_tokens, self.kv_need(request)
+        )
 
     def token(self, request_id: str) -> None:
         """One more token of the request was sampled (the first one ends its prefill)."""
         if (r := self._in_flight.get(request_id)) is not None:
             r.prefill_left = 0
             r.decode_left = max(0, r.decode_left - 1)
+            r.generated += 1
 
     def finish(self, request_id: str) -> None:
         """Finished, failed or cancelled: its KV space is free again. Idempotent."""
