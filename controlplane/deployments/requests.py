@@ -20,9 +20,11 @@ from controlplane.planning import Pin, PlanningError, PlanRequest, Workload
 
 
 def plan_request_from_dict(
-    data: Mapping[str, Any], *, fleet: FleetSpec, profile: ModelProfile, exclude_nodes: tuple[str, ...] = ()
+    data: Mapping[str, Any], *, fleet: FleetSpec, profile: ModelProfile, exclude_nodes: tuple[str, ...] = (),
+    exclude_devices: tuple[str, ...] = (),
 ) -> PlanRequest:
-    """A PlanRequest for this fleet and model; PlanningError names a malformed field."""
+    """A PlanRequest for this fleet and model, with more exclusions than the stored ones (a node being
+    drained, devices other deployments use); PlanningError names a malformed field."""
     try:
         options: dict[str, Any] = {}
         if "workload" in data:
@@ -34,7 +36,7 @@ def plan_request_from_dict(
             options["bits"] = tuple(int(b) for b in data["bits"])
         options["pins"] = tuple(Pin(**dict(p)) for p in data.get("pins", ()))
         options["exclude_nodes"] = tuple(data.get("exclude_nodes", ())) + tuple(exclude_nodes)
-        options["exclude_devices"] = tuple(data.get("exclude_devices", ()))
+        options["exclude_devices"] = tuple(data.get("exclude_devices", ())) + tuple(exclude_devices)
     except (TypeError, ValueError) as exc:
         raise PlanningError(f"request: malformed ({exc})") from None
     return PlanRequest(fleet=fleet, model=profile, **options)

@@ -58,12 +58,15 @@ class CheckedPlan:
     micro_batches: list[int]  # per replica: micro-batches its head keeps in flight
 
 
-def plan_revision_check(*, revision: PlanRevision, exclude_nodes: tuple[Node, ...] = ()) -> CheckedPlan:
-    """Whether this revision can be deployed now; ValidationError lists every reason it cannot.
+def plan_revision_check(
+    *, revision: PlanRevision, deployment: Deployment | None = None, exclude_nodes: tuple[Node, ...] = ()
+) -> CheckedPlan:
+    """Whether this revision can be deployed now (by ``deployment``, None for a new one).
 
-    Beyond the planner's own checks (layers, memory, precision, pins) a deployment needs weights,
-    and devices whose node has a live agent: a device on a LOST or DRAINING node, or on a node
-    no agent ever registered, is refused by name.
+    ValidationError lists every reason it cannot. Beyond the planner's own checks (layers, memory,
+    precision, pins) a deployment needs weights, and devices whose node has a live agent and that
+    no other deployment uses: a device on a LOST or DRAINING node, on a node no agent ever
+    registered, or carrying another deployment's stage is refused by name.
     """
     model = revision.model
     if not model.has_weights:
@@ -74,11 +77,14 @@ def plan_revision_check(*, revision: PlanRevision, exclude_nodes: tuple[Node, ..
     names = _plan_device_names(revision.plan)
     devices = {d.name: d for d in Device.objects.select_related("node").filter(node__name__in=[
         name.split("/", 1)[0] for name in names])}
+    busy = _devices_in_use(deployment=deployment)
     problems = []
     for name in names:
         device = devices.get(name)
         if device is None:
             problems.append(f"device {name} is not in the inventory")
+        elif name in busy:
+            problems.append(f"device {name} carries a stage of deployment {busy[name]}")
         elif device.node in exclude_nodes:
             problems.append(f"device {name}: node {device.node.name} is being drained")
         elif device.node.status in UNAVAILABLE:
@@ -89,7 +95,7 @@ def plan_revision_check(*, revision: PlanRevision, exclude_nodes: tuple[Node, ..
             problems.append(f"device {name}: no agent has registered node {device.node.name}")
     if problems:
         raise ValidationError({"plan": problems})
-    request = _plan_request(revision=revision, exclude_nodes=exclude_nodes)
+    request = _plan_request(revision=revision, deployment=deployment, exclude_nodes=exclude_nodes)
     report = validate(revision.plan, request)
     if not report.ok:
         raise ValidationError({"plan": [p.message for p in report.problems]})
@@ -109,13 +115,24 @@ def _plan_device_names(plan_data: Any) -> list[str]:
         raise ValidationError({"plan": f"malformed plan ({exc!r}): expected replicas[].stages[].device"}) from None
 
 
-def _plan_request(*, revision: PlanRevision, exclude_nodes: tuple[Node, ...] = ()):
-    """The revision's request on the fleet of registered nodes as it is now (LOST ones down)."""
+def _devices_in_use(*, deployment: Deployment | None) -> dict[str, str]:
+    """Device name -> name of the other deployment whose wanted stage it carries."""
+    stages = (
+        DeploymentStage.objects.filter(wanted=True, deployment__stop_requested=False, device__isnull=False)
+        .exclude(deployment=deployment).select_related("device__node", "deployment")
+    )
+    return {stage.device.name: stage.deployment.name for stage in stages}
+
+
+def _plan_request(*, revision: PlanRevision, deployment: Deployment | None, exclude_nodes: tuple[Node, ...] = ()):
+    """The revision's request on the fleet of registered nodes as it is now (LOST ones down), without
+    the devices other deployments use."""
     fleet = fleet_spec_from_inventory(node_ids=Node.objects.filter(incarnation__gt=0).values_list("pk", flat=True))
     try:
         return plan_request_from_dict(
             revision.request, fleet=fleet, profile=ModelProfile.from_dict(revision.model.profile),
             exclude_nodes=tuple(n.name for n in exclude_nodes),
+            exclude_devices=tuple(_devices_in_use(deployment=deployment)),
         )
     except PlanningError as exc:
         raise ValidationError({"request": str(exc)}) from None
@@ -151,7 +168,7 @@ def deployment_apply(*, deployment: Deployment, revision: PlanRevision) -> Deplo
         raise ValidationError({"revision": f"the plan is for {revision.model}, the deployment serves {deployment.model}"})
     if revision.deployment_id not in (None, deployment.pk):
         raise ValidationError({"revision": "the plan revision belongs to another deployment"})
-    _revision_apply(deployment=deployment, checked=plan_revision_check(revision=revision))
+    _revision_apply(deployment=deployment, checked=plan_revision_check(revision=revision, deployment=deployment))
     return deployment
 
 
@@ -183,7 +200,9 @@ def node_drain(*, node: Node) -> list[Deployment]:
     for deployment in affected:
         try:
             revision = _replan_revision(deployment=deployment, source=PlanRevision.Source.DRAIN, exclude_nodes=(node,))
-            checked.append((deployment, plan_revision_check(revision=revision, exclude_nodes=(node,))))
+            checked.append(
+                (deployment, plan_revision_check(revision=revision, deployment=deployment, exclude_nodes=(node,)))
+            )
         except (PlanningError, ValidationError) as exc:
             messages = exc.messages if isinstance(exc, ValidationError) else [str(exc)]
             raise ValidationError(
@@ -204,7 +223,7 @@ def _require_draft(revision: PlanRevision) -> None:
 
 def _replan_revision(*, deployment: Deployment, source: str, exclude_nodes: tuple[Node, ...] = ()) -> PlanRevision:
     """Ask the planner the current revision's question again, on the fleet as it is now."""
-    request = _plan_request(revision=deployment.revision, exclude_nodes=exclude_nodes)
+    request = _plan_request(revision=deployment.revision, deployment=deployment, exclude_nodes=exclude_nodes)
     return plan_revision_create(
         model=deployment.model, plan=plan_to_dict(plan(request)), request=deployment.revision.request,
         source=source, deployment=deployment,
@@ -409,7 +428,7 @@ def _replan_after_loss(*, deployment: Deployment, lost_nodes: str) -> None:
     try:
         with transaction.atomic():
             revision = _replan_revision(deployment=deployment, source=PlanRevision.Source.REPLAN)
-            _revision_apply(deployment=deployment, checked=plan_revision_check(revision=revision))
+            _revision_apply(deployment=deployment, checked=plan_revision_check(revision=revision, deployment=deployment))
     except (PlanningError, ValidationError) as exc:
         reason = "; ".join(exc.messages) if isinstance(exc, ValidationError) else str(exc)
         _status_set(deployment, Deployment.Status.DEGRADED,

@@ -178,3 +178,16 @@ def test_an_infeasible_plan_is_refused_by_the_planners_validation(nodes, llm, se
     unknown = plan_revision_create(model=llm, plan=edited_plan(("n9/gpu0", 0, 6)), request=REQUEST, source="edited")
     with pytest.raises(ValidationError, match="n9/gpu0 is not in the inventory"):
         deployment_create(name="tiny", revision=unknown)
+
+
+def test_a_device_another_deployment_uses_is_refused_and_left_out_of_re_plans(nodes, llm, revision, sent):
+    deployment_create(name="first", revision=revision)
+    clash = plan_revision_create(model=llm, plan=edited_plan(("n1/gpu0", 0, 6)), request=REQUEST, source="edited")
+    with pytest.raises(ValidationError, match="n1/gpu0 carries a stage of deployment first"):
+        deployment_create(name="second", revision=clash)
+    free = plan_revision_create(model=llm, plan=edited_plan(("n3/gpu0", 0, 6)), request=REQUEST, source="edited")
+    second = deployment_create(name="second", revision=free)
+    Node.objects.filter(name="n3").update(status=Node.Status.LOST)
+    second = deployment_reconcile(deployment_id=second.pk)
+    # The only free devices were n3's: nothing left to re-plan on without taking the first's.
+    assert second.status == Deployment.Status.DEGRADED and "re-plan failed" in second.status_message
