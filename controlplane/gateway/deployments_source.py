@@ -1,0 +1,59 @@
+"""The served models from the deployment controller: each READY (or DEGRADED) deployment's ready
+replicas, as ``ServedModel`` / ``ReplicaEndpoint`` (directory.py). Name it in settings with
+``MOTLEY_GATEWAY = {"SERVED_MODELS": "controlplane.gateway.deployments_source.served_models_from_deployments"}``.
+
+A model is served under its catalog name; replicas of several deployments of one model are routed
+together. Until the gateway calibrates replicas from their statistics, costs come from the plan's
+predictions: the predicted per-token latency as ``decode_step_s`` (at the planned batch, so it
+already holds the batch's share) and the predicted prefill over the planned prompt as
+``prefill_s_per_token``; a replica's KV capacity is its smallest stage's planned ``kv_tokens``.
+"""
+
+from __future__ import annotations
+
+from controlplane.deployments.models import Deployment
+from controlplane.deployments.selectors import deployment_endpoints, deployment_list
+from controlplane.gateway.directory import UNCALIBRATED, ReplicaEndpoint, ServedModel
+from controlplane.gateway.routing import ReplicaCosts
+
+
+def _planned(plan: dict, replica: int) -> tuple[int | None, ReplicaCosts]:
+    replicas = plan.get("replicas") or []
+    if replica >= len(replicas):
+        return None, UNCALIBRATED
+    planned = replicas[replica]
+    kv = min((s["kv_tokens"] for s in planned.get("stages", []) if s.get("kv_tokens")), default=None)
+    predicted = planned.get("predicted") or {}
+    latency_ms, prefill_ms = predicted.get("token_latency_ms"), predicted.get("prefill_ms")
+    if not latency_ms:
+        return kv, UNCALIBRATED
+    prompt = plan.get("prompt_tokens") or max(1, (plan.get("context") or 2) // 2)
+    costs = ReplicaCosts(
+        prefill_s_per_token=(prefill_ms or 0.0) / 1000 / prompt,
+        decode_s_per_token=0.0,
+        decode_step_s=latency_ms / 1000,
+    )
+    return kv, costs
+
+
+def served_models_from_deployments() -> list[ServedModel]:
+    live = (Deployment.Status.READY, Deployment.Status.DEGRADED)
+    by_model: dict[str, ServedModel] = {}
+    for deployment in deployment_list().filter(status__in=live).order_by("pk"):
+        plan = deployment.revision.plan if deployment.revision else {}
+        replicas = []
+        for endpoint in deployment_endpoints(deployment=deployment):
+            if not endpoint.ready:
+                continue
+            kv, costs = _planned(plan, endpoint.replica)
+            replicas.append(ReplicaEndpoint(
+                pipeline_id=endpoint.pipeline_id, head_address=endpoint.head_address,
+                auth_token=endpoint.auth_token, kv_tokens=kv, costs=costs,
+            ))
+        model = deployment.model
+        previous = by_model.get(model.name)
+        by_model[model.name] = ServedModel(
+            name=model.name, tokenizer_path=model.path,
+            replicas=(previous.replicas if previous else ()) + tuple(replicas),
+        )
+    return [served for served in by_model.values() if served.replicas]

@@ -1,0 +1,40 @@
+"""The controller's READY deployments, seen by the gateway as served models with replica endpoints."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.deployments.models import Deployment, DeploymentStage
+from controlplane.gateway.deployments_source import served_models_from_deployments
+from controlplane.hardware.fleet_file import load_fleet_file
+from controlplane.inventory.services import fleet_import
+from controlplane.models_catalog.services import model_register
+from tests.dashboard.seed import LAB_FLEET, _checkpoint_stand_in, running_deployment_create
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def deployment():
+    fleet_import(fleet=load_fleet_file(LAB_FLEET))
+    return running_deployment_create(model=model_register(path=_checkpoint_stand_in()))
+
+
+def test_a_ready_deployment_serves_its_model_on_its_ready_replicas(deployment):
+    (served,) = served_models_from_deployments()
+    plan = deployment.revision.plan
+    assert served.name == deployment.model.name and served.tokenizer_path == deployment.model.path
+    assert len(served.replicas) == len(plan["replicas"])
+    first = served.replicas[0]
+    assert first.head_address == DeploymentStage.objects.get(deployment=deployment, replica=0, stage_index=0).spec["head"]
+    assert first.auth_token == "token-0"
+    assert first.kv_tokens == min(s["kv_tokens"] for s in plan["replicas"][0]["stages"])
+    assert first.costs.decode_step_s == pytest.approx(plan["replicas"][0]["predicted"]["token_latency_ms"] / 1000)
+
+
+def test_replicas_not_ready_and_deployments_not_live_are_left_out(deployment):
+    DeploymentStage.objects.filter(deployment=deployment, replica=0).update(state=DeploymentStage.State.STARTING)
+    served = served_models_from_deployments()
+    assert sum(len(s.replicas) for s in served) == len(deployment.revision.plan["replicas"]) - 1
+    Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.STOPPED)
+    assert served_models_from_deployments() == []
