@@ -127,7 +127,8 @@ class DeploymentStage(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     pid = models.PositiveIntegerField(null=True, blank=True)
     superseded_pid = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Process replaced by the last start: its reports are not the new one's."
+        null=True, blank=True,
+        help_text="Process replaced by the last start: its reports are not the new one's.",
     )
     exit_code = models.IntegerField(null=True, blank=True)
     restarts = models.PositiveIntegerField(default=0)
@@ -138,7 +139,8 @@ class DeploymentStage(models.Model):
         ordering = ["deployment", "replica", "stage_index", "-wanted"]
         constraints = [
             models.UniqueConstraint(
-                fields=["deployment", "replica", "stage_index"], condition=Q(wanted=True), name="stage_unique_wanted"
+                fields=["deployment", "replica", "stage_index"], condition=Q(wanted=True),
+                name="stage_unique_wanted",
             ),
         ]
 

@@ -50,4 +50,5 @@ def deployment_endpoints(*, deployment: Deployment) -> list[ReplicaEndpoint]:
 
 def stages_wanted_on(*, node_id: int) -> QuerySet[DeploymentStage]:
     """What a node's agent should be running, for an agent that asks after a restart."""
-    return DeploymentStage.objects.filter(node_id=node_id, wanted=True).order_by("deployment", "replica", "stage_index")
+    stages = DeploymentStage.objects.filter(node_id=node_id, wanted=True)
+    return stages.order_by("deployment", "replica", "stage_index")

@@ -26,7 +26,7 @@ from controlplane.inventory.models import Device, Node
 from controlplane.inventory.selectors import fleet_spec_from_inventory
 from controlplane.models_catalog.models import LlmModel
 from controlplane.modelspec.profile import ModelProfile
-from controlplane.planning import PlanningError, plan, plan_to_dict, validate
+from controlplane.planning import PlanningError, PlanRequest, plan, plan_to_dict, validate
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,8 @@ def plan_revision_check(
         elif device.node in exclude_nodes:
             problems.append(f"device {name}: node {device.node.name} is being drained")
         elif device.node.status in UNAVAILABLE:
-            problems.append(f"device {name}: node {device.node.name} is {device.node.get_status_display().lower()}")
+            status = device.node.get_status_display().lower()
+            problems.append(f"device {name}: node {device.node.name} is {status}")
         elif device.health == Device.Health.UNHEALTHY:
             problems.append(f"device {name} is unhealthy")
         elif device.node.incarnation == 0:
@@ -112,7 +113,9 @@ def _plan_device_names(plan_data: Any) -> list[str]:
     try:
         return sorted({str(s["device"]) for r in plan_data["replicas"] for s in r["stages"]})
     except (KeyError, TypeError) as exc:
-        raise ValidationError({"plan": f"malformed plan ({exc!r}): expected replicas[].stages[].device"}) from None
+        raise ValidationError(
+            {"plan": f"malformed plan ({exc!r}): expected replicas[].stages[].device"}
+        ) from None
 
 
 def _devices_in_use(*, deployment: Deployment | None) -> dict[str, str]:
@@ -124,10 +127,13 @@ def _devices_in_use(*, deployment: Deployment | None) -> dict[str, str]:
     return {stage.device.name: stage.deployment.name for stage in stages}
 
 
-def _plan_request(*, revision: PlanRevision, deployment: Deployment | None, exclude_nodes: tuple[Node, ...] = ()):
+def _plan_request(
+    *, revision: PlanRevision, deployment: Deployment | None, exclude_nodes: tuple[Node, ...] = ()
+) -> PlanRequest:
     """The revision's request on the fleet of registered nodes as it is now (LOST ones down), without
     the devices other deployments use."""
-    fleet = fleet_spec_from_inventory(node_ids=Node.objects.filter(incarnation__gt=0).values_list("pk", flat=True))
+    registered = Node.objects.filter(incarnation__gt=0).values_list("pk", flat=True)
+    fleet = fleet_spec_from_inventory(node_ids=registered)
     try:
         return plan_request_from_dict(
             revision.request, fleet=fleet, profile=ModelProfile.from_dict(revision.model.profile),
@@ -165,10 +171,13 @@ def deployment_apply(*, deployment: Deployment, revision: PlanRevision) -> Deplo
         raise ValidationError({"deployment": f"deployment {deployment.name} is stopped"})
     _require_draft(revision)
     if revision.model_id != deployment.model_id:
-        raise ValidationError({"revision": f"the plan is for {revision.model}, the deployment serves {deployment.model}"})
+        raise ValidationError(
+            {"revision": f"the plan is for {revision.model}, the deployment serves {deployment.model}"}
+        )
     if revision.deployment_id not in (None, deployment.pk):
         raise ValidationError({"revision": "the plan revision belongs to another deployment"})
-    _revision_apply(deployment=deployment, checked=plan_revision_check(revision=revision, deployment=deployment))
+    checked = plan_revision_check(revision=revision, deployment=deployment)
+    _revision_apply(deployment=deployment, checked=checked)
     return deployment
 
 
@@ -199,10 +208,11 @@ def node_drain(*, node: Node) -> list[Deployment]:
     checked = []
     for deployment in affected:
         try:
-            revision = _replan_revision(deployment=deployment, source=PlanRevision.Source.DRAIN, exclude_nodes=(node,))
-            checked.append(
-                (deployment, plan_revision_check(revision=revision, deployment=deployment, exclude_nodes=(node,)))
+            revision = _replan_revision(
+                deployment=deployment, source=PlanRevision.Source.DRAIN, exclude_nodes=(node,)
             )
+            plan_check = plan_revision_check(revision=revision, deployment=deployment, exclude_nodes=(node,))
+            checked.append((deployment, plan_check))
         except (PlanningError, ValidationError) as exc:
             messages = exc.messages if isinstance(exc, ValidationError) else [str(exc)]
             raise ValidationError(
@@ -221,7 +231,9 @@ def _require_draft(revision: PlanRevision) -> None:
         raise ValidationError({"revision": f"plan revision {revision.pk} is {revision.status}, not a draft"})
 
 
-def _replan_revision(*, deployment: Deployment, source: str, exclude_nodes: tuple[Node, ...] = ()) -> PlanRevision:
+def _replan_revision(
+    *, deployment: Deployment, source: str, exclude_nodes: tuple[Node, ...] = ()
+) -> PlanRevision:
     """Ask the planner the current revision's question again, on the fleet as it is now."""
     request = _plan_request(revision=deployment.revision, deployment=deployment, exclude_nodes=exclude_nodes)
     return plan_revision_create(
@@ -238,7 +250,8 @@ def _revision_apply(*, deployment: Deployment, checked: CheckedPlan) -> None:
     rewritten for every stage: only those whose spec really changed are restarted by reconcile.
     """
     revision = checked.revision
-    deployment.revisions.filter(status=PlanRevision.Status.APPLIED).update(status=PlanRevision.Status.SUPERSEDED)
+    applied = deployment.revisions.filter(status=PlanRevision.Status.APPLIED)
+    applied.update(status=PlanRevision.Status.SUPERSEDED)
     revision.deployment = deployment
     revision.number = (deployment.revisions.exclude(number=None).order_by("-number").values_list(
         "number", flat=True).first() or 0) + 1
@@ -256,13 +269,16 @@ def _revision_apply(*, deployment: Deployment, checked: CheckedPlan) -> None:
         replica, _ = DeploymentReplica.objects.get_or_create(
             deployment=deployment, index=index, defaults={"auth_token": secrets.token_urlsafe(32)}
         )
-        deployment.stages.filter(wanted=True, replica=index, stage_index__gte=len(stages)).update(wanted=False)
+        beyond = deployment.stages.filter(wanted=True, replica=index, stage_index__gte=len(stages))
+        beyond.update(wanted=False)
         rows = [_stage_row(deployment=deployment, replica=index, stage_index=i, device=device)
                 for i, (device, _) in enumerate(stages)]
         addresses = [_address(row) for row in rows]
         for i, (row, (device, stage)) in enumerate(zip(rows, stages)):
-            row.spec = _stage_spec(replica=replica, stage=stage, stage_index=i, device=device, addresses=addresses,
-                                   workload_kv_tokens=checked.workload_kv_tokens)
+            row.spec = _stage_spec(
+                replica=replica, stage=stage, stage_index=i, device=device, addresses=addresses,
+                workload_kv_tokens=checked.workload_kv_tokens,
+            )
             if i == 0:  # the head schedules the pipeline: as many micro-batches in flight as planned
                 row.spec["micro_batches"] = checked.micro_batches[index]
             row.device = device
@@ -278,7 +294,9 @@ def _stage_row(*, deployment: Deployment, replica: int, stage_index: int, device
         row.wanted = False
         row.save(update_fields=["wanted"])
     # A retired row of the same key on this node is replaced: the new start supersedes that process.
-    deployment.stages.filter(wanted=False, replica=replica, stage_index=stage_index, node=device.node).delete()
+    deployment.stages.filter(
+        wanted=False, replica=replica, stage_index=stage_index, node=device.node
+    ).delete()
     return DeploymentStage.objects.create(
         deployment=deployment, replica=replica, stage_index=stage_index, node=device.node, device=device,
         port=_free_port(node=device.node), spec={},
@@ -306,8 +324,8 @@ def _address(row: DeploymentStage) -> str:
 
 
 def _stage_spec(
-    *, replica: DeploymentReplica, stage: dict[str, Any], stage_index: int, device: Device, addresses: list[str],
-    workload_kv_tokens: int,
+    *, replica: DeploymentReplica, stage: dict[str, Any], stage_index: int, device: Device,
+    addresses: list[str], workload_kv_tokens: int,
 ) -> dict[str, Any]:
     """The stage spec of contracts §1; emulated devices run on the CPU, paced to the card they stand for.
 
@@ -351,9 +369,8 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
     stops retired ones, forgets those confirmed stopped or lost with their node, re-plans around a
     LOST node when the deployment allows it, and sets the status from what the stages report.
     """
-    deployment = (
-        Deployment.objects.select_for_update(of=("self",)).select_related("revision", "model").get(pk=deployment_id)
-    )
+    locked = Deployment.objects.select_for_update(of=("self",))  # PostgreSQL: not the nullable revision
+    deployment = locked.select_related("revision", "model").get(pk=deployment_id)
     now = timezone.now()
     start_timeout = timedelta(seconds=settings.MOTLEY_STAGE_START_TIMEOUT_S)
     rows = list(deployment.stages.select_related("node", "device"))
@@ -371,14 +388,16 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
         if lost:
             continue
         changed = row.sent_spec != row.spec or row.sent_incarnation != row.node.incarnation
-        unconfirmed = row.state == row.State.PENDING and row.sent_at is not None and row.sent_at < now - start_timeout
+        unconfirmed = (
+            row.state == row.State.PENDING and row.sent_at is not None and row.sent_at < now - start_timeout
+        )
         if changed or unconfirmed or row.state == row.State.EXITED:
             _stage_start(row=row, now=now, restart=changed and row.sent_spec is not None)
     wanted = [row for row in rows if row.wanted]
     if deployment.stop_requested:
         remaining = deployment.stages.count()
         _status_set(deployment, Deployment.Status.STOPPED if not remaining else deployment.status,
-                    "stopped" if not remaining else f"stopping: {remaining} stage(s) not yet confirmed stopped")
+                    f"stopping: {remaining} stage(s) not yet confirmed stopped" if remaining else "stopped")
         return deployment
     lost = [row for row in wanted if _lost(row)]
     failed = [row for row in wanted if row.state == row.State.FAILED]
@@ -388,8 +407,8 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
         if deployment.replan_on_failure:
             _replan_after_loss(deployment=deployment, lost_nodes=names)
     elif failed:
-        _status_set(deployment, Deployment.Status.FAILED,
-                    "; ".join(f"{row.stage_key} failed: {row.message or f'exit code {row.exit_code}'}" for row in failed))
+        reasons = [f"{row.stage_key} failed: {row.message or f'exit code {row.exit_code}'}" for row in failed]
+        _status_set(deployment, Deployment.Status.FAILED, "; ".join(reasons))
     elif all(row.state == row.State.READY for row in wanted):
         _status_set(deployment, Deployment.Status.READY, f"plan revision {deployment.revision.number} ready")
     elif deployment.status in (Deployment.Status.READY, Deployment.Status.DEGRADED):
@@ -428,7 +447,8 @@ def _replan_after_loss(*, deployment: Deployment, lost_nodes: str) -> None:
     try:
         with transaction.atomic():
             revision = _replan_revision(deployment=deployment, source=PlanRevision.Source.REPLAN)
-            _revision_apply(deployment=deployment, checked=plan_revision_check(revision=revision, deployment=deployment))
+            checked = plan_revision_check(revision=revision, deployment=deployment)
+            _revision_apply(deployment=deployment, checked=checked)
     except (PlanningError, ValidationError) as exc:
         reason = "; ".join(exc.messages) if isinstance(exc, ValidationError) else str(exc)
         _status_set(deployment, Deployment.Status.DEGRADED,

@@ -42,8 +42,12 @@ class NodeCredential(TimestampedModel):
 
     node = models.OneToOneField(Node, on_delete=models.CASCADE, related_name="credential")
     digest = models.CharField(max_length=64, help_text="SHA-256 of the credential, hex.")
-    incarnation = models.PositiveIntegerField(help_text="The node's incarnation this credential was issued to.")
-    join_token = models.ForeignKey(JoinToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    incarnation = models.PositiveIntegerField(
+        help_text="The node's incarnation this credential was issued to."
+    )
+    join_token = models.ForeignKey(
+        JoinToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     def __str__(self) -> str:
         return f"credential of {self.node} (incarnation {self.incarnation})"

@@ -84,7 +84,8 @@ def agent_register(
     if token.revoked_at is not None:
         raise JoinTokenRefused(f"join token {token.prefix}… was revoked")
     if token.expires_at <= timezone.now():
-        raise JoinTokenRefused(f"join token {token.prefix}… expired at {token.expires_at:%Y-%m-%d %H:%M:%S} UTC")
+        expired = f"{token.expires_at:%Y-%m-%d %H:%M:%S} UTC"
+        raise JoinTokenRefused(f"join token {token.prefix}… expired at {expired}")
     existing = Node.objects.filter(name=name).first()
     node_spec = NodeSpec(
         name=name,
@@ -133,7 +134,8 @@ def agent_message_receive(*, node_id: int, incarnation: int, message: dict[str, 
         return "the node was deleted"
     claimed = message.get("incarnation")
     if node.incarnation != incarnation:
-        return f"stale incarnation {incarnation}: node {node.name} re-registered as incarnation {node.incarnation}"
+        return (f"stale incarnation {incarnation}: node {node.name} re-registered "
+                f"as incarnation {node.incarnation}")
     if claimed != incarnation:
         return f"message incarnation {claimed!r} does not match the credential's ({incarnation})"
     kind = message.get("type")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest

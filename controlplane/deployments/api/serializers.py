@@ -27,7 +27,10 @@ class StageSerializer(serializers.ModelSerializer):
 class PlanRevisionSerializer(serializers.ModelSerializer):
     class Meta:
         model = PlanRevision
-        fields = ["id", "number", "model", "deployment", "source", "status", "plan", "request", "created", "applied_at"]
+        fields = [
+            "id", "number", "model", "deployment", "source", "status", "plan", "request", "created",
+            "applied_at",
+        ]
 
 
 class DeploymentSerializer(serializers.ModelSerializer):

@@ -30,7 +30,9 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
     filterset_fields = ["status", "model"]
     ordering_fields = ["name", "status", "created"]
 
-    @extend_schema(request=serializers.DeploymentCreateSerializer, responses={201: serializers.DeploymentSerializer})
+    @extend_schema(
+        request=serializers.DeploymentCreateSerializer, responses={201: serializers.DeploymentSerializer}
+    )
     def create(self, request):
         data = serializers.DeploymentCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -65,7 +67,8 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
     @action(detail=True, methods=["get"])
     def revisions(self, request, pk=None):
         deployment = self.get_object()
-        return Response(serializers.PlanRevisionSerializer(deployment.revisions.order_by("-number"), many=True).data)
+        revisions = deployment.revisions.order_by("-number")
+        return Response(serializers.PlanRevisionSerializer(revisions, many=True).data)
 
     def _detail(self, deployment: Deployment) -> dict:
         return self.get_serializer(selectors.deployment_list().get(pk=deployment.pk)).data
@@ -79,4 +82,5 @@ class NodeDrainView(APIView):
         node = get_object_or_404(Node, pk=pk)
         affected = services.node_drain(node=node)
         deployments = selectors.deployment_list().filter(pk__in=[d.pk for d in affected])
-        return Response(serializers.DeploymentSerializer(deployments, many=True, context={"request": request}).data)
+        context = {"request": request}
+        return Response(serializers.DeploymentSerializer(deployments, many=True, context=context).data)

@@ -23,7 +23,9 @@ class AgentRegisterView(APIView):
     authentication_classes: list = []
     permission_classes = [AllowAny]
 
-    @extend_schema(request=serializers.RegistrationSerializer, responses=serializers.RegistrationResultSerializer)
+    @extend_schema(
+        request=serializers.RegistrationSerializer, responses=serializers.RegistrationResultSerializer
+    )
     def post(self, request):
         data = serializers.RegistrationSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -52,6 +54,7 @@ class AgentSelfView(APIView):
     @extend_schema(responses=serializers.AgentSelfSerializer)
     def get(self, request):
         principal = request.user
-        wanted = [{"stage_key": s.stage_key, "spec": s.spec} for s in stages_wanted_on(node_id=principal.node.pk)]
+        stages = stages_wanted_on(node_id=principal.node.pk)
+        wanted = [{"stage_key": s.stage_key, "spec": s.spec} for s in stages]
         body = {"node": principal.node, "incarnation": principal.incarnation, "wanted_stages": wanted}
         return Response(serializers.AgentSelfSerializer(body).data)

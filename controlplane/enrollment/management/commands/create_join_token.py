@@ -34,5 +34,6 @@ class Command(BaseCommand):
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from None
         token = issued.join_token
-        self.stderr.write(f"join token {token.pk} ({token.prefix}…) expires {token.expires_at:%Y-%m-%d %H:%M:%S} UTC")
+        expires = f"{token.expires_at:%Y-%m-%d %H:%M:%S} UTC"
+        self.stderr.write(f"join token {token.pk} ({token.prefix}…) expires {expires}")
         self.stdout.write(issued.secret)
