@@ -1,8 +1,9 @@
 """The gateway's settings: ``settings.MOTLEY_GATEWAY`` (a dict) over these defaults.
 
 ``DEADLINE_S``: every request's deadline (504 past it); ``SERVED_MODELS``: dotted path of the
-callable listing the served models and their replica endpoints (see directory.py);
-``MODELS_FILE``: the JSON file the default source reads (env MOTLEY_GATEWAY_MODELS_FILE);
+callable listing the served models and their replica endpoints (see directory.py; the default
+serves the controller's deployments); ``MODELS_FILE``: a JSON file to serve instead (env
+MOTLEY_GATEWAY_MODELS_FILE);
 ``CLIENT``: dotted path of the pipeline client class (contracts §2); ``REFRESH_S``: how often
 the served models and replica telemetry are re-read; ``DEFAULT_CHAT_MAX_TOKENS``: a chat request's
 output budget when it sets none (capped by the context left).
@@ -17,7 +18,7 @@ from django.conf import settings
 
 DEFAULTS: dict[str, Any] = {
     "DEADLINE_S": 120.0,
-    "SERVED_MODELS": "controlplane.gateway.directory.served_models_from_file",
+    "SERVED_MODELS": "controlplane.gateway.deployments_source.served_models",
     "MODELS_FILE": os.environ.get("MOTLEY_GATEWAY_MODELS_FILE", ""),
     "CLIENT": "worker_runtime.client.PipelineClient",
     "CLIENT_TIMEOUT_S": 5.0,

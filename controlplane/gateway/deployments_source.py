@@ -1,6 +1,6 @@
 """The served models from the deployment controller: each READY (or DEGRADED) deployment's ready
-replicas, as ``ServedModel`` / ``ReplicaEndpoint`` (directory.py). Name it in settings with
-``MOTLEY_GATEWAY = {"SERVED_MODELS": "controlplane.gateway.deployments_source.served_models_from_deployments"}``.
+replicas, as ``ServedModel`` / ``ReplicaEndpoint`` (directory.py). ``served_models`` (the gateway's
+default source) uses them unless a models file is configured.
 
 A model is served under its catalog name; replicas of several deployments of one model are routed
 together. Until the gateway calibrates replicas from their statistics, costs come from the plan's
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from controlplane.deployments.models import Deployment
 from controlplane.deployments.selectors import deployment_endpoints, deployment_list
-from controlplane.gateway.directory import UNCALIBRATED, ReplicaEndpoint, ServedModel
+from controlplane.gateway.conf import gateway_setting
+from controlplane.gateway.directory import UNCALIBRATED, ReplicaEndpoint, ServedModel, served_models_from_file
 from controlplane.gateway.routing import ReplicaCosts
 
 
@@ -57,3 +58,9 @@ def served_models_from_deployments() -> list[ServedModel]:
             replicas=(previous.replicas if previous else ()) + tuple(replicas),
         )
     return [served for served in by_model.values() if served.replicas]
+
+
+def served_models() -> list[ServedModel]:
+    """The default source: the models file when one is set (tests, benchmarks, a fixed setup),
+    else the controller's live deployments."""
+    return served_models_from_file() if gateway_setting("MODELS_FILE") else served_models_from_deployments()

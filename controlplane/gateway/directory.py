@@ -66,7 +66,7 @@ def served_model_from_dict(data: dict) -> ServedModel:
 
 
 def served_models_from_file() -> list[ServedModel]:
-    """The default source: the JSON file named by the settings, or nothing when none is set."""
+    """The JSON file named by the settings, or nothing when none is set."""
     path = gateway_setting("MODELS_FILE")
     if not path or not Path(path).exists():
         return []

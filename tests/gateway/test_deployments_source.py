@@ -38,3 +38,14 @@ def test_replicas_not_ready_and_deployments_not_live_are_left_out(deployment):
     assert sum(len(s.replicas) for s in served) == len(deployment.revision.plan["replicas"]) - 1
     Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.STOPPED)
     assert served_models_from_deployments() == []
+
+
+def test_the_default_source_serves_deployments_unless_a_models_file_is_set(deployment, settings, tmp_path):
+    from controlplane.gateway.deployments_source import served_models
+
+    assert [m.name for m in served_models()] == [deployment.model.name]
+    models_file = tmp_path / "models.json"
+    models_file.write_text('{"models": [{"name": "fixed", "tokenizer_path": "/x", "replicas": '
+                           '[{"pipeline_id": "p", "head_address": "tcp://h:1", "auth_token": "t"}]}]}')
+    settings.MOTLEY_GATEWAY = {"MODELS_FILE": str(models_file)}
+    assert [m.name for m in served_models()] == ["fixed"]
