@@ -55,7 +55,8 @@ def setup_install(var_dir: Path, nodes: int, gpus_per_node: int) -> tuple[list[d
               "fp16_tflops": 312.0, "bf16_tflops": 312.0, "int8_tops": 624.0}
     agents = []
     for n in range(nodes):
-        registration = agent_register(join_token=secret, name=f"bench-{n:04d}", address="127.0.0.1", emulated=True,
+        registration = agent_register(join_token=secret, name=f"bench-{n:04d}", address="127.0.0.1",
+                                      emulated=True,
                                       devices=[{**device, "index": i} for i in range(gpus_per_node)])
         agents.append({"node_id": registration.node.pk, "credential": registration.credential,
                        "incarnation": registration.incarnation})
@@ -68,8 +69,9 @@ def setup_install(var_dir: Path, nodes: int, gpus_per_node: int) -> tuple[list[d
 def heartbeat(agent: dict, gpus: int, seq: int) -> str:
     now = time.time()
     devices = [{"index": i, "utilization_pct": 50 + 40 * math.sin(now + i), "memory_used_bytes": 40 * 2**30,
-                "memory_total_bytes": 80 * 2**30, "temperature_c": 60.0, "power_w": 300.0, "power_limit_w": 400.0,
-                "sm_clock_mhz": 1410, "throttle_reasons": [], "pcie_tx_bytes_per_s": 1e9, "pcie_rx_bytes_per_s": 1e9}
+                "memory_total_bytes": 80 * 2**30, "temperature_c": 60.0, "power_w": 300.0,
+                "power_limit_w": 400.0, "sm_clock_mhz": 1410, "throttle_reasons": [],
+                "pcie_tx_bytes_per_s": 1e9, "pcie_rx_bytes_per_s": 1e9}
                for i in range(gpus)]
     return json.dumps({"type": "heartbeat", "incarnation": agent["incarnation"], "seq": seq, "sent_at": now,
                        "devices": devices, "stages": []})
@@ -125,9 +127,11 @@ async def measure(port: int, agents: list[dict], session: str, gpus_per_node: in
     latencies: list[float] = []
     counts = [[0, 0] for _ in range(dashboards)]
     sent = [0]
-    tasks = [asyncio.create_task(run_dashboard(f"{base}/ws/dashboard/", f"http://127.0.0.1:{port}", session, stop,
-                                               measuring, latencies, counts[i])) for i in range(dashboards)]
-    tasks += [asyncio.create_task(run_agent(f"{base}/ws/agents/", a, gpus_per_node, stop, sent)) for a in agents]
+    origin = f"http://127.0.0.1:{port}"
+    tasks = [asyncio.create_task(run_dashboard(f"{base}/ws/dashboard/", origin, session, stop, measuring,
+                                               latencies, counts[i])) for i in range(dashboards)]
+    tasks += [asyncio.create_task(run_agent(f"{base}/ws/agents/", a, gpus_per_node, stop, sent))
+              for a in agents]
     await asyncio.sleep(warmup)
     me = psutil.Process()
     server_cpu, my_cpu, wall = sum(server.cpu_times()[:2]), sum(me.cpu_times()[:2]), time.monotonic()
@@ -146,12 +150,14 @@ async def measure(port: int, agents: list[dict], session: str, gpus_per_node: in
         raise RuntimeError(f"{len(errors)} sockets failed, first: {errors[0]!r}")
     snapshots = sum(c[0] for c in counts)
     return {
-        "gpus": len(agents) * gpus_per_node, "nodes": len(agents), "dashboards": dashboards, "seconds": elapsed,
+        "gpus": len(agents) * gpus_per_node, "nodes": len(agents), "dashboards": dashboards,
+        "seconds": elapsed,
         "heartbeats_per_s": heartbeats / elapsed, "samples": len(latencies),
         "expected_samples": heartbeats * gpus_per_node * dashboards,
         "p50_ms": 1000 * statistics.median(latencies), "p95_ms": 1000 * percentile(latencies, 0.95),
         "p99_ms": 1000 * percentile(latencies, 0.99), "max_ms": 1000 * max(latencies),
-        "snapshots_per_socket_s": snapshots / dashboards / elapsed, "snapshot_kb": counts[0][1] / max(1, counts[0][0]) / 1024,
+        "snapshots_per_socket_s": snapshots / dashboards / elapsed,
+        "snapshot_kb": counts[0][1] / max(1, counts[0][0]) / 1024,
         "server_cores": server_cores, "client_cores": client_cores,
         # Other work on the machine skews every figure: the benchmark reports the load it ran under.
         "load_average_1m": os.getloadavg()[0], "cpus": os.cpu_count(),
@@ -180,8 +186,8 @@ def main() -> None:
                                        stderr=subprocess.STDOUT)
         try:
             _wait_for_port(port)
-            result = asyncio.run(measure(port, agents, session, args.gpus_per_node, args.dashboards, args.warmup,
-                                         args.duration, psutil.Process(process.pid)))
+            result = asyncio.run(measure(port, agents, session, args.gpus_per_node, args.dashboards,
+                                         args.warmup, args.duration, psutil.Process(process.pid)))
         finally:
             process.terminate()
             try:
@@ -193,10 +199,12 @@ def main() -> None:
         result["snapshot_interval_s"] = float(os.environ.get("MOTLEY_DASHBOARD_SNAPSHOT_INTERVAL_S", "0.5"))
     if args.markdown:
         r = result
-        print(f"| {r['gpus']} | {r['nodes']} | {r['dashboards']} | {r['publish_interval_s']} / {r['snapshot_interval_s']} | "
+        print(f"| {r['gpus']} | {r['nodes']} | {r['dashboards']} | "
+              f"{r['publish_interval_s']} / {r['snapshot_interval_s']} | "
               f"{r['heartbeats_per_s']:.0f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | "
               f"{r['max_ms']:.0f} | {r['snapshots_per_socket_s']:.1f} | {r['snapshot_kb']:.0f} | "
-              f"{r['server_cores']:.2f} | {r['client_cores']:.2f} | {r['load_average_1m']:.1f} / {r['cpus']} |")
+              f"{r['server_cores']:.2f} | {r['client_cores']:.2f} | "
+              f"{r['load_average_1m']:.1f} / {r['cpus']} |")
     else:
         print(json.dumps(result, indent=2))
 

@@ -52,7 +52,8 @@ class DashboardConsumer(AsyncWebsocketConsumer):
         loop = asyncio.get_running_loop()
         while True:
             waiting = self.awaiting_ack_since
-            if (waiting is None or loop.time() - waiting > ACK_TIMEOUT_S) and self.hub.version != self.sent_version:
+            acked = waiting is None or loop.time() - waiting > ACK_TIMEOUT_S
+            if acked and self.hub.version != self.sent_version:
                 self.sent_version = self.hub.version
                 self.awaiting_ack_since = loop.time()
                 await self.send(text_data=self.hub.snapshot_text())

@@ -79,7 +79,8 @@ def _device(node: Node, device: Device) -> dict[str, Any]:
 
 def _link(link: Link) -> dict[str, Any]:
     a, b = link.endpoints
-    return {"kind": link.kind, "a": a.name, "b": b.name, "bandwidth_gbs": link.bandwidth_gbs, "implied": False}
+    return {"kind": link.kind, "a": a.name, "b": b.name, "bandwidth_gbs": link.bandwidth_gbs,
+            "implied": False}
 
 
 def deployment_overview() -> list[dict[str, Any]]:
@@ -111,9 +112,11 @@ def _deployment(deployment: Deployment) -> dict[str, Any]:
                        f"({revision.get_source_display().lower()})", "kind": "created"})
     events.sort(key=lambda e: e["at"], reverse=True)
     return {
-        "id": deployment.pk, "name": deployment.name, "model": deployment.model.name, "model_id": deployment.model_id,
+        "id": deployment.pk, "name": deployment.name, "model": deployment.model.name,
+        "model_id": deployment.model_id,
         "status": deployment.status, "status_display": deployment.get_status_display(),
-        "status_message": deployment.status_message, "revision_number": getattr(deployment.revision, "number", None),
+        "status_message": deployment.status_message,
+        "revision_number": getattr(deployment.revision, "number", None),
         "replicas": len(plan.get("replicas", [])),
         "predicted": plan.get("predicted"), "bottleneck": plan.get("bottleneck"),
         "replica_bottlenecks": [(r.get("bottleneck") or {}).get("device") for r in plan.get("replicas", [])],
@@ -127,11 +130,15 @@ def _deployment(deployment: Deployment) -> dict[str, Any]:
             "node": s.node.name, "device": s.device.name if s.device else None,
             "layers": s.spec.get("layers"), "bits": s.spec.get("bits"), "state": s.state,
             "restarts": s.restarts, "message": s.message,
-            "predicted_step_ms": (predicted_stages.get((s.replica, s.stage_index)) or {}).get("predicted", {}).get("step_ms")
-            if s.wanted else None,
+            "predicted_step_ms": _predicted_step_ms(predicted_stages, s) if s.wanted else None,
         } for s in deployment.stages.all()],
         "events": events,
     }
+
+
+def _predicted_step_ms(predicted_stages: dict, stage: DeploymentStage) -> float | None:
+    planned = predicted_stages.get((stage.replica, stage.stage_index)) or {}
+    return planned.get("predicted", {}).get("step_ms")
 
 
 def deployment_overlay() -> list[dict[str, Any]]:
@@ -148,7 +155,8 @@ def deployment_overlay() -> list[dict[str, Any]]:
         bottlenecks = d["replica_bottlenecks"]
         overlay.append({"id": d["id"], "name": d["name"], "status": d["status"], "replicas": [
             {"index": r, "bottleneck_device": bottlenecks[r] if r < len(bottlenecks) else None,
-             "stages": [{k: s[k] for k in ("stage_key", "device", "layers", "bits", "state")} for s in stages]}
+             "stages": [{k: s[k] for k in ("stage_key", "device", "layers", "bits", "state")}
+                        for s in stages]}
             for r, stages in sorted(plan_replicas.items())]})
     return overlay
 
@@ -158,10 +166,12 @@ def deployment_editor(*, deployment_id: int) -> dict[str, Any]:
     deployment = Deployment.objects.select_related("model", "revision").get(pk=deployment_id)
     revision = deployment.revision
     devices = [{"name": d.name, "model": d.model_name, "memory_gib": round(d.memory_bytes / GIB, 1),
-                "emulated": d.emulated} for d in Device.objects.select_related("node").order_by("node__name", "index")]
+                "emulated": d.emulated}
+               for d in Device.objects.select_related("node").order_by("node__name", "index")]
     return {
         "deployment": {"id": deployment.pk, "name": deployment.name, "status": deployment.status},
-        "model": {"id": deployment.model_id, "name": deployment.model.name, "num_layers": deployment.model.num_layers},
+        "model": {"id": deployment.model_id, "name": deployment.model.name,
+                  "num_layers": deployment.model.num_layers},
         "revision": {"id": revision.pk, "number": revision.number} if revision else None,
         "plan": revision.plan if revision else None,
         "request": revision.request if revision else {},

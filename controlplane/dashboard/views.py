@@ -33,7 +33,8 @@ def topology(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def utilization(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/utilization.html", {"page": "utilization", "topology": selectors.topology()})
+    context = {"page": "utilization", "topology": selectors.topology()}
+    return render(request, "dashboard/utilization.html", context)
 
 
 @login_required

@@ -1,9 +1,10 @@
 """Live telemetry for browsers: one subscriber per server process, snapshots rendered once.
 
-Agents push a heartbeat every second on ``/ws/agents/``; the telemetry ingest publishes each one to
-the channel-layer group ``telemetry``. One ``TelemetryHub`` per process joins that group (one
-subscription, however many browsers are open), keeps the latest sample of every GPU and stage and
-the last few minutes of history in memory, and renders the snapshot text at most once per change.
+Agents push a heartbeat every second on ``/ws/agents/``; ``telemetry_ingest`` keeps each node's
+latest sample and publishes the fleet's samples to the channel-layer group ``telemetry``. One
+``TelemetryHub`` per process joins that group (one subscription, however many browsers are open),
+keeps the latest sample of every GPU and stage and the last few minutes of history in memory, and
+renders the snapshot text at most once per change.
 Browser sockets (``consumers.py``) each take the current text at their own pace, so the cost of a
 heartbeat does not grow with the number of browsers and a slow browser only skips snapshots.
 
@@ -72,7 +73,7 @@ class TelemetryHub:
         self._rendered: tuple[int, str] = (-1, "")
         self._buckets: dict[tuple[str, str], _Bucket] = {}
         self._closed: list[Rollup] = []
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task] = []  # held: the loop keeps only weak references to tasks
         self.loop: asyncio.AbstractEventLoop | None = None
 
     # -- ingest ---------------------------------------------------------------------------------
@@ -162,7 +163,9 @@ class TelemetryHub:
             self._rendered = (version, text)
         return text
 
-    def recent(self, kind: str, keys: Iterable[str] | None = None, since_s: float | None = None) -> dict[str, Any]:
+    def recent(
+        self, kind: str, keys: Iterable[str] | None = None, since_s: float | None = None
+    ) -> dict[str, Any]:
         """History from memory as columns per key: ``{"t": [...], field: [...]}`` (None for gaps)."""
         fields = FIELDS[kind]
         since = self.clock() - (since_s or self.history_s)
@@ -173,12 +176,12 @@ class TelemetryHub:
                 continue
             rows = [row for row in list(ring) if row[0] >= since]
             series[key] = {"t": [row[0] for row in rows]} | {
-                f: [None if row[i + 1] != row[i + 1] else row[i + 1] for row in rows] for i, f in enumerate(fields)
+                f: [_or_none(row[i + 1]) for row in rows] for i, f in enumerate(fields)
             }
         return series
 
     def take_closed_rollups(self, *, flush_all: bool = False) -> list[Rollup]:
-        """Buckets that ended (all open ones too with ``flush_all``, at shutdown), once each."""
+        """Buckets that ended (and, with ``flush_all``, the open ones too), each returned once."""
         now = self.clock()
         for (kind, key), bucket in list(self._buckets.items()):
             if flush_all or bucket.start + self.rollup_s <= now:
@@ -193,11 +196,6 @@ class TelemetryHub:
         self.loop = asyncio.get_running_loop()
         self._tasks = [asyncio.create_task(self._receive(layer), name="telemetry-hub-receive"),
                        asyncio.create_task(self._flush(layer, store), name="telemetry-hub-flush")]
-
-    async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _receive(self, layer) -> None:
         self.channel = await layer.new_channel()
@@ -235,6 +233,11 @@ def _number(value: Any, default: float = _MISSING) -> float:
     except (TypeError, ValueError):
         return default
     return number if number == number and number not in (float("inf"), float("-inf")) else default
+
+
+def _or_none(value: float) -> float | None:
+    """NaN (a field the sample lacked) as JSON null."""
+    return None if value != value else value
 
 
 def _present(fields: tuple[str, ...], values: list[float], digits: int | None = None) -> dict[str, float]:

@@ -16,8 +16,8 @@ from controlplane.telemetry.models import TelemetryRollup
 def rollups_save(*, rollups: Iterable[Rollup]) -> int:
     """Store closed buckets (a bucket already stored is kept) and drop rows past the retention."""
     rows = [
-        TelemetryRollup(kind=r.kind, key=r.key, bucket_start=datetime.fromtimestamp(r.bucket_start, timezone.utc),
-                        seconds=r.seconds, samples=r.samples, mean=r.mean, peak=r.peak)
+        TelemetryRollup(kind=r.kind, key=r.key, seconds=r.seconds, samples=r.samples, mean=r.mean,
+                        peak=r.peak, bucket_start=datetime.fromtimestamp(r.bucket_start, timezone.utc))
         for r in rollups
     ]
     TelemetryRollup.objects.bulk_create(rows, batch_size=500, ignore_conflicts=True)

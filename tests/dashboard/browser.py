@@ -26,7 +26,8 @@ class SeededServer:
     def __init__(self, var_dir: Path, seed: str):
         self.env = embedded_env(var_dir)
         subprocess.run(manage_argv("migrate", "--noinput", "-v0"), env=self.env, cwd=REPO_ROOT, check=True)
-        script = f"import json; from tests.dashboard.seed import {seed}; print('SEED=' + json.dumps({seed}()))"
+        script = (f"import json; from tests.dashboard.seed import {seed}; "
+                  f"print('SEED=' + json.dumps({seed}()))")
         out = subprocess.run(manage_argv("shell", "-c", script), env=self.env, cwd=REPO_ROOT, check=True,
                              capture_output=True, text=True).stdout
         self.seed = json.loads(out.split("SEED=", 1)[1])
@@ -97,14 +98,17 @@ def heartbeat(agent: dict, stages: list[dict], seq: int) -> dict:
     for i in range(agent["gpus"]):
         util = 50 + 45 * math.sin(now / 4 + i)
         devices.append({"index": i, "utilization_pct": util, "memory_used_bytes": int((8 + i) * 2**30),
-                        "memory_total_bytes": 24 * 2**30, "temperature_c": 40 + util * 0.4, "power_w": 80 + util * 2,
+                        "memory_total_bytes": 24 * 2**30, "temperature_c": 40 + util * 0.4,
+                        "power_w": 80 + util * 2,
                         "power_limit_w": 300.0, "sm_clock_mhz": 1400, "throttle_reasons": [],
                         "pcie_tx_bytes_per_s": util * 1e8, "pcie_rx_bytes_per_s": util * 5e7})
-    statuses = [{**{k: s[k] for k in ("stage_key", "deployment_id", "replica", "stage_index")}, "state": "ready",
+    statuses = [{**{k: s[k] for k in ("stage_key", "deployment_id", "replica", "stage_index")},
+                 "state": "ready",
                  "pid": 1000 + s["stage_index"], "exit_code": None, "restarts": 0, "message": "",
                  "stats": {"step_ms": 20.0 + 5 * s["stage_index"], "compute_ms": 14.0 + 5 * s["stage_index"],
                            "transfer_ms": 3.0, "tokens_per_s": 40 + 10 * math.sin(now / 3), "batch_size": 4,
-                           "queue_depth": seq % 3, "kv_tokens_used": 2000 + 50 * (seq % 40), "kv_tokens_free": 6000,
+                           "queue_depth": seq % 3, "kv_tokens_used": 2000 + 50 * (seq % 40),
+                           "kv_tokens_free": 6000,
                            "bytes_sent": 0, "bytes_received": 0, "bubble_fraction": 0.15, "steps": seq}}
                 for s in stages]
     return {"type": "heartbeat", "incarnation": agent["incarnation"], "seq": seq, "sent_at": now,

@@ -69,12 +69,14 @@ def lab_with_deployment() -> dict:
                    for d in node.devices]
         registration = agent_register(join_token=token, name=node.name, address=node.address, emulated=True,
                                       devices=devices)
-        agents.append({"node": node.name, "node_id": registration.node.pk, "credential": registration.credential,
+        agents.append({"node": node.name, "node_id": registration.node.pk,
+                       "credential": registration.credential,
                        "incarnation": registration.incarnation, "gpus": len(node.devices)})
     model = model_register(path=_checkpoint_stand_in())
     deployment = running_deployment_create(model=model)
     get_user_model().objects.create_user(username=OPERATOR[0], password=OPERATOR[1])
-    stages = [{"stage_key": s.stage_key, "node": s.node.name, "deployment_id": deployment.pk, "replica": s.replica,
+    stages = [{"stage_key": s.stage_key, "node": s.node.name, "deployment_id": deployment.pk,
+               "replica": s.replica,
                "stage_index": s.stage_index} for s in deployment.stages.select_related("node")]
     return {"agents": agents, "deployment_id": deployment.pk, "stages": stages}
 

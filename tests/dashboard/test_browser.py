@@ -74,7 +74,8 @@ def test_2_topology_shows_the_emulated_fleet_the_deployment_and_live_colours(pag
     assert page.locator("path.pipeline-arrow").count() == len(server.seed["stages"]) - _replicas(server)
     page.wait_for_selector("#live-status[data-state=live]")
     page.wait_for_function("document.querySelectorAll('g.gpu[data-value]').length === 13")  # coloured live
-    page.wait_for_function("[...document.querySelectorAll('g.stage')].every(g => g.dataset.state === 'ready')")
+    page.wait_for_function(
+        "[...document.querySelectorAll('g.stage')].every(g => g.dataset.state === 'ready')")
     shot(page, "topology")
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
@@ -31,9 +30,11 @@ def _heartbeat(node: str, util: float) -> dict:
     now = time.time()
     return {"type": "telemetry.snapshot", "snapshot": {"at": now, "nodes": [{
         "node_id": 1, "node": node, "received_at": now, "sent_at": now - 0.01,
-        "devices": [{"index": 0, "utilization_pct": util, "memory_used_bytes": 2**30, "memory_total_bytes": 2**34,
-                     "temperature_c": 55.0, "power_w": 120.0, "pcie_tx_bytes_per_s": 1e9, "pcie_rx_bytes_per_s": 2e9}],
-        "stages": [{"stage_key": "d1-r0-s0", "deployment_id": 1, "replica": 0, "stage_index": 0, "state": "ready",
+        "devices": [{"index": 0, "utilization_pct": util, "memory_used_bytes": 2**30,
+                     "memory_total_bytes": 2**34, "temperature_c": 55.0, "power_w": 120.0,
+                     "pcie_tx_bytes_per_s": 1e9, "pcie_rx_bytes_per_s": 2e9}],
+        "stages": [{"stage_key": "d1-r0-s0", "deployment_id": 1, "replica": 0, "stage_index": 0,
+                    "state": "ready",
                     "stats": {"step_ms": 12.0, "compute_ms": 9.0, "transfer_ms": 2.0, "tokens_per_s": 80.0}}],
     }]}}
 
@@ -53,7 +54,9 @@ async def test_foreign_origin_is_refused_even_with_a_session(django_user_model):
         assert not connected
 
 
-async def test_logged_in_socket_gets_snapshots_from_the_telemetry_group_paced_by_acks(django_user_model, settings):
+async def test_logged_in_socket_gets_snapshots_from_the_telemetry_group_paced_by_acks(
+    django_user_model, settings
+):
     settings.DASHBOARD_SNAPSHOT_INTERVAL_S = 0.05
     cookie = await _session_cookie(django_user_model)
     communicator = WebsocketCommunicator(application, "/ws/dashboard/", headers=[ORIGIN, (b"cookie", cookie)])

@@ -27,7 +27,8 @@ def test_topology_lays_each_stage_over_its_gpu_and_marks_the_bottleneck(operator
 
 
 def test_plan_editor_starts_from_the_applied_plan_and_its_request(operator_client, running_deployment):
-    page = operator_client.get(reverse("dashboard:plan-editor", args=[running_deployment.pk])).content.decode()
+    url = reverse("dashboard:plan-editor", args=[running_deployment.pk])
+    page = operator_client.get(url).content.decode()
     editor = json.loads(page.split('id="editor-data" type="application/json">')[1].split("</script>")[0])
     assert editor["plan"] == running_deployment.revision.plan
     assert editor["request"] == {"workload": {"batch": 4, "context": 2048}}

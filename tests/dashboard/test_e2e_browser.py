@@ -37,7 +37,8 @@ def test_operator_moves_a_boundary_and_the_deployment_is_ready_on_the_new_plan(e
             page.click("button[type=submit]")
             page.wait_for_url(re.compile(r"/topology/$"))
             assert page.locator("g.stage").count() == 3
-            page.wait_for_function("document.querySelectorAll('g.gpu[data-value]').length === 3")  # agents' telemetry
+            # Coloured by the agents' telemetry.
+            page.wait_for_function("document.querySelectorAll('g.gpu[data-value]').length === 3")
             page.screenshot(path=str(SCREENSHOTS / "e2e-topology.png"), full_page=True)
 
             page.goto("/utilization/?")
@@ -63,9 +64,13 @@ def test_operator_moves_a_boundary_and_the_deployment_is_ready_on_the_new_plan(e
             page.click("#confirm-apply")
             page.wait_for_url(re.compile(r"/deployments/$"))
 
-            final = wait_until(lambda: (d := system.deployment(pk))["status"] == "ready" and d["revision_number"] == 2
-                               and all(s["state"] == "ready" for s in d["stages"] if s["wanted"]) and d,
-                               120, "revision 2 ready")
+            def ready_on_revision_2():
+                d = system.deployment(pk)
+                wanted = [s for s in d["stages"] if s["wanted"]]
+                return d["status"] == "ready" and d["revision_number"] == 2 and all(
+                    s["state"] == "ready" for s in wanted) and d
+
+            final = wait_until(ready_on_revision_2, 120, "revision 2 ready")
             assert [s["layers"] for s in final["stages"] if s["wanted"]] == [[0, 3], [3, 4], [4, 6]]
             page.reload()
             page.wait_for_selector('section.deployment [data-field=status]:text-is("ready")')

@@ -26,7 +26,8 @@ def _published(*samples):
 
 def _sample(node, t, util, temp=50.0):
     return {"node": node, "received_at": t, "sent_at": t, "devices": [
-        {"index": 0, "utilization_pct": util, "temperature_c": temp, "memory_used_bytes": 10, "memory_total_bytes": 100},
+        {"index": 0, "utilization_pct": util, "temperature_c": temp, "memory_used_bytes": 10,
+         "memory_total_bytes": 100},
     ], "stages": []}
 
 
@@ -62,7 +63,8 @@ def test_history_keeps_only_the_window_and_rollups_close_per_bucket():
     assert recent["t"][0] == 1009.0 and recent["t"][-1] == 1039.0
     closed = hub.take_closed_rollups()
     assert [r.bucket_start for r in closed] == [1000.0, 1010.0, 1020.0]
-    assert closed[0].samples == 10 and closed[0].mean["utilization_pct"] == 4.5 and closed[0].peak["temperature_c"] == 49.0
+    assert closed[0].samples == 10
+    assert closed[0].mean["utilization_pct"] == 4.5 and closed[0].peak["temperature_c"] == 49.0
     assert hub.take_closed_rollups() == []
     assert [r.bucket_start for r in hub.take_closed_rollups(flush_all=True)] == [1030.0]
 

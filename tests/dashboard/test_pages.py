@@ -28,7 +28,9 @@ def test_pages_render_for_an_operator(operator_client, lab_fleet, name):
     assert response.status_code == 200
 
 
-def test_nodes_page_lists_every_node_and_marks_emulated_devices(operator_client, lab_fleet, django_assert_max_num_queries):
+def test_nodes_page_lists_every_node_and_marks_emulated_devices(
+    operator_client, lab_fleet, django_assert_max_num_queries
+):
     with django_assert_max_num_queries(6):
         body = operator_client.get(reverse("dashboard:nodes")).content.decode()
     for name in ("node-a", "node-b", "node-c", "node-a/gpu0", "A100-80GB-SXM", "RTX-A6000"):
@@ -45,10 +47,13 @@ def test_topology_embeds_nodes_devices_and_links_including_implied_nvlink(operat
     kinds = {(link["kind"], link["implied"]) for link in data["links"]}
     assert {("network", False), ("pcie", False), ("nvlink", True)} <= kinds
     page = operator_client.get(reverse("dashboard:topology")).content.decode()
-    assert json.loads(page.split('id="topology-data" type="application/json">')[1].split("</script>")[0]) == data
+    embedded = page.split('id="topology-data" type="application/json">')[1].split("</script>")[0]
+    assert json.loads(embedded) == data
 
 
-def test_topology_query_count_does_not_grow_with_the_fleet(operator_client, lab_fleet, django_assert_max_num_queries):
+def test_topology_query_count_does_not_grow_with_the_fleet(
+    operator_client, lab_fleet, django_assert_max_num_queries
+):
     with django_assert_max_num_queries(7):
         operator_client.get(reverse("dashboard:topology-json"))
 
