@@ -1,11 +1,12 @@
 """A discrete-event simulation of continuous-batching pipeline replicas, driven by the gateway's router.
 
 Each simulated replica behaves like the pipeline head of worker_runtime: requests wait first come,
-first served (at most ``max_queue`` of them) until the KV space for prompt + max_tokens can be reserved, then every step carries one
-decode token of each running sequence plus whole prompts of newly admitted ones (up to a token
-budget), and takes ``decode_step_s + decode_s_per_token × sequences + kv_read_s_per_token × their
-cached tokens + prefill_s_per_token × prompt tokens``. The router is the real ``controlplane.gateway.routing.Router`` with real ``ReplicaState``
-bookkeeping (start / token / finish), exactly as the gateway calls it.
+first served (at most ``max_queue`` of them) until the KV space for prompt + max_tokens can be
+reserved (in whole blocks), then every step carries one decode token of each running sequence plus
+whole prompts of newly admitted ones (up to a token budget), and takes ``decode_step_s +
+decode_s_per_token × sequences + kv_read_s_per_token × their cached tokens + prefill_s_per_token ×
+prompt tokens``. The router is the real ``controlplane.gateway.routing.Router`` with real
+``ReplicaState`` bookkeeping (start / token / finish), exactly as the gateway calls it.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ from django.http import JsonResponse
 
 
 class OpenAIError(Exception):
-    def __init__(self, status: int, message: str, *, type: str, code: str | None = None, param: str | None = None):
+    def __init__(
+        self, status: int, message: str, *, type: str, code: str | None = None, param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
 

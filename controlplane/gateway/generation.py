@@ -32,13 +32,21 @@ class Delta:
 
 
 def generation_start(
-    *, route: ModelRoute, request: GenerationRequest, prompt_ids: list[int], max_tokens: int, deadline_s: float
+    *,
+    route: ModelRoute,
+    request: GenerationRequest,
+    prompt_ids: list[int],
+    max_tokens: int,
+    deadline_s: float,
 ) -> Generation:
     """Admit the request on a replica or raise the OpenAIError that refuses it."""
     shape = RequestShape(len(prompt_ids), max_tokens)
     request_id = uuid.uuid4().hex
     outcome = route.router.route(shape, deadline_s=deadline_s)
-    record = RouteRecord(request_id, route.served.name, route.router.strategy, time.time(), None, "", prompt_tokens=shape.prompt_tokens)
+    record = RouteRecord(
+        request_id, route.served.name, route.router.strategy, time.time(), None, "",
+        prompt_tokens=shape.prompt_tokens,
+    )
     if not isinstance(outcome, Decision):
         record.outcome = f"rejected:{outcome.reason}"
         recorder.record(record)
@@ -75,7 +83,8 @@ class Generation:
         detokenizer, stops = IncrementalDetokenizer(tokenizer.tokenizer), StopStrings(self.request.stop)
         started = time.monotonic()
         outcome = "cancelled"
-        params = SamplingParams(temperature=self.request.temperature, top_p=self.request.top_p, seed=self.request.seed)
+        request = self.request
+        params = SamplingParams(temperature=request.temperature, top_p=request.top_p, seed=request.seed)
         events = client.submit(
             self.prompt_ids, params, max_tokens=self.max_tokens, stop_token_ids=tokenizer.eos_token_ids,
             request_id=self.request_id, deadline_s=self.deadline_s,
@@ -117,5 +126,6 @@ class Generation:
         if isinstance(exc, RequestRejected):
             return saturated(f"the replica refused the request: {exc}")
         if isinstance(exc, PipelineBroken):
-            self.decision.replica.observe(health=ReplicaHealth(ok=False))  # until the next poll says otherwise
+            # Unroutable until the next statistics poll finds it answering again.
+            self.decision.replica.observe(health=ReplicaHealth(ok=False))
         return unavailable(f"the replica failed: {exc}")

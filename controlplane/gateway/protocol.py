@@ -34,7 +34,9 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _number(body: dict, name: str, default: float, low: float, high: float, *, low_open: bool = False) -> float:
+def _number(
+    body: dict, name: str, default: float, low: float, high: float, *, low_open: bool = False
+) -> float:
     value = body.get(name)
     if value is None:
         return default
@@ -53,7 +55,8 @@ def _optional_int(body: dict, name: str, *, minimum: int | None = None) -> int |
     if not _is_int(value):
         raise bad_request(f"'{name}' must be an integer", param=name, code="invalid_type")
     if minimum is not None and value < minimum:
-        raise bad_request(f"'{name}' must be at least {minimum}; got {value}", param=name, code="invalid_value")
+        message = f"'{name}' must be at least {minimum}; got {value}"
+        raise bad_request(message, param=name, code="invalid_value")
     return value
 
 

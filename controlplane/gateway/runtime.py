@@ -82,7 +82,9 @@ class Gateway:
         for endpoint in served.replicas:
             state = states.get(endpoint.pipeline_id)
             if state is None:
-                state = ReplicaState(endpoint.pipeline_id, endpoint.costs, endpoint.kv_tokens or 0, endpoint.health)
+                state = ReplicaState(
+                    endpoint.pipeline_id, endpoint.costs, endpoint.kv_tokens or 0, endpoint.health
+                )
                 clients[endpoint.pipeline_id] = self._client_class(
                     endpoint.head_address, endpoint.auth_token, endpoint.pipeline_id,
                     timeout_s=gateway_setting("CLIENT_TIMEOUT_S"),
@@ -96,18 +98,21 @@ class Gateway:
             router.replicas = replicas
         else:
             router = Router(replicas, served.strategy)
-        return ModelRoute(served, tokenizer, router, clients, {e.pipeline_id: e.health for e in served.replicas})
+        health = {e.pipeline_id: e.health for e in served.replicas}
+        return ModelRoute(served, tokenizer, router, clients, health)
 
     async def _poll_new(self) -> None:
         """A replica whose KV budget is not known yet is asked before it is routed to."""
-        unknown = [(route, r) for route in self.routes.values() for r in route.router.replicas if not r.kv_capacity]
-        await asyncio.gather(*(self._poll(route, r) for route, r in unknown))
+        await asyncio.gather(*(self._poll(route, r) for route, r in self._replicas() if not r.kv_capacity))
+
+    def _replicas(self) -> list[tuple[ModelRoute, ReplicaState]]:
+        return [(route, r) for route in self.routes.values() for r in route.router.replicas]
 
     async def _poll_forever(self) -> None:
         while True:
             await asyncio.sleep(gateway_setting("REFRESH_S"))
             await self._maybe_refresh()
-            await asyncio.gather(*(self._poll(route, r) for route in self.routes.values() for r in route.router.replicas))
+            await asyncio.gather(*(self._poll(route, r) for route, r in self._replicas()))
 
     async def _poll(self, route: ModelRoute, state: ReplicaState) -> None:
         """One statistics call to the head: its health, free KV per stage and largest request."""

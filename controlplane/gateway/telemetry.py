@@ -63,7 +63,8 @@ class RouterRecorder:
             "at": time.time(),
             "queue_s": {"p50": _percentile(queue_times, 0.5), "p99": _percentile(queue_times, 0.99)},
             "totals": [
-                {"model": m, "replica": r, "outcome": o, "count": n} for (m, r, o), n in sorted(self.totals.items())
+                {"model": m, "replica": r, "outcome": o, "count": n}
+                for (m, r, o), n in sorted(self.totals.items())
             ],
             "recent": [asdict(r) for r in list(self.recent)[-50:]],
         }

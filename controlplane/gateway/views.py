@@ -86,7 +86,8 @@ def _choice(text: str, finish_reason: str | None, *, chat: bool, stream: bool) -
     if not chat:
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
     key = "delta" if stream else "message"
-    return {"index": 0, key: {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish_reason}
+    message = {"role": "assistant", "content": text}
+    return {"index": 0, key: message, "logprobs": None, "finish_reason": finish_reason}
 
 
 def _envelope(body: GenerationRequest, generation: Generation, *, chat: bool, stream: bool) -> dict:
@@ -131,7 +132,8 @@ async def _stream(
                 yield _event({**envelope, "choices": [_choice("", None, chat=True, stream=True)]})
             delta = first
             while True:
-                yield _event({**envelope, "choices": [_choice(delta.text, delta.finish_reason, chat=chat, stream=True)]})
+                choice = _choice(delta.text, delta.finish_reason, chat=chat, stream=True)
+                yield _event({**envelope, "choices": [choice]})
                 if delta.finish_reason is not None:
                     break
                 delta = await anext(deltas)
@@ -155,7 +157,8 @@ async def _respond(request: HttpRequest, *, chat: bool) -> HttpResponse:
             raise
     except OpenAIError as exc:
         return exc.response()
-    response = StreamingHttpResponse(_stream(body, generation, deltas, first, chat=chat), content_type="text/event-stream")
+    events = _stream(body, generation, deltas, first, chat=chat)
+    response = StreamingHttpResponse(events, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response

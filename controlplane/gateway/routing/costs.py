@@ -30,7 +30,7 @@ class ReplicaCosts:
     kv_read_s_per_token: float = 0.0
 
     def __post_init__(self) -> None:
-        if min(self.prefill_s_per_token, self.decode_s_per_token, self.decode_step_s, self.kv_read_s_per_token) < 0:
+        if min(vars(self).values()) < 0:
             raise ValueError(f"costs must be non-negative: {self}")
 
     def scaled(self, factor: float) -> ReplicaCosts:

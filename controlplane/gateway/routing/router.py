@@ -66,7 +66,9 @@ class Router:
             )
         candidates = [r for r in healthy if r.could_ever_fit(request)]
         if self.strategy in CAPACITY_AWARE:
-            candidates = [r for r in candidates if r.fits(request) and r.estimate_finish(request) <= deadline_s]
+            candidates = [
+                r for r in candidates if r.fits(request) and r.estimate_finish(request) <= deadline_s
+            ]
         if not candidates:
             return Rejection(
                 "saturated",
