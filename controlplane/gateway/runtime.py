@@ -111,8 +111,11 @@ class Gateway:
     async def _poll_forever(self) -> None:
         while True:
             await asyncio.sleep(gateway_setting("REFRESH_S"))
-            await self._maybe_refresh()
-            await asyncio.gather(*(self._poll(route, r) for route, r in self._replicas()))
+            try:
+                await self._maybe_refresh()
+                await asyncio.gather(*(self._poll(route, r) for route, r in self._replicas()))
+            except Exception:  # a failed refresh (e.g. the database) must not stop telemetry for good
+                log.exception("refreshing the served models failed")
 
     async def _poll(self, route: ModelRoute, state: ReplicaState) -> None:
         """One statistics call to the head: its health, free KV per stage and largest request."""
