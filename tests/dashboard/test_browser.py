@@ -140,7 +140,8 @@ def test_6_rebalance_proposes_the_planners_plan_from_current_health(page, server
     page.goto(f"/deployments/{server.seed['deployment_id']}/plan/")
     page.wait_for_selector("#check-status.ok")
     page.click("#rebalance")
-    page.wait_for_function("document.getElementById('proposal').textContent.startsWith('Proposal from the planner')")
+    page.wait_for_function(
+        "document.getElementById('proposal').textContent.startsWith('Proposal from the planner')")
     page.wait_for_selector("#check-status.ok")
     # The fleet did not change since revision 1: the proposal is the planner's plan, so it differs
     # from the applied revision 2 exactly by the boundary the operator moved.
