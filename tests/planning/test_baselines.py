@@ -34,16 +34,27 @@ def test_baseline_that_cannot_fit_is_infeasible():
         baseline_plan(request, "even", [["n/gpu0"]])
 
 
+def _example_models():
+    """The published configs, and the demo model `make run` deploys (the demo fleet is sized for it)."""
+    from worker_runtime.config import ModelConfig
+    from worker_runtime.make_demo_model import build_tokenizer, demo_config, parse_args
+
+    tokenizer = build_tokenizer()
+    demo = demo_config(parse_args(["unused"]), tokenizer.get_vocab_size(), tokenizer)
+    yield "motley-demo", ModelConfig.from_dict(demo)
+    for name in MODELS:
+        yield name, ModelConfig.from_file(ROOT / "examples" / "models" / name)
+
+
 @pytest.mark.parametrize("fleet_file", FLEETS, ids=lambda p: p.stem)
 def test_planner_never_worse_than_baselines_on_example_fleets(fleet_file):
     load_fleet_file = pytest.importorskip("controlplane.hardware.fleet_file").load_fleet_file
     profile_model = pytest.importorskip("controlplane.modelspec.profiler").profile_model
-    from worker_runtime.config import ModelConfig
 
     fleet_spec = load_fleet_file(fleet_file)
     compared = 0
-    for name in MODELS:
-        model = profile_model(ModelConfig.from_file(ROOT / "examples" / "models" / name), name)
+    for name, config in _example_models():
+        model = profile_model(config, name)
         request = PlanRequest(fleet_spec, model, Workload(batch=8, context=2048))
         try:
             own = plan(request)
