@@ -20,7 +20,8 @@ from tests.api.mixins import anonymous, api, user  # noqa: F401  (shared fixture
 TINY_CONFIG = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
     "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024,
-    "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "torch_dtype": "float32", "tie_word_embeddings": False,
+    "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "torch_dtype": "float32",
+    "tie_word_embeddings": False,
 }
 T4 = {"model": "T4", "memory_bytes": 16 * 1024**3, "memory_bandwidth_gbs": 320.0, "fp16_tflops": 65.0,
       "bf16_tflops": 0.0, "int8_tops": 130.0, "emulated": True}

@@ -17,7 +17,8 @@ URL = "/api/v1/deployments/"
 def test_anonymous_callers_and_agents_are_refused(anonymous, nodes, revision, sent):
     deployment = deployment_create(name="tiny", revision=revision)
     for method, url in [("get", URL), ("post", URL), ("get", f"{URL}{deployment.pk}/"),
-                        ("post", f"{URL}{deployment.pk}/stop/"), ("post", f"/api/v1/nodes/{nodes[0].pk}/drain/")]:
+                        ("post", f"{URL}{deployment.pk}/stop/"),
+                        ("post", f"/api/v1/nodes/{nodes[0].pk}/drain/")]:
         assert getattr(anonymous, method)(url, {}, format="json").status_code == 401, (method, url)
 
 
@@ -55,12 +56,13 @@ def test_a_plan_on_a_lost_device_is_refused_with_the_reason_and_leaves_nothing(a
 def test_apply_a_new_revision_and_stop(api, nodes, llm, revision, sent):
     deployment = deployment_create(name="tiny", revision=revision)
     moved = edited_plan(("n0/gpu0", 0, 3), ("n1/gpu0", 3, 4), ("n2/gpu0", 4, 6))
-    response = api.post(f"{URL}{deployment.pk}/apply/", {"plan": moved, "request": REQUEST, "source": "edited"},
-                        format="json")
+    body = {"plan": moved, "request": REQUEST, "source": "edited"}
+    response = api.post(f"{URL}{deployment.pk}/apply/", body, format="json")
     assert response.status_code == 200, response.content
     assert response.json()["revision_number"] == 2
     assert [s["layers"] for s in response.json()["stages"]] == [[0, 3], [3, 4], [4, 6]]
-    refused = api.post(f"{URL}{deployment.pk}/apply/", {"plan": edited_plan(("n0/gpu0", 0, 5))}, format="json")
+    short = {"plan": edited_plan(("n0/gpu0", 0, 5))}
+    refused = api.post(f"{URL}{deployment.pk}/apply/", short, format="json")
     assert_error(refused, 400, "layer")
     assert Deployment.objects.get().revision.number == 2
     stopped = api.post(f"{URL}{deployment.pk}/stop/")

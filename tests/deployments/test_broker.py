@@ -82,7 +82,8 @@ def test_reconcile_puts_json_start_tasks_on_each_nodes_queue_once(broker_app, no
         (message,) = drain(broker_app, f"node.{node.pk}")
         content_type, name, kwargs = message
         assert (content_type, name) == ("application/json", "motley.agent.start_stage")
-        assert kwargs["stage_key"] == f"d{deployment.pk}-r0-s{index}" and kwargs["spec"]["stage_index"] == index
+        assert kwargs["stage_key"] == f"d{deployment.pk}-r0-s{index}"
+        assert kwargs["spec"]["stage_index"] == index
         assert kwargs["device_index"] == 0
     assert drain(broker_app, f"node.{nodes[3].pk}") == []
 
@@ -93,7 +94,8 @@ def test_the_control_worker_refuses_a_pickled_task_and_accepts_a_json_one(tmp_pa
     monkeypatch.delenv("CELERY_BROKER_URL", raising=False)  # the sender below uses the worker's broker
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "controlplane.celery", "worker", "--pool", "solo",
-         "--queues", "control", "--loglevel", "INFO", "--without-heartbeat", "--without-gossip", "--without-mingle"],
+         "--queues", "control", "--loglevel", "INFO", "--without-heartbeat", "--without-gossip",
+         "--without-mingle"],
         env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:

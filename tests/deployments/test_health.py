@@ -60,7 +60,8 @@ def deploy_ready(revision, **options) -> Deployment:
     deployment = deployment_create(name="tiny", revision=revision, **options)
     deployment_reconcile(deployment_id=deployment.pk)
     for stage in deployment.stages.all():
-        node_heartbeat_record(node=stage.node, heartbeat={"stages": [report(stage, "ready", 100 + stage.stage_index)]})
+        ready = report(stage, "ready", 100 + stage.stage_index)
+        node_heartbeat_record(node=stage.node, heartbeat={"stages": [ready]})
     return deployment_reconcile(deployment_id=deployment.pk)
 
 

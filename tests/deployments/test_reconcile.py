@@ -21,7 +21,8 @@ def ready_all(deployment, pid_base: int = 100) -> None:
 
 
 def starts(tasks) -> dict[str, tuple[str, dict]]:
-    return {kw["stage_key"]: (queue, kw["spec"]) for queue, name, kw in tasks if name == "motley.agent.start_stage"}
+    return {kw["stage_key"]: (queue, kw["spec"])
+            for queue, name, kw in tasks if name == "motley.agent.start_stage"}
 
 
 def test_create_writes_wired_specs_and_reconcile_starts_each_stage_once(nodes, llm, revision, sent):
@@ -41,7 +42,7 @@ def test_create_writes_wired_specs_and_reconcile_starts_each_stage_once(nodes, l
     assert len({s["auth_token"] for s in specs}) == 1 and len(specs[0]["auth_token"]) > 30
     assert specs[0]["model_path"] == llm.path and specs[0]["device"] == "cpu"
     assert specs[0]["emulation"]["memory_bandwidth_gbs"] == 320.0
-    assert specs[0]["kv_tokens"] == 4 * 256  # an emulated device: what the workload needs, not its card's memory
+    assert specs[0]["kv_tokens"] == 4 * 256  # emulated: what the workload needs, not its card's memory
     assert [s["num_stages"] for s in specs] == [3, 3, 3]
     assert specs[0]["micro_batches"] >= 1 and "micro_batches" not in specs[1]
 
@@ -79,8 +80,8 @@ def test_moving_one_boundary_restarts_only_the_two_stages_it_touches(nodes, llm,
     deployment_reconcile(deployment_id=deployment.pk)
     sent.take()
 
-    moved = plan_revision_create(model=llm, plan=edited_plan(("n0/gpu0", 0, 3), ("n1/gpu0", 3, 4), ("n2/gpu0", 4, 6)),
-                                 request=REQUEST, source="edited")
+    moved_plan = edited_plan(("n0/gpu0", 0, 3), ("n1/gpu0", 3, 4), ("n2/gpu0", 4, 6))
+    moved = plan_revision_create(model=llm, plan=moved_plan, request=REQUEST, source="edited")
     deployment_apply(deployment=deployment, revision=moved)
     deployment_reconcile(deployment_id=deployment.pk)
     after = starts(sent.take())
@@ -106,8 +107,8 @@ def test_a_stage_moved_to_another_node_is_stopped_on_the_old_one(nodes, llm, rev
     ready_all(deployment)
     sent.take()
     # Stage 2 moves from n2 to n3: stopped on n2, started on n3; stage 1 is re-wired to it.
-    moved = plan_revision_create(model=llm, plan=edited_plan(("n0/gpu0", 0, 2), ("n1/gpu0", 2, 4), ("n3/gpu0", 4, 6)),
-                                 request=REQUEST, source="edited")
+    moved_plan = edited_plan(("n0/gpu0", 0, 2), ("n1/gpu0", 2, 4), ("n3/gpu0", 4, 6))
+    moved = plan_revision_create(model=llm, plan=moved_plan, request=REQUEST, source="edited")
     deployment_apply(deployment=deployment, revision=moved)
     deployment_reconcile(deployment_id=deployment.pk)
     tasks = sent.take()
@@ -139,7 +140,8 @@ def test_stop_stops_every_stage_and_ends_stopped_once_confirmed(nodes, revision,
     deployment_reconcile(deployment_id=deployment.pk)
     assert sent.take() == []
     for stage in deployment.stages.all():
-        stage_status_record(node=stage.node, status=report(stage, "exited", 100 + stage.stage_index, exit_code=0))
+        exited = report(stage, "exited", 100 + stage.stage_index, exit_code=0)
+        stage_status_record(node=stage.node, status=exited)
     assert deployment_reconcile(deployment_id=deployment.pk).status == Deployment.Status.STOPPED
     assert not deployment.stages.exists()
 
@@ -148,7 +150,8 @@ def test_a_failed_stage_fails_the_deployment_with_its_message(nodes, revision, s
     deployment = deployment_create(name="tiny", revision=revision)
     deployment_reconcile(deployment_id=deployment.pk)
     stage = deployment.stages.get(stage_index=1)
-    stage_status_record(node=stage.node, status=report(stage, "failed", 7, exit_code=1, message="out of memory"))
+    failed = report(stage, "failed", 7, exit_code=1, message="out of memory")
+    stage_status_record(node=stage.node, status=failed)
     deployment = deployment_reconcile(deployment_id=deployment.pk)
     assert deployment.status == Deployment.Status.FAILED and "out of memory" in deployment.status_message
 
@@ -156,13 +159,17 @@ def test_a_failed_stage_fails_the_deployment_with_its_message(nodes, revision, s
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        (lambda nodes, llm: Node.objects.filter(pk=nodes[1].pk).update(status=Node.Status.LOST), "n1 is lost"),
-        (lambda nodes, llm: Node.objects.filter(pk=nodes[2].pk).update(incarnation=0), "no agent has registered"),
-        (lambda nodes, llm: llm.__class__.objects.filter(pk=llm.pk).update(has_weights=False), "planning only"),
+        (lambda nodes, llm: Node.objects.filter(pk=nodes[1].pk).update(status=Node.Status.LOST),
+         "n1 is lost"),
+        (lambda nodes, llm: Node.objects.filter(pk=nodes[2].pk).update(incarnation=0),
+         "no agent has registered"),
+        (lambda nodes, llm: type(llm).objects.filter(pk=llm.pk).update(has_weights=False),
+         "planning only"),
     ],
 )
-def test_an_undeployable_plan_is_refused_with_the_reason_and_nothing_changes(nodes, llm, revision, sent, change,
-                                                                            reason):
+def test_an_undeployable_plan_is_refused_with_the_reason_and_nothing_changes(
+    nodes, llm, revision, sent, change, reason
+):
     change(nodes, llm)
     revision.refresh_from_db()
     with pytest.raises(ValidationError, match=reason):
@@ -171,21 +178,24 @@ def test_an_undeployable_plan_is_refused_with_the_reason_and_nothing_changes(nod
 
 
 def test_an_infeasible_plan_is_refused_by_the_planners_validation(nodes, llm, sent):
-    gap = plan_revision_create(model=llm, plan=edited_plan(("n0/gpu0", 0, 2), ("n1/gpu0", 3, 6)), request=REQUEST,
-                               source="edited")
+    gap_plan = edited_plan(("n0/gpu0", 0, 2), ("n1/gpu0", 3, 6))
+    gap = plan_revision_create(model=llm, plan=gap_plan, request=REQUEST, source="edited")
     with pytest.raises(ValidationError, match="layer"):
         deployment_create(name="tiny", revision=gap)
-    unknown = plan_revision_create(model=llm, plan=edited_plan(("n9/gpu0", 0, 6)), request=REQUEST, source="edited")
+    unknown = plan_revision_create(model=llm, plan=edited_plan(("n9/gpu0", 0, 6)), request=REQUEST,
+                                   source="edited")
     with pytest.raises(ValidationError, match="n9/gpu0 is not in the inventory"):
         deployment_create(name="tiny", revision=unknown)
 
 
 def test_a_device_another_deployment_uses_is_refused_and_left_out_of_re_plans(nodes, llm, revision, sent):
     deployment_create(name="first", revision=revision)
-    clash = plan_revision_create(model=llm, plan=edited_plan(("n1/gpu0", 0, 6)), request=REQUEST, source="edited")
+    clash = plan_revision_create(model=llm, plan=edited_plan(("n1/gpu0", 0, 6)), request=REQUEST,
+                                 source="edited")
     with pytest.raises(ValidationError, match="n1/gpu0 carries a stage of deployment first"):
         deployment_create(name="second", revision=clash)
-    free = plan_revision_create(model=llm, plan=edited_plan(("n3/gpu0", 0, 6)), request=REQUEST, source="edited")
+    free = plan_revision_create(model=llm, plan=edited_plan(("n3/gpu0", 0, 6)), request=REQUEST,
+                                source="edited")
     second = deployment_create(name="second", revision=free)
     Node.objects.filter(name="n3").update(status=Node.Status.LOST)
     second = deployment_reconcile(deployment_id=second.pk)

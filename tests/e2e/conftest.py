@@ -20,9 +20,9 @@ from tests.support.processes import REPO_ROOT, embedded_env
 @pytest.fixture(scope="session")
 def demo_model(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("e2e-model") / "demo-6"
-    subprocess.run([sys.executable, "-m", "worker_runtime.make_demo_model", str(out), "--layers", "6", "--hidden",
-                    "64", "--intermediate", "128", "--heads", "4", "--kv-heads", "2"], cwd=REPO_ROOT, check=True,
-                   capture_output=True)
+    shape = ["--layers", "6", "--hidden", "64", "--intermediate", "128", "--heads", "4", "--kv-heads", "2"]
+    subprocess.run([sys.executable, "-m", "worker_runtime.make_demo_model", str(out), *shape], cwd=REPO_ROOT,
+                   check=True, capture_output=True)
     return out
 
 
@@ -67,7 +67,8 @@ def service_system(tmp_path) -> Iterator[System]:
         connection.execute(f'CREATE DATABASE "{name}"')
     broker_url = broker_url.rsplit("/", 1)[0] + "/13"
     redis.Redis.from_url(broker_url).flushdb()
-    env = {**os.environ, **TIMING, "MOTLEY_VAR_DIR": str(tmp_path / "var"), "MOTLEY_STAGE_PORTS": _stage_ports(),
+    env = {**os.environ, **TIMING, "MOTLEY_VAR_DIR": str(tmp_path / "var"),
+           "MOTLEY_STAGE_PORTS": _stage_ports(),
            "DATABASE_URL": urlunsplit(urlsplit(database_url)._replace(path=f"/{name}")),
            "CELERY_BROKER_URL": broker_url, "CHANNEL_REDIS_URL": broker_url.rsplit("/", 1)[0] + "/12"}
     env.pop("DJANGO_SETTINGS_MODULE", None)

@@ -70,9 +70,8 @@ class System:
         self.port = free_port()
         self._spawn("control-plane", manage_argv("run_local", "--port", str(self.port), "--no-demo"))
         wait_for_http(f"{self.url}/api/schema/", timeout_s=60)
-        credentials = dict(
-            line.split(": ", 1) for line in (Path(self.env["MOTLEY_VAR_DIR"]) / "admin-credentials.txt").read_text().splitlines()
-        )
+        credentials_file = Path(self.env["MOTLEY_VAR_DIR"]) / "admin-credentials.txt"
+        credentials = dict(line.split(": ", 1) for line in credentials_file.read_text().splitlines())
         self.api_token = credentials["api_token"]
         self.join_token = self.manage("create_join_token", "--ttl", "10m").strip()
 
@@ -86,7 +85,8 @@ class System:
     def start_agent(self, name: str, join_token: str | None = None, node: str | None = None) -> None:
         """An agent named ``name`` emulating fleet node ``node`` (default: the node of that name)."""
         self._spawn(f"agent-{name}", [
-            sys.executable, "-m", "agents", "run", "--server", self.url, "--emulate", str(self.workdir / "fleet.yaml"),
+            sys.executable, "-m", "agents", "run", "--server", self.url,
+            "--emulate", str(self.workdir / "fleet.yaml"),
             "--node", node or name, "--name", name, "--address", "127.0.0.1",
             "--state-dir", str(self.workdir / "agents" / name), "--log-level", "WARNING",
         ], env={"MOTLEY_JOIN_TOKEN": join_token or self.join_token})
@@ -100,8 +100,8 @@ class System:
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         log = open(self.workdir / f"{name}.log", "w")  # noqa: SIM115  (closed with the process)
-        self.processes[name] = subprocess.Popen(argv, env={**self.env, **(env or {})}, cwd=REPO_ROOT, stdout=log,
-                                                stderr=subprocess.STDOUT, start_new_session=True)
+        self.processes[name] = subprocess.Popen(argv, env={**self.env, **(env or {})}, cwd=REPO_ROOT,
+                                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-2500:]}" for p in sorted(self.workdir.glob("*.log")))
@@ -140,7 +140,8 @@ class System:
             "import json, dataclasses;"
             "from controlplane.deployments.models import Deployment;"
             "from controlplane.deployments.selectors import deployment_endpoints;"
-            f"print(json.dumps([dataclasses.asdict(e) for e in deployment_endpoints(deployment=Deployment.objects.get(pk={pk}))]))"
+            f"endpoints = deployment_endpoints(deployment=Deployment.objects.get(pk={pk}));"
+            "print(json.dumps([dataclasses.asdict(e) for e in endpoints]))"
         )
         return json.loads(self.manage("shell", "-c", script).strip().splitlines()[-1])
 

@@ -4,6 +4,7 @@ moves only what changed, and a node killed with SIGKILL is detected, planned aro
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -27,7 +28,8 @@ def three_stages(*bounds: int) -> dict:
 
 def reference(model) -> list[int]:
     torch.set_num_threads(1)
-    return generate([Stage.load(model, 0, 6, kv_tokens=1024)], [PROMPT], SamplingParams(), max_new_tokens=MAX_TOKENS)[0]
+    stage = Stage.load(model, 0, 6, kv_tokens=1024)
+    return generate([stage], [PROMPT], SamplingParams(), max_new_tokens=MAX_TOKENS)[0]
 
 
 def tokens_through(system: System, deployment_id: int) -> list[int]:
@@ -35,7 +37,13 @@ def tokens_through(system: System, deployment_id: int) -> list[int]:
     assert endpoint["ready"]
 
     async def run() -> list[int]:
-        async with PipelineClient(endpoint["head_address"], endpoint["auth_token"], endpoint["pipeline_id"]) as client:
+        client = PipelineClient(endpoint["head_address"], endpoint["auth_token"], endpoint["pipeline_id"])
+        async with client:
+            # Every stage reported ready; the stages may still be connecting to each other.
+            deadline = time.monotonic() + 20
+            while not (health := await client.health())["ok"] and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert health["ok"], health
             return [e.token_id async for e in client.submit(PROMPT, SamplingParams(), max_tokens=MAX_TOKENS)]
 
     return asyncio.run(run())
@@ -45,10 +53,15 @@ def deploy(system: System, demo_model) -> int:
     system.manage("register_model", str(demo_model), "--name", "demo")
     model = system.get("/api/v1/models/?name=demo")["results"][0]["id"]
     system.start_agents(["n0", "n1", "n2"])
-    response = system.post("/api/v1/deployments/", {"name": "demo", "model": model, "plan": three_stages(2, 4),
-                                                   "request": REQUEST, "source": "edited"})
+    body = {"name": "demo", "model": model, "plan": three_stages(2, 4), "request": REQUEST,
+            "source": "edited"}
+    response = system.post("/api/v1/deployments/", body)
     assert response.status_code == 201, response.text
     return response.json()["id"]
+
+
+def node_status(system: System, name: str) -> str:
+    return {n["name"]: n["status"] for n in system.get("/api/v1/nodes/")["results"]}[name]
 
 
 def pids(deployment: dict) -> dict[str, int]:
@@ -77,11 +90,12 @@ def test_service_deploy_move_a_boundary_and_survive_a_lost_node(service_system, 
     assert tokens_through(system, pk) == expected
 
     # A new revision moving the boundary between stages 0 and 1: only those two restart.
-    response = system.post(f"/api/v1/deployments/{pk}/apply/", {"plan": three_stages(3, 4), "request": REQUEST,
-                                                               "source": "edited"})
+    body = {"plan": three_stages(3, 4), "request": REQUEST, "source": "edited"}
+    response = system.post(f"/api/v1/deployments/{pk}/apply/", body)
     assert response.status_code == 200, response.text
-    after = pids(wait_until(lambda: (d := system.deployment(pk))["status"] == "ready" and d["revision_number"] == 2
-                            and all(s["pid"] for s in d["stages"]) and d, 90, "revision 2 ready"))
+    after = pids(wait_until(
+        lambda: (d := system.deployment(pk))["status"] == "ready" and d["revision_number"] == 2
+        and all(s["pid"] for s in d["stages"]) and d, 90, "revision 2 ready"))
     changed = sorted(key[-2:] for key in after if after[key] != before[key])
     assert changed == ["s0", "s1"]
     assert tokens_through(system, pk) == expected
@@ -90,10 +104,10 @@ def test_service_deploy_move_a_boundary_and_survive_a_lost_node(service_system, 
     victims = [p for p in stage_processes(system.workdir) if "/agents/n1/" in " ".join(p.cmdline())]
     assert len(victims) == 1
     system.kill("agent-n1")
-    wait_until(lambda: [n for n in system.get("/api/v1/nodes/")["results"] if n["name"] == "n1"][0]["status"] == "lost",
-               20, "n1 lost")
+    wait_until(lambda: node_status(system, "n1") == "lost", 20, "n1 lost")
     wait_until(lambda: system.deployment(pk)["revision_number"] == 3, 20, "re-plan")
     final = system.wait_status(pk, "ready", 90)
     assert all(s["node_name"] != "n1" for s in final["stages"])
     assert tokens_through(system, pk) == expected
-    wait_until(lambda: not any(v.is_running() and v.status() != "zombie" for v in victims), 10, "n1's stage gone")
+    wait_until(lambda: not any(v.is_running() and v.status() != "zombie" for v in victims), 10,
+               "n1's stage gone")

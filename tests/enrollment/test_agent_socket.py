@@ -22,7 +22,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def register(join_token: str, name: str):
-    return agent_register(join_token=join_token, name=name, address="127.0.0.1", emulated=True, devices=[DEVICE])
+    return agent_register(join_token=join_token, name=name, address="127.0.0.1", emulated=True,
+                          devices=[DEVICE])
 
 
 async def connect(authorization: str | None, origin: bytes | None = None) -> WebsocketCommunicator:
@@ -39,7 +40,8 @@ def heartbeat(incarnation: int, stages=()) -> dict:
 
 async def test_without_a_valid_credential_the_socket_is_refused(join_token):
     a = await database_sync_to_async(register)(join_token, "node-a")
-    for authorization in (None, f"Token {a.credential}", f"Node {a.node.pk}:wrong", f"Node {a.node.pk + 1}:{a.credential}"):
+    wrong = (None, f"Token {a.credential}", f"Node {a.node.pk}:wrong", f"Node {a.node.pk + 1}:{a.credential}")
+    for authorization in wrong:
         communicator = await connect(authorization)
         connected, _ = await communicator.connect()
         assert not connected, authorization
@@ -106,7 +108,8 @@ async def test_a_node_cannot_update_another_nodes_stage(join_token, llm, sent):
     communicator = await connect(f"Node {b.node.pk}:{b.credential}")
     assert (await communicator.connect())[0]
     forged = {"stage_key": f"d{deployment.pk}-r0-s0", "deployment_id": deployment.pk, "replica": 0,
-              "stage_index": 0, "state": "failed", "pid": 4242, "exit_code": 1, "restarts": 9, "message": "forged"}
+              "stage_index": 0, "state": "failed", "pid": 4242, "exit_code": 1, "restarts": 9,
+              "message": "forged"}
     await communicator.send_json_to({"type": "stage_event", "incarnation": b.incarnation, "stage": forged})
     await communicator.send_json_to(heartbeat(b.incarnation, [forged]))
     assert await communicator.receive_nothing(0.3)

@@ -15,6 +15,7 @@ from tests.api.mixins import assert_error
 from tests.enrollment.conftest import registration
 
 URL = "/api/v1/agents/register/"
+SELF = "/api/v1/agents/self/"
 
 
 def test_a_join_token_registers_the_node_and_its_devices(anonymous, join_token, settings):
@@ -26,7 +27,8 @@ def test_a_join_token_registers_the_node_and_its_devices(anonymous, join_token, 
     assert body["queue"] == f"node.{node.pk}"
     assert body["broker_url"] == settings.MOTLEY_AGENT_BROKER_URL
     assert body["heartbeat_interval_s"] == settings.MOTLEY_AGENT_HEARTBEAT_INTERVAL_S
-    assert [(d.index, d.model_name, d.emulated) for d in node.devices.all()] == [(0, "T4", True), (1, "T4", True)]
+    devices = [(d.index, d.model_name, d.emulated) for d in node.devices.all()]
+    assert devices == [(0, "T4", True), (1, "T4", True)]
     assert node.status == Node.Status.READY and node.last_heartbeat is not None
     # Secrets are stored as digests only.
     stored = NodeCredential.objects.get(node=node)
@@ -40,14 +42,15 @@ def test_registering_again_bumps_the_incarnation_and_voids_the_old_credential(an
     second = anonymous.post(URL, registration(join_token, devices=1), format="json").json()
     assert (first["node_id"], first["incarnation"] + 1) == (second["node_id"], second["incarnation"])
     assert Node.objects.get().devices.count() == 1  # the agent is authoritative for its devices
-    old = anonymous.get("/api/v1/agents/self/", HTTP_AUTHORIZATION=f"Node {first['node_id']}:{first['node_credential']}")
+    old = anonymous.get(SELF, HTTP_AUTHORIZATION=f"Node {first['node_id']}:{first['node_credential']}")
     assert_error(old, 401, "invalid node credential")
-    new = anonymous.get("/api/v1/agents/self/", HTTP_AUTHORIZATION=f"Node {second['node_id']}:{second['node_credential']}")
+    new = anonymous.get(SELF, HTTP_AUTHORIZATION=f"Node {second['node_id']}:{second['node_credential']}")
     assert new.status_code == 200 and new.json()["incarnation"] == second["incarnation"]
 
 
 def test_a_wrong_token_is_refused(anonymous, join_token):
-    assert_error(anonymous.post(URL, registration("mjt_not-a-token"), format="json"), 403, "unknown join token")
+    response = anonymous.post(URL, registration("mjt_not-a-token"), format="json")
+    assert_error(response, 403, "unknown join token")
     assert not Node.objects.exists()
 
 
@@ -67,7 +70,8 @@ def test_an_expired_token_is_refused(anonymous, join_token):
 def test_malformed_registrations_are_refused_with_the_field(anonymous, join_token):
     bad_name = anonymous.post(URL, {**registration(join_token), "name": "a/b"}, format="json")
     assert_error(bad_name, 400, "name")
-    bad_device = anonymous.post(URL, {**registration(join_token), "devices": [{"model": "T4"}]}, format="json")
+    partial = {**registration(join_token), "devices": [{"model": "T4"}]}
+    bad_device = anonymous.post(URL, partial, format="json")
     assert_error(bad_device, 400, "devices", "device 0")
     assert not Node.objects.exists()
 
@@ -86,7 +90,7 @@ def test_create_join_token_prints_the_secret_once_with_its_ttl():
 def test_one_nodes_credential_cannot_authenticate_as_another(anonymous, join_token):
     a = anonymous.post(URL, registration(join_token, "node-a"), format="json").json()
     b = anonymous.post(URL, registration(join_token, "node-b"), format="json").json()
-    forged = anonymous.get("/api/v1/agents/self/", HTTP_AUTHORIZATION=f"Node {a['node_id']}:{b['node_credential']}")
+    forged = anonymous.get(SELF, HTTP_AUTHORIZATION=f"Node {a['node_id']}:{b['node_credential']}")
     assert_error(forged, 401, "invalid node credential")
     as_user = anonymous.get("/api/v1/agents/self/")
     assert as_user.status_code == 401
