@@ -11,8 +11,12 @@ from django.db import models
 from django.db.models import Q
 
 from controlplane.common.models import TimestampedModel
+from controlplane.gateway.routing import DEFAULT_STRATEGY, STRATEGIES
 from controlplane.inventory.models import Device, Node
 from controlplane.models_catalog.models import LlmModel
+
+# The gateway router's strategies (controlplane/gateway/routing/strategies.py), e.g. "round_robin".
+ROUTING_STRATEGY_CHOICES = [(name, name.replace("_", "-")) for name in STRATEGIES]
 
 
 class PlanRevision(TimestampedModel):
@@ -66,6 +70,10 @@ class Deployment(TimestampedModel):
     )
     replan_on_failure = models.BooleanField(
         default=True, help_text="Re-plan on the healthy devices when a node carrying a stage is lost."
+    )
+    routing_strategy = models.CharField(
+        max_length=32, choices=ROUTING_STRATEGY_CHOICES, default=DEFAULT_STRATEGY,
+        help_text="How the gateway chooses among the replicas (docs/gateway.md).",
     )
     stop_requested = models.BooleanField(default=False)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)

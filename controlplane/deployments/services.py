@@ -22,6 +22,7 @@ from django.utils import timezone
 from controlplane.deployments import dispatch
 from controlplane.deployments.models import Deployment, DeploymentReplica, DeploymentStage, PlanRevision
 from controlplane.deployments.requests import plan_request_from_dict
+from controlplane.gateway.routing import DEFAULT_STRATEGY, STRATEGIES
 from controlplane.inventory.models import Device, Node
 from controlplane.inventory.selectors import fleet_spec_from_inventory
 from controlplane.models_catalog.models import LlmModel
@@ -149,17 +150,46 @@ def _plan_request(
 
 @transaction.atomic
 def deployment_create(
-    *, name: str, revision: PlanRevision, replan_on_failure: bool = True, created_by=None
+    *, name: str, revision: PlanRevision, replan_on_failure: bool = True,
+    routing_strategy: str = DEFAULT_STRATEGY, created_by=None,
 ) -> Deployment:
     """Create a deployment whose desired state is ``revision`` and start deploying it."""
     _require_draft(revision)
+    _require_strategy(routing_strategy)
     if Deployment.objects.filter(name=name).exists():
         raise ValidationError({"name": f"a deployment named {name!r} exists"})
     checked = plan_revision_check(revision=revision)
     deployment = Deployment.objects.create(
-        name=name, model=revision.model, replan_on_failure=replan_on_failure, created_by=created_by
+        name=name, model=revision.model, replan_on_failure=replan_on_failure,
+        routing_strategy=routing_strategy, created_by=created_by,
     )
     _revision_apply(deployment=deployment, checked=checked)
+    return deployment
+
+
+def _require_strategy(strategy: str) -> None:
+    if strategy not in STRATEGIES:
+        raise ValidationError({"routing_strategy": f"unknown routing strategy {strategy!r}; "
+                                                   f"choose one of {', '.join(STRATEGIES)}"})
+
+
+@transaction.atomic
+def deployment_update(
+    *, deployment: Deployment, routing_strategy: str | None = None, replan_on_failure: bool | None = None
+) -> Deployment:
+    """Change the settings that need no new plan; the gateway picks a new strategy up at its next
+    refresh (in-flight requests finish where they are)."""
+    deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
+    fields = []
+    if routing_strategy is not None:
+        _require_strategy(routing_strategy)
+        deployment.routing_strategy = routing_strategy
+        fields.append("routing_strategy")
+    if replan_on_failure is not None:
+        deployment.replan_on_failure = replan_on_failure
+        fields.append("replan_on_failure")
+    if fields:
+        deployment.save(update_fields=[*fields, "last_updated"])
     return deployment
 
 

@@ -3,7 +3,7 @@ replicas, as ``ServedModel`` / ``ReplicaEndpoint`` (directory.py). ``served_mode
 default source) uses them unless a models file is configured.
 
 A model is served under its catalog name; replicas of several deployments of one model are routed
-together. Until the gateway calibrates replicas from their statistics, costs come from the plan's
+together, with the routing strategy of the oldest of them (``Deployment.routing_strategy``). Until the gateway calibrates replicas from their statistics, costs come from the plan's
 predictions: the predicted per-token latency as ``decode_step_s`` (at the planned batch, so it
 already holds the batch's share) and the predicted prefill over the planned prompt as
 ``prefill_s_per_token``; a replica's KV capacity is its smallest stage's planned ``kv_tokens``.
@@ -56,6 +56,7 @@ def served_models_from_deployments() -> list[ServedModel]:
         by_model[model.name] = ServedModel(
             name=model.name, tokenizer_path=model.path,
             replicas=(previous.replicas if previous else ()) + tuple(replicas),
+            strategy=previous.strategy if previous else deployment.routing_strategy,
         )
     return [served for served in by_model.values() if served.replicas]
 

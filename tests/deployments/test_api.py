@@ -87,3 +87,25 @@ def test_drain_is_refused_when_a_deployment_cannot_fit_without_the_node(api, nod
     response = api.post(f"/api/v1/nodes/{nodes[1].pk}/drain/")
     assert_error(response, 400, "cannot drain n1", "tiny")
     assert Node.objects.get(pk=nodes[1].pk).status == Node.Status.READY
+
+
+def test_routing_strategy_is_set_on_create_and_changed_by_patch(api, nodes, llm, sent):
+    response = api.post(URL, {"name": "tiny", "model": llm.pk, "plan": THREE_STAGES, "request": REQUEST,
+                              "routing_strategy": "round_robin"}, format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["routing_strategy"] == "round_robin"
+    detail = f"{URL}{response.json()['id']}/"
+    patched = api.patch(detail, {"routing_strategy": "least_outstanding_tokens"}, format="json")
+    assert patched.status_code == 200, patched.content
+    assert patched.json()["routing_strategy"] == "least_outstanding_tokens"
+    assert Deployment.objects.get().routing_strategy == "least_outstanding_tokens"
+    assert_error(api.patch(detail, {"routing_strategy": "fastest"}, format="json"), 400, "routing_strategy")
+    assert_error(api.patch(detail, {"name": "other"}, format="json"), 400, "cannot change name")
+    assert Deployment.objects.get().name == "tiny"
+
+
+def test_an_unknown_routing_strategy_is_refused_on_create(api, nodes, llm, sent):
+    response = api.post(URL, {"name": "tiny", "model": llm.pk, "plan": THREE_STAGES, "request": REQUEST,
+                              "routing_strategy": "fastest"}, format="json")
+    assert_error(response, 400, "routing_strategy")
+    assert not Deployment.objects.exists()

@@ -49,3 +49,10 @@ def test_the_default_source_serves_deployments_unless_a_models_file_is_set(deplo
                            '[{"pipeline_id": "p", "head_address": "tcp://h:1", "auth_token": "t"}]}]}')
     settings.MOTLEY_GATEWAY = {"MODELS_FILE": str(models_file)}
     assert [m.name for m in served_models()] == ["fixed"]
+
+
+def test_the_deployment_routing_strategy_is_the_served_models(deployment):
+    assert served_models_from_deployments()[0].strategy == "cost_aware"
+    Deployment.objects.filter(pk=deployment.pk).update(routing_strategy="round_robin")
+    (served,) = served_models_from_deployments()
+    assert served.strategy == "round_robin"

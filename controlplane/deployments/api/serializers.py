@@ -2,7 +2,9 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from controlplane.deployments.models import Deployment, DeploymentStage, PlanRevision
+from controlplane.gateway.routing import DEFAULT_STRATEGY
+
+from controlplane.deployments.models import ROUTING_STRATEGY_CHOICES, Deployment, DeploymentStage, PlanRevision
 from controlplane.models_catalog.models import LlmModel
 
 
@@ -43,7 +45,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
         model = Deployment
         fields = [
             "id", "url", "name", "model", "model_name", "revision", "revision_number", "replan_on_failure",
-            "status", "status_message", "stop_requested", "stages", "created", "last_updated",
+            "routing_strategy", "status", "status_message", "stop_requested", "stages", "created", "last_updated",
         ]
 
     def get_stages(self, deployment: Deployment) -> list[dict]:
@@ -73,9 +75,26 @@ class DeploymentCreateSerializer(PlanInputSerializer):
     name = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
     model = serializers.PrimaryKeyRelatedField(queryset=LlmModel.objects.all(), required=False)
     replan_on_failure = serializers.BooleanField(default=True)
+    routing_strategy = serializers.ChoiceField(choices=ROUTING_STRATEGY_CHOICES, default=DEFAULT_STRATEGY)
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
         if "plan" in attrs and "model" not in attrs:
             raise serializers.ValidationError({"model": "required with a plan"})
+        return attrs
+
+
+class DeploymentUpdateSerializer(serializers.Serializer):
+    """What a PATCH may change without a new plan."""
+
+    routing_strategy = serializers.ChoiceField(choices=ROUTING_STRATEGY_CHOICES, required=False)
+    replan_on_failure = serializers.BooleanField(required=False)
+
+    def validate(self, attrs):
+        unknown = sorted(set(self.initial_data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError(
+                f"cannot change {', '.join(unknown)} here; a new plan goes through apply/, "
+                f"only {', '.join(self.fields)} may be patched"
+            )
         return attrs

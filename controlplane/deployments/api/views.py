@@ -41,9 +41,17 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
             revision = _revision_from(values, model=values.get("model"))
             deployment = services.deployment_create(
                 name=values["name"], revision=revision, replan_on_failure=values["replan_on_failure"],
-                created_by=request.user,
+                routing_strategy=values["routing_strategy"], created_by=request.user,
             )
         return Response(self._detail(deployment), status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=serializers.DeploymentUpdateSerializer, responses=serializers.DeploymentSerializer)
+    def partial_update(self, request, pk=None):
+        """Change the routing strategy or replan_on_failure; a new plan goes through apply."""
+        data = serializers.DeploymentUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        deployment = services.deployment_update(deployment=self.get_object(), **data.validated_data)
+        return Response(self._detail(deployment))
 
     @extend_schema(request=serializers.PlanInputSerializer, responses=serializers.DeploymentSerializer)
     @action(detail=True, methods=["post"])
