@@ -1,9 +1,11 @@
 """The stored form of a plan request (everything but the fleet and the model) and back.
 
 A plan revision keeps the request it was planned for, so that a re-plan after a failure asks the
-planner the same question about the fleet as it is now.
+planner the same question about the fleet as it is now. The form is the body the plans API takes
+(POST /api/v1/plans/, less ``model``), so a request travels unchanged from the API or the plan
+editor into a revision:
 
-    {"workload": {"batch": 8, "context": 4096, "prompt_tokens": null}, "objective": "throughput",
+    {"batch": 8, "context": 4096, "prompt_tokens": null, "objective": "throughput",
      "bits": [16, 8, 4], "max_quantized": 0.5, "replicas": "auto",
      "pins": [{"device": "n1/gpu0", "start": 0, "end": 8}], "exclude_nodes": [], "exclude_devices": []}
 
@@ -18,20 +20,31 @@ from controlplane.hardware.specs import FleetSpec
 from controlplane.modelspec.profile import ModelProfile
 from controlplane.planning import Pin, PlanningError, PlanRequest, Workload
 
+WORKLOAD_KEYS = ("batch", "context", "prompt_tokens")
+RULE_KEYS = ("objective", "bits", "max_quantized", "replicas", "pins", "exclude_nodes", "exclude_devices")
+REQUEST_KEYS = WORKLOAD_KEYS + RULE_KEYS
+
 
 def plan_request_from_dict(
-    data: Mapping[str, Any], *, fleet: FleetSpec, profile: ModelProfile, exclude_nodes: tuple[str, ...] = (),
+    data: Mapping[str, Any],
+    *,
+    fleet: FleetSpec,
+    profile: ModelProfile,
+    exclude_nodes: tuple[str, ...] = (),
     exclude_devices: tuple[str, ...] = (),
 ) -> PlanRequest:
     """A PlanRequest for this fleet and model, with more exclusions than the stored ones (a node being
-    drained, devices other deployments use); PlanningError names a malformed field."""
+    drained, devices other deployments use); PlanningError names a malformed or unknown field."""
+    unknown = sorted(set(data) - set(REQUEST_KEYS))
+    if unknown:
+        raise PlanningError(
+            f"request: unknown field(s) {', '.join(unknown)} (known: {', '.join(REQUEST_KEYS)})"
+        )
     try:
-        options: dict[str, Any] = {}
-        if "workload" in data:
-            options["workload"] = Workload(**dict(data["workload"]))
-        for key in ("objective", "max_quantized", "replicas"):
-            if key in data:
-                options[key] = data[key]
+        options: dict[str, Any] = {
+            key: data[key] for key in ("objective", "max_quantized", "replicas") if key in data
+        }
+        options["workload"] = Workload(**{key: data[key] for key in WORKLOAD_KEYS if key in data})
         if "bits" in data:
             options["bits"] = tuple(int(b) for b in data["bits"])
         options["pins"] = tuple(Pin(**dict(p)) for p in data.get("pins", ()))

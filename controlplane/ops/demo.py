@@ -61,7 +61,18 @@ def demo_fleet_prepare(*, fleet_file: Path = DEMO_FLEET) -> DemoFleet:
 
 
 def agent_argv(*, server: str, fleet_file: Path, node: str) -> list[str]:
-    return [sys.executable, "-m", "agents", "run", "--server", server, "--emulate", str(fleet_file), "--node", node]
+    return [
+        sys.executable,
+        "-m",
+        "agents",
+        "run",
+        "--server",
+        server,
+        "--emulate",
+        str(fleet_file),
+        "--node",
+        node,
+    ]
 
 
 def demo_agents_wait(*, demo: DemoFleet, timeout_s: float = 120.0) -> None:
@@ -81,7 +92,7 @@ def demo_deployment_ensure(*, model: LlmModel, demo: DemoFleet) -> Deployment:
     if existing is not None:
         return existing
     node_ids = Node.objects.filter(name__in=demo.incarnations).values_list("pk", flat=True)
-    request = plan_request_from_inventory(model=model, node_ids=node_ids, **DEMO_REQUEST)
+    request = plan_request_from_inventory(model=model, request=DEMO_REQUEST, node_ids=node_ids)
     revision = plan_revision_create(
         model=model, plan=plan_to_dict(plan(request)), request=DEMO_REQUEST, source="planner"
     )

@@ -13,7 +13,7 @@ from tests.support.processes import REPO_ROOT
 
 LAB_FLEET = REPO_ROOT / "examples" / "fleets" / "lab-3node.yaml"
 LLAMA3_8B = REPO_ROOT / "examples" / "models" / "Llama-3-8B" / "config.json"
-REQUEST = {"workload": {"batch": 4, "context": 2048}}  # as the controller stores it
+REQUEST = {"batch": 4, "context": 2048}  # as a revision stores it
 OPERATOR = ("operator", "correct horse battery")
 
 
@@ -26,7 +26,7 @@ def running_deployment_create(*, model, name: str = "chat"):
     from controlplane.planning import plan, plan_to_dict
     from controlplane.plans.selectors import plan_request_from_inventory
 
-    planned = plan_to_dict(plan(plan_request_from_inventory(model=model, **REQUEST["workload"])))
+    planned = plan_to_dict(plan(plan_request_from_inventory(model=model, request=REQUEST)))
     deployment = Deployment.objects.create(name=name, model=model, status=Deployment.Status.READY)
     revision = PlanRevision.objects.create(
         model=model, deployment=deployment, number=1, plan=planned, request=REQUEST,

@@ -25,7 +25,7 @@ TINY_CONFIG = {
 }
 T4 = {"model": "T4", "memory_bytes": 16 * 1024**3, "memory_bandwidth_gbs": 320.0, "fp16_tflops": 65.0,
       "bf16_tflops": 0.0, "int8_tops": 130.0, "emulated": True}
-REQUEST = {"workload": {"batch": 4, "context": 256}, "replicas": 1}
+REQUEST = {"batch": 4, "context": 256, "replicas": 1}
 
 
 @dataclass

@@ -16,7 +16,7 @@ from worker_runtime.sampling import SamplingParams
 from worker_runtime.stage import Stage
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
-REQUEST = {"workload": {"batch": 4, "context": 256}, "replicas": 1}
+REQUEST = {"batch": 4, "context": 256, "replicas": 1}
 PROMPT, MAX_TOKENS = [5, 6, 7, 8], 8
 
 

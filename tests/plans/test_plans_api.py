@@ -7,10 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.deployments.models import PlanRevision
 from controlplane.hardware.fleet_file import load_fleet_file
 from controlplane.inventory.models import Node
 from controlplane.inventory.services import fleet_import
 from controlplane.models_catalog.services import model_register
+from controlplane.planning import PlanningError
+from controlplane.plans.selectors import plan_request_from_inventory
 from tests.api.mixins import assert_error
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -59,7 +62,9 @@ def test_preview_routes_around_a_lost_node(api, lab, llama3_8b):
 
 def test_baseline_is_never_better_than_the_planner(api, lab, llama3_8b):
     planned = api.post("/api/v1/plans/", {"model": llama3_8b.id, "replicas": 1}, format="json").json()
-    even = api.post("/api/v1/plans/", {"model": llama3_8b.id, "replicas": 1, "baseline": "even"}, format="json")
+    even = api.post(
+        "/api/v1/plans/", {"model": llama3_8b.id, "replicas": 1, "baseline": "even"}, format="json"
+    )
     assert even.status_code == 200, even.content
     assert planned["predicted"]["decode_tokens_per_s"] >= even.json()["predicted"]["decode_tokens_per_s"]
 
@@ -115,13 +120,34 @@ def test_validate_prices_a_valid_edit_next_to_the_planner(api, lab, llama3_8b):
     moved[1]["layers"][0] -= 1
     body = api.post("/api/v1/plans/validate/", {"model": llama3_8b.id, "plan": edited}, format="json").json()
     if body["valid"]:
-        assert body["predicted"]["predicted"]["decode_tokens_per_s"] <= body["reference"]["predicted"][
-            "decode_tokens_per_s"
-        ] * 1.0001
+        assert (
+            body["predicted"]["predicted"]["decode_tokens_per_s"]
+            <= body["reference"]["predicted"]["decode_tokens_per_s"] * 1.0001
+        )
     else:  # moving one layer may overflow a full card: then the problem says which
         assert any(problem["code"] == "over_memory" for problem in body["problems"])
 
 
 def test_validate_refuses_a_plan_without_replicas(api, lab, llama3_8b):
-    response = api.post("/api/v1/plans/validate/", {"model": llama3_8b.id, "plan": {"stages": []}}, format="json")
+    response = api.post(
+        "/api/v1/plans/validate/", {"model": llama3_8b.id, "plan": {"stages": []}}, format="json"
+    )
     assert_error(response, 400, "plan")
+
+
+def test_save_stores_a_draft_revision_with_the_request_as_sent(api, lab, llama3_8b):
+    body = {"model": llama3_8b.id, "batch": 2, "context": 1024, "replicas": 1, "save": True}
+    response = api.post("/api/v1/plans/", body, format="json")
+    assert response.status_code == 201, response.content
+    revision = PlanRevision.objects.get(pk=response.json()["revision"])
+    assert revision.status == PlanRevision.Status.DRAFT and revision.model == llama3_8b
+    assert revision.request["batch"] == 2 and revision.request["context"] == 1024
+    assert revision.plan["replicas"] == response.json()["replicas"]
+    # The stored request asks the planner the same question again.
+    again = api.post("/api/v1/plans/", {"model": llama3_8b.id, **revision.request}, format="json").json()
+    assert again["predicted"] == response.json()["predicted"]
+
+
+def test_stored_requests_with_unknown_fields_are_refused(lab, llama3_8b):
+    with pytest.raises(PlanningError, match="unknown field.*workload"):
+        plan_request_from_inventory(model=llama3_8b, request={"workload": {"batch": 2}})

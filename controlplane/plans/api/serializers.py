@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from controlplane.deployments.models import Deployment
 from controlplane.models_catalog.models import LlmModel
 
 
@@ -30,8 +31,8 @@ class PinSerializer(serializers.Serializer):
         return attrs
 
 
-class PlanRequestSerializer(serializers.Serializer):
-    """What to plan: a registered model, the workload and the operator's rules."""
+class PlanOptionsSerializer(serializers.Serializer):
+    """A registered model, the workload and the operator's rules (a revision stores all but the model)."""
 
     model = serializers.PrimaryKeyRelatedField(queryset=LlmModel.objects.all())
     batch = serializers.IntegerField(min_value=1, default=8, help_text="Concurrent sequences per replica.")
@@ -46,23 +47,37 @@ class PlanRequestSerializer(serializers.Serializer):
     pins = PinSerializer(many=True, default=list)
     exclude_nodes = serializers.ListField(child=serializers.CharField(), default=list)
     exclude_devices = serializers.ListField(child=serializers.CharField(), default=list)
-    baseline = serializers.ChoiceField(
-        choices=["even", "memory"], required=False, help_text="Plan with a baseline instead of the planner."
-    )
 
     def validate(self, attrs):
         prompt = attrs.get("prompt_tokens")
         if prompt is not None and prompt > attrs["context"]:
             raise serializers.ValidationError({"prompt_tokens": "must not exceed context"})
+        pins = attrs.get("pins")
+        if pins is not None:
+            attrs["pins"] = [dict(pin) for pin in pins]  # stored as plain JSON in a revision
         return attrs
 
 
-class PlanValidateSerializer(PlanRequestSerializer):
+class PlanRequestSerializer(PlanOptionsSerializer):
+    """What to plan, and whether to keep the plan as a draft revision."""
+
+    baseline = serializers.ChoiceField(
+        choices=["even", "memory"], required=False, help_text="Plan with a baseline instead of the planner."
+    )
+    save = serializers.BooleanField(default=False, help_text="Store the plan as a draft revision (201).")
+    deployment = serializers.PrimaryKeyRelatedField(
+        queryset=Deployment.objects.all(), required=False, help_text="The deployment the draft is for."
+    )
+
+
+class PlanValidateSerializer(PlanOptionsSerializer):
     """An operator-edited plan (the planner's JSON, see docs/planner.md) and the request to judge it by."""
 
     plan = serializers.JSONField()
 
     def validate_plan(self, value):
         if not isinstance(value, dict) or not isinstance(value.get("replicas"), list):
-            raise serializers.ValidationError('expected the planner\'s JSON: an object with a "replicas" list')
+            raise serializers.ValidationError(
+                'expected the planner\'s JSON: an object with a "replicas" list'
+            )
         return value

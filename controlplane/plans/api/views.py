@@ -1,6 +1,8 @@
-"""POST /api/v1/plans/ (preview) and POST /api/v1/plans/validate/ (what-if of an edited plan)."""
+"""POST /api/v1/plans/ (preview, or store as a draft revision) and POST /api/v1/plans/validate/."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
@@ -10,37 +12,56 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.deployments.requests import REQUEST_KEYS
+from controlplane.deployments.services import plan_revision_create
+from controlplane.planning import PlanningError, PlanRequest, baseline_plan, plan, plan_to_dict, validate
 from controlplane.plans.api.serializers import PlanRequestSerializer, PlanValidateSerializer
 from controlplane.plans.selectors import plan_request_from_inventory
-from controlplane.planning import PlanningError, baseline_plan, plan, plan_to_dict, validate
 
 
-def _request_from(serializer) -> tuple:
+def _planner_request(serializer) -> tuple[PlanRequest, dict[str, Any], dict[str, Any]]:
+    """The validated body, its request in stored form, and the planner's request built from it."""
     serializer.is_valid(raise_exception=True)
-    options = dict(serializer.validated_data)
-    options.pop("baseline", None)
-    options.pop("plan", None)
+    values = serializer.validated_data
+    stored = {key: values[key] for key in REQUEST_KEYS}
     try:
-        return plan_request_from_inventory(**options), serializer.validated_data
+        return plan_request_from_inventory(model=values["model"], request=stored), stored, values
     except PlanningError as exc:
         raise ValidationError({"request": str(exc)}) from None
 
 
 class PlanPreviewView(APIView):
-    """Plan the model on the inventory as it is now; nothing is stored or deployed."""
+    """Plan the model on the inventory as it is now. Nothing is deployed; with ``"save": true`` the
+    plan is stored as a draft revision that a deployment can then be created from or apply."""
 
-    @extend_schema(request=PlanRequestSerializer, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(
+        request=PlanRequestSerializer, responses={200: OpenApiTypes.OBJECT, 201: OpenApiTypes.OBJECT}
+    )
     def post(self, request: Request) -> Response:
-        plan_request, options = _request_from(PlanRequestSerializer(data=request.data))
+        plan_request, stored, values = _planner_request(PlanRequestSerializer(data=request.data))
         try:
-            result = baseline_plan(plan_request, options["baseline"]) if "baseline" in options else plan(plan_request)
+            result = (
+                baseline_plan(plan_request, values["baseline"])
+                if values.get("baseline")
+                else plan(plan_request)
+            )
         except PlanningError as exc:
             # Infeasible is an answer about the request, not a server fault: say why, with the shortfall.
             return Response(
                 {"error": {"code": "infeasible", "message": str(exc), "details": {}}},
                 status=status.HTTP_422_UNPROCESSABLE_ENTITY,
             )
-        return Response(plan_to_dict(result))
+        body = plan_to_dict(result)
+        if not values["save"]:
+            return Response(body)
+        revision = plan_revision_create(
+            model=values["model"],
+            plan=body,
+            request=stored,
+            source="planner",
+            deployment=values.get("deployment"),
+        )
+        return Response({**body, "revision": revision.pk}, status=status.HTTP_201_CREATED)
 
 
 class PlanValidateView(APIView):
@@ -48,8 +69,8 @@ class PlanValidateView(APIView):
 
     @extend_schema(request=PlanValidateSerializer, responses={200: OpenApiTypes.OBJECT})
     def post(self, request: Request) -> Response:
-        plan_request, options = _request_from(PlanValidateSerializer(data=request.data))
-        report = validate(options["plan"], plan_request)
+        plan_request, _, values = _planner_request(PlanValidateSerializer(data=request.data))
+        report = validate(values["plan"], plan_request)
         return Response(
             {
                 "valid": not report.problems,

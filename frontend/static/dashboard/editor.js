@@ -3,11 +3,9 @@
 import { postJSON } from "./api.js";
 
 const editor = JSON.parse(document.getElementById("editor-data").textContent);
-// A revision stores its request as the controller reads it ({"workload": {"batch", "context", ...},
-// "objective", ...}); the plans API takes the workload's fields flat. Apply sends the stored form back.
-const REQUEST_KEYS = ["objective", "bits", "max_quantized", "replicas", "pins", "exclude_nodes", "exclude_devices"];
+// A revision stores its request in the plans API's own form (controlplane/deployments/requests.py),
+// so the editor sends it back unchanged to validate, rebalance and apply.
 const stored = editor.request || {};
-const request = { ...Object.fromEntries(Object.entries(stored).filter(([k]) => REQUEST_KEYS.includes(k))), ...(stored.workload || {}) };
 const layers = editor.model.num_layers;
 const placement = (plan) => ({ replicas: plan.replicas.map((r) => ({
   micro_batches: r.micro_batches, stages: r.stages.map((s) => ({ device: s.device, layers: [...s.layers], bits: s.bits })) })) });
@@ -139,7 +137,7 @@ async function validate() {
   document.getElementById("apply").disabled = true;
   renderCheck();
   try {
-    const result = await postJSON("/api/v1/plans/validate/", { ...request, model: editor.model.id, plan: edited });
+    const result = await postJSON("/api/v1/plans/validate/", { ...stored, model: editor.model.id, plan: edited });
     if (seq === checkSeq) { check = result; renderCheck(); }
   } catch (error) {
     if (seq !== checkSeq) return;
@@ -168,7 +166,7 @@ function main() {
     proposal.className = "card";
     proposal.textContent = "asking the planner for a fresh plan from current health and calibration…";
     try {
-      const plan = await postJSON("/api/v1/plans/", { ...request, model: editor.model.id });
+      const plan = await postJSON("/api/v1/plans/", { ...stored, model: editor.model.id });
       proposal.textContent = `Proposal from the planner: ${fmt(plan.predicted.decode_tokens_per_s)} tokens/s predicted, ` +
         `bottleneck ${plan.bottleneck.device}. Review it below and apply it, or reset.`;
       edit(() => { edited = placement(plan); });

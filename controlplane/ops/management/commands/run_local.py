@@ -12,8 +12,12 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from controlplane.ops import demo
-from controlplane.ops.process_group import (ProcessGroup, python_argv, raise_keyboard_interrupt_on_sigterm,
-                                           wait_for_port)
+from controlplane.ops.process_group import (
+    ProcessGroup,
+    python_argv,
+    raise_keyboard_interrupt_on_sigterm,
+    wait_for_port,
+)
 from controlplane.ops.services import admin_ensure
 
 
@@ -24,17 +28,28 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--no-demo", action="store_true", help="start only the control plane")
-        parser.add_argument("--demo-model", type=Path, default=settings.VAR_DIR / "demo-model",
-                            help="checkpoint directory of the demo model (generated when missing)")
-        parser.add_argument("--demo-fleet", type=Path, default=demo.DEMO_FLEET,
-                            help="fleet file the local agents emulate")
+        parser.add_argument(
+            "--demo-model",
+            type=Path,
+            default=settings.VAR_DIR / "demo-model",
+            help="checkpoint directory of the demo model (generated when missing)",
+        )
+        parser.add_argument(
+            "--demo-fleet", type=Path, default=demo.DEMO_FLEET, help="fleet file the local agents emulate"
+        )
 
-    def handle(self, *args, host: str, port: int, no_demo: bool, demo_model: Path, demo_fleet: Path, **options):
+    def handle(
+        self, *args, host: str, port: int, no_demo: bool, demo_model: Path, demo_fleet: Path, **options
+    ):
         account = admin_ensure(credentials_path=settings.VAR_DIR / "admin-credentials.txt")
         if account.created:
-            self.stdout.write(f"Created superuser '{account.username}'; credentials in {account.credentials_path}")
+            self.stdout.write(
+                f"Created superuser '{account.username}'; credentials in {account.credentials_path}"
+            )
         else:
-            self.stdout.write(f"An admin account exists (first credentials, if generated: {account.credentials_path})")
+            self.stdout.write(
+                f"An admin account exists (first credentials, if generated: {account.credentials_path})"
+            )
         raise_keyboard_interrupt_on_sigterm()
         group = ProcessGroup()
         base = f"http://{host}:{port}"
@@ -52,17 +67,39 @@ class Command(BaseCommand):
             group.stop()
 
     def _start_control_plane(self, group: ProcessGroup, host: str, port: int) -> None:
-        group.start("asgi", python_argv("-m", "daphne", "-b", host, "-p", str(port), "controlplane.asgi:application"))
+        group.start(
+            "asgi", python_argv("-m", "daphne", "-b", host, "-p", str(port), "controlplane.asgi:application")
+        )
         group.start(
             "celery",
-            python_argv("-m", "celery", "-A", "controlplane.celery", "worker", "--loglevel", "WARNING",
-                        "--concurrency", "2", "--queues", "control"),
+            python_argv(
+                "-m",
+                "celery",
+                "-A",
+                "controlplane.celery",
+                "worker",
+                "--loglevel",
+                "WARNING",
+                "--concurrency",
+                "2",
+                "--queues",
+                "control",
+            ),
         )
         # Periodic control tasks: node health (heartbeats missed) and the level-triggered reconcile.
         group.start(
             "beat",
-            python_argv("-m", "celery", "-A", "controlplane.celery", "beat", "--loglevel", "WARNING",
-                        "--schedule", str(settings.VAR_DIR / "celerybeat-schedule")),
+            python_argv(
+                "-m",
+                "celery",
+                "-A",
+                "controlplane.celery",
+                "beat",
+                "--loglevel",
+                "WARNING",
+                "--schedule",
+                str(settings.VAR_DIR / "celerybeat-schedule"),
+            ),
         )
 
     def _start_demo(self, group: ProcessGroup, base: str, model_dir: Path, fleet_file: Path) -> None:
@@ -70,8 +107,11 @@ class Command(BaseCommand):
         model = demo.demo_model_ensure(path=model_dir)
         fleet = demo.demo_fleet_prepare(fleet_file=fleet_file)
         for node in fleet.fleet.nodes:
-            group.start(f"agent {node.name}", demo.agent_argv(server=base, fleet_file=fleet_file, node=node.name),
-                        env={"MOTLEY_JOIN_TOKEN": fleet.join_token})
+            group.start(
+                f"agent {node.name}",
+                demo.agent_argv(server=base, fleet_file=fleet_file, node=node.name),
+                env={"MOTLEY_JOIN_TOKEN": fleet.join_token},
+            )
         demo.demo_agents_wait(demo=fleet)
         deployment = demo.demo_deployment_ensure(model=model, demo=fleet)
         self.stdout.write(f"demo: deploying {deployment.name} ({deployment.revision.plan['explanation'][0]})")
@@ -81,6 +121,6 @@ class Command(BaseCommand):
             f"demo: READY. Send a request:\n"
             f"  curl {base}/v1/chat/completions -H 'Authorization: Bearer {key}' "
             f"-H 'Content-Type: application/json' "
-            f"-d '{{\"model\": \"{model.name}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'\n"
+            f'-d \'{{"model": "{model.name}", "messages": [{{"role": "user", "content": "Hello"}}]}}\'\n'
             f"  (the key is also in {settings.VAR_DIR / 'demo-api-key.txt'})"
         )
