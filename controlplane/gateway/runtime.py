@@ -4,6 +4,12 @@ One ``Gateway`` per event loop (the ASGI server runs one), since pipeline client
 that opened them. The served models are re-read from the directory every ``REFRESH_S`` seconds and
 each replica's head is asked for its statistics at the same pace (free KV, health), in the
 background, so no request waits on telemetry.
+
+A replica is routed to only once its head said it is healthy: a deployment is READY when each stage
+process reported ready, but the stages connect to each other just after, and until then the head's
+``health()`` (part of its stats) is not ok. A new replica is asked once before any request can be
+routed to it; one that is not serving yet (or does not answer) stays out, 503 when no replica is
+left, until a later background poll finds it healthy.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import asyncio
 import logging
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -49,6 +55,7 @@ class Gateway:
         self._refreshed = float("-inf")
         self._lock = asyncio.Lock()
         self._poller: asyncio.Task | None = None
+        self._asked: set[str] = set()  # pipeline ids whose head was asked for its stats at least once
 
     async def route(self, name: str) -> ModelRoute | None:
         await self._maybe_refresh()
@@ -67,6 +74,7 @@ class Gateway:
             served = await sync_to_async(self._source, thread_sensitive=True)()
             new = [self._sync(model) for model in served]
             self.routes = {route.served.name: route for route in new}
+            self._asked &= {r.replica_id for _, r in self._replicas()}
             self._refreshed = time.monotonic()
             await self._poll_new()
             if self._poller is None or self._poller.done():
@@ -81,9 +89,10 @@ class Gateway:
         replicas = []
         for endpoint in served.replicas:
             state = states.get(endpoint.pipeline_id)
-            if state is None:
+            if state is None:  # not routable until its head says the pipeline is serving
                 state = ReplicaState(
-                    endpoint.pipeline_id, endpoint.costs, endpoint.kv_tokens or 0, endpoint.health
+                    endpoint.pipeline_id, endpoint.costs, endpoint.kv_tokens or 0,
+                    replace(endpoint.health, ok=False),
                 )
                 clients[endpoint.pipeline_id] = self._client_class(
                     endpoint.head_address, endpoint.auth_token, endpoint.pipeline_id,
@@ -102,8 +111,10 @@ class Gateway:
         return ModelRoute(served, tokenizer, router, clients, health)
 
     async def _poll_new(self) -> None:
-        """A replica whose KV budget is not known yet is asked before it is routed to."""
-        await asyncio.gather(*(self._poll(route, r) for route, r in self._replicas() if not r.kv_capacity))
+        """A replica never heard from is asked (health, KV budget) before it is routed to."""
+        await asyncio.gather(*(
+            self._poll(route, r) for route, r in self._replicas() if r.replica_id not in self._asked
+        ))
 
     def _replicas(self) -> list[tuple[ModelRoute, ReplicaState]]:
         return [(route, r) for route in self.routes.values() for r in route.router.replicas]
@@ -120,6 +131,7 @@ class Gateway:
     async def _poll(self, route: ModelRoute, state: ReplicaState) -> None:
         """One statistics call to the head: its health, free KV per stage and largest request."""
         directory_health = route.health.get(state.replica_id, ReplicaHealth())
+        self._asked.add(state.replica_id)
         try:
             stats = await route.clients[state.replica_id].stats()
         except Exception as exc:  # any failure to answer makes the replica unroutable until it answers

@@ -19,6 +19,8 @@ class Script:
     delay_s: float = 0.0
     error: Exception | None = None
     kv_tokens: int = 4096
+    planned_kv_tokens: int | None = None  # the directory's figure (the plan's), as the controller gives it
+    healthy: bool = True  # the head's health()["ok"]: False until every stage joined the pipeline
 
 
 class FakePipelineClient:
@@ -61,7 +63,8 @@ class FakePipelineClient:
 
     async def stats(self) -> dict:
         kv = self.scripts[self.pipeline_id].kv_tokens
-        return {"ok": True, "kv_tokens_free_by_stage": {"0": kv}, "max_request_tokens": kv, "stages": []}
+        ok = self.scripts[self.pipeline_id].healthy
+        return {"ok": ok, "kv_tokens_free_by_stage": {"0": kv}, "max_request_tokens": kv, "stages": []}
 
     async def close(self) -> None:
         pass
@@ -69,7 +72,8 @@ class FakePipelineClient:
 
 def served_models() -> list[ServedModel]:
     replicas = tuple(
-        ReplicaEndpoint(pipeline_id=pid, head_address=f"tcp://fake/{pid}", auth_token="t")
-        for pid in FakePipelineClient.scripts
+        ReplicaEndpoint(pipeline_id=pid, head_address=f"tcp://fake/{pid}", auth_token="t",
+                        kv_tokens=script.planned_kv_tokens)
+        for pid, script in FakePipelineClient.scripts.items()
     )
     return [ServedModel("demo", FakePipelineClient.model_path, replicas)]

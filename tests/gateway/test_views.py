@@ -196,6 +196,24 @@ async def test_a_saturated_deployment_is_refused_at_once_with_429(fake_pipeline,
     await aiter(first.streaming_content).aclose()
 
 
+async def test_a_replica_is_not_routed_to_until_its_pipeline_is_serving(fake_pipeline, api_key, demo_model):
+    """READY comes when each stage process started; the head says ok once the stages joined. The
+    directory already knows the replica's KV budget (from the plan), so only health keeps it out."""
+    fake = fake_pipeline({"r0": Script(tokens=tokens(demo_model), healthy=False, planned_kv_tokens=4096)})
+    client, body = AsyncClient(), {"model": "demo", "prompt": "x", "max_tokens": 2}
+    refused = await post(client, "/v1/completions", body, api_key)
+    assert refused.status_code == 503, refused.content
+    assert fake.submitted == []
+    fake.scripts["r0"].healthy = True
+    for _ in range(100):  # the background poll (REFRESH_S 0.05 s) finds it healthy
+        response = await post(client, "/v1/completions", body, api_key)
+        if response.status_code != 503:
+            break
+        await asyncio.sleep(0.02)
+    assert response.status_code == 200, response.content
+    assert [s["pipeline_id"] for s in fake.submitted] == ["r0"]
+
+
 @pytest.mark.parametrize(
     ("error", "status"),
     [("RequestRejected", 429), ("PipelineBroken", 503), ("DeadlineExceeded", 504)],
