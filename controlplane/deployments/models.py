@@ -155,6 +155,10 @@ class DeploymentStage(models.Model):
     def __str__(self) -> str:
         return f"{self.stage_key} on {self.node_id}"
 
+    def reference_label(self) -> str:
+        """How the stage is named when it keeps its node from being deleted (common/errors.py)."""
+        return f"deployment {self.deployment.name} (stage r{self.replica}-s{self.stage_index})"
+
     @property
     def stage_key(self) -> str:
         return f"d{self.deployment_id}-r{self.replica}-s{self.stage_index}"

@@ -109,3 +109,11 @@ def test_an_unknown_routing_strategy_is_refused_on_create(api, nodes, llm, sent)
                               "routing_strategy": "fastest"}, format="json")
     assert_error(response, 400, "routing_strategy")
     assert not Deployment.objects.exists()
+
+
+def test_deleting_a_node_a_deployment_still_uses_is_a_409_naming_the_deployment(api, nodes, revision, sent):
+    deployment_create(name="tiny", revision=revision)
+    response = api.delete(f"/api/v1/nodes/{nodes[1].pk}/")
+    assert_error(response, 409, "node n1 is used by deployment tiny (stage r0-s1)")
+    assert response.json()["error"]["code"] == "conflict"
+    assert Node.objects.filter(pk=nodes[1].pk).exists()
