@@ -151,6 +151,11 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    # Two choice sets of fields named "source": a revision's (all four) and what a plan input may say.
+    "ENUM_NAME_OVERRIDES": {
+        "PlanRevisionSourceEnum": "controlplane.deployments.models.PlanRevision.Source",
+        "PlanInputSourceEnum": "controlplane.deployments.api.serializers.PLAN_INPUT_SOURCES",
+    },
 }
 
 # Celery: control tasks only; JSON only (nothing from the broker is ever unpickled).

@@ -51,3 +51,11 @@ def test_errors_are_json_with_a_message(api):
     assert response.status_code == 400 and error["code"] == "invalid"
     assert "node: Invalid pk \"12345\" - object does not exist." in error["message"]
     assert "model_name: This field is required." in error["message"]
+
+
+def test_the_schema_generates_without_warnings_and_validates(tmp_path):
+    """Warnings (an enum name clash, a field spectacular cannot type) fail the generation."""
+    schema = tmp_path / "schema.yml"
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(schema))
+    text = schema.read_text()
+    assert "PlanRevisionSourceEnum:" in text and "PlanInputSourceEnum:" in text

@@ -53,6 +53,13 @@ class DeploymentSerializer(serializers.ModelSerializer):
         return StageSerializer(deployment.stages.all(), many=True).data
 
 
+# The sources an operator may give a plan (replan and drain revisions are the controller's own);
+# named in SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"] so the schema's two "source" enums differ.
+PLAN_INPUT_SOURCES = [
+    (source.value, source.label) for source in (PlanRevision.Source.PLANNER, PlanRevision.Source.EDITED)
+]
+
+
 class PlanInputSerializer(serializers.Serializer):
     """Either an existing draft revision or a plan (with the request it answers) to store as one."""
 
@@ -61,9 +68,7 @@ class PlanInputSerializer(serializers.Serializer):
     )
     plan = serializers.JSONField(required=False)
     request = serializers.JSONField(required=False, default=dict)
-    source = serializers.ChoiceField(
-        choices=[PlanRevision.Source.PLANNER, PlanRevision.Source.EDITED], default=PlanRevision.Source.PLANNER
-    )
+    source = serializers.ChoiceField(choices=PLAN_INPUT_SOURCES, default=PlanRevision.Source.PLANNER)
 
     def validate(self, attrs):
         if ("revision" in attrs) == ("plan" in attrs):

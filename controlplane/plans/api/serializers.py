@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.deployments.models import Deployment
 from controlplane.models_catalog.models import LlmModel
 
 
+@extend_schema_field({"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string", "enum": ["auto"]}]})
 class ReplicasField(serializers.Field):
     """A positive number of replicas, or "auto" (add replicas while total throughput rises)."""
 
