@@ -11,7 +11,7 @@ from controlplane.deployments.models import Deployment, DeploymentReplica, Deplo
 
 def deployment_list() -> QuerySet[Deployment]:
     return Deployment.objects.select_related("model", "revision").prefetch_related(
-        Prefetch("stages", queryset=DeploymentStage.objects.select_related("node", "device"))
+        Prefetch("stages", queryset=DeploymentStage.objects.select_related("node", "device__node"))
     )
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
-from controlplane.deployments.models import Deployment
+from controlplane.deployments.models import Deployment, DeploymentStage, PlanRevision
 from controlplane.deployments.services import deployment_create
 from controlplane.inventory.models import Node
 from tests.api.mixins import assert_error
@@ -117,3 +119,30 @@ def test_deleting_a_node_a_deployment_still_uses_is_a_409_naming_the_deployment(
     assert_error(response, 409, "node n1 is used by deployment tiny (stage r0-s1)")
     assert response.json()["error"]["code"] == "conflict"
     assert Node.objects.filter(pk=nodes[1].pk).exists()
+
+
+def _deployments_with_stages(count: int, *, llm, nodes) -> None:
+    for i in range(count):
+        revision = PlanRevision.objects.create(model=llm, plan={}, request={}, source="planner", status="applied")
+        deployment = Deployment.objects.create(name=f"d{i:02}", model=llm, revision=revision)
+        for index, node in enumerate(nodes[:3]):
+            DeploymentStage.objects.create(
+                deployment=deployment, replica=0, stage_index=index, node=node, device=node.devices.first(),
+                port=7000 + index, spec={"listen": f"tcp://{node.name}:{7000 + index}", "layers": [index, index + 1]},
+            )
+
+
+def test_the_list_queries_do_not_grow_with_the_deployments(api, nodes, llm):
+    def list_queries() -> int:
+        with CaptureQueriesContext(connection) as queries:
+            response = api.get(URL, {"limit": 50})
+        assert response.status_code == 200
+        assert all(len(d["stages"]) == 3 and d["stages"][0]["node_name"] for d in response.json()["results"])
+        return len(queries)
+
+    _deployments_with_stages(2, llm=llm, nodes=nodes)
+    few = list_queries()
+    Deployment.objects.all().delete()
+    _deployments_with_stages(20, llm=llm, nodes=nodes)
+    assert Deployment.objects.count() == 20
+    assert list_queries() == few <= 6
