@@ -2,9 +2,13 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from controlplane.deployments.models import (
+    ROUTING_STRATEGY_CHOICES,
+    Deployment,
+    DeploymentStage,
+    PlanRevision,
+)
 from controlplane.gateway.routing import DEFAULT_STRATEGY
-
-from controlplane.deployments.models import ROUTING_STRATEGY_CHOICES, Deployment, DeploymentStage, PlanRevision
 from controlplane.models_catalog.models import LlmModel
 
 
