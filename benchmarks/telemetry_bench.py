@@ -11,7 +11,8 @@ every snapshot as the dashboard's JS does.
 
 Latency is agent-to-browser: for every GPU sample, the time from the agent's ``sent_at`` to the
 first snapshot that carries it arriving at a browser socket, for every socket (same machine, same
-clock). CPU is the server process's user+system time over the measured window, in cores.
+clock), also split into agent's send to snapshot rendered (the snapshot's ``at``) and rendered to
+arrived. CPU is the server process's user+system time over the measured window, in cores.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ async def run_agent(url: str, agent: dict, gpus: int, stop: asyncio.Event, sent:
 
 
 async def run_dashboard(url: str, origin: str, session: str, stop: asyncio.Event, measuring: asyncio.Event,
-                        latencies: list[float], counts: list[int]) -> None:
+                        latencies: list[float], counts: list[int], parts: dict[str, list[float]]) -> None:
     headers = {"Cookie": f"sessionid={session}"}
     seen: dict[str, float] = {}
     async with websockets.connect(url, additional_headers=headers, origin=origin, max_size=None) as socket:
@@ -110,9 +111,11 @@ async def run_dashboard(url: str, origin: str, session: str, stop: asyncio.Event
                     seen[name] = sent_at
                     if measuring.is_set():
                         latencies.append(arrived - sent_at)
+                        parts["in_server"].append(snapshot["at"] - sent_at)
             if measuring.is_set():
                 counts[0] += 1
                 counts[1] += len(text)
+                parts["delivery"].append(arrived - snapshot["at"])
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -125,11 +128,14 @@ async def measure(port: int, agents: list[dict], session: str, gpus_per_node: in
     base = f"ws://127.0.0.1:{port}"
     stop, measuring = asyncio.Event(), asyncio.Event()
     latencies: list[float] = []
+    # Where the latency goes: agent's send to the snapshot rendered (per sample), and rendered to
+    # arrived at the browser (per snapshot).
+    parts: dict[str, list[float]] = {"in_server": [], "delivery": []}
     counts = [[0, 0] for _ in range(dashboards)]
     sent = [0]
     origin = f"http://127.0.0.1:{port}"
     tasks = [asyncio.create_task(run_dashboard(f"{base}/ws/dashboard/", origin, session, stop, measuring,
-                                               latencies, counts[i])) for i in range(dashboards)]
+                                               latencies, counts[i], parts)) for i in range(dashboards)]
     tasks += [asyncio.create_task(run_agent(f"{base}/ws/agents/", a, gpus_per_node, stop, sent))
               for a in agents]
     await asyncio.sleep(warmup)
@@ -156,6 +162,10 @@ async def measure(port: int, agents: list[dict], session: str, gpus_per_node: in
         "expected_samples": heartbeats * gpus_per_node * dashboards,
         "p50_ms": 1000 * statistics.median(latencies), "p95_ms": 1000 * percentile(latencies, 0.95),
         "p99_ms": 1000 * percentile(latencies, 0.99), "max_ms": 1000 * max(latencies),
+        "sent_to_rendered_p50_ms": 1000 * statistics.median(parts["in_server"]),
+        "sent_to_rendered_p99_ms": 1000 * percentile(parts["in_server"], 0.99),
+        "rendered_to_browser_p50_ms": 1000 * statistics.median(parts["delivery"]),
+        "rendered_to_browser_p99_ms": 1000 * percentile(parts["delivery"], 0.99),
         "snapshots_per_socket_s": snapshots / dashboards / elapsed,
         "snapshot_kb": counts[0][1] / max(1, counts[0][0]) / 1024,
         "server_cores": server_cores, "client_cores": client_cores,
@@ -195,12 +205,11 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        result["publish_interval_s"] = float(os.environ.get("MOTLEY_TELEMETRY_PUBLISH_INTERVAL_S", "1.0"))
         result["snapshot_interval_s"] = float(os.environ.get("MOTLEY_DASHBOARD_SNAPSHOT_INTERVAL_S", "0.5"))
     if args.markdown:
         r = result
         print(f"| {r['gpus']} | {r['nodes']} | {r['dashboards']} | "
-              f"{r['publish_interval_s']} / {r['snapshot_interval_s']} | "
+              f"none / {r['snapshot_interval_s']} | "
               f"{r['heartbeats_per_s']:.0f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | "
               f"{r['max_ms']:.0f} | {r['snapshots_per_socket_s']:.1f} | {r['snapshot_kb']:.0f} | "
               f"{r['server_cores']:.2f} | {r['client_cores']:.2f} | "

@@ -1,10 +1,10 @@
-"""The browser socket ``/ws/dashboard/``: throttled full snapshots, paced by the browser's acks.
+"""The browser socket ``/ws/dashboard/``: full snapshots on the hub's ticks, paced by the browser's acks.
 
-Telemetry to browsers is lossy by design (ARCHITECTURE invariants): each socket sends the hub's
-current snapshot at most once per ``DASHBOARD_SNAPSHOT_INTERVAL_S``, and only after the browser
-acknowledged the previous one. A slow or stalled browser therefore holds at most one snapshot in
-flight and simply sees fewer of them; nothing queues up in the server on its behalf, and the
-control plane's ingest never waits for a browser.
+Telemetry to browsers is lossy by design (ARCHITECTURE invariants): the hub renders the current
+snapshot once per ``DASHBOARD_SNAPSHOT_INTERVAL_S`` tick (when something changed) and every socket
+whose browser acknowledged the previous snapshot is sent that same text. A slow or stalled browser
+therefore holds at most one snapshot in flight and simply sees fewer of them; nothing queues up in
+the server on its behalf, and the control plane's ingest never waits for a browser.
 """
 
 from __future__ import annotations
@@ -46,15 +46,24 @@ class DashboardConsumer(AsyncWebsocketConsumer):
             return
         if ack == self.sent_version:
             self.awaiting_ack_since = None
+            # A tick this socket skipped while waiting for the ack is sent now, not one tick later.
+            version, text = self.hub.ticked
+            if version > self.sent_version:
+                await self._send_snapshot(version, text)
+
+    async def _send_snapshot(self, version: int, text: str) -> None:
+        self.sent_version = version
+        self.awaiting_ack_since = asyncio.get_running_loop().time()
+        await self.send(text_data=text)
 
     async def _pump(self):
         interval = settings.DASHBOARD_SNAPSHOT_INTERVAL_S
         loop = asyncio.get_running_loop()
+        # The state at connect at once, then the hub's ticks.
+        version, text = self.hub.version, self.hub.snapshot_text()
         while True:
             waiting = self.awaiting_ack_since
             acked = waiting is None or loop.time() - waiting > ACK_TIMEOUT_S
-            if acked and self.hub.version != self.sent_version:
-                self.sent_version = self.hub.version
-                self.awaiting_ack_since = loop.time()
-                await self.send(text_data=self.hub.snapshot_text())
-            await asyncio.sleep(interval)
+            if acked and version > self.sent_version:
+                await self._send_snapshot(version, text)
+            version, text = await self.hub.next_snapshot(interval)

@@ -491,6 +491,30 @@ def _replan_after_loss(*, deployment: Deployment, lost_nodes: str) -> None:
 # --- what agents report ---------------------------------------------------------------------------
 
 
+def _stage_observed(status: dict[str, Any]) -> tuple[tuple[int, int, int], dict[str, Any]] | None:
+    """The (deployment, replica, stage) a StageStatus is about and the fields it reports, or None if unusable."""
+    match = STAGE_KEY.match(str(status.get("stage_key", "")))
+    state = status.get("state")
+    if match is None or state not in DeploymentStage.State.values or state == DeploymentStage.State.PENDING:
+        return None
+    pid = status.get("pid")
+    key = tuple(int(g) for g in match.groups())
+    return key, {  # type: ignore[return-value]
+        "state": state,
+        "pid": pid if isinstance(pid, int) and pid > 0 else None,
+        "exit_code": status.get("exit_code") if isinstance(status.get("exit_code"), int) else None,
+        "restarts": max(0, int(status.get("restarts") or 0)),
+        "message": str(status.get("message") or "")[:2000],
+    }
+
+
+def _stage_report_is_news(row: DeploymentStage, status: dict[str, Any], observed: dict[str, Any]) -> bool:
+    """Whether ``stage_status_record`` would change ``row`` for this report."""
+    if row.superseded_pid is not None and status.get("pid") == row.superseded_pid:
+        return False
+    return any(getattr(row, field) != value for field, value in observed.items())
+
+
 def stage_status_record(*, node: Node, status: dict[str, Any]) -> None:
     """Store what a node's agent says about one of its stages (contracts §3 StageStatus).
 
@@ -498,29 +522,18 @@ def stage_status_record(*, node: Node, status: dict[str, Any]) -> None:
     another node's stage. A report from a process a restart replaced is ignored. Reconcile is asked
     to run when the state changed.
     """
-    match = STAGE_KEY.match(str(status.get("stage_key", "")))
-    state = status.get("state")
-    if match is None or state not in DeploymentStage.State.values or state == DeploymentStage.State.PENDING:
+    parsed = _stage_observed(status)
+    if parsed is None:
         return
-    deployment_id, replica, stage_index = (int(g) for g in match.groups())
+    (deployment_id, replica, stage_index), observed = parsed
     row = (
         DeploymentStage.objects.filter(
             node=node, deployment_id=deployment_id, replica=replica, stage_index=stage_index
         ).order_by("-wanted").first()
     )
-    pid = status.get("pid")
-    if row is None or (row.superseded_pid is not None and pid == row.superseded_pid):
+    if row is None or not _stage_report_is_news(row, status, observed):
         return
-    observed = {
-        "state": state,
-        "pid": pid if isinstance(pid, int) and pid > 0 else None,
-        "exit_code": status.get("exit_code") if isinstance(status.get("exit_code"), int) else None,
-        "restarts": max(0, int(status.get("restarts") or 0)),
-        "message": str(status.get("message") or "")[:2000],
-    }
-    if all(getattr(row, field) == value for field, value in observed.items()):
-        return
-    state_changed = row.state != state
+    state_changed = row.state != observed["state"]
     for field, value in observed.items():
         setattr(row, field, value)
     row.superseded_pid = None if row.pid is not None else row.superseded_pid
@@ -546,6 +559,83 @@ def node_heartbeat_record(*, node: Node, heartbeat: dict[str, Any]) -> None:
     for status in heartbeat.get("stages") or ():
         if isinstance(status, dict):
             stage_status_record(node=node, status=status)
+
+
+@dataclass(frozen=True)
+class HeartbeatSeen:
+    """One coalesced heartbeat for ``node_heartbeats_flush``: the latest a connection received."""
+
+    node_id: int
+    incarnation: int  # the connection's credential's
+    received_at: Any  # aware datetime
+    stages: list[dict[str, Any]]
+
+
+@transaction.atomic
+def node_heartbeats_flush(*, seen: list[HeartbeatSeen]) -> dict[int, str]:
+    """Record many heartbeats at once; the reason each refused entry (by index) was refused.
+
+    The agents' socket calls this every ``heartbeat_flush_interval_s()`` for the heartbeats it did
+    not record one by one (contracts §3, docs/deployments.md): in one transaction, whatever the
+    fleet's size, each node's ``last_heartbeat`` becomes the time its latest heartbeat was received
+    (never earlier than what is stored), a SUSPECT or LOST node is READY again (a LOST one is sent
+    ``sync``), and each reported stage whose stored state differs from the report is recorded by
+    ``stage_status_record``. An entry of a deleted node or an older incarnation changes nothing and
+    is refused (its socket is closed).
+    """
+    nodes = {n.pk: n for n in Node.objects.select_for_update().filter(pk__in={e.node_id for e in seen})}
+    refused: dict[int, str] = {}
+    latest: dict[int, HeartbeatSeen] = {}
+    for i, entry in enumerate(seen):
+        node = nodes.get(entry.node_id)
+        if node is None:
+            refused[i] = "the node was deleted"
+        elif node.incarnation != entry.incarnation:
+            refused[i] = (f"stale incarnation {entry.incarnation}: node {node.name} re-registered "
+                          f"as incarnation {node.incarnation}")
+        elif entry.node_id not in latest or latest[entry.node_id].received_at < entry.received_at:
+            latest[entry.node_id] = entry
+    newer = []
+    for node_id, entry in latest.items():
+        node = nodes[node_id]
+        if node.last_heartbeat is None or node.last_heartbeat < entry.received_at:
+            node.last_heartbeat = entry.received_at
+            newer.append(node)
+    if newer:
+        Node.objects.bulk_update(newer, ["last_heartbeat"])
+    for node_id in latest:
+        node = nodes[node_id]
+        if node.status in (Node.Status.SUSPECT, Node.Status.LOST):
+            was = node.status
+            Node.objects.filter(pk=node.pk).update(status=Node.Status.READY)
+            node.status = Node.Status.READY
+            if was == Node.Status.LOST:
+                _node_sync(node=node)
+    reporting = {node_id: entry.stages for node_id, entry in latest.items() if entry.stages}
+    if reporting:
+        stored: dict[tuple[int, int, int, int], list[DeploymentStage]] = {}
+        for row in DeploymentStage.objects.filter(node_id__in=reporting):
+            stored.setdefault((row.node_id, row.deployment_id, row.replica, row.stage_index), []).append(row)
+        for node_id, stages in reporting.items():
+            for status in stages:
+                parsed = _stage_observed(status) if isinstance(status, dict) else None
+                if parsed is None:
+                    continue
+                key, observed = parsed
+                if any(_stage_report_is_news(row, status, observed) for row in stored.get((node_id, *key), ())):
+                    stage_status_record(node=nodes[node_id], status=status)
+    return refused
+
+
+def heartbeat_flush_interval_s() -> float:
+    """How often the agents' socket records coalesced heartbeats: half a heartbeat interval, at most 0.5 s.
+
+    ``node_health_check`` compares ``last_heartbeat`` (the time the latest heartbeat was *received*)
+    with ``now``: a live node's stored value is at most one heartbeat interval plus this old, well
+    inside the SUSPECT threshold (3 intervals by default).
+    """
+    return getattr(settings, "MOTLEY_NODE_HEARTBEAT_FLUSH_S",
+                   min(0.5, settings.MOTLEY_AGENT_HEARTBEAT_INTERVAL_S / 2))
 
 
 @transaction.atomic

@@ -18,7 +18,6 @@ from controlplane.enrollment.models import JoinToken, NodeCredential
 from controlplane.hardware.specs import DeviceSpec, FleetSpec, NodeSpec
 from controlplane.inventory.models import Node
 from controlplane.inventory.services import fleet_import
-from controlplane.telemetry.services import telemetry_ingest
 
 JOIN_TOKEN_PREFIX = "mjt_"
 DEVICE_FIELDS = {f.name for f in fields(DeviceSpec)} - {"name", "node", "down"}
@@ -128,6 +127,10 @@ def agent_message_receive(*, node_id: int, incarnation: int, message: dict[str, 
     ``incarnation`` is the one the connection's credential was issued to. A message claiming
     another, or arriving after the node re-registered, comes from an agent that is no longer the
     node's: it is refused and changes nothing.
+
+    The agents' socket sends a heartbeat here only when its stages' states changed (or it is the
+    connection's first); the others are recorded in batches by ``node_heartbeats_flush``. A
+    heartbeat's telemetry is published by the socket itself, from its event loop.
     """
     node = Node.objects.filter(pk=node_id).first()
     if node is None:
@@ -141,7 +144,6 @@ def agent_message_receive(*, node_id: int, incarnation: int, message: dict[str, 
     kind = message.get("type")
     if kind == "heartbeat":
         node_heartbeat_record(node=node, heartbeat=message)
-        telemetry_ingest(node=node, heartbeat=message)
     elif kind == "stage_event" and isinstance(message.get("stage"), dict):
         stage_status_record(node=node, status=message["stage"])
     return None

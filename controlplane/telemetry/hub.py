@@ -1,7 +1,7 @@
 """Live telemetry for browsers: one subscriber per server process, snapshots rendered once.
 
-Agents push a heartbeat every second on ``/ws/agents/``; ``telemetry_ingest`` keeps each node's
-latest sample and publishes the fleet's samples to the channel-layer group ``telemetry``. One
+Agents push a heartbeat every second on ``/ws/agents/``; the agents' socket publishes each
+heartbeat's sample to the channel-layer group ``telemetry`` as it arrives (``services.py``). One
 ``TelemetryHub`` per process joins that group (one subscription, however many browsers are open),
 keeps the latest sample of every GPU and stage and the last few minutes of history in memory, and
 renders the snapshot text at most once per change.
@@ -53,7 +53,7 @@ class Rollup:
 
 
 class _Bucket:
-    __slots__ = ("start", "count", "sums", "peaks", "seen")
+    __slots__ = ("count", "peaks", "seen", "start", "sums")
 
     def __init__(self, start: float, width: int):
         self.start, self.count = start, 0
@@ -75,16 +75,20 @@ class TelemetryHub:
         self._closed: list[Rollup] = []
         self._tasks: list[asyncio.Task] = []  # held: the loop keeps only weak references to tasks
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._tick: asyncio.Event | None = None  # set (and replaced) at each snapshot tick
+        self._ticked: tuple[int, str] = (-1, "")
+        self._tick_waiting = 0
+        self.renders = 0
 
     # -- ingest ---------------------------------------------------------------------------------
     def ingest(self, message: Mapping[str, Any]) -> None:
         """Take one published message; anything malformed is skipped, not raised.
 
-        ``telemetry_ingest`` publishes ``{"snapshot": {"at", "nodes": [sample, ...]}}`` where each
+        ``telemetry_publish`` sends ``{"snapshot": {"at", "nodes": [sample]}}`` where each
         sample is a node's latest heartbeat (``{"node", "received_at", "sent_at", "devices":
-        [GpuMetrics], "stages": [StageStatus]}``, contracts §3). A snapshot repeats the samples of
-        nodes that did not report since the last one; those are recognised by their unchanged
-        ``received_at`` and not counted twice. A bare sample is accepted too.
+        [GpuMetrics], "stages": [StageStatus]}``, contracts §3). A snapshot of several nodes may
+        repeat samples of nodes that did not report since the last one; those are recognised by
+        their unchanged ``received_at`` and not counted twice. A bare sample is accepted too.
         """
         snapshot = message.get("snapshot")
         samples = snapshot.get("nodes") if isinstance(snapshot, Mapping) else [message]
@@ -161,7 +165,39 @@ class TelemetryHub:
             text = json.dumps({"type": "snapshot", "version": version, "at": self.clock(),
                                "devices": self.devices, "stages": self.stages}, separators=(",", ":"))
             self._rendered = (version, text)
+            self.renders += 1
         return text
+
+    @property
+    def ticked(self) -> tuple[int, str]:
+        """The snapshot (version, text) of the latest tick."""
+        return self._ticked
+
+    async def next_snapshot(self, interval_s: float) -> tuple[int, str]:
+        """The snapshot (version, text) of the next tick: one render per tick for every socket.
+
+        Ticks come every ``interval_s`` (the first caller's) while sockets wait; the browser sockets
+        all wake on the same tick and send the same text, so rendering costs at most one
+        ``json.dumps`` per tick (none if nothing changed) however many browsers are open.
+        """
+        if self._tick is None:
+            self._tick = asyncio.Event()
+            self._tasks.append(asyncio.create_task(self._ticks(interval_s), name="telemetry-hub-ticks"))
+        tick = self._tick
+        self._tick_waiting += 1
+        try:
+            await tick.wait()
+        finally:
+            self._tick_waiting -= 1
+        return self._ticked
+
+    async def _ticks(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            if self._tick_waiting:  # a socket acked since the last tick may want the same text
+                self._ticked = (self.version, self.snapshot_text())
+                tick, self._tick = self._tick, asyncio.Event()
+                tick.set()
 
     def recent(
         self, kind: str, keys: Iterable[str] | None = None, since_s: float | None = None

@@ -1,8 +1,12 @@
-"""Telemetry ingest: keep each node's latest heartbeat sample and broadcast a fleet snapshot.
+"""Telemetry ingest: each heartbeat's sample goes to browsers as it arrives; the latest one is kept.
 
-Samples live in Django's cache, not the database: they are superseded every second and losing them
-costs nothing (delivery to browsers is lossy by design). Snapshots go to the Channels group
-``telemetry`` at most once per ``MOTLEY_TELEMETRY_PUBLISH_INTERVAL_S``, whatever the fleet's size.
+The agents' socket (``enrollment.consumers``) builds a node's sample from each heartbeat
+(``telemetry_sample``), keeps it in Django's cache (``telemetry_keep``: samples are superseded every
+second and losing them costs nothing) and publishes it at once, from its event loop, to the Channels
+group ``telemetry`` (``telemetry_publish``): no database, no thread hop, no throttle. Pacing is the
+browser sockets' business: the dashboard's hub (``hub.py``) is one subscriber per server process
+and each ``/ws/dashboard/`` socket takes snapshots at its own pace; ``/ws/telemetry/`` sends the
+fleet snapshot (``telemetry_snapshot``) at most once per ``MOTLEY_TELEMETRY_PUBLISH_INTERVAL_S``.
 """
 
 from __future__ import annotations
@@ -10,28 +14,24 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.core.cache import cache
 
-from controlplane.inventory.models import Node
-
 GROUP = "telemetry"
 _NODES_KEY = "telemetry:nodes"
-_PUBLISHED_KEY = "telemetry:published_at"
 
 
 def _sample_key(node_id: int) -> str:
     return f"telemetry:node:{node_id}"
 
 
-def telemetry_ingest(*, node: Node, heartbeat: dict[str, Any]) -> None:
-    ttl = settings.MOTLEY_TELEMETRY_SAMPLE_TTL_S
-    sample = {
-        "node_id": node.pk,
-        "node": node.name,
-        "received_at": time.time(),
+def telemetry_sample(*, node_id: int, node_name: str, heartbeat: dict[str, Any],
+                     received_at: float | None = None) -> dict[str, Any]:
+    """A node's sample from one heartbeat (contracts §3): its devices' metrics and its stages' stats."""
+    return {
+        "node_id": node_id,
+        "node": node_name,
+        "received_at": time.time() if received_at is None else received_at,
         "sent_at": heartbeat.get("sent_at"),
         "devices": heartbeat.get("devices") or [],
         "stages": [
@@ -39,12 +39,25 @@ def telemetry_ingest(*, node: Node, heartbeat: dict[str, Any]) -> None:
             for s in heartbeat.get("stages") or () if isinstance(s, dict)
         ],
     }
-    cache.set(_sample_key(node.pk), sample, ttl)
-    cache.set(_NODES_KEY, sorted({*cache.get(_NODES_KEY, []), node.pk}), None)
-    if cache.add(_PUBLISHED_KEY, True, settings.MOTLEY_TELEMETRY_PUBLISH_INTERVAL_S):
-        async_to_sync(get_channel_layer().group_send)(
-            GROUP, {"type": "telemetry.snapshot", "snapshot": telemetry_snapshot()}
-        )
+
+
+def telemetry_keep(sample: dict[str, Any], *, new_node: bool = True) -> None:
+    """Keep ``sample`` as its node's latest (``new_node``: also list the node, once per connection)."""
+    cache.set(_sample_key(sample["node_id"]), sample, settings.MOTLEY_TELEMETRY_SAMPLE_TTL_S)
+    if new_node:
+        nodes = cache.get(_NODES_KEY, [])
+        if sample["node_id"] not in nodes:
+            cache.set(_NODES_KEY, sorted({*nodes, sample["node_id"]}), None)
+
+
+def telemetry_message(sample: dict[str, Any]) -> dict[str, Any]:
+    """The group message carrying one sample (a one-node snapshot, as ``TelemetryHub.ingest`` reads)."""
+    return {"type": "telemetry.sample", "snapshot": {"at": sample["received_at"], "nodes": [sample]}}
+
+
+async def telemetry_publish(layer, sample: dict[str, Any]) -> None:
+    """Send ``sample`` to every subscriber of the group ``telemetry`` (lossy: a full channel drops it)."""
+    await layer.group_send(GROUP, telemetry_message(sample))
 
 
 def telemetry_snapshot() -> dict[str, Any]:

@@ -7,9 +7,16 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from controlplane.deployments.models import Deployment, PlanRevision
-from controlplane.deployments.services import (deployment_create, deployment_reconcile, node_agent_restarted,
-                                               node_health_check, node_heartbeat_record)
+from controlplane.deployments.models import Deployment, DeploymentStage, PlanRevision
+from controlplane.deployments.services import (
+    HeartbeatSeen,
+    deployment_create,
+    deployment_reconcile,
+    node_agent_restarted,
+    node_health_check,
+    node_heartbeat_record,
+    node_heartbeats_flush,
+)
 from controlplane.inventory.models import Node
 from tests.deployments.conftest import report
 
@@ -48,6 +55,67 @@ def test_suspect_after_three_missed_heartbeats_lost_after_the_timeout_ready_agai
     assert status(node) == Node.Status.READY
     # Back from LOST: told to keep only what is wanted on it (nothing here).
     assert sent.take() == [(f"node.{node.pk}", "motley.agent.sync", {"wanted_stage_keys": []})]
+
+
+def seen(node: Node, ago_s: float, stages=(), incarnation=None) -> HeartbeatSeen:
+    return HeartbeatSeen(node_id=node.pk, incarnation=node.incarnation if incarnation is None else incarnation,
+                         received_at=timezone.now() - timedelta(seconds=ago_s), stages=list(stages))
+
+
+def test_coalesced_heartbeats_store_the_time_received_and_keep_suspect_and_lost_on_time(nodes, sent):
+    a, b = nodes[0], nodes[1]
+    silent_for(a, 5)
+    silent_for(b, 5)
+    # The worst a live node looks between flushes: one interval since its heartbeat plus a flush.
+    assert node_heartbeats_flush(seen=[seen(a, 1.5), seen(b, 1.5)]) == {}
+    assert node_health_check() == []
+    node_heartbeats_flush(seen=[seen(a, 3.2)])  # older than what is stored: not moved back
+    assert Node.objects.get(pk=a.pk).last_heartbeat > timezone.now() - timedelta(seconds=2)
+    # The received time is stored, not the flush's: a silent node turns SUSPECT 3 intervals after
+    # its last heartbeat, however recently that was flushed.
+    silent_for(a, 3.5)
+    node_heartbeats_flush(seen=[seen(a, 3.2)])
+    assert [(n.name, s) for n, s in node_health_check()] == [("n0", Node.Status.SUSPECT)]
+    silent_for(a, 11)
+    assert [(n.name, s) for n, s in node_health_check()] == [("n0", Node.Status.LOST)]
+    sent.take()
+    assert node_heartbeats_flush(seen=[seen(a, 0.2)]) == {}
+    assert status(a) == Node.Status.READY
+    assert sent.take() == [(f"node.{a.pk}", "motley.agent.sync", {"wanted_stage_keys": []})]
+
+
+def test_a_coalesced_heartbeat_of_an_older_incarnation_or_a_deleted_node_is_refused(nodes):
+    a = nodes[0]
+    silent_for(a, 2)
+    before = Node.objects.get(pk=a.pk).last_heartbeat
+    refused = node_heartbeats_flush(seen=[seen(a, 0, incarnation=a.incarnation - 1), seen(a, 1),
+                                          HeartbeatSeen(node_id=10**6, incarnation=1, received_at=timezone.now(),
+                                                        stages=[])])
+    assert sorted(refused) == [0, 2]
+    assert "stale incarnation" in refused[0] and "deleted" in refused[2]
+    # Only the current incarnation's heartbeat counted (received 1 s ago, not the stale one's 0 s).
+    assert before < timezone.now() - timedelta(seconds=1.5)
+    stored = Node.objects.get(pk=a.pk).last_heartbeat
+    assert timezone.now() - timedelta(seconds=1.5) < stored < timezone.now() - timedelta(seconds=0.5)
+
+
+def test_a_coalesced_heartbeat_records_a_stage_whose_stored_state_differs(nodes, revision, sent):
+    deployment = deploy_ready(revision)
+    stage = deployment.stages.order_by("stage_index").first()
+    ready = report(stage, "ready", 100 + stage.stage_index)
+    sent.reconciles.clear()
+    assert node_heartbeats_flush(seen=[seen(stage.node, 0, [ready])]) == {}
+    assert sent.reconciles == []  # nothing new: nothing written, nothing reconciled
+    # The controller re-sent a start; the agent, running that spec already, reports it unchanged.
+    DeploymentStage.objects.filter(pk=stage.pk).update(state=DeploymentStage.State.PENDING)
+    node_heartbeats_flush(seen=[seen(stage.node, 0, [ready])])
+    assert DeploymentStage.objects.get(pk=stage.pk).state == DeploymentStage.State.READY
+    assert sent.reconciles == [deployment.pk]
+    # A report of a process a restart replaced still changes nothing.
+    DeploymentStage.objects.filter(pk=stage.pk).update(state=DeploymentStage.State.PENDING,
+                                                       superseded_pid=100 + stage.stage_index, pid=None)
+    node_heartbeats_flush(seen=[seen(stage.node, 0, [ready])])
+    assert DeploymentStage.objects.get(pk=stage.pk).state == DeploymentStage.State.PENDING
 
 
 def test_nodes_without_an_agent_are_not_watched(nodes, sent):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from channels.db import database_sync_to_async
@@ -12,9 +13,10 @@ from channels.testing import WebsocketCommunicator
 from controlplane.asgi import application
 from controlplane.deployments.models import DeploymentStage
 from controlplane.deployments.services import deployment_create, plan_revision_create
+from controlplane.enrollment import consumers, heartbeats
 from controlplane.enrollment.services import agent_register
 from controlplane.inventory.models import Node
-from controlplane.telemetry.services import GROUP
+from controlplane.telemetry.services import GROUP, telemetry_snapshot
 from tests.deployments.conftest import REQUEST, edited_plan
 from tests.enrollment.conftest import DEVICE
 
@@ -116,3 +118,100 @@ async def test_a_node_cannot_update_another_nodes_stage(join_token, llm, sent):
     stage = await database_sync_to_async(DeploymentStage.objects.get)(deployment=deployment, stage_index=0)
     assert stage.node_id == a.node.pk and (stage.state, stage.pid, stage.message) == ("pending", None, "")
     await communicator.disconnect()
+
+
+class Calls:
+    """Count calls of a function the socket makes through the database thread."""
+
+    def __init__(self, monkeypatch, module, name):
+        self.calls: list[dict] = []
+        real = getattr(module, name)
+
+        def spy(**kwargs):
+            self.calls.append(kwargs)
+            return real(**kwargs)
+
+        monkeypatch.setattr(module, name, spy)
+
+
+async def test_unchanged_heartbeats_are_written_once_per_flush_not_once_each(join_token, settings, monkeypatch):
+    settings.MOTLEY_NODE_HEARTBEAT_FLUSH_S = 0.2
+    receives = Calls(monkeypatch, consumers, "agent_message_receive")
+    flushes = Calls(monkeypatch, heartbeats, "node_heartbeats_flush")
+    a = await database_sync_to_async(register)(join_token, "node-a")
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(GROUP, channel)
+    communicator = await connect(f"Node {a.node.pk}:{a.credential}")
+    assert (await communicator.connect())[0]
+    await communicator.send_json_to(heartbeat(a.incarnation))  # the first: checked and written at once
+    assert await communicator.receive_nothing(0.1)
+    await database_sync_to_async(Node.objects.filter(pk=a.node.pk).update)(status=Node.Status.SUSPECT)
+    started = time.monotonic()
+    for _ in range(30):
+        await communicator.send_json_to(heartbeat(a.incarnation))
+        await asyncio.sleep(0.02)
+    last_sent = time.time()
+    assert await communicator.receive_nothing(0.35)
+    elapsed = time.monotonic() - started
+    assert len(receives.calls) == 1
+    # At most one write per flush interval, each carrying this connection's latest heartbeat once.
+    assert 1 <= len(flushes.calls) <= elapsed / 0.2 + 1
+    assert all([e.node_id for e in call["seen"]] == [a.node.pk] for call in flushes.calls)
+    node = await database_sync_to_async(Node.objects.get)(pk=a.node.pk)
+    assert node.status == Node.Status.READY  # back from SUSPECT through the coalesced write
+    assert abs(node.last_heartbeat.timestamp() - last_sent) < 0.2
+    # Every heartbeat's telemetry still reached the group, as it arrived.
+    published = 0
+    while True:
+        try:
+            await asyncio.wait_for(layer.receive(channel), 0.05)
+        except TimeoutError:
+            break
+        published += 1
+    assert published == 31
+    kept = (await database_sync_to_async(telemetry_snapshot)())["nodes"]  # the cache outlives a test's rows
+    assert {n["node_id"]: n["node"] for n in kept}[a.node.pk] == "node-a"
+    await communicator.disconnect()
+
+
+async def test_a_stage_state_change_seen_in_a_heartbeat_is_recorded_at_once(join_token, llm, settings):
+    settings.MOTLEY_NODE_HEARTBEAT_FLUSH_S = 60.0  # no flush during the test: only the direct path writes
+    a = await database_sync_to_async(register)(join_token, "n0")
+    revision = await database_sync_to_async(plan_revision_create)(
+        model=llm, plan=edited_plan(("n0/gpu0", 0, 6),), request=REQUEST, source="edited")
+    deployment = await database_sync_to_async(deployment_create)(name="d", revision=revision)
+    communicator = await connect(f"Node {a.node.pk}:{a.credential}")
+    assert (await communicator.connect())[0]
+
+    def status(state):
+        return {"stage_key": f"d{deployment.pk}-r0-s0", "deployment_id": deployment.pk, "replica": 0,
+                "stage_index": 0, "state": state, "pid": 4242, "exit_code": None, "restarts": 0,
+                "message": "", "stats": {"step_ms": 1.0}}
+
+    async def stored_state():
+        stage = await database_sync_to_async(DeploymentStage.objects.get)(deployment=deployment)
+        return stage.state
+
+    for state in ("starting", "starting", "ready"):
+        await communicator.send_json_to(heartbeat(a.incarnation, [status(state)]))
+        assert await communicator.receive_nothing(0.1)
+        assert await stored_state() == state
+    await communicator.disconnect()
+
+
+async def test_a_socket_of_a_re_registered_node_is_refused_on_the_coalesced_path_too(join_token, settings):
+    settings.MOTLEY_NODE_HEARTBEAT_FLUSH_S = 0.1
+    old = await database_sync_to_async(register)(join_token, "node-a")
+    communicator = await connect(f"Node {old.node.pk}:{old.credential}")
+    assert (await communicator.connect())[0]
+    await communicator.send_json_to(heartbeat(old.incarnation))
+    assert await communicator.receive_nothing(0.1)
+    new = await database_sync_to_async(register)(join_token, "node-a")
+    before = (await database_sync_to_async(Node.objects.get)(pk=old.node.pk)).last_heartbeat
+    await communicator.send_json_to(heartbeat(old.incarnation))  # unchanged: noted for the flush
+    answer = await communicator.receive_json_from(timeout=2)
+    assert answer["type"] == "refused" and f"stale incarnation {old.incarnation}" in answer["reason"]
+    assert (await communicator.receive_output())["type"] == "websocket.close"
+    after = (await database_sync_to_async(Node.objects.get)(pk=old.node.pk)).last_heartbeat
+    assert after == before and new.incarnation != old.incarnation
