@@ -41,6 +41,10 @@ def build_app(
             "controlplane.embedded_broker:Transport" if broker_url.startswith("filesystem:") else None
         ),
         broker_transport_options=transport_options,
+        # Celery would let $CELERY_BROKER_URL override broker_url; the agent consumes the broker the
+        # control plane named at registration, whatever its environment says.
+        broker_read_url=broker_url,
+        broker_write_url=broker_url,
         broker_connection_retry_on_startup=True,
         accept_content=["json"],
         task_serializer="json",

@@ -20,6 +20,13 @@ def no_orphans(monkeypatch):
         assert not leftovers, f"orphans left behind: {[p.cmdline() for p in leftovers]}"
 
 
+@pytest.fixture(autouse=True)
+def brokers_named_by_the_test(monkeypatch):
+    """Celery lets CELERY_BROKER_URL override the broker an app was built with; CI exports it for
+    service mode, and these tests name their broker (Redis or the filesystem) themselves."""
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
+
+
 @pytest.fixture
 def tiny_fleet(tmp_path):
     path = tmp_path / "fleet.yaml"
