@@ -107,14 +107,16 @@ def test_the_control_worker_refuses_a_pickled_task_and_accepts_a_json_one(tmp_pa
                                              "store_processed": False}
         app.send_task("motley.deployments.node_health_check", queue="control", serializer="pickle")
         app.send_task("motley.deployments.node_health_check", queue="control", serializer="json")
-        output = _read_until(worker, "Task motley.deployments.node_health_check", timeout_s=30)
-        assert "untrusted content of type pickle" in output  # refused unread, before the JSON one
+        # Both were sent in the same millisecond, so either may be read first.
+        output = _read_until(worker, ("untrusted content of type pickle", "] received"), timeout_s=30)
+        assert output.count("] received") == 1  # the JSON one; the pickled one was refused unread
     finally:
         worker.terminate()
         worker.wait(timeout=15)
 
 
-def _read_until(process: subprocess.Popen, needle: str, timeout_s: float) -> str:
+def _read_until(process: subprocess.Popen, needles: tuple[str, ...], timeout_s: float) -> str:
+    """The process's output up to the line where the last of ``needles`` has appeared."""
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
     seen = []
@@ -125,6 +127,7 @@ def _read_until(process: subprocess.Popen, needle: str, timeout_s: float) -> str
         except queue.Empty:
             continue
         seen.append(line)
-        if needle in line:
-            return "".join(seen)
-    raise AssertionError(f"worker never said {needle!r}:\n{''.join(seen)[-3000:]}")
+        output = "".join(seen)
+        if all(needle in output for needle in needles):
+            return output
+    raise AssertionError(f"worker never said all of {needles!r}:\n{''.join(seen)[-3000:]}")
