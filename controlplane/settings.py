@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served locally (nothing from a CDN)
     "channels",
     "controlplane.ops",
     "controlplane.plans",
@@ -151,6 +152,8 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     # Two choice sets of fields named "source": a revision's (all four) and what a plan input may say.
     "ENUM_NAME_OVERRIDES": {
         "PlanRevisionSourceEnum": "controlplane.deployments.models.PlanRevision.Source",

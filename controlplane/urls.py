@@ -3,7 +3,7 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from controlplane.common.docs import ApiDocsView
 
@@ -24,5 +24,7 @@ urlpatterns = [
     path("v1/", include("controlplane.gateway.urls")),  # OpenAI-compatible, where its clients look
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", ApiDocsView.as_view(), name="api-docs"),
+    # Interactive: try requests from the browser with the session (Swagger UI from the sidecar package).
+    path("api/docs/try/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs-try"),
     path("", include("controlplane.dashboard.urls")),
 ]

@@ -22,6 +22,15 @@ def test_docs_page_renders_offline_from_the_schema(client, user):
     assert "cdn" not in page.lower() and "<script" not in page
 
 
+def test_interactive_docs_are_served_locally(client, user):
+    assert client.get("/api/docs/try/").status_code in (302, 401, 403)
+    client.force_login(user)
+    page = client.get("/api/docs/try/").content.decode()
+    assert "/static/drf_spectacular_sidecar/swagger-ui-dist/" in page and "/api/schema/" in page
+    assert "cdn" not in page.lower()
+    assert 'href="/api/docs/try/"' in client.get("/api/docs/").content.decode()
+
+
 def test_create_api_token_prints_a_working_key(user):
     out = StringIO()
     call_command("create_api_token", "alice", stdout=out)
