@@ -44,6 +44,8 @@ def test_run_local_serves_the_api_with_a_generated_admin_and_stops_all_children(
         assert len(children) >= 2  # the ASGI server and the Celery worker (plus its pool)
     finally:
         launcher.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        launcher.send_signal(signal.SIGTERM)  # a second signal while stopping must not orphan anything
         launcher.wait(timeout=30)
     time.sleep(0.5)
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]

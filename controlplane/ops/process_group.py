@@ -33,7 +33,13 @@ class ProcessGroup:
             time.sleep(poll_s)
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM every child group, then SIGKILL what is still there after the grace period."""
+        """SIGTERM every child group, then SIGKILL what is still there after the grace period.
+
+        Further SIGINT/SIGTERM are ignored from here on: a second Ctrl-C (or a supervisor's
+        TERM after ours) must not interrupt the stopping and leave children behind.
+        """
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for _, process in self.children:
             _signal_group(process, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
@@ -52,12 +58,16 @@ def _signal_group(process: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def raise_keyboard_interrupt_on_sigterm() -> None:
-    """Make SIGTERM stop the launcher like Ctrl-C does, so its children are always stopped too."""
+def interrupt_once_on_signals() -> None:
+    """Make Ctrl-C and SIGTERM stop the launcher by raising KeyboardInterrupt, once: the first
+    signal also ignores any that follow, so nothing can interrupt the stopping of the children."""
 
     def _handler(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise KeyboardInterrupt
 
+    signal.signal(signal.SIGINT, _handler)
     signal.signal(signal.SIGTERM, _handler)
 
 

@@ -15,7 +15,7 @@ from controlplane.ops import demo
 from controlplane.ops.process_group import (
     ProcessGroup,
     python_argv,
-    raise_keyboard_interrupt_on_sigterm,
+    interrupt_once_on_signals,
     wait_for_port,
 )
 from controlplane.ops.services import admin_ensure
@@ -50,7 +50,7 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"An admin account exists (first credentials, if generated: {account.credentials_path})"
             )
-        raise_keyboard_interrupt_on_sigterm()
+        interrupt_once_on_signals()
         group = ProcessGroup()
         base = f"http://{host}:{port}"
         try:
