@@ -10,13 +10,10 @@ import httpx
 import psutil
 import pytest
 
-from tests.support.processes import REPO_ROOT, embedded_env, free_port, manage_argv, wait_for_http
+from tests.support.processes import (REPO_ROOT, embedded_env, free_port, manage_argv, read_credentials,
+                                     wait_for_http)
 
 pytestmark = pytest.mark.slow
-
-
-def _credentials(path) -> dict[str, str]:
-    return dict(line.split(": ", 1) for line in path.read_text().splitlines())
 
 
 def test_run_local_serves_the_api_with_a_generated_admin_and_stops_all_children(tmp_path):
@@ -27,7 +24,7 @@ def test_run_local_serves_the_api_with_a_generated_admin_and_stops_all_children(
     try:
         wait_for_http(f"http://127.0.0.1:{port}/api/schema/")
         assert (tmp_path / "motley.sqlite3").exists()
-        credentials = _credentials(tmp_path / "admin-credentials.txt")
+        credentials = read_credentials(tmp_path)
         assert oct((tmp_path / "admin-credentials.txt").stat().st_mode & 0o777) == "0o600"
 
         anonymous = httpx.get(f"http://127.0.0.1:{port}/api/schema/?format=json")

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 import time
 import uuid
 
@@ -16,33 +15,20 @@ from agents.admission import Admission
 from agents.discovery.emulated import emulated_devices
 from agents.queue_consumer import DRAIN_STAGE, START_STAGE, STOP_STAGE, SYNC, QueueConsumer, build_app
 from agents.supervisor import RestartPolicy, Supervisor
+from tests.support.processes import filesystem_broker_options, redis_up
 from tests.agents.helpers import STAND_IN_COMMAND, Events, stage_spec, tiny_model, wait_until
 
 REDIS_URL = "redis://127.0.0.1:6379/7"
 
 
-def _redis_up() -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", 6379), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
-
-
 def _filesystem(tmp_path):
-    folder = tmp_path / "broker"
-    for sub in ("data", "processed", "control"):
-        (folder / sub).mkdir(parents=True)
-    options = {"data_folder_in": str(folder / "data"), "data_folder_out": str(folder / "data"),
-               "processed_folder": str(folder / "processed"), "control_folder": str(folder / "control"),
-               "store_processed": False, "polling_interval": 0.1}
-    return "filesystem://", options
+    return "filesystem://", filesystem_broker_options(tmp_path / "broker", polling_interval=0.1)
 
 
 @pytest.fixture(params=["redis", "filesystem"])
 def broker(request, tmp_path):
     if request.param == "redis":
-        if not _redis_up():
+        if not redis_up():
             pytest.skip("no Redis on 127.0.0.1:6379")
         return REDIS_URL, {}
     return _filesystem(tmp_path)

@@ -14,6 +14,7 @@ from tests.dashboard.browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS
 from tests.e2e.conftest import demo_model, embedded_system  # noqa: F401  (fixtures)
 from tests.e2e.harness import wait_until
 from tests.e2e.test_deploy import deploy
+from tests.support.processes import read_credentials
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(300)]
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -23,8 +24,7 @@ def test_operator_moves_a_boundary_and_the_deployment_is_ready_on_the_new_plan(e
     system = embedded_system
     pk = deploy(system, demo_model)  # three stages on n0, n1, n2: layers [0, 2), [2, 4), [4, 6)
     system.wait_status(pk, "ready", 120)
-    admin = dict(line.split(": ", 1) for line in
-                 (Path(system.env["MOTLEY_VAR_DIR"]) / "admin-credentials.txt").read_text().splitlines())
+    admin = read_credentials(Path(system.env["MOTLEY_VAR_DIR"]))
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     with playwright_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -18,36 +17,21 @@ from celery import Celery
 
 from controlplane.deployments import dispatch
 from controlplane.deployments.services import deployment_create, deployment_reconcile
-from tests.support.processes import REPO_ROOT, embedded_env
+from tests.support.processes import REPO_ROOT, embedded_env, filesystem_broker_options, redis_up
 
 pytestmark = pytest.mark.django_db
 
-
-def _redis_up() -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", 6379), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
-
-
-def _filesystem_options(folder) -> dict:
-    for sub in ("data", "processed", "control"):
-        (folder / sub).mkdir(parents=True)
-    return {"data_folder_in": str(folder / "data"), "data_folder_out": str(folder / "data"),
-            "processed_folder": str(folder / "processed"), "control_folder": str(folder / "control"),
-            "store_processed": False}
 
 
 @pytest.fixture(params=["filesystem", "redis"])
 def broker_app(request, tmp_path, monkeypatch, nodes):
     """The controller's sends, from now on, go to a real broker (the recorder is set aside)."""
     if request.param == "redis":
-        if not _redis_up():
+        if not redis_up():
             pytest.skip("no Redis on 127.0.0.1:6379")
         url, options = "redis://127.0.0.1:6379/8", {}
     else:
-        url, options = "filesystem://", _filesystem_options(tmp_path / "broker")
+        url, options = "filesystem://", filesystem_broker_options(tmp_path / "broker")
     monkeypatch.delenv("CELERY_BROKER_URL", raising=False)  # Celery prefers it to the app's own broker
     app = Celery(f"test-{uuid.uuid4().hex[:6]}", broker=url)
     app.conf.broker_transport_options = options

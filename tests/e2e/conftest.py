@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -14,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from tests.e2e.harness import TIMING, System, stage_processes
-from tests.support.processes import REPO_ROOT, embedded_env
+from tests.support.processes import REPO_ROOT, embedded_env, redis_up
 
 
 @pytest.fixture(scope="session")
@@ -43,9 +42,7 @@ def _service_urls() -> tuple[str, str] | None:
     database = os.environ.get("DATABASE_URL", "")
     if not database.startswith(("postgres://", "postgresql://")):
         return None
-    try:
-        socket.create_connection(("127.0.0.1", 6379), timeout=0.5).close()
-    except OSError:
+    if not redis_up():
         return None
     return database, os.environ.get("CELERY_BROKER_URL", "").startswith("redis://") and os.environ[
         "CELERY_BROKER_URL"] or "redis://127.0.0.1:6379/14"

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import psutil
 
-from tests.support.processes import REPO_ROOT, free_port, manage_argv, wait_for_http
+from tests.support.processes import REPO_ROOT, free_port, manage_argv, read_credentials, wait_for_http
 
 FLEET = """
 name: e2e
@@ -70,9 +70,7 @@ class System:
         self.port = free_port()
         self._spawn("control-plane", manage_argv("run_local", "--port", str(self.port), "--no-demo"))
         wait_for_http(f"{self.url}/api/schema/", timeout_s=60)
-        credentials_file = Path(self.env["MOTLEY_VAR_DIR"]) / "admin-credentials.txt"
-        credentials = dict(line.split(": ", 1) for line in credentials_file.read_text().splitlines())
-        self.api_token = credentials["api_token"]
+        self.api_token = read_credentials(Path(self.env["MOTLEY_VAR_DIR"]))["api_token"]
         self.join_token = self.manage("create_join_token", "--ttl", "10m").strip()
 
     def start_agents(self, names: list[str]) -> None:

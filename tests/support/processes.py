@@ -42,3 +42,27 @@ def wait_for_http(url: str, timeout_s: float = 60.0, headers: dict[str, str] | N
 
 def manage_argv(*args: str) -> list[str]:
     return [sys.executable, str(REPO_ROOT / "manage.py"), *args]
+
+
+def redis_up(host: str = "127.0.0.1", port: int = 6379) -> bool:
+    """Whether a Redis server accepts connections (service-mode tests skip without one)."""
+    try:
+        socket.create_connection((host, port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def read_credentials(var_dir: Path) -> dict[str, str]:
+    """The ``key: value`` lines `run_local` writes to var/admin-credentials.txt."""
+    text = (Path(var_dir) / "admin-credentials.txt").read_text()
+    return dict(line.split(": ", 1) for line in text.splitlines())
+
+
+def filesystem_broker_options(folder: Path, **extra) -> dict:
+    """Transport options of kombu's filesystem broker in ``folder`` (created), as settings.py sets them."""
+    for sub in ("data", "processed", "control"):
+        (folder / sub).mkdir(parents=True)
+    return {"data_folder_in": str(folder / "data"), "data_folder_out": str(folder / "data"),
+            "processed_folder": str(folder / "processed"), "control_folder": str(folder / "control"),
+            "store_processed": False, **extra}
