@@ -1,7 +1,8 @@
 """A LLaMA-family decoder layer in the gpt-fast style: RMSNorm, RoPE, grouped-query attention, SwiGLU.
 
 Covers LLaMA 1-3, Mistral and Qwen2 (q/k/v biases). q/k/v and gate/up are fused into one matmul each,
-which matters on a CPU at batch 1 where every kernel call costs. Layers work on flat ``[tokens, hidden]``
+which matters on a CPU at batch 1 where every kernel call costs; their matmuls run on
+:mod:`worker_runtime.dense`'s kernel choice. Layers work on flat ``[tokens, hidden]``
 activations of a ragged batch; attention reads and writes the paged cache through an
 :class:`~worker_runtime.kv_cache.AttentionPlan` built once per forward.
 """
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .dense import Linear
 from .kv_cache import AttentionPlan
 from .rope import apply_rotary
 
@@ -36,10 +38,10 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         qkv_size = config.q_size + 2 * config.kv_size
-        self.wqkv = nn.Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
+        self.wqkv = Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
         # LLaMA's attention_bias also covers o_proj; Qwen2 has biases on q/k/v only.
         o_bias = config.attention_bias and config.model_type != "qwen2"
-        self.wo = nn.Linear(config.q_size, config.hidden_size, bias=o_bias)
+        self.wo = Linear(config.q_size, config.hidden_size, bias=o_bias)
 
     def forward(
         self,
@@ -52,10 +54,11 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         tokens = x.shape[0]
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
-        q = apply_rotary(q.view(tokens, self.n_heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(tokens, self.n_kv_heads, self.head_dim), cos, sin)
-        v = v.view(tokens, self.n_kv_heads, self.head_dim)
+        qkv = self.wqkv(x)
+        # q and k lie side by side in qkv: rotate them as one [tokens, heads + kv_heads, head_dim] view.
+        qk = apply_rotary(qkv[:, : q_size + kv_size].view(tokens, -1, self.head_dim), cos, sin)
+        q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
+        v = qkv[:, q_size + kv_size :].view(tokens, self.n_kv_heads, self.head_dim)
         k_cache.index_copy_(0, plan.write_slots, k.to(k_cache.dtype))
         v_cache.index_copy_(0, plan.write_slots, v.to(v_cache.dtype))
         keys = k_cache[plan.gather_slots].transpose(1, 2).to(q.dtype)  # [batch, kv_heads, max_len, head_dim]
@@ -79,8 +82,8 @@ class FeedForward(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.intermediate = config.intermediate_size
-        self.w13 = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
-        self.w2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.w13 = Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.w2 = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w13(x).split([self.intermediate, self.intermediate], dim=-1)

@@ -100,17 +100,20 @@ class RotaryEmbedding:
     def cos_sin(
         self, positions: torch.Tensor, seq_ends: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cos and sin [tokens, head_dim] for flat ``positions``; ``seq_ends``: each token's sequence end."""
+        """Cos and sin [tokens, 1, head_dim] (broadcast over heads) for flat ``positions``.
+
+        ``seq_ends``: each token's sequence end.
+        """
         if self.rope_type == "dynamic" and bool((seq_ends > self.max_positions).any()):
             freqs = positions[:, None].float() * self._dynamic_inv_freq(seq_ends)
         else:
             freqs = positions[:, None].float() * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
         return (emb.cos() * self.attention_factor).to(dtype), (emb.sin() * self.attention_factor).to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` [tokens, heads, head_dim] by per-token cos/sin [tokens, head_dim] (rotate-half layout)."""
+    """Rotate ``x`` [tokens, heads, head_dim] by per-token cos/sin [tokens, 1, head_dim] (rotate-half layout)."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+    return x * cos + rotated * sin

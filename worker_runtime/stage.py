@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
+from .dense import Linear
 from .kv_cache import KVCache
 from .loading import CheckpointReader, copy_rows_into, load_concatenated
 from .model import DecoderLayer, RMSNorm, hf_tensor_names
@@ -106,7 +107,7 @@ class Stage(nn.Module):
             self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(end - start)).to(self.dtype)
             self.embed = nn.Embedding(vocab, hidden).to(self.dtype) if self.is_first else None
             self.norm = RMSNorm(hidden, config.rms_norm_eps).to(self.dtype) if self.is_last else None
-            self.lm_head = nn.Linear(hidden, vocab, bias=False).to(self.dtype) if self.is_last else None
+            self.lm_head = Linear(hidden, vocab, bias=False).to(self.dtype) if self.is_last else None
         if bits != 16:
             for layer in self.layers:
                 for parent, name in (
