@@ -90,7 +90,12 @@ class PipelineClient:
                 future = self._calls.pop(h.get("call_id"), None)
                 if future is not None and not future.done():
                     future.set_result(h.get("body"))
-            elif h["type"] in ("token", "error"):
+            elif h["type"] == "tokens":
+                for request_id, token_id, finish_reason in h.get("items", ()):
+                    queue = self._streams.get(request_id)
+                    if queue is not None:
+                        queue.put_nowait(TokenEvent(request_id, int(token_id), finish_reason))
+            elif h["type"] == "error":
                 queue = self._streams.get(h.get("request_id"))
                 if queue is not None:
                     queue.put_nowait(h)
@@ -128,24 +133,25 @@ class PipelineClient:
             )
             heard = time.monotonic()
             while True:
-                try:
-                    h = await asyncio.wait_for(queue.get(), timeout=min(0.25, self.timeout_s))
-                except asyncio.TimeoutError:
-                    if time.monotonic() - max(heard, self._last_heard) > self.timeout_s:
-                        raise PipelineBroken(
-                            f"the head at {self.head_address} was silent for {self.timeout_s} s"
-                        ) from None
-                    continue
-                if h["type"] == "token":
-                    yield TokenEvent(request_id, int(h["token_id"]), h.get("finish_reason"))
-                    if h.get("finish_reason") is not None:
-                        finished = True
-                        return
+                if queue.empty():  # wait_for costs a task per call: only pay it when we must wait
+                    try:
+                        item = await asyncio.wait_for(queue.get(), timeout=min(0.25, self.timeout_s))
+                    except asyncio.TimeoutError:
+                        if time.monotonic() - max(heard, self._last_heard) > self.timeout_s:
+                            raise PipelineBroken(
+                                f"the head at {self.head_address} was silent for {self.timeout_s} s"
+                            ) from None
+                        continue
                 else:
-                    finished = True
-                    if h.get("kind") == "cancelled":
-                        return
-                    raise ERRORS_BY_KIND.get(h.get("kind"), PipelineError)(str(h.get("message")))
+                    item = queue.get_nowait()
+                if isinstance(item, TokenEvent):
+                    yield item
+                    if item.finish_reason is None:
+                        continue
+                finished = True
+                if isinstance(item, TokenEvent) or item.get("kind") == "cancelled":
+                    return
+                raise ERRORS_BY_KIND.get(item.get("kind"), PipelineError)(str(item.get("message")))
         finally:
             self._streams.pop(request_id, None)
             if not finished and self._socket is not None:

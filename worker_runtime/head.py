@@ -205,13 +205,18 @@ class HeadLoop:
             self._fail(self.scheduler.on_failed(h["mb"]), PipelineError(str(h.get("message"))))
 
     def on_tokens(self, mb_id: int, seq_ids: list[int], tokens: list[int]) -> None:
+        """Stream a micro-batch's tokens: one ``tokens`` frame per client, not one frame per token.
+
+        A client (the gateway) usually holds most of a micro-batch's requests, and every frame costs
+        an encode, an HMAC and a wake-up on both sides.
+        """
+        by_client: dict[bytes, list[list]] = {}
         for request, token, reason in self.scheduler.on_tokens(mb_id, seq_ids, tokens):
-            self.transport.reply(
-                request.client,
-                {"type": "token", "request_id": request.request_id, "token_id": token, "finish_reason": reason},
-            )
+            by_client.setdefault(request.client, []).append([request.request_id, token, reason])
             if reason is not None:
                 self._release(request)
+        for client, items in by_client.items():
+            self.transport.reply(client, {"type": "tokens", "items": items})
 
     def on_submit(self, client: bytes, h: dict[str, Any]) -> None:
         request_id = str(h.get("request_id"))

@@ -4,8 +4,9 @@ Stage to stage: ``batch`` (a micro-batch's hidden states), ``free`` (sequences d
 every sequence: the head starts a new epoch after a failure). To the head: ``tokens`` (sampled by the
 last stage), ``failed`` (a stage could not run a micro-batch), ``heartbeat`` (liveness, KV figures
 and statistics of a stage). Client to head: ``submit``, ``cancel``, ``stats``, ``health``; head to
-client: ``token``, ``error``, ``reply``, ``alive``. Every data-plane message carries the head's
-``epoch`` so that a stage drops what belongs to a pipeline state that was reset.
+client: ``tokens`` (that client's tokens of one micro-batch), ``error``, ``reply``, ``alive``. Every
+data-plane message carries the head's ``epoch`` so that a stage drops what belongs to a pipeline
+state that was reset.
 """
 
 from __future__ import annotations
