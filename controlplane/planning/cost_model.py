@@ -145,6 +145,11 @@ class CostModel:
         seconds = max(flops / (_peak(device) * PREFILL_COMPUTE_EFFICIENCY), weights / _bandwidth(device))
         return (seconds + (end - start) * LAYER_OVERHEAD_S) * _slowdown(device)
 
+    def crosses_network(self, a: DeviceSpec, b: DeviceSpec) -> bool:
+        """Whether activations from a to b take the network: the search keeps such hops few, since
+        each is a link other traffic shares and a path that can fail beyond the two nodes."""
+        return self.link(a, b).kind == "network"
+
     def hop_s(self, a: DeviceSpec, b: DeviceSpec, tokens: float) -> float:
         """Hidden states of ``tokens`` tokens from a to b: bytes over bandwidth plus latency."""
         link = self.link(a, b)

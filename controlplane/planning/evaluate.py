@@ -48,6 +48,14 @@ def round_seconds(cost: CostModel, placements: Sequence[Placement], micro_batche
     return _round(times, back, micro_batches)[0]
 
 
+def network_hops(cost: CostModel, placements: Sequence[Placement]) -> int:
+    """Stage-to-stage transfers that cross the network: the search's tie-break after throughput and
+    low-bit layers (the return hop of sampled tokens is not counted: every plan of two or more
+    nodes has one)."""
+    devices = [cost.device(p.device) for p in placements]
+    return sum(cost.crosses_network(a, b) for a, b in zip(devices, devices[1:]))
+
+
 def stage_plan(cost: CostModel, placement: Placement, following: DeviceSpec | None, compute: float,
                transfer: float) -> StagePlan:
     device = cost.device(placement.device)

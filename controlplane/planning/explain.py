@@ -48,10 +48,14 @@ def _replica_lines(request: PlanRequest, cost: CostModel, index: int, replica: R
             nodes.append(s.node)
     hops = [(a, b) for a, b in zip(stages, stages[1:]) if a.link == "network"]
     if len(stages) > 1:
-        # The exact search (small fleets) may leave a node and come back when that is faster.
-        grouping = ("devices of a node stay adjacent" if len(nodes) == len(set(nodes))
-                    else "a node is visited twice, the fastest order found")
-        order = f"Order: {grouping} (nodes {' -> '.join(nodes)}), {len(hops)} network hop(s)"
+        # The exact search (small fleets) leaves a node and comes back only to be more than 1% faster or
+        # to save low-bit layers; an edited plan may do so for nothing, so say what it costs in hops.
+        route = " -> ".join(nodes)
+        if len(nodes) == len(set(nodes)):
+            order = f"Order: devices of a node stay adjacent (nodes {route}), {len(hops)} network hop(s)"
+        else:
+            order = (f"Order: a node is visited more than once (nodes {route}), {len(hops)} network hop(s) "
+                     f"where keeping each node's devices adjacent needs {len(set(nodes)) - 1}")
         if hops:
             links = [(cost.link(cost.device(a.device), cost.device(b.device)), a, b) for a, b in hops]
             link, source, target = min(links, key=lambda item: item[0].bandwidth_gbs)

@@ -3,8 +3,9 @@
 Activations flow stage to stage, so the order decides which links carry them. Devices of one node
 and one NVLink island stay adjacent, so a replica crosses each network link at most once, and the
 node chain runs through the fastest network interfaces first. For up to ``EXACT_ORDER_LIMIT``
-devices the partition search tries every order itself (Held-Karp over subsets); beyond that it
-tries the topology order in both directions and keeps the best.
+devices the partition search tries every order itself (Held-Karp over subsets) and, among orders
+within 1% of the best, keeps one with the fewest network hops; beyond that it tries the topology
+order in both directions and keeps the best.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ Two searches, one per pipeline regime (see docs/planner.md, "Pipeline model"):
   as in Held-Karp, which covers every order of every subset of the devices. Otherwise the order is
   given and a device may be skipped (it then carries no stage).
   Among partitions within 1% of the best bottleneck it returns one with the fewest low-bit layers,
-  and among those the smallest bottleneck.
+  with ``exact_order`` among those one with the fewest network hops (an order that leaves a node
+  and comes back only when that is more than 1% faster or saves low-bit layers), and among those
+  the smallest bottleneck.
 * ``sum_partition`` minimises the sum of stage times (one micro-batch: the pipeline is a chain). The
   quality budget is handled by a Lagrange multiplier on the low-bit layer count; this is a heuristic
   (a duality gap is possible), used only as an alternative candidate.
@@ -52,13 +54,15 @@ class _Problem:
     pins: tuple[tuple[int, int] | None, ...]
     num_layers: int
 
-    def transitions(self, tau: float) -> list[np.ndarray]:
-        """Per device, T[i, j] = fewest low-bit layers for it to take [i, j) within tau (inf: cannot).
+    def transitions(self, tau: float, weight: float = 1.0) -> list[np.ndarray]:
+        """Per device, T[i, j] = fewest low-bit layers for it to take [i, j) within tau (inf: cannot),
+        times ``weight``: a weight above any count of network hops lets the exact search add the hops
+        to the same value and still rank every low-bit layer above them.
 
         Devices with the same prices share one array, so alike cards cost one computation.
         """
         size = self.num_layers + 1
-        quantized = low_bit_cost(4, size)
+        quantized = low_bit_cost(4, size) * weight
         shared: dict[tuple[int, int], np.ndarray] = {}
         result = []
         for full, low in zip(self.full, self.low):
@@ -135,13 +139,39 @@ def _ordered_stages(problem: _Problem, trace, tau: float) -> tuple[Placement, ..
 
 # -- every order of every subset (Held-Karp) ------------------------------------------------------
 
-def _subset_rows(problem: _Problem, hop_matrix: np.ndarray, tau: float, track: bool):
-    """DP over (devices used, last device): row[j] = fewest low-bit layers covering [0, j)."""
+@dataclass(frozen=True)
+class _Links:
+    """Between every two devices: the hop time and whether the hop crosses the network (1 or 0)."""
+
+    seconds: np.ndarray
+    crossings: np.ndarray
+
+    @property
+    def weight(self) -> float:
+        """What one low-bit layer counts in the exact search's value: more than all hops together."""
+        return float(len(self.seconds))
+
+
+def _links(cost: CostModel, devices: Sequence[DeviceSpec], micro_batch: float) -> _Links:
+    """Every pair, once per search: the DP asks about each (last, next) pair at every tau."""
+    count = len(devices)
+    seconds, crossings = np.zeros((count, count)), np.zeros((count, count))
+    for a in range(count):
+        for b in range(count):
+            if a != b:
+                seconds[a, b] = cost.hop_s(devices[a], devices[b], micro_batch)
+                crossings[a, b] = cost.crosses_network(devices[a], devices[b])
+    return _Links(seconds, crossings)
+
+
+def _subset_rows(problem: _Problem, links: _Links, tau: float, track: bool):
+    """DP over (devices used, last device): row[j] = fewest low-bit layers covering [0, j) times
+    ``links.weight``, plus the fewest network hops among such plans."""
     count = len(problem.devices)
     n = problem.num_layers + 1
     start_row = np.full(n, INF)
     start_row[0] = 0.0
-    transitions = problem.transitions(tau)
+    transitions = problem.transitions(tau, links.weight)
     rows: dict[tuple[int, int], np.ndarray] = {}
     parents: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
     for d in range(count):
@@ -156,9 +186,9 @@ def _subset_rows(problem: _Problem, hop_matrix: np.ndarray, tau: float, track: b
             if row is None or not np.isfinite(row[:-1]).any():
                 continue
             for d in range(count):
-                if mask >> d & 1 or hop_matrix[last, d] > tau:
+                if mask >> d & 1 or links.seconds[last, d] > tau:
                     continue
-                table = row[:, None] + transitions[d]
+                table = (row + links.crossings[last, d])[:, None] + transitions[d]
                 starts = table.argmin(axis=0)
                 values = table[starts, np.arange(n)]
                 key = (mask | 1 << d, d)
@@ -178,13 +208,13 @@ def _subset_rows(problem: _Problem, hop_matrix: np.ndarray, tau: float, track: b
     return final, parents
 
 
-def _subset_best(problem: _Problem, hop_matrix: np.ndarray, tau: float) -> float:
-    final, _ = _subset_rows(problem, hop_matrix, tau, track=False)
+def _subset_best(problem: _Problem, links: _Links, tau: float) -> float:
+    final, _ = _subset_rows(problem, links, tau, track=False)
     return min(final.values(), default=INF)
 
 
-def _subset_stages(problem: _Problem, hop_matrix: np.ndarray, tau: float) -> tuple[Placement, ...]:
-    final, parents = _subset_rows(problem, hop_matrix, tau, track=True)
+def _subset_stages(problem: _Problem, links: _Links, tau: float) -> tuple[Placement, ...]:
+    final, parents = _subset_rows(problem, links, tau, track=True)
     key = min(final, key=lambda k: (final[k], bin(k[0]).count("1"), k))
     stages = []
     end = problem.num_layers
@@ -207,49 +237,43 @@ def _placement(problem: _Problem, index: int, start: int, end: int, tau: float) 
     raise AssertionError("reconstructed a stage that no precision allows")
 
 
-def _hops(cost: CostModel, devices: Sequence[DeviceSpec], micro_batch: float) -> np.ndarray:
-    count = len(devices)
-    hops = np.zeros((count, count))
-    for a in range(count):
-        for b in range(count):
-            if a != b:
-                hops[a, b] = cost.hop_s(devices[a], devices[b], micro_batch)
-    return hops
-
-
 def bottleneck_partition(cost: CostModel, devices: Sequence[DeviceSpec], micro_batch: float, budget: int,
                          bits: Sequence[int], pins: dict[str, tuple[int, int]] | None = None,
                          exact_order: bool = False) -> Partition | None:
     """Minimal-bottleneck partition (see module doc); None when nothing fits within the budget."""
     problem = _problem(cost, devices, sorted(bits, reverse=True), micro_batch, pins or {})
-    hop_matrix = _hops(cost, devices, micro_batch)
     if exact_order:
+        links = _links(cost, devices, micro_batch)
+        weight = links.weight  # ``fewest`` is low-bit layers x weight + network hops
+
         def fewest(tau: float) -> float:
-            return _subset_best(problem, hop_matrix, tau)
+            return _subset_best(problem, links, tau)
     else:
-        chain = [0.0] + [hop_matrix[i - 1, i] for i in range(1, len(devices))]
+        weight = 1.0
+        chain = [0.0] + [cost.hop_s(devices[i - 1], devices[i], micro_batch) for i in range(1, len(devices))]
 
         def fewest(tau: float) -> float:
             return _ordered_rows(problem, chain, tau, track=False)[0][-1]
     # The optimum is a stage time or a hop time: binary search over exactly those values.
-    hop_values = hop_matrix.ravel() if exact_order else np.asarray(chain)
+    hop_values = links.seconds.ravel() if exact_order else np.asarray(chain)
     candidates = np.unique(np.concatenate(
         [m[np.isfinite(m)] for m in {id(m): m for m in problem.full + problem.low}.values()] + [hop_values]))
-    best = _smallest(candidates, lambda tau: fewest(tau) <= budget)
+    # Within the budget: at most ``budget`` low-bit layers, whatever the hops (fewer than ``weight``).
+    best = _smallest(candidates, lambda tau: fewest(tau) < (budget + 1) * weight)
     if best is None:
         return None
     relaxed = candidates[candidates <= best / (1.0 - THROUGHPUT_TOLERANCE)][-1]
-    quantized = int(fewest(relaxed))
+    target = fewest(relaxed)
     tau = best
-    if fewest(best) > quantized:
+    if fewest(best) > target:
         window = candidates[(candidates >= best) & (candidates <= relaxed)]
-        tau = _smallest(window, lambda t: fewest(t) <= quantized)
+        tau = _smallest(window, lambda t: fewest(t) <= target)
     if exact_order:
-        stages = _subset_stages(problem, hop_matrix, tau)
+        stages = _subset_stages(problem, links, tau)
     else:
         _, trace = _ordered_rows(problem, chain, tau, track=True)
         stages = _ordered_stages(problem, trace, tau)
-    return Partition(stages, float(tau), quantized)
+    return Partition(stages, float(tau), int(target // weight))
 
 
 def _smallest(candidates: np.ndarray, ok) -> float | None:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from controlplane.hardware.specs import DeviceSpec
 from controlplane.planning.cost_model import CostModel, capacity_bytes, device_key
-from controlplane.planning.evaluate import assemble, evaluate_replica, micro_batch_size, round_seconds
+from controlplane.planning.evaluate import (assemble, evaluate_replica, micro_batch_size, network_hops,
+                                            round_seconds)
 from controlplane.planning.explain import explain, infeasible_message, min_replica_bytes, unused_devices
 from controlplane.planning.ordering import EXACT_ORDER_LIMIT, candidate_orders, speed, topology_order
 from controlplane.planning.partition import bottleneck_partition, sum_partition
@@ -199,9 +200,11 @@ class _Search:
             return None
         rounds = [round_seconds(cost, *option) for option in options]
         fastest = min(rounds)
-        # Within 1% of the fastest round, fewer low-bit layers win, then the faster, then fewer stages.
+        # Within 1% of the fastest round, fewer low-bit layers win, then fewer network hops, then the
+        # faster, then fewer stages.
         return min((o for o, r in zip(options, rounds) if r * (1.0 - THROUGHPUT_TOLERANCE) <= fastest),
-                   key=lambda o: (quantized_layers(o[0]), rounds[options.index(o)], len(o[0])))
+                   key=lambda o: (quantized_layers(o[0]), network_hops(cost, o[0]), rounds[options.index(o)],
+                                  len(o[0])))
 
     def _respect_pins(self, order: list[DeviceSpec]) -> list[DeviceSpec]:
         """A fixed order must visit pinned devices in the order of their layers: keep the free

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from controlplane.planning.cost_model import CostModel
@@ -15,21 +15,22 @@ from controlplane.planning.request import PlanRequest, Workload
 from tests.planning.factories import CARDS, fleet, profile
 
 
-def brute_force(cost: CostModel, devices, micro_batch: int, budget: int, bits=(16, 8, 4)):
-    """(min bottleneck, fewest low-bit layers among plans within 1% of it), by enumeration.
+def feasible_plans(cost: CostModel, devices, micro_batch: int, budget: int, bits=(16, 8, 4)):
+    """(bottleneck, low-bit layers, network hops) of every plan within the budget, by enumeration.
 
     Low precisions all count the same towards the budget, so per stage only the best 16-bit time and
     the best low-bit time matter: 2^k precision choices per composition instead of 3^k.
     """
     layers = cost.num_layers
     matrices = [{b: cost.decode_matrix(d, b, micro_batch) for b in bits} for d in devices]
-    plans = []  # per order: (bottlenecks, low-bit layers) of every feasible plan
+    plans = []  # per order: (bottlenecks, low-bit layers, hops) of every feasible plan
     for k in range(1, min(len(devices), layers) + 1):
         cuts = np.array([(0, *c, layers) for c in itertools.combinations(range(1, layers), k - 1)])
         sizes = np.diff(cuts, axis=1)
         for order in itertools.permutations(range(len(devices)), k):
-            hop = max((cost.hop_s(devices[a], devices[b], micro_batch) for a, b in zip(order, order[1:])),
-                      default=0.0)
+            pairs = [(devices[a], devices[b]) for a, b in zip(order, order[1:])]
+            hop = max((cost.hop_s(a, b, micro_batch) for a, b in pairs), default=0.0)
+            crossings = sum(a.node != b.node for a, b in pairs)
             full = np.stack([matrices[d][16][cuts[:, i], cuts[:, i + 1]] for i, d in enumerate(order)],
                             axis=1)
             low = np.stack([np.minimum(matrices[d][8], matrices[d][4])[cuts[:, i], cuts[:, i + 1]]
@@ -38,9 +39,13 @@ def brute_force(cost: CostModel, devices, micro_batch: int, budget: int, bits=(1
             times = np.where(masks[None], low[:, None], full[:, None]).max(axis=2)  # (C, 2^k)
             quantized = (sizes[:, None, :] * masks[None]).sum(axis=2)
             ok = np.isfinite(times) & (quantized <= budget)
-            plans.append((np.maximum(times[ok], hop), quantized[ok]))
-    times = np.concatenate([t for t, _ in plans])
-    quantized = np.concatenate([q for _, q in plans])
+            plans.append((np.maximum(times[ok], hop), quantized[ok], np.full(int(ok.sum()), crossings)))
+    return tuple(np.concatenate(column) for column in zip(*plans))
+
+
+def brute_force(cost: CostModel, devices, micro_batch: int, budget: int, bits=(16, 8, 4)):
+    """(min bottleneck, fewest low-bit layers among plans within 1% of it), by enumeration."""
+    times, quantized, _ = feasible_plans(cost, devices, micro_batch, budget, bits)
     if not len(times):
         return None, None
     best = float(times.min())
@@ -78,6 +83,28 @@ def test_bottleneck_equals_brute_force(cards, layer_sizes, batch, micro, two_nod
     assert found.objective_s * (1.0 - THROUGHPUT_TOLERANCE) <= best * (1 + 1e-12)
     assert found.quantized == fewest
     assert found.objective_s >= best * (1 - 1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(cards=st.lists(st.sampled_from(sorted(CARDS)), min_size=3, max_size=5), layer_sizes=sizes,
+       batch=st.integers(1, 16), share=st.sampled_from([0.0, 0.5, 1.0]))
+@example(cards=["T4", "3090", "3090", "V100"], layer_sizes=[200_000_000] * 8, batch=8, share=0.5)
+def test_fewest_network_hops_among_plans_within_tolerance(cards, layer_sizes, batch, share):
+    """Among plans within 1% of the best bottleneck and with the fewest low-bit layers, the search
+    crosses the network as few times as any (a node is left and re-entered only when that pays)."""
+    request, cost = instance(cards, layer_sizes, batch, True, share)
+    devices = list(request.fleet.devices)
+    budget = request.quantized_layer_budget
+    found = bottleneck_partition(cost, devices, batch, budget, request.bits, exact_order=True)
+    times, quantized, hops = feasible_plans(cost, devices, batch, budget)
+    if found is None:
+        assert not len(times)
+        return
+    within = times * (1.0 - THROUGHPUT_TOLERANCE) <= times.min()
+    fewest = quantized[within].min()
+    nodes = [cost.device(s.device).node for s in found.stages]
+    assert found.quantized == fewest
+    assert sum(a != b for a, b in zip(nodes, nodes[1:])) == hops[within & (quantized == fewest)].min()
 
 
 def test_six_devices_ten_layers_three_precisions():

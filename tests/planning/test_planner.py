@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from controlplane.hardware.specs import GIB
-from controlplane.planning import Pin, PlanningError, PlanRequest, Workload, baseline_plan, plan
+from controlplane.planning import Pin, PlanningError, PlanRequest, Workload, baseline_plan, plan, validate
 from controlplane.planning.cost_model import CostModel
+from controlplane.planning.precision import THROUGHPUT_TOLERANCE
 from tests.planning.factories import fleet, profile
 
 
@@ -62,6 +63,25 @@ def test_calibration_scales_predictions():
     slower = plan(PlanRequest(fleet({"n": ["A100"]}, health={"n/gpu0": {"calibration": 2.0}}), profile(16),
                               Workload(4, 1024)))
     assert slower.predicted.token_latency_ms == pytest.approx(2 * base.predicted.token_latency_ms, rel=1e-3)
+
+
+def test_a_replica_leaves_a_node_only_when_that_pays():
+    """A T4 on node a, two V100s on node b: the T4 at low bits paces the pipeline wherever it sits,
+    so V100 -> T4 -> V100 is as fast as keeping the V100s together, at twice the network hops."""
+    request = PlanRequest(fleet({"a": ["T4"], "b": ["V100", "V100"]}), profile(16), Workload(8, 2048),
+                          replicas=1)
+    result = plan(request)
+    stages = result.replicas[0].stages
+    assert [s.node for s in stages] in (["a", "b", "b"], ["b", "b", "a"])
+    assert [s.link for s in stages].count("network") == 1
+    assert any("1 network hop(s)" in line for line in result.explanation)
+    there_and_back = [("b/gpu1", 0, 5, 16), ("a/gpu0", 5, 11, 4), ("b/gpu0", 11, 16, 16)]
+    report = validate({"replicas": [{"micro_batches": result.replicas[0].micro_batches, "stages": [
+        {"device": d, "layers": [start, end], "bits": bits} for d, start, end, bits in there_and_back]}]},
+        request)
+    assert report.ok
+    tokens = report.predicted.decode_tokens_per_s
+    assert result.predicted.decode_tokens_per_s >= (1.0 - THROUGHPUT_TOLERANCE) * tokens
 
 
 def test_excluded_node_and_pin():
