@@ -33,7 +33,7 @@ class AttentionPlan:
     positions: torch.Tensor  # [tokens] position of each new token
     seq_ends: torch.Tensor  # [tokens] length of the token's sequence after this step
     write_slots: torch.Tensor  # [tokens] cache slot each new token's K/V goes to
-    gather_slots: torch.Tensor  # [batch, max_length] cache slots of each sequence's keys (padded)
+    gather_slots: torch.Tensor  # [batch * max_length] cache slots of each sequence's keys (padded), flat for index_select
     query_index: torch.Tensor | None  # [tokens] index into the padded [batch * max_new] layout, or None
     mask: torch.Tensor | None  # [batch, 1, max_new, max_length] bool, True where attention is allowed
     batch: int
@@ -158,28 +158,30 @@ class KVCache:
             self._lengths[seq_id] = start + n
         return self._build_plan(seq_ids, starts, lengths)
 
-    def _slots(self, seq_id: int, end: int) -> torch.Tensor:
-        blocks = torch.tensor(self._blocks[seq_id], dtype=torch.long)
-        pos = torch.arange(end)
-        return blocks[pos // self.block_size] * self.block_size + pos % self.block_size
+    def _block_table(self, seq_ids: list[int], num_blocks: int) -> torch.Tensor:
+        """[batch, num_blocks] block ids; a sequence's missing tail repeats its first block (masked out)."""
+        rows = []
+        for seq_id in seq_ids:
+            blocks = self._blocks[seq_id][:num_blocks]
+            rows.append(blocks + blocks[:1] * (num_blocks - len(blocks)))
+        return torch.tensor(rows, dtype=torch.long)
 
     def _build_plan(self, seq_ids: list[int], starts: list[int], lengths: list[int]) -> AttentionPlan:
+        """The index tensors, built for the whole batch at once: a few tensor ops whatever its size."""
         batch, max_new = len(seq_ids), max(lengths)
         ends = [s + n for s, n in zip(starts, lengths)]
         max_len = max(ends)
-        gather = torch.empty(batch, max_len, dtype=torch.long)
-        write, positions, seq_ends, query_index = [], [], [], []
-        for b, (seq_id, start, n, end) in enumerate(zip(seq_ids, starts, lengths, ends)):
-            slots = self._slots(seq_id, end)
-            gather[b, :end] = slots
-            gather[b, end:] = slots[0]  # any slot of the same sequence; masked out anyway
-            write.append(slots[start:])
-            positions.append(torch.arange(start, end))
-            seq_ends.append(torch.full((n,), end))
-            query_index.append(torch.arange(b * max_new, b * max_new + n))
-        starts_t = torch.tensor(starts)
+        k_slot = torch.arange(max_len)
+        table = self._block_table(seq_ids, math.ceil(max_len / self.block_size))
+        gather = table[:, k_slot // self.block_size] * self.block_size + k_slot % self.block_size  # [batch, max_len]
+        starts_t, lengths_t = torch.tensor(starts), torch.tensor(lengths)
         q_pos = starts_t[:, None] + torch.arange(max_new)[None, :]  # [batch, max_new]
-        k_pos = torch.arange(max_len)[None, None, :]
+        is_new = torch.arange(max_new)[None, :] < lengths_t[:, None]  # real (not padding) query rows
+        write = gather.gather(1, q_pos.clamp(max=max_len - 1))[is_new]
+        positions = q_pos[is_new]
+        seq_ends = (starts_t + lengths_t)[:, None].expand(batch, max_new)[is_new]
+        query_index = torch.arange(batch * max_new).view(batch, max_new)[is_new]
+        k_pos = k_slot[None, None, :]
         padded = any(n != max_new for n in lengths)
         ragged_keys = any(e != max_len for e in ends)
         needs_mask = padded or max_new > 1 or ragged_keys or self.sliding_window is not None
@@ -191,11 +193,11 @@ class KVCache:
             mask = mask[:, None].to(self.device)
         dev = self.device
         return AttentionPlan(
-            positions=torch.cat(positions).to(dev),
-            seq_ends=torch.cat(seq_ends).to(dev),
-            write_slots=torch.cat(write).to(dev),
-            gather_slots=gather.to(dev),
-            query_index=torch.cat(query_index).to(dev) if padded else None,
+            positions=positions.to(dev),
+            seq_ends=seq_ends.to(dev),
+            write_slots=write.to(dev),
+            gather_slots=gather.view(-1).to(dev),
+            query_index=query_index.to(dev) if padded else None,
             mask=mask,
             batch=batch,
             max_new=max_new,
