@@ -132,6 +132,31 @@ async def test_bad_frames_are_rejected_logged_and_the_stage_keeps_serving(shared
         context.destroy(linger=0)
 
 
+def test_a_clients_tokens_of_one_micro_batch_arrive_in_one_frame(shared_pipeline, tiny_model):
+    """Six requests of one client on 3 micro-batches: some step carries several of them, in one frame."""
+    codec, context = FrameCodec("p0", TOKEN), zmq.Context()
+    try:
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVTIMEO, 10_000)
+        sock.connect(shared_pipeline.head)
+        prompts = {f"r{i}": [3 + i, 9, 27] for i in range(6)}
+        for request_id, prompt in prompts.items():
+            sock.send_multipart(codec.encode({"type": "submit", "request_id": request_id, "prompt": prompt, "max_tokens": 6}))
+        frames, streams = [], {request_id: [] for request_id in prompts}
+        while sum(len(tokens) for tokens in streams.values()) < 6 * 6:
+            header = codec.decode(sock.recv_multipart()).header
+            if header["type"] == "tokens":
+                frames.append(header)
+                for request_id, token_id, _ in header["items"]:
+                    streams[request_id].append(token_id)
+        assert streams == {request_id: reference(tiny_model, prompt, 6) for request_id, prompt in prompts.items()}
+        assert len(frames) < 6 * 6 and max(len(f["items"]) for f in frames) >= 2
+        assert [f["items"][-1][2] for f in frames][-1] == "length"
+    finally:
+        context.destroy(linger=0)
+
+
 def test_a_bad_spec_prints_an_error_event_and_exits_nonzero(tmp_path):
     import json
     import subprocess
