@@ -100,20 +100,25 @@ class RotaryEmbedding:
     def cos_sin(
         self, positions: torch.Tensor, seq_ends: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cos and sin [tokens, 1, head_dim] (broadcast over heads) for flat ``positions``.
+        """Cos and signed sin [tokens, 1, head_dim] (broadcast over heads) for flat ``positions``.
 
-        ``seq_ends``: each token's sequence end.
+        ``seq_ends``: each token's sequence end. The sin's first half is negated, which is what
+        :func:`apply_rotary` needs to rotate with one ``roll`` instead of slicing and concatenating.
         """
         if self.rope_type == "dynamic" and bool((seq_ends > self.max_positions).any()):
             freqs = positions[:, None].float() * self._dynamic_inv_freq(seq_ends)
         else:
             freqs = positions[:, None].float() * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-        return (emb.cos() * self.attention_factor).to(dtype), (emb.sin() * self.attention_factor).to(dtype)
+        half_cos, half_sin = freqs.cos() * self.attention_factor, freqs.sin() * self.attention_factor
+        cos = torch.cat((half_cos, half_cos), dim=-1)[:, None, :]
+        sin = torch.cat((-half_sin, half_sin), dim=-1)[:, None, :]
+        return cos.to(dtype), sin.to(dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` [tokens, heads, head_dim] by per-token cos/sin [tokens, 1, head_dim] (rotate-half layout)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` [tokens, heads, head_dim] in the rotate-half layout, as transformers does.
+
+    ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = [-x2, x1]`` equals
+    ``x * cos + [x2, x1] * [-sin1, sin2]`` exactly, and ``[x2, x1]`` is one ``roll``.
+    """
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin
