@@ -66,6 +66,19 @@ VARIANTS: dict[str, tuple[type, type, dict]] = {
             rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
         ),
     ),
+    # Weights of 1-4 MiB: the dense layers take oneDNN's kernel at decode (worker_runtime.dense).
+    "llama_wide_onednn": (
+        LlamaConfig,
+        LlamaForCausalLM,
+        dict(
+            num_hidden_layers=2,
+            hidden_size=512,
+            intermediate_size=1024,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            initializer_range=0.02,
+        ),
+    ),
     "qwen2_bias": (
         Qwen2Config,
         Qwen2ForCausalLM,
