@@ -13,9 +13,12 @@ Two searches, one per pipeline regime (see docs/planner.md, "Pipeline model"):
   with ``exact_order`` among those one with the fewest network hops (an order that leaves a node
   and comes back only when that is more than 1% faster or saves low-bit layers), and among those
   the smallest bottleneck.
-* ``sum_partition`` minimises the sum of stage times (one micro-batch: the pipeline is a chain). The
-  quality budget is handled by a Lagrange multiplier on the low-bit layer count; this is a heuristic
-  (a duality gap is possible), used only as an alternative candidate.
+* ``sum_partition`` minimises the sum of stage times and hops (one micro-batch: the pipeline is a
+  chain) over the given order, where a device may be skipped. A dynamic programme over (last device
+  used, layer boundary, low-bit layers so far, at most the budget) is exact: a plan's sum adds up
+  along the chain, and the state holds all that the rest of the plan depends on (the last device
+  sets the next hop, the count what the budget still allows). Among minimal plans it returns one
+  with the fewest low-bit layers.
 """
 
 from __future__ import annotations
@@ -31,13 +34,12 @@ from controlplane.planning.plan import Placement
 from controlplane.planning.precision import THROUGHPUT_TOLERANCE, low_bit_cost
 
 INF = float("inf")
-LAGRANGE_STEPS = 10  # bisection steps on the low-bit penalty of ``sum_partition``
 
 
 @dataclass(frozen=True)
 class Partition:
     stages: tuple[Placement, ...]
-    objective_s: float  # the bottleneck (or the sum) of stage times the search minimised
+    objective_s: float  # what the search minimised: the bottleneck, or the sum of stage times and hops
     quantized: int
 
 
@@ -153,7 +155,8 @@ class _Links:
 
 
 def _links(cost: CostModel, devices: Sequence[DeviceSpec], micro_batch: float) -> _Links:
-    """Every pair, once per search: the DP asks about each (last, next) pair at every tau."""
+    """Every pair, once per search: the DPs ask about each (last, next) pair many times (Held-Karp
+    at every tau, the chain at every device)."""
     count = len(devices)
     seconds, crossings = np.zeros((count, count)), np.zeros((count, count))
     for a in range(count):
@@ -290,72 +293,124 @@ def _smallest(candidates: np.ndarray, ok) -> float | None:
     return float(candidates[lo])
 
 
+# -- fixed order, sum of stage times and hops (one micro-batch) -----------------------------------
+
 def sum_partition(cost: CostModel, devices: Sequence[DeviceSpec], micro_batch: float, budget: int,
                   bits: Sequence[int], pins: dict[str, tuple[int, int]] | None = None) -> Partition | None:
-    """Minimal sum of stage times and hops over the given order (a device may be skipped)."""
+    """Minimal sum of stage times and hops over the given order (see module doc), with the fewest
+    low-bit layers among minimal plans; None when nothing fits within the budget."""
     problem = _problem(cost, devices, sorted(bits, reverse=True), micro_batch, pins or {})
-    n = problem.num_layers + 1
-    hops = [0.0] + [cost.hop_s(devices[i - 1], devices[i], micro_batch) for i in range(1, len(devices))]
-
-    quantized = low_bit_cost(4, n)
-    lows = [b for b in problem.bits if b < 16]
-    low_bits = []  # per device: the fastest low precision for each [i, j) (the higher one on a tie)
-    for per_bits in problem.matrices:
-        choice = np.full((n, n), lows[0] if lows else 16)
-        best = per_bits[lows[0]] if lows else None
-        for b in lows[1:]:
-            choice = np.where(per_bits[b] < best, b, choice)
-            best = np.minimum(best, per_bits[b])
-        low_bits.append(choice)
-
-    def solve(penalty: float):
-        row = np.full(n, INF)
-        row[0] = 0.0
-        trace = []
-        for index in range(len(devices)):
-            penalised = problem.low[index] + penalty * quantized
-            keep_full = problem.full[index] <= penalised
-            priced = np.where(keep_full, problem.full[index], penalised)
-            chosen = np.where(keep_full, 16, low_bits[index])
-            entry = np.full(n, hops[index])
-            entry[0] = 0.0
-            table = (row + entry)[:, None] + priced
-            starts = table.argmin(axis=0)
-            taken = table[starts, np.arange(n)]
-            skipped = row if problem.pins[index] is None else np.full(n, INF)
-            use = taken < skipped
-            trace.append((use, starts, chosen))
-            row = np.where(use, taken, skipped)
-        if not np.isfinite(row[-1]):
-            return None
-        stages, end = [], problem.num_layers
-        for index in range(len(devices) - 1, -1, -1):
-            use, starts, chosen = trace[index]
-            if end > 0 and use[end]:
-                start = int(starts[end])
-                stages.append(Placement(devices[index].name, start, end, int(chosen[start, end])))
-                end = start
-        stages = tuple(reversed(stages))
-        return stages, sum(s.end - s.start for s in stages if s.bits < 16)
-
-    found = solve(0.0)
-    if found is None:
+    hops = _links(cost, devices, micro_batch).seconds
+    floors = _pinned_before(problem)
+    values = _chain_values(problem, hops, floors, min(budget, problem.num_layers))
+    first_last = max(floors[-1], 0)  # the last stage is on the last pinned device or after it
+    ends = values[first_last:, :, -1]  # [last device, low-bit layers]
+    best = float(ends.min())
+    if not np.isfinite(best):
         return None
-    if found[1] > budget:
-        # A penalty above any stage's time never buys a low-bit layer for speed, only to fit memory.
-        lo, hi = 0.0, max(float(m[np.isfinite(m)].max(initial=0.0)) for m in problem.full + problem.low)
-        probe = solve(hi)
-        if probe is None or probe[1] > budget:
-            return None
-        found = probe
-        for _ in range(LAGRANGE_STEPS):
-            mid = (lo + hi) / 2
-            probe = solve(mid)
-            if probe[1] <= budget:
-                hi, found = mid, probe
-            else:
-                lo = mid
-    stages = found[0]
-    total = sum(float(cost.decode_s(cost.device(s.device), s.start, s.end, s.bits, micro_batch))
-                for s in stages)
-    return Partition(stages, total, found[1])
+    count = int(np.flatnonzero((ends == best).any(axis=0))[0])
+    last = first_last + int(ends[:, count].argmin())
+    return Partition(_chain_stages(problem, values, hops, floors, last, count), best, count)
+
+
+def _pinned_before(problem: _Problem) -> list[int]:
+    """Per device, and once more past the last: the last pinned device before it (-1: none). A
+    pinned device cannot be skipped, so no stage hands over from a device earlier than that."""
+    floors, last = [], -1
+    for index, pin in enumerate(problem.pins):
+        floors.append(last)
+        if pin is not None:
+            last = index
+    return floors + [last]
+
+
+def _chain_values(problem: _Problem, hops: np.ndarray, floors: list[int], budget: int) -> np.ndarray:
+    """V[k, c, j] = least sum of stage times and hops that covers [0, j) with exactly c low-bit
+    layers and ends with a stage on device k (inf: none). The last device used is part of the state
+    because the hop into the next stage depends on it, whichever devices were skipped between."""
+    count, n = len(problem.devices), problem.num_layers + 1
+    values = np.full((count, budget + 1, n), INF)
+    bands: dict[tuple[int, int], np.ndarray] = {}  # alike devices share their price matrices
+    for device in range(count):
+        entry = _chain_entry(values, hops, floors[device], device)
+        for matrix, counted in ((problem.full[device], 0), (problem.low[device], 1)):
+            key = (id(matrix), counted)
+            if key not in bands:
+                bands[key] = _band(matrix, min(_longest(matrix), budget if counted else n))
+            band = bands[key]
+            if len(band):
+                reached = (_windows(entry, len(band), counted) + band).min(axis=1)
+                values[device] = np.minimum(values[device], reached)
+    return values
+
+
+def _chain_entry(values: np.ndarray, hops: np.ndarray, floor: int, device: int) -> np.ndarray:
+    """E[c, i] = least time to cover [0, i) with c low-bit layers and hand layer i to ``device``:
+    the best previous last device plus its hop, or the start (i = 0) when no pinned device must
+    come first."""
+    low = max(floor, 0)
+    if low < device:
+        entry = (values[low:device] + hops[low:device, device, None, None]).min(axis=0)
+    else:
+        entry = np.full(values.shape[1:], INF)
+    if floor < 0:
+        entry[0, 0] = 0.0
+    return entry
+
+
+def _longest(matrix: np.ndarray) -> int:
+    """The most layers one stage can hold (0: none): the DP only looks this far back."""
+    starts, ends = np.nonzero(np.isfinite(matrix))
+    return int((ends - starts).max(initial=0))
+
+
+def _band(matrix: np.ndarray, width: int) -> np.ndarray:
+    """B[d - 1, j] = matrix[j - d, j], the stage of d layers ending at j, for d = 1..width (inf
+    where j < d): stage times by length, so a step of the DP is one broadcast sum and one min."""
+    lengths = np.arange(1, width + 1)[:, None]
+    ends = np.arange(len(matrix))[None, :]
+    return np.where(ends >= lengths, matrix[np.maximum(ends - lengths, 0), ends], INF)
+
+
+def _windows(entry: np.ndarray, width: int, counted: int) -> np.ndarray:
+    """W[c, d - 1, j] = entry[c - counted * d, j - d] (inf outside): for each state (c, j), the
+    state a stage of d layers ending at j starts from; a low-bit stage (``counted`` = 1) adds its d
+    layers to the count. A strided view of a padded copy: no per-state indexing."""
+    rows, n = entry.shape
+    padded = np.full((width + rows, width + n), INF)
+    padded[width:, width:] = entry
+    s0, s1 = padded.strides
+    return np.lib.stride_tricks.as_strided(padded[width - counted:, width - 1:], shape=(rows, width, n),
+                                           strides=(s0, -(counted * s0 + s1), s1), writeable=False)
+
+
+def _chain_stages(problem: _Problem, values: np.ndarray, hops: np.ndarray, floors: list[int], last: int,
+                  count: int) -> tuple[Placement, ...]:
+    """Walks the DP back from (last device, count, all layers), redoing each state's minimum."""
+    stages = []
+    device, end = last, problem.num_layers
+    while end > 0:
+        entry = _chain_entry(values, hops, floors[device], device)
+        start, bits = _chain_stage(problem, entry, device, count, end)
+        stages.append(Placement(problem.devices[device].name, start, end, bits))
+        count -= (end - start) * (bits < 16)
+        end = start
+        if end > 0:
+            low = max(floors[device], 0)
+            device = low + int((values[low:device, count, end] + hops[low:device, device]).argmin())
+    return tuple(reversed(stages))
+
+
+def _chain_stage(problem: _Problem, entry: np.ndarray, device: int, count: int, end: int) -> tuple[int, int]:
+    """The start and precision of the stage ending at ``end`` on ``device`` that reaches ``count``
+    low-bit layers the fastest: 16 bits on a tie, else the highest low precision as fast as any."""
+    starts = np.arange(end)
+    full = entry[count, :end] + problem.full[device][:end, end]
+    before = count - (end - starts)
+    low = np.where(before >= 0, entry[np.maximum(before, 0), starts] + problem.low[device][:end, end], INF)
+    if full.min() <= low.min():
+        return int(full.argmin()), 16
+    start = int(low.argmin())
+    fastest = problem.low[device][start, end]
+    return start, next(b for b in problem.bits
+                       if b < 16 and problem.matrices[device][b][start, end] == fastest)

@@ -1,45 +1,55 @@
-"""The partition search against a brute force over every order, subset, boundary and precision."""
+"""The partition searches against a brute force over every order, subset, boundary and precision."""
 
 from __future__ import annotations
 
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from controlplane.planning.cost_model import CostModel
-from controlplane.planning.partition import bottleneck_partition
-from controlplane.planning.precision import THROUGHPUT_TOLERANCE
+from controlplane.planning.evaluate import round_seconds
+from controlplane.planning.partition import bottleneck_partition, sum_partition
+from controlplane.planning.plan import Placement
+from controlplane.planning.precision import THROUGHPUT_TOLERANCE, quantized_layers
 from controlplane.planning.request import PlanRequest, Workload
 from tests.planning.factories import CARDS, fleet, profile
 
 
-def feasible_plans(cost: CostModel, devices, micro_batch: int, budget: int, bits=(16, 8, 4)):
-    """(bottleneck, low-bit layers, network hops) of every plan within the budget, by enumeration.
+def feasible_plans(cost: CostModel, devices, micro_batch: int, budget: int, bits=(16, 8, 4),
+                   chain: bool = False):
+    """(objective, low-bit layers, network hops) of every plan within the budget, by enumeration.
 
+    The objective is the bottleneck (slowest stage or hop) over every order of every subset of the
+    devices; with ``chain``, the sum of stage times and hops (one micro-batch: ``sum_partition``'s
+    objective) over every subset of the devices in their given order.
     Low precisions all count the same towards the budget, so per stage only the best 16-bit time and
     the best low-bit time matter: 2^k precision choices per composition instead of 3^k.
     """
     layers = cost.num_layers
     matrices = [{b: cost.decode_matrix(d, b, micro_batch) for b in bits} for d in devices]
-    plans = []  # per order: (bottlenecks, low-bit layers, hops) of every feasible plan
+    visits = itertools.combinations if chain else itertools.permutations
+    plans = []  # per order: (objectives, low-bit layers, hops) of every feasible plan
     for k in range(1, min(len(devices), layers) + 1):
         cuts = np.array([(0, *c, layers) for c in itertools.combinations(range(1, layers), k - 1)])
         sizes = np.diff(cuts, axis=1)
-        for order in itertools.permutations(range(len(devices)), k):
+        for order in visits(range(len(devices)), k):
             pairs = [(devices[a], devices[b]) for a, b in zip(order, order[1:])]
-            hop = max((cost.hop_s(a, b, micro_batch) for a, b in pairs), default=0.0)
+            hops = [cost.hop_s(a, b, micro_batch) for a, b in pairs]
             crossings = sum(a.node != b.node for a, b in pairs)
             full = np.stack([matrices[d][16][cuts[:, i], cuts[:, i + 1]] for i, d in enumerate(order)],
                             axis=1)
             low = np.stack([np.minimum(matrices[d][8], matrices[d][4])[cuts[:, i], cuts[:, i + 1]]
                             for i, d in enumerate(order)], axis=1)
             masks = np.array(list(itertools.product((False, True), repeat=k)))  # (2^k, k)
-            times = np.where(masks[None], low[:, None], full[:, None]).max(axis=2)  # (C, 2^k)
+            stages = np.where(masks[None], low[:, None], full[:, None])  # (C, 2^k, k)
+            times = (stages.sum(axis=2) + sum(hops) if chain
+                     else np.maximum(stages.max(axis=2), max(hops, default=0.0)))  # (C, 2^k)
             quantized = (sizes[:, None, :] * masks[None]).sum(axis=2)
             ok = np.isfinite(times) & (quantized <= budget)
-            plans.append((np.maximum(times[ok], hop), quantized[ok], np.full(int(ok.sum()), crossings)))
+            plans.append((times[ok], quantized[ok], np.full(int(ok.sum()), crossings)))
     return tuple(np.concatenate(column) for column in zip(*plans))
 
 
@@ -132,3 +142,61 @@ def test_exact_search_finds_the_optimum_without_tolerance(monkeypatch):
         monkeypatch.setattr("tests.planning.test_exact.THROUGHPUT_TOLERANCE", 0.0)
         best, _ = brute_force(cost, devices, 4, request.quantized_layer_budget)
         assert found is not None and abs(found.objective_s - best) <= 1e-12 * best
+
+
+def chain_seconds(cost: CostModel, stages, micro_batch: int) -> float:
+    """Sum of stage times and hops of a plan: what ``sum_partition`` minimises."""
+    devices = [cost.device(s.device) for s in stages]
+    return (sum(cost.decode_s(d, s.start, s.end, s.bits, micro_batch) for d, s in zip(devices, stages))
+            + sum(cost.hop_s(a, b, micro_batch) for a, b in itertools.pairwise(devices)))
+
+
+# '*': the card joins its node's NVLink island, so a hop past a skipped device can be faster than
+# the hops to and from it.
+bridged_cards = st.lists(st.sampled_from(sorted(CARDS) + [c + "*" for c in sorted(CARDS)]), min_size=1,
+                         max_size=5)
+
+
+@settings(max_examples=150, deadline=None)
+@given(cards=bridged_cards, layer_sizes=sizes, batch=st.integers(1, 16), two_nodes=st.booleans(),
+       share=st.sampled_from([0.0, 0.25, 0.5, 1.0]))
+def test_chain_equals_brute_force_over_the_order(cards, layer_sizes, batch, two_nodes, share):
+    """One micro-batch: the least sum of stage times and hops of any plan over the given order (any
+    devices skipped, any boundaries and precisions) within the budget, with the fewest low-bit
+    layers such plans have."""
+    request, cost = instance(cards, layer_sizes, batch, two_nodes, share)
+    devices = list(request.fleet.devices)
+    budget = request.quantized_layer_budget
+    found = sum_partition(cost, devices, batch, budget, request.bits)
+    times, quantized, _ = feasible_plans(cost, devices, batch, budget, chain=True)
+    if not len(times):
+        assert found is None
+        return
+    best = float(times.min())
+    assert found is not None
+    assert found.objective_s == pytest.approx(best, rel=1e-9)
+    assert found.objective_s == pytest.approx(chain_seconds(cost, found.stages, batch), rel=1e-9)
+    assert found.quantized == quantized_layers(found.stages) == quantized[times <= best * (1 + 1e-9)].min()
+    bounds = [0] + [s.end for s in found.stages]
+    assert [s.start for s in found.stages] == bounds[:-1] and bounds[-1] == cost.num_layers
+    positions = [[d.name for d in devices].index(s.device) for s in found.stages]
+    assert positions == sorted(set(positions))
+
+
+def test_chain_spends_the_whole_budget():
+    """A 13B-like model on two RTX 3090s, 8 sequences in one micro-batch: 20 of 40 layers at 4 bits,
+    exactly the budget, is the fastest chain (222 tokens/s). The Lagrange penalty the chain search
+    used to bisect found no value between more low-bit layers than allowed and none, and returned
+    [0, 17) + [17, 40) at 16 bits (165 tokens/s)."""
+    request = PlanRequest(fleet({"n": ["3090", "3090"]}),
+                          profile(40, hidden=5120, layer_params=317_000_000, kv_bytes=2 * 2 * 5120),
+                          Workload(batch=8, context=2048))
+    cost = CostModel(request)
+    devices = list(request.fleet.devices)
+    budget = request.quantized_layer_budget
+    found = sum_partition(cost, devices, 8, budget, request.bits)
+    times, _, _ = feasible_plans(cost, devices, 8, budget, chain=True)
+    assert found.objective_s == pytest.approx(times.min(), rel=1e-9)
+    assert found.quantized == budget == 20
+    heuristic = (Placement("n/gpu0", 0, 17, 16), Placement("n/gpu1", 17, 40, 16))
+    assert round_seconds(cost, heuristic, 1) > 1.3 * round_seconds(cost, found.stages, 1)

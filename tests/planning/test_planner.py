@@ -66,16 +66,17 @@ def test_calibration_scales_predictions():
 
 
 def test_a_replica_leaves_a_node_only_when_that_pays():
-    """A T4 on node a, two V100s on node b: the T4 at low bits paces the pipeline wherever it sits,
-    so V100 -> T4 -> V100 is as fast as keeping the V100s together, at twice the network hops."""
-    request = PlanRequest(fleet({"a": ["T4"], "b": ["V100", "V100"]}), profile(16), Workload(8, 2048),
+    """A T4 on node a, two V100s on node b, 32 sequences (three micro-batches): V100 -> T4 -> V100 is
+    as fast as keeping the V100s together, at twice the network hops. (With 8 sequences one
+    micro-batch through the two V100s alone is fastest.)"""
+    request = PlanRequest(fleet({"a": ["T4"], "b": ["V100", "V100"]}), profile(16), Workload(32, 2048),
                           replicas=1)
     result = plan(request)
     stages = result.replicas[0].stages
     assert [s.node for s in stages] in (["a", "b", "b"], ["b", "b", "a"])
     assert [s.link for s in stages].count("network") == 1
     assert any("1 network hop(s)" in line for line in result.explanation)
-    there_and_back = [("b/gpu1", 0, 5, 16), ("a/gpu0", 5, 11, 4), ("b/gpu0", 11, 16, 16)]
+    there_and_back = [("b/gpu1", 0, 6, 16), ("a/gpu0", 6, 8, 16), ("b/gpu0", 8, 16, 8)]
     report = validate({"replicas": [{"micro_batches": result.replicas[0].micro_batches, "stages": [
         {"device": d, "layers": [start, end], "bits": bits} for d, start, end, bits in there_and_back]}]},
         request)
