@@ -5,7 +5,9 @@
 Side by side in one run, on the demo model (``worker_runtime.make_demo_model``):
 1. aggregate decode tokens/s of a 2-stage pipeline (2 processes, 1 torch thread each, on loopback)
    against one process decoding the same batch with 2 threads (goal: at least 0.85x), and, because
-   two threads can lose to one on a loaded machine, against the better of 1 and 2 threads too;
+   two threads can lose to one on a loaded machine, against the better of 1 and 2 threads too; and
+   against the pipeline's own bound (twice what one thread decodes with half the sequences: each
+   stage busy all the time with its half of the layers for micro-batches of half the batch);
 2. added latency of one stage hop for a decode step: a 1-token activation frame echoed between two
    processes through the real codec and transport (goal: under 0.3 ms), and the same seen end to end
    (per-token interval of one sequence through the pipeline minus one process's step time, per hop);
@@ -213,12 +215,15 @@ def main() -> None:
     try:
         # Alternate the two and keep the best of each: on a shared machine, load only ever slows a run down.
         for seqs in args.seqs:
-            single1, single2, piped = 0.0, 0.0, 0.0
+            single1, single2, half1, piped = 0.0, 0.0, 0.0, 0.0
             for _ in range(args.repeats):
                 single2 = max(single2, single_process_decode(stage, seqs, args.steps, args.prompt, threads=2))
                 single1 = max(single1, single_process_decode(stage, seqs, args.steps, args.prompt, threads=1))
+                half1 = max(half1, single_process_decode(stage, seqs // 2, args.steps, args.prompt, threads=1))
                 piped = max(piped, asyncio.run(pipeline_decode(pipeline.head, seqs, args.steps, args.prompt))[0])
-            rows.append((seqs, single1, single2, piped))
+            # Two 1-thread stages, each busy all the time with micro-batches of half the sequences, at
+            # the speed one thread runs all layers for half the sequences: the pipeline's upper bound.
+            rows.append((seqs, single1, single2, 2 * half1, piped))
         one_step = min(1 / single_process_decode(stage, 1, args.steps, args.prompt, threads=1) for _ in range(args.repeats))
         interval = min(asyncio.run(pipeline_decode(pipeline.head, 1, args.steps, args.prompt))[1] for _ in range(args.repeats))
     finally:
@@ -226,11 +231,12 @@ def main() -> None:
     link = hop_and_transfer(args.hidden, args.prefill_tokens)
     print(f"load average {os.getloadavg()[0]:.1f} at the end; best of {args.repeats} runs each")
     print("\n| concurrent sequences | 1 process, 2 threads (tok/s) | 2-stage pipeline, 1 thread each (tok/s) | "
-          "pipeline / 2-thread process | 1 process, 1 thread (tok/s) | pipeline / best single process |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for seqs, single1, single2, piped in rows:
+          "pipeline / 2-thread process | 1 process, 1 thread (tok/s) | pipeline / best single process | "
+          "pipeline bound: 2 x 1 thread at half the sequences (tok/s) | pipeline / bound |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for seqs, single1, single2, bound, piped in rows:
         print(f"| {seqs} | {single2:.0f} | {piped:.0f} | {piped / single2:.2f}x | {single1:.0f} | "
-              f"{piped / max(single1, single2):.2f}x |")
+              f"{piped / max(single1, single2):.2f}x | {bound:.0f} | {piped / bound:.2f}x |")
     print(f"\n- one hop, 1-token activation ({args.hidden} x fp32), codec + zmq, echo between two processes: "
           f"{link['hop_ms']:.3f} ms (median of 2000, half a round trip)")
     print(f"- end to end, one sequence: {interval * 1e3:.2f} ms per token through the pipeline vs "
