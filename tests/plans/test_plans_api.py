@@ -124,8 +124,9 @@ def test_validate_prices_a_valid_edit_next_to_the_planner(api, lab, llama3_8b):
             body["predicted"]["predicted"]["decode_tokens_per_s"]
             <= body["reference"]["predicted"]["decode_tokens_per_s"] * 1.0001
         )
-    else:  # moving one layer may overflow a full card: then the problem says which
-        assert any(problem["code"] == "over_memory" for problem in body["problems"])
+    else:  # moving one layer may overflow a full card or a spent quality budget: the problem says which
+        codes = {problem["code"] for problem in body["problems"]}
+        assert codes and codes <= {"over_memory", "over_quality_budget"}, body["problems"]
 
 
 def test_validate_refuses_a_plan_without_replicas(api, lab, llama3_8b):
