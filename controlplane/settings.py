@@ -194,6 +194,11 @@ CELERY_TASK_ALWAYS_EAGER = _env_bool("MOTLEY_CELERY_EAGER", False)
 # Agents and the deployment controller (docs/deployments.md).
 # The broker URL handed to agents at registration: the control plane's own unless agents on other
 # hosts must reach the broker under another name.
+# Where registering a model by path may read (os.pathsep-separated directories); unset: anywhere the
+# control plane's user can read. Set it wherever API users are not all trusted with the filesystem.
+MOTLEY_MODEL_DIRS = tuple(
+    Path(d).expanduser().resolve() for d in os.environ.get("MOTLEY_MODEL_DIRS", "").split(os.pathsep) if d
+)
 MOTLEY_AGENT_BROKER_URL = os.environ.get("MOTLEY_AGENT_BROKER_URL", CELERY_BROKER_URL)
 MOTLEY_AGENT_HEARTBEAT_INTERVAL_S = float(os.environ.get("MOTLEY_AGENT_HEARTBEAT_INTERVAL_S", "1.0"))
 MOTLEY_NODE_SUSPECT_MISSED_HEARTBEATS = int(os.environ.get("MOTLEY_NODE_SUSPECT_MISSED_HEARTBEATS", "3"))

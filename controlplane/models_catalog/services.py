@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
@@ -31,6 +32,7 @@ def model_register(
         raise ValidationError("give either path (a checkpoint directory or config.json) or config, not both")
     if path is not None:
         path = Path(path).expanduser().resolve()
+        _check_allowed(path)
         raw = _read_config(path)
         # A bare config.json is for planning only, even where weights happen to sit beside it.
         name = name or (path.name if path.is_dir() else path.parent.name)
@@ -63,6 +65,17 @@ def model_register(
     model.full_clean()
     model.save()
     return model
+
+
+def _check_allowed(path: Path) -> None:
+    """Refuse a path outside ``MOTLEY_MODEL_DIRS`` (when set), before reading anything from it.
+
+    ``path`` is resolved, so a symlink inside an allowed directory that points outside is refused too.
+    """
+    allowed = settings.MOTLEY_MODEL_DIRS
+    if allowed and not any(path.is_relative_to(directory) for directory in allowed):
+        dirs = ", ".join(str(d) for d in allowed)
+        raise ValidationError({"path": f"{path} is outside the model directories this control plane reads ({dirs})"})
 
 
 def _read_config(path: Path) -> Any:

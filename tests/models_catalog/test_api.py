@@ -46,6 +46,11 @@ class TestModelAPI(APIResourceTests):
         assert_error(api.post(self.url, unnamed, format="json"), 400, "name: a name is required")
         assert not LlmModel.objects.exists()
 
+    def test_register_by_path_outside_the_model_directories_is_refused(self, api, settings, tmp_path):
+        settings.MOTLEY_MODEL_DIRS = (tmp_path.resolve(),)
+        response = api.post(self.url, {"path": str(MODELS / "Llama-2-7B")}, format="json")
+        assert_error(response, 400, "outside the model directories")
+
     def test_list_is_light_and_detail_carries_the_config(self, api):
         model = self.make_rows(1)[0]
         assert "config" not in api.get(self.url).json()["results"][0]

@@ -102,3 +102,19 @@ def test_register_model_command(checkpoint):
     (bad / "config.json").write_text('{"model_type": "gpt2"}')
     with pytest.raises(CommandError, match="config: model_type: 'gpt2' is not supported"):
         call_command("register_model", str(bad))
+
+
+def test_a_path_outside_the_model_directories_is_refused_before_reading_it(checkpoint, tmp_path, settings):
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    settings.MOTLEY_MODEL_DIRS = (allowed.resolve(),)
+    with pytest.raises(ValidationError, match="outside the model directories"):
+        model_register(path=checkpoint)
+    (allowed / "escape").symlink_to(checkpoint)  # a link inside that points outside does not count
+    with pytest.raises(ValidationError, match="outside the model directories"):
+        model_register(path=allowed / "escape")
+    with pytest.raises(ValidationError, match="outside the model directories"):
+        model_register(path=allowed / ".." / checkpoint.name)
+    inside = shutil.copytree(checkpoint, allowed / "Mistral-7B-v0.1")
+    assert model_register(path=inside).path == str(inside.resolve())
+    assert not LlmModel.objects.filter(path=str(checkpoint)).exists()
