@@ -91,10 +91,15 @@ class PipelineClient:
                 if future is not None and not future.done():
                     future.set_result(h.get("body"))
             elif h["type"] == "tokens":
-                for request_id, token_id, finish_reason in h.get("items", ()):
-                    queue = self._streams.get(request_id)
+                try:
+                    events = [TokenEvent(str(r), int(t), f) for r, t, f in h["items"]]
+                except (KeyError, TypeError, ValueError) as exc:
+                    log.warning("dropped a malformed tokens frame from the head: %r", exc)
+                    continue
+                for event in events:
+                    queue = self._streams.get(event.request_id)
                     if queue is not None:
-                        queue.put_nowait(TokenEvent(request_id, int(token_id), finish_reason))
+                        queue.put_nowait(event)
             elif h["type"] == "error":
                 queue = self._streams.get(h.get("request_id"))
                 if queue is not None:

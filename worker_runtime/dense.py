@@ -3,13 +3,13 @@
 Decode multiplies a few rows of activations by every weight matrix, so its speed is the rate at
 which the kernel streams weights from memory. On CPU, torch's default ``F.linear`` (MKL) reaches
 about half of the machine's read bandwidth for 1-32 rows, and its second thread adds almost
-nothing; oneDNN's inner product (``torch.ops.mkldnn._linear_pointwise``, the op torch's own
-compiler emits for CPU linears) reads the same fp32 weights, unpacked, at close to the full
-bandwidth and scales with threads (figures in docs/benchmarks.md). For larger batches (prefill) MKL
-is as fast or faster, and for small weights its lower per-call cost wins, so :class:`Linear` takes
-oneDNN only up to :data:`ONEDNN_MAX_ROWS` rows, for weights of :data:`ONEDNN_MIN_WEIGHT_BYTES` or
-more, only on CPU, and only for dtypes where oneDNN has a kernel on this machine (bf16 needs
-AVX-512 BF16 or AMX).
+nothing; oneDNN's inner product (``torch.ops.mkldnn._linear_pointwise``, the op torch's compiler
+uses for CPU linears) reads the same fp32 weights, unpacked, at close to the full bandwidth and
+scales with threads (figures in docs/benchmarks.md). For larger batches (prefill) MKL is as fast or
+faster, and for small weights its lower per-call cost wins, so :class:`Linear` takes oneDNN only up
+to :data:`ONEDNN_MAX_ROWS` rows, for weights of :data:`ONEDNN_MIN_WEIGHT_BYTES` or more, only on
+CPU, and only for dtypes where oneDNN has a kernel on this machine (probed: the 2-core AVX2 build
+machine has one for fp32, none for bf16).
 """
 
 from __future__ import annotations
