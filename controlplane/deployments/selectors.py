@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db.models import Prefetch, QuerySet
 
 from controlplane.deployments.models import Deployment, DeploymentReplica, DeploymentStage
+from controlplane.inventory.models import Device, Node
+from controlplane.models_catalog.models import LlmModel
 
 
 def deployment_list() -> QuerySet[Deployment]:
@@ -52,3 +56,63 @@ def stages_wanted_on(*, node_id: int) -> QuerySet[DeploymentStage]:
     """What a node's agent should be running, for an agent that asks after a restart."""
     stages = DeploymentStage.objects.filter(node_id=node_id, wanted=True)
     return stages.order_by("deployment", "replica", "stage_index")
+
+
+UNAVAILABLE = (Node.Status.LOST, Node.Status.DRAINING)  # nodes that take no new stage
+
+
+def plan_deploy_blockers(*, model: LlmModel, plan_data: Any) -> list[str]:
+    """Why deploying ``plan_data`` as a new deployment would be refused now (empty: it would not be,
+    as far as the inventory goes): what a preview shows before the operator applies anything."""
+    blockers = [] if model.has_weights else [planning_only_message(model)]
+    return blockers + plan_devices(plan_data, deployment=None, exclude_nodes=())[1]
+
+
+def planning_only_message(model: LlmModel) -> str:
+    return (f"model {model.name} was registered for planning only (no weights): "
+            f"register its checkpoint directory to deploy it")
+
+
+def plan_devices(
+    plan_data: Any, *, deployment: Deployment | None, exclude_nodes: tuple[Node, ...]
+) -> tuple[dict[str, Device], list[str]]:
+    """The plan's devices by name, and every reason one of them cannot take a stage now."""
+    names = plan_device_names(plan_data)
+    devices = {d.name: d for d in Device.objects.select_related("node").filter(node__name__in=[
+        name.split("/", 1)[0] for name in names])}
+    busy = devices_in_use(deployment=deployment)
+    problems = []
+    for name in names:
+        device = devices.get(name)
+        if device is None:
+            problems.append(f"device {name} is not in the inventory")
+        elif name in busy:
+            problems.append(f"device {name} carries a stage of deployment {busy[name]}")
+        elif device.node in exclude_nodes:
+            problems.append(f"device {name}: node {device.node.name} is being drained")
+        elif device.node.status in UNAVAILABLE:
+            status = device.node.get_status_display().lower()
+            problems.append(f"device {name}: node {device.node.name} is {status}")
+        elif device.health == Device.Health.UNHEALTHY:
+            problems.append(f"device {name} is unhealthy")
+        elif device.node.incarnation == 0:
+            problems.append(f"device {name}: no agent has registered node {device.node.name}")
+    return devices, problems
+
+
+def plan_device_names(plan_data: Any) -> list[str]:
+    try:
+        return sorted({str(s["device"]) for r in plan_data["replicas"] for s in r["stages"]})
+    except (KeyError, TypeError) as exc:
+        raise ValidationError(
+            {"plan": f"malformed plan ({exc!r}): expected replicas[].stages[].device"}
+        ) from None
+
+
+def devices_in_use(*, deployment: Deployment | None) -> dict[str, str]:
+    """Device name -> name of the other deployment whose wanted stage it carries."""
+    stages = (
+        DeploymentStage.objects.filter(wanted=True, deployment__stop_requested=False, device__isnull=False)
+        .exclude(deployment=deployment).select_related("device__node", "deployment")
+    )
+    return {stage.device.name: stage.deployment.name for stage in stages}

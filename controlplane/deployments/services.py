@@ -22,6 +22,7 @@ from django.utils import timezone
 from controlplane.deployments import dispatch
 from controlplane.deployments.models import Deployment, DeploymentReplica, DeploymentStage, PlanRevision
 from controlplane.deployments.requests import plan_request_from_dict
+from controlplane.deployments.selectors import devices_in_use, plan_devices, planning_only_message
 from controlplane.gateway.routing import DEFAULT_STRATEGY, STRATEGIES
 from controlplane.inventory.models import Device, Node
 from controlplane.inventory.selectors import fleet_spec_from_inventory
@@ -32,7 +33,6 @@ from controlplane.planning import PlanningError, PlanRequest, plan, plan_to_dict
 logger = logging.getLogger(__name__)
 
 STAGE_KEY = re.compile(r"^d(\d+)-r(\d+)-s(\d+)$")
-UNAVAILABLE = (Node.Status.LOST, Node.Status.DRAINING)
 
 
 # --- plan revisions -------------------------------------------------------------------------------
@@ -71,30 +71,8 @@ def plan_revision_check(
     """
     model = revision.model
     if not model.has_weights:
-        raise ValidationError(
-            {"model": f"model {model.name} was registered for planning only (no weights): "
-                      f"register its checkpoint directory to deploy it"}
-        )
-    names = _plan_device_names(revision.plan)
-    devices = {d.name: d for d in Device.objects.select_related("node").filter(node__name__in=[
-        name.split("/", 1)[0] for name in names])}
-    busy = _devices_in_use(deployment=deployment)
-    problems = []
-    for name in names:
-        device = devices.get(name)
-        if device is None:
-            problems.append(f"device {name} is not in the inventory")
-        elif name in busy:
-            problems.append(f"device {name} carries a stage of deployment {busy[name]}")
-        elif device.node in exclude_nodes:
-            problems.append(f"device {name}: node {device.node.name} is being drained")
-        elif device.node.status in UNAVAILABLE:
-            status = device.node.get_status_display().lower()
-            problems.append(f"device {name}: node {device.node.name} is {status}")
-        elif device.health == Device.Health.UNHEALTHY:
-            problems.append(f"device {name} is unhealthy")
-        elif device.node.incarnation == 0:
-            problems.append(f"device {name}: no agent has registered node {device.node.name}")
+        raise ValidationError({"model": planning_only_message(model)})
+    devices, problems = plan_devices(revision.plan, deployment=deployment, exclude_nodes=exclude_nodes)
     if problems:
         raise ValidationError({"plan": problems})
     request = _plan_request(revision=revision, deployment=deployment, exclude_nodes=exclude_nodes)
@@ -110,24 +88,6 @@ def plan_revision_check(
     )
 
 
-def _plan_device_names(plan_data: Any) -> list[str]:
-    try:
-        return sorted({str(s["device"]) for r in plan_data["replicas"] for s in r["stages"]})
-    except (KeyError, TypeError) as exc:
-        raise ValidationError(
-            {"plan": f"malformed plan ({exc!r}): expected replicas[].stages[].device"}
-        ) from None
-
-
-def _devices_in_use(*, deployment: Deployment | None) -> dict[str, str]:
-    """Device name -> name of the other deployment whose wanted stage it carries."""
-    stages = (
-        DeploymentStage.objects.filter(wanted=True, deployment__stop_requested=False, device__isnull=False)
-        .exclude(deployment=deployment).select_related("device__node", "deployment")
-    )
-    return {stage.device.name: stage.deployment.name for stage in stages}
-
-
 def _plan_request(
     *, revision: PlanRevision, deployment: Deployment | None, exclude_nodes: tuple[Node, ...] = ()
 ) -> PlanRequest:
@@ -139,7 +99,7 @@ def _plan_request(
         return plan_request_from_dict(
             revision.request, fleet=fleet, profile=ModelProfile.from_dict(revision.model.profile),
             exclude_nodes=tuple(n.name for n in exclude_nodes),
-            exclude_devices=tuple(_devices_in_use(deployment=deployment)),
+            exclude_devices=tuple(devices_in_use(deployment=deployment)),
         )
     except PlanningError as exc:
         raise ValidationError({"request": str(exc)}) from None

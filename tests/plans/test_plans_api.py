@@ -51,6 +51,22 @@ def test_preview_plans_every_layer_once_on_known_devices(api, lab, llama3_8b):
     assert body["explanation"]
 
 
+def test_preview_says_what_applying_it_would_be_refused_for(api, lab, llama3_8b, tmp_path):
+    body = api.post("/api/v1/plans/", {"model": llama3_8b.id, "replicas": 1}, format="json").json()
+    used = sorted({stage["device"] for stage in body["replicas"][0]["stages"]})
+    blockers = body["deploy_blockers"]
+    assert "registered for planning only (no weights)" in blockers[0]  # a bare config.json
+    assert [b.split(":")[0] for b in blockers[1:]] == [f"device {name}" for name in used]
+    assert all("no agent has registered node" in b for b in blockers[1:])
+    Node.objects.update(incarnation=1)  # every node's agent has registered
+    (tmp_path / "Llama-3-8B").mkdir()
+    (tmp_path / "Llama-3-8B" / "config.json").write_text(Path(llama3_8b.path).read_text())
+    (tmp_path / "Llama-3-8B" / "model.safetensors").write_bytes(b"")
+    weights = model_register(path=tmp_path / "Llama-3-8B", name="llama3-weights")
+    body = api.post("/api/v1/plans/", {"model": weights.id, "replicas": 1, "save": True}, format="json").json()
+    assert body["deploy_blockers"] == [] and "deploy_blockers" not in PlanRevision.objects.get(pk=body["revision"]).plan
+
+
 def test_preview_routes_around_a_lost_node(api, lab, llama3_8b):
     lost = Node.objects.order_by("name").first()
     lost.status = Node.Status.LOST

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.deployments.requests import REQUEST_KEYS
+from controlplane.deployments.selectors import plan_deploy_blockers
 from controlplane.deployments.services import plan_revision_create
 from controlplane.planning import PlanningError, PlanRequest, baseline_plan, plan, plan_to_dict, validate
 from controlplane.plans.api.serializers import PlanRequestSerializer, PlanValidateSerializer
@@ -52,8 +53,11 @@ class PlanPreviewView(APIView):
                 status=status.HTTP_422_UNPROCESSABLE_ENTITY,
             )
         body = plan_to_dict(result)
+        # The plan is made on every inventoried node; a deployment also needs agents, weights and
+        # free devices. Say now what applying it would be refused for, not only at apply.
+        blockers = {"deploy_blockers": plan_deploy_blockers(model=values["model"], plan_data=body)}
         if not values["save"]:
-            return Response(body)
+            return Response({**body, **blockers})
         revision = plan_revision_create(
             model=values["model"],
             plan=body,
@@ -61,7 +65,7 @@ class PlanPreviewView(APIView):
             source="planner",
             deployment=values.get("deployment"),
         )
-        return Response({**body, "revision": revision.pk}, status=status.HTTP_201_CREATED)
+        return Response({**body, **blockers, "revision": revision.pk}, status=status.HTTP_201_CREATED)
 
 
 class PlanValidateView(APIView):
