@@ -61,11 +61,12 @@ def stages_wanted_on(*, node_id: int) -> QuerySet[DeploymentStage]:
 UNAVAILABLE = (Node.Status.LOST, Node.Status.DRAINING)  # nodes that take no new stage
 
 
-def plan_deploy_blockers(*, model: LlmModel, plan_data: Any) -> list[str]:
-    """Why deploying ``plan_data`` as a new deployment would be refused now (empty: it would not be,
-    as far as the inventory goes): what a preview shows before the operator applies anything."""
+def plan_deploy_blockers(*, model: LlmModel, plan_data: Any, deployment: Deployment | None = None) -> list[str]:
+    """Why deploying ``plan_data`` (as a new deployment, or applying it to ``deployment``, whose own
+    devices are then free to it) would be refused now; empty when nothing in the inventory stands in
+    the way. What a preview shows before the operator applies anything."""
     blockers = [] if model.has_weights else [planning_only_message(model)]
-    return blockers + plan_devices(plan_data, deployment=None, exclude_nodes=())[1]
+    return blockers + plan_devices(plan_data, deployment=deployment, exclude_nodes=())[1]
 
 
 def planning_only_message(model: LlmModel) -> str:

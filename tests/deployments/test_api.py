@@ -146,3 +146,13 @@ def test_the_list_queries_do_not_grow_with_the_deployments(api, nodes, llm):
     _deployments_with_stages(20, llm=llm, nodes=nodes)
     assert Deployment.objects.count() == 20
     assert list_queries() == few <= 6
+
+
+def test_a_preview_for_a_deployment_counts_its_own_devices_free_and_others_busy(api, nodes, llm, revision, sent):
+    deployment_create(name="tiny", revision=revision)  # holds n0, n1, n2
+    body = {"model": llm.pk, "batch": 1, "context": 64, "replicas": 1, "exclude_nodes": ["n3"]}
+    fresh = api.post("/api/v1/plans/", body, format="json").json()
+    used = {stage["device"] for stage in fresh["replicas"][0]["stages"]}
+    assert fresh["deploy_blockers"] == [f"device {d} carries a stage of deployment tiny" for d in sorted(used)]
+    rebalance = api.post("/api/v1/plans/", {**body, "deployment": Deployment.objects.get().pk}, format="json")
+    assert rebalance.json()["deploy_blockers"] == []

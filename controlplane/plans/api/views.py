@@ -55,7 +55,9 @@ class PlanPreviewView(APIView):
         body = plan_to_dict(result)
         # The plan is made on every inventoried node; a deployment also needs agents, weights and
         # free devices. Say now what applying it would be refused for, not only at apply.
-        blockers = {"deploy_blockers": plan_deploy_blockers(model=values["model"], plan_data=body)}
+        blockers = {"deploy_blockers": plan_deploy_blockers(
+            model=values["model"], plan_data=body, deployment=values.get("deployment")
+        )}
         if not values["save"]:
             return Response({**body, **blockers})
         revision = plan_revision_create(

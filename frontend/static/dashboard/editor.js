@@ -166,9 +166,11 @@ function main() {
     proposal.className = "card";
     proposal.textContent = "asking the planner for a fresh plan from current health and calibration…";
     try {
-      const plan = await postJSON("/api/v1/plans/", { ...stored, model: editor.model.id });
+      const plan = await postJSON("/api/v1/plans/",
+        { ...stored, model: editor.model.id, deployment: editor.deployment.id });
+      const blockers = plan.deploy_blockers.length ? ` Applying it would be refused now: ${plan.deploy_blockers.join("; ")}.` : "";
       proposal.textContent = `Proposal from the planner: ${fmt(plan.predicted.decode_tokens_per_s)} tokens/s predicted, ` +
-        `bottleneck ${plan.bottleneck.device}. Review it below and apply it, or reset.`;
+        `bottleneck ${plan.bottleneck.device}. Review it below and apply it, or reset.${blockers}`;
       edit(() => { edited = placement(plan); });
     } catch (error) {
       proposal.className = "card error";
