@@ -151,10 +151,12 @@ class PipelineClient:
                     item = queue.get_nowait()
                 if isinstance(item, TokenEvent):
                     yield item
-                    if item.finish_reason is None:
-                        continue
-                finished = True
-                if isinstance(item, TokenEvent) or item.get("kind") == "cancelled":
+                    if item.finish_reason is not None:
+                        finished = True
+                        return
+                    continue
+                finished = True  # an error frame ends the stream
+                if item.get("kind") == "cancelled":
                     return
                 raise ERRORS_BY_KIND.get(item.get("kind"), PipelineError)(str(item.get("message")))
         finally:

@@ -33,7 +33,7 @@ class AttentionPlan:
     positions: torch.Tensor  # [tokens] position of each new token
     seq_ends: torch.Tensor  # [tokens] length of the token's sequence after this step
     write_slots: torch.Tensor  # [tokens] cache slot each new token's K/V goes to
-    gather_slots: torch.Tensor  # [batch * max_length] cache slots of each sequence's keys (padded), flat for index_select
+    gather_slots: torch.Tensor  # [batch * max_length] cache slots of each sequence's keys (padded), flat
     query_index: torch.Tensor | None  # [tokens] index into the padded [batch * max_new] layout, or None
     mask: torch.Tensor | None  # [batch, 1, max_new, max_length] bool, True where attention is allowed
     batch: int
@@ -173,7 +173,8 @@ class KVCache:
         max_len = max(ends)
         k_slot = torch.arange(max_len)
         table = self._block_table(seq_ids, math.ceil(max_len / self.block_size))
-        gather = table[:, k_slot // self.block_size] * self.block_size + k_slot % self.block_size  # [batch, max_len]
+        # [batch, max_len]: the cache slot of every key position of every sequence
+        gather = table[:, k_slot // self.block_size] * self.block_size + k_slot % self.block_size
         starts_t, lengths_t = torch.tensor(starts), torch.tensor(lengths)
         q_pos = starts_t[:, None] + torch.arange(max_new)[None, :]  # [batch, max_new]
         is_new = torch.arange(max_new)[None, :] < lengths_t[:, None]  # real (not padding) query rows

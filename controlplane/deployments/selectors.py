@@ -61,7 +61,9 @@ def stages_wanted_on(*, node_id: int) -> QuerySet[DeploymentStage]:
 UNAVAILABLE = (Node.Status.LOST, Node.Status.DRAINING)  # nodes that take no new stage
 
 
-def plan_deploy_blockers(*, model: LlmModel, plan_data: Any, deployment: Deployment | None = None) -> list[str]:
+def plan_deploy_blockers(
+    *, model: LlmModel, plan_data: Any, deployment: Deployment | None = None
+) -> list[str]:
     """Why deploying ``plan_data`` (as a new deployment, or applying it to ``deployment``, whose own
     devices are then free to it) would be refused now; empty when nothing in the inventory stands in
     the way. What a preview shows before the operator applies anything."""

@@ -75,7 +75,9 @@ def _check_allowed(path: Path) -> None:
     allowed = settings.MOTLEY_MODEL_DIRS
     if allowed and not any(path.is_relative_to(directory) for directory in allowed):
         dirs = ", ".join(str(d) for d in allowed)
-        raise ValidationError({"path": f"{path} is outside the model directories this control plane reads ({dirs})"})
+        raise ValidationError(
+            {"path": f"{path} is outside the model directories this control plane reads ({dirs})"}
+        )
 
 
 def _read_config(path: Path) -> Any:
