@@ -1,0 +1,76 @@
+"""The int8-weight x fp32-activation matmul of ``int8_matmul.c`` (AVX2/FMA), for decode-sized batches on CPU.
+
+torch's only weight-only int8 CPU kernel, ``torch._weight_int8pack_mm``, takes bf16 activations and,
+on CPUs without native bf16 arithmetic, reads int8 weights at 9-13 GB/s, half the rate at which
+oneDNN reads fp32 weights: int8 then read a quarter of the bytes at half the speed. This kernel
+widens each int8 weight to fp32 in registers and reads the weights at close to the machine's memory
+bandwidth (figures in docs/benchmarks.md); activations, accumulation and output stay fp32, so its
+results are also closer to the exact product than the bf16 kernel's.
+
+``MOTLEY_INT8_KERNEL=torch`` makes layers built afterwards use torch's kernel (for operators who
+suspect this one). Otherwise the library is built on first use, and where it cannot be (no gcc, a
+compile error, no torch libgomp, a CPU without AVX2/FMA) one warning says why and torch's kernel is
+used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from .build import KernelUnavailable, shared_library
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("int8_matmul.c")
+ENV_SWITCH = "MOTLEY_INT8_KERNEL"
+# Below this many weight bytes a second thread costs more (waking it, ~2 us) than it saves.
+MIN_PARALLEL_WEIGHT_BYTES = 1 << 16
+
+
+@functools.cache
+def _kernel() -> ctypes._CFuncPtr | None:
+    try:
+        lib = shared_library(SOURCE)
+    except KernelUnavailable as e:
+        log.warning("int8 CPU kernel unavailable, using torch._weight_int8pack_mm: %s", e)
+        return None
+    if not lib.motley_int8_cpu_supported():
+        log.warning("int8 CPU kernel unavailable, using torch._weight_int8pack_mm: this CPU lacks AVX2/FMA")
+        return None
+    fn = lib.motley_int8_matmul
+    fn.restype = None
+    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    return fn
+
+
+@functools.cache
+def _forced_torch(value: str) -> bool:
+    if value not in ("", "auto", "torch"):
+        log.warning("%s=%r is neither 'auto' nor 'torch'; taking 'auto'", ENV_SWITCH, value)
+    return value == "torch"
+
+
+def kernel_enabled() -> bool:
+    """Whether int8 layers built now should use this kernel on CPU (builds it on the first call)."""
+    return not _forced_torch(os.environ.get(ENV_SWITCH, "")) and _kernel() is not None
+
+
+def int8_matmul(
+    x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``(x @ weight.T) * scales + bias`` for fp32 ``x`` [m, k], int8 ``weight`` [n, k], bf16 ``scales`` [n]
+    and an fp32 ``bias`` [n] or None, all on CPU; returns fp32 [m, n]. Needs :func:`kernel_enabled`."""
+    x = x.contiguous()
+    m, k = x.shape
+    n = weight.shape[0]
+    y = torch.empty(m, n, dtype=torch.float32)
+    threads = torch.get_num_threads() if weight.nbytes >= MIN_PARALLEL_WEIGHT_BYTES else 1
+    bias_ptr = None if bias is None else bias.data_ptr()
+    _kernel()(x.data_ptr(), weight.data_ptr(), scales.data_ptr(), bias_ptr, y.data_ptr(), m, k, n, threads)
+    return y
