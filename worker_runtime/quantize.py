@@ -4,10 +4,10 @@ Decode is memory-bound, so the point is to read fewer weight bytes per token. Th
 themselves row block by row block while a stage loads (:meth:`load_rows`), so a full-precision copy
 of a whole matrix never exists. torch's packed kernels run on bfloat16 activations: on CPU that is the
 only fast path torch has (fp32 inputs hit a scalar fallback several times slower than a dense fp32
-matmul), and on CUDA the int4 kernel accepts nothing else. On CPU, fp32 int8 layers run decode-sized
-batches on this package's own kernel instead (``kernels.int8_matmul``: fp32 activations, weights read
-at close to memory bandwidth), and fall back to torch's where it cannot be built. Inputs and outputs
-keep the stage's dtype.
+matmul), and on CUDA the int4 kernel accepts nothing else. On CPU, fp32 int8 layers run on this
+package's own kernel instead (``kernels.int8_matmul``: fp32 activations, weights read at close to
+memory bandwidth at decode, faster than torch's at every batch size measured), and fall back to
+torch's where it cannot be built. Inputs and outputs keep the stage's dtype.
 """
 
 from __future__ import annotations
@@ -24,9 +24,6 @@ KERNEL_DTYPE = torch.bfloat16
 INT4_GROUP_SIZES = (256, 128, 64, 32)  # what torch's int4 kernels accept
 _CPU_PACK_ROWS = 64  # torch's CPU int4 packing is independent per block of 64 rows
 _CUDA_INNER_K_TILES = 8
-# Decode-sized batches (up to this many rows) take our CPU int8 kernel, 1.5-2.5x faster than torch's there;
-# prefill-sized ones keep torch's, which is about as fast at those sizes (docs/benchmarks.md).
-CPU_KERNEL_MAX_ROWS = 32
 
 
 class QuantizationError(ValueError):
@@ -106,7 +103,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
-        if self.cpu_kernel and x2.shape[0] <= CPU_KERNEL_MAX_ROWS and x.is_cpu and x.dtype == torch.float32:
+        if self.cpu_kernel and x.is_cpu and x.dtype == torch.float32:
             y = int8_matmul(x2, self.weight, self.scales, self.bias)
             return y.view(*x.shape[:-1], self.out_features)
         x2 = x2.to(KERNEL_DTYPE)

@@ -3,7 +3,7 @@
 Bounds, on a 4-layer demo-format model (hidden 256, random N(0, 0.02) weights, the hardest case for
 min-max int4 since random weights have no slack) over 16 fixed prompts x 32 positions, error
 normalized by the std of the fp32 logits:
-    int8            max <= 0.15, mean <= 0.025, next-token agreement >= 0.93 (measured 0.098 / 0.016 / 0.959)
+    int8            max <= 0.15, mean <= 0.025, next-token agreement >= 0.93 (measured 0.099 / 0.015 / 0.959)
     int4 group 128  max <= 1.5,  mean <= 0.27,  agreement >= 0.48            (measured 1.19 / 0.219 / 0.531)
     int4 group 32   max <= 1.2,  mean <= 0.2,   agreement >= 0.6             (measured 1.09 / 0.174 / 0.645)
 A change that makes any of these worse fails here.

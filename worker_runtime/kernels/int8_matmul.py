@@ -1,11 +1,12 @@
-"""The int8-weight x fp32-activation matmul of ``int8_matmul.c`` (AVX2/FMA), for decode-sized batches on CPU.
+"""The int8-weight x fp32-activation matmul of ``int8_matmul.c`` (AVX2/FMA), the CPU int8 layers' kernel.
 
 torch's only weight-only int8 CPU kernel, ``torch._weight_int8pack_mm``, takes bf16 activations and,
 on CPUs without native bf16 arithmetic, reads int8 weights at 9-13 GB/s, half the rate at which
 oneDNN reads fp32 weights: int8 then read a quarter of the bytes at half the speed. This kernel
-widens each int8 weight to fp32 in registers and reads the weights at close to the machine's memory
-bandwidth (figures in docs/benchmarks.md); activations, accumulation and output stay fp32, so its
-results are also closer to the exact product than the bf16 kernel's.
+widens each int8 weight to fp32 in registers and, at decode, reads the weights at the machine's
+memory bandwidth; with many rows (prefill) it is bound by its FMAs and still ahead of torch's
+(figures in docs/benchmarks.md). Activations, accumulation and output stay fp32, so its results are
+also closer to the exact product than the bf16 kernel's.
 
 ``MOTLEY_INT8_KERNEL=torch`` makes layers built afterwards use torch's kernel (for operators who
 suspect this one). Otherwise the library is built on first use, and where it cannot be (no gcc, a
