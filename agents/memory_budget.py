@@ -2,7 +2,7 @@
 
 A CPU has far more memory than the GPU it stands in for, so nothing would ever fail to load; the
 budget makes the emulated fleet refuse exactly the placements the real one could not hold. A stage's
-bytes are what the planner counts for the real card (weights at the stage's precision, a 16-bit KV
+bytes are what the planner counts for the real card (weights at the stage's precisions, a 16-bit KV
 cache of ``kv_tokens``), computed from the checkpoint's config.json with the planner's own profiler.
 """
 
@@ -15,6 +15,7 @@ from typing import Any
 from controlplane.hardware.specs import GIB, DeviceSpec
 from controlplane.modelspec.profiler import profile_model
 from worker_runtime.config import ModelConfig, UnsupportedModelError
+from worker_runtime.precision import layer_precisions
 
 MIB = 1024**2
 
@@ -38,7 +39,8 @@ def stage_bytes(spec: dict[str, Any]) -> StageBytes:
     try:
         config = ModelConfig.from_file(Path(spec["model_path"]))
         first, last = (int(x) for x in spec["layers"])
-        bits = int(spec.get("bits", 16))
+        low_bits, low_from = (None if spec.get(k) is None else int(spec[k]) for k in ("low_bits", "low_from"))
+        precisions = layer_precisions(first, last, int(spec.get("bits", 16)), low_bits, low_from)
         stage_index, num_stages = int(spec["stage_index"]), int(spec["num_stages"])
         kv_tokens = int(spec["kv_tokens"])
     except (KeyError, TypeError, ValueError) as exc:
@@ -46,15 +48,15 @@ def stage_bytes(spec: dict[str, Any]) -> StageBytes:
     except UnsupportedModelError as exc:
         raise StageRefused(f"cannot size the stage: {exc}") from None
     profile = profile_model(config, name=str(spec["model_path"]))
-    if bits not in profile.embedding.weight_bytes or not 0 <= first < last <= profile.num_layers:
-        raise StageRefused(f"cannot size the stage: bits={bits}, layers=[{first}, {last}) "
-                           f"of a {profile.num_layers}-layer model")
+    if not 0 <= first < last <= profile.num_layers:
+        raise StageRefused(f"cannot size the stage: layers [{first}, {last}) of a "
+                           f"{profile.num_layers}-layer model")
     layers = profile.layers[first:last]
-    weights = sum(layer.weight_bytes[bits] for layer in layers)
+    weights = sum(layer.weight_bytes[bits] for layer, bits in zip(layers, precisions))
     if stage_index == 0:
-        weights += profile.embedding.weight_bytes[bits]
+        weights += profile.embedding.weight_bytes[16]  # a lookup: the stage keeps it at 16 bits
     if stage_index == num_stages - 1:
-        weights += profile.head.weight_bytes[bits]
+        weights += profile.head.weight_bytes[precisions[-1]]
     kv = kv_tokens * sum(layer.kv_bytes_per_token for layer in layers)
     return StageBytes(weights, kv)
 

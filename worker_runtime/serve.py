@@ -35,7 +35,8 @@ def load_stage(spec: StageSpec) -> Stage:
     torch.set_num_threads(spec.threads)
     start, end = spec.layers
     dtype = DTYPES[spec.dtype] if spec.dtype else None
-    return Stage.load(spec.model_path, start, end, device=spec.device, dtype=dtype, bits=spec.bits, kv_tokens=spec.kv_tokens)
+    return Stage.load(spec.model_path, start, end, device=spec.device, dtype=dtype, bits=spec.bits,
+                      low_bits=spec.low_bits, low_from=spec.low_from, kv_tokens=spec.kv_tokens)
 
 
 def serve(spec: StageSpec, events: EventWriter, stop: threading.Event) -> None:

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from .precision import PRECISIONS, layer_precisions
+
 
 class SpecError(ValueError):
     """A stage spec the server cannot run; the message names the field at fault."""
@@ -37,6 +39,8 @@ class StageSpec:
     head: str
     next: str | None = None
     bits: int = 16
+    low_bits: int | None = None  # with low_from: layers [low_from, end) and the lm_head at low_bits
+    low_from: int | None = None
     dtype: str | None = None
     device: str = "cpu"
     threads: int = 1
@@ -93,7 +97,7 @@ class StageSpec:
         checks = [
             (0 <= self.stage_index < self.num_stages, "stage_index must be in [0, num_stages)"),
             (0 <= start < end, "layers must be a half-open range [start, end) with start < end"),
-            (self.bits in (16, 8, 4), "bits must be 16, 8 or 4"),
+            (self.bits in PRECISIONS, "bits must be 16, 8 or 4"),
             (self.is_last == (self.next is None), "next must be null exactly on the last stage"),
             (self.kv_tokens > 0 and self.threads > 0, "kv_tokens and threads must be positive"),
             (self.peer_timeout_s > 0, "peer_timeout_s must be positive"),
@@ -101,6 +105,11 @@ class StageSpec:
             (self.micro_batches is None or self.micro_batches >= 1, "micro_batches must be at least 1"),
             (self.max_batch_tokens > 0 and self.max_queue >= 0, "max_batch_tokens/max_queue out of range"),
         ]
+        if start < end:
+            try:
+                layer_precisions(start, end, self.bits, self.low_bits, self.low_from)
+            except ValueError as exc:
+                checks.append((False, str(exc)))
         for ok, message in checks:
             if not ok:
                 raise SpecError(f"stage spec of {self.pipeline_id!r} stage {self.stage_index}: {message}")

@@ -19,6 +19,7 @@ from .dense import Linear
 from .kv_cache import KVCache
 from .loading import CheckpointReader, copy_rows_into, load_concatenated
 from .model import DecoderLayer, RMSNorm, hf_tensor_names
+from .precision import layer_precisions
 from .quantize import Int4Linear, Int8Linear, quantized_linear
 from .rope import RotaryEmbedding
 
@@ -86,6 +87,8 @@ class Stage(nn.Module):
         device: torch.device | str = "cpu",
         dtype: torch.dtype | None = None,
         bits: int = 16,
+        low_bits: int | None = None,
+        low_from: int | None = None,
         kv_tokens: int = 4096,
         block_size: int = 16,
         group_size: int = 128,
@@ -95,8 +98,7 @@ class Stage(nn.Module):
             raise ValueError(
                 f"stage layers [{start}, {end}) are not within the model's {config.num_layers} layers"
             )
-        if bits not in (16, 8, 4):
-            raise ValueError(f"bits must be 16, 8 or 4, got {bits}")
+        self.layer_bits = layer_precisions(start, end, bits, low_bits, low_from)
         self.config, self.start, self.end, self.bits = config, start, end, bits
         self.device = torch.device(device)
         self.dtype = dtype or DTYPES[config.torch_dtype]
@@ -108,17 +110,18 @@ class Stage(nn.Module):
             self.embed = nn.Embedding(vocab, hidden).to(self.dtype) if self.is_first else None
             self.norm = RMSNorm(hidden, config.rms_norm_eps).to(self.dtype) if self.is_last else None
             self.lm_head = Linear(hidden, vocab, bias=False).to(self.dtype) if self.is_last else None
-        if bits != 16:
-            for layer in self.layers:
-                for parent, name in (
-                    (layer.attention, "wqkv"),
-                    (layer.attention, "wo"),
-                    (layer.feed_forward, "w13"),
-                    (layer.feed_forward, "w2"),
-                ):
-                    setattr(parent, name, self._quantized(getattr(parent, name)))
-            if self.lm_head is not None:
-                self.lm_head = self._quantized(self.lm_head)
+        for layer, layer_bits in zip(self.layers, self.layer_bits):
+            if layer_bits == 16:
+                continue
+            for parent, name in (
+                (layer.attention, "wqkv"),
+                (layer.attention, "wo"),
+                (layer.feed_forward, "w13"),
+                (layer.feed_forward, "w2"),
+            ):
+                setattr(parent, name, self._quantized(getattr(parent, name), layer_bits))
+        if self.lm_head is not None and self.head_bits != 16:
+            self.lm_head = self._quantized(self.lm_head, self.head_bits)
         self.to_empty(device=self.device)
         self.rope = RotaryEmbedding(config, self.device)
         self.kv = KVCache(
@@ -132,8 +135,13 @@ class Stage(nn.Module):
             sliding_window=config.sliding_window,
         )
 
-    def _quantized(self, linear: nn.Linear) -> nn.Module:
-        return quantized_linear(linear, self.bits, self.device, self.dtype, self.group_size)
+    @property
+    def head_bits(self) -> int:
+        """The lm_head runs at the precision of the stage's last layer."""
+        return self.layer_bits[-1]
+
+    def _quantized(self, linear: nn.Linear, bits: int) -> nn.Module:
+        return quantized_linear(linear, bits, self.device, self.dtype, self.group_size)
 
     @classmethod
     def load(
@@ -145,6 +153,8 @@ class Stage(nn.Module):
         device: torch.device | str = "cpu",
         dtype: torch.dtype | None = None,
         bits: int = 16,
+        low_bits: int | None = None,
+        low_from: int | None = None,
         kv_tokens: int = 4096,
         block_size: int = 16,
         group_size: int = 128,
@@ -152,7 +162,9 @@ class Stage(nn.Module):
         """Load layers [start, end) of the checkpoint in ``model_dir``, reading only this stage's tensors.
 
         ``dtype`` defaults to the checkpoint's; ``bits`` 8 or 4 quantizes every linear layer of the
-        stage (the lm_head included, the embedding lookup not); ``kv_tokens`` is the cache budget.
+        stage (the lm_head included, the embedding lookup not); with ``low_bits`` and ``low_from``,
+        layers [low_from, end) and the lm_head run at ``low_bits`` instead (a plan's stage that mixes
+        two precisions); ``kv_tokens`` is the cache budget.
         """
         config = ModelConfig.from_file(model_dir)
         stage = cls(
@@ -162,6 +174,8 @@ class Stage(nn.Module):
             device=device,
             dtype=dtype,
             bits=bits,
+            low_bits=low_bits,
+            low_from=low_from,
             kv_tokens=kv_tokens,
             block_size=block_size,
             group_size=group_size,
@@ -182,7 +196,7 @@ class Stage(nn.Module):
         if self.is_last:
             self._load_into(reader, self.norm, "weight", ["model.norm.weight"])
             untied = reader.has("lm_head.weight") and not self.config.tie_word_embeddings
-            if not untied and self.embed is not None and self.bits == 16:
+            if not untied and self.embed is not None and self.head_bits == 16:
                 self.lm_head.weight = self.embed.weight  # tied: one tensor serves both
             else:
                 head = "lm_head.weight" if untied else "model.embed_tokens.weight"

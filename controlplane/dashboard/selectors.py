@@ -128,7 +128,8 @@ def _deployment(deployment: Deployment) -> dict[str, Any]:
         "stages": [{
             "stage_key": s.stage_key, "replica": s.replica, "stage_index": s.stage_index, "wanted": s.wanted,
             "node": s.node.name, "device": s.device.name if s.device else None,
-            "layers": s.spec.get("layers"), "bits": s.spec.get("bits"), "state": s.state,
+            "layers": s.spec.get("layers"), "bits": s.spec.get("bits"), "low_bits": s.spec.get("low_bits"),
+            "low_from": s.spec.get("low_from"), "state": s.state,
             "restarts": s.restarts, "message": s.message,
             "predicted_step_ms": _predicted_step_ms(predicted_stages, s) if s.wanted else None,
         } for s in deployment.stages.all()],
@@ -139,6 +140,9 @@ def _deployment(deployment: Deployment) -> dict[str, Any]:
 def _predicted_step_ms(predicted_stages: dict, stage: DeploymentStage) -> float | None:
     planned = predicted_stages.get((stage.replica, stage.stage_index)) or {}
     return planned.get("predicted", {}).get("step_ms")
+
+
+_OVERLAY_STAGE_KEYS = ("stage_key", "device", "layers", "bits", "low_bits", "low_from", "state")
 
 
 def deployment_overlay() -> list[dict[str, Any]]:
@@ -155,8 +159,7 @@ def deployment_overlay() -> list[dict[str, Any]]:
         bottlenecks = d["replica_bottlenecks"]
         overlay.append({"id": d["id"], "name": d["name"], "status": d["status"], "replicas": [
             {"index": r, "bottleneck_device": bottlenecks[r] if r < len(bottlenecks) else None,
-             "stages": [{k: s[k] for k in ("stage_key", "device", "layers", "bits", "state")}
-                        for s in stages]}
+             "stages": [{k: s[k] for k in _OVERLAY_STAGE_KEYS} for s in stages]}
             for r, stages in sorted(plan_replicas.items())]})
     return overlay
 

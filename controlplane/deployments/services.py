@@ -332,6 +332,8 @@ def _stage_spec(
         "num_stages": len(addresses),
         "layers": [start, end],
         "bits": stage["bits"],
+        "low_bits": stage.get("low_bits"),
+        "low_from": stage.get("low_from"),
         "dtype": None,
         "device": "cpu" if device.emulated else f"cuda:{device.index}",
         "threads": settings.MOTLEY_STAGE_THREADS,

@@ -63,9 +63,9 @@ def _fit_precision(request: PlanRequest, cost: CostModel, placements: list[Place
     for p in placements:
         device = cost.device(p.device)
         for bits in request.sorted_bits:
-            memory = cost.memory(device, p.start, p.end, bits)
-            if memory.kv_tokens >= cost.kv_required:
-                fitted.append(Placement(p.device, p.start, p.end, bits))
+            placement = Placement(p.device, p.start, p.end, bits)
+            if cost.memory(device, placement).kv_tokens >= cost.kv_required:
+                fitted.append(placement)
                 break
         else:
             raise PlanningError(f"baseline infeasible: layers [{p.start}, {p.end}) do not fit {p.device} "

@@ -13,10 +13,12 @@ All interval figures come from prefix sums, so the partition search can price ev
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from controlplane.hardware.specs import DeviceSpec, FleetSpec, LinkSpec
+from controlplane.planning.plan import StagePrecision
 from controlplane.planning.request import PlanRequest
 
 # Fractions of the spec sheet that real kernels reach. Calibration corrects them per device.
@@ -54,17 +56,30 @@ class StageMemory:
         return max(0, self.free_for_kv // self.kv_bytes_per_token)
 
 
+class StageFigures(NamedTuple):
+    """Per [i, j) (matrices), with every layer and the head at 16 bits, and per device."""
+
+    read_bytes: np.ndarray  # weights and KV a decode step reads
+    compute_s: np.ndarray  # its FLOPs at the device's decode peak
+    overhead_s: np.ndarray  # fixed per-layer costs
+    excess_bytes: np.ndarray  # weights, KV and workspace beyond the device's capacity (<= 0: fits)
+    slowdown: float  # calibration over throttling: every time is multiplied by it
+    bandwidth: float  # bytes per second
+
+
 def capacity_bytes(device: DeviceSpec) -> int:
     """Memory a stage may fill on this device, after what others use and a reserve."""
     return int(device.memory_bytes - device.memory_used_bytes
                - RESERVED_FRACTION * device.memory_bytes - RESERVED_BYTES)
 
 
-def _slowdown(device: DeviceSpec) -> float:
+def slowdown(device: DeviceSpec) -> float:
+    """What every time of this device is multiplied by: its calibration, over its throttling."""
     return device.calibration / max(device.throttle_factor, 1e-3)
 
 
-def _bandwidth(device: DeviceSpec) -> float:
+def bandwidth(device: DeviceSpec) -> float:
+    """Bytes per second real kernels read from this device's memory."""
     return device.memory_bandwidth_gbs * 1e9 * BANDWIDTH_EFFICIENCY
 
 
@@ -110,6 +125,14 @@ class CostModel:
         self._matrices: dict[tuple, np.ndarray] = {}
         self._devices = {d.name: d for d in self.fleet.devices}
         self._links: dict[tuple[str, str], LinkSpec] = {}
+        self._derived: dict[tuple, object] = {}
+
+    def remember(self, key: tuple, make):
+        """``make()``, once per key for this request: price tables derived from the matrices that
+        the search would otherwise rebuild for every group of alike devices."""
+        if key not in self._derived:
+            self._derived[key] = make()
+        return self._derived[key]
 
     def device(self, name: str) -> DeviceSpec:
         """The fleet's device by name (KeyError for an unknown one)."""
@@ -124,26 +147,29 @@ class CostModel:
 
     # -- one stage ------------------------------------------------------------------------------
 
-    def memory(self, device: DeviceSpec, start: int, end: int, bits: int) -> StageMemory:
+    def memory(self, device: DeviceSpec, stage: StagePrecision) -> StageMemory:
+        start, end = stage.start, stage.end
         return StageMemory(
-            weights_bytes=int(self._stored_weights(start, end, bits)),
+            weights_bytes=int(self._stored_weights(start, stage.split, end, stage.bits, stage.last_bits)),
             kv_bytes_per_token=int(self.kv[end] - self.kv[start]),
             workspace_bytes=int(self._workspace(end)),
             capacity_bytes=capacity_bytes(device),
         )
 
-    def decode_s(self, device: DeviceSpec, start: int, end: int, bits: int, micro_batch: float) -> float:
-        """One decode step of a micro-batch through layers [start, end) on this device."""
-        return float(self._decode(device, np.array(start), np.array(end), bits, micro_batch))
+    def decode_s(self, device: DeviceSpec, stage: StagePrecision, micro_batch: float) -> float:
+        """One decode step of a micro-batch through the stage's layers on this device."""
+        return float(self._decode(device, np.array(stage.start), np.array(stage.split), np.array(stage.end),
+                                  stage.bits, stage.last_bits, micro_batch))
 
-    def prefill_s(self, device: DeviceSpec, start: int, end: int, bits: int, tokens: int) -> float:
+    def prefill_s(self, device: DeviceSpec, stage: StagePrecision, tokens: int) -> float:
         """Prefill of one prompt of ``tokens`` tokens: FLOP-bound, weights read at least once."""
+        start, end = stage.start, stage.end
         last = end == self.num_layers
         flops = tokens * (self.flops[end] - self.flops[start] + self.head_flops * last / max(tokens, 1))
         flops += (self.attn[end] - self.attn[start]) * tokens * tokens / 2.0
-        weights = self.weights[bits][end] - self.weights[bits][start] + self.head_bytes[bits] * last
-        seconds = max(flops / (_peak(device) * PREFILL_COMPUTE_EFFICIENCY), weights / _bandwidth(device))
-        return (seconds + (end - start) * LAYER_OVERHEAD_S) * _slowdown(device)
+        weights = self._read_weights(start, stage.split, end, stage.bits, stage.last_bits)
+        seconds = max(flops / (_peak(device) * PREFILL_COMPUTE_EFFICIENCY), weights / bandwidth(device))
+        return (seconds + (end - start) * LAYER_OVERHEAD_S) * slowdown(device)
 
     def crosses_network(self, a: DeviceSpec, b: DeviceSpec) -> bool:
         """Whether activations from a to b take the network: the search keeps such hops few, since
@@ -162,10 +188,10 @@ class CostModel:
         link = self.link(last, first)
         return micro_batch * TOKEN_ID_BYTES / (link.bandwidth_gbs * 1e9) + link.latency_us * 1e-6
 
-    def limiting_resource(self, device: DeviceSpec, start: int, end: int, bits: int,
-                          micro_batch: float) -> str:
+    def limiting_resource(self, device: DeviceSpec, stage: StagePrecision, micro_batch: float) -> str:
         """Whether the stage's decode step waits on memory bandwidth or on compute."""
-        memory_s, compute_s = self._parts(device, np.array(start), np.array(end), bits, micro_batch)
+        memory_s, compute_s = self._parts(device, np.array(stage.start), np.array(stage.split),
+                                          np.array(stage.end), stage.bits, stage.last_bits, micro_batch)
         return "memory bandwidth" if memory_s >= compute_s else "compute"
 
     def least_replica_bytes(self, low_bits: int, low_layers: int) -> float:
@@ -180,44 +206,82 @@ class CostModel:
     # -- every interval of a device at once -----------------------------------------------------
 
     def decode_matrix(self, device: DeviceSpec, bits: int, micro_batch: float) -> np.ndarray:
-        """M[i, j] = decode step time of layers [i, j) on this device, inf where it does not fit.
+        """M[i, j] = decode step time of layers [i, j) at ``bits`` on this device, inf where it does
+        not fit.
 
         Memory feasibility needs the KV of the whole replica batch at full context, not just the
         micro-batch: every sequence in flight keeps its cache on every stage.
         """
         key = (device_key(device), bits, micro_batch)
-        cached = self._matrices.get(key)
-        if cached is not None:
-            return cached
-        n = self.num_layers + 1
-        starts = np.arange(n)[:, None]
-        ends = np.arange(n)[None, :]
-        times = self._decode(device, starts, ends, bits, micro_batch)
-        kv = (self.kv[ends] - self.kv[starts]) * self.kv_required
-        need = self._stored_weights(starts, ends, bits) + kv + self._workspace(ends)
-        fits = (need <= capacity_bytes(device)) & (ends > starts)
-        matrix = np.where(fits, times, np.inf)
-        matrix.setflags(write=False)
-        self._matrices[key] = matrix
-        return matrix
+        if key not in self._matrices:
+            n = self.num_layers + 1
+            starts, ends = np.arange(n)[:, None], np.arange(n)[None, :]
+            self._matrices[key] = self._priced(device, starts, ends, ends, bits, bits, micro_batch)
+        return self._matrices[key]
 
-    def _stored_weights(self, starts, ends, bits: int):
+    def split_times(self, device: DeviceSpec, low_bits: int, micro_batch: float, starts, ends,
+                    low_layers) -> np.ndarray:
+        """Decode step times of stages [starts, ends) (arrays) whose last ``low_layers`` layers, and
+        head, run at ``low_bits`` and the rest at 16 bits; inf where a stage does not fit."""
+        splits = np.maximum(np.asarray(ends) - low_layers, starts)
+        return self._priced(device, np.asarray(starts), splits, np.asarray(ends), 16, low_bits, micro_batch)
+
+    def stage_figures(self, device: DeviceSpec, micro_batch: float) -> StageFigures:
+        """The parts of every [i, j)'s decode step at 16 bits: what ``SplitPrices`` counts low-bit
+        layers from."""
+        n = self.num_layers + 1
+        starts, ends = np.arange(n)[:, None], np.arange(n)[None, :]
+        kv = (self.kv[ends] - self.kv[starts]) * self.kv_required
+        stored = self._stored_weights(starts, ends, ends, 16, 16) + kv + self._workspace(ends)
+        return StageFigures(
+            read_bytes=self._read_bytes(starts, ends, ends, 16, 16, micro_batch),
+            compute_s=self._compute_s(device, starts, ends, micro_batch),
+            overhead_s=(ends - starts) * LAYER_OVERHEAD_S,
+            excess_bytes=stored - capacity_bytes(device),
+            slowdown=slowdown(device), bandwidth=bandwidth(device))
+
+    def _priced(self, device: DeviceSpec, starts, splits, ends, bits: int, low_bits: int,
+                micro_batch: float) -> np.ndarray:
+        """Decode step times of stages [starts, ends) with [splits, ends) at ``low_bits``, inf where
+        the stage is empty or its weights, the batch's KV at full context and the workspace do not fit."""
+        times = self._decode(device, starts, splits, ends, bits, low_bits, micro_batch)
+        kv = (self.kv[ends] - self.kv[starts]) * self.kv_required
+        need = self._stored_weights(starts, splits, ends, bits, low_bits) + kv + self._workspace(ends)
+        priced = np.where((need <= capacity_bytes(device)) & (ends > starts), times, np.inf)
+        priced.setflags(write=False)
+        return priced
+
+    def _read_weights(self, starts, splits, ends, bits: int, low_bits: int):
+        """Weight bytes a step reads: [starts, splits) at ``bits``, [splits, ends) at ``low_bits``,
+        and on the last stage the head, at the precision of the stage's last layer."""
+        layers = (self.weights[bits][splits] - self.weights[bits][starts]
+                  + self.weights[low_bits][ends] - self.weights[low_bits][splits])
+        head = np.where(splits < ends, self.head_bytes[low_bits], self.head_bytes[bits])
+        return layers + head * (ends == self.num_layers)
+
+    def _stored_weights(self, starts, splits, ends, bits: int, low_bits: int):
         """Weights a stage keeps in memory: its layers, the embedding on the first, the head on the last."""
-        return (self.weights[bits][ends] - self.weights[bits][starts] + self.embedding_bytes * (starts == 0)
-                + self.head_bytes[bits] * (ends == self.num_layers))
+        return self._read_weights(starts, splits, ends, bits, low_bits) + self.embedding_bytes * (starts == 0)
 
     def _workspace(self, ends):
         return self.workspace + self.logits * (ends == self.num_layers)
 
-    def _decode(self, device: DeviceSpec, starts, ends, bits: int, micro_batch: float):
-        memory_s, compute_s = self._parts(device, starts, ends, bits, micro_batch)
-        return (np.maximum(memory_s, compute_s) + (ends - starts) * LAYER_OVERHEAD_S) * _slowdown(device)
+    def _decode(self, device: DeviceSpec, starts, splits, ends, bits: int, low_bits: int, micro_batch: float):
+        memory_s, compute_s = self._parts(device, starts, splits, ends, bits, low_bits, micro_batch)
+        return (np.maximum(memory_s, compute_s) + (ends - starts) * LAYER_OVERHEAD_S) * slowdown(device)
 
-    def _parts(self, device: DeviceSpec, starts, ends, bits: int, micro_batch: float):
+    def _parts(self, device: DeviceSpec, starts, splits, ends, bits: int, low_bits: int, micro_batch: float):
         """Seconds to move the step's bytes and to do its FLOPs, before overheads and calibration."""
-        last = ends == self.num_layers
-        weights = self.weights[bits][ends] - self.weights[bits][starts] + self.head_bytes[bits] * last
+        read = self._read_bytes(starts, splits, ends, bits, low_bits, micro_batch)
+        return read / bandwidth(device), self._compute_s(device, starts, ends, micro_batch)
+
+    def _read_bytes(self, starts, splits, ends, bits: int, low_bits: int, micro_batch: float):
+        """Bytes a decode step reads: the weights and the micro-batch's KV cache."""
         kv = (self.kv[ends] - self.kv[starts]) * micro_batch * self.kv_context
+        return self._read_weights(starts, splits, ends, bits, low_bits) + kv
+
+    def _compute_s(self, device: DeviceSpec, starts, ends, micro_batch: float):
+        last = ends == self.num_layers
         flops = micro_batch * (self.flops[ends] - self.flops[starts] + self.head_flops * last
                                + (self.attn[ends] - self.attn[starts]) * self.kv_context)
-        return (weights + kv) / _bandwidth(device), flops / (_peak(device) * DECODE_COMPUTE_EFFICIENCY)
+        return flops / (_peak(device) * DECODE_COMPUTE_EFFICIENCY)

@@ -29,7 +29,7 @@ def micro_batch_size(batch: int, micro_batches: int) -> int:
 def _timings(cost: CostModel, placements: Sequence[Placement], micro_batch: int):
     """Per stage (compute s, transfer-to-next s), and the return hop of sampled tokens."""
     devices = [cost.device(p.device) for p in placements]
-    times = [(cost.decode_s(d, p.start, p.end, p.bits, micro_batch),
+    times = [(cost.decode_s(d, p, micro_batch),
               cost.hop_s(d, devices[i + 1], micro_batch) if i + 1 < len(devices) else 0.0)
              for i, (d, p) in enumerate(zip(devices, placements))]
     return times, cost.return_s(devices[-1], devices[0], micro_batch)
@@ -59,12 +59,13 @@ def network_hops(cost: CostModel, placements: Sequence[Placement]) -> int:
 def stage_plan(cost: CostModel, placement: Placement, following: DeviceSpec | None, compute: float,
                transfer: float) -> StagePlan:
     device = cost.device(placement.device)
-    memory = cost.memory(device, placement.start, placement.end, placement.bits)
+    memory = cost.memory(device, placement)
     kv_tokens = min(memory.kv_tokens, 2**53)
     kv_bytes = kv_tokens * memory.kv_bytes_per_token
     return StagePlan(
         device=device.name, node=device.node, gpu_model=device.model,
-        start=placement.start, end=placement.end, bits=placement.bits, kv_tokens=int(kv_tokens),
+        start=placement.start, end=placement.end, bits=placement.bits, low_bits=placement.low_bits,
+        low_from=placement.low_from, kv_tokens=int(kv_tokens),
         memory=MemoryBreakdown(
             weights_bytes=memory.weights_bytes, kv_bytes=int(kv_bytes),
             workspace_bytes=memory.workspace_bytes,
@@ -84,7 +85,7 @@ def evaluate_replica(cost: CostModel, placements: Sequence[Placement], micro_bat
     stages = tuple(stage_plan(cost, p, devices[i + 1] if i + 1 < len(devices) else None, *times[i])
                    for i, p in enumerate(placements))
     round_time, trip = _round(times, back, micro_batches)
-    prefill = sum(cost.prefill_s(d, p.start, p.end, p.bits, cost.prompt) for d, p in zip(devices, placements))
+    prefill = sum(cost.prefill_s(d, p, cost.prompt) for d, p in zip(devices, placements))
     prefill += sum(cost.hop_s(devices[i], devices[i + 1], cost.prompt) for i in range(len(devices) - 1))
     figures = Figures(decode_tokens_per_s=cost.batch / round_time, token_latency_ms=round_time * 1e3,
                       prefill_ms=float(prefill) * 1e3, round_ms=round_time * 1e3)
@@ -105,11 +106,10 @@ def _bottleneck(cost: CostModel, stages: Sequence[StagePlan], micro_batches: int
         return Bottleneck(replica, stage.device, f"link {stage.device} -> {following}",
                           f"{stage.link} transfer of {stage.transfer_ms:.3f} ms per micro-batch")
     device = cost.device(stage.device)
-    resource = cost.limiting_resource(device, stage.start, stage.end, stage.bits,
-                                      micro_batch_size(cost.batch, micro_batches))
+    resource = cost.limiting_resource(device, stage, micro_batch_size(cost.batch, micro_batches))
     return Bottleneck(replica, stage.device, resource,
                       f"{stage.gpu_model} step of {stage.compute_ms:.2f} ms for layers "
-                      f"[{stage.start}, {stage.end}) at {stage.bits} bits")
+                      f"[{stage.start}, {stage.end}) at {stage.bits_label} bits")
 
 
 def total_figures(replicas: Sequence[ReplicaPlan]) -> Figures:

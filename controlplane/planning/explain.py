@@ -10,7 +10,8 @@ from typing import Sequence
 
 from controlplane.hardware.specs import GIB, DeviceSpec
 from controlplane.planning.cost_model import CostModel, capacity_bytes
-from controlplane.planning.plan import ReplicaPlan
+from controlplane.planning.plan import Placement, ReplicaPlan, StagePlan
+from controlplane.planning.precision import quantized_layers
 from controlplane.planning.request import PlanRequest
 
 
@@ -27,7 +28,7 @@ def explain(request: PlanRequest, cost: CostModel, replicas: Sequence[ReplicaPla
     for index, replica in enumerate(replicas):
         lines.extend(_replica_lines(request, cost, index, replica))
     budget = request.quantized_layer_budget
-    worst = max(sum(s.end - s.start for s in r.stages if s.bits < 16) for r in replicas)
+    worst = max(quantized_layers(r.stages) for r in replicas)
     lines.append(f"Quality: at most {worst} of {request.model.num_layers} layers per replica run "
                  f"below 16 bits (budget {budget}).")
     return lines
@@ -35,7 +36,7 @@ def explain(request: PlanRequest, cost: CostModel, replicas: Sequence[ReplicaPla
 
 def _replica_lines(request: PlanRequest, cost: CostModel, index: int, replica: ReplicaPlan) -> list[str]:
     stages = replica.stages
-    chain = " -> ".join(f"{s.device} ({s.gpu_model}, layers [{s.start}, {s.end}), {s.bits}-bit)"
+    chain = " -> ".join(f"{s.device} ({s.gpu_model}, layers [{s.start}, {s.end}), {s.bits_label}-bit)"
                         for s in stages)
     figures = replica.predicted
     lines = [f"Replica {index}: {chain}; {replica.micro_batches} micro-batch(es) of "
@@ -63,9 +64,8 @@ def _replica_lines(request: PlanRequest, cost: CostModel, index: int, replica: R
         lines.append(order + "; each stage's share is sized so the slowest step is as short as possible.")
     bottleneck = max(s.step_ms for s in stages)
     for s in stages:
-        if s.bits < 16:
-            lines.append(_why_low_bits(cost, cost.device(s.device), s.start, s.end, s.bits,
-                                       replica.micro_batch_size, bottleneck))
+        if s.quantized_layers:
+            lines.append(_why_low_bits(cost, cost.device(s.device), s, replica.micro_batch_size, bottleneck))
     b = replica.bottleneck
     lines.append(f"Replica {index} is limited by {b.resource} of {b.device}: {b.detail}.")
     tight = min(stages, key=lambda s: s.kv_tokens)
@@ -75,15 +75,18 @@ def _replica_lines(request: PlanRequest, cost: CostModel, index: int, replica: R
     return lines
 
 
-def _why_low_bits(cost: CostModel, device: DeviceSpec, start: int, end: int, bits: int, micro_batch: int,
+def _why_low_bits(cost: CostModel, device: DeviceSpec, stage: StagePlan, micro_batch: int,
                   bottleneck_ms: float) -> str:
-    full = cost.memory(device, start, end, 16)
+    whole = Placement(stage.device, stage.start, stage.end, 16)
+    full = cost.memory(device, whole)
     need = full.weights_bytes + full.workspace_bytes + full.kv_bytes_per_token * cost.kv_required
-    head = f"{device.name} ({device.model}) runs layers [{start}, {end}) at {bits} bits: at 16 bits"
+    low = ", ".join(f"[{start}, {end}) at {bits} bits" for start, end, bits in stage.segments)
+    head = (f"{device.name} ({device.model}) runs layers {low}: with all [{stage.start}, {stage.end}) "
+            f"at 16 bits")
     if need > full.capacity_bytes:
-        return (f"{head} they need {_gib(need)} with their KV cache but the card has "
+        return (f"{head} they would need {_gib(need)} with their KV cache but the card has "
                 f"{_gib(full.capacity_bytes)}.")
-    slow = cost.decode_s(device, start, end, 16, micro_batch) * 1e3
+    slow = cost.decode_s(device, whole, micro_batch) * 1e3
     return (f"{head} their step would take {slow:.2f} ms against the pipeline's {bottleneck_ms:.2f} ms "
             f"(an old or small card made to keep pace).")
 

@@ -23,17 +23,20 @@ Two searches, one per pipeline regime (see docs/planner.md, "Pipeline model"):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from controlplane.hardware.specs import DeviceSpec
-from controlplane.planning.cost_model import CostModel
+from controlplane.planning.cost_model import CostModel, device_key
 from controlplane.planning.plan import Placement
 from controlplane.planning.precision import THROUGHPUT_TOLERANCE, low_bit_cost
+from controlplane.planning.split_prices import SLACK, SplitPrices
 
 INF = float("inf")
+ENUMERATE_LIMIT = 4096  # stage times in a window of tau the search lists and binary-searches directly
 
 
 @dataclass(frozen=True)
@@ -46,13 +49,16 @@ class Partition:
 @dataclass(frozen=True)
 class _Problem:
     """The prices one search needs, per device: M[i, j] = step time of [i, j) at each precision,
-    and its two summaries, at 16 bits (``full``) and at the fastest low precision (``low``)."""
+    and its two summaries, at 16 bits (``full``) and at the fastest low precision (``low``); and,
+    when 16 bits and a lower precision are both allowed, ``SplitPrices`` per low precision for
+    stages whose last layers run below 16 bits."""
 
     devices: tuple[DeviceSpec, ...]
     bits: tuple[int, ...]
     matrices: tuple[dict[int, np.ndarray], ...]
     full: tuple[np.ndarray, ...]
     low: tuple[np.ndarray, ...]
+    splits: tuple[dict[int, SplitPrices], ...]
     pins: tuple[tuple[int, int] | None, ...]
     num_layers: int
 
@@ -61,45 +67,86 @@ class _Problem:
         times ``weight``: a weight above any count of network hops lets the exact search add the hops
         to the same value and still rank every low-bit layer above them.
 
+        With splits, the lowest precision needs the fewest (it saves the most bytes per layer).
         Devices with the same prices share one array, so alike cards cost one computation.
         """
-        size = self.num_layers + 1
-        quantized = low_bit_cost(4, size) * weight
-        shared: dict[tuple[int, int], np.ndarray] = {}
+        lengths = low_bit_cost(4, self.num_layers + 1)
+        shared: dict[tuple[int, ...], np.ndarray] = {}
         result = []
-        for full, low in zip(self.full, self.low):
-            key = (id(full), id(low))
+        for full, low, splits in zip(self.full, self.low, self.splits):
+            key = (id(full), id(low), *map(id, splits.values()))
             if key not in shared:
-                shared[key] = np.where(full <= tau, 0.0, np.where(low <= tau, quantized, INF))
+                if splits:
+                    shared[key] = splits[min(splits)].fewest(tau) * weight
+                else:
+                    shared[key] = np.where(full <= tau, 0.0, np.where(low <= tau, lengths * weight, INF))
             result.append(shared[key])
         return result
 
+    def bounds(self) -> tuple[float, float]:
+        """A time below every stage time here, and the largest finite one."""
+        values = np.concatenate([m[np.isfinite(m)] for m in self.full + self.low] + [np.zeros(1)])
+        positive = values[values > 0]
+        return (float(positive.min()) / 2 if len(positive) else 0.0), float(values.max())
+
+    def prices_between(self, lo: float, hi: float, limit: int | None) -> np.ndarray | None:
+        """Every stage time in (lo, hi] the transitions can step at (with repeats), or None if more
+        than ``limit``."""
+        found, seen = [], set()
+        for full, low, splits in zip(self.full, self.low, self.splits):
+            sources = [splits[min(splits)]] if splits else [full, low]
+            for source in sources:
+                if id(source) in seen:
+                    continue
+                seen.add(id(source))
+                left = None if limit is None else limit - sum(map(len, found))
+                if isinstance(source, SplitPrices):
+                    values = source.between(lo, hi, left)
+                else:
+                    values = source[(source > lo) & (source <= hi)]
+                if values is None or (left is not None and len(values) > left):
+                    return None
+                found.append(values)
+        return np.concatenate(found) if found else np.zeros(0)
+
 
 def _problem(cost: CostModel, devices: Sequence[DeviceSpec], bits: Sequence[int], micro_batch: float,
-             pins: dict[str, tuple[int, int]]) -> _Problem:
+             pins: dict[str, tuple[int, int]], splits: bool = True) -> _Problem:
     size = cost.num_layers + 1
     never = np.full((size, size), INF)
-    summaries: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
-    matrices, full, low = [], [], []
+    summaries: dict[tuple, tuple[np.ndarray, np.ndarray, dict[int, SplitPrices]]] = {}
+    matrices, full, low, split_prices = [], [], [], []
+    lows = [b for b in bits if b < 16] if splits and 16 in bits else []
     for device in devices:
         per_bits = {b: cost.decode_matrix(device, b, micro_batch) for b in bits}
         pin = pins.get(device.name)
         if pin is not None:
-            masked = {}
-            for b, m in per_bits.items():
-                only = np.full_like(m, INF)
-                only[pin] = m[pin]
-                masked[b] = only
-            per_bits = masked
-        key = tuple(id(m) for m in per_bits.values())
+            per_bits = {b: _only(m, pin) for b, m in per_bits.items()}
+        key = (*(id(m) for m in per_bits.values()), pin)
         if key not in summaries:
-            lows = [m for b, m in per_bits.items() if b < 16]
-            summaries[key] = (per_bits.get(16, never), np.minimum.reduce(lows) if lows else never)
+            lowest = [m for b, m in per_bits.items() if b < 16]
+            summaries[key] = (per_bits.get(16, never), np.minimum.reduce(lowest) if lowest else never,
+                              {b: _split_prices(cost, device, b, micro_batch, pin) for b in lows})
         matrices.append(per_bits)
         full.append(summaries[key][0])
         low.append(summaries[key][1])
+        split_prices.append(summaries[key][2])
     return _Problem(tuple(devices), tuple(bits), tuple(matrices), tuple(full), tuple(low),
-                    tuple(pins.get(d.name) for d in devices), cost.num_layers)
+                    tuple(split_prices), tuple(pins.get(d.name) for d in devices), cost.num_layers)
+
+
+def _split_prices(cost: CostModel, device: DeviceSpec, low_bits: int, micro_batch: float,
+                  pin: tuple[int, int] | None) -> SplitPrices:
+    return cost.remember(("split prices", device_key(device), low_bits, micro_batch, pin),
+                         lambda: SplitPrices(cost, device, low_bits, micro_batch, pin))
+
+
+def _only(prices: np.ndarray, pin: tuple[int, int]) -> np.ndarray:
+    """``prices`` with every stage but the pinned range [start, end) made impossible."""
+    only = np.full_like(prices, INF)
+    only[pin] = prices[pin]
+    only.setflags(write=False)
+    return only
 
 
 # -- fixed order ---------------------------------------------------------------------------------
@@ -233,10 +280,24 @@ def _subset_stages(problem: _Problem, links: _Links, tau: float) -> tuple[Placem
 # -- shared ---------------------------------------------------------------------------------------
 
 def _placement(problem: _Problem, index: int, start: int, end: int, tau: float) -> Placement:
-    """The highest precision that keeps this stage within tau (and memory)."""
+    """The stage the DP priced: 16 bits if that keeps it within tau (and memory); else the split
+    with the fewest low-bit layers, at the highest low precision that needs no more; else the
+    highest precision that fits."""
+    name = problem.devices[index].name
+    within = tau * (1.0 + SLACK)
+    full = problem.matrices[index].get(16)
+    if full is not None and full[start, end] <= within:
+        return Placement(name, start, end, 16)
+    splits = problem.splits[index]
+    if splits:
+        needs = {b: prices.fewest(tau)[start, end] for b, prices in splits.items()}
+        fewest = min(needs.values())
+        if fewest < end - start:
+            low_bits = max(b for b, need in needs.items() if need == fewest)
+            return Placement(name, start, end, 16, low_bits, end - int(fewest))
     for b in problem.bits:
-        if problem.matrices[index][b][start, end] <= tau:
-            return Placement(problem.devices[index].name, start, end, b)
+        if problem.matrices[index][b][start, end] <= within:
+            return Placement(name, start, end, b)
     raise AssertionError("reconstructed a stage that no precision allows")
 
 
@@ -257,20 +318,19 @@ def bottleneck_partition(cost: CostModel, devices: Sequence[DeviceSpec], micro_b
 
         def fewest(tau: float) -> float:
             return _ordered_rows(problem, chain, tau, track=False)[0][-1]
-    # The optimum is a stage time or a hop time: binary search over exactly those values.
-    hop_values = links.seconds.ravel() if exact_order else np.asarray(chain)
-    candidates = np.unique(np.concatenate(
-        [m[np.isfinite(m)] for m in {id(m): m for m in problem.full + problem.low}.values()] + [hop_values]))
+    # The optimum is a stage time or a hop time: search exactly those values.
+    hops = links.seconds.ravel() if exact_order else np.asarray(chain)
+    lo, hi = problem.bounds()
+    hi = max(hi, float(hops.max()))
     # Within the budget: at most ``budget`` low-bit layers, whatever the hops (fewer than ``weight``).
-    best = _smallest(candidates, lambda tau: fewest(tau) < (budget + 1) * weight)
+    best = _smallest(problem, hops, lo, hi, lambda tau: fewest(tau) < (budget + 1) * weight)
     if best is None:
         return None
-    relaxed = candidates[candidates <= best / (1.0 - THROUGHPUT_TOLERANCE)][-1]
+    relaxed = best / (1.0 - THROUGHPUT_TOLERANCE)
     target = fewest(relaxed)
     tau = best
     if fewest(best) > target:
-        window = candidates[(candidates >= best) & (candidates <= relaxed)]
-        tau = _smallest(window, lambda t: fewest(t) <= target)
+        tau = _smallest(problem, hops, best, relaxed, lambda t: fewest(t) <= target)
     if exact_order:
         stages = _subset_stages(problem, links, tau)
     else:
@@ -279,8 +339,27 @@ def bottleneck_partition(cost: CostModel, devices: Sequence[DeviceSpec], micro_b
     return Partition(stages, float(tau), int(target // weight))
 
 
-def _smallest(candidates: np.ndarray, ok) -> float | None:
-    """Smallest candidate for which the monotone predicate holds (binary search)."""
+def _smallest(problem: _Problem, hops: np.ndarray, lo: float, hi: float, ok) -> float | None:
+    """Smallest stage or hop time in (lo, hi] for which the monotone predicate holds (None: none).
+
+    ``ok`` changes only at such times. While the window holds more than ``ENUMERATE_LIMIT`` of
+    them, bisect it (geometrically: times span orders of magnitude); then binary-search the times
+    themselves. Alike layers give many stages the same time, so the count includes repeats.
+    """
+    while True:
+        narrow = hi <= lo * (1.0 + 1e-9)  # only repeats of one time left: list them all
+        values = problem.prices_between(lo, hi, None if narrow else ENUMERATE_LIMIT)
+        if values is not None:
+            return _first(np.unique(np.concatenate([values, hops[(hops > lo) & (hops <= hi)]])), ok)
+        middle = math.sqrt(lo * hi) if lo > 0 else hi / 2
+        if ok(middle):
+            hi = middle
+        else:
+            lo = middle
+
+
+def _first(candidates: np.ndarray, ok) -> float | None:
+    """First of the sorted candidates for which the monotone predicate holds (binary search)."""
     lo, hi = 0, len(candidates) - 1
     if hi < 0 or not ok(candidates[hi]):
         return None
@@ -299,7 +378,7 @@ def sum_partition(cost: CostModel, devices: Sequence[DeviceSpec], micro_batch: f
                   bits: Sequence[int], pins: dict[str, tuple[int, int]] | None = None) -> Partition | None:
     """Minimal sum of stage times and hops over the given order (see module doc), with the fewest
     low-bit layers among minimal plans; None when nothing fits within the budget."""
-    problem = _problem(cost, devices, sorted(bits, reverse=True), micro_batch, pins or {})
+    problem = _problem(cost, devices, sorted(bits, reverse=True), micro_batch, pins or {}, splits=False)
     hops = _links(cost, devices, micro_batch).seconds
     floors = _pinned_before(problem)
     values = _chain_values(problem, hops, floors, min(budget, problem.num_layers))

@@ -12,14 +12,58 @@ from typing import Literal
 PlanKind = Literal["planner", "even", "memory", "edited"]
 
 
+class StagePrecision:
+    """The precision of each layer of a stage: ``bits`` for all of them, or, when ``low_bits`` is
+    set, ``bits`` for [start, low_from) and ``low_bits`` for [low_from, end) and the stage's lm_head.
+
+    Two precisions in one stage let a single card spend the quality budget on part of the model
+    (half its layers at 4 bits, say) where one precision per stage would have to take all or none.
+    """
+
+    start: int
+    end: int
+    bits: int
+    low_bits: int | None
+    low_from: int | None
+
+    @property
+    def split(self) -> int:
+        """The first layer at ``low_bits`` (``end`` when the stage has one precision)."""
+        return self.end if self.low_bits is None or self.low_from is None else self.low_from
+
+    @property
+    def last_bits(self) -> int:
+        """The precision of the stage's last layer, which its lm_head (if any) shares."""
+        return self.bits if self.split >= self.end else self.low_bits
+
+    @property
+    def segments(self) -> tuple[tuple[int, int, int], ...]:
+        """(start, end, bits) of each non-empty run of layers at one precision."""
+        runs = ((self.start, self.split, self.bits), (self.split, self.end, self.low_bits))
+        return tuple(run for run in runs if run[0] < run[1])
+
+    @property
+    def quantized_layers(self) -> int:
+        return sum(end - start for start, end, bits in self.segments if bits < 16)
+
+    @property
+    def bits_label(self) -> str:
+        """'16' or '16 / 4 from layer 24', for messages."""
+        if len(self.segments) < 2:
+            return str(self.last_bits)
+        return f"{self.bits} / {self.low_bits} from layer {self.split}"
+
+
 @dataclass(frozen=True)
-class Placement:
+class Placement(StagePrecision):
     """Where a stage runs and what it holds: the part of a plan an operator may edit."""
 
     device: str
     start: int
     end: int
     bits: int
+    low_bits: int | None = None
+    low_from: int | None = None
 
 
 @dataclass(frozen=True)
@@ -32,7 +76,7 @@ class MemoryBreakdown:
 
 
 @dataclass(frozen=True)
-class StagePlan:
+class StagePlan(StagePrecision):
     device: str
     node: str
     gpu_model: str
@@ -45,6 +89,8 @@ class StagePlan:
     transfer_ms: float  # hidden states of that micro-batch to the next stage (0 on the last)
     step_ms: float  # max(compute, transfer): sends overlap the next micro-batch's compute
     link: str | None  # kind of link to the next stage: nvlink | pcie | network
+    low_bits: int | None = None
+    low_from: int | None = None
 
     @property
     def layers(self) -> tuple[int, int]:
@@ -52,7 +98,7 @@ class StagePlan:
 
     @property
     def placement(self) -> Placement:
-        return Placement(self.device, self.start, self.end, self.bits)
+        return Placement(self.device, self.start, self.end, self.bits, self.low_bits, self.low_from)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ Groups that look alike (same cards, same link structure) are planned once.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from controlplane.hardware.specs import DeviceSpec
 from controlplane.planning.cost_model import CostModel, capacity_bytes, device_key
@@ -153,8 +153,7 @@ class _Search:
         if found is None:
             return None
         positions, (placements, micro_batches) = found
-        placements = tuple(Placement(ordered[i].name, p.start, p.end, p.bits)
-                           for i, p in zip(positions, placements))
+        placements = tuple(replace(p, device=ordered[i].name) for i, p in zip(positions, placements))
         return _GroupPlan(placements, micro_batches, round_seconds(self.cost, placements, micro_batches))
 
     def _signature(self, ordered: list[DeviceSpec]) -> tuple | None:

@@ -29,4 +29,4 @@ def low_bit_cost(bits: int, size: int) -> np.ndarray:
 
 def quantized_layers(stages) -> int:
     """Decoder layers of a replica's stages that run below 16 bits."""
-    return sum(s.end - s.start for s in stages if s.bits < 16)
+    return sum(s.quantized_layers for s in stages)

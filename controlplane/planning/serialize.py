@@ -1,7 +1,8 @@
 """The JSON form of a plan (schema: docs/planner.md) and back.
 
 ``plan_to_dict`` / ``plan_from_dict`` round-trip a full plan exactly. ``placements_from_dict``
-reads only what an operator edits (device, layers, bits per stage), so an edited plan may omit every
+reads only what an operator edits (device, layers, bits and an optional low_bits / low_from per
+stage), so an edited plan may omit every
 predicted figure; ``validate`` re-prices it.
 """
 
@@ -29,10 +30,16 @@ def _bottleneck(b: Bottleneck) -> dict[str, Any]:
 def _stage(s: StagePlan) -> dict[str, Any]:
     return {
         "device": s.device, "node": s.node, "gpu_model": s.gpu_model, "layers": [s.start, s.end],
-        "bits": s.bits, "kv_tokens": s.kv_tokens, "memory": {k: getattr(s.memory, k) for k in _MEMORY},
+        "bits": s.bits, **_low_bits(s), "kv_tokens": s.kv_tokens,
+        "memory": {k: getattr(s.memory, k) for k in _MEMORY},
         "predicted": {"compute_ms": s.compute_ms, "transfer_ms": s.transfer_ms, "step_ms": s.step_ms},
         "link": s.link,
     }
+
+
+def _low_bits(s: StagePlan) -> dict[str, int]:
+    """``low_bits`` and ``low_from``, only for a stage that mixes two precisions."""
+    return {} if s.low_bits is None else {"low_bits": s.low_bits, "low_from": s.low_from}
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
@@ -53,8 +60,9 @@ def plan_from_dict(data: Mapping[str, Any]) -> Plan:
     def stage(d: Mapping[str, Any]) -> StagePlan:
         start, end = d["layers"]
         return StagePlan(device=d["device"], node=d["node"], gpu_model=d["gpu_model"], start=start, end=end,
-                         bits=d["bits"], kv_tokens=d["kv_tokens"], memory=MemoryBreakdown(**d["memory"]),
-                         link=d["link"], **d["predicted"])
+                         bits=d["bits"], low_bits=d.get("low_bits"), low_from=d.get("low_from"),
+                         kv_tokens=d["kv_tokens"], memory=MemoryBreakdown(**d["memory"]), link=d["link"],
+                         **d["predicted"])
 
     return Plan(
         kind=data["kind"], model=data["model"], fleet=data["fleet"], objective=data["objective"],
@@ -78,9 +86,12 @@ def placements_from_dict(data: Mapping[str, Any]) -> tuple[tuple[tuple[Placement
             stages = []
             for s in r["stages"]:
                 start, end = s["layers"]
-                stages.append(Placement(str(s["device"]), int(start), int(end), int(s.get("bits", 16))))
+                low_bits, low_from = s.get("low_bits"), s.get("low_from")
+                stages.append(Placement(str(s["device"]), int(start), int(end), int(s.get("bits", 16)),
+                                        None if low_bits is None else int(low_bits),
+                                        None if low_from is None else int(low_from)))
             replicas.append((tuple(stages), r.get("micro_batches")))
         return tuple(replicas)
     except (KeyError, TypeError, ValueError) as exc:
         raise PlanningError(f"plan: malformed ({exc!r}); expected replicas[].stages[] with device, "
-                            f"layers [start, end) and bits") from None
+                            f"layers [start, end), bits and optionally low_bits with low_from") from None

@@ -21,15 +21,15 @@ from controlplane.planning.request import PlanningError, PlanRequest
 from controlplane.planning.serialize import placements_from_dict
 
 # Problems after which the edited plan cannot be priced at all.
-_STRUCTURAL = {"unknown_device", "bad_range", "layer_missing", "layer_duplicated", "not_contiguous",
-               "empty_replica", "malformed"}
+_STRUCTURAL = {"unknown_device", "bad_range", "bad_split", "layer_missing", "layer_duplicated",
+               "not_contiguous", "empty_replica", "malformed"}
 
 
 @dataclass(frozen=True)
 class Problem:
     code: str  # unknown_device | device_unavailable | device_reused | bad_range | layer_missing |
     # layer_duplicated | not_contiguous | empty_replica | over_memory | precision_not_allowed |
-    # over_quality_budget | pin_violated | malformed
+    # bad_split | over_quality_budget | pin_violated | malformed
     message: str
     replica: int | None = None
     stage: int | None = None
@@ -65,7 +65,8 @@ def validate(edited: Plan | Mapping[str, Any], request: PlanRequest) -> Validati
             return _with_planner(request, (Problem("malformed", str(exc)),), None)
     problems = _problems(request, replicas)
     priced = None
-    if not any(p.code in _STRUCTURAL for p in problems) and replicas:
+    known_bits = all({p.bits, p.last_bits} <= {16, 8, 4} for stages, _ in replicas for p in stages)
+    if not any(p.code in _STRUCTURAL for p in problems) and replicas and known_bits:
         cost = CostModel(request)
         evaluated = [evaluate_replica(cost, stages, m or min(cost.batch, len(stages)), i)
                      for i, (stages, m) in enumerate(replicas)]
@@ -133,15 +134,21 @@ def _stage_problems(request: PlanRequest, cost: CostModel, known, uses, p: Place
         yield Problem("device_unavailable", f"{where}: device is {reason}", r, s)
     if uses[p.device] > 1:
         yield Problem("device_reused", f"{where}: device carries {uses[p.device]} stages", r, s)
-    if p.bits not in request.bits:
-        yield Problem("precision_not_allowed",
-                      f"{where}: {p.bits} bits not in the allowed {list(request.bits)}", r, s)
+    for bits in sorted({p.bits} | ({p.low_bits} if p.low_bits is not None else set()), reverse=True):
+        if bits not in request.bits:
+            yield Problem("precision_not_allowed",
+                          f"{where}: {bits} bits not in the allowed {list(request.bits)}", r, s)
     if not 0 <= p.start < p.end <= request.model.num_layers:
         yield Problem("bad_range", f"{where}: layers [{p.start}, {p.end}) is empty or outside "
                       f"[0, {request.model.num_layers})", r, s)
         return
-    if p.bits in (16, 8, 4):
-        memory = cost.memory(device, p.start, p.end, p.bits)
+    if (p.low_bits is None) != (p.low_from is None) or (
+            p.low_bits is not None and not (p.low_bits < p.bits and p.start < p.low_from < p.end)):
+        yield Problem("bad_split", f"{where}: low_bits {p.low_bits} from layer {p.low_from} must come "
+                      f"together, below bits ({p.bits}), from a layer inside ({p.start}, {p.end})", r, s)
+        return
+    if {p.bits, p.last_bits} <= {16, 8, 4}:
+        memory = cost.memory(device, p)
         need = memory.weights_bytes + memory.workspace_bytes + memory.kv_bytes_per_token * cost.kv_required
         if need > memory.capacity_bytes:
             yield Problem("over_memory", f"{where}: needs {need / GIB:.2f} GiB (weights "

@@ -13,7 +13,9 @@ from tests.support.processes import REPO_ROOT
 
 LAB_FLEET = REPO_ROOT / "examples" / "fleets" / "lab-3node.yaml"
 LLAMA3_8B = REPO_ROOT / "examples" / "models" / "Llama-3-8B" / "config.json"
-REQUEST = {"batch": 4, "context": 2048}  # as a revision stores it
+# As a revision stores it. No low-bit layers: Llama-3-8B then needs two cards on some replicas, so
+# the topology shows pipelines and their bottlenecks (with the default budget each card holds one).
+REQUEST = {"batch": 4, "context": 2048, "max_quantized": 0.0}
 OPERATOR = ("operator", "correct horse battery")
 
 

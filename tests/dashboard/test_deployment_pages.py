@@ -6,6 +6,8 @@ import json
 
 from django.urls import reverse
 
+from tests.dashboard.seed import REQUEST
+
 
 def test_deployments_page_shows_status_revisions_and_predicted_figures(operator_client, running_deployment,
                                                                        django_assert_max_num_queries):
@@ -31,6 +33,6 @@ def test_plan_editor_starts_from_the_applied_plan_and_its_request(operator_clien
     page = operator_client.get(url).content.decode()
     editor = json.loads(page.split('id="editor-data" type="application/json">')[1].split("</script>")[0])
     assert editor["plan"] == running_deployment.revision.plan
-    assert editor["request"] == {"batch": 4, "context": 2048}
+    assert editor["request"] == REQUEST
     assert len(editor["devices"]) == 13  # lab-3node: 6 + 4 + 3 GPUs
     assert operator_client.get(reverse("dashboard:plan-editor", args=[999])).status_code == 404

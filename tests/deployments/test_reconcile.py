@@ -101,6 +101,26 @@ def test_moving_one_boundary_restarts_only_the_two_stages_it_touches(nodes, llm,
     assert sent.take() == []
 
 
+def test_a_stage_given_a_low_bit_tail_restarts_alone_with_its_precisions_in_the_spec(nodes, llm, revision,
+                                                                                      sent):
+    deployment = deployment_create(name="tiny", revision=revision)
+    deployment_reconcile(deployment_id=deployment.pk)
+    sent.take()
+    ready_all(deployment)
+    plan = edited_plan(("n0/gpu0", 0, 2), ("n1/gpu0", 2, 4), ("n2/gpu0", 4, 6))
+    plan["replicas"][0]["stages"][2].update(low_bits=4, low_from=5)
+    mixed = plan_revision_create(model=llm, plan=plan, request=REQUEST, source="edited")
+    deployment_apply(deployment=deployment, revision=mixed)
+    deployment_reconcile(deployment_id=deployment.pk)
+    after = starts(sent.take())
+    (key,) = after
+    spec = after[key][1]
+    assert key.endswith("-s2") and (spec["bits"], spec["low_bits"], spec["low_from"]) == (16, 4, 5)
+    stage = deployment.stages.get(stage_index=2, wanted=True)
+    assert stage.spec["low_bits"] == 4
+    assert deployment.stages.get(stage_index=1, wanted=True).spec["low_bits"] is None
+
+
 def test_a_stage_moved_to_another_node_is_stopped_on_the_old_one(nodes, llm, revision, sent):
     deployment = deployment_create(name="tiny", revision=revision)
     deployment_reconcile(deployment_id=deployment.pk)

@@ -26,12 +26,16 @@ def test_a_valid_spec_round_trips():
     spec = StageSpec.from_dict({**BASE, "emulation": {"memory_bandwidth_gbs": 300, "fp16_tflops": 65, "time_scale": 20}})
     assert spec.is_head and not spec.is_last and spec.emulation.time_scale == 20
     assert StageSpec.from_dict(spec.to_json()) == spec
+    mixed = StageSpec.from_dict({**BASE, "low_bits": 4, "low_from": 2})
+    assert (mixed.bits, mixed.low_bits, mixed.low_from) == (16, 4, 2)
 
 
 @pytest.mark.parametrize(
     "change, match",
     [
         ({"bits": 3}, "bits"),
+        ({"low_bits": 4}, "both are needed"),
+        ({"low_bits": 4, "low_from": 3}, "strictly inside"),
         ({"next": None}, "next must be null"),
         ({"stage_index": 2}, "stage_index"),
         ({"layers": [3, 3]}, "layers"),

@@ -18,38 +18,85 @@ from controlplane.planning.request import PlanRequest, Workload
 from tests.planning.factories import CARDS, fleet, profile
 
 
-def feasible_plans(cost: CostModel, devices, micro_batch: int, budget: int, bits=(16, 8, 4),
-                   chain: bool = False):
-    """(objective, low-bit layers, network hops) of every plan within the budget, by enumeration.
+def stage_options(cost: CostModel, device, micro_batch: int, bits=(16, 8, 4)) -> np.ndarray:
+    """O[i, j, q] = the fastest decode step of [i, j) on ``device`` with its last q layers below 16
+    bits (q = 0: all at 16 bits), over the allowed precisions; inf where nothing fits or q > j - i.
 
-    The objective is the bottleneck (slowest stage or hop) over every order of every subset of the
-    devices; with ``chain``, the sum of stage times and hops (one micro-batch: ``sum_partition``'s
-    objective) over every subset of the devices in their given order.
+    Priced one stage at a time through the cost model's scalar figures (``decode_s``, ``memory``),
+    not the matrices and cubes the search uses.
+    """
+    n = cost.num_layers + 1
+    options = np.full((n, n, n), np.inf)
+    for start, end in itertools.combinations(range(n), 2):
+        candidates = [Placement(device.name, start, end, b) for b in bits]
+        if 16 in bits:
+            candidates += [Placement(device.name, start, end, 16, b, split)
+                           for b in bits if b < 16 for split in range(start + 1, end)]
+        for p in candidates:
+            memory = cost.memory(device, p)
+            kv = memory.kv_bytes_per_token * cost.kv_required
+            if memory.weights_bytes + memory.workspace_bytes + kv <= memory.capacity_bytes:
+                q = p.quantized_layers
+                options[start, end, q] = min(options[start, end, q], cost.decode_s(device, p, micro_batch))
+    return options
+
+
+def feasible_plans(cost: CostModel, devices, micro_batch: int, budget: int, bits=(16, 8, 4)):
+    """(bottleneck, low-bit layers, network hops) of the fastest plan of every order of every subset
+    of the devices, every boundary and every count of low-bit layers within the budget, by
+    enumeration. A stage may hold its last layers at a lower precision than the rest.
+
+    Per order and boundaries, the fastest plan with each count of low-bit layers comes from
+    combining the stages' options one stage at a time (the max of a stage's time and the best of
+    the stages before it, for every split of the count): every combination is covered.
+    """
+    layers = cost.num_layers
+    options = [stage_options(cost, d, micro_batch, bits) for d in devices]
+    plans = []  # per order: (bottlenecks, low-bit layers, hops)
+    for k in range(1, min(len(devices), layers) + 1):
+        cuts = np.array([(0, *c, layers) for c in itertools.combinations(range(1, layers), k - 1)])
+        for order in itertools.permutations(range(len(devices)), k):
+            pairs = [(devices[a], devices[b]) for a, b in zip(order, order[1:])]
+            slowest_hop = max((cost.hop_s(a, b, micro_batch) for a, b in pairs), default=0.0)
+            crossings = sum(a.node != b.node for a, b in pairs)
+            best = np.full((len(cuts), budget + 1), np.inf)  # [boundaries, low-bit layers so far]
+            best[:, 0] = slowest_hop
+            for i, d in enumerate(order):
+                stage = options[d][cuts[:, i], cuts[:, i + 1], : budget + 1]  # (C, q)
+                combined = np.full_like(best, np.inf)
+                for q in range(budget + 1):
+                    combined[:, q:] = np.minimum(combined[:, q:],
+                                                 np.maximum(best[:, : budget + 1 - q], stage[:, q, None]))
+                best = combined
+            ok = np.isfinite(best)
+            plans.append((best[ok], np.nonzero(ok)[1], np.full(int(ok.sum()), crossings)))
+    return tuple(np.concatenate(column) for column in zip(*plans))
+
+
+def chain_plans(cost: CostModel, devices, micro_batch: int, budget: int, bits=(16, 8, 4)):
+    """(sum of stage times and hops, low-bit layers) of every plan over every subset of the devices
+    in their given order with one precision per stage (``sum_partition``'s plans), by enumeration.
+
     Low precisions all count the same towards the budget, so per stage only the best 16-bit time and
     the best low-bit time matter: 2^k precision choices per composition instead of 3^k.
     """
     layers = cost.num_layers
     matrices = [{b: cost.decode_matrix(d, b, micro_batch) for b in bits} for d in devices]
-    visits = itertools.combinations if chain else itertools.permutations
-    plans = []  # per order: (objectives, low-bit layers, hops) of every feasible plan
+    plans = []
     for k in range(1, min(len(devices), layers) + 1):
         cuts = np.array([(0, *c, layers) for c in itertools.combinations(range(1, layers), k - 1)])
         sizes = np.diff(cuts, axis=1)
-        for order in visits(range(len(devices)), k):
-            pairs = [(devices[a], devices[b]) for a, b in zip(order, order[1:])]
-            hops = [cost.hop_s(a, b, micro_batch) for a, b in pairs]
-            crossings = sum(a.node != b.node for a, b in pairs)
+        for order in itertools.combinations(range(len(devices)), k):
+            hops = sum(cost.hop_s(devices[a], devices[b], micro_batch) for a, b in zip(order, order[1:]))
             full = np.stack([matrices[d][16][cuts[:, i], cuts[:, i + 1]] for i, d in enumerate(order)],
                             axis=1)
             low = np.stack([np.minimum(matrices[d][8], matrices[d][4])[cuts[:, i], cuts[:, i + 1]]
                             for i, d in enumerate(order)], axis=1)
             masks = np.array(list(itertools.product((False, True), repeat=k)))  # (2^k, k)
-            stages = np.where(masks[None], low[:, None], full[:, None])  # (C, 2^k, k)
-            times = (stages.sum(axis=2) + sum(hops) if chain
-                     else np.maximum(stages.max(axis=2), max(hops, default=0.0)))  # (C, 2^k)
+            times = np.where(masks[None], low[:, None], full[:, None]).sum(axis=2) + hops  # (C, 2^k)
             quantized = (sizes[:, None, :] * masks[None]).sum(axis=2)
             ok = np.isfinite(times) & (quantized <= budget)
-            plans.append((times[ok], quantized[ok], np.full(int(ok.sum()), crossings)))
+            plans.append((times[ok], quantized[ok]))
     return tuple(np.concatenate(column) for column in zip(*plans))
 
 
@@ -147,7 +194,7 @@ def test_exact_search_finds_the_optimum_without_tolerance(monkeypatch):
 def chain_seconds(cost: CostModel, stages, micro_batch: int) -> float:
     """Sum of stage times and hops of a plan: what ``sum_partition`` minimises."""
     devices = [cost.device(s.device) for s in stages]
-    return (sum(cost.decode_s(d, s.start, s.end, s.bits, micro_batch) for d, s in zip(devices, stages))
+    return (sum(cost.decode_s(d, s, micro_batch) for d, s in zip(devices, stages))
             + sum(cost.hop_s(a, b, micro_batch) for a, b in itertools.pairwise(devices)))
 
 
@@ -168,7 +215,7 @@ def test_chain_equals_brute_force_over_the_order(cards, layer_sizes, batch, two_
     devices = list(request.fleet.devices)
     budget = request.quantized_layer_budget
     found = sum_partition(cost, devices, batch, budget, request.bits)
-    times, quantized, _ = feasible_plans(cost, devices, batch, budget, chain=True)
+    times, quantized = chain_plans(cost, devices, batch, budget)
     if not len(times):
         assert found is None
         return
@@ -195,7 +242,7 @@ def test_chain_spends_the_whole_budget():
     devices = list(request.fleet.devices)
     budget = request.quantized_layer_budget
     found = sum_partition(cost, devices, 8, budget, request.bits)
-    times, _, _ = feasible_plans(cost, devices, 8, budget, chain=True)
+    times, _ = chain_plans(cost, devices, 8, budget)
     assert found.objective_s == pytest.approx(times.min(), rel=1e-9)
     assert found.quantized == budget == 20
     heuristic = (Placement("n/gpu0", 0, 17, 16), Placement("n/gpu1", 17, 40, 16))

@@ -44,11 +44,14 @@ def test_cli_prints_the_documented_schema():
             start, end = stage["layers"]
             assert 0 <= start < end <= 32
             assert stage["bits"] in (16, 8, 4)
+            if "low_bits" in stage:  # the stage's last layers at a lower precision
+                assert stage["low_bits"] < stage["bits"] and start < stage["low_from"] < end
             assert stage["kv_tokens"] >= 8 * 4096
             assert stage["memory"]["total_bytes"] <= stage["memory"]["capacity_bytes"]
             assert stage["predicted"]["step_ms"] > 0
     baseline = run_cli("plan", "--fleet", str(FLEETS / "lab-3node.yaml"),
-                       "--model", str(MODELS / "Llama-3-8B"), "--baseline", "even", "--json")
+                       "--model", str(MODELS / "Llama-3-8B"), "--baseline", "even", "--replicas", "2",
+                       "--json")
     assert baseline.returncode == 0, baseline.stderr
     assert json.loads(baseline.stdout)["kind"] == "even"
 

@@ -65,3 +65,24 @@ def test_pins_are_checked():
     req = request(pins=(Pin("a/gpu1", 0, 4),))
     report = validate(edited(("a/gpu0", 0, 32, 16)), req)
     assert codes(report) == ["pin_violated"]
+
+
+def test_a_stage_mixing_two_precisions_is_priced_and_a_bad_split_is_named():
+    req = request()
+    plan_dict = edited(("a/gpu0", 0, 20, 16), ("a/gpu1", 20, 32, 16))
+    whole = validate(plan_dict, req)
+    plan_dict["replicas"][0]["stages"][1].update(low_bits=4, low_from=24)
+    mixed = validate(plan_dict, req)
+    assert mixed.ok, mixed.problems
+    (_, t4), = [r.stages for r in mixed.edited.replicas]
+    assert (t4.low_bits, t4.low_from, t4.quantized_layers) == (4, 24, 8)
+    assert t4.memory.weights_bytes < whole.edited.replicas[0].stages[1].memory.weights_bytes
+    assert mixed.edited.quantized_layers == 8
+    for change, code in (({"low_from": 32}, "bad_split"), ({"low_from": None}, "bad_split"),
+                         ({"low_bits": 16}, "bad_split"), ({"low_bits": 2}, "precision_not_allowed")):
+        bad = edited(("a/gpu0", 0, 20, 16), ("a/gpu1", 20, 32, 16))
+        bad["replicas"][0]["stages"][1].update({"low_bits": 4, "low_from": 24, **change})
+        assert code in codes(validate(bad, req)), change
+    over = edited(("a/gpu0", 0, 20, 16), ("a/gpu1", 20, 32, 16))
+    over["replicas"][0]["stages"][1].update(low_bits=4, low_from=21)
+    assert codes(validate(over, request(max_quantized=0.25))) == ["over_quality_budget"]

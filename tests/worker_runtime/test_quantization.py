@@ -118,3 +118,29 @@ def test_memory_report_gives_the_real_bytes_of_each_precision(demo_small):
     }
     int4 = layers * sum(n * k // 2 + (k // 128) * n * 4 for n, k in linears) + vocab * h // 2 + 2 * vocab * 4
     assert reports[4].weight_bytes_by_kind == {"float32": norms + embed, "int4": int4}
+
+
+def test_a_stage_mixing_two_precisions_equals_its_two_halves_chained(demo_small):
+    """Layers [0, 2) at 16 bits and [2, 4) with the head at int4 in one stage compute exactly what a
+    16-bit stage [0, 2) feeding an int4 stage [2, 4) computes, and hold the bytes of both."""
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(4, 700, (12,), generator=generator).tolist() for _ in range(3)]
+    batch = Batch.of_tokens([0, 1, 2], prompts, [0, 0, 0])
+    mixed = Stage.load(demo_small, 0, 4, bits=16, low_bits=4, low_from=2, kv_tokens=64)
+    first = Stage.load(demo_small, 0, 2, bits=16, kv_tokens=64)
+    second = Stage.load(demo_small, 2, 4, bits=4, kv_tokens=64)
+    chained = second.forward(batch.with_hidden(first.forward(batch)), all_logits=True)
+    torch.testing.assert_close(mixed.forward(batch, all_logits=True), chained, rtol=0, atol=0)
+    assert mixed.layer_bits == (16, 16, 4, 4) and mixed.head_bits == 4
+    kinds = mixed.memory().weight_bytes_by_kind
+    halves = [first.memory().weight_bytes_by_kind, second.memory().weight_bytes_by_kind]
+    assert kinds == {k: sum(h.get(k, 0) for h in halves) for k in kinds} and set(kinds) == {"float32", "int4"}
+
+
+@pytest.mark.parametrize("low_bits, low_from, match", [
+    (4, None, "both are needed"), (None, 2, "both are needed"), (4, 0, "strictly inside"),
+    (4, 4, "strictly inside"), (16, 2, "below bits"), (3, 2, "16, 8 or 4"),
+])
+def test_a_bad_precision_split_is_refused_by_name(demo_small, low_bits, low_from, match):
+    with pytest.raises(ValueError, match=match):
+        Stage.load(demo_small, 0, 4, bits=16, low_bits=low_bits, low_from=low_from, kv_tokens=16)

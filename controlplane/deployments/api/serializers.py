@@ -21,12 +21,15 @@ class StageSerializer(serializers.ModelSerializer):
     address = serializers.CharField(source="spec.listen", read_only=True, default=None)
     layers = serializers.JSONField(source="spec.layers", read_only=True, default=None)
     bits = serializers.IntegerField(source="spec.bits", read_only=True, default=None)
+    low_bits = serializers.IntegerField(source="spec.low_bits", read_only=True, default=None)
+    low_from = serializers.IntegerField(source="spec.low_from", read_only=True, default=None)
 
     class Meta:
         model = DeploymentStage
         fields = [
             "stage_key", "replica", "stage_index", "wanted", "node", "node_name", "device", "device_name",
-            "address", "layers", "bits", "state", "pid", "exit_code", "restarts", "message", "observed_at",
+            "address", "layers", "bits", "low_bits", "low_from", "state", "pid", "exit_code", "restarts", "message",
+            "observed_at",
         ]
 
 

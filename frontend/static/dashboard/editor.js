@@ -1,6 +1,7 @@
 // Plan editor: edit the applied plan's placement, have every edit priced by the planner
 // (POST /api/v1/plans/validate/), and apply a valid plan as a new revision after confirming the diff.
 import { postJSON } from "./api.js";
+import { bitsLabel, precisionLabel } from "./precision.js";
 
 const editor = JSON.parse(document.getElementById("editor-data").textContent);
 // A revision stores its request in the plans API's own form (controlplane/deployments/requests.py),
@@ -8,14 +9,14 @@ const editor = JSON.parse(document.getElementById("editor-data").textContent);
 const stored = editor.request || {};
 const layers = editor.model.num_layers;
 const placement = (plan) => ({ replicas: plan.replicas.map((r) => ({
-  micro_batches: r.micro_batches, stages: r.stages.map((s) => ({ device: s.device, layers: [...s.layers], bits: s.bits })) })) });
+  micro_batches: r.micro_batches, stages: r.stages.map((s) => ({ device: s.device, layers: [...s.layers], bits: s.bits,
+    ...(s.low_bits ? { low_bits: s.low_bits, low_from: s.low_from } : {}) })) })) });
 const current = editor.plan && placement(editor.plan);
 let edited = editor.plan && placement(editor.plan);
 let check = null, checkSeq = 0, timer = null;
 
 const GIB = 2 ** 30;
 const fmt = (v, d = 1) => (v === undefined || v === null ? "—" : Number(v).toFixed(d));
-const bitsLabel = (b) => (b === 16 ? "16-bit" : `int${b}`);
 // One colour per device, spread around the hue circle by the golden angle so neighbours differ.
 const deviceIndex = new Map(editor.devices.map((d, i) => [d.name, i]));
 function colour(name) {
@@ -46,12 +47,27 @@ function renderTables() {
         onchange: (e) => edit(() => moveBoundary(replica, s, Number(e.target.value))) })),
       h("td", {}, h("select", { class: "bits", "aria-label": `replica ${r} stage ${s} precision`,
         onchange: (e) => edit(() => { stage.bits = Number(e.target.value); }) },
-        ...[16, 8, 4].map((b) => h("option", { value: b, selected: b === stage.bits }, bitsLabel(b)))))));
+        ...[16, 8, 4].map((b) => h("option", { value: b, selected: b === stage.bits }, bitsLabel(b))))),
+      h("td", {}, h("select", { class: "low-bits", "aria-label": `replica ${r} stage ${s} precision of its last layers`,
+        onchange: (e) => edit(() => setLowBits(stage, Number(e.target.value))) },
+        ...[0, 8, 4].map((b) => h("option", { value: b, selected: b === (stage.low_bits || 0) }, b ? bitsLabel(b) : "—")))),
+      h("td", {}, h("input", { type: "number", class: "low-from", min: stage.layers[0] + 1, max: stage.layers[1] - 1,
+        value: stage.low_from ?? "", disabled: !stage.low_bits, "aria-label": `replica ${r} stage ${s} first layer at the lower precision`,
+        onchange: (e) => edit(() => { stage.low_from = Number(e.target.value); }) }))));
     return h("table", { class: "grid replica-table" },
       h("caption", {}, `Replica ${r}`),
-      h("thead", {}, h("tr", {}, ...["", "device", "from layer", "to layer (excl.)", "precision"].map((t) => h("th", {}, t)))),
+      h("thead", {}, h("tr", {}, ...["", "device", "from layer", "to layer (excl.)", "precision", "last layers at", "from layer"]
+        .map((t) => h("th", {}, t)))),
       h("tbody", {}, ...rows));
   }));
+}
+
+// A stage may run its last layers at a lower precision; "—" keeps one precision. A new split starts
+// half-way through the stage; the planner's check says whether it is allowed and what it buys.
+function setLowBits(stage, bits) {
+  if (!bits) { delete stage.low_bits; delete stage.low_from; return; }
+  stage.low_bits = bits;
+  stage.low_from ??= Math.floor((stage.layers[0] + stage.layers[1] + 1) / 2);
 }
 
 function moveBoundary(replica, s, end) {
@@ -63,8 +79,8 @@ function bar(replica, label) {
   return h("div", {}, h("div", { class: "muted" }, label),
     h("div", { class: "bar" }, ...replica.stages.map((s) => {
       const width = Math.max(0, s.layers[1] - s.layers[0]) / layers * 100;
-      return h("div", { style: `width:${width}%;background:${colour(s.device)}`, title: `${s.device} layers [${s.layers[0]}, ${s.layers[1]}) ${bitsLabel(s.bits)}` },
-        `${s.device} ${s.layers[0]}–${s.layers[1]} ${s.bits === 16 ? "" : bitsLabel(s.bits)}`);
+      return h("div", { style: `width:${width}%;background:${colour(s.device)}`, title: `${s.device} layers [${s.layers[0]}, ${s.layers[1]}) ${precisionLabel(s)}` },
+        `${s.device} ${s.layers[0]}–${s.layers[1]} ${s.bits === 16 && !s.low_bits ? "" : precisionLabel(s)}`);
     })));
 }
 
@@ -124,7 +140,7 @@ function diff() {
   const lines = [];
   edited.replicas.forEach((replica, r) => replica.stages.forEach((s, i) => {
     const before = current.replicas[r]?.stages[i];
-    const describe = (x) => `${x.device} [${x.layers[0]}, ${x.layers[1]}) ${bitsLabel(x.bits)}`;
+    const describe = (x) => `${x.device} [${x.layers[0]}, ${x.layers[1]}) ${precisionLabel(x)}`;
     if (!before) lines.push(`replica ${r} stage ${i}: new, ${describe(s)}`);
     else if (describe(before) !== describe(s)) lines.push(`replica ${r} stage ${i}: ${describe(before)} → ${describe(s)}`);
   }));

@@ -3,6 +3,7 @@
 // order as arrows and the bottleneck stage outlined. Emulated devices are dashed and labelled.
 import { connectLive, heat } from "./live.js";
 import { getJSON } from "./api.js";
+import { precisionLabel } from "./precision.js";
 
 const SVG = "http://www.w3.org/2000/svg";
 const GPU_H = 64, NODE_PAD = 16, NODE_HEAD = 46, ROW_GAP = 70, BUS_Y = 28, MAX_W = 1240;
@@ -141,7 +142,7 @@ function drawDeployments(layer, deployments, gpuAt) {
         const row = rows.get(stage.device) || 0;
         rows.set(stage.device, row + 1);
         const y = gpu.y + gpu.h + 6 + row * 32;
-        const bits = stage.bits === 16 ? "16-bit" : `int${stage.bits}`;
+        const bits = precisionLabel(stage);
         const tag = el("g", { class: `stage${bottleneck ? " bottleneck" : ""}`, "data-stage": stage.stage_key || "", "data-device": stage.device });
         tag.append(el("title", {}, `${deployment.name} replica ${replica.index} stage ${si}: layers [${stage.layers[0]}, ${stage.layers[1]}) at ${bits}${bottleneck ? " — the replica's bottleneck" : ""}`));
         tag.append(el("rect", { x: gpu.x, y, width: gpu.w, height: 28, rx: 3, class: "stage-tag" }));
