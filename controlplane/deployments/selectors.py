@@ -68,7 +68,7 @@ def plan_deploy_blockers(
     devices are then free to it) would be refused now; empty when nothing in the inventory stands in
     the way. What a preview shows before the operator applies anything."""
     blockers = [] if model.has_weights else [planning_only_message(model)]
-    return blockers + plan_devices(plan_data, deployment=deployment, exclude_nodes=())[1]
+    return blockers + plan_devices(plan_data, busy=devices_in_use(deployment=deployment), exclude_nodes=())[1]
 
 
 def planning_only_message(model: LlmModel) -> str:
@@ -77,13 +77,13 @@ def planning_only_message(model: LlmModel) -> str:
 
 
 def plan_devices(
-    plan_data: Any, *, deployment: Deployment | None, exclude_nodes: tuple[Node, ...]
+    plan_data: Any, *, busy: dict[str, str], exclude_nodes: tuple[Node, ...]
 ) -> tuple[dict[str, Device], list[str]]:
-    """The plan's devices by name, and every reason one of them cannot take a stage now."""
+    """The plan's devices by name, and every reason one of them cannot take a stage now (``busy``:
+    ``devices_in_use`` of the deployment asking)."""
     names = plan_device_names(plan_data)
     devices = {d.name: d for d in Device.objects.select_related("node").filter(node__name__in=[
         name.split("/", 1)[0] for name in names])}
-    busy = devices_in_use(deployment=deployment)
     problems = []
     for name in names:
         device = devices.get(name)

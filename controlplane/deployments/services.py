@@ -72,10 +72,11 @@ def plan_revision_check(
     model = revision.model
     if not model.has_weights:
         raise ValidationError({"model": planning_only_message(model)})
-    devices, problems = plan_devices(revision.plan, deployment=deployment, exclude_nodes=exclude_nodes)
+    busy = devices_in_use(deployment=deployment)
+    devices, problems = plan_devices(revision.plan, busy=busy, exclude_nodes=exclude_nodes)
     if problems:
         raise ValidationError({"plan": problems})
-    request = _plan_request(revision=revision, deployment=deployment, exclude_nodes=exclude_nodes)
+    request = _plan_request(revision=revision, busy=busy, exclude_nodes=exclude_nodes)
     report = validate(revision.plan, request)
     if not report.ok:
         raise ValidationError({"plan": [p.message for p in report.problems]})
@@ -89,17 +90,17 @@ def plan_revision_check(
 
 
 def _plan_request(
-    *, revision: PlanRevision, deployment: Deployment | None, exclude_nodes: tuple[Node, ...] = ()
+    *, revision: PlanRevision, busy: dict[str, str], exclude_nodes: tuple[Node, ...] = ()
 ) -> PlanRequest:
     """The revision's request on the fleet of registered nodes as it is now (LOST ones down), without
-    the devices other deployments use."""
+    the ``busy`` devices (``devices_in_use``: those other deployments use)."""
     registered = Node.objects.filter(incarnation__gt=0).values_list("pk", flat=True)
     fleet = fleet_spec_from_inventory(node_ids=registered)
     try:
         return plan_request_from_dict(
             revision.request, fleet=fleet, profile=ModelProfile.from_dict(revision.model.profile),
             exclude_nodes=tuple(n.name for n in exclude_nodes),
-            exclude_devices=tuple(devices_in_use(deployment=deployment)),
+            exclude_devices=tuple(busy),
         )
     except PlanningError as exc:
         raise ValidationError({"request": str(exc)}) from None
@@ -225,7 +226,8 @@ def _replan_revision(
     *, deployment: Deployment, source: str, exclude_nodes: tuple[Node, ...] = ()
 ) -> PlanRevision:
     """Ask the planner the current revision's question again, on the fleet as it is now."""
-    request = _plan_request(revision=deployment.revision, deployment=deployment, exclude_nodes=exclude_nodes)
+    request = _plan_request(revision=deployment.revision, busy=devices_in_use(deployment=deployment),
+                            exclude_nodes=exclude_nodes)
     return plan_revision_create(
         model=deployment.model, plan=plan_to_dict(plan(request)), request=deployment.revision.request,
         source=source, deployment=deployment,

@@ -202,16 +202,24 @@ class _Links:
 
 
 def _links(cost: CostModel, devices: Sequence[DeviceSpec], micro_batch: float) -> _Links:
-    """Every pair, once per search: the DPs ask about each (last, next) pair many times (Held-Karp
-    at every tau, the chain at every device)."""
+    """Every pair, once per search: the Held-Karp DP asks about each (last, next) pair at every tau."""
     count = len(devices)
-    seconds, crossings = np.zeros((count, count)), np.zeros((count, count))
+    crossings = np.zeros((count, count))
+    for a in range(count):
+        for b in range(count):
+            crossings[a, b] = a != b and cost.crosses_network(devices[a], devices[b])
+    return _Links(_hop_seconds(cost, devices, micro_batch), crossings)
+
+
+def _hop_seconds(cost: CostModel, devices: Sequence[DeviceSpec], micro_batch: float) -> np.ndarray:
+    """H[a, b] = the hop of a micro-batch's hidden states from device a to b (0 on the diagonal)."""
+    count = len(devices)
+    seconds = np.zeros((count, count))
     for a in range(count):
         for b in range(count):
             if a != b:
                 seconds[a, b] = cost.hop_s(devices[a], devices[b], micro_batch)
-                crossings[a, b] = cost.crosses_network(devices[a], devices[b])
-    return _Links(seconds, crossings)
+    return seconds
 
 
 def _subset_rows(problem: _Problem, links: _Links, tau: float, track: bool):
@@ -379,7 +387,7 @@ def sum_partition(cost: CostModel, devices: Sequence[DeviceSpec], micro_batch: f
     """Minimal sum of stage times and hops over the given order (see module doc), with the fewest
     low-bit layers among minimal plans; None when nothing fits within the budget."""
     problem = _problem(cost, devices, sorted(bits, reverse=True), micro_batch, pins or {}, splits=False)
-    hops = _links(cost, devices, micro_batch).seconds
+    hops = _hop_seconds(cost, devices, micro_batch)
     floors = _pinned_before(problem)
     values = _chain_values(problem, hops, floors, min(budget, problem.num_layers))
     first_last = max(floors[-1], 0)  # the last stage is on the last pinned device or after it
