@@ -53,6 +53,20 @@ async def test_three_processes_generate_the_tokens_of_one_process(shared_pipelin
         assert {"step_ms", "compute_ms", "transfer_ms", "bubble_fraction", "kv_tokens_free"} <= set(event)
 
 
+async def test_a_stage_mixing_two_precisions_serves_what_it_computes_in_process(start_pipeline, tiny_model):
+    """The spec's low_bits / low_from reach the stage process: layers [4, 6) and the head at int4."""
+    pipeline = start_pipeline(2, per_stage={1: {"low_bits": 4, "low_from": 4}})
+    prompt = [5, 6, 7, 8]
+    async with PipelineClient(pipeline.head, TOKEN, "p0") as client:
+        assert (await wait_healthy(client))["ok"]
+        tokens = await collect(client, prompt, 12)
+    torch.set_num_threads(1)
+    stages = [Stage.load(tiny_model, 0, 3, kv_tokens=1024),
+              Stage.load(tiny_model, 3, 6, bits=16, low_bits=4, low_from=4, kv_tokens=1024)]
+    assert tokens == generate(stages, [prompt], max_new_tokens=12)[0]
+    assert tokens != reference(tiny_model, prompt, 12)  # int4 moves tokens of this model
+
+
 SLOW = {"memory_bandwidth_gbs": 1.0, "fp16_tflops": 1.0, "time_scale": 50.0}  # ~20 ms a step on the tiny model
 
 
