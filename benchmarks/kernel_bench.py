@@ -7,6 +7,13 @@
    layers are), reported as weight GB/s; a plain ``sum`` over the same weights is the read ceiling.
 2. The KV gather of one layer's attention: ``index_select`` on flat slots (what the engine does)
    against advanced indexing with a [batch, length] slot tensor (what it did), in microseconds.
+3. Weight-only int8 matmul of the same row counts on the demo model's 64 weight matrices (16 layers of
+   q/k/v 1280 x 768, o 768 x 768, gate/up 4096 x 768, down 768 x 2048; 101 MB in int8):
+   ``worker_runtime.kernels.int8_matmul`` (what ``Int8Linear`` runs on CPU) against
+   ``torch._weight_int8pack_mm`` with the bf16 casts around it (what it ran before), and the same
+   matrices in fp32 through ``dense_linear`` (403 MB). Weight GB/s is the bytes of each format read
+   per second; the last column is how many times faster one pass over the model's matrices is in int8
+   on our kernel than in fp32.
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from worker_runtime.dense import dense_linear  # noqa: E402
+from worker_runtime.kernels.int8_matmul import int8_matmul, kernel_enabled  # noqa: E402
+
+DEMO_LAYER_SHAPES = [(1280, 768), (768, 768), (4096, 768), (768, 2048)]  # q/k/v, o, gate/up, down
 
 
 def seconds_per_call(fn: Callable[[], object], calls: int) -> float:
@@ -61,6 +71,30 @@ def gather_rows(shapes: list[tuple[int, int]]) -> list[str]:
     return lines
 
 
+def int8_rows(rows: list[int]) -> list[str]:
+    if not kernel_enabled():
+        return ["int8 kernel unavailable here (see the logged warning): nothing to compare"]
+    generator = torch.Generator().manual_seed(0)
+    shapes = DEMO_LAYER_SHAPES * 16
+    q = [torch.randint(-127, 128, shape, dtype=torch.int8, generator=generator) for shape in shapes]
+    scales = [(torch.rand(n, generator=generator) / 100).bfloat16() for n, _ in shapes]
+    dense = [torch.randn(shape, generator=generator) for shape in shapes]
+    int8_bytes, fp32_bytes = sum(w.nbytes for w in q), sum(w.nbytes for w in dense)
+    lines = ["| rows | int8 kernel GB/s | _weight_int8pack_mm GB/s | fp32 dense_linear GB/s "
+             "| kernel / int8pack | fp32 time / kernel time |", "|---:|---:|---:|---:|---:|---:|"]
+    for m in rows:
+        xs = {k: torch.randn(m, k, generator=generator) for _, k in DEMO_LAYER_SHAPES}
+        pairs = list(zip(q, scales))
+        ours = seconds_per_call(lambda: [int8_matmul(xs[w.shape[1]], w, s, None) for w, s in pairs], 5)
+        packed = seconds_per_call(
+            lambda: [torch._weight_int8pack_mm(xs[w.shape[1]].bfloat16(), w, s).float() for w, s in pairs], 5
+        )
+        fp32 = seconds_per_call(lambda: [dense_linear(xs[w.shape[1]], w, None) for w in dense], 5)
+        lines.append(f"| {m} | {int8_bytes / ours / 1e9:.1f} | {int8_bytes / packed / 1e9:.1f} | "
+                     f"{fp32_bytes / fp32 / 1e9:.1f} | {packed / ours:.2f}x | {fp32 / ours:.2f}x |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -72,6 +106,8 @@ def main() -> None:
         print("\n".join(dense_rows(args.rows)))
         print()
         print("\n".join(gather_rows([(1, 64), (4, 64), (32, 64)])))
+        print()
+        print("\n".join(int8_rows(args.rows)))
 
 
 if __name__ == "__main__":
