@@ -36,6 +36,7 @@ MIN_PARALLEL_WEIGHT_BYTES = 1 << 16
 
 @functools.cache
 def _kernel() -> ctypes._CFuncPtr | None:
+    """The loaded kernel, or None after one warning saying why not (built and checked once per process)."""
     try:
         lib = shared_library(SOURCE)
     except KernelUnavailable as e:
@@ -52,6 +53,7 @@ def _kernel() -> ctypes._CFuncPtr | None:
 
 @functools.cache
 def _forced_torch(value: str) -> bool:
+    """Whether the switch asks for torch's kernel; a value it does not know warns once and means 'auto'."""
     if value not in ("", "auto", "torch"):
         log.warning("%s=%r is neither 'auto' nor 'torch'; taking 'auto'", ENV_SWITCH, value)
     return value == "torch"
