@@ -84,10 +84,12 @@ class _Problem:
         return result
 
     def bounds(self) -> tuple[float, float]:
-        """A time below every stage time here, and the largest finite one."""
+        """A time below every stage time here, and the largest finite one (a split stage's included:
+        the lowest is always a one-precision stage at the lowest precision)."""
         values = np.concatenate([m[np.isfinite(m)] for m in self.full + self.low] + [np.zeros(1)])
         positive = values[values > 0]
-        return (float(positive.min()) / 2 if len(positive) else 0.0), float(values.max())
+        slowest = [p.slowest for p in {id(p): p for s in self.splits for p in s.values()}.values()]
+        return (float(positive.min()) / 2 if len(positive) else 0.0), max([float(values.max()), *slowest])
 
     def prices_between(self, lo: float, hi: float, limit: int | None) -> np.ndarray | None:
         """Every stage time in (lo, hi] the transitions can step at (with repeats), or None if more

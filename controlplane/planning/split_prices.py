@@ -20,6 +20,8 @@ there are too many, and the search narrows the window by bisection until there a
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from controlplane.hardware.specs import DeviceSpec
@@ -29,6 +31,7 @@ INF = float("inf")
 # A stage within tau * (1 + SLACK) counts as within tau: the byte bound and the stage's priced time
 # are the same figure computed in different orders, and may differ in the last bits.
 SLACK = 1e-12
+UNBOUNDED = 1e300  # a step time no stage reaches (finite, so the byte bounds stay finite)
 
 
 class SplitPrices:
@@ -80,6 +83,16 @@ class SplitPrices:
             self._recent.pop(next(iter(self._recent)))
         self._recent[tau] = result
         return result
+
+    @functools.cached_property
+    def slowest(self) -> float:
+        """The longest step a stage of this device can take: each range with as few low-bit layers
+        as fit in memory (with none fitting at 16 bits, it can be longer than any one-precision stage)."""
+        fewest = self.fewest(UNBOUNDED).ravel()[self.cells]
+        fits = np.isfinite(fewest)
+        times = self.cost.split_times(self.device, self.low_bits, self.micro_batch, self.starts[fits],
+                                      self.ends[fits], fewest[fits].astype(int))
+        return float(times[np.isfinite(times)].max(initial=0.0))
 
     def between(self, lo: float, hi: float, limit: int | None) -> np.ndarray | None:
         """Every step time in (lo, hi] a stage of this device can have (with repeats), or None if

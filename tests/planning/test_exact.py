@@ -247,3 +247,21 @@ def test_chain_spends_the_whole_budget():
     assert found.quantized == budget == 20
     heuristic = (Placement("n/gpu0", 0, 17, 16), Placement("n/gpu1", 17, 40, 16))
     assert round_seconds(cost, heuristic, 1) > 1.3 * round_seconds(cost, found.stages, 1)
+
+
+def test_a_split_stage_slower_than_every_one_precision_stage_is_found():
+    """One RTX 3090 cannot hold this model at 16 bits, nor all of it at 4 bits within the budget;
+    the only plan, [0, 2) at 16 and [2, 3) at 4 bits, takes longer than any stage of one precision
+    that fits. The search's window of bottlenecks must reach it (it once stopped at the slowest
+    one-precision stage and found nothing)."""
+    model = profile(sizes=[1_684_000_000, 2_372_000_000, 2_244_000_000], vocab=32000)
+    request = PlanRequest(fleet({"n0": ["3090"]}), model, Workload(batch=64, context=8192), max_quantized=0.5)
+    cost = CostModel(request)
+    devices = list(request.fleet.devices)
+    found = bottleneck_partition(cost, devices, 1, request.quantized_layer_budget, request.bits,
+                                 exact_order=True)
+    best, fewest = brute_force(cost, devices, 1, request.quantized_layer_budget)
+    assert found is not None and found.objective_s == pytest.approx(best, rel=1e-12)
+    assert found.quantized == fewest
+    (stage,) = found.stages
+    assert stage.low_bits is not None and stage.segments[0][2] == 16
