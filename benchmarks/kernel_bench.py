@@ -1,24 +1,30 @@
 """Kernel choices of the stage engine, each against the one it replaced, side by side in one run.
 
-    python benchmarks/kernel_bench.py [--threads 2] [--rows 1 4 16 32]
+    python benchmarks/kernel_bench.py [--threads 2] [--rows 1 2 4 8 16 32]
 
-1. Dense fp32 matmul of a decode-sized batch: ``worker_runtime.dense.dense_linear`` against torch's
-   default ``F.linear``, on 16 weights of 4096 x 768 (200 MB, far beyond the caches, as a model's
-   layers are), reported as weight GB/s; a plain ``sum`` over the same weights is the read ceiling.
+All on the demo model's 64 weight matrices (16 layers of q/k/v 1280 x 768, o 768 x 768, gate/up
+4096 x 768, down 768 x 2048: 403 MB in fp32, far beyond the caches, as a model's layers are); each
+figure is the median of a few passes over all of them, so a pass slowed by another process on the
+machine does not decide it.
+
+1. Dense fp32 matmul of a decode-sized batch: torch's default ``F.linear`` (MKL), oneDNN's inner
+   product (``torch.ops.mkldnn._linear_pointwise``), our kernel ``worker_runtime.kernels.dense_matmul``
+   and ``worker_runtime.dense.dense_linear`` (which picks one of them by rows), reported as weight
+   GB/s; a plain ``sum`` over the same weights is the read ceiling.
 2. The KV gather of one layer's attention: ``index_select`` on flat slots (what the engine does)
    against advanced indexing with a [batch, length] slot tensor (what it did), in microseconds.
-3. Weight-only int8 matmul of the same row counts on the demo model's 64 weight matrices (16 layers of
-   q/k/v 1280 x 768, o 768 x 768, gate/up 4096 x 768, down 768 x 2048; 101 MB in int8):
+3. Weight-only int8 matmul of the same row counts on the same matrices quantized (101 MB in int8):
    ``worker_runtime.kernels.int8_matmul`` (what ``Int8Linear`` runs on CPU) against
-   ``torch._weight_int8pack_mm`` with the bf16 casts around it (what it ran before), and the same
-   matrices in fp32 through ``dense_linear`` (403 MB). Weight GB/s is the bytes of each format read
-   per second; the last column is how many times faster one pass over the model's matrices is in int8
-   on our kernel than in fp32.
+   ``torch._weight_int8pack_mm`` with the bf16 casts around it (what it ran before), and the fp32
+   matrices through ``dense_linear``. Weight GB/s is the bytes of each format read per second; the
+   last column is how many times faster one pass over the model's matrices is in int8 on our kernel
+   than in fp32.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -30,31 +36,41 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from worker_runtime.dense import dense_linear  # noqa: E402
-from worker_runtime.kernels.int8_matmul import int8_matmul, kernel_enabled  # noqa: E402
+from worker_runtime.kernels import dense_matmul, int8_matmul  # noqa: E402
 
 DEMO_LAYER_SHAPES = [(1280, 768), (768, 768), (4096, 768), (768, 2048)]  # q/k/v, o, gate/up, down
 
 
 def seconds_per_call(fn: Callable[[], object], calls: int) -> float:
+    """The median time of ``calls`` calls, after a tenth as many to warm up."""
     for _ in range(max(1, calls // 10)):
         fn()
-    started = time.perf_counter()
+    times = []
     for _ in range(calls):
+        started = time.perf_counter()
         fn()
-    return (time.perf_counter() - started) / calls
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
-def dense_rows(rows: list[int]) -> list[str]:
-    weights = [torch.randn(4096, 768) for _ in range(16)]
+def dense_rows(rows: list[int], weights: list[torch.Tensor], generator: torch.Generator) -> list[str]:
     total = sum(w.nbytes for w in weights)
     ceiling = total / seconds_per_call(lambda: [w.sum() for w in weights], 5) / 1e9
     lines = [f"read ceiling (sum over the weights): {ceiling:.1f} GB/s", "",
-             "| rows | F.linear GB/s | dense_linear GB/s | dense / F.linear |", "|---:|---:|---:|---:|"]
+             "| rows | F.linear GB/s | oneDNN GB/s | fp32 kernel GB/s | dense_linear GB/s | ours / oneDNN |",
+             "|---:|---:|---:|---:|---:|---:|"]
     for m in rows:
-        x = torch.randn(m, 768)
-        base = total / seconds_per_call(lambda: [F.linear(x, w) for w in weights], 5) / 1e9
-        ours = total / seconds_per_call(lambda: [dense_linear(x, w, None) for w in weights], 5) / 1e9
-        lines.append(f"| {m} | {base:.1f} | {ours:.1f} | {ours / base:.2f}x |")
+        xs = {k: torch.randn(m, k, generator=generator) for _, k in DEMO_LAYER_SHAPES}
+
+        def rate(matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> float:
+            return total / seconds_per_call(lambda: [matmul(xs[w.shape[1]], w) for w in weights], 5) / 1e9
+
+        mkl = rate(F.linear)
+        onednn = rate(lambda x, w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""))
+        enabled = dense_matmul.kernel_enabled()
+        ours = rate(lambda x, w: dense_matmul.dense_matmul(x, w, None)) if enabled else float("nan")
+        chosen = rate(lambda x, w: dense_linear(x, w, None))
+        lines.append(f"| {m} | {mkl:.1f} | {onednn:.1f} | {ours:.1f} | {chosen:.1f} | {ours / onednn:.2f}x |")
     return lines
 
 
@@ -71,21 +87,21 @@ def gather_rows(shapes: list[tuple[int, int]]) -> list[str]:
     return lines
 
 
-def int8_rows(rows: list[int]) -> list[str]:
-    if not kernel_enabled():
+def int8_rows(rows: list[int], dense: list[torch.Tensor], generator: torch.Generator) -> list[str]:
+    if not int8_matmul.kernel_enabled():
         return ["int8 kernel unavailable here (see the logged warning): nothing to compare"]
-    generator = torch.Generator().manual_seed(0)
-    shapes = DEMO_LAYER_SHAPES * 16
+    shapes = [w.shape for w in dense]
     q = [torch.randint(-127, 128, shape, dtype=torch.int8, generator=generator) for shape in shapes]
     scales = [(torch.rand(n, generator=generator) / 100).bfloat16() for n, _ in shapes]
-    dense = [torch.randn(shape, generator=generator) for shape in shapes]
     int8_bytes, fp32_bytes = sum(w.nbytes for w in q), sum(w.nbytes for w in dense)
     lines = ["| rows | int8 kernel GB/s | _weight_int8pack_mm GB/s | fp32 dense_linear GB/s "
              "| kernel / int8pack | fp32 time / kernel time |", "|---:|---:|---:|---:|---:|---:|"]
     for m in rows:
         xs = {k: torch.randn(m, k, generator=generator) for _, k in DEMO_LAYER_SHAPES}
         pairs = list(zip(q, scales))
-        ours = seconds_per_call(lambda: [int8_matmul(xs[w.shape[1]], w, s, None) for w, s in pairs], 5)
+        ours = seconds_per_call(
+            lambda: [int8_matmul.int8_matmul(xs[w.shape[1]], w, s, None) for w, s in pairs], 5
+        )
         packed = seconds_per_call(
             lambda: [torch._weight_int8pack_mm(xs[w.shape[1]].bfloat16(), w, s).float() for w, s in pairs], 5
         )
@@ -98,16 +114,18 @@ def int8_rows(rows: list[int]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 32])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    generator = torch.Generator().manual_seed(0)
     with torch.inference_mode():
+        weights = [torch.randn(shape, generator=generator) for shape in DEMO_LAYER_SHAPES * 16]
         print(f"{args.threads} threads\n")
-        print("\n".join(dense_rows(args.rows)))
+        print("\n".join(dense_rows(args.rows, weights, generator)))
         print()
         print("\n".join(gather_rows([(1, 64), (4, 64), (32, 64)])))
         print()
-        print("\n".join(int8_rows(args.rows)))
+        print("\n".join(int8_rows(args.rows, weights, generator)))
 
 
 if __name__ == "__main__":

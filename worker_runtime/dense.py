@@ -1,15 +1,16 @@
-"""Full-precision linear layers on the fastest matmul kernel torch has for a decode-sized batch.
+"""Full-precision linear layers on the fastest matmul kernel at hand for a decode-sized batch.
 
 Decode multiplies a few rows of activations by every weight matrix, so its speed is the rate at
 which the kernel streams weights from memory. On CPU, torch's default ``F.linear`` (MKL) reaches
 about half of the machine's read bandwidth for 1-32 rows, and its second thread adds almost
 nothing; oneDNN's inner product (``torch.ops.mkldnn._linear_pointwise``, the op torch's compiler
-uses for CPU linears) reads the same fp32 weights, unpacked, at close to the full bandwidth and
-scales with threads (figures in docs/benchmarks.md). For larger batches (prefill) MKL is as fast or
-faster, and for small weights its lower per-call cost wins, so :class:`Linear` takes oneDNN only up
-to :data:`ONEDNN_MAX_ROWS` rows, for weights of :data:`ONEDNN_MIN_WEIGHT_BYTES` or more, only on
-CPU, and only for dtypes where oneDNN has a kernel on this machine (probed: the 2-core AVX2 build
-machine has one for fp32, none for bf16).
+uses for CPU linears) reads the same fp32 weights, unpacked, at about 80 % of the bandwidth and
+scales with threads; this package's own fp32 kernel (``kernels.dense_matmul``) reads them at the
+bandwidth for the fewest rows (figures in docs/benchmarks.md). For larger batches (prefill) MKL is
+as fast or faster, and for small weights its lower per-call cost wins, so :class:`Linear` takes, for
+weights of :data:`ONEDNN_MIN_WEIGHT_BYTES` or more on CPU: our kernel up to :data:`KERNEL_MAX_ROWS`
+rows of fp32, oneDNN up to :data:`ONEDNN_MAX_ROWS` rows where it has a kernel for the dtype on this
+machine (probed: the 2-core AVX2 build machine has one for fp32, none for bf16), MKL otherwise.
 """
 
 from __future__ import annotations
@@ -20,8 +21,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .kernels.dense_matmul import dense_matmul, kernel_enabled
+
+# Our fp32 kernel is faster than oneDNN up to here (1.4-1.6x at 2-4 rows, ~1.05x at 16); from 24 rows on
+# both are bound by their FMAs and oneDNN is as fast or faster.
+KERNEL_MAX_ROWS = 16
 ONEDNN_MAX_ROWS = 32
 # oneDNN costs ~20 us more per call than MKL; streaming a weight at its bandwidth saves that from ~1 MB up.
+# Our kernel (~1.5 us more than MKL) keeps the same bound: smaller weights were not measured for it.
 ONEDNN_MIN_WEIGHT_BYTES = 1 << 20
 
 
@@ -39,16 +46,37 @@ def onednn_linear_available(dtype: torch.dtype) -> bool:
 
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for 2-D ``x``, on oneDNN where that is the faster kernel."""
+    """``F.linear(x, weight, bias)`` for 2-D ``x``, on our kernel or oneDNN where that is the faster one.
+
+    Neither records autograd history (oneDNN's op has no backward either), so a call that must be
+    differentiable stays on ``F.linear``; the engine runs under ``torch.inference_mode``."""
     if (
         x.device.type == "cpu"
         and x.dim() == 2
-        and x.shape[0] <= ONEDNN_MAX_ROWS
         and weight.nbytes >= ONEDNN_MIN_WEIGHT_BYTES
-        and onednn_linear_available(x.dtype)
+        and not differentiable(x, weight, bias)
     ):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        if x.shape[0] <= KERNEL_MAX_ROWS and kernel_takes(x, weight, bias):
+            return dense_matmul(x, weight, bias)
+        if x.shape[0] <= ONEDNN_MAX_ROWS and onednn_linear_available(x.dtype):
+            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
+
+
+def differentiable(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether autograd must record this call."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+
+
+def kernel_takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether our fp32 kernel can serve this call: all fp32, a weight it can stream as it lies, and the
+    kernel built and not switched off."""
+    return (
+        x.dtype == weight.dtype == torch.float32
+        and (bias is None or bias.dtype == torch.float32)
+        and weight.is_contiguous()
+        and kernel_enabled()
+    )
 
 
 class Linear(nn.Linear):

@@ -1,4 +1,5 @@
-"""Tiny checkpoints and transformers' own outputs on them, made once per test session."""
+"""Tiny checkpoints and transformers' own outputs on them, made once per test session; torch's thread count
+for the kernel tests."""
 
 from __future__ import annotations
 
@@ -59,3 +60,12 @@ def references(checkpoints) -> dict[str, Reference]:
             greedy_tokens=out.sequences[0, PROMPT_LEN:].tolist(),
         )
     return refs
+
+
+@pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])
+def threads(request):
+    """torch's thread count (which the CPU kernels take as their team size), restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)

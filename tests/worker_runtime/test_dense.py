@@ -1,4 +1,5 @@
-"""The full-precision linear's kernel choice: same results as ``F.linear``, oneDNN only where it pays."""
+"""The full-precision linear's kernel choice: same results as ``F.linear``, oneDNN only where it pays (where
+our own fp32 kernel takes over: test_dense_kernel.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 from torch.profiler import profile
 
 from worker_runtime.dense import (
+    KERNEL_MAX_ROWS,
     ONEDNN_MAX_ROWS,
     ONEDNN_MIN_WEIGHT_BYTES,
     Linear,
@@ -44,7 +46,7 @@ def test_onednn_only_for_decode_sized_batches_of_large_weights():
     assert torch.zeros(BIG).nbytes >= ONEDNN_MIN_WEIGHT_BYTES > torch.zeros(SMALL).nbytes
     big, small = torch.randn(BIG), torch.randn(SMALL)
     onednn = "mkldnn::_linear_pointwise"
-    assert onednn in kernels_used(lambda: dense_linear(torch.randn(4, BIG[1]), big, None))
+    assert onednn in kernels_used(lambda: dense_linear(torch.randn(KERNEL_MAX_ROWS + 1, BIG[1]), big, None))
     assert onednn not in kernels_used(
         lambda: dense_linear(torch.randn(ONEDNN_MAX_ROWS + 1, BIG[1]), big, None)
     )

@@ -1,5 +1,8 @@
 """Hand-written CPU kernels for what torch has no fast kernel for, compiled with gcc on first use.
 
 ``build`` compiles and caches a C source as a shared library linked against torch's OpenMP runtime;
-``int8_matmul`` is the int8-weight x fp32-activation matmul the int8 layers use for decode on CPU.
+``loader`` gets a kernel's function from it (or warns once why not) and reads the switches back to
+torch's kernels. Both matmuls share the tiling of ``tiled_matmul.h``: ``int8_matmul`` is the
+int8-weight x fp32-activation matmul the int8 layers use on CPU, ``dense_matmul`` the fp32 one
+``dense.dense_linear`` uses for decode-sized batches.
 """

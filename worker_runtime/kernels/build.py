@@ -11,8 +11,9 @@ with that directory as its rpath. Both carry the soname ``libgomp.so.1``, so ins
 has imported torch the loader reuses torch's copy (tests check that only one libgomp is mapped).
 
 The cache directory is ``$MOTLEY_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/motley/kernels``, else
-``~/.cache/motley/kernels``. A library is named by a hash of its source, the compiler commands
-(which name torch's libgomp) and torch's version, so an edit or a torch upgrade builds a new one.
+``~/.cache/motley/kernels``. A library is named by a hash of its source, the headers beside it (which
+it may include), the compiler commands (which name torch's libgomp) and torch's version, so an edit
+or a torch upgrade builds a new one.
 It is written under a temporary name and renamed into place, so processes building at the same
 time never load a half-written file.
 """
@@ -58,9 +59,9 @@ def shared_library(source: Path) -> ctypes.CDLL:
     if gcc is None:
         raise KernelUnavailable("no gcc on PATH")
     libgomp = torch_libgomp()
-    code = source.read_bytes()
+    code = [path.read_bytes() for path in (source, *sorted(source.parent.glob("*.h")))]
     link = ("-shared", str(libgomp), f"-Wl,-rpath,{libgomp.parent}")
-    key = b"\0".join([code, *(f.encode() for f in CFLAGS + link), torch.__version__.encode()])
+    key = b"\0".join([*code, *(f.encode() for f in CFLAGS + link), torch.__version__.encode()])
     target = cache_dir() / f"{source.stem}-{hashlib.sha256(key).hexdigest()[:16]}.so"
     if not target.exists():
         _compile(gcc, source, link, target)

@@ -19,49 +19,30 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
 from pathlib import Path
 
 import torch
 
-from .build import KernelUnavailable, shared_library
+from .loader import load_function, switched_to_torch, team_size
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("int8_matmul.c")
 ENV_SWITCH = "MOTLEY_INT8_KERNEL"
-# Below this many weight bytes a second thread costs more (waking it, ~2 us) than it saves.
-MIN_PARALLEL_WEIGHT_BYTES = 1 << 16
 
 
 @functools.cache
 def _kernel() -> ctypes._CFuncPtr | None:
     """The loaded kernel, or None after one warning saying why not (built and checked once per process)."""
-    try:
-        lib = shared_library(SOURCE)
-    except KernelUnavailable as e:
-        log.warning("int8 CPU kernel unavailable, using torch._weight_int8pack_mm: %s", e)
-        return None
-    if not lib.motley_int8_cpu_supported():
-        log.warning("int8 CPU kernel unavailable, using torch._weight_int8pack_mm: this CPU lacks AVX2/FMA")
-        return None
-    fn = lib.motley_int8_matmul
-    fn.restype = None
-    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    return fn
-
-
-@functools.cache
-def _forced_torch(value: str) -> bool:
-    """Whether the switch asks for torch's kernel; a value it does not know warns once and means 'auto'."""
-    if value not in ("", "auto", "torch"):
-        log.warning("%s=%r is neither 'auto' nor 'torch'; taking 'auto'", ENV_SWITCH, value)
-    return value == "torch"
+    argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    return load_function(
+        SOURCE, "motley_int8_matmul", argtypes, log, "int8 CPU kernel", "torch._weight_int8pack_mm"
+    )
 
 
 def kernel_enabled() -> bool:
     """Whether int8 layers built now should use this kernel on CPU (builds it on the first call)."""
-    return not _forced_torch(os.environ.get(ENV_SWITCH, "")) and _kernel() is not None
+    return not switched_to_torch(ENV_SWITCH) and _kernel() is not None
 
 
 def int8_matmul(
@@ -73,7 +54,7 @@ def int8_matmul(
     m, k = x.shape
     n = weight.shape[0]
     y = torch.empty(m, n, dtype=torch.float32)
-    threads = torch.get_num_threads() if weight.nbytes >= MIN_PARALLEL_WEIGHT_BYTES else 1
     bias_ptr = None if bias is None else bias.data_ptr()
+    threads = team_size(weight)
     _kernel()(x.data_ptr(), weight.data_ptr(), scales.data_ptr(), bias_ptr, y.data_ptr(), m, k, n, threads)
     return y
