@@ -66,8 +66,8 @@ VARIANTS: dict[str, tuple[type, type, dict]] = {
             rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
         ),
     ),
-    # Weights of 1-4 MiB: the dense layers take oneDNN's kernel at decode (worker_runtime.dense).
-    "llama_wide_onednn": (
+    # Weights of 1-4 MiB: the dense layers decode on our fp32 kernel or oneDNN (worker_runtime.dense).
+    "llama_wide": (
         LlamaConfig,
         LlamaForCausalLM,
         dict(

@@ -3,6 +3,7 @@ be had, one warning names why and torch's kernel serves; the cache; torch's Open
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import subprocess
@@ -44,7 +45,7 @@ def dense_calls_fall_back() -> None:
 
 
 @dataclass
-class Kernel:
+class KernelUnderTest:
     module: ModuleType
     falls_back: Callable[[], None]  # uses the kernel's layer or function a few times, checking the results
     cache: Path
@@ -55,16 +56,15 @@ FALLBACKS = {"int8": (int8_matmul, int8_layers_fall_back), "fp32": (dense_matmul
 
 @pytest.fixture(params=sorted(FALLBACKS))
 def kernel(request, monkeypatch, tmp_path):
-    """One kernel with an empty kernel cache and nothing loaded, restored afterwards."""
+    """One kernel with an empty kernel cache and nothing loaded (a fresh ``KERNEL``), restored afterwards."""
     module, falls_back = FALLBACKS[request.param]
     cache = tmp_path / "cache"
     monkeypatch.setenv("MOTLEY_KERNEL_CACHE", str(cache))
-    module._kernel.cache_clear()
-    yield Kernel(module, falls_back, cache)
-    module._kernel.cache_clear()
+    monkeypatch.setattr(module, "KERNEL", dataclasses.replace(module.KERNEL))
+    return KernelUnderTest(module, falls_back, cache)
 
 
-def falls_back_with_one_warning(kernel: Kernel, caplog, reason: str) -> None:
+def falls_back_with_one_warning(kernel: KernelUnderTest, caplog, reason: str) -> None:
     with caplog.at_level(logging.WARNING):
         kernel.falls_back()
     assert len(caplog.records) == 1 and reason in caplog.records[0].getMessage()
@@ -76,15 +76,15 @@ def test_no_compiler_falls_back_with_one_warning(kernel, monkeypatch, caplog):
 
 
 def test_a_compile_error_falls_back_with_one_warning(kernel, monkeypatch, caplog, tmp_path):
-    broken = tmp_path / kernel.module.SOURCE.name
+    broken = tmp_path / kernel.module.KERNEL.source.name
     broken.write_text("this is not C\n")
-    monkeypatch.setattr(kernel.module, "SOURCE", broken)
+    monkeypatch.setattr(kernel.module, "KERNEL", dataclasses.replace(kernel.module.KERNEL, source=broken))
     falls_back_with_one_warning(kernel, caplog, "failed")
     assert not list(kernel.cache.glob("*.so")) and not list(kernel.cache.glob(".build-*"))
 
 
 def test_a_cpu_without_avx2_falls_back_with_one_warning(kernel, monkeypatch, caplog):
-    library = build.shared_library(kernel.module.SOURCE)
+    library = build.shared_library(kernel.module.KERNEL.source)
     monkeypatch.setattr(library, "motley_cpu_supported", lambda: 0)
     monkeypatch.setattr(loader, "shared_library", lambda source: library)
     falls_back_with_one_warning(kernel, caplog, "lacks AVX2/FMA")
@@ -98,10 +98,10 @@ def test_an_unknown_switch_value_warns_once_and_means_auto(monkeypatch, caplog):
 
 
 def test_the_library_is_cached_by_content_and_built_atomically(kernel):
-    build.shared_library(kernel.module.SOURCE)
-    (built,) = kernel.cache.glob(f"{kernel.module.SOURCE.stem}-*.so")
+    build.shared_library(kernel.module.KERNEL.source)
+    (built,) = kernel.cache.glob(f"{kernel.module.KERNEL.source.stem}-*.so")
     stamp = built.stat().st_mtime_ns
-    build.shared_library(kernel.module.SOURCE)
+    build.shared_library(kernel.module.KERNEL.source)
     assert built.stat().st_mtime_ns == stamp  # loaded from the cache, not rebuilt
     assert [p.name for p in kernel.cache.iterdir()] == [built.name]  # no temporary left behind
 
@@ -111,7 +111,7 @@ def test_an_edited_header_builds_a_new_library(monkeypatch, tmp_path):
     monkeypatch.setenv("MOTLEY_KERNEL_CACHE", str(cache))
     sources.mkdir()
     for name in ("dense_matmul.c", "tiled_matmul.h"):
-        shutil.copy(dense_matmul.SOURCE.with_name(name), sources)
+        shutil.copy(dense_matmul.KERNEL.source.with_name(name), sources)
     build.shared_library(sources / "dense_matmul.c")
     with (sources / "tiled_matmul.h").open("a") as header:
         header.write("/* edited */\n")
@@ -140,6 +140,6 @@ def test_only_torch_openmp_runtime_is_loaded():
     done = subprocess.run(script, cwd=repo, capture_output=True, text=True, check=True, timeout=120)
     assert done.stdout.split() == [str(build.torch_libgomp().resolve())]
     for module in (int8_matmul, dense_matmul):
-        library = build.shared_library(module.SOURCE)._name
+        library = build.shared_library(module.KERNEL.source)._name
         ldd = subprocess.run(["ldd", library], capture_output=True, text=True, check=True).stdout
         assert f"libgomp.so.1 => {build.torch_libgomp()}" in ldd

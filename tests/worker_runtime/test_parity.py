@@ -55,6 +55,12 @@ def test_random_partitions_of_each_variant(references, variant):
         check_partition(ref, all_partitions[i])
 
 
+def test_the_wide_model_on_onednn(references, monkeypatch):
+    """The wide model's dense layers decode on our fp32 kernel above; here on oneDNN, as with the switch."""
+    monkeypatch.setenv("MOTLEY_DENSE_KERNEL", "torch")
+    check_partition(references["llama_wide"], [(0, 2)])
+
+
 def test_single_layer_stages_are_both_ends_correctly(references):
     ref = references["qwen2_bias"]
     first, middle, last = (Stage.load(ref.path, a, b) for a, b in [(0, 1), (2, 3), (4, 5)])

@@ -16,30 +16,25 @@ no torch libgomp, a CPU without AVX2/FMA) one warning says why and oneDNN/MKL ar
 from __future__ import annotations
 
 import ctypes
-import functools
-import logging
 from pathlib import Path
 
 import torch
 
-from .loader import load_function, switched_to_torch, team_size
+from .loader import Kernel, team_size
 
-log = logging.getLogger(__name__)
-
-SOURCE = Path(__file__).with_name("dense_matmul.c")
-ENV_SWITCH = "MOTLEY_DENSE_KERNEL"
-
-
-@functools.cache
-def _kernel() -> ctypes._CFuncPtr | None:
-    """The loaded kernel, or None after one warning saying why not (built and checked once per process)."""
-    argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    return load_function(SOURCE, "motley_dense_matmul", argtypes, log, "fp32 CPU kernel", "oneDNN/MKL")
+KERNEL = Kernel(
+    source=Path(__file__).with_name("dense_matmul.c"),
+    symbol="motley_dense_matmul",
+    argtypes=[ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int],
+    name="fp32 CPU kernel",
+    fallback="oneDNN/MKL",
+    switch="MOTLEY_DENSE_KERNEL",
+)
 
 
 def kernel_enabled() -> bool:
     """Whether fp32 linears on CPU may use this kernel now (builds it on the first call)."""
-    return not switched_to_torch(ENV_SWITCH) and _kernel() is not None
+    return KERNEL.enabled()
 
 
 def dense_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -54,5 +49,5 @@ def dense_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     y = torch.empty(m, n, dtype=torch.float32)
     bias = None if bias is None else bias.contiguous()  # held: the kernel reads through its pointer
     bias_ptr = None if bias is None else bias.data_ptr()
-    _kernel()(x.data_ptr(), weight.data_ptr(), bias_ptr, y.data_ptr(), m, k, n, team_size(weight))
+    KERNEL.function(x.data_ptr(), weight.data_ptr(), bias_ptr, y.data_ptr(), m, k, n, team_size(weight))
     return y

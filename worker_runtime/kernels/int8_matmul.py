@@ -17,32 +17,25 @@ used.
 from __future__ import annotations
 
 import ctypes
-import functools
-import logging
 from pathlib import Path
 
 import torch
 
-from .loader import load_function, switched_to_torch, team_size
+from .loader import Kernel, team_size
 
-log = logging.getLogger(__name__)
-
-SOURCE = Path(__file__).with_name("int8_matmul.c")
-ENV_SWITCH = "MOTLEY_INT8_KERNEL"
-
-
-@functools.cache
-def _kernel() -> ctypes._CFuncPtr | None:
-    """The loaded kernel, or None after one warning saying why not (built and checked once per process)."""
-    argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    return load_function(
-        SOURCE, "motley_int8_matmul", argtypes, log, "int8 CPU kernel", "torch._weight_int8pack_mm"
-    )
+KERNEL = Kernel(
+    source=Path(__file__).with_name("int8_matmul.c"),
+    symbol="motley_int8_matmul",
+    argtypes=[ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int],
+    name="int8 CPU kernel",
+    fallback="torch._weight_int8pack_mm",
+    switch="MOTLEY_INT8_KERNEL",
+)
 
 
 def kernel_enabled() -> bool:
     """Whether int8 layers built now should use this kernel on CPU (builds it on the first call)."""
-    return not switched_to_torch(ENV_SWITCH) and _kernel() is not None
+    return KERNEL.enabled()
 
 
 def int8_matmul(
@@ -55,6 +48,6 @@ def int8_matmul(
     n = weight.shape[0]
     y = torch.empty(m, n, dtype=torch.float32)
     bias_ptr = None if bias is None else bias.data_ptr()
-    threads = team_size(weight)
-    _kernel()(x.data_ptr(), weight.data_ptr(), scales.data_ptr(), bias_ptr, y.data_ptr(), m, k, n, threads)
+    pointers = (x.data_ptr(), weight.data_ptr(), scales.data_ptr(), bias_ptr, y.data_ptr())
+    KERNEL.function(*pointers, m, k, n, team_size(weight))
     return y

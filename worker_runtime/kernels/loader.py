@@ -1,9 +1,9 @@
 """What every kernel of this package does on the Python side: get its function or say once why not,
 honour the operator's switch back to torch's kernel, and pick the size of its thread team.
 
-A kernel module calls :func:`load_function` once per process (under ``functools.cache``): where the
-library cannot be built or this CPU lacks AVX2/FMA, one warning on the module's logger names the
-reason and the torch kernel used instead, and the module answers None from then on.
+A kernel module describes its kernel once as a :class:`Kernel`. The function is built and loaded on
+first use, once per process; where the library cannot be built or this CPU lacks AVX2/FMA, one
+warning names the reason and the torch kernel used instead, and the kernel stays unavailable.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import ctypes
 import functools
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,24 +26,38 @@ SWITCH_VALUES = ("", "auto", "torch")
 MIN_PARALLEL_WEIGHT_BYTES = 1 << 16
 
 
-def load_function(
-    source: Path, symbol: str, argtypes: list, log: logging.Logger, kernel: str, fallback: str
-) -> ctypes._CFuncPtr | None:
-    """``symbol`` of ``source``'s library, or None after warning that ``kernel`` is unavailable and
-    ``fallback`` is used. Every library exports ``motley_cpu_supported`` (tiled_matmul.h)."""
-    try:
-        library = shared_library(source)
-    except KernelUnavailable as e:
-        reason = str(e)
-    else:
-        if library.motley_cpu_supported():
-            fn = getattr(library, symbol)
-            fn.restype = None
-            fn.argtypes = argtypes
-            return fn
-        reason = "this CPU lacks AVX2/FMA"
-    log.warning("%s unavailable, using %s: %s", kernel, fallback, reason)
-    return None
+@dataclass(frozen=True)
+class Kernel:
+    """One exported function of a kernel library (every library also exports ``motley_cpu_supported``,
+    tiled_matmul.h), with what the warning and the switch need."""
+
+    source: Path
+    symbol: str
+    argtypes: list
+    name: str  # for the warning, e.g. "fp32 CPU kernel"
+    fallback: str  # what is used instead, for the warning
+    switch: str  # the environment variable that can ask for torch's kernel
+
+    @functools.cached_property
+    def function(self) -> ctypes._CFuncPtr | None:
+        """The loaded function, or None after one warning saying why not."""
+        try:
+            library = shared_library(self.source)
+        except KernelUnavailable as e:
+            reason = str(e)
+        else:
+            if library.motley_cpu_supported():
+                fn = getattr(library, self.symbol)
+                fn.restype = None
+                fn.argtypes = self.argtypes
+                return fn
+            reason = "this CPU lacks AVX2/FMA"
+        log.warning("%s unavailable, using %s: %s", self.name, self.fallback, reason)
+        return None
+
+    def enabled(self) -> bool:
+        """Whether to use this kernel now: not switched off, and built (on the first call)."""
+        return not switched_to_torch(self.switch) and self.function is not None
 
 
 def switched_to_torch(switch: str) -> bool:
