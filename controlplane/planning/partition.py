@@ -84,12 +84,20 @@ class _Problem:
         return result
 
     def bounds(self) -> tuple[float, float]:
-        """A time below every stage time here, and the largest finite one (a split stage's included:
-        the lowest is always a one-precision stage at the lowest precision)."""
+        """Below the optimum bottleneck, and at or above every finite stage time here.
+
+        Below: with at most one stage per device, some stage holds at least L / devices layers,
+        and no stage of that many layers is faster than the fastest such range at the fastest
+        precision (one precision: a split stage reads more). A pinned device's prices hide every
+        other range, so with pins: half the fastest stage time. Above: the slowest stage of one
+        precision, or of a split when one fits only split.
+        """
         values = np.concatenate([m[np.isfinite(m)] for m in self.full + self.low] + [np.zeros(1)])
-        positive = values[values > 0]
         slowest = [p.slowest for p in {id(p): p for s in self.splits for p in s.values()}.values()]
-        return (float(positive.min()) / 2 if len(positive) else 0.0), max([float(values.max()), *slowest])
+        fewest_layers = 1 if any(self.pins) else -(-self.num_layers // len(self.devices))
+        ranges = [np.diagonal(m, fewest_layers) for m in {id(m): m for m in self.low + self.full}.values()]
+        floor = float(np.concatenate(ranges).min()) * (1.0 if fewest_layers > 1 else 0.5)
+        return (floor * (1.0 - 1e-9) if np.isfinite(floor) else 0.0), max([float(values.max()), *slowest])
 
     def prices_between(self, lo: float, hi: float, limit: int | None) -> np.ndarray | None:
         """Every stage time in (lo, hi] the transitions can step at (with repeats), or None if more
@@ -128,7 +136,8 @@ def _problem(cost: CostModel, devices: Sequence[DeviceSpec], bits: Sequence[int]
         if key not in summaries:
             lowest = [m for b, m in per_bits.items() if b < 16]
             summaries[key] = (per_bits.get(16, never), np.minimum.reduce(lowest) if lowest else never,
-                              {b: _split_prices(cost, device, b, micro_batch, pin) for b in lows})
+                              {b: _split_prices(cost, device, b, micro_batch, pin, len(devices) <= 2)
+                               for b in lows})
         matrices.append(per_bits)
         full.append(summaries[key][0])
         low.append(summaries[key][1])
@@ -138,9 +147,11 @@ def _problem(cost: CostModel, devices: Sequence[DeviceSpec], bits: Sequence[int]
 
 
 def _split_prices(cost: CostModel, device: DeviceSpec, low_bits: int, micro_batch: float,
-                  pin: tuple[int, int] | None) -> SplitPrices:
-    return cost.remember(("split prices", device_key(device), low_bits, micro_batch, pin),
-                         lambda: SplitPrices(cost, device, low_bits, micro_batch, pin))
+                  pin: tuple[int, int] | None, ends_only: bool) -> SplitPrices:
+    """Shared by every search of the request; with one or two devices a stage starts at the first
+    layer or ends at the last, so only those ranges are priced."""
+    return cost.remember(("split prices", device_key(device), low_bits, micro_batch, pin, ends_only),
+                         lambda: SplitPrices(cost, device, low_bits, micro_batch, pin, ends_only))
 
 
 def _only(prices: np.ndarray, pin: tuple[int, int]) -> np.ndarray:

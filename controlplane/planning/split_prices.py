@@ -35,12 +35,17 @@ UNBOUNDED = 1e300  # a step time no stage reaches (finite, so the byte bounds st
 
 
 class SplitPrices:
+    """For one device, low precision and micro-batch. ``ends_only``: only ranges that start at the
+    first layer or end at the last are priced (all a search over one or two devices can use)."""
+
     def __init__(self, cost: CostModel, device: DeviceSpec, low_bits: int, micro_batch: float,
-                 pin: tuple[int, int] | None = None) -> None:
+                 pin: tuple[int, int] | None = None, ends_only: bool = False) -> None:
         self.cost, self.device, self.low_bits, self.micro_batch = cost, device, low_bits, micro_batch
         n = self.size = cost.num_layers + 1
         starts, ends = np.arange(n)[:, None], np.arange(n)[None, :]
         allowed = np.broadcast_to(ends > starts, (n, n)).copy()
+        if ends_only:
+            allowed &= (starts == 0) | (ends == cost.num_layers)
         if pin is not None:
             allowed[:] = False
             allowed[pin] = True
@@ -52,16 +57,17 @@ class SplitPrices:
         def flat(matrix) -> np.ndarray:
             return np.broadcast_to(matrix, (n, n)).ravel()[self.cells]
 
-        # With the head at low_bits (it is whenever k >= 1), per range: the bytes a step reads plus
-        # what its overhead is worth in bytes; the bytes it keeps beyond capacity; its FLOP seconds
-        # plus overhead; its 16-bit step time.
-        self.read = flat(figures.read_bytes - head_saving + figures.overhead_s * self.bandwidth)
-        self.excess = flat(figures.excess_bytes - head_saving)
-        self.compute_s = flat(figures.compute_s + figures.overhead_s)
-        self.full = flat(cost.decode_matrix(device, 16, micro_batch))
         self.starts, self.ends = flat(starts), flat(ends)
         self.saved = cost.weights[16] - cost.weights[low_bits]  # D: prefix sums of per-layer savings
-        self.saved_by_end = self.saved[self.ends]
+        # With k >= 1 layers low the head is low too. Per range, D[j - k] may be at most
+        # D[j] - (bytes read + overhead in bytes - bytes tau allows), and at most D[j] - (bytes kept
+        # beyond capacity): ``read_room`` + tau's bytes, and ``memory_room``.
+        saved_by_end = self.saved[self.ends]
+        self.read_room = saved_by_end - flat(figures.read_bytes - head_saving
+                                             + figures.overhead_s * self.bandwidth)
+        self.memory_room = saved_by_end - flat(figures.excess_bytes - head_saving)
+        self.compute_s = flat(figures.compute_s + figures.overhead_s)  # FLOP seconds plus overhead
+        self.full = flat(cost.decode_matrix(device, 16, micro_batch))  # the 16-bit step time
         self._recent: dict[float, np.ndarray] = {}
 
     def fewest(self, tau: float) -> np.ndarray:
@@ -71,8 +77,8 @@ class SplitPrices:
         if tau in self._recent:
             return self._recent[tau]
         seconds = tau * (1.0 + SLACK) / self.slowdown  # for max(memory, compute) plus overhead
-        need = np.maximum(self.read - seconds * self.bandwidth, self.excess)  # bytes to save
-        split = np.searchsorted(self.saved, self.saved_by_end - need, side="right") - 1
+        room = np.minimum(self.read_room + seconds * self.bandwidth, self.memory_room)
+        split = np.searchsorted(self.saved, room, side="right") - 1  # the first low layer: as late as can be
         counts = np.where((self.compute_s <= seconds) & (split >= self.starts),
                           np.maximum(self.ends - split, 1), INF)
         result = np.full(self.size * self.size, INF)
