@@ -172,13 +172,16 @@ def _ordered_rows(problem: _Problem, hops: Sequence[float], tau: float, track: b
     trace = []
     transitions = problem.transitions(tau)
     for index in range(len(problem.devices)):
-        source = row
-        if index > 0 and hops[index] > tau:
-            source = np.full(n, INF)
-            source[0] = row[0]
-        table = source[:, None] + transitions[index]
-        starts = table.argmin(axis=0)
-        taken = table[starts, np.arange(n)]
+        if index == 0:  # nothing before it: its range starts at layer 0
+            starts, taken = np.zeros(n, dtype=int), transitions[0][0]
+        else:
+            source = row
+            if hops[index] > tau:
+                source = np.full(n, INF)
+                source[0] = row[0]
+            table = source[:, None] + transitions[index]
+            starts = table.argmin(axis=0)
+            taken = table[starts, np.arange(n)]
         skipped = row if problem.pins[index] is None else np.full(n, INF)
         use = taken < skipped
         if track:
