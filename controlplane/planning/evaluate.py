@@ -109,7 +109,7 @@ def _bottleneck(cost: CostModel, stages: Sequence[StagePlan], micro_batches: int
     resource = cost.limiting_resource(device, stage, micro_batch_size(cost.batch, micro_batches))
     return Bottleneck(replica, stage.device, resource,
                       f"{stage.gpu_model} step of {stage.compute_ms:.2f} ms for layers "
-                      f"[{stage.start}, {stage.end}) at {stage.bits_label} bits")
+                      f"[{stage.start}, {stage.end}) at {stage.bits_label}")
 
 
 def total_figures(replicas: Sequence[ReplicaPlan]) -> Figures:

@@ -36,7 +36,7 @@ def explain(request: PlanRequest, cost: CostModel, replicas: Sequence[ReplicaPla
 
 def _replica_lines(request: PlanRequest, cost: CostModel, index: int, replica: ReplicaPlan) -> list[str]:
     stages = replica.stages
-    chain = " -> ".join(f"{s.device} ({s.gpu_model}, layers [{s.start}, {s.end}), {s.bits_label}-bit)"
+    chain = " -> ".join(f"{s.device} ({s.gpu_model}, layers [{s.start}, {s.end}), {s.bits_label})"
                         for s in stages)
     figures = replica.predicted
     lines = [f"Replica {index}: {chain}; {replica.micro_batches} micro-batch(es) of "

@@ -48,10 +48,10 @@ class StagePrecision:
 
     @property
     def bits_label(self) -> str:
-        """'16' or '16 / 4 from layer 24', for messages."""
+        """'16-bit' or '16-bit, 4-bit from layer 24', for messages."""
         if len(self.segments) < 2:
-            return str(self.last_bits)
-        return f"{self.bits} / {self.low_bits} from layer {self.split}"
+            return f"{self.last_bits}-bit"
+        return f"{self.bits}-bit, {self.low_bits}-bit from layer {self.split}"
 
 
 @dataclass(frozen=True)

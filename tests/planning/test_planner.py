@@ -37,6 +37,7 @@ def test_one_card_spends_the_budget_on_part_of_its_layers():
     assert (stage.bits, stage.low_bits, stage.low_from) == (16, 4, 8)
     assert stage.segments == ((0, 8, 16), (8, 16, 4)) and result.quantized_layers == 8
     assert any("[8, 16) at 4 bits" in line for line in result.explanation)
+    assert any("layers [0, 16), 16-bit, 4-bit from layer 8)" in line for line in result.explanation)
     whole = plan(PlanRequest(fleet({"n": ["A100"]}), profile(16), Workload(4, 1024), replicas=1,
                              max_quantized=0.0))
     assert result.predicted.decode_tokens_per_s > 1.3 * whole.predicted.decode_tokens_per_s
