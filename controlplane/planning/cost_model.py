@@ -44,6 +44,10 @@ class StageMemory:
     workspace_bytes: int
     capacity_bytes: int
 
+    def holding(self, kv_tokens: int) -> int:
+        """Bytes the stage needs with a KV cache of ``kv_tokens`` tokens."""
+        return self.weights_bytes + self.workspace_bytes + self.kv_bytes_per_token * kv_tokens
+
     @property
     def free_for_kv(self) -> int:
         return self.capacity_bytes - self.weights_bytes - self.workspace_bytes
@@ -231,13 +235,11 @@ class CostModel:
         layers from."""
         n = self.num_layers + 1
         starts, ends = np.arange(n)[:, None], np.arange(n)[None, :]
-        kv = (self.kv[ends] - self.kv[starts]) * self.kv_required
-        stored = self._stored_weights(starts, ends, ends, 16, 16) + kv + self._workspace(ends)
         return StageFigures(
             read_bytes=self._read_bytes(starts, ends, ends, 16, 16, micro_batch),
             compute_s=self._compute_s(device, starts, ends, micro_batch),
             overhead_s=(ends - starts) * LAYER_OVERHEAD_S,
-            excess_bytes=stored - capacity_bytes(device),
+            excess_bytes=self._kept_bytes(starts, ends, ends, 16, 16) - capacity_bytes(device),
             slowdown=slowdown(device), bandwidth=bandwidth(device))
 
     def _priced(self, device: DeviceSpec, starts, splits, ends, bits: int, low_bits: int,
@@ -245,8 +247,7 @@ class CostModel:
         """Decode step times of stages [starts, ends) with [splits, ends) at ``low_bits``, inf where
         the stage is empty or its weights, the batch's KV at full context and the workspace do not fit."""
         times = self._decode(device, starts, splits, ends, bits, low_bits, micro_batch)
-        kv = (self.kv[ends] - self.kv[starts]) * self.kv_required
-        need = self._stored_weights(starts, splits, ends, bits, low_bits) + kv + self._workspace(ends)
+        need = self._kept_bytes(starts, splits, ends, bits, low_bits)
         priced = np.where((need <= capacity_bytes(device)) & (ends > starts), times, np.inf)
         priced.setflags(write=False)
         return priced
@@ -262,6 +263,11 @@ class CostModel:
     def _stored_weights(self, starts, splits, ends, bits: int, low_bits: int):
         """Weights a stage keeps in memory: its layers, the embedding on the first, the head on the last."""
         return self._read_weights(starts, splits, ends, bits, low_bits) + self.embedding_bytes * (starts == 0)
+
+    def _kept_bytes(self, starts, splits, ends, bits: int, low_bits: int):
+        """What a stage holds: its weights, the KV of the whole batch at full context, its workspace."""
+        kv = (self.kv[ends] - self.kv[starts]) * self.kv_required
+        return self._stored_weights(starts, splits, ends, bits, low_bits) + kv + self._workspace(ends)
 
     def _workspace(self, ends):
         return self.workspace + self.logits * (ends == self.num_layers)

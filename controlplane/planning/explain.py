@@ -79,7 +79,7 @@ def _why_low_bits(cost: CostModel, device: DeviceSpec, stage: StagePlan, micro_b
                   bottleneck_ms: float) -> str:
     whole = Placement(stage.device, stage.start, stage.end, 16)
     full = cost.memory(device, whole)
-    need = full.weights_bytes + full.workspace_bytes + full.kv_bytes_per_token * cost.kv_required
+    need = full.holding(cost.kv_required)
     low = ", ".join(f"[{start}, {end}) at {bits} bits" for start, end, bits in stage.segments)
     head = (f"{device.name} ({device.model}) runs layers {low}: with all [{stage.start}, {stage.end}) "
             f"at 16 bits")

@@ -34,8 +34,7 @@ def stage_options(cost: CostModel, device, micro_batch: int, bits=(16, 8, 4)) ->
                            for b in bits if b < 16 for split in range(start + 1, end)]
         for p in candidates:
             memory = cost.memory(device, p)
-            kv = memory.kv_bytes_per_token * cost.kv_required
-            if memory.weights_bytes + memory.workspace_bytes + kv <= memory.capacity_bytes:
+            if memory.holding(cost.kv_required) <= memory.capacity_bytes:
                 q = p.quantized_layers
                 options[start, end, q] = min(options[start, end, q], cost.decode_s(device, p, micro_batch))
     return options
