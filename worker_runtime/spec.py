@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .precision import PRECISIONS, layer_precisions
+from .precision import layer_precisions
 
 
 class SpecError(ValueError):
@@ -97,7 +97,6 @@ class StageSpec:
         checks = [
             (0 <= self.stage_index < self.num_stages, "stage_index must be in [0, num_stages)"),
             (0 <= start < end, "layers must be a half-open range [start, end) with start < end"),
-            (self.bits in PRECISIONS, "bits must be 16, 8 or 4"),
             (self.is_last == (self.next is None), "next must be null exactly on the last stage"),
             (self.kv_tokens > 0 and self.threads > 0, "kv_tokens and threads must be positive"),
             (self.peer_timeout_s > 0, "peer_timeout_s must be positive"),
@@ -105,11 +104,10 @@ class StageSpec:
             (self.micro_batches is None or self.micro_batches >= 1, "micro_batches must be at least 1"),
             (self.max_batch_tokens > 0 and self.max_queue >= 0, "max_batch_tokens/max_queue out of range"),
         ]
-        if start < end:
-            try:
-                layer_precisions(start, end, self.bits, self.low_bits, self.low_from)
-            except ValueError as exc:
-                checks.append((False, str(exc)))
+        try:
+            layer_precisions(start, end, self.bits, self.low_bits, self.low_from)
+        except ValueError as exc:  # a precision other than 16/8/4, or a bad split
+            checks.append((False, str(exc)))
         for ok, message in checks:
             if not ok:
                 raise SpecError(f"stage spec of {self.pipeline_id!r} stage {self.stage_index}: {message}")

@@ -19,6 +19,7 @@ from controlplane.planning.planner import plan as make_plan
 from controlplane.planning.precision import quantized_layers
 from controlplane.planning.request import PlanningError, PlanRequest
 from controlplane.planning.serialize import placements_from_dict
+from worker_runtime.precision import split_problem
 
 # Problems after which the edited plan cannot be priced at all.
 _STRUCTURAL = {"unknown_device", "bad_range", "bad_split", "layer_missing", "layer_duplicated",
@@ -142,14 +143,13 @@ def _stage_problems(request: PlanRequest, cost: CostModel, known, uses, p: Place
         yield Problem("bad_range", f"{where}: layers [{p.start}, {p.end}) is empty or outside "
                       f"[0, {request.model.num_layers})", r, s)
         return
-    if (p.low_bits is None) != (p.low_from is None) or (
-            p.low_bits is not None and not (p.low_bits < p.bits and p.start < p.low_from < p.end)):
-        yield Problem("bad_split", f"{where}: low_bits {p.low_bits} from layer {p.low_from} must come "
-                      f"together, below bits ({p.bits}), from a layer inside ({p.start}, {p.end})", r, s)
+    split = split_problem(p.start, p.end, p.bits, p.low_bits, p.low_from)
+    if split:
+        yield Problem("bad_split", f"{where}: {split}", r, s)
         return
     if {p.bits, p.last_bits} <= {16, 8, 4}:
         memory = cost.memory(device, p)
-        need = memory.weights_bytes + memory.workspace_bytes + memory.kv_bytes_per_token * cost.kv_required
+        need = memory.holding(cost.kv_required)
         if need > memory.capacity_bytes:
             yield Problem("over_memory", f"{where}: needs {need / GIB:.2f} GiB (weights "
                           f"{memory.weights_bytes / GIB:.2f}, KV for {cost.kv_required} tokens "
