@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.memory_budget import StageRefused, check_fits, stage_bytes
-from controlplane.hardware.specs import DeviceSpec
+from contracts.hardware import DeviceSpec
 
 _CUDA = re.compile(r"^cuda:(\d+)$")
 DEFAULT_TIME_SCALE = 20.0

@@ -24,8 +24,8 @@ from agents.queue_consumer import QueueConsumer, build_app
 from agents.registration import Registration, RegistrationRefused, local_address, register_until_done
 from agents.supervisor import Supervisor
 from agents.telemetry import Snapshot, Telemetry, websocket_url
-from controlplane.hardware.fleet_file import FleetFileError
-from controlplane.hardware.specs import DeviceSpec
+from contracts.fleet_file import FleetFileError
+from contracts.hardware import DeviceSpec
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controlplane.hardware.specs import GIB, DeviceSpec
-from controlplane.modelspec.profiler import profile_model
-from worker_runtime.config import ModelConfig, UnsupportedModelError
-from worker_runtime.precision import layer_precisions
+from contracts.hardware import GIB, DeviceSpec
+from contracts.model_config import ModelConfig, UnsupportedModelError
+from contracts.precision import layer_precisions
+from contracts.profiler import profile_model
 
 MIB = 1024**2
 

@@ -21,13 +21,10 @@ from celery.worker import WorkController
 from celery.worker import state as worker_state
 
 from agents.supervisor import Supervisor
+from contracts.tasks import START_STAGE, STOP_STAGE, SYNC
 
 log = logging.getLogger(__name__)
 
-START_STAGE = "motley.agent.start_stage"
-STOP_STAGE = "motley.agent.stop_stage"
-DRAIN_STAGE = "motley.agent.drain_stage"
-SYNC = "motley.agent.sync"
 
 
 def build_app(
@@ -38,7 +35,7 @@ def build_app(
     app.conf.update(
         # The embedded broker through a reader that never takes a half-written message.
         broker_transport=(
-            "controlplane.embedded_broker:Transport" if broker_url.startswith("filesystem:") else None
+            "embedded_broker.transport:Transport" if broker_url.startswith("filesystem:") else None
         ),
         broker_transport_options=transport_options,
         # Celery would let $CELERY_BROKER_URL override broker_url; the agent consumes the broker the
@@ -67,11 +64,6 @@ def build_app(
     @app.task(name=STOP_STAGE, shared=False)
     def stop_stage(stage_key: str) -> dict[str, Any] | None:
         status = supervisor.stop(stage_key)
-        return status.to_json() if status else None
-
-    @app.task(name=DRAIN_STAGE, shared=False)
-    def drain_stage(stage_key: str) -> dict[str, Any] | None:
-        status = supervisor.drain(stage_key)
         return status.to_json() if status else None
 
     @app.task(name=SYNC, shared=False)

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from controlplane.hardware.specs import DeviceSpec
+from contracts.hardware import DeviceSpec
 
 log = logging.getLogger(__name__)
 

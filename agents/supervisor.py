@@ -34,7 +34,8 @@ from typing import Any
 from agents.admission import Admission, Admitted
 from agents.memory_budget import StageRefused
 from agents.processes import die_with_parent, signal_group, sweep_pid_records, write_pid_record
-from agents.status import StageLoad, StageStatus, identity_of
+from agents.stage_load import StageLoad
+from contracts.stage_status import StageStatus, identity_of
 
 log = logging.getLogger(__name__)
 

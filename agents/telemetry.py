@@ -26,7 +26,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus, WebSocketException
 
 from agents.registration import Registration
-from agents.status import StageStatus
+from contracts.stage_status import StageStatus
 
 log = logging.getLogger(__name__)
 

@@ -33,12 +33,13 @@ from pathlib import Path  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from controlplane.hardware.fleet_file import load_fleet_file  # noqa: E402
-from controlplane.hardware.specs import FleetSpec  # noqa: E402
-from controlplane.modelspec.profiler import profile_model  # noqa: E402
+from contracts.fleet_file import load_fleet_file  # noqa: E402
+from contracts.hardware import FleetSpec  # noqa: E402
+from contracts.model_config import ModelConfig  # noqa: E402
+from contracts.names import device_name
+from contracts.profiler import profile_model  # noqa: E402
 from controlplane.planning import PlanningError, PlanRequest, Workload, baseline_plan, plan  # noqa: E402
 from controlplane.planning.replicas import split  # noqa: E402
-from worker_runtime.config import ModelConfig  # noqa: E402
 
 MODELS = ["Llama-2-7B", "Llama-2-13B", "Llama-2-70B", "Llama-3-8B", "Llama-3-70B", "Mistral-7B-v0.1",
           "Qwen2.5-32B"]
@@ -61,7 +62,7 @@ def replicate(fleet: FleetSpec, copies: int) -> FleetSpec:
     for copy in range(copies):
         for node in fleet.nodes:
             name = f"{node.name}-c{copy}"
-            devices = tuple(dataclasses.replace(d, name=f"{name}/gpu{d.index}", node=name)
+            devices = tuple(dataclasses.replace(d, name=device_name(name, d.index), node=name)
                             for d in node.devices)
             nodes.append(dataclasses.replace(node, name=name, devices=devices))
     return FleetSpec(name=f"{fleet.name}x{copies}", nodes=tuple(nodes))

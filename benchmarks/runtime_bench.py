@@ -27,7 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from worker_runtime import Batch, ModelConfig, SamplingParams, Stage, generate  # noqa: E402
+from contracts.model_config import ModelConfig  # noqa: E402
+from worker_runtime import Batch, SamplingParams, Stage, generate  # noqa: E402
 from worker_runtime.make_demo_model import parse_args as demo_args  # noqa: E402
 from worker_runtime.make_demo_model import write_demo_model  # noqa: E402
 

@@ -178,9 +178,9 @@ for _option in ("data_folder_in", "processed_folder", "control_folder"):
     if _folder := CELERY_BROKER_TRANSPORT_OPTIONS.get(_option):
         Path(_folder).mkdir(parents=True, exist_ok=True)
 # kombu's own filesystem reader can take a message file before its bytes are written and stop the
-# worker; this one waits for the writer (controlplane/embedded_broker.py).
+# worker; this one waits for the writer (embedded_broker/transport.py).
 CELERY_BROKER_TRANSPORT = (
-    "controlplane.embedded_broker:Transport" if CELERY_BROKER_URL.startswith("filesystem") else None
+    "embedded_broker.transport:Transport" if CELERY_BROKER_URL.startswith("filesystem") else None
 )
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"

@@ -7,7 +7,7 @@ Public API (documented in docs/worker_runtime.md)::
     hidden_or_logits = stage.forward(Batch(...))
     tokens = sample(logits, [SamplingParams(...)], positions)
 
-The names resolve lazily, so ``import worker_runtime.config`` (the control plane does) never imports torch.
+The names resolve lazily, so importing one submodule never imports the others (or torch) needlessly.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "ModelConfig": "config",
-    "UnsupportedModelError": "config",
     "Batch": "stage",
     "Stage": "stage",
     "StageMemory": "stage",

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.stage_spec import StageSpec
+
 from .errors import DeadlineExceeded, PipelineBroken, PipelineError, RequestRejected
 from .events import EventWriter, Every
 from .frames import Frame
@@ -23,7 +25,6 @@ from .protocol import batch_message
 from .relay import heartbeat_interval
 from .sampling import SamplingParams
 from .scheduler import KVLedger, Request, Scheduler
-from .spec import StageSpec
 from .stage import Batch
 from .transport import Incoming, PeerUnavailable, Transport
 from .worker import StageWorker

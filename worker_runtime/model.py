@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelConfig
+from contracts.model_config import ModelConfig
+
 from .dense import Linear
 from .kv_cache import AttentionPlan
 from .rope import apply_rotary

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 
-from .spec import Emulation
+from contracts.stage_spec import Emulation
+
 from .stage import Batch, Stage
 
 

@@ -11,11 +11,12 @@ import logging
 import time
 from collections.abc import Callable
 
+from contracts.stage_spec import StageSpec
+
 from .events import EventWriter, Every
 from .frames import Frame, FrameError
 from .kv_cache import KVBudgetExceeded
 from .protocol import batch_from_frame, batch_message
-from .spec import StageSpec
 from .transport import Incoming, PeerUnavailable, Transport
 from .worker import StageWorker
 

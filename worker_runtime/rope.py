@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from .config import ModelConfig
+from contracts.model_config import ModelConfig
 
 
 class RotaryEmbedding:

@@ -17,12 +17,13 @@ import uuid
 
 import torch
 
+from contracts.stage_spec import StageSpec
+
 from .events import EventWriter
 from .frames import FrameCodec
 from .head import HeadLoop
 from .pacing import Pacer
 from .relay import RelayLoop
-from .spec import StageSpec
 from .stage import DTYPES, Stage
 from .stats import StageStats
 from .transport import ZmqTransport

@@ -14,12 +14,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .config import ModelConfig
+from contracts.model_config import ModelConfig
+from contracts.precision import layer_precisions
+
 from .dense import Linear
 from .kv_cache import KVCache
 from .loading import CheckpointReader, copy_rows_into, load_concatenated
 from .model import DecoderLayer, RMSNorm, hf_tensor_names
-from .precision import layer_precisions
 from .quantize import Int4Linear, Int8Linear, quantized_linear
 from .rope import RotaryEmbedding
 

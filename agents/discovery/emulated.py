@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from agents.discovery.nvml import GpuMetrics
-from agents.status import StageLoad
-from controlplane.hardware.fleet_file import load_fleet_file
-from controlplane.hardware.specs import DeviceSpec
+from agents.stage_load import StageLoad
+from contracts.fleet_file import load_fleet_file
+from contracts.hardware import DeviceSpec
+from contracts.metrics import GpuMetrics
+from contracts.names import device_name
 
 IDLE_TEMPERATURE_C = 35.0
 FULL_LOAD_TEMPERATURE_C = 78.0
@@ -37,7 +38,7 @@ def emulated_devices(fleet_file: str | Path, node: str, name: str | None = None)
         replace(
             device,
             node=name,
-            name=f"{name}/gpu{device.index}",
+            name=device_name(name, device.index),
             uuid=f"EMULATED-{name}-gpu{device.index}",
             nvlink_island=device.nvlink_island and f"{name}/{device.nvlink_island.split('/', 1)[1]}",
             emulated=True,

@@ -11,30 +11,12 @@ machines without a GPU can hand in a stand-in, while on a GPU host this exact co
 from __future__ import annotations
 
 import types
-from dataclasses import dataclass
 from pathlib import Path
 
-from controlplane.hardware.gpu_catalog import UnknownGpuModel, lookup
-from controlplane.hardware.specs import DeviceSpec
-
-
-@dataclass(frozen=True)
-class GpuMetrics:
-    """One sample of one GPU, as pushed with each heartbeat."""
-
-    index: int
-    utilization_pct: float
-    memory_used_bytes: int
-    memory_total_bytes: int
-    temperature_c: float
-    power_w: float
-    power_limit_w: float
-    sm_clock_mhz: int
-    throttle_reasons: tuple[str, ...]
-    pcie_tx_bytes_per_s: float
-    pcie_rx_bytes_per_s: float
-    emulated: bool = False  # modeled figures of an emulated device (agents/discovery/emulated.py)
-
+from contracts.gpu_catalog import UnknownGpuModel, lookup
+from contracts.hardware import DeviceSpec
+from contracts.metrics import GpuMetrics
+from contracts.names import device_name
 
 # The NVML throttle ("clock event") reason bits that mean the card is running slower than it could.
 _THROTTLE_BITS = {
@@ -91,7 +73,7 @@ def _describe(nvml, node: str, index: int, handle, bus_id: str, island: str | No
     except UnknownGpuModel:
         card = None  # still usable: memory is known; speed figures stay 0 until declared
     return DeviceSpec(
-        name=f"{node}/gpu{index}",
+        name=device_name(node, index),
         node=node,
         index=index,
         model=card.name if card else name,

@@ -10,8 +10,9 @@ from typing import Any
 
 from django.db.models import Count, Prefetch, Q
 
+from contracts.hardware import GIB
+from contracts.names import device_name
 from controlplane.deployments.models import Deployment, DeploymentStage, PlanRevision
-from controlplane.hardware.specs import GIB
 from controlplane.inventory.models import Device, Link, Node
 from controlplane.models_catalog.models import LlmModel
 
@@ -60,7 +61,7 @@ def topology() -> dict[str, Any]:
                 islands.setdefault(device.nvlink_island, []).append(device)
         for members in islands.values():
             for a, b in zip(members, members[1:]):
-                pair = frozenset((f"{node.name}/gpu{a.index}", f"{node.name}/gpu{b.index}"))
+                pair = frozenset((device_name(node.name, a.index), device_name(node.name, b.index)))
                 if pair not in pairs:
                     pairs.add(pair)
                     links.append({"kind": "nvlink", "a": min(pair), "b": max(pair),
@@ -70,7 +71,7 @@ def topology() -> dict[str, Any]:
 
 def _device(node: Node, device: Device) -> dict[str, Any]:
     return {
-        "name": f"{node.name}/gpu{device.index}", "index": device.index, "model": device.model_name,
+        "name": device_name(node.name, device.index), "index": device.index, "model": device.model_name,
         "memory_gib": round(device.memory_bytes / GIB, 1), "emulated": device.emulated,
         "health": device.health, "island": device.nvlink_island,
         "down": node.is_down or device.health == Device.Health.UNHEALTHY,

@@ -10,13 +10,14 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from contracts.names import pipeline_id, stage_key
+from contracts.routing import DEFAULT_ROUTING_STRATEGY, ROUTING_STRATEGIES
 from controlplane.common.models import TimestampedModel
-from controlplane.gateway.routing import DEFAULT_STRATEGY, STRATEGIES
 from controlplane.inventory.models import Device, Node
 from controlplane.models_catalog.models import LlmModel
 
-# The gateway router's strategies (controlplane/gateway/routing/strategies.py), e.g. "round_robin".
-ROUTING_STRATEGY_CHOICES = [(name, name.replace("_", "-")) for name in STRATEGIES]
+# The gateway router's strategies (contracts/routing.py), e.g. "round_robin".
+ROUTING_STRATEGY_CHOICES = [(name, name.replace("_", "-")) for name in ROUTING_STRATEGIES]
 
 
 class PlanRevision(TimestampedModel):
@@ -72,7 +73,7 @@ class Deployment(TimestampedModel):
         default=True, help_text="Re-plan on the healthy devices when a node carrying a stage is lost."
     )
     routing_strategy = models.CharField(
-        max_length=32, choices=ROUTING_STRATEGY_CHOICES, default=DEFAULT_STRATEGY,
+        max_length=32, choices=ROUTING_STRATEGY_CHOICES, default=DEFAULT_ROUTING_STRATEGY,
         help_text="How the gateway chooses among the replicas (docs/gateway.md).",
     )
     stop_requested = models.BooleanField(default=False)
@@ -100,7 +101,7 @@ class DeploymentReplica(models.Model):
 
     @property
     def pipeline_id(self) -> str:
-        return f"d{self.deployment_id}-r{self.index}"
+        return pipeline_id(self.deployment_id, self.index)
 
 
 class DeploymentStage(models.Model):
@@ -161,4 +162,4 @@ class DeploymentStage(models.Model):
 
     @property
     def stage_key(self) -> str:
-        return f"d{self.deployment_id}-r{self.replica}-s{self.stage_index}"
+        return stage_key(self.deployment_id, self.replica, self.stage_index)

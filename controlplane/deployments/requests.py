@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from controlplane.hardware.specs import FleetSpec
-from controlplane.modelspec.profile import ModelProfile
+from contracts.hardware import FleetSpec
+from contracts.model_profile import ModelProfile
 from controlplane.planning import Pin, PlanningError, PlanRequest, Workload
 
 WORKLOAD_KEYS = ("batch", "context", "prompt_tokens")

@@ -19,15 +19,15 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from contracts.model_profile import ModelProfile
+from contracts.routing import DEFAULT_ROUTING_STRATEGY, ROUTING_STRATEGIES
 from controlplane.deployments import dispatch
 from controlplane.deployments.models import Deployment, DeploymentReplica, DeploymentStage, PlanRevision
 from controlplane.deployments.requests import plan_request_from_dict
 from controlplane.deployments.selectors import devices_in_use, plan_devices, planning_only_message
-from controlplane.gateway.routing import DEFAULT_STRATEGY, STRATEGIES
 from controlplane.inventory.models import Device, Node
 from controlplane.inventory.selectors import fleet_spec_from_inventory
 from controlplane.models_catalog.models import LlmModel
-from controlplane.modelspec.profile import ModelProfile
 from controlplane.planning import PlanningError, PlanRequest, plan, plan_to_dict, validate
 
 logger = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def _plan_request(
 @transaction.atomic
 def deployment_create(
     *, name: str, revision: PlanRevision, replan_on_failure: bool = True,
-    routing_strategy: str = DEFAULT_STRATEGY, created_by=None,
+    routing_strategy: str = DEFAULT_ROUTING_STRATEGY, created_by=None,
 ) -> Deployment:
     """Create a deployment whose desired state is ``revision`` and start deploying it."""
     _require_draft(revision)
@@ -129,9 +129,9 @@ def deployment_create(
 
 
 def _require_strategy(strategy: str) -> None:
-    if strategy not in STRATEGIES:
+    if strategy not in ROUTING_STRATEGIES:
         raise ValidationError({"routing_strategy": f"unknown routing strategy {strategy!r}; "
-                                                   f"choose one of {', '.join(STRATEGIES)}"})
+                                                   f"choose one of {', '.join(ROUTING_STRATEGIES)}"})
 
 
 @transaction.atomic

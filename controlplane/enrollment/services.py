@@ -13,9 +13,10 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from contracts.hardware import DeviceSpec, FleetSpec, NodeSpec
+from contracts.names import device_name
 from controlplane.deployments.services import node_agent_restarted, node_heartbeat_record, stage_status_record
 from controlplane.enrollment.models import JoinToken, NodeCredential
-from controlplane.hardware.specs import DeviceSpec, FleetSpec, NodeSpec
 from controlplane.inventory.models import Node
 from controlplane.inventory.services import fleet_import
 
@@ -116,7 +117,7 @@ def _device_spec(node: str, index: int, data: dict[str, Any], emulated: bool) ->
     known.setdefault("index", index)
     known["emulated"] = bool(known.get("emulated", False) or emulated)
     try:
-        return DeviceSpec(name=f"{node}/gpu{known['index']}", node=node, **known)
+        return DeviceSpec(name=device_name(node, known['index']), node=node, **known)
     except TypeError as exc:
         raise ValidationError({"devices": f"device {index}: {exc}"}) from None
 

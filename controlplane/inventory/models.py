@@ -8,11 +8,11 @@ turns them into the plain ``FleetSpec`` it works on.
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import F, Q
 
-from django.core.validators import MinValueValidator
-
+from contracts.names import device_name
 from controlplane.common.models import TimestampedModel, validate_positive
 
 
@@ -130,7 +130,7 @@ class Device(TimestampedModel):
 
     @property
     def name(self) -> str:
-        return f"{self.node.name}/gpu{self.index}"
+        return device_name(self.node.name, self.index)
 
 
 _DEVICE_PAIR = Q(device_a__isnull=False, device_b__isnull=False, node_a__isnull=True, node_b__isnull=True)

@@ -6,7 +6,8 @@ from collections.abc import Iterable
 
 from django.db.models import Q
 
-from controlplane.hardware.specs import DeviceSpec, FleetSpec, LinkSpec, NodeSpec
+from contracts.hardware import DeviceSpec, FleetSpec, LinkSpec, NodeSpec
+from contracts.names import device_name
 from controlplane.inventory.models import Device, Link, Node
 
 
@@ -41,7 +42,7 @@ def _node_spec(node: Node) -> NodeSpec:
 
 def _device_spec(node: Node, device: Device) -> DeviceSpec:
     return DeviceSpec(
-        name=f"{node.name}/gpu{device.index}",
+        name=device_name(node.name, device.index),
         node=node.name,
         index=device.index,
         model=device.model_name,

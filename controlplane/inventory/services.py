@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.hardware.specs import DeviceSpec, FleetSpec, LinkSpec
+from contracts.hardware import DeviceSpec, FleetSpec, LinkSpec
 from controlplane.inventory.models import Device, Link, Node
 
 

@@ -1,7 +1,7 @@
 """Reads from the model catalog."""
 
+from contracts.model_profile import ModelProfile
 from controlplane.models_catalog.models import LlmModel
-from controlplane.modelspec.profile import ModelProfile
 
 
 def model_profile(*, model: LlmModel) -> ModelProfile:

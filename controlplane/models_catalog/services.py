@@ -10,9 +10,9 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from contracts.model_config import ModelConfig, UnsupportedModelError
+from contracts.profiler import profile_model
 from controlplane.models_catalog.models import LlmModel
-from controlplane.modelspec.profiler import profile_model
-from worker_runtime.config import ModelConfig, UnsupportedModelError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 

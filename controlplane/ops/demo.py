@@ -16,12 +16,12 @@ from pathlib import Path
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
+from contracts.fleet_file import load_fleet_file
+from contracts.hardware import FleetSpec
 from controlplane.deployments.models import Deployment
 from controlplane.deployments.services import deployment_create, plan_revision_create
 from controlplane.enrollment.services import join_token_create
 from controlplane.gateway.services import api_key_create
-from controlplane.hardware.fleet_file import load_fleet_file
-from controlplane.hardware.specs import FleetSpec
 from controlplane.inventory.models import Node
 from controlplane.inventory.services import fleet_import
 from controlplane.models_catalog.models import LlmModel

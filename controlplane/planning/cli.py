@@ -12,14 +12,14 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from controlplane.hardware.fleet_file import FleetFileError, load_fleet_file
-from controlplane.modelspec.profiler import profile_model
+from contracts.fleet_file import FleetFileError, load_fleet_file
+from contracts.model_config import ModelConfig, UnsupportedModelError
+from contracts.profiler import profile_model
 from controlplane.planning.baselines import baseline_plan
 from controlplane.planning.plan import Plan
 from controlplane.planning.planner import plan
 from controlplane.planning.request import Pin, PlanningError, PlanRequest, Workload
 from controlplane.planning.serialize import plan_to_dict
-from worker_runtime.config import ModelConfig, UnsupportedModelError
 
 
 def _bits(text: str) -> tuple[int, ...]:

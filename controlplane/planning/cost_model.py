@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from controlplane.hardware.specs import DeviceSpec, FleetSpec, LinkSpec
+from contracts.hardware import DeviceSpec, FleetSpec, LinkSpec
 from controlplane.planning.plan import StagePrecision
 from controlplane.planning.request import PlanRequest
 

@@ -14,10 +14,18 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from controlplane.hardware.specs import DeviceSpec
+from contracts.hardware import DeviceSpec
 from controlplane.planning.cost_model import CostModel
-from controlplane.planning.plan import (Bottleneck, Figures, MemoryBreakdown, Placement, Plan, PlanKind,
-                                        ReplicaPlan, StagePlan)
+from controlplane.planning.plan import (
+    Bottleneck,
+    Figures,
+    MemoryBreakdown,
+    Placement,
+    Plan,
+    PlanKind,
+    ReplicaPlan,
+    StagePlan,
+)
 from controlplane.planning.precision import quantized_layers
 from controlplane.planning.request import PlanRequest
 

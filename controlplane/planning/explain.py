@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from controlplane.hardware.specs import GIB, DeviceSpec
+from contracts.hardware import GIB, DeviceSpec
 from controlplane.planning.cost_model import CostModel, capacity_bytes
 from controlplane.planning.plan import Placement, ReplicaPlan, StagePlan
 from controlplane.planning.precision import quantized_layers

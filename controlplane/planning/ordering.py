@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from controlplane.hardware.specs import DeviceSpec, FleetSpec
+from contracts.hardware import DeviceSpec, FleetSpec
 
 EXACT_ORDER_LIMIT = 6
 

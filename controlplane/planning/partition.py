@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from controlplane.hardware.specs import DeviceSpec
+from contracts.hardware import DeviceSpec
 from controlplane.planning.cost_model import CostModel, device_key
 from controlplane.planning.plan import Placement
 from controlplane.planning.precision import THROUGHPUT_TOLERANCE, low_bit_cost

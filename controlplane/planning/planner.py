@@ -15,10 +15,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from controlplane.hardware.specs import DeviceSpec
+from contracts.hardware import DeviceSpec
 from controlplane.planning.cost_model import CostModel, capacity_bytes, device_key
-from controlplane.planning.evaluate import (assemble, evaluate_replica, micro_batch_size, network_hops,
-                                            round_seconds)
+from controlplane.planning.evaluate import (
+    assemble,
+    evaluate_replica,
+    micro_batch_size,
+    network_hops,
+    round_seconds,
+)
 from controlplane.planning.explain import explain, infeasible_message, min_replica_bytes, unused_devices
 from controlplane.planning.ordering import EXACT_ORDER_LIMIT, candidate_orders, speed, topology_order
 from controlplane.planning.partition import bottleneck_partition, sum_partition

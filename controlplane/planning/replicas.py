@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence, TypeVar
 
-from controlplane.hardware.specs import DeviceSpec, FleetSpec
+from contracts.hardware import DeviceSpec, FleetSpec
 from controlplane.planning.ordering import speed, topology_order
 
 SPLITS = ("contiguous", "dealt")

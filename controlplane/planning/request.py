@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from controlplane.hardware.specs import DeviceSpec, FleetSpec
-from controlplane.modelspec.profile import ModelProfile
+from contracts.hardware import DeviceSpec, FleetSpec
+from contracts.model_profile import ModelProfile
 
 Objective = Literal["throughput", "latency"]
 

@@ -24,7 +24,7 @@ import functools
 
 import numpy as np
 
-from controlplane.hardware.specs import DeviceSpec
+from contracts.hardware import DeviceSpec
 from controlplane.planning.cost_model import CostModel
 
 INF = float("inf")

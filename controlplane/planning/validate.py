@@ -10,7 +10,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from controlplane.hardware.specs import GIB
+from contracts.hardware import GIB
+from contracts.precision import split_problem
 from controlplane.planning.cost_model import CostModel
 from controlplane.planning.evaluate import assemble, evaluate_replica
 from controlplane.planning.explain import explain, unused_devices
@@ -19,7 +20,6 @@ from controlplane.planning.planner import plan as make_plan
 from controlplane.planning.precision import quantized_layers
 from controlplane.planning.request import PlanningError, PlanRequest
 from controlplane.planning.serialize import placements_from_dict
-from worker_runtime.precision import split_problem
 
 # Problems after which the edited plan cannot be priced at all.
 _STRUCTURAL = {"unknown_device", "bad_range", "bad_split", "layer_missing", "layer_duplicated",

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.names import device_name
+
 logger = logging.getLogger(__name__)
 
 GROUP = "telemetry"
@@ -110,7 +112,7 @@ class TelemetryHub:
         sent_at = _number(sample.get("sent_at"), t)
         for metrics in sample.get("devices") or ():
             try:
-                name = metrics.get("device") or f"{node}/gpu{int(metrics['index'])}"
+                name = metrics.get("device") or device_name(node, int(metrics['index']))
             except (KeyError, TypeError, ValueError, AttributeError):
                 continue
             values = [_number(metrics.get(f)) for f in GPU_FIELDS]

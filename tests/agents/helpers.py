@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 
-from agents.status import StageStatus
+from contracts.stage_status import StageStatus
 
 STAND_IN_COMMAND = [sys.executable, str(Path(__file__).with_name("stand_in_stage.py"))]
 ORPHAN_TAG = "MOTLEY_AGENT_TEST_TAG"

@@ -9,7 +9,7 @@ import pytest
 
 from agents.agent import discover
 from agents.config import from_args, parser
-from agents.status import StageLoad
+from agents.stage_load import StageLoad
 from tests.agents.fake_nvml import FakeGpu, fake_nvml
 
 GIB = 1024**3

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from agents.memory_budget import StageRefused, stage_bytes
-from controlplane.modelspec.profiler import profile_model
+from contracts.model_config import ModelConfig
+from contracts.profiler import profile_model
 from tests.agents.helpers import stage_spec, tiny_model
-from worker_runtime.config import ModelConfig
 
 
 def test_a_stage_mixing_precisions_counts_each_layer_at_its_own(tmp_path):

@@ -4,7 +4,7 @@ import pynvml
 import pytest
 
 from agents.discovery.nvml import discover_devices, nvml_available, sample_metrics
-from controlplane.hardware.gpu_catalog import lookup
+from contracts.gpu_catalog import lookup
 from tests.agents.fake_nvml import FakeGpu, fake_nvml
 
 GIB = 1024**3

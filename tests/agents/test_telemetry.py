@@ -12,8 +12,8 @@ from websockets.asyncio.server import serve
 from websockets.http11 import Response
 
 from agents.registration import Registration
-from agents.status import StageStatus
 from agents.telemetry import Telemetry, websocket_url
+from contracts.stage_status import StageStatus
 from tests.support.processes import free_port
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from controlplane.hardware.specs import GIB
+from contracts.hardware import GIB
 from controlplane.inventory.models import Device, Link, Node
 
 _serial = itertools.count()

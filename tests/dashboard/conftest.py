@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.hardware.fleet_file import load_fleet_file
+from contracts.fleet_file import load_fleet_file
 from controlplane.inventory.services import fleet_import
 from tests.dashboard.seed import LAB_FLEET, LLAMA3_8B, running_deployment_create
 

@@ -57,8 +57,8 @@ def lab_with_deployment() -> dict:
     a READY deployment and an operator account. Returns what the simulated agents need to connect."""
     from django.contrib.auth import get_user_model
 
+    from contracts.fleet_file import load_fleet_file
     from controlplane.enrollment.services import agent_register, join_token_create
-    from controlplane.hardware.fleet_file import load_fleet_file
     from controlplane.inventory.selectors import fleet_spec_from_inventory
     from controlplane.inventory.services import fleet_import
     from controlplane.models_catalog.services import model_register

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from contracts.fleet_file import load_fleet_file
 from controlplane.deployments.models import Deployment, DeploymentStage
 from controlplane.gateway.deployments_source import served_models_from_deployments
-from controlplane.hardware.fleet_file import load_fleet_file
 from controlplane.inventory.services import fleet_import
 from controlplane.models_catalog.services import model_register
 from tests.dashboard.seed import LAB_FLEET, _checkpoint_stand_in, running_deployment_create

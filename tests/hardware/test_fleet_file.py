@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controlplane.hardware.fleet_file import FleetFileError, load_fleet_file, parse_fleet
-from controlplane.hardware.specs import GIB
+from contracts.fleet_file import FleetFileError, load_fleet_file, parse_fleet
+from contracts.hardware import GIB
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "fleets"
 

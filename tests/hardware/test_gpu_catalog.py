@@ -1,7 +1,7 @@
 import pytest
 
-from controlplane.hardware import gpu_catalog
-from controlplane.hardware.specs import GIB
+from contracts import gpu_catalog
+from contracts.hardware import GIB
 
 REQUIRED = [
     "V100-16GB", "V100-32GB", "T4", "A10", "A10G", "L4", "L40S", "A100-40GB-PCIE", "A100-80GB-PCIE",

@@ -1,6 +1,6 @@
 import pytest
 
-from controlplane.hardware.specs import GIB
+from contracts.hardware import GIB
 from controlplane.inventory.models import Device, Link, Node
 from tests.api.factories import make_device, make_link, make_node
 from tests.api.mixins import APIResourceTests, assert_error

@@ -6,8 +6,8 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from controlplane.hardware.fleet_file import load_fleet_file, parse_fleet
-from controlplane.hardware.specs import GIB
+from contracts.fleet_file import load_fleet_file, parse_fleet
+from contracts.hardware import GIB
 from controlplane.inventory.models import Device, Link, Node
 from controlplane.inventory.selectors import fleet_spec_from_inventory
 from controlplane.inventory.services import fleet_import

@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.modelspec.profile import ModelProfile
-from controlplane.modelspec.profiler import profile_model
-from worker_runtime.config import ModelConfig
+from contracts.model_config import ModelConfig
+from contracts.model_profile import ModelProfile
+from contracts.profiler import profile_model
 
 MODELS = Path(__file__).resolve().parents[2] / "examples" / "models"
 

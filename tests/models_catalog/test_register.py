@@ -7,11 +7,11 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import CommandError, call_command
 
+from contracts.model_config import ModelConfig
+from contracts.profiler import profile_model
 from controlplane.models_catalog.models import LlmModel
 from controlplane.models_catalog.selectors import model_profile
 from controlplane.models_catalog.services import model_register
-from controlplane.modelspec.profiler import profile_model
-from worker_runtime.config import ModelConfig
 
 MODELS = Path(__file__).resolve().parents[2] / "examples" / "models"
 LLAMA = json.loads((MODELS / "Llama-2-7B" / "config.json").read_text())

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import psutil
 
+from contracts.stage_spec import StageSpec
 from tests.support.processes import REPO_ROOT, free_port
-from worker_runtime.spec import StageSpec
 
 TOKEN = "test-token-123"
 

@@ -6,8 +6,8 @@ import time
 
 import torch
 
+from contracts.stage_spec import Emulation
 from worker_runtime.pacing import Pacer
-from worker_runtime.spec import Emulation
 from worker_runtime.stage import Batch, Stage
 
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from worker_runtime.spec import SpecError, StageSpec
+from contracts.stage_spec import SpecError, StageSpec
 from worker_runtime.stats import StageStats
 
 BASE = {

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from controlplane.hardware.specs import GIB, DeviceSpec, FleetSpec, NodeSpec
-from controlplane.modelspec.profile import LayerProfile, ModelProfile
+from contracts.hardware import GIB, DeviceSpec, FleetSpec, NodeSpec
+from contracts.model_profile import LayerProfile, ModelProfile
 
 # name: (memory GiB, bandwidth GB/s, fp16 TFLOPS)
 CARDS = {

@@ -36,7 +36,7 @@ def test_baseline_that_cannot_fit_is_infeasible():
 
 def _example_models():
     """The published configs, and the demo model `make run` deploys (the demo fleet is sized for it)."""
-    from worker_runtime.config import ModelConfig
+    from contracts.model_config import ModelConfig
     from worker_runtime.make_demo_model import build_tokenizer, demo_config, parse_args
 
     tokenizer = build_tokenizer()
@@ -48,8 +48,8 @@ def _example_models():
 
 @pytest.mark.parametrize("fleet_file", FLEETS, ids=lambda p: p.stem)
 def test_planner_never_worse_than_baselines_on_example_fleets(fleet_file):
-    load_fleet_file = pytest.importorskip("controlplane.hardware.fleet_file").load_fleet_file
-    profile_model = pytest.importorskip("controlplane.modelspec.profiler").profile_model
+    load_fleet_file = pytest.importorskip("contracts.fleet_file").load_fleet_file
+    profile_model = pytest.importorskip("contracts.profiler").profile_model
 
     fleet_spec = load_fleet_file(fleet_file)
     compared = 0

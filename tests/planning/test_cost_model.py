@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.hardware.specs import GIB
+from contracts.hardware import GIB
 from controlplane.planning import PlanRequest, Workload
 from controlplane.planning import cost_model as cm
 from controlplane.planning.plan import Placement

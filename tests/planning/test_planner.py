@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.hardware.specs import GIB
+from contracts.hardware import GIB
 from controlplane.planning import Pin, PlanningError, PlanRequest, Workload, baseline_plan, plan, validate
 from controlplane.planning.cost_model import CostModel
 from controlplane.planning.plan import Placement

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from contracts.fleet_file import load_fleet_file
 from controlplane.deployments.models import PlanRevision
-from controlplane.hardware.fleet_file import load_fleet_file
 from controlplane.inventory.models import Node
 from controlplane.inventory.services import fleet_import
 from controlplane.models_catalog.services import model_register

@@ -2,13 +2,13 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from contracts.routing import DEFAULT_ROUTING_STRATEGY
 from controlplane.deployments.models import (
     ROUTING_STRATEGY_CHOICES,
     Deployment,
     DeploymentStage,
     PlanRevision,
 )
-from controlplane.gateway.routing import DEFAULT_STRATEGY
 from controlplane.models_catalog.models import LlmModel
 
 
@@ -87,7 +87,7 @@ class DeploymentCreateSerializer(PlanInputSerializer):
     name = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
     model = serializers.PrimaryKeyRelatedField(queryset=LlmModel.objects.all(), required=False)
     replan_on_failure = serializers.BooleanField(default=True)
-    routing_strategy = serializers.ChoiceField(choices=ROUTING_STRATEGY_CHOICES, default=DEFAULT_STRATEGY)
+    routing_strategy = serializers.ChoiceField(choices=ROUTING_STRATEGY_CHOICES, default=DEFAULT_ROUTING_STRATEGY)
 
     def validate(self, attrs):
         attrs = super().validate(attrs)

@@ -52,7 +52,7 @@ class LinkSerializer(ValidatedModelSerializer):
 
 
 class GpuModelSerializer(serializers.Serializer):
-    """A GPU catalog entry (controlplane/hardware/gpu_catalog.py): spec-sheet figures, read-only."""
+    """A GPU catalog entry (contracts/gpu_catalog.py): spec-sheet figures, read-only."""
 
     name = serializers.CharField()
     aliases = serializers.ListField(child=serializers.CharField())

@@ -6,8 +6,8 @@ from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from contracts import gpu_catalog
 from controlplane.common.api import ResourceViewSet
-from controlplane.hardware import gpu_catalog
 from controlplane.inventory.api import filtersets, serializers
 from controlplane.inventory.models import Device, Link, Node
 

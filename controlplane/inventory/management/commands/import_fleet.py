@@ -2,7 +2,7 @@
 
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane.hardware.fleet_file import FleetFileError, load_fleet_file
+from contracts.fleet_file import FleetFileError, load_fleet_file
 from controlplane.inventory.services import fleet_import
 
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .precision import layer_precisions
+from contracts.precision import layer_precisions
 
 
 class SpecError(ValueError):

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from math import ceil
 
-from controlplane.modelspec.profile import LayerProfile, ModelProfile
-from worker_runtime.config import ModelConfig
+from contracts.model_config import ModelConfig
+from contracts.model_profile import LayerProfile, ModelProfile
 
 DEFAULT_GROUP_SIZE = 128
 HALF = 2  # bytes of a 16-bit value

@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from controlplane.hardware import gpu_catalog
-from controlplane.hardware.specs import (
+from contracts import gpu_catalog
+from contracts.hardware import (
     GIB,
     NETWORK_LATENCY_US,
     NVLINK_LATENCY_US,
@@ -27,6 +27,7 @@ from controlplane.hardware.specs import (
     LinkSpec,
     NodeSpec,
 )
+from contracts.names import device_name
 
 
 class FleetFileError(ValueError):
@@ -213,7 +214,7 @@ class _Parser:
             values["nvlink_bandwidth_gbs"] = 0.0
         return [
             DeviceSpec(
-                name=f"{node}/gpu{index}",
+                name=device_name(node, index),
                 node=node,
                 index=index,
                 model=model.name,

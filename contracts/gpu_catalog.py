@@ -27,7 +27,7 @@ import difflib
 import re
 from dataclasses import dataclass
 
-from controlplane.hardware.specs import GIB
+from contracts.hardware import GIB
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,13 @@
-"""What the agent says about one stage (contracts §3 ``StageStatus``) and about its load on a device."""
+"""What an agent says about one of its stages (docs/contracts.md §3 ``StageStatus``)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-StageState = Literal["starting", "ready", "draining", "exited", "failed"]
+from contracts.names import parse_pipeline_id
 
-_PIPELINE_ID = re.compile(r"^d(?P<deployment>\d+)-r(?P<replica>\d+)$")
+StageState = Literal["starting", "ready", "draining", "exited", "failed"]
 
 
 @dataclass
@@ -31,18 +30,7 @@ class StageStatus:
 def identity_of(spec: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
     """(deployment_id, replica, stage_index) of a spec: explicit keys win, else parsed from
     ``pipeline_id`` ("d7-r0" is deployment 7, replica 0)."""
-    match = _PIPELINE_ID.match(str(spec.get("pipeline_id", "")))
-    deployment = spec.get("deployment_id", int(match["deployment"]) if match else None)
-    replica = spec.get("replica", int(match["replica"]) if match else None)
+    parsed = parse_pipeline_id(str(spec.get("pipeline_id", "")))
+    deployment = spec.get("deployment_id", parsed[0] if parsed else None)
+    replica = spec.get("replica", parsed[1] if parsed else None)
     return deployment, replica, spec.get("stage_index")
-
-
-@dataclass(frozen=True)
-class StageLoad:
-    """How much of its device a stage occupies, for emulated device metrics."""
-
-    device_index: int | None
-    memory_bytes: int
-    busy_fraction: float  # share of the last stats interval spent in steps
-    tx_bytes_per_s: float
-    rx_bytes_per_s: float

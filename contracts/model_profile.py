@@ -1,7 +1,7 @@
 """Per-layer cost profile of a model: what the planner needs to price a stage.
 
-Pure Python (no Django, no torch). Built from a ``worker_runtime.config.ModelConfig`` by
-``profile_model`` (see ``controlplane/modelspec/profiler.py``), stored as JSON in the model catalog and
+Pure Python (no Django, no torch). Built from a ``contracts.model_config.ModelConfig`` by
+``profile_model`` (see ``contracts/profiler.py``), stored as JSON in the model catalog and
 handed to the planner.
 """
 

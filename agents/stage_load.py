@@ -1,0 +1,16 @@
+"""How much of its device one stage occupies: what the supervisor tells emulated discovery each second."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StageLoad:
+    """How much of its device a stage occupies, for emulated device metrics."""
+
+    device_index: int | None
+    memory_bytes: int
+    busy_fraction: float  # share of the last stats interval spent in steps
+    tx_bytes_per_s: float
+    rx_bytes_per_s: float
