@@ -45,6 +45,7 @@ class StageSpec:
     device: str = "cpu"
     threads: int = 1
     kv_tokens: int = 4096
+    batch: int = 1  # sequences the plan priced this stage for: the logits workspace of its footprint
     peer_timeout_s: float = 5.0
     emulation: Emulation | None = None
     # Head (stage 0) only: scheduling knobs, optional in the spec.
@@ -98,7 +99,7 @@ class StageSpec:
             (0 <= self.stage_index < self.num_stages, "stage_index must be in [0, num_stages)"),
             (0 <= start < end, "layers must be a half-open range [start, end) with start < end"),
             (self.is_last == (self.next is None), "next must be null exactly on the last stage"),
-            (self.kv_tokens > 0 and self.threads > 0, "kv_tokens and threads must be positive"),
+            (min(self.kv_tokens, self.threads, self.batch) > 0, "kv_tokens, threads and batch must be positive"),
             (self.peer_timeout_s > 0, "peer_timeout_s must be positive"),
             (bool(self.auth_token), "auth_token must not be empty"),
             (self.micro_batches is None or self.micro_batches >= 1, "micro_batches must be at least 1"),
