@@ -7,6 +7,3 @@ class EnrollmentConfig(AppConfig):
     name = "controlplane.enrollment"
     label = "enrollment"
     verbose_name = "Enrollment"
-
-    def ready(self) -> None:
-        from controlplane.enrollment import schema  # noqa: F401  (registers the OpenAPI extension)

@@ -6,16 +6,34 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
+from asgiref.sync import async_to_sync
+from channels.testing import WebsocketCommunicator
 from django.core.management import call_command
 from django.utils import timezone
+from rest_framework.authtoken.models import Token
 
+from controlplane.asgi import application
 from controlplane.enrollment.models import JoinToken, NodeCredential
 from controlplane.inventory.models import Node
 from tests.api.mixins import assert_error
 from tests.enrollment.conftest import registration
 
 URL = "/api/v1/agents/register/"
-SELF = "/api/v1/agents/self/"
+
+
+def agent_socket_accepts(authorization: str | None) -> bool:
+    """Whether the agents' websocket (the endpoint an agent uses with its node credential) lets this
+    ``Authorization`` header in. Its check reads the database from another thread: callers are
+    transactional tests."""
+
+    async def handshake() -> bool:
+        headers = [(b"authorization", authorization.encode())] if authorization else []
+        communicator = WebsocketCommunicator(application, "/ws/agents/", headers=headers)
+        connected, _ = await communicator.connect()
+        await communicator.disconnect()
+        return connected
+
+    return async_to_sync(handshake)()
 
 
 def test_a_join_token_registers_the_node_and_its_devices(anonymous, join_token, settings):
@@ -37,15 +55,14 @@ def test_a_join_token_registers_the_node_and_its_devices(anonymous, join_token, 
     assert JoinToken.objects.get().uses == 1
 
 
+@pytest.mark.django_db(transaction=True)
 def test_registering_again_bumps_the_incarnation_and_voids_the_old_credential(anonymous, join_token):
     first = anonymous.post(URL, registration(join_token), format="json").json()
     second = anonymous.post(URL, registration(join_token, devices=1), format="json").json()
     assert (first["node_id"], first["incarnation"] + 1) == (second["node_id"], second["incarnation"])
     assert Node.objects.get().devices.count() == 1  # the agent is authoritative for its devices
-    old = anonymous.get(SELF, HTTP_AUTHORIZATION=f"Node {first['node_id']}:{first['node_credential']}")
-    assert_error(old, 401, "invalid node credential")
-    new = anonymous.get(SELF, HTTP_AUTHORIZATION=f"Node {second['node_id']}:{second['node_credential']}")
-    assert new.status_code == 200 and new.json()["incarnation"] == second["incarnation"]
+    assert not agent_socket_accepts(f"Node {first['node_id']}:{first['node_credential']}")
+    assert agent_socket_accepts(f"Node {second['node_id']}:{second['node_credential']}")
 
 
 def test_a_wrong_token_is_refused(anonymous, join_token):
@@ -87,10 +104,12 @@ def test_create_join_token_prints_the_secret_once_with_its_ttl():
     assert secret not in err.getvalue()
 
 
-def test_one_nodes_credential_cannot_authenticate_as_another(anonymous, join_token):
+@pytest.mark.django_db(transaction=True)
+def test_one_nodes_credential_cannot_pass_for_another_nor_a_user_for_an_agent(anonymous, join_token, user):
     a = anonymous.post(URL, registration(join_token, "node-a"), format="json").json()
     b = anonymous.post(URL, registration(join_token, "node-b"), format="json").json()
-    forged = anonymous.get(SELF, HTTP_AUTHORIZATION=f"Node {a['node_id']}:{b['node_credential']}")
-    assert_error(forged, 401, "invalid node credential")
-    as_user = anonymous.get("/api/v1/agents/self/")
-    assert as_user.status_code == 401
+    assert agent_socket_accepts(f"Node {b['node_id']}:{b['node_credential']}")
+    assert not agent_socket_accepts(f"Node {a['node_id']}:{b['node_credential']}")  # b's secret, a's id
+    user_token = Token.objects.create(user=user).key
+    for as_user in (None, f"Token {user_token}", f"Node {a['node_id']}:{user_token}"):
+        assert not agent_socket_accepts(as_user), as_user

@@ -20,14 +20,3 @@ class RegistrationResultSerializer(serializers.Serializer):
     broker_transport_options = serializers.DictField()
     heartbeat_interval_s = serializers.FloatField()
 
-
-class WantedStageSerializer(serializers.Serializer):
-    stage_key = serializers.CharField()
-    spec = serializers.JSONField()
-
-
-class AgentSelfSerializer(serializers.Serializer):
-    node_id = serializers.IntegerField(source="node.pk")
-    name = serializers.CharField(source="node.name")
-    incarnation = serializers.IntegerField()
-    wanted_stages = WantedStageSerializer(many=True)

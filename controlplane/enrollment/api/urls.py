@@ -4,5 +4,4 @@ from controlplane.enrollment.api import views
 
 urlpatterns = [
     path("agents/register/", views.AgentRegisterView.as_view(), name="agent-register"),
-    path("agents/self/", views.AgentSelfView.as_view(), name="agent-self"),
 ]

@@ -1,4 +1,6 @@
-"""Endpoints agents call: registration (join token in the body) and, afterwards, their own state."""
+"""The endpoint agents call over HTTP: registration (join token in the body). Everything after it
+(heartbeats, stage events, refusals) goes over the agents' websocket (``consumers.py``); the work
+comes as Celery tasks on the node's queue."""
 
 from __future__ import annotations
 
@@ -11,9 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.deployments.dispatch import node_queue
-from controlplane.deployments.selectors import stages_wanted_on
 from controlplane.enrollment.api import serializers
-from controlplane.enrollment.authentication import IsNode, NodeCredentialAuthentication
 from controlplane.enrollment.services import JoinTokenRefused, agent_register
 
 
@@ -44,17 +44,3 @@ class AgentRegisterView(APIView):
         }
         return Response(serializers.RegistrationResultSerializer(result).data, status=status.HTTP_201_CREATED)
 
-
-class AgentSelfView(APIView):
-    """What the calling node should run: for an agent that restarted and reconciles its processes."""
-
-    authentication_classes = [NodeCredentialAuthentication]
-    permission_classes = [IsNode]
-
-    @extend_schema(responses=serializers.AgentSelfSerializer)
-    def get(self, request):
-        principal = request.user
-        stages = stages_wanted_on(node_id=principal.node.pk)
-        wanted = [{"stage_key": s.stage_key, "spec": s.spec} for s in stages]
-        body = {"node": principal.node, "incarnation": principal.incarnation, "wanted_stages": wanted}
-        return Response(serializers.AgentSelfSerializer(body).data)
