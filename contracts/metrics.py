@@ -1,7 +1,10 @@
 """What an agent measures and pushes with each heartbeat (docs/contracts.md §3 and §4).
 
-``GpuMetrics`` is one sample of one GPU (NVML or an emulated device); the telemetry hub keeps the
-fields named in ``GPU_FIELDS`` and the stage statistics named in ``STAGE_FIELDS`` as history.
+``GpuMetrics`` is one sample of one GPU (NVML or an emulated device). The telemetry hub keeps as
+history the GPU fields named in ``GPU_FIELDS`` (each a ``GpuMetrics`` field) and the stage
+statistics named in ``STAGE_FIELDS`` (each a key of ``worker_runtime.stats.StageStats.snapshot``,
+which an agent passes on as its stages' ``stats``); tests/dashboard/test_hub.py holds both lists to
+their sources, so a renamed or dropped figure cannot leave the dashboard charting nothing.
 """
 
 from __future__ import annotations
@@ -25,3 +28,16 @@ class GpuMetrics:
     pcie_tx_bytes_per_s: float
     pcie_rx_bytes_per_s: float
     emulated: bool = False  # modeled figures of an emulated device (agents/discovery/emulated.py)
+
+
+# The GpuMetrics fields kept per GPU as history and rollups (numbers only; throttle_reasons is shown
+# live, power_limit_w and sm_clock_mhz are not charted).
+GPU_FIELDS = (
+    "utilization_pct", "memory_used_bytes", "memory_total_bytes", "temperature_c", "power_w",
+    "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s",
+)
+# The stage statistics (contracts §4) kept per stage as history and rollups.
+STAGE_FIELDS = (
+    "step_ms", "compute_ms", "transfer_ms", "tokens_per_s", "batch_size", "queue_depth",
+    "kv_tokens_used", "kv_tokens_free", "bubble_fraction",
+)

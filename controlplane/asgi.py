@@ -22,7 +22,8 @@ from django.urls import path  # noqa: E402
 from controlplane.dashboard.consumers import DashboardConsumer  # noqa: E402
 from controlplane.enrollment.consumers import AgentConsumer  # noqa: E402
 from controlplane.telemetry.consumers import TelemetryConsumer  # noqa: E402
-from controlplane.telemetry.hub import WithTelemetryHub  # noqa: E402
+from controlplane.telemetry.runtime import WithTelemetryHub  # noqa: E402
+
 
 def browser(consumer):
     """A route for browsers: session user in scope, and an Origin of this site required."""

@@ -15,7 +15,7 @@ import json
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from controlplane.telemetry.hub import running_hub
+from controlplane.telemetry.runtime import running_hub
 
 CLOSE_UNAUTHENTICATED = 4401
 ACK_TIMEOUT_S = 10.0  # a browser silent this long is sent the next snapshot anyway

@@ -14,8 +14,9 @@ from django.views.decorators.http import require_GET
 
 from controlplane.dashboard import selectors
 from controlplane.deployments.models import Deployment
-from controlplane.telemetry.hub import FIELDS, current_hub
 from controlplane.telemetry.rollups import rollup_series
+from controlplane.telemetry.runtime import current_hub
+from controlplane.telemetry.schema import FIELDS
 
 LIVE_WINDOW_S = 300
 STORED_WINDOW_S = 3600

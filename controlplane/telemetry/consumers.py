@@ -14,7 +14,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
-from controlplane.telemetry.services import GROUP, telemetry_snapshot
+from controlplane.telemetry.schema import GROUP
+from controlplane.telemetry.services import telemetry_snapshot
 
 
 class TelemetryConsumer(AsyncJsonWebsocketConsumer):
@@ -25,7 +26,8 @@ class TelemetryConsumer(AsyncJsonWebsocketConsumer):
         self.changed = asyncio.Event()
         await self.channel_layer.group_add(GROUP, self.channel_name)
         await self.accept()
-        await self.send_json({"type": "snapshot", "snapshot": await database_sync_to_async(telemetry_snapshot)()})
+        snapshot = await database_sync_to_async(telemetry_snapshot)()
+        await self.send_json({"type": "snapshot", "snapshot": snapshot})
         self.pump = asyncio.create_task(self._pump())
 
     async def disconnect(self, code):

@@ -5,11 +5,14 @@ heartbeat's sample to the channel-layer group ``telemetry`` as it arrives (``ser
 ``TelemetryHub`` per process joins that group (one subscription, however many browsers are open),
 keeps the latest sample of every GPU and stage and the last few minutes of history in memory, and
 renders the snapshot text at most once per change.
-Browser sockets (``consumers.py``) each take the current text at their own pace, so the cost of a
-heartbeat does not grow with the number of browsers and a slow browser only skips snapshots.
+Browser sockets (``controlplane/dashboard/consumers.py``) each take the current text at their own
+pace, so the cost of a heartbeat does not grow with the number of browsers and a slow browser only
+skips snapshots.
 
 Every ``TELEMETRY_ROLLUP_S`` the hub closes the rollup buckets that ended and hands them to the
-rollup store (mean and peak per field), which keeps them in the database for the "last hour" views.
+store it was started with (mean and peak per field); ``runtime.py`` starts this process's hub with
+``rollups.rollups_store``, which keeps them in the database for the "last hour" views. This module
+imports neither Django nor the store: the shapes it shares with them are in ``schema.py``.
 """
 
 from __future__ import annotations
@@ -21,37 +24,15 @@ import time
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from contracts.metrics import GPU_FIELDS, STAGE_FIELDS
 from contracts.names import device_name
+from controlplane.telemetry.schema import FIELDS, GROUP, Rollup
 
 logger = logging.getLogger(__name__)
 
-GROUP = "telemetry"
-GPU_FIELDS = (
-    "utilization_pct", "memory_used_bytes", "memory_total_bytes", "temperature_c", "power_w",
-    "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s",
-)
-STAGE_FIELDS = (
-    "step_ms", "compute_ms", "transfer_ms", "tokens_per_s", "batch_size", "queue_depth",
-    "kv_tokens_used", "kv_tokens_free", "bubble_fraction",
-)
-FIELDS = {"device": GPU_FIELDS, "stage": STAGE_FIELDS}
 _MISSING = float("nan")
-
-
-@dataclass(frozen=True)
-class Rollup:
-    """Mean and peak of each field of one device or stage over one bucket (JSON NaN-free)."""
-
-    kind: str  # "device" | "stage"
-    key: str  # device name "<node>/gpu<i>" or stage key
-    bucket_start: float  # unix seconds, a multiple of the bucket length
-    seconds: int
-    samples: int
-    mean: dict[str, float]
-    peak: dict[str, float]
 
 
 class _Bucket:
@@ -71,7 +52,6 @@ class TelemetryHub:
         self.stages: dict[str, dict[str, Any]] = {}
         self.history: dict[tuple[str, str], deque[array]] = {}
         self.version = 0
-        self._node_seen: dict[str, float] = {}
         self._rendered: tuple[int, str] = (-1, "")
         self._buckets: dict[tuple[str, str], _Bucket] = {}
         self._closed: list[Rollup] = []
@@ -86,44 +66,31 @@ class TelemetryHub:
     def ingest(self, message: Mapping[str, Any]) -> None:
         """Take one published message; anything malformed is skipped, not raised.
 
-        ``telemetry_publish`` sends ``{"snapshot": {"at", "nodes": [sample]}}`` where each
-        sample is a node's latest heartbeat (``{"node", "received_at", "sent_at", "devices":
-        [GpuMetrics], "stages": [StageStatus]}``, contracts §3). A snapshot of several nodes may
-        repeat samples of nodes that did not report since the last one; those are recognised by
-        their unchanged ``received_at`` and not counted twice. A bare sample is accepted too.
+        ``services.telemetry_message`` is the one shape published: ``{"type": "telemetry.sample",
+        "sample": {"node_id", "node", "received_at", "sent_at", "devices": [GpuMetrics], "stages":
+        [StageStatus less pid, exit_code, restarts, message]}}``, one message per heartbeat (contracts
+        §3), so every message is news.
         """
-        snapshot = message.get("snapshot")
-        samples = snapshot.get("nodes") if isinstance(snapshot, Mapping) else [message]
-        changed = False
-        for sample in samples or ():
-            if isinstance(sample, Mapping):
-                changed |= self._ingest_sample(sample)
-        if changed:
+        sample = message.get("sample")
+        if isinstance(sample, Mapping):
+            self._ingest_sample(sample)
             self.version += 1
 
-    def _ingest_sample(self, sample: Mapping[str, Any]) -> bool:
-        now = self.clock()
+    def _ingest_sample(self, sample: Mapping[str, Any]) -> None:
         node = sample.get("node")
-        t = _number(sample.get("received_at"), now)
-        if node is not None:
-            if t <= self._node_seen.get(node, float("-inf")):
-                return False
-            self._node_seen[node] = t
+        t = _number(sample.get("received_at"), self.clock())
         sent_at = _number(sample.get("sent_at"), t)
         for metrics in sample.get("devices") or ():
             try:
-                name = metrics.get("device") or device_name(node, int(metrics['index']))
-            except (KeyError, TypeError, ValueError, AttributeError):
+                name = device_name(node, int(metrics["index"]))
+            except (KeyError, TypeError, ValueError):
                 continue
             values = [_number(metrics.get(f)) for f in GPU_FIELDS]
             # Two decimals are plenty on a screen and keep a 1,000-GPU snapshot small.
             self.devices[name] = {"t": t, "sent_at": sent_at, "node": node, **_present(GPU_FIELDS, values, 2),
                                   "throttle": list(metrics.get("throttle_reasons") or ())}
             self._record("device", name, t, values)
-        stages = list(sample.get("stages") or ())
-        if isinstance(sample.get("stage"), Mapping):
-            stages.append(sample["stage"])
-        for status in stages:
+        for status in sample.get("stages") or ():
             if not isinstance(status, Mapping) or not status.get("stage_key"):
                 continue
             stats = status.get("stats") if isinstance(status.get("stats"), Mapping) else {}
@@ -136,7 +103,6 @@ class TelemetryHub:
             }
             if stats:
                 self._record("stage", key, t, values)
-        return True
 
     def _record(self, kind: str, key: str, now: float, values: list[float]) -> None:
         ring = self.history.get((kind, key))
@@ -280,45 +246,3 @@ def _or_none(value: float) -> float | None:
 
 def _present(fields: tuple[str, ...], values: list[float], digits: int | None = None) -> dict[str, float]:
     return {f: (v if digits is None else round(v, digits)) for f, v in zip(fields, values) if v == v}
-
-
-_hub: TelemetryHub | None = None
-
-
-def current_hub() -> TelemetryHub | None:
-    """The hub of this process, if a socket started one (read by the REST views for history)."""
-    return _hub
-
-
-def running_hub() -> TelemetryHub:
-    """This process's hub, started on the running event loop on first use.
-
-    A hub belongs to one event loop (its tasks run there); a new loop (each test, or a restarted
-    server) gets a fresh hub.
-    """
-    global _hub
-    loop = asyncio.get_running_loop()
-    if _hub is None or _hub.loop is not loop or loop.is_closed():
-        from channels.layers import get_channel_layer
-        from django.conf import settings
-
-        from controlplane.telemetry.rollups import rollups_store
-
-        _hub = TelemetryHub(history_s=settings.TELEMETRY_HISTORY_S, rollup_s=settings.TELEMETRY_ROLLUP_S)
-        _hub.start(get_channel_layer(), rollups_store)
-    return _hub
-
-
-class WithTelemetryHub:
-    """ASGI wrapper: make sure this process's hub runs before the first websocket is served.
-
-    Agents connect by websocket, so the hub is subscribed (and storing rollups) before their first
-    heartbeat, whether or not a browser is open.
-    """
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        running_hub()
-        return await self.app(scope, receive, send)

@@ -1,4 +1,7 @@
-"""Writing and reading the stored telemetry rollups (see models.TelemetryRollup)."""
+"""Writing and reading the stored telemetry rollups (see models.TelemetryRollup).
+
+The hub closes the buckets (``schema.Rollup``); this module only stores and reads them.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +12,8 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.utils import timezone as dj_timezone
 
-from controlplane.telemetry.hub import FIELDS, Rollup
 from controlplane.telemetry.models import TelemetryRollup
+from controlplane.telemetry.schema import FIELDS, Rollup
 
 
 def rollups_save(*, rollups: Iterable[Rollup]) -> int:

@@ -17,7 +17,8 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 
-GROUP = "telemetry"
+from controlplane.telemetry.schema import GROUP
+
 _NODES_KEY = "telemetry:nodes"
 
 
@@ -51,8 +52,12 @@ def telemetry_keep(sample: dict[str, Any], *, new_node: bool = True) -> None:
 
 
 def telemetry_message(sample: dict[str, Any]) -> dict[str, Any]:
-    """The group message carrying one sample (a one-node snapshot, as ``TelemetryHub.ingest`` reads)."""
-    return {"type": "telemetry.sample", "snapshot": {"at": sample["received_at"], "nodes": [sample]}}
+    """The group message carrying one heartbeat's sample: the only shape published to ``GROUP``.
+
+    ``TelemetryHub.ingest`` reads it; ``type`` names the handler of the ``/ws/telemetry/`` sockets
+    (``TelemetryConsumer.telemetry_sample``).
+    """
+    return {"type": "telemetry.sample", "sample": sample}
 
 
 async def telemetry_publish(layer, sample: dict[str, Any]) -> None:

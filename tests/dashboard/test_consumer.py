@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 
 import pytest
 from channels.db import database_sync_to_async
@@ -11,8 +12,10 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
+from contracts.metrics import GpuMetrics
+from contracts.stage_status import StageStatus
 from controlplane.asgi import application
-from controlplane.telemetry.hub import GROUP
+from controlplane.telemetry.services import telemetry_publish, telemetry_sample
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ORIGIN = (b"origin", b"http://127.0.0.1:8000")
@@ -26,17 +29,18 @@ def _session_cookie(django_user_model) -> bytes:
     return f"sessionid={client.cookies['sessionid'].value}".encode()
 
 
-def _heartbeat(node: str, util: float) -> dict:
+async def _publish_heartbeat(layer, node: str, util: float) -> None:
+    """What the agents' socket publishes for one agent heartbeat (contracts §3), built by production code."""
     now = time.time()
-    return {"type": "telemetry.snapshot", "snapshot": {"at": now, "nodes": [{
-        "node_id": 1, "node": node, "received_at": now, "sent_at": now - 0.01,
-        "devices": [{"index": 0, "utilization_pct": util, "memory_used_bytes": 2**30,
-                     "memory_total_bytes": 2**34, "temperature_c": 55.0, "power_w": 120.0,
-                     "pcie_tx_bytes_per_s": 1e9, "pcie_rx_bytes_per_s": 2e9}],
-        "stages": [{"stage_key": "d1-r0-s0", "deployment_id": 1, "replica": 0, "stage_index": 0,
-                    "state": "ready",
-                    "stats": {"step_ms": 12.0, "compute_ms": 9.0, "transfer_ms": 2.0, "tokens_per_s": 80.0}}],
-    }]}}
+    gpu = GpuMetrics(index=0, utilization_pct=util, memory_used_bytes=2**30, memory_total_bytes=2**34,
+                     temperature_c=55.0, power_w=120.0, power_limit_w=300.0, sm_clock_mhz=1410,
+                     throttle_reasons=(), pcie_tx_bytes_per_s=1e9, pcie_rx_bytes_per_s=2e9)
+    stage = StageStatus(stage_key="d1-r0-s0", deployment_id=1, replica=0, stage_index=0, state="ready",
+                        stats={"step_ms": 12.0, "compute_ms": 9.0, "transfer_ms": 2.0, "tokens_per_s": 80.0})
+    heartbeat = {"type": "heartbeat", "incarnation": 1, "seq": 1, "sent_at": now - 0.01,
+                 "devices": [asdict(gpu)], "stages": [stage.to_json()]}
+    sample = telemetry_sample(node_id=1, node_name=node, heartbeat=heartbeat, received_at=now)
+    await telemetry_publish(layer, sample)
 
 
 async def test_anonymous_socket_is_refused():
@@ -66,12 +70,12 @@ async def test_logged_in_socket_gets_snapshots_from_the_telemetry_group_paced_by
         initial = json.loads(await communicator.receive_from(timeout=2))  # the state at connect
         await communicator.send_to(text_data=json.dumps({"ack": initial["version"]}))
         layer = get_channel_layer()
-        await layer.group_send(GROUP, _heartbeat("node-x", 40.0))
+        await _publish_heartbeat(layer, "node-x", 40.0)
         first = json.loads(await communicator.receive_from(timeout=2))
         assert first["devices"]["node-x/gpu0"]["utilization_pct"] == 40.0
         assert first["stages"]["d1-r0-s0"]["tokens_per_s"] == 80.0
         # Unacknowledged, the socket holds further snapshots back: a slow browser only misses some.
-        await layer.group_send(GROUP, _heartbeat("node-x", 70.0))
+        await _publish_heartbeat(layer, "node-x", 70.0)
         assert await communicator.receive_nothing(timeout=0.3)
         await communicator.send_to(text_data=json.dumps({"ack": first["version"]}))
         second = json.loads(await communicator.receive_from(timeout=2))

@@ -1,15 +1,21 @@
-"""The telemetry hub: latest samples, repeated samples not counted twice, history and rollups."""
+"""The telemetry hub: latest samples, history and rollups, fed what production publishes; the fields
+it keeps are figures the agents and stages really send."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, fields
 from datetime import datetime, timezone
 
 import pytest
 
+from contracts.metrics import GPU_FIELDS, STAGE_FIELDS, GpuMetrics
+from contracts.stage_status import StageStatus
 from controlplane.telemetry.hub import TelemetryHub
 from controlplane.telemetry.models import TelemetryRollup
 from controlplane.telemetry.rollups import rollup_series, rollups_save
+from controlplane.telemetry.services import telemetry_message, telemetry_sample
+from worker_runtime.stats import StageStats
 
 
 class Clock:
@@ -20,36 +26,66 @@ class Clock:
         return self.t
 
 
-def _published(*samples):
-    return {"type": "telemetry.snapshot", "snapshot": {"nodes": list(samples)}}
+def _gpu(util: float, temp: float = 50.0, index: int = 0) -> dict:
+    """One GPU's metrics as an agent sends them (``asdict(GpuMetrics)``)."""
+    return asdict(GpuMetrics(index=index, utilization_pct=util, memory_used_bytes=10, memory_total_bytes=100,
+                             temperature_c=temp, power_w=100.0, power_limit_w=300.0, sm_clock_mhz=1410,
+                             throttle_reasons=("sw_power_cap",), pcie_tx_bytes_per_s=1e9,
+                             pcie_rx_bytes_per_s=2e9))
 
 
-def _sample(node, t, util, temp=50.0):
-    return {"node": node, "received_at": t, "sent_at": t, "devices": [
-        {"index": 0, "utilization_pct": util, "temperature_c": temp, "memory_used_bytes": 10,
-         "memory_total_bytes": 100},
-    ], "stages": []}
+def _published(node, t, util, temp=50.0, stages=()):
+    """The group message the agents' socket publishes for one heartbeat received at ``t``."""
+    heartbeat = {"type": "heartbeat", "incarnation": 1, "seq": 1, "sent_at": t,
+                 "devices": [_gpu(util, temp)], "stages": list(stages)}
+    return telemetry_message(telemetry_sample(node_id=1, node_name=node, heartbeat=heartbeat, received_at=t))
+
+
+def test_gpu_fields_are_figures_agents_send():
+    assert set(GPU_FIELDS) <= {f.name for f in fields(GpuMetrics)}
+
+
+def test_stage_fields_are_statistics_stages_report():
+    stats = StageStats().snapshot(kv_used=3, kv_free=5, bytes_sent=0, bytes_received=0)
+    assert set(STAGE_FIELDS) <= set(stats)
+
+
+def test_every_kept_field_of_a_real_heartbeat_reaches_the_snapshot_and_history():
+    hub = TelemetryHub(clock=Clock(1000.0))
+    stats = StageStats().snapshot(kv_used=3, kv_free=5, bytes_sent=0, bytes_received=0)
+    stage = StageStatus(stage_key="d1-r0-s0", deployment_id=1, replica=0, stage_index=0, state="ready",
+                        pid=42, stats=stats)
+    hub.ingest(_published("a", 1000.0, 10.0, stages=[stage.to_json()]))
+    snapshot = json.loads(hub.snapshot_text())
+    device, kept_stage = snapshot["devices"]["a/gpu0"], snapshot["stages"]["d1-r0-s0"]
+    assert set(GPU_FIELDS) <= set(device) and device["throttle"] == ["sw_power_cap"]
+    assert set(STAGE_FIELDS) <= set(kept_stage) and kept_stage["state"] == "ready"
+    assert all(v[0] is not None for v in hub.recent("device")["a/gpu0"].values())
+    assert all(v[0] is not None for v in hub.recent("stage")["d1-r0-s0"].values())
 
 
 def test_snapshot_holds_the_latest_sample_and_is_rendered_once_per_change():
     clock = Clock(1000.0)
     hub = TelemetryHub(clock=clock)
-    hub.ingest(_published(_sample("a", 1000.0, 10.0), _sample("b", 1000.0, 20.0)))
+    hub.ingest(_published("a", 1000.0, 10.0))
+    hub.ingest(_published("b", 1000.0, 20.0))
     text = hub.snapshot_text()
-    assert hub.snapshot_text() is text
+    assert hub.snapshot_text() is text and hub.renders == 1
     assert json.loads(text)["devices"]["b/gpu0"]["utilization_pct"] == 20.0
     version = hub.version
-    # The next publication repeats b's unchanged sample: nothing about b is recorded again.
-    hub.ingest(_published(_sample("a", 1001.0, 30.0), _sample("b", 1000.0, 20.0)))
+    hub.ingest(_published("a", 1001.0, 30.0))  # one message per heartbeat: each one is news
     assert hub.version == version + 1
-    assert len(hub.history[("device", "b/gpu0")]) == 1
+    assert len(hub.history[("device", "a/gpu0")]) == 2 and len(hub.history[("device", "b/gpu0")]) == 1
     assert json.loads(hub.snapshot_text())["devices"]["a/gpu0"]["utilization_pct"] == 30.0
+    assert hub.renders == 2
 
 
 def test_malformed_samples_are_skipped():
     hub = TelemetryHub(clock=Clock(5.0))
-    hub.ingest({"snapshot": {"nodes": [None, {"node": "a", "devices": [{"no_index": 1}, "junk"],
-                                              "stages": [{"state": "ready"}]}]}})
+    for message in ({"type": "telemetry.sample"}, {"type": "telemetry.sample", "sample": None},
+                    {"type": "telemetry.sample", "sample": {"node": "a", "devices": [{"no_index": 1}, "junk"],
+                                                            "stages": [{"state": "ready"}, None]}}):
+        hub.ingest(message)
     assert hub.devices == {} and hub.stages == {}
 
 
@@ -58,7 +94,7 @@ def test_history_keeps_only_the_window_and_rollups_close_per_bucket():
     hub = TelemetryHub(history_s=30, rollup_s=10, clock=clock)
     for i in range(40):  # one sample a second, 1000..1039
         clock.t = 1000.0 + i
-        hub.ingest(_published(_sample("a", clock.t, float(i), temp=40.0 + i)))
+        hub.ingest(_published("a", clock.t, float(i), temp=40.0 + i))
     recent = hub.recent("device", ["a/gpu0"])["a/gpu0"]
     assert recent["t"][0] == 1009.0 and recent["t"][-1] == 1039.0
     closed = hub.take_closed_rollups()
@@ -76,7 +112,7 @@ def test_rollups_are_stored_once_and_old_ones_dropped(settings):
     hub = TelemetryHub(rollup_s=10, clock=clock)
     for i in range(25):
         clock.t += 1
-        hub.ingest(_published(_sample("a", clock.t, 50.0)))
+        hub.ingest(_published("a", clock.t, 50.0))
     rollups = hub.take_closed_rollups(flush_all=True)
     assert rollups_save(rollups=rollups) == len(rollups)
     rollups_save(rollups=rollups)  # another process's hub writing the same buckets

@@ -61,9 +61,9 @@ async def test_a_heartbeat_marks_the_node_alive_and_reaches_the_telemetry_group(
     communicator = await connect(f"Node {a.node.pk}:{a.credential}")
     assert (await communicator.connect())[0]
     await communicator.send_json_to(heartbeat(a.incarnation))
-    snapshot = (await asyncio.wait_for(layer.receive(channel), 5))["snapshot"]
-    assert [n["node"] for n in snapshot["nodes"]] == ["node-a"]
-    assert snapshot["nodes"][0]["devices"] == [{"index": 0, "utilization": 0.5}]
+    message = await asyncio.wait_for(layer.receive(channel), 5)
+    assert message["type"] == "telemetry.sample" and message["sample"]["node"] == "node-a"
+    assert message["sample"]["devices"] == [{"index": 0, "utilization": 0.5}]
     assert await communicator.receive_nothing(0.2)
     node = await database_sync_to_async(Node.objects.get)(pk=a.node.pk)
     assert node.status == Node.Status.READY

@@ -11,7 +11,6 @@ const GPU_CHARTS = [
   { id: "chart-temperature", title: "Temperature (°C)", value: (s) => s.temperature_c },
   { id: "chart-power", title: "Power (W)", value: (s) => s.power_w },
   { id: "chart-pcie", title: "PCIe throughput, tx + rx (GB/s)", value: (s) => gb(sum(s.pcie_tx_bytes_per_s, s.pcie_rx_bytes_per_s)) },
-  { id: "chart-nvlink", title: "NVLink throughput, tx + rx (GB/s)", value: (s) => gb(sum(s.nvlink_tx_bytes_per_s, s.nvlink_rx_bytes_per_s)) },
 ];
 const STAGE_CHARTS = [
   { id: "chart-tokens", title: "Tokens/s per stage", value: (s) => s.tokens_per_s },

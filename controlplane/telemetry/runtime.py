@@ -1,0 +1,52 @@
+"""This server process's telemetry hub: started on the running event loop, subscribed to the
+channel layer, its closed rollup buckets stored in the database (``rollups.rollups_store``).
+
+The one place that wires the pure hub (``hub.py``) to Django's settings, the channel layer and the
+rollup store, so that the hub and the store need not import each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from controlplane.telemetry.hub import TelemetryHub
+from controlplane.telemetry.rollups import rollups_store
+
+_hub: TelemetryHub | None = None
+
+
+def current_hub() -> TelemetryHub | None:
+    """The hub of this process, if a socket started one (read by the REST views for history)."""
+    return _hub
+
+
+def running_hub() -> TelemetryHub:
+    """This process's hub, started on the running event loop on first use.
+
+    A hub belongs to one event loop (its tasks run there); a new loop (each test, or a restarted
+    server) gets a fresh hub.
+    """
+    global _hub
+    loop = asyncio.get_running_loop()
+    if _hub is None or _hub.loop is not loop or loop.is_closed():
+        _hub = TelemetryHub(history_s=settings.TELEMETRY_HISTORY_S, rollup_s=settings.TELEMETRY_ROLLUP_S)
+        _hub.start(get_channel_layer(), rollups_store)
+    return _hub
+
+
+class WithTelemetryHub:
+    """ASGI wrapper: make sure this process's hub runs before the first websocket is served.
+
+    Agents connect by websocket, so the hub is subscribed (and storing rollups) before their first
+    heartbeat, whether or not a browser is open.
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        running_hub()
+        return await self.app(scope, receive, send)
