@@ -3,10 +3,12 @@ replicas, as ``ServedModel`` / ``ReplicaEndpoint`` (directory.py). ``served_mode
 default source) uses them unless a models file is configured.
 
 A model is served under its catalog name; replicas of several deployments of one model are routed
-together, with the routing strategy of the oldest of them (``Deployment.routing_strategy``). Until the gateway calibrates replicas from their statistics, costs come from the plan's
-predictions: the predicted per-token latency as ``decode_step_s`` (at the planned batch, so it
-already holds the batch's share) and the predicted prefill over the planned prompt as
-``prefill_s_per_token``; a replica's KV capacity is its smallest stage's planned ``kv_tokens``.
+together, with the routing strategy of the oldest of them (``Deployment.routing_strategy``).
+A replica's costs are its plan's predictions: the predicted per-token latency as ``decode_step_s``
+(at the planned batch, so it already holds the batch's share) and the predicted prefill over the
+planned prompt as ``prefill_s_per_token``; a replica whose plan predicts no latency gets
+``ASSUMED_COSTS``. Nothing measures a running replica's costs yet: these are the planner's figures,
+not calibration. A replica's KV capacity is its smallest stage's planned ``kv_tokens``.
 """
 
 from __future__ import annotations
@@ -14,20 +16,25 @@ from __future__ import annotations
 from controlplane.deployments.models import Deployment
 from controlplane.deployments.selectors import deployment_endpoints, deployment_list
 from controlplane.gateway.conf import gateway_setting
-from controlplane.gateway.directory import UNCALIBRATED, ReplicaEndpoint, ServedModel, served_models_from_file
+from controlplane.gateway.directory import (
+    ASSUMED_COSTS,
+    ReplicaEndpoint,
+    ServedModel,
+    served_models_from_file,
+)
 from controlplane.gateway.routing import ReplicaCosts
 
 
 def _planned(plan: dict, replica: int) -> tuple[int | None, ReplicaCosts]:
     replicas = plan.get("replicas") or []
     if replica >= len(replicas):
-        return None, UNCALIBRATED
+        return None, ASSUMED_COSTS
     planned = replicas[replica]
     kv = min((s["kv_tokens"] for s in planned.get("stages", []) if s.get("kv_tokens")), default=None)
     predicted = planned.get("predicted") or {}
     latency_ms, prefill_ms = predicted.get("token_latency_ms"), predicted.get("prefill_ms")
     if not latency_ms:
-        return kv, UNCALIBRATED
+        return kv, ASSUMED_COSTS
     prompt = plan.get("prompt_tokens") or max(1, (plan.get("context") or 2) // 2)
     costs = ReplicaCosts(
         prefill_s_per_token=(prefill_ms or 0.0) / 1000 / prompt,

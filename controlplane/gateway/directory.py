@@ -1,9 +1,10 @@
 """Which models the gateway serves and where their replicas listen: the gateway's one input.
 
 The gateway depends only on ``ServedModel`` / ``ReplicaEndpoint`` and a zero-argument callable
-returning the list (``MOTLEY_GATEWAY["SERVED_MODELS"]``, a dotted path). The deployment controller
-satisfies it from its READY deployments; until then, and for tests and benchmarks, a JSON file
-(``MOTLEY_GATEWAY["MODELS_FILE"]``) names them:
+returning the list (``MOTLEY_GATEWAY["SERVED_MODELS"]``, a dotted path). The default
+(``deployments_source.served_models``) reads the controller's READY deployments, with each
+replica's costs from its plan's predictions; for tests, benchmarks and fixed setups a JSON file
+(``MOTLEY_GATEWAY["MODELS_FILE"]``) names them, with the costs it states:
 
     {"models": [{"name": "demo", "tokenizer_path": "/ckpt", "strategy": "cost_aware",
                  "replicas": [{"pipeline_id": "d1-r0", "head_address": "tcp://127.0.0.1:5601",
@@ -18,12 +19,15 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contracts.routing import DEFAULT_ROUTING_STRATEGY
 from controlplane.gateway.conf import gateway_setting
-from controlplane.gateway.routing import DEFAULT_STRATEGY, ReplicaCosts, ReplicaHealth
+from controlplane.gateway.routing import ReplicaCosts, ReplicaHealth
 
-# Used when a replica's costs are not calibrated yet: a small model on a fast GPU. Only the ratios
-# between replicas matter to the choice; the absolute figures matter to the deadline admission.
-UNCALIBRATED = ReplicaCosts(prefill_s_per_token=0.0002, decode_s_per_token=0.0005, decode_step_s=0.02)
+# The costs assumed for a replica whose source gives none (a plan without predictions, a models-file
+# entry without "costs"): a small model on a fast GPU, not a measurement. Nothing measures a running
+# replica's costs yet. Only the ratios between replicas matter to the choice; the absolute figures
+# matter to the deadline admission.
+ASSUMED_COSTS = ReplicaCosts(prefill_s_per_token=0.0002, decode_s_per_token=0.0005, decode_step_s=0.02)
 
 
 @dataclass(frozen=True)
@@ -31,14 +35,16 @@ class ReplicaEndpoint:
     """One pipeline replica: its head (stage 0) address and the token its frames are signed with.
 
     ``kv_tokens``: the smallest stage's KV budget (None: learned from the head's statistics);
-    ``health``: what the control plane's telemetry says (throttling, memory pressure, errors).
+    ``costs``: the plan's predicted costs, or a models file's, else ``ASSUMED_COSTS``;
+    ``health``: throttling, memory pressure and errors as the source states them (a models file
+    may; the deployments source leaves the default, so only the head's statistics count).
     """
 
     pipeline_id: str
     head_address: str
     auth_token: str
     kv_tokens: int | None = None
-    costs: ReplicaCosts = UNCALIBRATED
+    costs: ReplicaCosts = ASSUMED_COSTS
     health: ReplicaHealth = field(default_factory=ReplicaHealth)
 
 
@@ -47,7 +53,7 @@ class ServedModel:
     name: str
     tokenizer_path: str
     replicas: tuple[ReplicaEndpoint, ...]
-    strategy: str = DEFAULT_STRATEGY
+    strategy: str = DEFAULT_ROUTING_STRATEGY
 
 
 def served_model_from_dict(data: dict) -> ServedModel:
@@ -57,12 +63,13 @@ def served_model_from_dict(data: dict) -> ServedModel:
             head_address=r["head_address"],
             auth_token=r["auth_token"],
             kv_tokens=r.get("kv_tokens"),
-            costs=ReplicaCosts(**r["costs"]) if r.get("costs") else UNCALIBRATED,
+            costs=ReplicaCosts(**r["costs"]) if r.get("costs") else ASSUMED_COSTS,
             health=ReplicaHealth(**r.get("health", {})),
         )
         for r in data["replicas"]
     )
-    return ServedModel(data["name"], data["tokenizer_path"], replicas, data.get("strategy", DEFAULT_STRATEGY))
+    strategy = data.get("strategy", DEFAULT_ROUTING_STRATEGY)
+    return ServedModel(data["name"], data["tokenizer_path"], replicas, strategy)
 
 
 def served_models_from_file() -> list[ServedModel]:

@@ -4,15 +4,17 @@ benchmark's simulator all drive the very same decisions.
 ``Router.route(request, deadline_s=...)`` returns a ``Decision`` (the replica to use) or a
 ``Rejection`` (answer 400/429/503 at once). The caller tells each replica's ``ReplicaState`` what
 happened to the request (first token, each token, finish) so that the load figures stay current.
+
+The strategies' names (what a deployment stores) come from ``contracts.routing``
+(``ROUTING_STRATEGIES``, ``DEFAULT_ROUTING_STRATEGY``); ``STRATEGIES`` maps each to its function.
 """
 
 from controlplane.gateway.routing.costs import ReplicaCosts, RequestShape
 from controlplane.gateway.routing.router import Decision, Rejection, Router
 from controlplane.gateway.routing.state import ReplicaHealth, ReplicaState
-from controlplane.gateway.routing.strategies import STRATEGIES, DEFAULT_STRATEGY
+from controlplane.gateway.routing.strategies import STRATEGIES
 
 __all__ = [
-    "DEFAULT_STRATEGY",
     "STRATEGIES",
     "Decision",
     "Rejection",

@@ -1,4 +1,4 @@
-"""What a request costs on a replica: a continuous-batching model with four calibrated figures.
+"""What a request costs on a replica: a continuous-batching model with four cost figures.
 
 A pipeline replica runs steps; each step carries one decode token of every running sequence plus
 chunks of waiting prompts. Its time is close to ``decode_step_s`` (reading the weights, crossing the
@@ -17,7 +17,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ReplicaCosts:
-    """Calibrated per-token costs of one replica, in seconds.
+    """Per-token costs of one replica, in seconds.
+
+    Where they come from is the directory's business (``controlplane/gateway/directory.py``): the
+    plan's predictions, a models file, else assumed defaults; ``benchmarks/router_validate.py``
+    measures them by probing a pipeline. The gateway does not measure them from a running replica.
 
     ``decode_step_s``: a step's fixed time (the latency floor of one decoded token);
     ``decode_s_per_token``: what each extra sequence in a step adds; ``kv_read_s_per_token``: what

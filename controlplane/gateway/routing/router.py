@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from contracts.routing import DEFAULT_ROUTING_STRATEGY
 from controlplane.gateway.routing.costs import RequestShape
 from controlplane.gateway.routing.state import ReplicaState
-from controlplane.gateway.routing.strategies import CAPACITY_AWARE, DEFAULT_STRATEGY, STRATEGIES
+from controlplane.gateway.routing.strategies import CAPACITY_AWARE, STRATEGIES
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class Rejection:
 class Router:
     """Routes requests over a deployment's replicas with one strategy."""
 
-    def __init__(self, replicas: list[ReplicaState], strategy: str = DEFAULT_STRATEGY) -> None:
+    def __init__(self, replicas: list[ReplicaState], strategy: str = DEFAULT_ROUTING_STRATEGY) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown routing strategy {strategy!r}; choose one of {sorted(STRATEGIES)}")
         self.replicas = replicas
