@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from contracts.routing import DEFAULT_ROUTING_STRATEGY, ROUTING_STRATEGIES
+from contracts.routing import ROUTING_STRATEGIES
 from controlplane.gateway.routing.costs import RequestShape
 from controlplane.gateway.routing.state import ReplicaState
 
@@ -39,7 +39,6 @@ STRATEGIES: dict[str, Strategy] = {
     "least_outstanding_tokens": least_outstanding_tokens,
     "round_robin": round_robin,
 }
-DEFAULT_STRATEGY = DEFAULT_ROUTING_STRATEGY
 if tuple(sorted(STRATEGIES)) != tuple(sorted(ROUTING_STRATEGIES)):  # a name a deployment can store, unrunnable
     raise ImportError(f"router strategies {sorted(STRATEGIES)} differ from contracts.routing's "
                       f"{sorted(ROUTING_STRATEGIES)}")
