@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agents.memory_budget import StageRefused, check_fits, stage_bytes
+from agents.memory_budget import StageRefused, check_fits, spec_footprint
 from contracts.hardware import DeviceSpec
 
 _CUDA = re.compile(r"^cuda:(\d+)$")
@@ -27,7 +27,8 @@ DEFAULT_TIME_SCALE = 20.0
 
 @dataclass(frozen=True)
 class Admitted:
-    """A spec as it will run, the node-local device it runs on, and the bytes it holds there."""
+    """A spec as it will run, the node-local device it runs on, and the bytes it holds there (its
+    footprint, ``contracts.footprint``, on an emulated device; 0 where nothing is budgeted)."""
 
     spec: dict[str, Any]
     device_index: int | None
@@ -59,14 +60,14 @@ class Admission:
         return self._on_emulated(spec, others, device)
 
     def _on_emulated(self, spec: dict[str, Any], others: Sequence[Admitted], device: DeviceSpec) -> Admitted:
-        need = stage_bytes(spec)
+        need = spec_footprint(spec)
         check_fits(need, device, sum(o.memory_bytes for o in others if o.device_index == device.index))
         emulation = spec.get("emulation") or {
             "memory_bandwidth_gbs": device.memory_bandwidth_gbs,
             "fp16_tflops": device.fp16_tflops,
             "time_scale": self.time_scale,
         }
-        return Admitted({**spec, "device": "cpu", "emulation": emulation}, device.index, need.total)
+        return Admitted({**spec, "device": "cpu", "emulation": emulation}, device.index, need.total_bytes)
 
     def _first_fit(self, spec: dict[str, Any], others: Sequence[Admitted]) -> Admitted:
         emulation = spec.get("emulation") or {}

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Literal, Sequence
 
-from controlplane.planning.cost_model import CostModel, capacity_bytes
+from contracts.footprint import usable_bytes
+from controlplane.planning.cost_model import CostModel
 from controlplane.planning.evaluate import assemble, evaluate_replica
 from controlplane.planning.explain import explain, unused_devices
 from controlplane.planning.plan import Placement, Plan
@@ -34,7 +35,7 @@ def baseline_plan(request: PlanRequest, kind: BaselineKind = "even",
     replicas = []
     for index, names in enumerate(groups):
         devices = [cost.device(n) for n in names]
-        weights = [1.0] * len(devices) if kind == "even" else [float(capacity_bytes(d)) for d in devices]
+        weights = [1.0] * len(devices) if kind == "even" else [float(usable_bytes(d)) for d in devices]
         counts = _apportion(request.model.num_layers, weights)
         placements, start = [], 0
         for device, count in zip(devices, counts):

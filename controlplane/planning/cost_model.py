@@ -7,7 +7,9 @@ is scaled by the device's measured calibration factor and slowed by thermal thro
 figures improve as deployments report real step times.
 
 All interval figures come from prefix sums, so the partition search can price every
-[start, end) of a device at once as a matrix (numpy) and the evaluator can price one stage.
+[start, end) of a device at once as a matrix (numpy) and the evaluator can price one stage. The
+memory a stage needs is ``contracts.footprint``'s, the formula the agent admits stages by: one
+stage's through ``stage_footprint`` itself, every range's through the same sums and constants.
 """
 
 from __future__ import annotations
@@ -17,6 +19,16 @@ from typing import NamedTuple
 
 import numpy as np
 
+from contracts.footprint import (  # noqa: F401 (the reserve is read from here too)
+    EMBEDDING_BITS,
+    RESERVED_BYTES,
+    RESERVED_FRACTION,
+    StageFootprint,
+    activation_workspace_bytes,
+    logits_bytes,
+    stage_footprint,
+    usable_bytes,
+)
 from contracts.hardware import DeviceSpec, FleetSpec, LinkSpec
 from controlplane.planning.plan import StagePrecision
 from controlplane.planning.request import PlanRequest
@@ -26,27 +38,33 @@ BANDWIDTH_EFFICIENCY = 0.80
 DECODE_COMPUTE_EFFICIENCY = 0.50
 PREFILL_COMPUTE_EFFICIENCY = 0.60
 LAYER_OVERHEAD_S = 20e-6  # kernel launches and synchronisation per layer per step
-# Memory no stage may use: CUDA context, allocator slack and fragmentation.
-RESERVED_FRACTION = 0.05
-RESERVED_BYTES = 384 * 1024**2
-# Activation workspace: a prefill chunk's intermediate tensors (MLP up/gate dominate) ...
-PREFILL_CHUNK_TOKENS = 512
-ACTIVATION_WORKSPACE_FACTOR = 10
-# ... and fp32 logits of a decode step on the stage that holds the head.
-LOGIT_BYTES = 4
 TOKEN_ID_BYTES = 4  # sampled token ids returned from the last stage to the first
 
 
 @dataclass(frozen=True)
-class StageMemory:
-    weights_bytes: int
-    kv_bytes_per_token: int  # KV bytes one token of context costs on this stage
-    workspace_bytes: int
+class StageFit:
+    """A stage's footprint (``contracts.footprint``) against the memory its device lets stages fill:
+    the planner gives the stage's KV pool whatever its weights and workspace leave."""
+
+    footprint: StageFootprint  # without a KV pool
     capacity_bytes: int
+
+    @property
+    def weights_bytes(self) -> int:
+        return self.footprint.weights_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes one token of context costs on this stage."""
+        return self.footprint.kv_bytes_per_token
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self.footprint.workspace_bytes
 
     def holding(self, kv_tokens: int) -> int:
         """Bytes the stage needs with a KV cache of ``kv_tokens`` tokens."""
-        return self.weights_bytes + self.workspace_bytes + self.kv_bytes_per_token * kv_tokens
+        return self.footprint.holding(kv_tokens)
 
     @property
     def free_for_kv(self) -> int:
@@ -55,9 +73,7 @@ class StageMemory:
     @property
     def kv_tokens(self) -> int:
         """Tokens of context (summed over sequences) this stage can cache."""
-        if self.kv_bytes_per_token <= 0:
-            return 0 if self.free_for_kv < 0 else 2**62
-        return max(0, self.free_for_kv // self.kv_bytes_per_token)
+        return self.footprint.kv_tokens_within(self.capacity_bytes)
 
 
 class StageFigures(NamedTuple):
@@ -69,12 +85,6 @@ class StageFigures(NamedTuple):
     excess_bytes: np.ndarray  # weights, KV and workspace beyond the device's capacity (<= 0: fits)
     slowdown: float  # calibration over throttling: every time is multiplied by it
     bandwidth: float  # bytes per second
-
-
-def capacity_bytes(device: DeviceSpec) -> int:
-    """Memory a stage may fill on this device, after what others use and a reserve."""
-    return int(device.memory_bytes - device.memory_used_bytes
-               - RESERVED_FRACTION * device.memory_bytes - RESERVED_BYTES)
 
 
 def slowdown(device: DeviceSpec) -> float:
@@ -103,6 +113,7 @@ class CostModel:
     def __init__(self, request: PlanRequest) -> None:
         model, workload = request.model, request.workload
         self.request = request
+        self.model = model
         self.fleet: FleetSpec = request.fleet
         self.num_layers = model.num_layers
         self.batch = workload.batch
@@ -117,15 +128,15 @@ class CostModel:
         self.attn = np.concatenate(
             [zero, np.cumsum([float(l.attention_flops_per_token_per_context) for l in layers])])
         self.kv = np.concatenate([zero, np.cumsum([float(l.kv_bytes_per_token) for l in layers])])
-        # The embedding is a lookup and stays 16-bit; lm_head is a matmul at its stage's precision
-        # (the stage engine quantizes every nn.Linear of a stage).
-        self.embedding_bytes = float(model.embedding.weight_bytes[16])
+        # The footprint of contracts.footprint, as prefix sums: the embedding is a lookup and stays
+        # 16-bit; lm_head is a matmul at its stage's last precision (the stage engine quantizes every
+        # nn.Linear of a stage); the workspace, with the batch's logits on the last stage.
+        self.embedding_bytes = float(model.embedding.weight_bytes[EMBEDDING_BITS])
         self.head_bytes = {b: float(model.head.weight_bytes[b]) for b in (16, 8, 4)}
         self.head_flops = float(model.head.flops_per_token)
         self.activation_bytes = float(model.activation_bytes_per_token)
-        self.workspace = float(PREFILL_CHUNK_TOKENS * model.activation_bytes_per_token
-                               * ACTIVATION_WORKSPACE_FACTOR)
-        self.logits = float(LOGIT_BYTES * model.vocab_size * workload.batch)
+        self.workspace = float(activation_workspace_bytes(model))
+        self.logits = float(logits_bytes(model, workload.batch))
         self._matrices: dict[tuple, np.ndarray] = {}
         self._devices = {d.name: d for d in self.fleet.devices}
         self._links: dict[tuple[str, str], LinkSpec] = {}
@@ -151,14 +162,11 @@ class CostModel:
 
     # -- one stage ------------------------------------------------------------------------------
 
-    def memory(self, device: DeviceSpec, stage: StagePrecision) -> StageMemory:
-        start, end = stage.start, stage.end
-        return StageMemory(
-            weights_bytes=int(self._stored_weights(start, stage.split, end, stage.bits, stage.last_bits)),
-            kv_bytes_per_token=int(self.kv[end] - self.kv[start]),
-            workspace_bytes=int(self._workspace(end)),
-            capacity_bytes=capacity_bytes(device),
-        )
+    def memory(self, device: DeviceSpec, stage: StagePrecision) -> StageFit:
+        """The stage's footprint on this device (``contracts.footprint``, as the agent admits it)."""
+        footprint = stage_footprint(self.model, stage.start, stage.end, stage.bits, stage.low_bits,
+                                    stage.low_from, batch=self.batch)
+        return StageFit(footprint, usable_bytes(device))
 
     def decode_s(self, device: DeviceSpec, stage: StagePrecision, micro_batch: float) -> float:
         """One decode step of a micro-batch through the stage's layers on this device."""
@@ -239,7 +247,7 @@ class CostModel:
             read_bytes=self._read_bytes(starts, ends, ends, 16, 16, micro_batch),
             compute_s=self._compute_s(device, starts, ends, micro_batch),
             overhead_s=(ends - starts) * LAYER_OVERHEAD_S,
-            excess_bytes=self._kept_bytes(starts, ends, ends, 16, 16) - capacity_bytes(device),
+            excess_bytes=self._kept_bytes(starts, ends, ends, 16, 16) - usable_bytes(device),
             slowdown=slowdown(device), bandwidth=bandwidth(device))
 
     def _priced(self, device: DeviceSpec, starts, splits, ends, bits: int, low_bits: int,
@@ -248,7 +256,7 @@ class CostModel:
         the stage is empty or its weights, the batch's KV at full context and the workspace do not fit."""
         times = self._decode(device, starts, splits, ends, bits, low_bits, micro_batch)
         need = self._kept_bytes(starts, splits, ends, bits, low_bits)
-        priced = np.where((need <= capacity_bytes(device)) & (ends > starts), times, np.inf)
+        priced = np.where((need <= usable_bytes(device)) & (ends > starts), times, np.inf)
         priced.setflags(write=False)
         return priced
 
@@ -265,7 +273,9 @@ class CostModel:
         return self._read_weights(starts, splits, ends, bits, low_bits) + self.embedding_bytes * (starts == 0)
 
     def _kept_bytes(self, starts, splits, ends, bits: int, low_bits: int):
-        """What a stage holds: its weights, the KV of the whole batch at full context, its workspace."""
+        """What a stage holds: its weights, the KV of the whole batch at full context, its workspace;
+        ``contracts.footprint.stage_footprint(...).holding(kv_required)`` for every range at once
+        (tests/contracts/test_footprint.py holds the two to the same bytes)."""
         kv = (self.kv[ends] - self.kv[starts]) * self.kv_required
         return self._stored_weights(starts, splits, ends, bits, low_bits) + kv + self._workspace(ends)
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from contracts.footprint import usable_bytes
 from contracts.hardware import GIB, DeviceSpec
-from controlplane.planning.cost_model import CostModel, capacity_bytes
+from controlplane.planning.cost_model import CostModel
 from controlplane.planning.plan import Placement, ReplicaPlan, StagePlan
 from controlplane.planning.precision import quantized_layers
 from controlplane.planning.request import PlanRequest
@@ -98,7 +99,7 @@ def unused_devices(request: PlanRequest, replicas: Sequence[ReplicaPlan]) -> lis
         if device.name in used:
             continue
         reason = request.excluded_reason(device)
-        if reason is None and capacity_bytes(device) <= 0:
+        if reason is None and usable_bytes(device) <= 0:
             reason = "no free memory"
         unused.append((device.name, reason or "not needed: giving it layers would not raise throughput"))
     return unused
@@ -111,7 +112,7 @@ def min_replica_bytes(request: PlanRequest, cost: CostModel) -> float:
 
 def infeasible_message(request: PlanRequest, cost: CostModel, devices: Sequence[DeviceSpec]) -> str:
     """Why nothing fits, with the shortfall in GiB (within the budget and at the lowest precision)."""
-    have = sum(max(capacity_bytes(d), 0) for d in devices)
+    have = sum(max(usable_bytes(d), 0) for d in devices)
     low = min(request.bits)
     need = min_replica_bytes(request, cost)
     floor = cost.least_replica_bytes(low, request.model.num_layers)
@@ -129,7 +130,7 @@ def infeasible_message(request: PlanRequest, cost: CostModel, devices: Sequence[
         return (f"{head}, but the {len(devices)} usable device(s) offer {_gib(have)}: short by "
                 f"{_gib(need - have)}.{lowest} Add devices, allow lower precision (--bits, --max-quantized) "
                 f"or shrink --batch / --context.")
-    largest = max(devices, key=capacity_bytes)
+    largest = max(devices, key=usable_bytes)
     return (f"{head}; the usable devices offer {_gib(have)} in total, but no partition fits each stage's "
-            f"weights and KV into its device (largest: {largest.name} with {_gib(capacity_bytes(largest))}), "
+            f"weights and KV into its device (largest: {largest.name} with {_gib(usable_bytes(largest))}), "
             f"or an operator pin cannot be met. Allow lower precision or shrink --batch / --context.")

@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from contracts.footprint import usable_bytes
 from contracts.hardware import DeviceSpec
-from controlplane.planning.cost_model import CostModel, capacity_bytes, device_key
+from controlplane.planning.cost_model import CostModel, device_key
 from controlplane.planning.evaluate import (
     assemble,
     evaluate_replica,
@@ -44,7 +45,7 @@ def plan(request: PlanRequest) -> Plan:
     """The best plan for the request; ``PlanningError`` with the reason when none fits."""
     cost = CostModel(request)
     devices = _eligible(request)
-    if min_replica_bytes(request, cost) > sum(capacity_bytes(d) for d in devices):
+    if min_replica_bytes(request, cost) > sum(usable_bytes(d) for d in devices):
         raise PlanningError(infeasible_message(request, cost, devices))
     search = _Search(cost, request, exact=len(devices) <= EXACT_ORDER_LIMIT)
     pinned = tuple(p.device for p in request.pins)
@@ -93,7 +94,7 @@ def _eligible(request: PlanRequest) -> list[DeviceSpec]:
         reason = request.excluded_reason(device)
         if reason:
             raise PlanningError(f"pin: device {pin.device} cannot be used ({reason})")
-    devices = [d for d in request.eligible_devices() if capacity_bytes(d) > 0]
+    devices = [d for d in request.eligible_devices() if usable_bytes(d) > 0]
     if not devices:
         raise PlanningError("no usable device: every device is down, excluded or has no free memory")
     return devices
@@ -103,7 +104,7 @@ def _count_range(request: PlanRequest, cost: CostModel, devices: list[DeviceSpec
     """Replica counts worth trying: groups no larger than useful, no more replicas than devices
     nor than copies of the model the fleet's memory holds."""
     need = min_replica_bytes(request, cost)
-    capacities = [capacity_bytes(d) for d in devices]
+    capacities = [usable_bytes(d) for d in devices]
     limit = max(1, min(len(devices), int(sum(capacities) // max(need, 1))))
     for_memory = math.ceil(need / min(capacities))
     largest = useful_group_size(cost.batch, cost.num_layers, for_memory)

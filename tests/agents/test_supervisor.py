@@ -57,7 +57,7 @@ def test_start_reports_ready_and_stats_and_runs_on_the_cpu_paced_like_the_device
         what="a load from two stats lines")
     assert snapshot_status.stats["steps"] > 0
     assert 0.3 < load.busy_fraction <= 1.0  # 10 steps/s x 50 ms
-    assert load.memory_bytes == 100 * 1024**2 + TINY_LAYER_BYTES
+    assert load.memory_bytes == 100 * 1024**2 + TINY_LAYER_BYTES + 2_621_440  # + its prefill workspace
     assert load.device_index == 0 and load.tx_bytes_per_s > 0
 
 
@@ -123,15 +123,16 @@ def test_sync_stops_only_the_unwanted(supervisor, events, spec):
 
 
 def test_a_stage_over_the_emulated_memory_budget_is_refused(supervisor, events, spec):
-    supervisor.start("big", spec(memory_mib=700))
-    refused = supervisor.start("too-big", spec(memory_mib=400))  # T4 of 1 GiB holds 700 MiB already
+    supervisor.start("big", spec(memory_mib=300))
+    refused = supervisor.start("too-big", spec(memory_mib=300))  # T4 of 1 GiB (588.8 usable) holds 303.8 MiB
     assert refused.state == "failed" and refused.pid is None
-    assert refused.message == ("refused: does not fit on emulated box/gpu0 (T4, 1.00 GiB): needs 401.3 MiB "
-                               "(weights 1.3 MiB + KV 400.0 MiB) but 322.7 MiB is free")
-    assert supervisor.start("elsewhere", spec(memory_mib=400), device_index=1).state == "starting"
+    assert refused.message == ("refused: does not fit on emulated box/gpu0 (T4, 1.00 GiB): needs 303.8 MiB "
+                               "(weights 1.3 MiB + KV 300.0 MiB + workspace 2.5 MiB) but 285.0 MiB is usable "
+                               "(588.8 MiB after the reserve, 303.8 MiB held by other stages)")
+    assert supervisor.start("elsewhere", spec(memory_mib=300), device_index=1).state == "starting"
     supervisor.drain("big")
     events.wait_for(lambda s: s.stage_key == "big" and s.state == "exited")
-    assert supervisor.start("too-big", spec(memory_mib=400)).state == "starting"  # the memory is free again
+    assert supervisor.start("too-big", spec(memory_mib=300)).state == "starting"  # the memory is free again
     unknown = supervisor.start("nowhere", spec(device="cuda:7"))
     assert unknown.state == "failed" and "device index 7 does not exist" in unknown.message
 
@@ -140,8 +141,8 @@ def test_an_emulated_cpu_spec_goes_to_the_first_device_of_its_model_with_room(
     supervisor, events, spec, tmp_path
 ):
     t4 = {"memory_bandwidth_gbs": 320.0, "fp16_tflops": 65.0, "time_scale": 5}
-    assert supervisor.start("d1-r0-s1", spec(device="cpu", emulation=t4, memory_mib=700)).state == "starting"
-    refused = supervisor.start("d1-r0-s2", spec(device="cpu", emulation=t4, memory_mib=700))
+    assert supervisor.start("d1-r0-s1", spec(device="cpu", emulation=t4, memory_mib=300)).state == "starting"
+    refused = supervisor.start("d1-r0-s2", spec(device="cpu", emulation=t4, memory_mib=300))
     assert refused.state == "failed" and "box/gpu0" in refused.message
     written = json.loads((tmp_path / "state/stages/d1-r0-s1/spec.json").read_text())
     assert written["emulation"] == t4  # the control plane's figures are kept
