@@ -12,6 +12,8 @@ from pathlib import Path
 
 import dj_database_url
 
+from contracts.tasks import NODE_HEALTH_CHECK, RECONCILE_ALL
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("MOTLEY_VAR_DIR", BASE_DIR / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
@@ -221,12 +223,12 @@ TELEMETRY_RETENTION_S = float(os.environ.get("MOTLEY_TELEMETRY_RETENTION_HOURS",
 DASHBOARD_SNAPSHOT_INTERVAL_S = float(os.environ.get("MOTLEY_DASHBOARD_SNAPSHOT_INTERVAL_S", "0.5"))
 CELERY_BEAT_SCHEDULE = {
     "node-health-check": {
-        "task": "motley.deployments.node_health_check",
+        "task": NODE_HEALTH_CHECK,
         "schedule": MOTLEY_NODE_HEALTH_CHECK_INTERVAL_S,
         "options": {"expires": MOTLEY_NODE_HEALTH_CHECK_INTERVAL_S},
     },
     "reconcile-all": {
-        "task": "motley.deployments.reconcile_all",
+        "task": RECONCILE_ALL,
         "schedule": MOTLEY_RECONCILE_INTERVAL_S,
         "options": {"expires": MOTLEY_RECONCILE_INTERVAL_S},
     },

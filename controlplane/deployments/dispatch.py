@@ -1,7 +1,13 @@
 """Messages the controller sends: tasks to agents' queues and reconcile requests to itself.
 
+Every task is sent by its name (``contracts/tasks.py``) through Celery's ``send_task``: sending one
+imports nothing of the module that runs it, so the controller's services never import their own
+Celery interface (``tasks.py`` imports them, not the reverse). Agent tasks go to the node's own
+queue (``contracts.names.node_queue``); reconcile requests to the control plane's default queue.
+
 Everything is sent after the transaction that decided it commits, so a rolled-back decision sends
 nothing; a send lost to a crash right after commit is repeated by the next periodic reconcile.
+Payloads are JSON keyword arguments.
 """
 
 from __future__ import annotations
@@ -11,29 +17,21 @@ from typing import Any
 from celery import current_app
 from django.db import transaction
 
+from contracts.names import node_queue
+from contracts.tasks import RECONCILE
 from controlplane.inventory.models import Node
-
-START_STAGE = "motley.agent.start_stage"
-STOP_STAGE = "motley.agent.stop_stage"
-SYNC = "motley.agent.sync"
-
-
-def node_queue(node: Node) -> str:
-    return f"node.{node.pk}"
 
 
 def agent_task_send_on_commit(*, node: Node, name: str, kwargs: dict[str, Any]) -> None:
     """Queue a JSON task on the node's own queue (contracts §3) once the current transaction commits."""
-    queue = node_queue(node)
-    transaction.on_commit(
-        lambda: current_app.send_task(name, kwargs=kwargs, queue=queue, serializer="json")
-    )
+    queue = node_queue(node.pk)
+    transaction.on_commit(lambda: _send(name, kwargs=kwargs, queue=queue))
 
 
 def reconcile_on_commit(*, deployment_id: int) -> None:
-    def send() -> None:
-        from controlplane.deployments.tasks import reconcile  # the tasks module imports the services
+    """Ask the control worker to reconcile the deployment once the current transaction commits."""
+    transaction.on_commit(lambda: _send(RECONCILE, kwargs={"deployment_id": deployment_id}))
 
-        reconcile.delay(deployment_id)
 
-    transaction.on_commit(send)
+def _send(name: str, *, kwargs: dict[str, Any], **options: Any) -> None:
+    current_app.send_task(name, kwargs=kwargs, serializer="json", **options)

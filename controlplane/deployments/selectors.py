@@ -24,8 +24,11 @@ def deployment_ids_to_reconcile() -> list[int]:
 
 
 @dataclass(frozen=True)
-class ReplicaEndpoint:
-    """Where the gateway sends a replica's requests (its stage 0) and the token they carry."""
+class ReplicaHead:
+    """Where the gateway sends a replica's requests (its head, stage 0) and the token they carry.
+
+    The gateway turns it into its own ``gateway.directory.ReplicaEndpoint``, with routing figures.
+    """
 
     replica: int
     pipeline_id: str
@@ -34,7 +37,7 @@ class ReplicaEndpoint:
     ready: bool
 
 
-def deployment_endpoints(*, deployment: Deployment) -> list[ReplicaEndpoint]:
+def deployment_endpoints(*, deployment: Deployment) -> list[ReplicaHead]:
     """Every replica of the deployment's desired plan; ``ready`` when all its stages reported ready."""
     stages = list(deployment.stages.filter(wanted=True).order_by("replica", "stage_index"))
     endpoints = []
@@ -42,7 +45,7 @@ def deployment_endpoints(*, deployment: Deployment) -> list[ReplicaEndpoint]:
         own = [s for s in stages if s.replica == replica.index]
         if not own:
             continue
-        endpoints.append(ReplicaEndpoint(
+        endpoints.append(ReplicaHead(
             replica=replica.index,
             pipeline_id=replica.pipeline_id,
             head_address=own[0].spec["head"],
@@ -50,12 +53,6 @@ def deployment_endpoints(*, deployment: Deployment) -> list[ReplicaEndpoint]:
             ready=all(s.state == DeploymentStage.State.READY for s in own),
         ))
     return endpoints
-
-
-def stages_wanted_on(*, node_id: int) -> QuerySet[DeploymentStage]:
-    """What a node's agent should be running, for an agent that asks after a restart."""
-    stages = DeploymentStage.objects.filter(node_id=node_id, wanted=True)
-    return stages.order_by("deployment", "replica", "stage_index")
 
 
 UNAVAILABLE = (Node.Status.LOST, Node.Status.DRAINING)  # nodes that take no new stage

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from channels.db import database_sync_to_async
 
-from controlplane.deployments.services import HeartbeatSeen, heartbeat_flush_interval_s, node_heartbeats_flush
+from controlplane.deployments.liveness import HeartbeatSeen, heartbeat_flush_interval_s, node_heartbeats_flush
 
 logger = logging.getLogger(__name__)
 

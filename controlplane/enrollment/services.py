@@ -15,7 +15,8 @@ from django.utils import timezone
 
 from contracts.hardware import DeviceSpec, FleetSpec, NodeSpec
 from contracts.names import device_name
-from controlplane.deployments.services import node_agent_restarted, node_heartbeat_record, stage_status_record
+from controlplane.deployments.liveness import node_agent_restarted, node_heartbeat_record
+from controlplane.deployments.stage_reports import stage_status_record
 from controlplane.enrollment.models import JoinToken, NodeCredential
 from controlplane.inventory.models import Node
 from controlplane.inventory.services import fleet_import

@@ -19,7 +19,8 @@ from django.contrib.auth import get_user_model
 from contracts.fleet_file import load_fleet_file
 from contracts.hardware import FleetSpec
 from controlplane.deployments.models import Deployment
-from controlplane.deployments.services import deployment_create, plan_revision_create
+from controlplane.deployments.revisions import plan_revision_create
+from controlplane.deployments.services import deployment_create
 from controlplane.enrollment.services import join_token_create
 from controlplane.gateway.services import api_key_create
 from controlplane.inventory.models import Node

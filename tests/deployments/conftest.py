@@ -1,5 +1,5 @@
 """A registered fleet of four emulated one-GPU nodes (n3 spare), a deployable tiny model, and a recorder of
-what the controller sends (agent tasks by queue, reconcile requests)."""
+what the controller sends (agent tasks by queue, reconcile requests), taken where Celery would send it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from contracts import tasks
 from controlplane.deployments import dispatch
-from controlplane.deployments.services import plan_revision_create
+from controlplane.deployments.revisions import plan_revision_create
 from controlplane.enrollment.services import agent_register, join_token_create
 from controlplane.inventory.models import Node
 from controlplane.models_catalog.services import model_register
@@ -40,21 +41,37 @@ class Sent:
         return tasks
 
 
+class RecordingApp:
+    """Stands in for the Celery app at ``send_task``, where a send leaves the process: it checks each
+    message is what a broker would carry (a task name from contracts/tasks.py, JSON keyword
+    arguments) and records it instead of sending it."""
+
+    def __init__(self, record: Sent):
+        self.record = record
+
+    def send_task(self, name: str, args=None, kwargs=None, queue: str | None = None, serializer=None,
+                  **options) -> None:
+        assert serializer == "json" and not args and not options, (name, args, serializer, options)
+        assert name in TASK_NAMES, name
+        json.dumps(kwargs)  # JSON only
+        if name == tasks.RECONCILE:
+            assert queue is None and set(kwargs) == {"deployment_id"}  # the control plane's own queue
+            self.record.reconciles.append(kwargs["deployment_id"])
+        else:
+            assert queue is not None and queue.startswith("node."), queue
+            self.record.tasks.append((queue, name, kwargs))
+
+
+TASK_NAMES = {tasks.START_STAGE, tasks.STOP_STAGE, tasks.SYNC, tasks.RECONCILE}
+
+
 @pytest.fixture(autouse=True)
 def sent(monkeypatch) -> Sent:
-    """Record sends instead of making them, at once (a test's transaction never commits)."""
+    """Record sends at ``send_task`` instead of making them. ``transaction.on_commit`` is left as it
+    is: a send is seen once the transaction that decided it commits, never if it rolls back, so the
+    controller's tests run with ``django_db(transaction=True)`` as the services run in production."""
     record = Sent()
-
-    class App:
-        @staticmethod
-        def send_task(name, kwargs, queue, serializer):
-            assert serializer == "json"
-            json.dumps(kwargs)  # JSON only
-            record.tasks.append((queue, name, kwargs))
-
-    monkeypatch.setattr(dispatch, "current_app", App)
-    monkeypatch.setattr("controlplane.deployments.tasks.reconcile.delay", record.reconciles.append)
-    monkeypatch.setattr(dispatch.transaction, "on_commit", lambda fn, *a, **k: fn())
+    monkeypatch.setattr(dispatch, "current_app", RecordingApp(record))
     return record
 
 

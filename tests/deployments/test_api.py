@@ -12,7 +12,7 @@ from controlplane.inventory.models import Node
 from tests.api.mixins import assert_error
 from tests.deployments.conftest import REQUEST, THREE_STAGES, edited_plan
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)  # sends happen on commit, as in production
 URL = "/api/v1/deployments/"
 
 

@@ -1,5 +1,6 @@
-"""What reaches a real broker: the controller's agent tasks as JSON on each node's queue (Redis in
-service mode, the filesystem transport always), and a Celery worker that refuses pickle."""
+"""What reaches a real broker: the controller's agent tasks as JSON on each node's queue and its
+reconcile request, by name, on the control queue (Redis in service mode, the filesystem transport
+always), and a Celery worker that refuses pickle."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ import uuid
 import kombu
 import pytest
 from celery import Celery
+from django.conf import settings
 
 from controlplane.deployments import dispatch
-from controlplane.deployments.services import deployment_create, deployment_reconcile
+from controlplane.deployments.reconcile import deployment_reconcile
+from controlplane.deployments.services import deployment_create
 from tests.support.processes import REPO_ROOT, embedded_env, filesystem_broker_options, redis_up
 
-pytestmark = pytest.mark.django_db
-
+pytestmark = pytest.mark.django_db(transaction=True)  # sends happen on commit, as in production
+CONTROL = settings.CELERY_TASK_DEFAULT_QUEUE  # where the control worker listens ("control")
 
 
 @pytest.fixture(params=["filesystem", "redis"])
@@ -36,10 +39,12 @@ def broker_app(request, tmp_path, monkeypatch, nodes):
     app = Celery(f"test-{uuid.uuid4().hex[:6]}", broker=url)
     app.conf.broker_transport_options = options
     app.conf.task_serializer = "json"
-    for node in nodes:  # a Redis database outlives the test database's ids
-        drain(app, f"node.{node.pk}")
+    app.conf.task_default_queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    for queue_name in [f"node.{node.pk}" for node in nodes] + [CONTROL]:  # a Redis database outlives the test
+        drain(app, queue_name)
     monkeypatch.setattr(dispatch, "current_app", app)
     yield app
+    drain(app, CONTROL)
     app.close()
 
 
@@ -70,6 +75,10 @@ def test_reconcile_puts_json_start_tasks_on_each_nodes_queue_once(broker_app, no
         assert kwargs["spec"]["stage_index"] == index
         assert kwargs["device_index"] == 0
     assert drain(broker_app, f"node.{nodes[3].pk}") == []
+    # The control worker is asked by name, with JSON keyword arguments (dispatch never imports tasks.py).
+    assert drain(broker_app, CONTROL) == [
+        ("application/json", "motley.deployments.reconcile", {"deployment_id": deployment.pk})
+    ]
 
 
 @pytest.mark.slow

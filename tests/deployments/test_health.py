@@ -7,20 +7,20 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from controlplane.deployments.models import Deployment, DeploymentStage, PlanRevision
-from controlplane.deployments.services import (
+from controlplane.deployments.liveness import (
     HeartbeatSeen,
-    deployment_create,
-    deployment_reconcile,
     node_agent_restarted,
     node_health_check,
     node_heartbeat_record,
     node_heartbeats_flush,
 )
+from controlplane.deployments.models import Deployment, DeploymentStage, PlanRevision
+from controlplane.deployments.reconcile import deployment_reconcile
+from controlplane.deployments.services import deployment_create
 from controlplane.inventory.models import Node
 from tests.deployments.conftest import report
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)  # sends happen on commit, as in production
 
 
 @pytest.fixture(autouse=True)
@@ -116,6 +116,37 @@ def test_a_coalesced_heartbeat_records_a_stage_whose_stored_state_differs(nodes,
                                                        superseded_pid=100 + stage.stage_index, pid=None)
     node_heartbeats_flush(seen=[seen(stage.node, 0, [ready])])
     assert DeploymentStage.objects.get(pk=stage.pk).state == DeploymentStage.State.PENDING
+
+
+HEARD_FROM = {
+    "one heartbeat": lambda node: node_heartbeat_record(node=node, heartbeat={"stages": []}),
+    "a coalesced flush": lambda node: node_heartbeats_flush(seen=[seen(node, 0)]),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(HEARD_FROM))
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [(Node.Status.READY, Node.Status.READY), (Node.Status.SUSPECT, Node.Status.READY),
+     (Node.Status.LOST, Node.Status.READY), (Node.Status.DRAINING, Node.Status.DRAINING)],
+)
+def test_a_heartbeat_applies_one_liveness_rule_through_either_entry_point(
+    nodes, revision, sent, entry, before, after
+):
+    deployment = deployment_create(name="tiny", revision=revision)  # stage 0 is wanted on n0
+    node = nodes[0]
+    Node.objects.filter(pk=node.pk).update(status=before)
+    sent.take()
+    sent.reconciles.clear()
+    HEARD_FROM[entry](node)
+    assert status(node) == after
+    if before == Node.Status.LOST:  # its stages were planned away: it is told what is still wanted
+        key = f"d{deployment.pk}-r0-s0"
+        assert sent.take() == [(f"node.{node.pk}", "motley.agent.sync", {"wanted_stage_keys": [key]})]
+        assert sent.reconciles == [deployment.pk]
+    else:
+        assert sent.take() == [] and sent.reconciles == []
+    assert Node.objects.get(pk=node.pk).last_heartbeat > timezone.now() - timedelta(seconds=1)
 
 
 def test_nodes_without_an_agent_are_not_watched(nodes, sent):

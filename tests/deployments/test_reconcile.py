@@ -6,13 +6,15 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from controlplane.deployments.models import Deployment, DeploymentStage, PlanRevision
+from controlplane.deployments.reconcile import deployment_reconcile
+from controlplane.deployments.revisions import plan_revision_create
 from controlplane.deployments.selectors import deployment_endpoints
-from controlplane.deployments.services import (deployment_apply, deployment_create, deployment_reconcile,
-                                               deployment_stop, plan_revision_create, stage_status_record)
+from controlplane.deployments.services import deployment_apply, deployment_create, deployment_stop
+from controlplane.deployments.stage_reports import stage_status_record
 from controlplane.inventory.models import Node
 from tests.deployments.conftest import REQUEST, edited_plan, report
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)  # sends happen on commit, as in production
 
 
 def ready_all(deployment, pid_base: int = 100) -> None:
@@ -44,7 +46,7 @@ def test_create_writes_wired_specs_and_reconcile_starts_each_stage_once(nodes, l
     assert specs[0]["emulation"]["memory_bandwidth_gbs"] == 320.0
     assert specs[0]["kv_tokens"] == 4 * 256  # emulated: what the workload needs, not its card's memory
     assert [s["num_stages"] for s in specs] == [3, 3, 3]
-    assert specs[0]["micro_batches"] >= 1 and "micro_batches" not in specs[1]
+    assert specs[0]["micro_batches"] >= 1 and specs[1]["micro_batches"] is None  # the head schedules
 
     deployment_reconcile(deployment_id=deployment.pk)
     assert sent.take() == []  # level-triggered and idempotent: nothing new, nothing sent

@@ -12,7 +12,8 @@ from channels.testing import WebsocketCommunicator
 
 from controlplane.asgi import application
 from controlplane.deployments.models import DeploymentStage
-from controlplane.deployments.services import deployment_create, plan_revision_create
+from controlplane.deployments.revisions import plan_revision_create
+from controlplane.deployments.services import deployment_create
 from controlplane.enrollment import consumers, heartbeats
 from controlplane.enrollment.services import agent_register
 from controlplane.inventory.models import Node

@@ -13,13 +13,14 @@ from rest_framework.views import APIView
 from controlplane.deployments import selectors, services
 from controlplane.deployments.api import serializers
 from controlplane.deployments.models import Deployment, PlanRevision
+from controlplane.deployments.revisions import plan_revision_create
 from controlplane.inventory.models import Node
 
 
 def _revision_from(data: dict, *, model, deployment=None) -> PlanRevision:
     if "revision" in data:
         return data["revision"]
-    return services.plan_revision_create(
+    return plan_revision_create(
         model=model, plan=data["plan"], request=data["request"], source=data["source"], deployment=deployment
     )
 

@@ -12,7 +12,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.deployments.dispatch import node_queue
+from contracts.names import node_queue
 from controlplane.enrollment.api import serializers
 from controlplane.enrollment.services import JoinTokenRefused, agent_register
 
@@ -37,7 +37,7 @@ class AgentRegisterView(APIView):
             "node_id": registration.node.pk,
             "node_credential": registration.credential,
             "incarnation": registration.incarnation,
-            "queue": node_queue(registration.node),
+            "queue": node_queue(registration.node.pk),
             "broker_url": settings.MOTLEY_AGENT_BROKER_URL,
             "broker_transport_options": settings.CELERY_BROKER_TRANSPORT_OPTIONS,
             "heartbeat_interval_s": settings.MOTLEY_AGENT_HEARTBEAT_INTERVAL_S,

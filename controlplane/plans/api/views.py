@@ -12,9 +12,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.deployments.requests import REQUEST_KEYS
+from controlplane.deployments.plan_request_form import REQUEST_KEYS
+from controlplane.deployments.revisions import plan_revision_create
 from controlplane.deployments.selectors import plan_deploy_blockers
-from controlplane.deployments.services import plan_revision_create
 from controlplane.planning import PlanningError, PlanRequest, baseline_plan, plan, plan_to_dict, validate
 from controlplane.plans.api.serializers import PlanRequestSerializer, PlanValidateSerializer
 from controlplane.plans.selectors import plan_request_from_inventory

@@ -1,9 +1,10 @@
 """The stored form of a plan request (everything but the fleet and the model) and back.
 
-A plan revision keeps the request it was planned for, so that a re-plan after a failure asks the
-planner the same question about the fleet as it is now. The form is the body the plans API takes
-(POST /api/v1/plans/, less ``model``), so a request travels unchanged from the API or the plan
-editor into a revision:
+Kept apart because three places share the form and none owns it: the plans API takes a request in
+it, a plan revision keeps it, and the controller turns it back into a ``PlanRequest`` on the fleet
+as it is now (``revisions.py``), so that a re-plan after a failure asks the planner the same
+question. The form is the body the plans API takes (POST /api/v1/plans/, less ``model``), so a
+request travels unchanged from the API or the plan editor into a revision:
 
     {"batch": 8, "context": 4096, "prompt_tokens": null, "objective": "throughput",
      "bits": [16, 8, 4], "max_quantized": 0.5, "replicas": "auto",
@@ -14,7 +15,8 @@ Every key is optional; missing ones take the planner's defaults.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from contracts.hardware import FleetSpec
 from contracts.model_profile import ModelProfile

@@ -1,0 +1,173 @@
+"""Node liveness: heartbeats in, READY / SUSPECT / LOST out, and the sync of a node that comes back.
+
+The only writer of what is *seen* of a node: its ``last_heartbeat`` and the liveness statuses
+READY, SUSPECT and LOST. What an operator *wants* of a node is not liveness's to write: the drain's
+DRAINING is set by the operator's action (``services.node_drain``), and a heartbeat never turns a
+DRAINING node READY (ARCHITECTURE: "intent and observation are separate fields"). Both still share
+``Node.status``, so a DRAINING node that falls silent is LOST like any other, and READY when it is
+heard from again: a drain does not outlive a loss.
+
+A heartbeat arrives one of two ways (docs/deployments.md, "The agents' websocket"): recorded at
+once (``node_heartbeat_record``) or noted and flushed with others (``node_heartbeats_flush``). Both
+apply the same rule, written once in ``_heard_from``: a SUSPECT or LOST node is READY again, and a
+LOST one (its stages were planned away) is sent ``sync`` so its agent kills what is no longer wanted.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from contracts.tasks import SYNC
+from controlplane.deployments import dispatch
+from controlplane.deployments.models import DeploymentStage
+from controlplane.deployments.stage_reports import stage_reports_record_news, stage_status_record
+from controlplane.inventory.models import Node
+
+logger = logging.getLogger(__name__)
+
+SEEN_AGAIN = (Node.Status.SUSPECT, Node.Status.LOST)  # what a heartbeat turns READY
+
+
+@transaction.atomic
+def node_heartbeat_record(*, node: Node, heartbeat: dict[str, Any]) -> None:
+    """A heartbeat: the node is alive (``_heard_from``) and its stages are as reported."""
+    node.status = Node.objects.select_for_update().values_list("status", flat=True).get(pk=node.pk)
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=timezone.now())
+    _heard_from(node)
+    for status in heartbeat.get("stages") or ():
+        if isinstance(status, dict):
+            stage_status_record(node=node, status=status)
+
+
+@dataclass(frozen=True)
+class HeartbeatSeen:
+    """One coalesced heartbeat for ``node_heartbeats_flush``: the latest a connection received."""
+
+    node_id: int
+    incarnation: int  # the connection's credential's
+    received_at: datetime  # aware
+    stages: list[dict[str, Any]]
+
+
+@transaction.atomic
+def node_heartbeats_flush(*, seen: list[HeartbeatSeen]) -> dict[int, str]:
+    """Record many heartbeats at once; the reason each refused entry (by index) was refused.
+
+    The agents' socket calls this every ``heartbeat_flush_interval_s()`` for the heartbeats it did
+    not record one by one (contracts §3, docs/deployments.md): in one transaction, whatever the
+    fleet's size, each node's ``last_heartbeat`` becomes the time its latest heartbeat was received
+    (never earlier than what is stored), each node is heard from (``_heard_from``), and each
+    reported stage whose stored state differs from the report is recorded. An entry of a deleted
+    node or an older incarnation changes nothing and is refused (its socket is closed).
+    """
+    nodes = {n.pk: n for n in Node.objects.select_for_update().filter(pk__in={e.node_id for e in seen})}
+    refused: dict[int, str] = {}
+    latest: dict[int, HeartbeatSeen] = {}
+    for i, entry in enumerate(seen):
+        node = nodes.get(entry.node_id)
+        if node is None:
+            refused[i] = "the node was deleted"
+        elif node.incarnation != entry.incarnation:
+            refused[i] = (f"stale incarnation {entry.incarnation}: node {node.name} re-registered "
+                          f"as incarnation {node.incarnation}")
+        elif entry.node_id not in latest or latest[entry.node_id].received_at < entry.received_at:
+            latest[entry.node_id] = entry
+    newer = []
+    for node_id, entry in latest.items():
+        node = nodes[node_id]
+        if node.last_heartbeat is None or node.last_heartbeat < entry.received_at:
+            node.last_heartbeat = entry.received_at
+            newer.append(node)
+    if newer:
+        Node.objects.bulk_update(newer, ["last_heartbeat"])
+    for node_id in latest:
+        _heard_from(nodes[node_id])
+    stage_reports_record_news(reports={nodes[node_id]: entry.stages for node_id, entry in latest.items()})
+    return refused
+
+
+def _heard_from(node: Node) -> None:
+    """The liveness rule on a heartbeat, for a node whose ``status`` was read under lock: a SUSPECT or
+    LOST node is READY again, and a LOST one is sent ``sync``; any other status is left as it is."""
+    if node.status not in SEEN_AGAIN:
+        return
+    was = node.status
+    Node.objects.filter(pk=node.pk).update(status=Node.Status.READY)
+    node.status = Node.Status.READY
+    if was == Node.Status.LOST:
+        _node_sync(node=node)
+
+
+def heartbeat_flush_interval_s() -> float:
+    """How often the agents' socket records coalesced heartbeats: half a heartbeat interval, at most 0.5 s.
+
+    ``node_health_check`` compares ``last_heartbeat`` (the time the latest heartbeat was *received*)
+    with ``now``: a live node's stored value is at most one heartbeat interval plus this old, well
+    inside the SUSPECT threshold (3 intervals by default).
+    """
+    return getattr(settings, "MOTLEY_NODE_HEARTBEAT_FLUSH_S",
+                   min(0.5, settings.MOTLEY_AGENT_HEARTBEAT_INTERVAL_S / 2))
+
+
+@transaction.atomic
+def node_agent_restarted(*, node: Node) -> None:
+    """A new incarnation of the node's agent: tell it what is wanted and restart that.
+
+    Retired stages are forgotten (``sync`` kills anything unlisted) and every wanted stage is
+    started again; a start of a process the agent still runs with the same spec changes nothing.
+    """
+    DeploymentStage.objects.filter(node=node, wanted=False).delete()
+    DeploymentStage.objects.filter(node=node, wanted=True).update(
+        state=DeploymentStage.State.PENDING, sent_spec=None, pid=None, superseded_pid=None
+    )
+    _node_sync(node=node)
+
+
+def _node_sync(*, node: Node) -> None:
+    """Send the node's agent the stage keys still wanted on it, and reconcile their deployments."""
+    wanted = list(DeploymentStage.objects.filter(node=node, wanted=True))
+    dispatch.agent_task_send_on_commit(
+        node=node, name=SYNC, kwargs={"wanted_stage_keys": sorted(row.stage_key for row in wanted)}
+    )
+    for deployment_id in sorted({row.deployment_id for row in wanted}):
+        dispatch.reconcile_on_commit(deployment_id=deployment_id)
+
+
+@transaction.atomic
+def node_health_check() -> list[tuple[Node, str]]:
+    """Mark nodes whose heartbeats stopped: SUSPECT after a few missed, LOST after a timeout.
+
+    Only nodes an agent registered are watched (declared nodes have no heartbeat to miss). A LOST
+    node's deployments are reconciled at once: they turn DEGRADED and may be re-planned.
+    """
+    now = timezone.now()
+    suspect_before = now - timedelta(
+        seconds=settings.MOTLEY_AGENT_HEARTBEAT_INTERVAL_S * settings.MOTLEY_NODE_SUSPECT_MISSED_HEARTBEATS
+    )
+    lost_before = now - timedelta(seconds=settings.MOTLEY_NODE_LOST_AFTER_S)
+    watched = Node.objects.select_for_update().filter(incarnation__gt=0, last_heartbeat__isnull=False)
+    changes = []
+    for node in watched.filter(last_heartbeat__lt=suspect_before).exclude(status=Node.Status.LOST):
+        if node.last_heartbeat < lost_before:
+            new = Node.Status.LOST
+        elif node.status == Node.Status.READY:
+            new = Node.Status.SUSPECT
+        else:
+            continue
+        node.status = new
+        node.save(update_fields=["status", "last_updated"])
+        changes.append((node, new))
+        logger.warning("node %s is %s: last heartbeat %s", node.name, new, node.last_heartbeat)
+        if new == Node.Status.LOST:
+            for deployment_id in (
+                DeploymentStage.objects.filter(node=node).values_list("deployment_id", flat=True).distinct()
+            ):
+                dispatch.reconcile_on_commit(deployment_id=deployment_id)
+    return changes

@@ -1,0 +1,129 @@
+"""The controller's loop: compare a deployment's desired and observed state, act, and set its status.
+
+Kubernetes-style and level-triggered: ``deployment_reconcile`` looks only at what is stored now,
+never at what changed, so running it again with nothing new sends nothing, and a message lost with
+a broker is sent again by a later pass. It is the only sender of stage starts and stops, and the one
+place that reacts to a lost node: the deployment turns DEGRADED and, when allowed, is re-planned on
+what is left (the re-plan goes through the same check and writer as an operator's apply).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from contracts.tasks import START_STAGE, STOP_STAGE
+from controlplane.deployments import dispatch
+from controlplane.deployments.desired_state import revision_apply
+from controlplane.deployments.models import Deployment, DeploymentStage, PlanRevision
+from controlplane.deployments.revisions import plan_revision_check, replan_revision_create
+from controlplane.inventory.models import Node
+from controlplane.planning import PlanningError
+
+logger = logging.getLogger(__name__)
+
+
+@transaction.atomic
+def deployment_reconcile(*, deployment_id: int) -> Deployment:
+    """Compare desired and observed state and act; a second run with nothing new sends nothing.
+
+    Starts (or restarts, when its spec changed or its node's agent restarted) each wanted stage,
+    stops retired ones, forgets those confirmed stopped or lost with their node, re-plans around a
+    LOST node when the deployment allows it, and sets the status from what the stages report.
+    """
+    locked = Deployment.objects.select_for_update(of=("self",))  # PostgreSQL: not the nullable revision
+    deployment = locked.select_related("revision", "model").get(pk=deployment_id)
+    now = timezone.now()
+    start_timeout = timedelta(seconds=settings.MOTLEY_STAGE_START_TIMEOUT_S)
+    rows = list(deployment.stages.select_related("node", "device"))
+    for row in rows:
+        lost = _lost(row)
+        if not row.wanted:
+            if lost or row.sent_at is None or row.state in (row.State.EXITED, row.State.FAILED):
+                row.delete()
+            elif row.stop_sent_at is None or row.stop_sent_at < now - start_timeout:
+                dispatch.agent_task_send_on_commit(node=row.node, name=STOP_STAGE,
+                                                   kwargs={"stage_key": row.stage_key})
+                row.stop_sent_at = now
+                row.save(update_fields=["stop_sent_at"])
+            continue
+        if lost:
+            continue
+        changed = row.sent_spec != row.spec or row.sent_incarnation != row.node.incarnation
+        unconfirmed = (
+            row.state == row.State.PENDING and row.sent_at is not None and row.sent_at < now - start_timeout
+        )
+        if changed or unconfirmed or row.state == row.State.EXITED:
+            _stage_start(row=row, now=now, restart=changed and row.sent_spec is not None)
+    wanted = [row for row in rows if row.wanted]
+    if deployment.stop_requested:
+        remaining = deployment.stages.count()
+        _status_set(deployment, Deployment.Status.STOPPED if not remaining else deployment.status,
+                    f"stopping: {remaining} stage(s) not yet confirmed stopped" if remaining else "stopped")
+        return deployment
+    lost = [row for row in wanted if _lost(row)]
+    failed = [row for row in wanted if row.state == row.State.FAILED]
+    if lost:
+        names = ", ".join(sorted({row.node.name for row in lost}))
+        _status_set(deployment, Deployment.Status.DEGRADED, f"stages on lost node(s) {names}")
+        if deployment.replan_on_failure:
+            _replan_after_loss(deployment=deployment, lost_nodes=names)
+    elif failed:
+        reasons = [f"{row.stage_key} failed: {row.message or f'exit code {row.exit_code}'}" for row in failed]
+        _status_set(deployment, Deployment.Status.FAILED, "; ".join(reasons))
+    elif all(row.state == row.State.READY for row in wanted):
+        _status_set(deployment, Deployment.Status.READY, f"plan revision {deployment.revision.number} ready")
+    elif deployment.status in (Deployment.Status.READY, Deployment.Status.DEGRADED):
+        waiting = ", ".join(row.stage_key for row in wanted if row.state != row.State.READY)
+        _status_set(deployment, Deployment.Status.DEGRADED, f"not ready: {waiting}")
+    return deployment
+
+
+def _lost(row: DeploymentStage) -> bool:
+    """The stage's node is LOST, or its device disappeared (its agent re-registered without it)."""
+    return row.node.status == Node.Status.LOST or row.device_id is None
+
+
+def _stage_start(*, row: DeploymentStage, now: datetime, restart: bool) -> None:
+    dispatch.agent_task_send_on_commit(
+        node=row.node, name=START_STAGE,
+        kwargs={"stage_key": row.stage_key, "spec": row.spec, "device_index": row.device.index},
+    )
+    # Until the new process reports, reports of the one it replaces say nothing about the new spec.
+    row.superseded_pid = row.pid if restart else None
+    row.state = row.State.PENDING
+    row.sent_spec = row.spec
+    row.sent_incarnation = row.node.incarnation
+    row.sent_at = now
+    row.save(update_fields=["superseded_pid", "state", "sent_spec", "sent_incarnation", "sent_at"])
+
+
+def _status_set(deployment: Deployment, status: str, message: str) -> None:
+    if (deployment.status, deployment.status_message) != (status, message):
+        deployment.status, deployment.status_message = status, message
+        deployment.save(update_fields=["status", "status_message", "last_updated"])
+
+
+def _replan_after_loss(*, deployment: Deployment, lost_nodes: str) -> None:
+    """Plan again on the healthy devices and apply; on failure the deployment stays DEGRADED, saying why.
+
+    The attempt runs in a savepoint: a re-plan that fails leaves no draft behind and sends nothing.
+    """
+    try:
+        with transaction.atomic():
+            revision = replan_revision_create(deployment=deployment, source=PlanRevision.Source.REPLAN)
+            checked = plan_revision_check(revision=revision, deployment=deployment)
+            revision_apply(deployment=deployment, checked=checked)
+    except (PlanningError, ValidationError) as exc:
+        reason = "; ".join(exc.messages) if isinstance(exc, ValidationError) else str(exc)
+        deployment.refresh_from_db()  # what the rolled-back attempt set in memory is gone from the database
+        _status_set(deployment, Deployment.Status.DEGRADED,
+                    f"stages on lost node(s) {lost_nodes}; re-plan failed: {reason}")
+    else:
+        logger.info("deployment %s re-planned around lost node(s) %s: revision %s",
+                    deployment.name, lost_nodes, revision.number)

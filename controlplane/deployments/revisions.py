@@ -1,0 +1,107 @@
+"""Plan revisions: store a plan as a draft, check that one can be deployed now, and plan again.
+
+This is where a stored plan meets the fleet as it is now, and the only place that does: an operator
+action, the controller's re-plan after a loss and a drain all check a revision here before anything
+is written, so they refuse for the same reasons with the same messages. Nothing here touches a
+deployment's stages (``desired_state.py`` writes them from a ``CheckedPlan``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.exceptions import ValidationError
+
+from contracts.model_profile import ModelProfile
+from controlplane.deployments.models import Deployment, PlanRevision
+from controlplane.deployments.plan_request_form import plan_request_from_dict
+from controlplane.deployments.selectors import devices_in_use, plan_devices, planning_only_message
+from controlplane.inventory.models import Device, Node
+from controlplane.inventory.selectors import fleet_spec_from_inventory
+from controlplane.models_catalog.models import LlmModel
+from controlplane.planning import PlanningError, PlanRequest, plan, plan_to_dict, validate
+
+
+def plan_revision_create(
+    *, model: LlmModel, plan: dict[str, Any], request: dict[str, Any], source: str,
+    deployment: Deployment | None = None,
+) -> PlanRevision:
+    """Store a plan as a DRAFT revision; nothing runs until it is applied to a deployment."""
+    if deployment is not None and deployment.model_id != model.pk:
+        raise ValidationError({"model": f"the deployment serves {deployment.model}, not {model}"})
+    return PlanRevision.objects.create(
+        model=model, plan=plan, request=request, source=source, deployment=deployment
+    )
+
+
+@dataclass(frozen=True)
+class CheckedPlan:
+    """A revision found deployable, with the stages it asks for on the devices as they are now."""
+
+    revision: PlanRevision
+    replicas: list[list[tuple[Device, dict[str, Any]]]]  # per replica, per stage: device, priced stage
+    batch: int  # sequences the plan was priced for (each stage's spec carries it)
+    workload_kv_tokens: int  # batch x context: the KV one replica's workload needs on every stage
+    micro_batches: list[int]  # per replica: micro-batches its head keeps in flight
+
+
+def plan_revision_check(
+    *, revision: PlanRevision, deployment: Deployment | None = None, exclude_nodes: tuple[Node, ...] = ()
+) -> CheckedPlan:
+    """Whether this revision can be deployed now (by ``deployment``, None for a new one).
+
+    ValidationError lists every reason it cannot. Beyond the planner's own checks (layers, memory,
+    precision, pins) a deployment needs weights, and devices whose node has a live agent and that
+    no other deployment uses: a device on a LOST or DRAINING node, on a node no agent ever
+    registered, or carrying another deployment's stage is refused by name.
+    """
+    model = revision.model
+    if not model.has_weights:
+        raise ValidationError({"model": planning_only_message(model)})
+    busy = devices_in_use(deployment=deployment)
+    devices, problems = plan_devices(revision.plan, busy=busy, exclude_nodes=exclude_nodes)
+    if problems:
+        raise ValidationError({"plan": problems})
+    request = _plan_request(revision=revision, busy=busy, exclude_nodes=exclude_nodes)
+    report = validate(revision.plan, request)
+    if not report.ok:
+        raise ValidationError({"plan": [p.message for p in report.problems]})
+    priced = plan_to_dict(report.edited)
+    return CheckedPlan(
+        revision=revision,
+        replicas=[[(devices[s["device"]], s) for s in replica["stages"]] for replica in priced["replicas"]],
+        batch=priced["batch"],
+        workload_kv_tokens=priced["batch"] * priced["context"],
+        micro_batches=[replica["micro_batches"] for replica in priced["replicas"]],
+    )
+
+
+def replan_revision_create(
+    *, deployment: Deployment, source: str, exclude_nodes: tuple[Node, ...] = ()
+) -> PlanRevision:
+    """A draft revision answering the deployment's current question again, on the fleet as it is now
+    (without ``exclude_nodes`` and other deployments' devices); PlanningError when nothing fits."""
+    request = _plan_request(revision=deployment.revision, busy=devices_in_use(deployment=deployment),
+                            exclude_nodes=exclude_nodes)
+    return plan_revision_create(
+        model=deployment.model, plan=plan_to_dict(plan(request)), request=deployment.revision.request,
+        source=source, deployment=deployment,
+    )
+
+
+def _plan_request(
+    *, revision: PlanRevision, busy: dict[str, str], exclude_nodes: tuple[Node, ...] = ()
+) -> PlanRequest:
+    """The revision's request on the fleet of registered nodes as it is now (LOST ones down), without
+    the ``busy`` devices (``devices_in_use``: those other deployments use)."""
+    registered = Node.objects.filter(incarnation__gt=0).values_list("pk", flat=True)
+    fleet = fleet_spec_from_inventory(node_ids=registered)
+    try:
+        return plan_request_from_dict(
+            revision.request, fleet=fleet, profile=ModelProfile.from_dict(revision.model.profile),
+            exclude_nodes=tuple(n.name for n in exclude_nodes),
+            exclude_devices=tuple(busy),
+        )
+    except PlanningError as exc:
+        raise ValidationError({"request": str(exc)}) from None

@@ -1,0 +1,48 @@
+"""Sends follow the transaction that decided them: nothing before commit, nothing at all after a rollback."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import transaction
+
+from controlplane.deployments.liveness import node_heartbeat_record
+from controlplane.deployments.models import Deployment, PlanRevision
+from controlplane.deployments.reconcile import deployment_reconcile
+from controlplane.deployments.services import deployment_create
+from controlplane.inventory.models import Node
+
+pytestmark = pytest.mark.django_db(transaction=True)  # sends happen on commit, as in production
+
+
+class Abandoned(Exception):
+    """Raised by a caller after the services decided: the whole transaction rolls back."""
+
+
+def decide(nodes, revision) -> Deployment:
+    """Decisions that send both kinds of message: a reconcile request (create), stage starts
+    (reconcile) and a ``sync`` (a LOST node heard from again)."""
+    deployment = deployment_create(name="tiny", revision=revision)
+    deployment_reconcile(deployment_id=deployment.pk)
+    Node.objects.filter(pk=nodes[3].pk).update(status=Node.Status.LOST)
+    node_heartbeat_record(node=nodes[3], heartbeat={"stages": []})
+    return deployment
+
+
+def test_a_decision_whose_transaction_rolls_back_sends_nothing(nodes, revision, sent):
+    with pytest.raises(Abandoned), transaction.atomic():
+        decide(nodes, revision)
+        assert sent.tasks == [] and sent.reconciles == []  # nothing leaves before the commit
+        raise Abandoned
+    assert sent.tasks == [] and sent.reconciles == []
+    assert not Deployment.objects.exists() and Node.objects.get(pk=nodes[3].pk).status == Node.Status.READY
+
+    # The same decisions, committed, send each message once the outer transaction commits.
+    revision = PlanRevision.objects.get(pk=revision.pk)  # the rolled-back apply left it in memory only
+    with transaction.atomic():
+        deployment = decide(nodes, revision)
+        assert sent.tasks == [] and sent.reconciles == []
+    names = sorted((queue, name) for queue, name, _ in sent.take())
+    assert names == sorted([(f"node.{n.pk}", "motley.agent.start_stage") for n in nodes[:3]]
+                           + [(f"node.{nodes[3].pk}", "motley.agent.sync")])
+    assert sent.reconciles == [deployment.pk]
+
