@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents.admission import DEFAULT_TIME_SCALE
-from agents.supervisor import DEFAULT_COMMAND, PROJECT_ROOT
+from agents.stage_process import DEFAULT_COMMAND, PROJECT_ROOT
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from contracts.tasks import START_STAGE, STOP_STAGE, SYNC
 log = logging.getLogger(__name__)
 
 
-
 def build_app(
     broker_url: str, transport_options: dict[str, Any], queue: str, supervisor: Supervisor
 ) -> Celery:

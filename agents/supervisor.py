@@ -1,4 +1,4 @@
-"""Stage processes: start them from a spec file, follow their stdout, restart crashes, stop them.
+"""Stage processes: which run, restarting crashes, stopping them; the interface other threads call.
 
 One thread (the supervisor loop) owns every stage record and makes every fork. That is not only
 tidy locking: PR_SET_PDEATHSIG fires when the *thread* that forked a child exits, so spawning from
@@ -11,18 +11,16 @@ with ``exit_code`` and ``message`` saying so), ``ready``, ``draining`` (SIGTERM 
 (stopped on request or exit code 0), ``failed`` (refused, or crashed more than the restart limit).
 A stage stopped on request is forgotten once it has exited; a failed or self-exited one stays listed
 so the control plane sees it in every heartbeat until it stops, syncs or restarts it.
+
+How one process of a stage is started, read and told apart on exit is agents/stage_process.py.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import queue
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -33,15 +31,22 @@ from typing import Any
 
 from agents.admission import Admission, Admitted
 from agents.memory_budget import StageRefused
-from agents.processes import die_with_parent, signal_group, sweep_pid_records, write_pid_record
+from agents.processes import signal_group, sweep_pid_records
 from agents.stage_load import StageLoad
+from agents.stage_process import (
+    DEFAULT_COMMAND,
+    SpawnFailed,
+    StageRun,
+    crash_reason,
+    load_between,
+    reap,
+    spawn,
+)
 from contracts.stage_status import StageStatus, identity_of
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_COMMAND = (sys.executable, "-m", "worker_runtime.serve")
 _STAGE_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -67,22 +72,12 @@ class RestartPolicy:
 
 
 @dataclass
-class _Run:
-    """One process of a stage."""
-
-    popen: subprocess.Popen
-    started: float
-    reader: threading.Thread | None = None
-    last_error: str = ""  # the stage's last {"event": "error"} message, set by the reader thread
-
-
-@dataclass
 class _Stage:
     key: str
     requested: tuple[dict[str, Any], int | None]  # spec and device index as sent (idempotence compares this)
     admitted: Admitted
     status: StageStatus
-    run: _Run | None = None
+    run: StageRun | None = None
     crashes: int = 0  # consecutive
     restart_at: float | None = None
     kill_at: float | None = None
@@ -114,7 +109,7 @@ class Supervisor:
         self._stages: dict[str, _Stage] = {}
         self._inbox: queue.Queue = queue.Queue()
         self._closed = threading.Event()
-        self._closing = threading.Lock()  # orders "closed?" + put against "close" + drain
+        self._closing = threading.Lock()  # orders "closed?" + put against "close" + emptying the inbox
         self.swept_pids = sweep_pid_records(sorted(self._dir.glob("*/pid.json")))
         self._thread = threading.Thread(target=self._loop, name="stage-supervisor", daemon=True)
         self._thread.start()
@@ -134,11 +129,6 @@ class Supervisor:
     def stop(self, stage_key: str) -> StageStatus | None:
         """SIGTERM, SIGKILL after the grace period; returns once the process is gone."""
         return self._call(self._request_stop, stage_key).result(timeout=self._max_wait(stage_key))
-
-    def drain(self, stage_key: str) -> StageStatus | None:
-        """SIGTERM (the stage finishes in-flight work and exits); does not wait for the exit."""
-        self._call(self._request_stop, stage_key)
-        return self._call(self._status_of, stage_key)
 
     def sync(self, wanted: Sequence[str]) -> list[str]:
         """Stop every stage not in ``wanted``; returns the keys stopped."""
@@ -252,57 +242,22 @@ class Supervisor:
         return _copy(stage.status)
 
     def _spawn(self, stage: _Stage) -> None:
-        stage_dir = self._dir / stage.key
-        stage_dir.mkdir(exist_ok=True, mode=0o700)
-        spec_path = stage_dir / "spec.json"
-        spec_path.touch(mode=0o600)
-        spec_path.write_text(json.dumps(stage.admitted.spec, indent=1))
+        key = stage.key
+
+        def on_message(run: StageRun, message: dict[str, Any], at: float) -> None:  # on the reader thread
+            self._inbox.put((self._on_message, (key, run, message, at), None))
+
         try:
-            with open(stage_dir / "stderr.log", "ab") as stderr:
-                popen = subprocess.Popen(
-                    [*self._command, "--spec", str(spec_path)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=stderr,
-                    text=True,
-                    start_new_session=True,
-                    preexec_fn=die_with_parent(),
-                    env=_stage_env(),
-                    cwd=stage_dir,
-                )
-        except OSError as exc:
-            stage.status.state, stage.status.message = "failed", f"cannot start the stage process: {exc}"
+            run = spawn(self._command, self._dir / key, stage.admitted.spec, on_message)
+        except SpawnFailed as exc:
+            stage.status.state, stage.status.message = "failed", str(exc)
             self._emit(stage)
             return
-        write_pid_record(stage_dir / "pid.json", popen.pid)
-        run = _Run(popen, time.monotonic())
-        run.reader = threading.Thread(target=self._read_stdout, args=(stage.key, run), daemon=True,
-                                      name=f"stage-{stage.key}-stdout")
-        run.reader.start()
         stage.run, stage.last_stats, stage.load = run, None, (0.0, 0.0, 0.0)
-        stage.status.state, stage.status.pid = "starting", popen.pid
+        stage.status.state, stage.status.pid = "starting", run.pid
         self._emit(stage)
 
-    def _read_stdout(self, key: str, run: _Run) -> None:
-        """Reader thread: one JSON object per line (contracts §1); anything else is logged and skipped."""
-        assert run.popen.stdout is not None
-        for line in run.popen.stdout:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                message = json.loads(line)
-            except json.JSONDecodeError:
-                log.warning("stage %s wrote a non-JSON line to stdout: %.200s", key, line)
-                continue
-            if not isinstance(message, dict):
-                continue
-            if message.get("event") == "error":
-                run.last_error = str(message.get("message", ""))
-            self._inbox.put((self._on_message, (key, run, message, time.monotonic()), None))
-        run.popen.stdout.close()
-
-    def _on_message(self, key: str, run: _Run, message: dict[str, Any], at: float) -> None:
+    def _on_message(self, key: str, run: StageRun, message: dict[str, Any], at: float) -> None:
         stage = self._stages.get(key)
         if stage is None or stage.run is not run:
             return  # a line from a process that has since been replaced
@@ -313,15 +268,12 @@ class Supervisor:
         elif event == "stats":
             stats = {k: v for k, v in message.items() if k != "event"}
             if stage.last_stats is not None:
-                stage.load = _load_between(*stage.last_stats, at, stats)
+                stage.load = load_between(*stage.last_stats, at, stats)
             stage.last_stats = (at, stats)
             stage.status.stats = stats
 
-    def _on_exit(self, stage: _Stage, run: _Run, code: int) -> None:
-        signal_group(run.popen.pid, signal.SIGKILL)  # whatever the stage left behind in its group
-        if run.reader is not None:
-            run.reader.join(timeout=0.5)  # so a last {"event": "error"} is read
-        (self._dir / stage.key / "pid.json").unlink(missing_ok=True)
+    def _on_exit(self, stage: _Stage, run: StageRun, code: int) -> None:
+        reap(run, self._dir / stage.key)
         stage.run, stage.kill_at, stage.load = None, None, (0.0, 0.0, 0.0)
         status = stage.status
         status.pid, status.exit_code = None, code
@@ -333,7 +285,7 @@ class Supervisor:
             status.state, status.message = "exited", "exited on its own with code 0"
             self._emit(stage)
             return
-        reason = f"{_describe_exit(code)}: {run.last_error or _stderr_tail(self._dir / stage.key)}"
+        reason = crash_reason(run, code, self._dir / stage.key)
         if stage.crashes >= self._policy.max_restarts:
             status.state = "failed"
             status.message = f"{reason}; gave up after {status.restarts} restarts"
@@ -380,10 +332,6 @@ class Supervisor:
     def _stop_unwanted(self, wanted: set[str]) -> dict[str, Future]:
         return {key: self._request_stop(key) for key in list(self._stages) if key not in wanted}
 
-    def _status_of(self, key: str) -> StageStatus | None:
-        stage = self._stages.get(key)
-        return _copy(stage.status) if stage else None
-
     def _grace_of(self, key: str) -> float:
         stage = self._stages.get(key)
         return self._policy.grace(stage.admitted.spec) if stage else 0.0
@@ -405,52 +353,3 @@ class Supervisor:
 def _copy(status: StageStatus) -> StageStatus:
     return replace(status, stats=dict(status.stats))
 
-
-def _stage_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
-    env["PYTHONUNBUFFERED"] = "1"  # one stdout line per event, as it happens
-    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # cuda:N is NVML's device N
-    return env
-
-
-def _load_between(
-    t0: float, before: dict[str, Any], t1: float, after: dict[str, Any]
-) -> tuple[float, float, float]:
-    """Busy fraction and transfer rates of a stage between two stats lines."""
-    elapsed = t1 - t0
-    if elapsed <= 0:
-        return 0.0, 0.0, 0.0
-
-    def delta(name: str) -> float:
-        try:
-            return max(0.0, float(after.get(name, 0)) - float(before.get(name, 0)))
-        except (TypeError, ValueError):
-            return 0.0
-
-    try:
-        step_s = float(after.get("step_ms", 0)) / 1000.0
-    except (TypeError, ValueError):
-        step_s = 0.0
-    busy = min(1.0, delta("steps") * step_s / elapsed)
-    return busy, delta("bytes_sent") / elapsed, delta("bytes_received") / elapsed
-
-
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
-
-
-def _stderr_tail(stage_dir: Path) -> str:
-    try:
-        with open(stage_dir / "stderr.log", "rb") as stderr:
-            stderr.seek(0, os.SEEK_END)
-            stderr.seek(max(0, stderr.tell() - 2000))
-            lines = [line for line in stderr.read().decode(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        return "no error message"
-    return lines[-1].strip() if lines else "no error message"

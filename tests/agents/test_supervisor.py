@@ -16,7 +16,12 @@ from agents.admission import Admission
 from agents.discovery.emulated import emulated_devices
 from agents.supervisor import RestartPolicy, Supervisor
 from tests.agents.helpers import (
-    STAND_IN_COMMAND, TINY_LAYER_BYTES, Events, stage_spec, tiny_model, wait_until,
+    STAND_IN_COMMAND,
+    TINY_LAYER_BYTES,
+    Events,
+    stage_spec,
+    tiny_model,
+    wait_until,
 )
 
 FAST = RestartPolicy(max_restarts=2, backoff_s=0.2, max_backoff_s=0.4, stop_grace_s=1.0)
@@ -107,17 +112,20 @@ def test_stop_terms_then_kills_and_takes_the_process_group_down(supervisor, even
     assert supervisor.snapshot() == []
 
 
-def test_drain_returns_at_once_and_the_stage_exits_cleanly(supervisor, events, spec):
+def test_stop_lets_a_stage_drain_on_sigterm_and_exit_cleanly_within_its_grace(supervisor, events, spec):
     supervisor.start("k", spec())
     events.wait_for(lambda s: s.state == "ready")
-    assert supervisor.drain("k").state == "draining"
-    exited = events.wait_for(lambda s: s.state == "exited")
-    assert exited.exit_code == 0 and exited.message == "stopped on request"
+    started = time.monotonic()
+    stopped = supervisor.stop("k")
+    assert time.monotonic() - started < 0.9  # the stand-in exits on SIGTERM: no SIGKILL after the 1 s grace
+    assert (stopped.state, stopped.exit_code, stopped.message) == ("exited", 0, "stopped on request")
+    assert [s.state for s in events.seen][-2:] == ["draining", "exited"]  # reported while it drained
+    assert supervisor.snapshot() == []
 
 
 def test_sync_stops_only_the_unwanted(supervisor, events, spec):
     for key in ("a", "b", "c"):
-        supervisor.start(key, spec(pipeline_id=f"d1-r0", memory_mib=10))
+        supervisor.start(key, spec(pipeline_id="d1-r0", memory_mib=10))
     assert supervisor.sync(["b"]) == ["a", "c"]
     assert [s.stage_key for s, _ in supervisor.snapshot()] == ["b"]
 
@@ -130,8 +138,7 @@ def test_a_stage_over_the_emulated_memory_budget_is_refused(supervisor, events, 
                                "(weights 1.3 MiB + KV 300.0 MiB + workspace 2.5 MiB) but 285.0 MiB is usable "
                                "(588.8 MiB after the reserve, 303.8 MiB held by other stages)")
     assert supervisor.start("elsewhere", spec(memory_mib=300), device_index=1).state == "starting"
-    supervisor.drain("big")
-    events.wait_for(lambda s: s.stage_key == "big" and s.state == "exited")
+    assert supervisor.stop("big").state == "exited"
     assert supervisor.start("too-big", spec(memory_mib=300)).state == "starting"  # the memory is free again
     unknown = supervisor.start("nowhere", spec(device="cuda:7"))
     assert unknown.state == "failed" and "device index 7 does not exist" in unknown.message

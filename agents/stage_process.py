@@ -1,0 +1,168 @@
+"""One stage's operating-system process: how it is started, how its stdout is read, how its end is told.
+
+The supervisor decides *when* a stage runs (admission, restarts, stops); this module knows *how* one
+run of it looks from the outside (contracts §1): the spec written to a private file, the process
+started in its own session with PDEATHSIG and a pid record, one JSON object per stdout line read on
+a thread of its own, stderr kept in a log whose last line explains a crash that sent no ``error``
+event, and the busy fraction and transfer rates worked out from two ``stats`` lines.
+
+Nothing here keeps state across runs or takes a lock: the supervisor loop, the only caller, owns
+every stage record and makes every fork (see agents/supervisor.py for why the forking thread matters).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agents.processes import die_with_parent, signal_group, write_pid_record
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_COMMAND = (sys.executable, "-m", "worker_runtime.serve")
+
+# Called on the reader thread with each JSON object the stage prints, and the time it was read.
+OnMessage = Callable[["StageRun", dict[str, Any], float], None]
+
+
+@dataclass
+class StageRun:
+    """One process of a stage."""
+
+    popen: subprocess.Popen
+    started: float
+    reader: threading.Thread | None = None
+    last_error: str = ""  # the stage's last {"event": "error"} message, set by the reader thread
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+
+class SpawnFailed(Exception):
+    """The stage's process could not be started (no such command, no permission, out of processes)."""
+
+
+def spawn(command: Sequence[str], stage_dir: Path, spec: dict[str, Any], on_message: OnMessage) -> StageRun:
+    """Write the spec and start ``command --spec SPEC`` in ``stage_dir``; its stdout goes to
+    ``on_message`` line by line. Raises SpawnFailed when the process cannot be started."""
+    stage_dir.mkdir(exist_ok=True, mode=0o700)
+    spec_path = stage_dir / "spec.json"
+    spec_path.touch(mode=0o600)  # the spec carries the pipeline's auth_token
+    spec_path.write_text(json.dumps(spec, indent=1))
+    try:
+        with open(stage_dir / "stderr.log", "ab") as stderr:
+            popen = subprocess.Popen(
+                [*command, "--spec", str(spec_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),
+                env=_stage_env(),
+                cwd=stage_dir,
+            )
+    except OSError as exc:
+        raise SpawnFailed(f"cannot start the stage process: {exc}") from exc
+    write_pid_record(stage_dir / "pid.json", popen.pid)
+    run = StageRun(popen, time.monotonic())
+    run.reader = threading.Thread(target=_read_stdout, args=(stage_dir.name, run, on_message), daemon=True,
+                                  name=f"stage-{stage_dir.name}-stdout")
+    run.reader.start()
+    return run
+
+
+def reap(run: StageRun, stage_dir: Path) -> None:
+    """After the process exited: kill what it left in its group, let the reader take the last lines,
+    drop the pid record."""
+    signal_group(run.pid, signal.SIGKILL)
+    if run.reader is not None:
+        run.reader.join(timeout=0.5)  # so a last {"event": "error"} is read
+    (stage_dir / "pid.json").unlink(missing_ok=True)
+
+
+def crash_reason(run: StageRun, code: int, stage_dir: Path) -> str:
+    """How the process ended and why: its last ``error`` event, else the last line of its stderr."""
+    return f"{_describe_exit(code)}: {run.last_error or _stderr_tail(stage_dir)}"
+
+
+def load_between(
+    t0: float, before: dict[str, Any], t1: float, after: dict[str, Any]
+) -> tuple[float, float, float]:
+    """Busy fraction and transfer rates of a stage between two stats lines."""
+    elapsed = t1 - t0
+    if elapsed <= 0:
+        return 0.0, 0.0, 0.0
+
+    def delta(name: str) -> float:
+        try:
+            return max(0.0, float(after.get(name, 0)) - float(before.get(name, 0)))
+        except (TypeError, ValueError):
+            return 0.0
+
+    try:
+        step_s = float(after.get("step_ms", 0)) / 1000.0
+    except (TypeError, ValueError):
+        step_s = 0.0
+    busy = min(1.0, delta("steps") * step_s / elapsed)
+    return busy, delta("bytes_sent") / elapsed, delta("bytes_received") / elapsed
+
+
+def _read_stdout(key: str, run: StageRun, on_message: OnMessage) -> None:
+    """Reader thread: one JSON object per line (contracts §1); anything else is logged and skipped."""
+    assert run.popen.stdout is not None
+    for line in run.popen.stdout:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            message = json.loads(line)
+        except json.JSONDecodeError:
+            log.warning("stage %s wrote a non-JSON line to stdout: %.200s", key, line)
+            continue
+        if not isinstance(message, dict):
+            continue
+        if message.get("event") == "error":
+            run.last_error = str(message.get("message", ""))
+        on_message(run, message, time.monotonic())
+    run.popen.stdout.close()
+
+
+def _stage_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"  # one stdout line per event, as it happens
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # cuda:N is NVML's device N
+    return env
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _stderr_tail(stage_dir: Path) -> str:
+    try:
+        with open(stage_dir / "stderr.log", "rb") as stderr:
+            stderr.seek(0, os.SEEK_END)
+            stderr.seek(max(0, stderr.tell() - 2000))
+            lines = [line for line in stderr.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no error message"
+    return lines[-1].strip() if lines else "no error message"
