@@ -26,7 +26,7 @@ from controlplane.planning.plan import (
     ReplicaPlan,
     StagePlan,
 )
-from controlplane.planning.precision import quantized_layers
+from controlplane.planning.quality_budget import quantized_layers
 from controlplane.planning.request import PlanRequest
 
 

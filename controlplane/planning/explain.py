@@ -12,7 +12,7 @@ from contracts.footprint import usable_bytes
 from contracts.hardware import GIB, DeviceSpec
 from controlplane.planning.cost_model import CostModel
 from controlplane.planning.plan import Placement, ReplicaPlan, StagePlan
-from controlplane.planning.precision import quantized_layers
+from controlplane.planning.quality_budget import quantized_layers
 from controlplane.planning.request import PlanRequest
 
 

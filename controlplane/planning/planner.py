@@ -29,7 +29,7 @@ from controlplane.planning.explain import explain, infeasible_message, min_repli
 from controlplane.planning.ordering import EXACT_ORDER_LIMIT, candidate_orders, speed, topology_order
 from controlplane.planning.partition import bottleneck_partition, sum_partition
 from controlplane.planning.plan import Placement, Plan
-from controlplane.planning.precision import THROUGHPUT_TOLERANCE, quantized_layers
+from controlplane.planning.quality_budget import THROUGHPUT_TOLERANCE, quantized_layers
 from controlplane.planning.replicas import SPLITS, best_count, split, useful_group_size
 from controlplane.planning.request import PlanningError, PlanRequest
 

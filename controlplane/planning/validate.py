@@ -17,7 +17,7 @@ from controlplane.planning.evaluate import assemble, evaluate_replica
 from controlplane.planning.explain import explain, unused_devices
 from controlplane.planning.plan import Figures, Placement, Plan
 from controlplane.planning.planner import plan as make_plan
-from controlplane.planning.precision import quantized_layers
+from controlplane.planning.quality_budget import quantized_layers
 from controlplane.planning.request import PlanningError, PlanRequest
 from controlplane.planning.serialize import placements_from_dict
 

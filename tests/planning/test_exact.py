@@ -13,7 +13,7 @@ from controlplane.planning.cost_model import CostModel
 from controlplane.planning.evaluate import round_seconds
 from controlplane.planning.partition import bottleneck_partition, sum_partition
 from controlplane.planning.plan import Placement
-from controlplane.planning.precision import THROUGHPUT_TOLERANCE, quantized_layers
+from controlplane.planning.quality_budget import THROUGHPUT_TOLERANCE, quantized_layers
 from controlplane.planning.request import PlanRequest, Workload
 from tests.planning.factories import CARDS, fleet, profile
 
@@ -176,7 +176,7 @@ def test_six_devices_ten_layers_three_precisions():
 
 def test_exact_search_finds_the_optimum_without_tolerance(monkeypatch):
     """With the 1% trade switched off, the search returns the brute force's bottleneck exactly."""
-    monkeypatch.setattr("controlplane.planning.partition.THROUGHPUT_TOLERANCE", 0.0)
+    monkeypatch.setattr("controlplane.planning.bottleneck.THROUGHPUT_TOLERANCE", 0.0)
     for seed in range(4):
         rng = np.random.default_rng(seed)
         cards_ = list(rng.choice(sorted(CARDS), size=4))

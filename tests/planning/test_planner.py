@@ -8,7 +8,7 @@ from contracts.hardware import GIB
 from controlplane.planning import Pin, PlanningError, PlanRequest, Workload, baseline_plan, plan, validate
 from controlplane.planning.cost_model import CostModel
 from controlplane.planning.plan import Placement
-from controlplane.planning.precision import THROUGHPUT_TOLERANCE
+from controlplane.planning.quality_budget import THROUGHPUT_TOLERANCE
 from tests.planning.factories import fleet, profile
 
 

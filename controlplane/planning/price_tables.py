@@ -1,0 +1,176 @@
+"""The prices the partition searches read: per device, every stage's step time, and every hop.
+
+Both searches (``bottleneck`` and ``chain``) run dynamic programmes over layer boundaries whose
+steps are table look-ups, never calls into the cost model: this module builds those tables once per
+search from ``CostModel``'s matrices (one per device and precision, shared by alike devices and
+pins) and ``SplitPrices`` (stages that run their last layers at a low precision), and prices the
+hops between every two devices of the group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from contracts.hardware import DeviceSpec
+from controlplane.planning.cost_model import CostModel, device_key
+from controlplane.planning.plan import Placement
+from controlplane.planning.quality_budget import low_bit_cost
+from controlplane.planning.split_prices import SplitPrices
+
+INF = float("inf")
+
+
+@dataclass(frozen=True)
+class Partition:
+    """What a search returns: the stages of one replica and what the search minimised."""
+
+    stages: tuple[Placement, ...]
+    objective_s: float  # what the search minimised: the bottleneck, or the sum of stage times and hops
+    quantized: int
+
+
+@dataclass(frozen=True)
+class PriceTables:
+    """The prices one search needs, per device: M[i, j] = step time of [i, j) at each precision,
+    and its two summaries, at 16 bits (``full``) and at the fastest low precision (``low``); and,
+    when 16 bits and a lower precision are both allowed, ``SplitPrices`` per low precision for
+    stages whose last layers run below 16 bits."""
+
+    devices: tuple[DeviceSpec, ...]
+    bits: tuple[int, ...]
+    matrices: tuple[dict[int, np.ndarray], ...]
+    full: tuple[np.ndarray, ...]
+    low: tuple[np.ndarray, ...]
+    splits: tuple[dict[int, SplitPrices], ...]
+    pins: tuple[tuple[int, int] | None, ...]
+    num_layers: int
+
+    def transitions(self, tau: float, weight: float = 1.0) -> list[np.ndarray]:
+        """Per device, T[i, j] = fewest low-bit layers for it to take [i, j) within tau (inf: cannot),
+        times ``weight``: a weight above any count of network hops lets the exact search add the hops
+        to the same value and still rank every low-bit layer above them.
+
+        With splits, the lowest precision needs the fewest (it saves the most bytes per layer).
+        Devices with the same prices share one array, so alike cards cost one computation.
+        """
+        lengths = low_bit_cost(4, self.num_layers + 1)
+        shared: dict[tuple[int, ...], np.ndarray] = {}
+        result = []
+        for full, low, splits in zip(self.full, self.low, self.splits):
+            key = (id(full), id(low), *map(id, splits.values()))
+            if key not in shared:
+                if splits:
+                    shared[key] = splits[min(splits)].fewest(tau) * weight
+                else:
+                    shared[key] = np.where(full <= tau, 0.0, np.where(low <= tau, lengths * weight, INF))
+            result.append(shared[key])
+        return result
+
+    def bounds(self) -> tuple[float, float]:
+        """Below the optimum bottleneck, and at or above every finite stage time here.
+
+        Below: with at most one stage per device, some stage holds at least L / devices layers,
+        and no stage of that many layers is faster than the fastest such range at the fastest
+        precision (one precision: a split stage reads more). A pinned device's prices hide every
+        other range, so with pins: half the fastest stage time. Above: the slowest stage of one
+        precision, or of a split when one fits only split.
+        """
+        values = np.concatenate([m[np.isfinite(m)] for m in self.full + self.low] + [np.zeros(1)])
+        slowest = [p.slowest for p in {id(p): p for s in self.splits for p in s.values()}.values()]
+        fewest_layers = 1 if any(self.pins) else -(-self.num_layers // len(self.devices))
+        ranges = [np.diagonal(m, fewest_layers) for m in {id(m): m for m in self.low + self.full}.values()]
+        floor = float(np.concatenate(ranges).min()) * (1.0 if fewest_layers > 1 else 0.5)
+        return (floor * (1.0 - 1e-9) if np.isfinite(floor) else 0.0), max([float(values.max()), *slowest])
+
+    def prices_between(self, lo: float, hi: float, limit: int | None) -> np.ndarray | None:
+        """Every stage time in (lo, hi] the transitions can step at (with repeats), or None if more
+        than ``limit``."""
+        found, seen = [], set()
+        for full, low, splits in zip(self.full, self.low, self.splits):
+            sources = [splits[min(splits)]] if splits else [full, low]
+            for source in sources:
+                if id(source) in seen:
+                    continue
+                seen.add(id(source))
+                left = None if limit is None else limit - sum(map(len, found))
+                if isinstance(source, SplitPrices):
+                    values = source.between(lo, hi, left)
+                else:
+                    values = source[(source > lo) & (source <= hi)]
+                if values is None or (left is not None and len(values) > left):
+                    return None
+                found.append(values)
+        return np.concatenate(found) if found else np.zeros(0)
+
+
+def price_tables(cost: CostModel, devices: Sequence[DeviceSpec], bits: Sequence[int], micro_batch: float,
+                 pins: dict[str, tuple[int, int]], splits: bool = True) -> PriceTables:
+    """The tables of one search over ``devices`` (``bits`` highest first); a pinned device can take
+    only its pinned range. ``splits``: price stages that mix 16 bits and a low precision too."""
+    size = cost.num_layers + 1
+    never = np.full((size, size), INF)
+    summaries: dict[tuple, tuple[np.ndarray, np.ndarray, dict[int, SplitPrices]]] = {}
+    matrices, full, low, split_prices = [], [], [], []
+    lows = [b for b in bits if b < 16] if splits and 16 in bits else []
+    for device in devices:
+        per_bits = {b: cost.decode_matrix(device, b, micro_batch) for b in bits}
+        pin = pins.get(device.name)
+        if pin is not None:
+            per_bits = {b: _only(m, pin) for b, m in per_bits.items()}
+        key = (*(id(m) for m in per_bits.values()), pin)
+        if key not in summaries:
+            lowest = [m for b, m in per_bits.items() if b < 16]
+            summaries[key] = (per_bits.get(16, never), np.minimum.reduce(lowest) if lowest else never,
+                              {b: _split_prices(cost, device, b, micro_batch, pin, len(devices) <= 2)
+                               for b in lows})
+        matrices.append(per_bits)
+        full.append(summaries[key][0])
+        low.append(summaries[key][1])
+        split_prices.append(summaries[key][2])
+    return PriceTables(tuple(devices), tuple(bits), tuple(matrices), tuple(full), tuple(low),
+                       tuple(split_prices), tuple(pins.get(d.name) for d in devices), cost.num_layers)
+
+
+def _split_prices(cost: CostModel, device: DeviceSpec, low_bits: int, micro_batch: float,
+                  pin: tuple[int, int] | None, ends_only: bool) -> SplitPrices:
+    """Shared by every search of the request; with one or two devices a stage starts at the first
+    layer or ends at the last, so only those ranges are priced."""
+    return cost.remember(("split prices", device_key(device), low_bits, micro_batch, pin, ends_only),
+                         lambda: SplitPrices(cost, device, low_bits, micro_batch, pin, ends_only))
+
+
+def _only(prices: np.ndarray, pin: tuple[int, int]) -> np.ndarray:
+    """``prices`` with every stage but the pinned range [start, end) made impossible."""
+    only = np.full_like(prices, INF)
+    only[pin] = prices[pin]
+    only.setflags(write=False)
+    return only
+
+
+@dataclass(frozen=True)
+class Hops:
+    """Between every two devices of a search: H[a, b] = the hop of a micro-batch's hidden states from
+    a to b (0 on the diagonal), and whether it crosses the network (1 or 0)."""
+
+    seconds: np.ndarray
+    crossings: np.ndarray
+
+    @property
+    def weight(self) -> float:
+        """What one low-bit layer counts in the exact search's value: more than all hops together."""
+        return float(len(self.seconds))
+
+
+def hops(cost: CostModel, devices: Sequence[DeviceSpec], micro_batch: float) -> Hops:
+    """Every pair, once per search: the DPs ask about each (last, next) pair many times."""
+    count = len(devices)
+    seconds, crossings = np.zeros((count, count)), np.zeros((count, count))
+    for a in range(count):
+        for b in range(count):
+            if a != b:
+                seconds[a, b] = cost.hop_s(devices[a], devices[b], micro_batch)
+                crossings[a, b] = cost.crosses_network(devices[a], devices[b])
+    return Hops(seconds, crossings)
