@@ -23,7 +23,7 @@ import numpy as np
 from contracts.hardware import DeviceSpec
 from controlplane.planning.cost_model import CostModel
 from controlplane.planning.plan import Placement
-from controlplane.planning.price_tables import INF, Hops, Partition, PriceTables, hops, price_tables
+from controlplane.planning.price_tables import INF, Hops, Partition, PriceTables, price_tables
 from controlplane.planning.quality_budget import THROUGHPUT_TOLERANCE
 from controlplane.planning.split_prices import SLACK
 
@@ -36,7 +36,7 @@ def bottleneck_partition(cost: CostModel, devices: Sequence[DeviceSpec], micro_b
     """Minimal-bottleneck partition (see module doc); None when nothing fits within the budget."""
     tables = price_tables(cost, devices, sorted(bits, reverse=True), micro_batch, pins or {})
     if exact_order:
-        links = hops(cost, devices, micro_batch)
+        links = Hops(cost, devices, micro_batch)
         weight = links.weight  # ``fewest`` is low-bit layers x weight + network hops
 
         def fewest(tau: float) -> float:

@@ -18,7 +18,7 @@ import numpy as np
 from contracts.hardware import DeviceSpec
 from controlplane.planning.cost_model import CostModel
 from controlplane.planning.plan import Placement
-from controlplane.planning.price_tables import INF, Partition, PriceTables, hops, price_tables
+from controlplane.planning.price_tables import INF, Hops, Partition, PriceTables, price_tables
 
 
 def sum_partition(cost: CostModel, devices: Sequence[DeviceSpec], micro_batch: float, budget: int,
@@ -26,7 +26,7 @@ def sum_partition(cost: CostModel, devices: Sequence[DeviceSpec], micro_batch: f
     """Minimal sum of stage times and hops over the given order (see module doc), with the fewest
     low-bit layers among minimal plans; None when nothing fits within the budget."""
     tables = price_tables(cost, devices, sorted(bits, reverse=True), micro_batch, pins or {}, splits=False)
-    hop_s = hops(cost, devices, micro_batch).seconds
+    hop_s = Hops(cost, devices, micro_batch).seconds
     floors = _pinned_before(tables)
     values = _chain_values(tables, hop_s, floors, min(budget, tables.num_layers))
     first_last = max(floors[-1], 0)  # the last stage is on the last pinned device or after it

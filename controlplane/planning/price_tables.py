@@ -9,6 +9,7 @@ hops between every two devices of the group.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -150,27 +151,31 @@ def _only(prices: np.ndarray, pin: tuple[int, int]) -> np.ndarray:
     return only
 
 
-@dataclass(frozen=True)
 class Hops:
-    """Between every two devices of a search: H[a, b] = the hop of a micro-batch's hidden states from
-    a to b (0 on the diagonal), and whether it crosses the network (1 or 0)."""
+    """Between every two devices of a search: ``seconds[a, b]``, the hop of a micro-batch's hidden
+    states from a to b (0 on the diagonal), and ``crossings[a, b]``, whether it crosses the network
+    (1 or 0; priced on first use: only the Held-Karp search reads it). Every pair is priced once per
+    search: the DPs ask about each (last, next) pair many times."""
 
-    seconds: np.ndarray
-    crossings: np.ndarray
+    def __init__(self, cost: CostModel, devices: Sequence[DeviceSpec], micro_batch: float) -> None:
+        self._cost, self._devices = cost, tuple(devices)
+        self.seconds = self._pairs(lambda a, b: cost.hop_s(a, b, micro_batch))
+
+    @functools.cached_property
+    def crossings(self) -> np.ndarray:
+        return self._pairs(self._cost.crosses_network)
 
     @property
     def weight(self) -> float:
         """What one low-bit layer counts in the exact search's value: more than all hops together."""
         return float(len(self.seconds))
 
-
-def hops(cost: CostModel, devices: Sequence[DeviceSpec], micro_batch: float) -> Hops:
-    """Every pair, once per search: the DPs ask about each (last, next) pair many times."""
-    count = len(devices)
-    seconds, crossings = np.zeros((count, count)), np.zeros((count, count))
-    for a in range(count):
-        for b in range(count):
-            if a != b:
-                seconds[a, b] = cost.hop_s(devices[a], devices[b], micro_batch)
-                crossings[a, b] = cost.crosses_network(devices[a], devices[b])
-    return Hops(seconds, crossings)
+    def _pairs(self, price) -> np.ndarray:
+        """P[a, b] = price(device a, device b) for a != b, 0 on the diagonal."""
+        count = len(self._devices)
+        table = np.zeros((count, count))
+        for a in range(count):
+            for b in range(count):
+                if a != b:
+                    table[a, b] = price(self._devices[a], self._devices[b])
+        return table
