@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from contracts.footprint import (  # noqa: F401 (the reserve is read from here too)
+from contracts.footprint import (  # noqa: F401 (RESERVED_*: read through this module too)
     EMBEDDING_BITS,
     RESERVED_BYTES,
     RESERVED_FRACTION,
