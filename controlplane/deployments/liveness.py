@@ -1,11 +1,12 @@
 """Node liveness: heartbeats in, READY / SUSPECT / LOST out, and the sync of a node that comes back.
 
 The only writer of what is *seen* of a node: its ``last_heartbeat`` and the liveness statuses
-READY, SUSPECT and LOST. What an operator *wants* of a node is not liveness's to write: the drain's
-DRAINING is set by the operator's action (``services.node_drain``), and a heartbeat never turns a
-DRAINING node READY (ARCHITECTURE: "intent and observation are separate fields"). Both still share
-``Node.status``, so a DRAINING node that falls silent is LOST like any other, and READY when it is
-heard from again: a drain does not outlive a loss.
+READY, SUSPECT and LOST (an agent's registration, too, reaches the node through
+``node_agent_restarted``). What an operator *wants* of a node is not liveness's to write: the
+drain's DRAINING is set by the operator's action (``services.node_drain``), and a heartbeat never
+turns a DRAINING node READY (ARCHITECTURE: "intent and observation are separate fields"). Both
+still share ``Node.status``, so a DRAINING node that falls silent is LOST like any other, and one
+whose agent registers again is READY: a drain does not outlive a loss or an agent's restart.
 
 A heartbeat arrives one of two ways (docs/deployments.md, "The agents' websocket"): recorded at
 once (``node_heartbeat_record``) or noted and flushed with others (``node_heartbeats_flush``). Both
@@ -118,11 +119,16 @@ def heartbeat_flush_interval_s() -> float:
 
 @transaction.atomic
 def node_agent_restarted(*, node: Node) -> None:
-    """A new incarnation of the node's agent: tell it what is wanted and restart that.
+    """A new incarnation of the node's agent (it registered): the node is alive, told what is wanted,
+    and that is started again.
 
-    Retired stages are forgotten (``sync`` kills anything unlisted) and every wanted stage is
+    Registration is a sign of life: the node is READY with a fresh ``last_heartbeat``, whatever it
+    was. Retired stages are forgotten (``sync`` kills anything unlisted) and every wanted stage is
     started again; a start of a process the agent still runs with the same spec changes nothing.
     """
+    now = timezone.now()
+    Node.objects.filter(pk=node.pk).update(status=Node.Status.READY, last_heartbeat=now)
+    node.status, node.last_heartbeat = Node.Status.READY, now
     DeploymentStage.objects.filter(node=node, wanted=False).delete()
     DeploymentStage.objects.filter(node=node, wanted=True).update(
         state=DeploymentStage.State.PENDING, sent_spec=None, pid=None, superseded_pid=None

@@ -96,9 +96,7 @@ def agent_register(
         labels=dict(existing.labels) if existing else {},
     )
     fleet_import(fleet=FleetSpec(name=existing.fleet if existing else "", nodes=(node_spec,)))
-    Node.objects.filter(name=name).update(
-        incarnation=F("incarnation") + 1, status=Node.Status.READY, last_heartbeat=timezone.now()
-    )
+    Node.objects.filter(name=name).update(incarnation=F("incarnation") + 1)  # alive: node_agent_restarted
     node = Node.objects.get(name=name)
     credential = secrets.token_urlsafe(32)
     NodeCredential.objects.update_or_create(

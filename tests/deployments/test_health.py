@@ -211,3 +211,13 @@ def test_a_restarted_agent_is_told_what_is_wanted_and_gets_its_stages_again(node
     assert sent.take() == [(f"node.{nodes[0].pk}", "motley.agent.sync", {"wanted_stage_keys": [key]})]
     deployment_reconcile(deployment_id=deployment.pk)
     assert [kw["stage_key"] for _, n, kw in sent.take() if n == "motley.agent.start_stage"] == [key]
+
+
+def test_a_registration_is_a_sign_of_life_whatever_the_node_was(nodes, sent):
+    node = nodes[0]
+    silent_for(node, 11)
+    node_health_check()
+    assert status(node) == Node.Status.LOST
+    node_agent_restarted(node=node)  # what agent_register calls for the new incarnation
+    assert status(node) == Node.Status.READY and node.status == Node.Status.READY
+    assert node_health_check() == []  # its last_heartbeat is the registration's
