@@ -1,8 +1,10 @@
 """Messages the controller sends: tasks to agents' queues and reconcile requests to itself.
 
-Every task is sent by its name (``contracts/tasks.py``) through Celery's ``send_task``: sending one
-imports nothing of the module that runs it, so the controller's services never import their own
-Celery interface (``tasks.py`` imports them, not the reverse). Agent tasks go to the node's own
+Every task is sent by its name (``contracts/tasks.py``) with ``send_task``: sending one imports
+nothing of the module that runs it, so the controller's services never import their own Celery
+interface (``tasks.py`` imports them, not the reverse). The app is the control plane's own
+(``controlplane/celery.py``), named explicitly: Celery's ``current_app`` in a process that never
+imported it, such as the ASGI server, is a default app on another broker. Agent tasks go to the node's own
 queue (``contracts.names.node_queue``); reconcile requests to the control plane's default queue.
 
 Everything is sent after the transaction that decided it commits, so a rolled-back decision sends
@@ -14,11 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import current_app
 from django.db import transaction
 
 from contracts.names import node_queue
 from contracts.tasks import RECONCILE
+from controlplane.celery import app as celery_app
 from controlplane.inventory.models import Node
 
 
@@ -34,4 +36,4 @@ def reconcile_on_commit(*, deployment_id: int) -> None:
 
 
 def _send(name: str, *, kwargs: dict[str, Any], **options: Any) -> None:
-    current_app.send_task(name, kwargs=kwargs, serializer="json", **options)
+    celery_app.send_task(name, kwargs=kwargs, serializer="json", **options)

@@ -71,7 +71,7 @@ def sent(monkeypatch) -> Sent:
     is: a send is seen once the transaction that decided it commits, never if it rolls back, so the
     controller's tests run with ``django_db(transaction=True)`` as the services run in production."""
     record = Sent()
-    monkeypatch.setattr(dispatch, "current_app", RecordingApp(record))
+    monkeypatch.setattr(dispatch, "celery_app", RecordingApp(record))
     return record
 
 

@@ -42,7 +42,7 @@ def broker_app(request, tmp_path, monkeypatch, nodes):
     app.conf.task_default_queue = settings.CELERY_TASK_DEFAULT_QUEUE
     for queue_name in [f"node.{node.pk}" for node in nodes] + [CONTROL]:  # a Redis database outlives the test
         drain(app, queue_name)
-    monkeypatch.setattr(dispatch, "current_app", app)
+    monkeypatch.setattr(dispatch, "celery_app", app)
     yield app
     drain(app, CONTROL)
     app.close()
