@@ -21,7 +21,6 @@ from django.urls import path  # noqa: E402
 
 from controlplane.dashboard.consumers import DashboardConsumer  # noqa: E402
 from controlplane.enrollment.consumers import AgentConsumer  # noqa: E402
-from controlplane.telemetry.consumers import TelemetryConsumer  # noqa: E402
 from controlplane.telemetry.runtime import WithTelemetryHub  # noqa: E402
 
 
@@ -37,7 +36,6 @@ application = ProtocolTypeRouter({
     "http": ASGIStaticFilesHandler(django_asgi_app),
     "websocket": WithTelemetryHub(URLRouter([
         path("ws/agents/", AgentConsumer.as_asgi()),
-        path("ws/telemetry/", browser(TelemetryConsumer.as_asgi())),
         path("ws/dashboard/", browser(DashboardConsumer.as_asgi())),
     ])),
 })

@@ -1,8 +1,9 @@
 """Settings for the control plane, read from environment variables.
 
 Embedded default (nothing set): SQLite under var/, Celery over kombu's filesystem transport under
-var/broker, and an in-process channel layer. Service mode: DATABASE_URL (PostgreSQL),
-CELERY_BROKER_URL (redis:// or amqp://) and CHANNEL_REDIS_URL (redis://). See docs/architecture.md.
+var/broker, an in-process channel layer and a file cache under var/cache. Service mode: DATABASE_URL
+(PostgreSQL), CELERY_BROKER_URL (redis:// or amqp://), CHANNEL_REDIS_URL (redis://) and MOTLEY_CACHE_URL
+(redis://, default CHANNEL_REDIS_URL). See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -213,8 +214,17 @@ MOTLEY_STAGE_PORTS = tuple(int(p) for p in os.environ.get("MOTLEY_STAGE_PORTS", 
 MOTLEY_STAGE_THREADS = int(os.environ.get("MOTLEY_STAGE_THREADS", "1"))
 MOTLEY_STAGE_PEER_TIMEOUT_S = float(os.environ.get("MOTLEY_STAGE_PEER_TIMEOUT_S", "5.0"))
 MOTLEY_EMULATION_TIME_SCALE = float(os.environ.get("MOTLEY_EMULATION_TIME_SCALE", "20"))
+# Latest telemetry (controlplane/telemetry/selectors.py): how long a node's latest sample stays in the
+# cache, and the age past which a reader should not trust it (default: the SUSPECT threshold).
 MOTLEY_TELEMETRY_SAMPLE_TTL_S = float(os.environ.get("MOTLEY_TELEMETRY_SAMPLE_TTL_S", "30"))
-MOTLEY_TELEMETRY_PUBLISH_INTERVAL_S = float(os.environ.get("MOTLEY_TELEMETRY_PUBLISH_INTERVAL_S", "1.0"))
+MOTLEY_TELEMETRY_STALE_AFTER_S = float(os.environ.get(
+    "MOTLEY_TELEMETRY_STALE_AFTER_S",
+    str(MOTLEY_AGENT_HEARTBEAT_INTERVAL_S * MOTLEY_NODE_SUSPECT_MISSED_HEARTBEATS),
+))
+# Stored events (controlplane/deployments/events.py): kept per deployment (and fleet-wide, for events of
+# no deployment), and for at most this many days.
+MOTLEY_EVENTS_KEEP = int(os.environ.get("MOTLEY_EVENTS_KEEP", "500"))
+MOTLEY_EVENTS_RETENTION_DAYS = float(os.environ.get("MOTLEY_EVENTS_RETENTION_DAYS", "30"))
 # Dashboard telemetry (docs/dashboard.md): per-second history kept in memory for the live charts,
 # rollup bucket length, how long rollups stay in the database, and the browser snapshot interval.
 TELEMETRY_HISTORY_S = float(os.environ.get("MOTLEY_TELEMETRY_HISTORY_S", "300"))
@@ -240,6 +250,26 @@ CHANNEL_LAYERS = {
         {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [CHANNEL_REDIS_URL]}}
         if CHANNEL_REDIS_URL
         else {"BACKEND": "channels.layers.InMemoryChannelLayer"}
+    )
+}
+
+# The cache every process shares (docs/architecture.md, "Run modes"): the latest telemetry sample of
+# each node, read by the dashboard, the gateway's router and calibration in the Celery worker. Service
+# mode: Redis (MOTLEY_CACHE_URL, default the channel layer's), values stored as JSON (nothing read from
+# the network is unpickled), short socket timeouts (telemetry is lossy; a slow Redis must not stall an
+# event loop). Embedded default: files under var/cache/, which the ASGI server and the Celery worker on
+# this machine both read. Never call cache.clear() on the Redis one: it flushes the whole database,
+# channel layer included.
+MOTLEY_CACHE_URL = os.environ.get("MOTLEY_CACHE_URL", CHANNEL_REDIS_URL)
+CACHES = {
+    "default": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": MOTLEY_CACHE_URL,
+         "KEY_PREFIX": "motley",
+         "OPTIONS": {"serializer": "controlplane.common.cache.JsonSerializer",
+                     "socket_connect_timeout": 0.5, "socket_timeout": 0.5}}
+        if MOTLEY_CACHE_URL.startswith(("redis://", "rediss://", "unix://"))
+        else {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+              "LOCATION": str(VAR_DIR / "cache"), "OPTIONS": {"MAX_ENTRIES": 100_000}}
     )
 }
 
