@@ -9,6 +9,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from contracts.names import pipeline_id, stage_key
 from contracts.routing import DEFAULT_ROUTING_STRATEGY, ROUTING_STRATEGIES
@@ -163,3 +164,52 @@ class DeploymentStage(models.Model):
     @property
     def stage_key(self) -> str:
         return stage_key(self.deployment_id, self.replica, self.stage_index)
+
+
+class DeploymentEvent(models.Model):
+    """Something that happened to a deployment or a node, recorded once when it happened.
+
+    Written only through ``events.event_record`` at a real transition (a status that changed, a
+    revision applied, a node that turned SUSPECT or LOST or came back), never per heartbeat or per
+    reconcile pass; read by the dashboard and ``GET /api/v1/events/``. Nodes and devices are kept by
+    name, so an event outlives the row it names.
+    """
+
+    class Kind(models.TextChoices):
+        APPLIED = "applied", "Plan applied"  # a deployment created, or an operator's apply
+        REPLANNED = "replanned", "Re-planned after a lost node"
+        DRAINED = "drained", "Re-planned to drain a node"
+        REPLAN_FAILED = "replan_failed", "Re-plan failed"
+        READY = "ready", "Ready"
+        DEGRADED = "degraded", "Degraded"
+        FAILED = "failed", "Failed"
+        STOPPING = "stopping", "Stop requested"
+        STOPPED = "stopped", "Stopped"
+        NODE_REGISTERED = "node_registered", "Agent registered"
+        NODE_SUSPECT = "node_suspect", "Node suspect"
+        NODE_LOST = "node_lost", "Node lost"
+        NODE_BACK = "node_back", "Node back"
+        NODE_DRAINING = "node_draining", "Node draining"
+        CALIBRATED = "calibrated", "Calibrated"  # the planner's costs from measured step times
+        THROTTLED = "throttled", "Throttled"  # a device slowed by its clocks, power or temperature
+        POLICY = "policy", "Policy decision"  # what an automatic policy decided and why
+
+    at = models.DateTimeField(default=timezone.now)
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    deployment = models.ForeignKey(
+        Deployment, null=True, blank=True, on_delete=models.CASCADE, related_name="events"
+    )
+    node = models.CharField(max_length=100, null=True, blank=True, help_text="Node name, when one is concerned.")
+    device = models.CharField(max_length=200, null=True, blank=True, help_text='Device name "<node>/gpu<i>".')
+    message = models.TextField()
+    detail = models.JSONField(default=dict, blank=True, help_text="A few figures or names, kind by kind.")
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [
+            models.Index(fields=["deployment", "-at"], name="event_deployment_at"),
+            models.Index(fields=["at"], name="event_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}"
