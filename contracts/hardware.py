@@ -41,6 +41,16 @@ class DeviceSpec:
     throttle_factor: float = 1.0  # <1.0 while thermally throttled: fraction of full speed left
     memory_used_bytes: int = 0  # memory already taken by something other than motley
     calibration: float = 1.0  # measured ms / predicted ms from real runs on this device
+    # The same ratio per precision (bits, ratio), where this device has been measured at it; a
+    # precision not listed takes ``calibration``. See ``calibration_at``.
+    calibration_by_bits: tuple[tuple[int, float], ...] = ()
+
+    def calibration_at(self, bits: int) -> float:
+        """Measured over predicted step time of a stage whose last layer runs at ``bits``."""
+        for measured_bits, ratio in self.calibration_by_bits:
+            if measured_bits == bits:
+                return ratio
+        return self.calibration
 
     @property
     def pcie_bandwidth_gbs(self) -> float:

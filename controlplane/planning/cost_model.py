@@ -3,8 +3,8 @@
 A decode step of a stage reads its weights once and the KV cache of every sequence in the
 micro-batch; it is bound by whichever is slower, moving those bytes through memory or doing the
 FLOPs. Prefill is FLOP-bound. A hop moves the micro-batch's hidden states over the link. Every time
-is scaled by the device's measured calibration factor and slowed by thermal throttling, so the
-figures improve as deployments report real step times.
+is scaled by the device's measured calibration factor at the stage's precision (``slowdown``) and
+slowed by thermal throttling, so the figures improve as deployments report real step times.
 
 All interval figures come from prefix sums, so the partition search can price every
 [start, end) of a device at once as a matrix (numpy) and the evaluator can price one stage. The
@@ -83,13 +83,21 @@ class StageFigures(NamedTuple):
     compute_s: np.ndarray  # its FLOPs at the device's decode peak
     overhead_s: np.ndarray  # fixed per-layer costs
     excess_bytes: np.ndarray  # weights, KV and workspace beyond the device's capacity (<= 0: fits)
-    slowdown: float  # calibration over throttling: every time is multiplied by it
+    slowdown: float  # calibration at the stages' last precision over throttling: times are multiplied by it
     bandwidth: float  # bytes per second
 
 
-def slowdown(device: DeviceSpec) -> float:
-    """What every time of this device is multiplied by: its calibration, over its throttling."""
-    return device.calibration / max(device.throttle_factor, 1e-3)
+def slowdown(device: DeviceSpec, bits: int = 16) -> float:
+    """What every time of a stage on this device is multiplied by: the device's calibration at the
+    precision of the stage's last layer (``StagePrecision.last_bits``, which its head shares), over
+    its throttling.
+
+    A stage that runs its last layers at a lower precision takes that precision's factor whatever
+    the number of them, so the split search counts low-bit layers under one factor
+    (``split_prices.py``); the calibration fit files such a stage's measurements under the same
+    precision (controlplane/telemetry/calibration.py).
+    """
+    return device.calibration_at(bits) / max(device.throttle_factor, 1e-3)
 
 
 def bandwidth(device: DeviceSpec) -> float:
@@ -104,7 +112,7 @@ def _peak(device: DeviceSpec) -> float:
 def device_key(device: DeviceSpec) -> tuple:
     """Everything about a device that changes its prices (not its name or place)."""
     return (device.memory_bytes, device.memory_used_bytes, device.memory_bandwidth_gbs, device.fp16_tflops,
-            device.bf16_tflops, device.calibration, device.throttle_factor)
+            device.bf16_tflops, device.calibration, device.calibration_by_bits, device.throttle_factor)
 
 
 class CostModel:
@@ -181,7 +189,7 @@ class CostModel:
         flops += (self.attn[end] - self.attn[start]) * tokens * tokens / 2.0
         weights = self._read_weights(start, stage.split, end, stage.bits, stage.last_bits)
         seconds = max(flops / (_peak(device) * PREFILL_COMPUTE_EFFICIENCY), weights / bandwidth(device))
-        return (seconds + (end - start) * LAYER_OVERHEAD_S) * slowdown(device)
+        return (seconds + (end - start) * LAYER_OVERHEAD_S) * slowdown(device, stage.last_bits)
 
     def crosses_network(self, a: DeviceSpec, b: DeviceSpec) -> bool:
         """Whether activations from a to b take the network: the search keeps such hops few, since
@@ -238,9 +246,9 @@ class CostModel:
         splits = np.maximum(np.asarray(ends) - low_layers, starts)
         return self._priced(device, np.asarray(starts), splits, np.asarray(ends), 16, low_bits, micro_batch)
 
-    def stage_figures(self, device: DeviceSpec, micro_batch: float) -> StageFigures:
-        """The parts of every [i, j)'s decode step at 16 bits: what ``SplitPrices`` counts low-bit
-        layers from."""
+    def stage_figures(self, device: DeviceSpec, micro_batch: float, low_bits: int) -> StageFigures:
+        """The parts of every [i, j)'s decode step at 16 bits: what ``SplitPrices`` counts layers at
+        ``low_bits`` from (a stage with any of them takes that precision's calibration)."""
         n = self.num_layers + 1
         starts, ends = np.arange(n)[:, None], np.arange(n)[None, :]
         return StageFigures(
@@ -248,7 +256,7 @@ class CostModel:
             compute_s=self._compute_s(device, starts, ends, micro_batch),
             overhead_s=(ends - starts) * LAYER_OVERHEAD_S,
             excess_bytes=self._kept_bytes(starts, ends, ends, 16, 16) - usable_bytes(device),
-            slowdown=slowdown(device), bandwidth=bandwidth(device))
+            slowdown=slowdown(device, low_bits), bandwidth=bandwidth(device))
 
     def _priced(self, device: DeviceSpec, starts, splits, ends, bits: int, low_bits: int,
                 micro_batch: float) -> np.ndarray:
@@ -284,7 +292,10 @@ class CostModel:
 
     def _decode(self, device: DeviceSpec, starts, splits, ends, bits: int, low_bits: int, micro_batch: float):
         memory_s, compute_s = self._parts(device, starts, splits, ends, bits, low_bits, micro_batch)
-        return (np.maximum(memory_s, compute_s) + (ends - starts) * LAYER_OVERHEAD_S) * slowdown(device)
+        factor = slowdown(device, bits)
+        if low_bits != bits:  # a split stage takes its last precision's factor (``slowdown``)
+            factor = np.where(splits < ends, slowdown(device, low_bits), factor)
+        return (np.maximum(memory_s, compute_s) + (ends - starts) * LAYER_OVERHEAD_S) * factor
 
     def _parts(self, device: DeviceSpec, starts, splits, ends, bits: int, low_bits: int, micro_batch: float):
         """Seconds to move the step's bytes and to do its FLOPs, before overheads and calibration."""

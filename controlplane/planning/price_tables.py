@@ -54,8 +54,9 @@ class PriceTables:
         times ``weight``: a weight above any count of network hops lets the exact search add the hops
         to the same value and still rank every low-bit layer above them.
 
-        With splits, the lowest precision needs the fewest (it saves the most bytes per layer).
-        Devices with the same prices share one array, so alike cards cost one computation.
+        With splits, the lowest precision needs the fewest (it saves the most bytes per layer), unless
+        calibration measured it slower than a higher one (``fastest_splits``). Devices with the same
+        prices share one array, so alike cards cost one computation.
         """
         lengths = low_bit_cost(4, self.num_layers + 1)
         shared: dict[tuple[int, ...], np.ndarray] = {}
@@ -64,7 +65,11 @@ class PriceTables:
             key = (id(full), id(low), *map(id, splits.values()))
             if key not in shared:
                 if splits:
-                    shared[key] = splits[min(splits)].fewest(tau) * weight
+                    first, *others = fastest_splits(splits)
+                    fewest = first.fewest(tau)
+                    for other in others:
+                        fewest = np.minimum(fewest, other.fewest(tau))
+                    shared[key] = fewest * weight
                 else:
                     shared[key] = np.where(full <= tau, 0.0, np.where(low <= tau, lengths * weight, INF))
             result.append(shared[key])
@@ -91,7 +96,7 @@ class PriceTables:
         than ``limit``."""
         found, seen = [], set()
         for full, low, splits in zip(self.full, self.low, self.splits):
-            sources = [splits[min(splits)]] if splits else [full, low]
+            sources = fastest_splits(splits) if splits else [full, low]
             for source in sources:
                 if id(source) in seen:
                     continue
@@ -105,6 +110,17 @@ class PriceTables:
                     return None
                 found.append(values)
         return np.concatenate(found) if found else np.zeros(0)
+
+
+def fastest_splits(splits: dict[int, SplitPrices]) -> list[SplitPrices]:
+    """The split prices that can need the fewest low-bit layers: the lowest precision (it saves the
+    most bytes per layer), and a higher one only where calibration measured it faster (a smaller
+    factor) than every precision below it. Uncalibrated, just the lowest."""
+    found: list[SplitPrices] = []
+    for bits in sorted(splits):
+        if not found or splits[bits].slowdown < min(p.slowdown for p in found):
+            found.append(splits[bits])
+    return found
 
 
 def price_tables(cost: CostModel, devices: Sequence[DeviceSpec], bits: Sequence[int], micro_batch: float,

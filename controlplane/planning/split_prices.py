@@ -50,7 +50,7 @@ class SplitPrices:
             allowed[:] = False
             allowed[pin] = True
         self.cells = np.flatnonzero(allowed)  # the ranges [i, j) considered, flattened
-        figures = cost.stage_figures(device, micro_batch)
+        figures = cost.stage_figures(device, micro_batch, low_bits)
         self.slowdown, self.bandwidth = figures.slowdown, figures.bandwidth
         head_saving = (cost.head_bytes[16] - cost.head_bytes[low_bits]) * (ends == cost.num_layers)
 
