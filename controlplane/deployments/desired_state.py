@@ -19,9 +19,20 @@ from django.utils import timezone
 
 from contracts.stage_spec import Emulation, SpecError, StageSpec
 from controlplane.deployments import dispatch
-from controlplane.deployments.models import Deployment, DeploymentReplica, DeploymentStage, PlanRevision
+from controlplane.deployments.events import event_record
+from controlplane.deployments.models import (
+    Deployment,
+    DeploymentEvent,
+    DeploymentReplica,
+    DeploymentStage,
+    PlanRevision,
+)
 from controlplane.deployments.revisions import CheckedPlan
 from controlplane.inventory.models import Device, Node
+
+# The event each source of a revision is recorded as when applied (an operator's or the planner's: APPLIED).
+_APPLIED_KINDS = {PlanRevision.Source.REPLAN: DeploymentEvent.Kind.REPLANNED,
+                  PlanRevision.Source.DRAIN: DeploymentEvent.Kind.DRAINED}
 
 
 def revision_apply(*, deployment: Deployment, checked: CheckedPlan) -> None:
@@ -44,6 +55,10 @@ def revision_apply(*, deployment: Deployment, checked: CheckedPlan) -> None:
     deployment.status = Deployment.Status.DEPLOYING
     deployment.status_message = f"deploying plan revision {revision.number} ({revision.get_source_display()})"
     deployment.save(update_fields=["revision", "status", "status_message", "last_updated"])
+    kind = _APPLIED_KINDS.get(revision.source, DeploymentEvent.Kind.APPLIED)
+    event_record(kind=kind, deployment=deployment,
+                 message=f"plan revision {revision.number} applied ({revision.get_source_display().lower()})",
+                 detail={"revision": revision.number, "source": revision.source})
 
     deployment.stages.filter(wanted=True, replica__gte=len(checked.replicas)).update(wanted=False)
     deployment.replicas.filter(index__gte=len(checked.replicas)).delete()

@@ -55,7 +55,8 @@ def event_record(
 
 
 def _prune(*, deployment_id: int | None, now) -> None:
-    DeploymentEvent.objects.filter(at__lt=now - timedelta(days=settings.MOTLEY_EVENTS_RETENTION_DAYS)).delete()
+    oldest = now - timedelta(days=settings.MOTLEY_EVENTS_RETENTION_DAYS)
+    DeploymentEvent.objects.filter(at__lt=oldest).delete()
     beyond = DeploymentEvent.objects.filter(deployment_id=deployment_id).order_by("-at", "-id").values_list(
         "pk", flat=True)[settings.MOTLEY_EVENTS_KEEP:]
     extra = list(beyond)

@@ -27,13 +27,16 @@ from django.utils import timezone
 
 from contracts.tasks import SYNC
 from controlplane.deployments import dispatch
-from controlplane.deployments.models import DeploymentStage
+from controlplane.deployments.events import event_record
+from controlplane.deployments.models import DeploymentEvent, DeploymentStage
 from controlplane.deployments.stage_reports import stage_reports_record_news, stage_status_record
 from controlplane.inventory.models import Node
 
 logger = logging.getLogger(__name__)
 
 SEEN_AGAIN = (Node.Status.SUSPECT, Node.Status.LOST)  # what a heartbeat turns READY
+_LIVENESS_KINDS = {Node.Status.SUSPECT: DeploymentEvent.Kind.NODE_SUSPECT,
+                   Node.Status.LOST: DeploymentEvent.Kind.NODE_LOST}
 
 
 @transaction.atomic
@@ -102,6 +105,8 @@ def _heard_from(node: Node) -> None:
     was = node.status
     Node.objects.filter(pk=node.pk).update(status=Node.Status.READY)
     node.status = Node.Status.READY
+    event_record(kind=DeploymentEvent.Kind.NODE_BACK, node=node, detail={"was": was},
+                 message=f"node {node.name} is back (was {was})")
     if was == Node.Status.LOST:
         _node_sync(node=node)
 
@@ -126,9 +131,12 @@ def node_agent_restarted(*, node: Node) -> None:
     was. Retired stages are forgotten (``sync`` kills anything unlisted) and every wanted stage is
     started again; a start of a process the agent still runs with the same spec changes nothing.
     """
-    now = timezone.now()
+    now, was = timezone.now(), node.status
     Node.objects.filter(pk=node.pk).update(status=Node.Status.READY, last_heartbeat=now)
     node.status, node.last_heartbeat = Node.Status.READY, now
+    event_record(kind=DeploymentEvent.Kind.NODE_REGISTERED, node=node,
+                 message=f"agent of node {node.name} registered (incarnation {node.incarnation}; was {was})",
+                 detail={"incarnation": node.incarnation, "was": was})
     DeploymentStage.objects.filter(node=node, wanted=False).delete()
     DeploymentStage.objects.filter(node=node, wanted=True).update(
         state=DeploymentStage.State.PENDING, sent_spec=None, pid=None, superseded_pid=None
@@ -171,6 +179,10 @@ def node_health_check() -> list[tuple[Node, str]]:
         node.save(update_fields=["status", "last_updated"])
         changes.append((node, new))
         logger.warning("node %s is %s: last heartbeat %s", node.name, new, node.last_heartbeat)
+        silent_s = round((now - node.last_heartbeat).total_seconds(), 1)
+        event_record(kind=_LIVENESS_KINDS[new], node=node,
+                     message=f"node {node.name} is {new}: no heartbeat for {silent_s} s",
+                     detail={"last_heartbeat": node.last_heartbeat.isoformat(), "silent_s": silent_s})
         if new == Node.Status.LOST:
             for deployment_id in (
                 DeploymentStage.objects.filter(node=node).values_list("deployment_id", flat=True).distinct()

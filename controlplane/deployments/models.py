@@ -199,7 +199,7 @@ class DeploymentEvent(models.Model):
     deployment = models.ForeignKey(
         Deployment, null=True, blank=True, on_delete=models.CASCADE, related_name="events"
     )
-    node = models.CharField(max_length=100, null=True, blank=True, help_text="Node name, when one is concerned.")
+    node = models.CharField(max_length=100, null=True, blank=True, help_text="Node name, if one is concerned.")
     device = models.CharField(max_length=200, null=True, blank=True, help_text='Device name "<node>/gpu<i>".')
     message = models.TextField()
     detail = models.JSONField(default=dict, blank=True, help_text="A few figures or names, kind by kind.")

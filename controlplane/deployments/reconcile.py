@@ -20,7 +20,8 @@ from django.utils import timezone
 from contracts.tasks import START_STAGE, STOP_STAGE
 from controlplane.deployments import dispatch
 from controlplane.deployments.desired_state import revision_apply
-from controlplane.deployments.models import Deployment, DeploymentStage, PlanRevision
+from controlplane.deployments.events import STATUS_KINDS, event_record
+from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentStage, PlanRevision
 from controlplane.deployments.revisions import plan_revision_check, replan_revision_create
 from controlplane.inventory.models import Node
 from controlplane.planning import PlanningError
@@ -38,6 +39,7 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
     """
     locked = Deployment.objects.select_for_update(of=("self",))  # PostgreSQL: not the nullable revision
     deployment = locked.select_related("revision", "model").get(pk=deployment_id)
+    was_message = deployment.status_message
     now = timezone.now()
     start_timeout = timedelta(seconds=settings.MOTLEY_STAGE_START_TIMEOUT_S)
     rows = list(deployment.stages.select_related("node", "device"))
@@ -72,7 +74,7 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
         names = ", ".join(sorted({row.node.name for row in lost}))
         _status_set(deployment, Deployment.Status.DEGRADED, f"stages on lost node(s) {names}")
         if deployment.replan_on_failure:
-            _replan_after_loss(deployment=deployment, lost_nodes=names)
+            _replan_after_loss(deployment=deployment, lost_nodes=names, was_message=was_message)
     elif failed:
         reasons = [f"{row.stage_key} failed: {row.message or f'exit code {row.exit_code}'}" for row in failed]
         _status_set(deployment, Deployment.Status.FAILED, "; ".join(reasons))
@@ -104,15 +106,21 @@ def _stage_start(*, row: DeploymentStage, now: datetime, restart: bool) -> None:
 
 
 def _status_set(deployment: Deployment, status: str, message: str) -> None:
+    """Store a status and its message; a status that changed is an event (a message alone is not)."""
     if (deployment.status, deployment.status_message) != (status, message):
+        if status != deployment.status and status in STATUS_KINDS:
+            event_record(kind=STATUS_KINDS[status], message=message, deployment=deployment,
+                         detail={"from": deployment.status})
         deployment.status, deployment.status_message = status, message
         deployment.save(update_fields=["status", "status_message", "last_updated"])
 
 
-def _replan_after_loss(*, deployment: Deployment, lost_nodes: str) -> None:
+def _replan_after_loss(*, deployment: Deployment, lost_nodes: str, was_message: str) -> None:
     """Plan again on the healthy devices and apply; on failure the deployment stays DEGRADED, saying why.
 
     The attempt runs in a savepoint: a re-plan that fails leaves no draft behind and sends nothing.
+    A failure is an event once: not again while each pass fails for the same reason (``was_message``
+    is the message the pass started from).
     """
     try:
         with transaction.atomic():
@@ -122,8 +130,11 @@ def _replan_after_loss(*, deployment: Deployment, lost_nodes: str) -> None:
     except (PlanningError, ValidationError) as exc:
         reason = "; ".join(exc.messages) if isinstance(exc, ValidationError) else str(exc)
         deployment.refresh_from_db()  # what the rolled-back attempt set in memory is gone from the database
-        _status_set(deployment, Deployment.Status.DEGRADED,
-                    f"stages on lost node(s) {lost_nodes}; re-plan failed: {reason}")
+        message = f"stages on lost node(s) {lost_nodes}; re-plan failed: {reason}"
+        if message != was_message:
+            event_record(kind=DeploymentEvent.Kind.REPLAN_FAILED, message=message, deployment=deployment,
+                         detail={"lost_nodes": lost_nodes.split(", "), "reason": reason})
+        _status_set(deployment, Deployment.Status.DEGRADED, message)
     else:
         logger.info("deployment %s re-planned around lost node(s) %s: revision %s",
                     deployment.name, lost_nodes, revision.number)

@@ -17,7 +17,8 @@ from django.db import transaction
 from contracts.routing import DEFAULT_ROUTING_STRATEGY, ROUTING_STRATEGIES
 from controlplane.deployments import dispatch
 from controlplane.deployments.desired_state import revision_apply
-from controlplane.deployments.models import Deployment, DeploymentStage, PlanRevision
+from controlplane.deployments.events import event_record
+from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentStage, PlanRevision
 from controlplane.deployments.revisions import plan_revision_check, replan_revision_create
 from controlplane.inventory.models import Node
 from controlplane.planning import PlanningError
@@ -87,6 +88,8 @@ def deployment_apply(*, deployment: Deployment, revision: PlanRevision) -> Deplo
 def deployment_stop(*, deployment: Deployment) -> Deployment:
     """Stop every stage; the deployment is STOPPED once each one's agent confirmed (or is lost)."""
     deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
+    if not deployment.stop_requested:
+        event_record(kind=DeploymentEvent.Kind.STOPPING, message="stop requested", deployment=deployment)
     deployment.stop_requested = True
     deployment.status_message = "stopping"
     deployment.save(update_fields=["stop_requested", "status_message", "last_updated"])
@@ -121,6 +124,10 @@ def node_drain(*, node: Node) -> list[Deployment]:
                 {"node": f"cannot drain {node.name}: deployment {deployment.name} does not fit without it: "
                          + "; ".join(messages)}
             ) from None
+    if node.status != Node.Status.DRAINING:
+        event_record(kind=DeploymentEvent.Kind.NODE_DRAINING, node=node,
+                     message=f"node {node.name} draining: {len(affected)} deployment(s) moving off it",
+                     detail={"deployments": [d.name for d in affected]})
     node.status = Node.Status.DRAINING
     node.save(update_fields=["status", "last_updated"])
     for deployment, plan_check in checked:
