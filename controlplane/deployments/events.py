@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db.models import QuerySet
 
 from controlplane.deployments.models import Deployment, DeploymentEvent
 from controlplane.inventory.models import Node
@@ -62,3 +63,8 @@ def _prune(*, deployment_id: int | None, now) -> None:
     extra = list(beyond)
     if extra:
         DeploymentEvent.objects.filter(pk__in=extra).delete()
+
+
+def event_list() -> QuerySet[DeploymentEvent]:
+    """Every kept event, newest first, with its deployment's name at hand (one query a page)."""
+    return DeploymentEvent.objects.select_related("deployment").order_by("-at", "-id")
