@@ -24,6 +24,16 @@ def deployment_ids_to_reconcile() -> list[int]:
 
 
 @dataclass(frozen=True)
+class StagePlace:
+    """One stage of a replica and the device it runs on (``<node>/gpu<i>``; None when unknown): the
+    gateway matches them to the agents' telemetry (stage statistics by key, GPU metrics by device)."""
+
+    stage_key: str
+    stage_index: int
+    device: str | None
+
+
+@dataclass(frozen=True)
 class ReplicaHead:
     """Where the gateway sends a replica's requests (its head, stage 0) and the token they carry.
 
@@ -35,11 +45,13 @@ class ReplicaHead:
     head_address: str
     auth_token: str
     ready: bool
+    stages: tuple[StagePlace, ...] = ()
 
 
 def deployment_endpoints(*, deployment: Deployment) -> list[ReplicaHead]:
     """Every replica of the deployment's desired plan; ``ready`` when all its stages reported ready."""
-    stages = list(deployment.stages.filter(wanted=True).order_by("replica", "stage_index"))
+    stages = list(deployment.stages.filter(wanted=True).select_related("device__node")
+                  .order_by("replica", "stage_index"))
     endpoints = []
     for replica in DeploymentReplica.objects.filter(deployment=deployment).order_by("index"):
         own = [s for s in stages if s.replica == replica.index]
@@ -51,6 +63,9 @@ def deployment_endpoints(*, deployment: Deployment) -> list[ReplicaHead]:
             head_address=own[0].spec["head"],
             auth_token=replica.auth_token,
             ready=all(s.state == DeploymentStage.State.READY for s in own),
+            stages=tuple(
+                StagePlace(s.stage_key, s.stage_index, s.device.name if s.device else None) for s in own
+            ),
         ))
     return endpoints
 

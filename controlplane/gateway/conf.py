@@ -5,8 +5,13 @@ callable listing the served models and their replica endpoints (see directory.py
 serves the controller's deployments); ``MODELS_FILE``: a JSON file to serve instead (env
 MOTLEY_GATEWAY_MODELS_FILE);
 ``CLIENT``: dotted path of the pipeline client class (contracts §2); ``REFRESH_S``: how often
-the served models and replica telemetry are re-read; ``DEFAULT_CHAT_MAX_TOKENS``: a chat request's
-output budget when it sets none (capped by the context left).
+the served models and the heads' statistics are re-read; ``HEALTH_REFRESH_S``: how often the agents'
+telemetry is re-read into each replica's health and costs; ``TELEMETRY_STALE_S``: a replica whose
+stages' or devices' latest sample is older is unhealthy (None: ``MOTLEY_TELEMETRY_STALE_AFTER_S``);
+``LIVE_TELEMETRY``: False routes blind to the telemetry; ``COSTS_MIN_SAMPLES``: telemetry samples
+with steps needed before a replica's measured costs replace its planned ones;
+``DEFAULT_CHAT_MAX_TOKENS``: a chat request's output budget when it sets none (capped by the context
+left).
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ DEFAULTS: dict[str, Any] = {
     "CLIENT": "worker_runtime.client.PipelineClient",
     "CLIENT_TIMEOUT_S": 5.0,
     "REFRESH_S": 2.0,
+    "HEALTH_REFRESH_S": 0.5,
+    "TELEMETRY_STALE_S": None,
+    "LIVE_TELEMETRY": True,
+    "COSTS_MIN_SAMPLES": 3,
     "DEFAULT_CHAT_MAX_TOKENS": 256,
 }
 

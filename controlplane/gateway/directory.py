@@ -10,7 +10,11 @@ replica's costs from its plan's predictions; for tests, benchmarks and fixed set
                  "replicas": [{"pipeline_id": "d1-r0", "head_address": "tcp://127.0.0.1:5601",
                                "auth_token": "…", "kv_tokens": 2048,
                                "costs": {"prefill_s_per_token": 0.0005, "decode_s_per_token": 0.001,
-                                         "decode_step_s": 0.02}}]}]}
+                                         "decode_step_s": 0.02},
+                               "stages": [{"stage_key": "d1-r0-s0", "device": "n0/gpu0"}]}]}]}
+
+A replica's ``stages`` (optional) name where its stages run, so the gateway can read their agents'
+telemetry (live_health.py); a replica without them is judged by its head's statistics alone.
 """
 
 from __future__ import annotations
@@ -21,12 +25,12 @@ from pathlib import Path
 
 from contracts.routing import DEFAULT_ROUTING_STRATEGY
 from controlplane.gateway.conf import gateway_setting
-from controlplane.gateway.routing import ReplicaCosts, ReplicaHealth
+from controlplane.gateway.routing import ReplicaCosts, ReplicaHealth, StageLink
 
 # The costs assumed for a replica whose source gives none (a plan without predictions, a models-file
-# entry without "costs"): a small model on a fast GPU, not a measurement. Nothing measures a running
-# replica's costs yet. Only the ratios between replicas matter to the choice; the absolute figures
-# matter to the deadline admission.
+# entry without "costs"): a small model on a fast GPU, not a measurement (the gateway scales them by
+# measured / assumed once the replica's stages report step times). Only the ratios between replicas
+# matter to the choice; the absolute figures matter to the deadline admission.
 ASSUMED_COSTS = ReplicaCosts(prefill_s_per_token=0.0002, decode_s_per_token=0.0005, decode_step_s=0.02)
 
 
@@ -35,9 +39,12 @@ class ReplicaEndpoint:
     """One pipeline replica: its head (stage 0) address and the token its frames are signed with.
 
     ``kv_tokens``: the smallest stage's KV budget (None: learned from the head's statistics);
-    ``costs``: the plan's predicted costs, or a models file's, else ``ASSUMED_COSTS``;
-    ``health``: throttling, memory pressure and errors as the source states them (a models file
-    may; the deployments source leaves the default, so only the head's statistics count).
+    ``costs``: the plan's predicted costs, or a models file's, else ``ASSUMED_COSTS``, and
+    ``costs_source`` says which ("planned", "stated", "assumed"; the gateway replaces them with
+    measured ones once the stages' telemetry allows); ``health``: throttling, memory pressure and
+    errors as the source states them (a models file may; the deployments source leaves the default);
+    ``stages``: where the replica's stages run (the deployments source fills it), whose telemetry
+    the gateway reads.
     """
 
     pipeline_id: str
@@ -46,6 +53,8 @@ class ReplicaEndpoint:
     kv_tokens: int | None = None
     costs: ReplicaCosts = ASSUMED_COSTS
     health: ReplicaHealth = field(default_factory=ReplicaHealth)
+    costs_source: str = "assumed"
+    stages: tuple[StageLink, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,8 @@ def served_model_from_dict(data: dict) -> ServedModel:
             kv_tokens=r.get("kv_tokens"),
             costs=ReplicaCosts(**r["costs"]) if r.get("costs") else ASSUMED_COSTS,
             health=ReplicaHealth(**r.get("health", {})),
+            costs_source="stated" if r.get("costs") else "assumed",
+            stages=tuple(StageLink(**s) for s in r.get("stages", ())),
         )
         for r in data["replicas"]
     )

@@ -13,11 +13,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from controlplane.gateway.errors import OpenAIError, bad_request, deadline_exceeded, saturated, unavailable
 from controlplane.gateway.protocol import GenerationRequest
-from controlplane.gateway.routing import Decision, ReplicaHealth, RequestShape
+from controlplane.gateway.routing import Decision, RequestShape
 from controlplane.gateway.runtime import ModelRoute
 from controlplane.gateway.telemetry import RouteRecord, recorder
 from controlplane.gateway.textstream import IncrementalDetokenizer, StopStrings
@@ -45,7 +45,7 @@ def generation_start(
     outcome = route.router.route(shape, deadline_s=deadline_s)
     record = RouteRecord(
         request_id, route.served.name, route.router.strategy, time.time(), None, "",
-        prompt_tokens=shape.prompt_tokens,
+        prompt_tokens=shape.prompt_tokens, inputs=[asdict(i) for i in outcome.inputs],
     )
     if not isinstance(outcome, Decision):
         record.outcome = f"rejected:{outcome.reason}"
@@ -127,5 +127,5 @@ class Generation:
             return saturated(f"the replica refused the request: {exc}")
         if isinstance(exc, PipelineBroken):
             # Unroutable until the next statistics poll finds it answering again.
-            self.decision.replica.observe(health=ReplicaHealth(ok=False))
+            self.route.replica_failed(self.decision.replica, f"a request found the pipeline broken: {exc}")
         return unavailable(f"the replica failed: {exc}")

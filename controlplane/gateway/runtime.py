@@ -2,8 +2,9 @@
 
 One ``Gateway`` per event loop (the ASGI server runs one), since pipeline clients belong to the loop
 that opened them. The served models are re-read from the directory every ``REFRESH_S`` seconds and
-each replica's head is asked for its statistics at the same pace (free KV, health), in the
-background, so no request waits on telemetry.
+each replica's head is asked for its statistics at the same pace (free KV, queue, health); the
+agents' telemetry is read every ``HEALTH_REFRESH_S`` (live_health.py: throttling, memory, stale
+agents, measured step times), all in the background, so no request waits on telemetry.
 
 A replica is routed to only once its head said it is healthy: a deployment is READY when each stage
 process reported ready, but the stages connect to each other just after, and until then the head's
@@ -18,14 +19,15 @@ import asyncio
 import logging
 import time
 import weakref
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.utils.module_loading import import_string
 
 from controlplane.gateway.conf import gateway_setting
-from controlplane.gateway.directory import ServedModel
+from controlplane.gateway.directory import ReplicaEndpoint, ServedModel
+from controlplane.gateway.live_health import LiveHealth, stale_after_s, telemetry_view
 from controlplane.gateway.routing import ReplicaHealth, ReplicaState, Router
 from controlplane.gateway.telemetry import router_telemetry
 from controlplane.gateway.tokenization import ModelTokenizer
@@ -41,10 +43,18 @@ class ModelRoute:
     tokenizer: ModelTokenizer
     router: Router
     clients: dict[str, Any] = field(default_factory=dict)  # pipeline_id -> PipelineClient
-    health: dict[str, ReplicaHealth] = field(default_factory=dict)  # from the directory
+    live: LiveHealth = field(default_factory=LiveHealth)  # the gateway's, shared by its routes
 
     def replica(self, pipeline_id: str) -> ReplicaState:
         return next(r for r in self.router.replicas if r.replica_id == pipeline_id)
+
+    def endpoint(self, pipeline_id: str) -> ReplicaEndpoint:
+        return next(e for e in self.served.replicas if e.pipeline_id == pipeline_id)
+
+    def replica_failed(self, state: ReplicaState, reason: str) -> None:
+        """A request found the pipeline broken: out of routing until its head answers ok again."""
+        self.live.head_failed(state.replica_id, reason)
+        self.live.apply(state, self.endpoint(state.replica_id))
 
 
 class Gateway:
@@ -54,8 +64,9 @@ class Gateway:
         self._source = import_string(gateway_setting("SERVED_MODELS"))
         self._refreshed = float("-inf")
         self._lock = asyncio.Lock()
-        self._poller: asyncio.Task | None = None
+        self._pollers: list[asyncio.Task] = []
         self._asked: set[str] = set()  # pipeline ids whose head was asked for its stats at least once
+        self.live = LiveHealth()
 
     async def route(self, name: str) -> ModelRoute | None:
         await self._maybe_refresh()
@@ -74,11 +85,17 @@ class Gateway:
             served = await sync_to_async(self._source, thread_sensitive=True)()
             new = [self._sync(model) for model in served]
             self.routes = {route.served.name: route for route in new}
-            self._asked &= {r.replica_id for _, r in self._replicas()}
+            served_ids = {r.replica_id for _, r in self._replicas()}
+            self._asked &= served_ids
+            self.live.forget(served_ids)
             self._refreshed = time.monotonic()
+            await self._read_telemetry()
             await self._poll_new()
-            if self._poller is None or self._poller.done():
-                self._poller = asyncio.create_task(self._poll_forever())
+            if not self._pollers or any(task.done() for task in self._pollers):
+                for task in self._pollers:
+                    task.cancel()
+                self._pollers = [asyncio.create_task(self._poll_forever()),
+                                 asyncio.create_task(self._health_forever())]
 
     def _sync(self, served: ServedModel) -> ModelRoute:
         """Carry the live state (in-flight bookkeeping, clients) of replicas that are still served."""
@@ -92,23 +109,23 @@ class Gateway:
             if state is None:  # not routable until its head says the pipeline is serving
                 state = ReplicaState(
                     endpoint.pipeline_id, endpoint.costs, endpoint.kv_tokens or 0,
-                    replace(endpoint.health, ok=False),
+                    ReplicaHealth(ok=False, reason="its head has not answered yet"),
+                    costs_source=endpoint.costs_source,
                 )
                 clients[endpoint.pipeline_id] = self._client_class(
                     endpoint.head_address, endpoint.auth_token, endpoint.pipeline_id,
                     timeout_s=gateway_setting("CLIENT_TIMEOUT_S"),
                 )
-            state.costs = endpoint.costs
             if endpoint.kv_tokens:
                 state.kv_capacity = endpoint.kv_tokens
+            self.live.apply(state, endpoint)
             replicas.append(state)
         if old and old.router.strategy == served.strategy:
             router = old.router
             router.replicas = replicas
         else:
             router = Router(replicas, served.strategy)
-        health = {e.pipeline_id: e.health for e in served.replicas}
-        return ModelRoute(served, tokenizer, router, clients, health)
+        return ModelRoute(served, tokenizer, router, clients, self.live)
 
     async def _poll_new(self) -> None:
         """A replica never heard from is asked (health, KV budget) before it is routed to."""
@@ -128,32 +145,44 @@ class Gateway:
             except Exception:  # a failed refresh (e.g. the database) must not stop telemetry for good
                 log.exception("refreshing the served models failed")
 
+    async def _health_forever(self) -> None:
+        """The agents' telemetry, applied to every replica (a sample reaches the router within this)."""
+        while True:
+            await asyncio.sleep(gateway_setting("HEALTH_REFRESH_S"))
+            try:
+                await self._read_telemetry()
+                for route, state in self._replicas():
+                    self.live.apply(state, route.endpoint(state.replica_id))
+            except Exception:
+                log.exception("reading the telemetry failed")
+
+    async def _read_telemetry(self) -> None:
+        """The agents' latest samples; none when they cannot be read (every replica that expects
+        them is then unhealthy: routing blind is not an option)."""
+        if self.live.enabled() and any(route.endpoint(r.replica_id).stages for route, r in self._replicas()):
+            try:
+                self.live.telemetry = await sync_to_async(telemetry_view, thread_sensitive=False)()
+            except Exception:
+                log.exception("reading the agents' telemetry failed")
+                self.live.telemetry = None
+
     async def _poll(self, route: ModelRoute, state: ReplicaState) -> None:
-        """One statistics call to the head: its health, free KV per stage and largest request."""
-        directory_health = route.health.get(state.replica_id, ReplicaHealth())
+        """One statistics call to the head: its health, free KV per stage, queue and largest request."""
         self._asked.add(state.replica_id)
         try:
             stats = await route.clients[state.replica_id].stats()
         except Exception as exc:  # any failure to answer makes the replica unroutable until it answers
             log.warning("replica %s did not answer stats: %s", state.replica_id, exc)
-            state.observe(health=ReplicaHealth(ok=False))
-            return
-        if not state.kv_capacity and stats.get("max_request_tokens"):
-            state.kv_capacity = int(stats["max_request_tokens"])
-        free = stats.get("kv_tokens_free_by_stage") or {}
-        state.observe(
-            health=ReplicaHealth(
-                ok=bool(stats.get("ok")) and directory_health.ok,
-                throttle=directory_health.throttle,
-                memory_pressure=directory_health.memory_pressure,
-                error_rate=directory_health.error_rate,
-            ),
-            kv_tokens_free=min(free.values()) if free else None,
-        )
+            self.live.head_failed(state.replica_id, f"its head did not answer: {exc}")
+        else:
+            if not state.kv_capacity and stats.get("max_request_tokens"):
+                state.kv_capacity = int(stats["max_request_tokens"])
+            self.live.head_answered(state.replica_id, stats)
+        self.live.apply(state, route.endpoint(state.replica_id))
 
     async def close(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
+        for task in self._pollers:
+            task.cancel()
         for route in self.routes.values():
             for client in route.clients.values():
                 await client.close()
@@ -170,27 +199,23 @@ def gateway() -> Gateway:
 
 
 async def gateway_stats() -> dict:
-    """Each replica's head statistics (contracts §2) with the router's view of it, plus the router's
-    decisions and queue times: the ``stats`` the dashboard shows for the gateway."""
+    """Per model and replica, everything the router uses now (its bookkeeping, health and why, costs
+    and their source, the telemetry and head statistics it read, with their ages) and the head's last
+    statistics (contracts §2, as polled every ``REFRESH_S``), plus the recent decisions with the
+    inputs of each: the router statistics of ``GET /api/v1/gateway/router/`` and the dashboard."""
+    g = gateway()
     models = {}
-    for route in await gateway().all_routes():
+    for route in await g.all_routes():
         replicas = {}
         for state in route.router.replicas:
-            try:
-                pipeline = await route.clients[state.replica_id].stats()
-            except Exception as exc:  # reported, not raised: stats must not fail because a replica did
-                pipeline = {"error": str(exc)}
+            endpoint = route.endpoint(state.replica_id)
+            head = g.live.heads.get(state.replica_id)
             replicas[state.replica_id] = {
-                "pipeline": pipeline,
-                "router": {
-                    "in_flight": state.in_flight,
-                    "queued_tokens": state.queued_tokens,
-                    "running_tokens": state.running_tokens,
-                    "kv_free": state.kv_free,
-                    "kv_capacity": state.kv_capacity,
-                    "healthy": state.health.ok,
-                    "slowdown": state.health.slowdown,
-                },
+                "pipeline": head.stats if head is not None else {},
+                "router": g.live.describe(state, endpoint),
+                "stages": [{"stage_key": s.stage_key, "device": s.device} for s in endpoint.stages],
             }
         models[route.served.name] = {"strategy": route.router.strategy, "replicas": replicas}
-    return {"models": models, "router": router_telemetry()}
+    settings = {"refresh_s": gateway_setting("REFRESH_S"), "health_refresh_s": gateway_setting("HEALTH_REFRESH_S"),
+                "telemetry_stale_s": stale_after_s(), "live_telemetry": g.live.enabled()}
+    return {"at": time.time(), "settings": settings, "models": models, "router": router_telemetry()}

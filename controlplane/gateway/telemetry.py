@@ -1,7 +1,9 @@
 """Router decisions and queue times, kept in memory for the dashboard and the ``stats`` figures.
 
 In-memory on purpose: these are per-process, high-rate and lossy-by-design figures (the telemetry
-invariant), not control state. ``router_telemetry()`` is what the dashboard reads.
+invariant), not control state. ``router_telemetry()`` is what the dashboard reads. Each record keeps
+the inputs the router saw for every replica (``ReplicaInputs.as_dict``); the outcomes per replica
+give its recent error rate (``RouterRecorder.error_rate``), one of the router's health inputs.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 
 RECENT = 500
+ERROR_WINDOW_S = 60.0  # the error rate counts the outcomes of the last minute
+ERROR_MIN_REQUESTS = 5  # ... over at least this many requests (one failure alone is 20%, not 100%)
+REPLICA_ERRORS = frozenset({"failed:broken", "failed:failed"})  # the replica's fault (not 429s, 504s, cancels)
 
 
 @dataclass
@@ -27,6 +32,7 @@ class RouteRecord:
     e2e_s: float | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    inputs: list[dict] = field(default_factory=list)  # what the router saw of each replica (ReplicaInputs)
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -41,6 +47,7 @@ class RouterRecorder:
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT))
     totals: Counter = field(default_factory=Counter)
     _by_id: dict[str, RouteRecord] = field(default_factory=dict)
+    _outcomes: dict[str, deque] = field(default_factory=dict)  # replica -> (monotonic time, failed)
 
     def record(self, record: RouteRecord) -> None:
         self.recent.append(record)
@@ -56,6 +63,16 @@ class RouterRecorder:
         if (record := self._by_id.pop(request_id, None)) is not None:
             record.outcome, record.e2e_s, record.completion_tokens = outcome, e2e_s, completion_tokens
             self.totals[(record.model, record.replica, outcome)] += 1
+            if outcome != "cancelled":
+                outcomes = self._outcomes.setdefault(record.replica, deque(maxlen=RECENT))
+                outcomes.append((time.monotonic(), outcome in REPLICA_ERRORS))
+
+    def error_rate(self, replica: str, *, now: float | None = None) -> float:
+        """Share of the replica's requests of the last ``ERROR_WINDOW_S`` that failed by its fault
+        (a broken pipeline, a failed request), over at least ``ERROR_MIN_REQUESTS``."""
+        now = time.monotonic() if now is None else now
+        recent = [failed for at, failed in self._outcomes.get(replica, ()) if now - at <= ERROR_WINDOW_S]
+        return sum(recent) / max(len(recent), ERROR_MIN_REQUESTS)
 
     def snapshot(self) -> dict:
         queue_times = [r.queue_s for r in self.recent if r.queue_s is not None]

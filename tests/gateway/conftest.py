@@ -35,6 +35,7 @@ def fake_pipeline(settings, demo_model):
         "CLIENT": "tests.gateway.fakes.FakePipelineClient",
         "SERVED_MODELS": "tests.gateway.fakes.served_models",
         "REFRESH_S": 0.05,
+        "HEALTH_REFRESH_S": 0.05,
         "DEADLINE_S": 30.0,
     }
 
@@ -43,6 +44,14 @@ def fake_pipeline(settings, demo_model):
         return FakePipelineClient
 
     return configure
+
+
+@pytest.fixture(autouse=True)
+def _fresh_recorder():
+    """The router's records are per process: each test starts with none (error rates count them)."""
+    from controlplane.gateway.telemetry import recorder
+
+    recorder.__init__()
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from controlplane.gateway.directory import ReplicaEndpoint, ServedModel
+from controlplane.gateway.routing import StageLink
 from worker_runtime.client import TokenEvent
 from worker_runtime.sampling import SamplingParams
 
@@ -21,6 +22,8 @@ class Script:
     kv_tokens: int = 4096
     planned_kv_tokens: int | None = None  # the directory's figure (the plan's), as the controller gives it
     healthy: bool = True  # the head's health()["ok"]: False until every stage joined the pipeline
+    stages: tuple[StageLink, ...] = ()  # where its stages run (the gateway then reads their telemetry)
+    queue_depth: int = 0  # the head's queue, as its statistics report it
 
 
 class FakePipelineClient:
@@ -64,7 +67,9 @@ class FakePipelineClient:
     async def stats(self) -> dict:
         kv = self.scripts[self.pipeline_id].kv_tokens
         ok = self.scripts[self.pipeline_id].healthy
-        return {"ok": ok, "kv_tokens_free_by_stage": {"0": kv}, "max_request_tokens": kv, "stages": []}
+        return {"ok": ok, "kv_tokens_free_by_stage": {"0": kv}, "max_request_tokens": kv, "stages": [],
+                "queue_depth": self.scripts[self.pipeline_id].queue_depth,
+                "reason": "" if ok else "stage 1 has not joined"}
 
     async def close(self) -> None:
         pass
@@ -73,7 +78,7 @@ class FakePipelineClient:
 def served_models() -> list[ServedModel]:
     replicas = tuple(
         ReplicaEndpoint(pipeline_id=pid, head_address=f"tcp://fake/{pid}", auth_token="t",
-                        kv_tokens=script.planned_kv_tokens)
+                        kv_tokens=script.planned_kv_tokens, stages=script.stages)
         for pid, script in FakePipelineClient.scripts.items()
     )
     return [ServedModel("demo", FakePipelineClient.model_path, replicas)]

@@ -30,6 +30,16 @@ def test_a_ready_deployment_serves_its_model_on_its_ready_replicas(deployment):
     assert first.auth_token == "token-0"
     assert first.kv_tokens == min(s["kv_tokens"] for s in plan["replicas"][0]["stages"])
     assert first.costs.decode_step_s == pytest.approx(plan["replicas"][0]["predicted"]["token_latency_ms"] / 1000)
+    assert first.costs_source == "planned"
+
+
+def test_each_replica_names_its_stages_and_their_devices_for_the_telemetry(deployment):
+    (served,) = served_models_from_deployments()
+    for index, replica in enumerate(served.replicas):
+        planned = deployment.revision.plan["replicas"][index]["stages"]
+        assert [s.stage_key for s in replica.stages] == [f"d{deployment.pk}-r{index}-s{i}" for i in range(len(planned))]
+        assert [s.device for s in replica.stages] == [s["device"] for s in planned]
+        assert [s.planned_step_ms for s in replica.stages] == [s["predicted"]["step_ms"] for s in planned]
 
 
 def test_replicas_not_ready_and_deployments_not_live_are_left_out(deployment):

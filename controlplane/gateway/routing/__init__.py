@@ -2,7 +2,9 @@
 benchmark's simulator all drive the very same decisions.
 
 ``Router.route(request, deadline_s=...)`` returns a ``Decision`` (the replica to use) or a
-``Rejection`` (answer 400/429/503 at once). The caller tells each replica's ``ReplicaState`` what
+``Rejection`` (answer 400/429/503 at once), each with the inputs it saw for every replica
+(``ReplicaInputs``). ``signals`` turns the agents' telemetry of a replica's stages and devices into
+its ``ReplicaHealth`` and measured costs. The caller tells each replica's ``ReplicaState`` what
 happened to the request (first token, each token, finish) so that the load figures stay current.
 
 The strategies' names (what a deployment stores) come from ``contracts.routing``
@@ -10,17 +12,32 @@ The strategies' names (what a deployment stores) come from ``contracts.routing``
 """
 
 from controlplane.gateway.routing.costs import ReplicaCosts, RequestShape
-from controlplane.gateway.routing.router import Decision, Rejection, Router
+from controlplane.gateway.routing.router import Decision, Rejection, ReplicaInputs, Router
+from controlplane.gateway.routing.signals import (
+    DeviceSample,
+    MeasuredCosts,
+    Reading,
+    StageLink,
+    StageSample,
+    replica_reading,
+)
 from controlplane.gateway.routing.state import ReplicaHealth, ReplicaState
 from controlplane.gateway.routing.strategies import STRATEGIES
 
 __all__ = [
     "STRATEGIES",
     "Decision",
+    "DeviceSample",
+    "MeasuredCosts",
+    "Reading",
     "Rejection",
     "ReplicaCosts",
     "ReplicaHealth",
+    "ReplicaInputs",
     "ReplicaState",
     "RequestShape",
     "Router",
+    "StageLink",
+    "StageSample",
+    "replica_reading",
 ]

@@ -23,18 +23,53 @@ from controlplane.gateway.routing.strategies import CAPACITY_AWARE, STRATEGIES
 
 
 @dataclass(frozen=True)
+class ReplicaInputs:
+    """What the router knew of one replica when it decided: shown with every decision, so an operator
+    can see why a request went where it went. ``reason``: why it was not a candidate ("" if it was);
+    ``estimated_finish_s``: for healthy replicas, the request's estimated end-to-end time there."""
+
+    replica: str
+    healthy: bool
+    candidate: bool
+    reason: str
+    slowdown: float
+    throttle: float
+    memory_pressure: float
+    error_rate: float
+    costs_source: str
+    decode_step_s: float
+    kv_free: int
+    outstanding_tokens: int
+    in_flight: int
+    external_queued: int
+    estimated_finish_s: float | None
+
+    @classmethod
+    def of(cls, replica: ReplicaState, *, candidate: bool, reason: str, finish: float | None) -> ReplicaInputs:
+        h = replica.health
+        return cls(
+            replica.replica_id, h.ok, candidate, reason, round(h.slowdown, 4), h.throttle, h.memory_pressure,
+            h.error_rate, replica.costs_source, replica.costs.decode_step_s, replica.kv_free,
+            replica.outstanding_tokens, replica.in_flight, replica.external_queued,
+            None if finish is None else round(finish, 4),
+        )
+
+
+@dataclass(frozen=True)
 class Decision:
     replica: ReplicaState
     strategy: str
     estimated_ttft_s: float
     estimated_finish_s: float
     candidates: int
+    inputs: tuple[ReplicaInputs, ...] = ()
 
 
 @dataclass(frozen=True)
 class Rejection:
     reason: str  # "too_large" | "unavailable" | "saturated"
     message: str
+    inputs: tuple[ReplicaInputs, ...] = ()
 
     @property
     def status(self) -> int:
@@ -42,38 +77,66 @@ class Rejection:
 
 
 class Router:
-    """Routes requests over a deployment's replicas with one strategy."""
+    """Routes requests over a deployment's replicas with one strategy. ``explain`` (default): each
+    decision and rejection carries the inputs of every replica (``ReplicaInputs``)."""
 
-    def __init__(self, replicas: list[ReplicaState], strategy: str = DEFAULT_ROUTING_STRATEGY) -> None:
+    def __init__(
+        self, replicas: list[ReplicaState], strategy: str = DEFAULT_ROUTING_STRATEGY, *, explain: bool = True
+    ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown routing strategy {strategy!r}; choose one of {sorted(STRATEGIES)}")
         self.replicas = replicas
         self.strategy = strategy
+        self.explain = explain
         self._choose = STRATEGIES[strategy]
         self._cursor = 0
 
     def route(self, request: RequestShape, *, deadline_s: float) -> Decision | Rejection:
         """Choose a replica for ``request`` or refuse it. The caller books an accepted request with
         ``decision.replica.start(request_id, request)`` once it has a request id."""
-        healthy = [r for r in self.replicas if r.health.ok]
+        why: dict[str, str] = {}
+        finish: dict[str, float] = {}
+        healthy = []
+        for r in self.replicas:
+            if r.health.ok:
+                healthy.append(r)
+            else:
+                why[r.replica_id] = r.health.reason or "unhealthy"
         if not healthy:
-            return Rejection("unavailable", "no healthy replica of this model is available")
-        if not any(r.could_ever_fit(request) for r in healthy):
+            detail = "; ".join(f"{name}: {reason}" for name, reason in why.items())
+            message = "no healthy replica of this model is available" + (f" ({detail})" if detail else "")
+            return Rejection("unavailable", message, self._inputs(why, finish))
+        candidates = []
+        for r in healthy:
+            if r.could_ever_fit(request):
+                candidates.append(r)
+            else:
+                why[r.replica_id] = f"needs {r.kv_need(request)} KV tokens; holds {r.kv_capacity}"
+        if not candidates:
             biggest = max(r.kv_capacity for r in healthy)
             return Rejection(
                 "too_large",
                 f"prompt ({request.prompt_tokens} tokens) plus max_tokens ({request.max_tokens}) exceeds "
                 f"the largest replica's KV capacity of {biggest} tokens",
+                self._inputs(why, finish),
             )
-        candidates = [r for r in healthy if r.could_ever_fit(request)]
+        if self.strategy in CAPACITY_AWARE or self.explain:
+            finish = {r.replica_id: r.estimate_finish(request) for r in candidates}
         if self.strategy in CAPACITY_AWARE:
-            candidates = [
-                r for r in candidates if r.fits(request) and r.estimate_finish(request) <= deadline_s
-            ]
+            admitted = []
+            for r in candidates:
+                if not r.fits(request):
+                    why[r.replica_id] = f"needs {r.kv_need(request)} KV tokens; {r.kv_free} free"
+                elif finish[r.replica_id] > deadline_s:
+                    why[r.replica_id] = f"estimated {finish[r.replica_id]:.1f} s > deadline {deadline_s:g} s"
+                else:
+                    admitted.append(r)
+            candidates = admitted
         if not candidates:
             return Rejection(
                 "saturated",
                 f"all {len(healthy)} replicas are busy: none can finish this request within {deadline_s:g} s",
+                self._inputs(why, finish),
             )
         chosen = self._choose(request, candidates, self._cursor)
         self._cursor += 1
@@ -81,6 +144,16 @@ class Router:
             replica=chosen,
             strategy=self.strategy,
             estimated_ttft_s=chosen.estimate_ttft(request),
-            estimated_finish_s=chosen.estimate_finish(request),
+            estimated_finish_s=finish.get(chosen.replica_id) or chosen.estimate_finish(request),
             candidates=len(candidates),
+            inputs=self._inputs(why, finish),
+        )
+
+    def _inputs(self, why: dict[str, str], finish: dict[str, float]) -> tuple[ReplicaInputs, ...]:
+        if not self.explain:
+            return ()
+        return tuple(
+            ReplicaInputs.of(r, candidate=r.replica_id not in why, reason=why.get(r.replica_id, ""),
+                             finish=finish.get(r.replica_id))
+            for r in self.replicas
         )

@@ -12,20 +12,24 @@ from dataclasses import dataclass, field
 from controlplane.gateway.routing.costs import ReplicaCosts, RequestShape, time_to_finish, time_to_first_token
 
 ERROR_PENALTY = 10.0  # an error rate of 10% makes a replica look twice as slow
-MEMORY_PRESSURE_KNEE = 0.9  # above this share of device memory used, a replica looks slower
-MEMORY_PRESSURE_PENALTY = 10.0
+# Above this share of a device's memory in use a replica looks slower: past what any plan fills (the
+# planner leaves 5% of each card and 384 MiB free), so only memory taken by something else counts.
+MEMORY_PRESSURE_KNEE = 0.96
+MEMORY_PRESSURE_PENALTY = 25.0  # 99% in use: 1.75x
 
 
 @dataclass(frozen=True)
 class ReplicaHealth:
     """From telemetry. ``throttle``: share of clock lost to thermal/power limits (0..1);
     ``memory_pressure``: share of device memory in use (0..1); ``error_rate``: recent share of
-    requests that failed (0..1); ``ok`` False: broken (a stage died), never chosen."""
+    requests that failed (0..1); ``ok`` False: broken (a stage died, its telemetry went stale, its
+    head does not answer), never chosen, and ``reason`` says why."""
 
     ok: bool = True
     throttle: float = 0.0
     memory_pressure: float = 0.0
     error_rate: float = 0.0
+    reason: str = ""
 
     @property
     def slowdown(self) -> float:
@@ -54,8 +58,10 @@ class ReplicaState:
     kv_capacity: int
     health: ReplicaHealth = field(default_factory=ReplicaHealth)
     kv_block_tokens: int = 16
+    costs_source: str = "assumed"  # where ``costs`` come from: measured | planned | stated | assumed
     _in_flight: dict[str, _InFlight] = field(default_factory=dict, repr=False)
     _external_kv: int = field(default=0, repr=False)
+    _external_queued: int = field(default=0, repr=False)
 
     # -- load figures -------------------------------------------------------------------------------
     @property
@@ -70,6 +76,11 @@ class ReplicaState:
     def queued_tokens(self) -> int:
         """Prompt tokens admitted but not yet prefilled."""
         return sum(r.prefill_left for r in self._in_flight.values())
+
+    @property
+    def external_queued(self) -> int:
+        """Requests waiting in the head's queue that this router did not send (another gateway's)."""
+        return self._external_queued
 
     @property
     def running_tokens(self) -> int:
@@ -94,12 +105,17 @@ class ReplicaState:
     def could_ever_fit(self, request: RequestShape) -> bool:
         return self.kv_need(request) <= self.kv_capacity
 
+    def _queued_ahead(self, request: RequestShape) -> int:
+        """Prompt tokens ahead of the request: ours, exactly; another gateway's queued requests each
+        counted as one of the request's own size (their sizes are unknown here)."""
+        return self.queued_tokens + self._external_queued * request.prompt_tokens
+
     def estimate_ttft(self, request: RequestShape) -> float:
-        return time_to_first_token(self.costs, request, self.queued_tokens) * self.health.slowdown
+        return time_to_first_token(self.costs, request, self._queued_ahead(request)) * self.health.slowdown
 
     def estimate_finish(self, request: RequestShape) -> float:
         running = [(r.prompt + r.generated, r.decode_left) for r in self._in_flight.values()]
-        return time_to_finish(self.costs, request, self.queued_tokens, running) * self.health.slowdown
+        return time_to_finish(self.costs, request, self._queued_ahead(request), running) * self.health.slowdown
 
     # -- bookkeeping --------------------------------------------------------------------------------
     def start(self, request_id: str, request: RequestShape) -> None:
@@ -119,10 +135,17 @@ class ReplicaState:
         """Finished, failed or cancelled: its KV space is free again. Idempotent."""
         self._in_flight.pop(request_id, None)
 
-    def observe(self, *, health: ReplicaHealth | None = None, kv_tokens_free: int | None = None) -> None:
-        """Telemetry: health, and the head's free KV tokens (what it lacks beyond our own
-        reservations is used by someone else, e.g. another gateway process)."""
+    def observe(
+        self, *, health: ReplicaHealth | None = None, kv_tokens_free: int | None = None,
+        queue_depth: int | None = None,
+    ) -> None:
+        """Telemetry: health, the head's free KV tokens (what it lacks beyond our own reservations is
+        used by someone else, e.g. another gateway process) and the head's queue (requests waiting for
+        KV space beyond those of ours not started yet are someone else's)."""
         if health is not None:
             self.health = health
         if kv_tokens_free is not None:
             self._external_kv = max(0, self.kv_capacity - kv_tokens_free - self.kv_reserved)
+        if queue_depth is not None:
+            ours = sum(1 for r in self._in_flight.values() if r.prefill_left)
+            self._external_queued = max(0, queue_depth - ours)
