@@ -3,7 +3,8 @@
 The control plane plans for a device; the agent knows what that device is. On a real GPU the stage
 runs on ``cuda:N`` (CUDA's device order pinned to NVML's by the supervisor). On an emulated device it
 runs on the CPU, paced to the card's modeled speed (the spec's ``emulation`` block, filled from the
-device when the control plane left it out) and held to the card's memory budget.
+device when the control plane left it out; its ``speed_factor`` and ``throttle_file`` always from
+the node, which alone knows them) and held to the card's memory budget.
 
 Which device: the task's ``device_index`` when the control plane sends it, else ``cuda:N`` in the
 spec, else (an emulated stage arrives as ``device: "cpu"``) the first device whose modeled speed is
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.memory_budget import StageRefused, check_fits, spec_footprint
+from agents.throttle import Throttles
 from contracts.hardware import DeviceSpec
 
 _CUDA = re.compile(r"^cuda:(\d+)$")
@@ -39,6 +41,7 @@ class Admitted:
 class Admission:
     devices: Sequence[DeviceSpec]
     time_scale: float = DEFAULT_TIME_SCALE
+    throttles: Throttles | None = None  # the emulated throttle knob; its files go into the specs
 
     def admit(
         self, spec: dict[str, Any], others: Sequence[Admitted], device_index: int | None = None
@@ -62,11 +65,15 @@ class Admission:
     def _on_emulated(self, spec: dict[str, Any], others: Sequence[Admitted], device: DeviceSpec) -> Admitted:
         need = spec_footprint(spec)
         check_fits(need, device, sum(o.memory_bytes for o in others if o.device_index == device.index))
-        emulation = spec.get("emulation") or {
+        emulation = dict(spec.get("emulation") or {
             "memory_bandwidth_gbs": device.memory_bandwidth_gbs,
             "fp16_tflops": device.fp16_tflops,
             "time_scale": self.time_scale,
-        }
+        })
+        # What only this node knows of the card: its real speed against the catalog's, and its live throttle.
+        emulation["speed_factor"] = device.speed_factor
+        if self.throttles is not None:
+            emulation["throttle_file"] = str(self.throttles.path(device.index))
         return Admitted({**spec, "device": "cpu", "emulation": emulation}, device.index, need.total_bytes)
 
     def _first_fit(self, spec: dict[str, Any], others: Sequence[Admitted]) -> Admitted:

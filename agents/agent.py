@@ -24,6 +24,7 @@ from agents.queue_consumer import QueueConsumer, build_app
 from agents.registration import Registration, RegistrationRefused, local_address, register_until_done
 from agents.supervisor import Supervisor
 from agents.telemetry import Snapshot, Telemetry, websocket_url
+from agents.throttle import Throttles
 from contracts.fleet_file import FleetFileError
 from contracts.hardware import DeviceSpec
 
@@ -72,8 +73,12 @@ class Agent:
             return EXIT_CONFIG
         telemetry = Telemetry(websocket_url(self.config.server), lambda: self.registration, self._snapshot,
                               self._reregister)
-        self._supervisor = Supervisor(self.config.state_dir, Admission(self._devices, self.config.time_scale),
-                                      telemetry.stage_event, command=self.config.stage_command)
+        self._throttles = Throttles(self.config.state_dir / "throttle", self._devices)
+        if isinstance(self._metrics, EmulatedMetrics):
+            self._metrics.throttles = self._throttles
+        admission = Admission(self._devices, self.config.time_scale, self._throttles)
+        self._supervisor = Supervisor(self.config.state_dir, admission, telemetry.stage_event,
+                                      command=self.config.stage_command)
         self._consumer: QueueConsumer | None = None
         telemetry_stop = asyncio.Event()
         telemetry_task: asyncio.Task | None = None
@@ -140,7 +145,7 @@ class Agent:
 
     def _start_consumer(self, registration: Registration) -> QueueConsumer:
         app = build_app(registration.broker_url, registration.broker_transport_options, registration.queue,
-                        self._supervisor)
+                        self._supervisor, self._throttles)
         hostname = f"agent-{self.config.name}@{socket.gethostname()}"
         consumer = QueueConsumer(app, registration.queue, hostname=hostname)
         consumer.start()

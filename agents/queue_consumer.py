@@ -21,13 +21,15 @@ from celery.worker import WorkController
 from celery.worker import state as worker_state
 
 from agents.supervisor import Supervisor
-from contracts.tasks import START_STAGE, STOP_STAGE, SYNC
+from agents.throttle import ThrottleRefused, Throttles
+from contracts.tasks import SET_THROTTLE, START_STAGE, STOP_STAGE, SYNC
 
 log = logging.getLogger(__name__)
 
 
 def build_app(
-    broker_url: str, transport_options: dict[str, Any], queue: str, supervisor: Supervisor
+    broker_url: str, transport_options: dict[str, Any], queue: str, supervisor: Supervisor,
+    throttles: Throttles | None = None,
 ) -> Celery:
     # fixups=[]: no Django fixup even where DJANGO_SETTINGS_MODULE is set; the agent is not Django.
     app = Celery("motley-agent", broker=broker_url, set_as_current=False, fixups=[])
@@ -68,6 +70,12 @@ def build_app(
     @app.task(name=SYNC, shared=False)
     def sync(wanted_stage_keys: list[str]) -> list[str]:
         return supervisor.sync(list(wanted_stage_keys))
+
+    @app.task(name=SET_THROTTLE, shared=False)
+    def set_throttle(device_index: int, factor: float) -> dict[str, Any]:
+        if throttles is None:
+            raise ThrottleRefused("this agent runs no emulated device to throttle")
+        return {"device_index": device_index, "factor": throttles.set(device_index, factor)}
 
     return app
 

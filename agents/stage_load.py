@@ -14,3 +14,7 @@ class StageLoad:
     busy_fraction: float  # share of the last stats interval spent in steps
     tx_bytes_per_s: float
     rx_bytes_per_s: float
+    # The stage's address and its next stage's (spec "listen" and "next"): which of this node's stages,
+    # and so devices, its activations go to and come from (NVLink or PCIe, agents/discovery/emulated.py).
+    listen: str | None = None
+    next: str | None = None

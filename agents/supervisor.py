@@ -339,7 +339,8 @@ class Supervisor:
     def _snapshot(self) -> list[tuple[StageStatus, StageLoad]]:
         return [
             (_copy(s.status),
-             StageLoad(s.admitted.device_index, s.admitted.memory_bytes if s.alive else 0, *s.load))
+             StageLoad(s.admitted.device_index, s.admitted.memory_bytes if s.alive else 0, *s.load,
+                       listen=s.admitted.spec.get("listen"), next=s.admitted.spec.get("next")))
             for s in self._stages.values()
         ]
 

@@ -42,7 +42,7 @@ class FleetFileError(ValueError):
 
 FLEET_KEYS = {"name", "emulated", "nodes", "links"}
 NODE_KEYS = {"name", "address", "network_gbps", "labels", "gpus"}
-GPU_KEYS = {"model", "count", "nvlink", "numa_node", "overrides"}
+GPU_KEYS = {"model", "count", "nvlink", "numa_node", "overrides", "speed_factor"}
 LINK_KEYS = {"between", "kind", "bandwidth_gbps", "bandwidth_gbs", "latency_us"}
 # Override keys and the DeviceSpec field each sets; memory in GiB (what people write) or bytes.
 OVERRIDE_KEYS = {
@@ -210,6 +210,12 @@ class _Parser:
                 "overrides: {nvlink_bandwidth_gbs: ...}",
             )
         island = f"{node}/nvlink{group}" if nvlink else None
+        speed_factor = 1.0
+        if "speed_factor" in raw:
+            if not emulated:
+                raise self.fail(_join(field, "speed_factor"), "applies to emulated devices only "
+                                "(a fleet with emulated: false describes real cards)")
+            speed_factor = self.positive_number(raw["speed_factor"], _join(field, "speed_factor"))
         if not nvlink:
             values["nvlink_bandwidth_gbs"] = 0.0
         return [
@@ -222,6 +228,7 @@ class _Parser:
                 numa_node=numa_node,
                 nvlink_island=island,
                 emulated=emulated,
+                speed_factor=speed_factor,
                 **values,
             )
             for index in range(first_index, first_index + count)

@@ -36,6 +36,10 @@ class DeviceSpec:
     nvlink_island: str | None = None  # devices sharing an island talk over NVLink
     nvlink_bandwidth_gbs: float = 0.0  # per-direction GB/s between island members
     emulated: bool = False
+    # Emulated cards only: the card runs at its catalog speed x this (the fleet file's speed_factor), a
+    # card slower (or faster) than its spec sheet. The planner prices the catalog figures and the
+    # inventory does not store it: measured step times then differ from predicted ones, as on real cards.
+    speed_factor: float = 1.0
     # Health and calibration, filled from telemetry; the defaults describe a healthy, uncalibrated card.
     down: bool = False
     throttle_factor: float = 1.0  # <1.0 while thermally throttled: fraction of full speed left

@@ -28,14 +28,29 @@ class GpuMetrics:
     pcie_tx_bytes_per_s: float
     pcie_rx_bytes_per_s: float
     emulated: bool = False  # modeled figures of an emulated device (agents/discovery/emulated.py)
+    # The clock the card runs at unthrottled (NVML's max SM clock; an emulated card's modeled one):
+    # sm_clock_mhz / sm_clock_max_mhz is how much of its speed a throttled card has left.
+    sm_clock_max_mhz: int | None = None
+    # Summed over the card's active NVLinks; None where the card has no NVLink (nothing to chart).
+    nvlink_tx_bytes_per_s: float | None = None
+    nvlink_rx_bytes_per_s: float | None = None
+    # Health counters, None where the card does not report them (no ECC, no NVML event support):
+    ecc_errors: int | None = None  # volatile uncorrected ECC errors (since the driver loaded / last reset)
+    xid_errors: int | None = None  # critical XID events since the agent started
+    retired_pages: int | None = None  # memory pages retired or rows remapped (permanent)
 
 
 # The GpuMetrics fields kept per GPU as history and rollups (numbers only; throttle_reasons is shown
-# live, power_limit_w and sm_clock_mhz are not charted).
+# live, power_limit_w and the clocks are not charted; the health counters feed Device.health). A
+# field a device does not report (NVLink on a PCIe-only card) stays absent from its series.
 GPU_FIELDS = (
     "utilization_pct", "memory_used_bytes", "memory_total_bytes", "temperature_c", "power_w",
-    "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s",
+    "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s",
 )
+# The throttle reasons that mean a card runs slower than it could for a reason other than its power
+# budget (contracts §3): sustained, they make its observed health DEGRADED. ``power_cap`` is left
+# out: a busy card at its power limit is working as designed.
+SLOWDOWN_REASONS = ("hw_slowdown", "sw_thermal", "hw_thermal", "power_brake")
 # The stage statistics (contracts §4) kept per stage as history and rollups.
 STAGE_FIELDS = (
     "step_ms", "compute_ms", "transfer_ms", "tokens_per_s", "batch_size", "queue_depth",

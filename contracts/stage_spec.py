@@ -20,11 +20,18 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True)
 class Emulation:
-    """A modeled device: each step is paced to ``time_scale × max(bytes / bandwidth, FLOPs / peak)``."""
+    """A modeled device: each step is paced to ``time_scale × max(bytes / bandwidth, FLOPs / peak)``,
+    divided by ``speed_factor`` and by the live throttle factor read from ``throttle_file``."""
 
     memory_bandwidth_gbs: float
     fp16_tflops: float
     time_scale: float = 1.0
+    # The card's real speed against its catalog figures (the fleet file's ``speed_factor``): a card
+    # slower than its spec sheet says, not a throttled one. Set by the agent, not the control plane.
+    speed_factor: float = 1.0
+    # A JSON file ``{"factor": f}`` (0 < f <= 1) the agent rewrites while the card is made to throttle
+    # (contracts §3 ``set_throttle``); the stage re-reads it at most once a second. Set by the agent.
+    throttle_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,7 @@ class StageSpec:
             (self.is_last == (self.next is None), "next must be null exactly on the last stage"),
             (min(self.kv_tokens, self.threads, self.batch) > 0, "kv_tokens, threads and batch must be positive"),
             (self.peer_timeout_s > 0, "peer_timeout_s must be positive"),
+            (self.emulation is None or self.emulation.speed_factor > 0, "emulation.speed_factor must be > 0"),
             (bool(self.auth_token), "auth_token must not be empty"),
             (self.micro_batches is None or self.micro_batches >= 1, "micro_batches must be at least 1"),
             (self.max_batch_tokens > 0 and self.max_queue >= 0, "max_batch_tokens/max_queue out of range"),

@@ -5,22 +5,69 @@ K/V, and does the matrix products of every new token, so its time is ``max(bytes
 peak)``. ``time_scale`` stretches that so modeled time dominates real CPU time; the stage then sleeps
 what its real compute did not take, and an emulated fleet shows the speed ratios of the devices it
 claims to have, which is what the planner and the dashboard are tested against.
+
+Two knobs slow an emulated card down from its catalog figures. ``speed_factor`` is static: a card
+that is simply slower (or faster) than its spec sheet. The throttle factor is live: the agent writes
+``{"factor": f}`` to the spec's ``throttle_file`` while the card is made to throttle (contracts §3
+``set_throttle``), and the pacer re-reads the file at most once a second (only when its mtime
+changed), so a step takes ``modeled / (speed_factor x f)`` from then on, without a restart.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from contracts.stage_spec import Emulation
 
 from .stage import Batch, Stage
 
+RECHECK_S = 1.0  # how often the throttle file is looked at
+
+
+class ThrottleFile:
+    """The live throttle factor an agent writes for one emulated device; 1.0 when absent or unreadable."""
+
+    def __init__(self, path: str | None, clock: Callable[[], float] = time.monotonic):
+        self.path = path
+        self._clock = clock
+        self._next_check = float("-inf")
+        self._mtime: int | None = None
+        self._factor = 1.0
+
+    def factor(self) -> float:
+        if self.path is None:
+            return 1.0
+        now = self._clock()
+        if now < self._next_check:
+            return self._factor
+        self._next_check = now + RECHECK_S
+        try:
+            mtime = os.stat(self.path).st_mtime_ns
+        except OSError:
+            self._mtime, self._factor = None, 1.0
+            return self._factor
+        if mtime != self._mtime:
+            self._mtime, self._factor = mtime, self._read()
+        return self._factor
+
+    def _read(self) -> float:
+        try:
+            factor = float(json.loads(Path(self.path).read_text())["factor"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return self._factor  # mid-rewrite or malformed: keep the last good figure
+        return factor if 0 < factor <= 1 else self._factor
+
 
 class Pacer:
     """Sleeps out each step of a stage to its modeled duration on the emulated device."""
 
-    def __init__(self, stage: Stage, emulation: Emulation):
+    def __init__(self, stage: Stage, emulation: Emulation, clock: Callable[[], float] = time.monotonic):
         self.emulation = emulation
+        self.throttle = ThrottleFile(emulation.throttle_file, clock)
         config = stage.config
         self.layers = stage.end - stage.start
         self.q_size = config.q_size
@@ -35,7 +82,8 @@ class Pacer:
         self.kv_bytes_per_token = stage.kv.bytes_per_token
 
     def modeled_s(self, batch: Batch) -> float:
-        """Seconds the emulated device needs for ``batch``, ``time_scale`` included."""
+        """Seconds the emulated device needs for ``batch``: ``time_scale``, ``speed_factor`` and the
+        live throttle factor included."""
         contexts = [s + n for s, n in zip(batch.start_positions, batch.lengths)]
         read = self.weight_bytes + self.kv_bytes_per_token * sum(contexts)
         flops = (
@@ -44,7 +92,8 @@ class Pacer:
             + 2 * self.head_params * len(batch.seq_ids)
         )
         e = self.emulation
-        return e.time_scale * max(read / (e.memory_bandwidth_gbs * 1e9), flops / (e.fp16_tflops * 1e12))
+        roofline = max(read / (e.memory_bandwidth_gbs * 1e9), flops / (e.fp16_tflops * 1e12))
+        return e.time_scale * roofline / (e.speed_factor * self.throttle.factor())
 
     def pace(self, batch: Batch, elapsed_s: float) -> float:
         """Sleep whatever of the modeled time the real compute (``elapsed_s``) did not take; returns it."""

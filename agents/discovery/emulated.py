@@ -3,7 +3,20 @@
 The devices keep their catalog figures (the planner prices them like real cards) and are marked
 ``emulated`` in everything the agent reports. Their metrics are modeled, plausibly and visibly
 synthetic: utilization is the stages' busy fraction, memory used is what the admitted stages hold,
-PCIe throughput is what the stages sent and received, and temperature and power follow utilization.
+temperature and power follow utilization, and the bytes the stages really sent and received are
+PCIe or NVLink throughput by where they went:
+
+- **NVLink** when the peer stage (the one whose ``listen`` is this stage's ``next``, or whose ``next``
+  is this stage's ``listen``) runs on *another* device of this node in the *same* NVLink island of
+  the fleet file (the fabric the planner priced that hop at);
+- **PCIe** otherwise: a peer on this node outside the island or on the same device (stage processes
+  exchange activations through host memory), a peer on another node (the bytes leave the card over
+  PCIe to the network, where NVML would count them too), and the gateway's requests and tokens.
+
+A device outside any island reports no NVLink figures at all (``None``: nothing to chart). A device
+made to throttle (agents/throttle.py) reports ``sw_thermal``, an SM clock of ``max x factor`` and at
+least ``THROTTLED_TEMPERATURE_C``; a fleet file's ``speed_factor`` only slows the stages' pacing, the
+card is reported as running unthrottled (it is a slower card, not a hot one).
 """
 
 from __future__ import annotations
@@ -13,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from agents.stage_load import StageLoad
+from agents.throttle import Throttles
 from contracts.fleet_file import load_fleet_file
 from contracts.hardware import DeviceSpec
 from contracts.metrics import GpuMetrics
@@ -22,7 +36,9 @@ IDLE_TEMPERATURE_C = 35.0
 FULL_LOAD_TEMPERATURE_C = 78.0
 MODELED_POWER_LIMIT_W = 250.0
 IDLE_POWER_FRACTION = 0.15
-MODELED_SM_CLOCK_MHZ = 1410
+MODELED_SM_CLOCK_MHZ = 1410  # the modeled card's max SM clock, which it runs at unless throttled
+THROTTLED_TEMPERATURE_C = 88.0  # where a real card's software thermal slowdown sets in
+THROTTLE_REASON = "sw_thermal"
 
 
 def emulated_devices(fleet_file: str | Path, node: str, name: str | None = None) -> list[DeviceSpec]:
@@ -50,34 +66,63 @@ def emulated_devices(fleet_file: str | Path, node: str, name: str | None = None)
 class EmulatedMetrics:
     """Per-second metrics of emulated devices, modeled from the load of the stages they run."""
 
-    def __init__(self, devices: Sequence[DeviceSpec]):
+    def __init__(self, devices: Sequence[DeviceSpec], throttles: Throttles | None = None):
         self._devices = list(devices)
+        self.throttles = throttles
 
     def sample(self, loads: Sequence[StageLoad]) -> list[GpuMetrics]:
+        on_nvlink = _nvlink_hops(loads, {device.index: device for device in self._devices})
         samples = []
         for device in self._devices:
-            mine = [load for load in loads if load.device_index == device.index]
-            utilization = min(1.0, sum(load.busy_fraction for load in mine))
+            mine = [(i, load) for i, load in enumerate(loads) if load.device_index == device.index]
+            utilization = min(1.0, sum(load.busy_fraction for _, load in mine))
+            factor = self.throttles.factor(device.index) if self.throttles else 1.0
+            temperature = IDLE_TEMPERATURE_C + (FULL_LOAD_TEMPERATURE_C - IDLE_TEMPERATURE_C) * utilization
+            if factor < 1:
+                temperature = max(temperature, THROTTLED_TEMPERATURE_C)
+            rates = {"tx": [0.0, 0.0], "rx": [0.0, 0.0]}  # [PCIe, NVLink] bytes/s
+            for i, load in mine:
+                rates["tx"][on_nvlink[i][0]] += load.tx_bytes_per_s
+                rates["rx"][on_nvlink[i][1]] += load.rx_bytes_per_s
+            has_nvlink = bool(device.nvlink_island)
             samples.append(
                 GpuMetrics(
                     index=device.index,
                     utilization_pct=round(100.0 * utilization, 1),
-                    memory_used_bytes=device.memory_used_bytes + sum(load.memory_bytes for load in mine),
+                    memory_used_bytes=device.memory_used_bytes + sum(load.memory_bytes for _, load in mine),
                     memory_total_bytes=device.memory_bytes,
-                    temperature_c=round(
-                        IDLE_TEMPERATURE_C + (FULL_LOAD_TEMPERATURE_C - IDLE_TEMPERATURE_C) * utilization, 1
-                    ),
+                    temperature_c=round(temperature, 1),
                     power_w=round(MODELED_POWER_LIMIT_W * (IDLE_POWER_FRACTION + (1 - IDLE_POWER_FRACTION)
                                                            * utilization), 1),
                     power_limit_w=MODELED_POWER_LIMIT_W,
-                    sm_clock_mhz=MODELED_SM_CLOCK_MHZ,
-                    throttle_reasons=(),
-                    pcie_tx_bytes_per_s=sum(load.tx_bytes_per_s for load in mine),
-                    pcie_rx_bytes_per_s=sum(load.rx_bytes_per_s for load in mine),
+                    sm_clock_mhz=round(MODELED_SM_CLOCK_MHZ * factor),
+                    throttle_reasons=(THROTTLE_REASON,) if factor < 1 else (),
+                    pcie_tx_bytes_per_s=rates["tx"][0],
+                    pcie_rx_bytes_per_s=rates["rx"][0],
                     emulated=True,
-                )
+                    sm_clock_max_mhz=MODELED_SM_CLOCK_MHZ,
+                    nvlink_tx_bytes_per_s=rates["tx"][1] if has_nvlink else None,
+                    nvlink_rx_bytes_per_s=rates["rx"][1] if has_nvlink else None,
+                )  # no ECC, XID or retired-page counters: an emulated card has no memory to fail
             )
         return samples
 
     def close(self) -> None:
         """Nothing to release; the same interface as NvmlMetrics."""
+
+
+def _nvlink_hops(loads: Sequence[StageLoad], devices: dict[int, DeviceSpec]) -> list[tuple[int, int]]:
+    """Per load, whether its sent and its received bytes crossed NVLink (1) or PCIe (0)."""
+    by_listen = {load.listen: load for load in loads if load.listen}
+    by_next = {load.next: load for load in loads if load.next}
+
+    def over_nvlink(load: StageLoad, peer: StageLoad | None) -> int:
+        if peer is None or peer.device_index == load.device_index:
+            return 0
+        mine, theirs = devices.get(load.device_index), devices.get(peer.device_index)
+        if mine is None or theirs is None or not mine.nvlink_island:
+            return 0
+        return int(mine.nvlink_island == theirs.nvlink_island)
+
+    return [(over_nvlink(load, by_listen.get(load.next) if load.next else None),
+             over_nvlink(load, by_next.get(load.listen) if load.listen else None)) for load in loads]

@@ -1,7 +1,8 @@
 """Discovery and per-second metrics of NVIDIA GPUs through NVML (the nvidia-ml-py package).
 
 NVML reports what a card is (name, uuid, memory, PCIe link, NUMA node, NVLink peers) and how it is
-doing (utilization, memory used, temperature, power, clocks, throttle reasons, PCIe throughput).
+doing (utilization, memory used, temperature, power, clocks and the max SM clock, throttle reasons,
+PCIe and NVLink throughput, ECC errors, XID events, retired pages: agents/discovery/nvml_counters.py).
 It does not report memory bandwidth or tensor throughput: the GPU catalog fills those by name.
 
 Every function takes the NVML module as a parameter (default: the real ``pynvml``) so tests on
@@ -13,6 +14,13 @@ from __future__ import annotations
 import types
 from pathlib import Path
 
+from agents.discovery.nvml_counters import (
+    NvlinkCounters,
+    XidWatch,
+    ecc_errors,
+    max_sm_clock,
+    retired_pages,
+)
 from contracts.gpu_catalog import UnknownGpuModel, lookup
 from contracts.hardware import DeviceSpec
 from contracts.metrics import GpuMetrics
@@ -133,13 +141,22 @@ def _nvlink_islands(nvml, handles: list, bus_ids: list[str]) -> dict[int, str]:
     return {i: f"nvlink-{min(j for j in linked if root(j) == root(i))}" for i in sorted(linked)}
 
 
-def sample_metrics(nvml: types.ModuleType | None = None) -> list[GpuMetrics]:
-    """One metrics sample per GPU. NVML must stay initialised by the caller for repeated sampling."""
+def sample_metrics(
+    nvml: types.ModuleType | None = None, nvlink: NvlinkCounters | None = None, xids: XidWatch | None = None
+) -> list[GpuMetrics]:
+    """One metrics sample per GPU. NVML must stay initialised by the caller for repeated sampling.
+
+    NVLink rates need the previous reading (``nvlink``, kept across calls by ``NvmlMetrics``) and XID
+    errors an event watch (``xids``); without them a one-off sample reports neither (None)."""
     nvml = nvml or _real_nvml()
+    nvlink = nvlink or NvlinkCounters(nvml)
+    if xids is not None:
+        xids.drain()
     samples = []
     for index in range(nvml.nvmlDeviceGetCount()):
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        nvlink_tx, nvlink_rx = nvlink.rates(index, handle)
         samples.append(
             GpuMetrics(
                 index=index,
@@ -154,6 +171,12 @@ def sample_metrics(nvml: types.ModuleType | None = None) -> list[GpuMetrics]:
                 # NVML reports KB/s over a 20 ms window.
                 pcie_tx_bytes_per_s=nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_TX_BYTES) * 1024.0,
                 pcie_rx_bytes_per_s=nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_RX_BYTES) * 1024.0,
+                sm_clock_max_mhz=max_sm_clock(nvml, handle),
+                nvlink_tx_bytes_per_s=nvlink_tx,
+                nvlink_rx_bytes_per_s=nvlink_rx,
+                ecc_errors=ecc_errors(nvml, handle),
+                xid_errors=xids.count(index) if xids is not None else None,
+                retired_pages=retired_pages(nvml, handle),
             )
         )
     return samples
@@ -166,15 +189,22 @@ def _throttle_reasons(nvml, handle) -> tuple[str, ...]:
 
 
 class NvmlMetrics:
-    """The agent's per-second metrics source on a GPU host: NVML stays initialised while it lives."""
+    """The agent's per-second metrics source on a GPU host: NVML stays initialised while it lives, and
+    so do the NVLink counters' last reading and the XID event watch."""
 
     def __init__(self, nvml: types.ModuleType | None = None):
         self._nvml = nvml or _real_nvml()
         self._nvml.nvmlInit()
+        handles = [self._nvml.nvmlDeviceGetHandleByIndex(i) for i in range(self._nvml.nvmlDeviceGetCount())]
+        self._nvlink = NvlinkCounters(self._nvml)
+        for index, handle in enumerate(handles):  # the first reading, so the first sample has a rate
+            self._nvlink.rates(index, handle)
+        self._xids = XidWatch(self._nvml, handles)
 
     def sample(self, loads: object = None) -> list[GpuMetrics]:
         """NVML measures the cards itself; the stages' loads (used when emulating) are not needed."""
-        return sample_metrics(self._nvml)
+        return sample_metrics(self._nvml, self._nvlink, self._xids)
 
     def close(self) -> None:
+        self._xids.close()
         self._nvml.nvmlShutdown()

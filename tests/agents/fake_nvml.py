@@ -24,6 +24,21 @@ class FakeGpu:
     power_mw: int = 100_000
     throttle_bits: int = 0
     numa: int = 0
+    max_sm_clock: int = 1980
+    # Cumulative NVLink payload counters, KiB, one per active link (missing entries are 0); a test
+    # advances them between samples. nvlink_fields=False: a driver without the throughput fields.
+    nvlink_tx_kib: list[int] = field(default_factory=list)
+    nvlink_rx_kib: list[int] = field(default_factory=list)
+    nvlink_fields: bool = True
+    ecc_uncorrected: int | None = 0  # None: no ECC on this card (NotSupported)
+    remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # None: pre-Ampere, pages retired
+    retired: list[int] | None = None  # page addresses retired (with remapped_rows None)
+    xid_events: list[int] = field(default_factory=list)  # XIDs pending delivery to an event set
+    xid_supported: bool = True
+
+
+def _not_supported():
+    return pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
 
 
 def fake_nvml(gpus: list[FakeGpu]) -> types.SimpleNamespace:
@@ -35,7 +50,64 @@ def fake_nvml(gpus: list[FakeGpu]) -> types.SimpleNamespace:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return pynvml.NVML_FEATURE_ENABLED
 
+    def field_values(g, ids):
+        out = []
+        for field_id, link in ids:
+            tx = field_id == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+            counters = g.nvlink_tx_kib if tx else g.nvlink_rx_kib
+            supported = g.nvlink_fields and link < len(g.nvlink_peers)
+            out.append(types.SimpleNamespace(
+                fieldId=field_id, scopeId=link, valueType=pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+                nvmlReturn=pynvml.NVML_SUCCESS if supported else pynvml.NVML_ERROR_NOT_SUPPORTED,
+                value=types.SimpleNamespace(ullVal=counters[link] if link < len(counters) else 0)))
+        return out
+
+    def ecc(g, error_type, counter_type):
+        assert error_type == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        assert counter_type == pynvml.NVML_VOLATILE_ECC
+        if g.ecc_uncorrected is None:
+            raise _not_supported()
+        return g.ecc_uncorrected
+
+    def remapped(g):
+        if g.remapped_rows is None:
+            raise _not_supported()
+        return g.remapped_rows
+
+    def retired(g, cause):
+        if g.retired is None:
+            raise _not_supported()
+        return g.retired if cause == pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR else []
+
+    event_sets: list[list[FakeGpu]] = []
+
+    def register(g, event_types, event_set):
+        if not g.xid_supported or event_types != pynvml.nvmlEventTypeXidCriticalError:
+            raise _not_supported()
+        event_sets[event_set].append(g)
+
+    def wait(event_set, timeout_ms):
+        for g in event_sets[event_set]:
+            if g.xid_events:
+                return types.SimpleNamespace(device=g, eventType=pynvml.nvmlEventTypeXidCriticalError,
+                                             eventData=g.xid_events.pop(0))
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+
+    def create_event_set():
+        event_sets.append([])
+        return len(event_sets) - 1
+
     return types.SimpleNamespace(
+        NVML_SUCCESS=pynvml.NVML_SUCCESS,
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX=pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX=pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+        NVML_MEMORY_ERROR_TYPE_UNCORRECTED=pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        NVML_VOLATILE_ECC=pynvml.NVML_VOLATILE_ECC,
+        NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS=(
+            pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
+        NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR=(
+            pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
+        nvmlEventTypeXidCriticalError=pynvml.nvmlEventTypeXidCriticalError,
         NVML_NVLINK_MAX_LINKS=pynvml.NVML_NVLINK_MAX_LINKS,
         NVML_FEATURE_ENABLED=pynvml.NVML_FEATURE_ENABLED,
         NVML_TEMPERATURE_GPU=pynvml.NVML_TEMPERATURE_GPU,
@@ -65,6 +137,16 @@ def fake_nvml(gpus: list[FakeGpu]) -> types.SimpleNamespace:
         nvmlDeviceGetPowerUsage=lambda g: g.power_mw,
         nvmlDeviceGetEnforcedPowerLimit=lambda g: 300_000,
         nvmlDeviceGetClockInfo=lambda g, clock: 1410,
+        nvmlDeviceGetMaxClockInfo=lambda g, clock: g.max_sm_clock,
+        nvmlDeviceGetFieldValues=field_values,
+        nvmlDeviceGetTotalEccErrors=ecc,
+        nvmlDeviceGetRemappedRows=remapped,
+        nvmlDeviceGetRetiredPages=retired,
+        nvmlEventSetCreate=create_event_set,
+        nvmlDeviceRegisterEvents=register,
+        nvmlEventSetWait_v2=wait,
+        nvmlEventSetFree=lambda event_set: None,
+        nvmlDeviceGetIndex=lambda g: gpus.index(g),
         nvmlDeviceGetCurrentClocksEventReasons=lambda g: g.throttle_bits,
         nvmlDeviceGetPcieThroughput=lambda g, counter: 2048 if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else 1024,
     )

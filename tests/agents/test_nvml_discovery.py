@@ -3,7 +3,8 @@
 import pynvml
 import pytest
 
-from agents.discovery.nvml import discover_devices, nvml_available, sample_metrics
+from agents.discovery.nvml import NvmlMetrics, discover_devices, nvml_available, sample_metrics
+from agents.discovery.nvml_counters import NvlinkCounters
 from contracts.gpu_catalog import lookup
 from tests.agents.fake_nvml import FakeGpu, fake_nvml
 
@@ -51,12 +52,75 @@ def test_metrics_report_throttling_and_pcie_throughput_in_bytes():
     assert metrics[0].power_w == 100.0
 
 
+def test_max_clock_and_nvlink_throughput_summed_over_the_active_links():
+    gpus = _node_with_an_nvlink_pair_and_a_t4()
+    nvml = fake_nvml(gpus)
+    now = [100.0]
+    counters = NvlinkCounters(nvml, clock=lambda: now[0])
+    first = sample_metrics(nvml, counters)
+    assert first[0].nvlink_tx_bytes_per_s is None  # one reading is no rate yet
+    assert [m.sm_clock_max_mhz for m in first] == [1980, 1980, 1980]
+    gpus[0].nvlink_tx_kib = [1000, 1000, 0, 2000]  # KiB sent over each of its four links
+    gpus[0].nvlink_rx_kib = [10, 0, 0, 0]
+    now[0] += 2.0
+    a100, peer, t4 = sample_metrics(nvml, counters)
+    assert a100.nvlink_tx_bytes_per_s == 4000 * 1024 / 2.0 and a100.nvlink_rx_bytes_per_s == 10 * 1024 / 2.0
+    assert peer.nvlink_tx_bytes_per_s == peer.nvlink_rx_bytes_per_s == 0.0  # linked, idle: drawn as 0
+    assert t4.nvlink_tx_bytes_per_s is None and t4.nvlink_rx_bytes_per_s is None  # no NVLink: not drawn
+    now[0] += 1.0
+    assert sample_metrics(nvml, counters)[0].nvlink_tx_bytes_per_s == 0.0  # counters unchanged
+
+
+def test_a_driver_without_the_nvlink_throughput_fields_reports_none():
+    gpus = _node_with_an_nvlink_pair_and_a_t4()
+    gpus[0].nvlink_fields = False
+    metrics = NvmlMetrics(fake_nvml(gpus))
+    assert metrics.sample()[0].nvlink_tx_bytes_per_s is None
+    assert metrics.sample()[1].nvlink_tx_bytes_per_s == 0.0  # primed at start: the first sample has a rate
+    metrics.close()
+
+
+def test_health_counters_ecc_xid_and_retired_pages():
+    gpus = _node_with_an_nvlink_pair_and_a_t4()
+    gpus[0].ecc_uncorrected = 2
+    gpus[0].remapped_rows = (3, 1, 0, 0)
+    gpus[1].xid_events = [79, 13, 48]  # fell off the bus, an application's fault (not counted), DBE
+    gpus[2].ecc_uncorrected = None  # no ECC on this card
+    gpus[2].remapped_rows, gpus[2].retired = None, [0x1000, 0x2000]  # a pre-Ampere card retires pages
+    metrics = NvmlMetrics(fake_nvml(gpus))
+    a100, peer, t4 = metrics.sample()
+    assert (a100.ecc_errors, a100.retired_pages, a100.xid_errors) == (2, 4, 0)
+    assert peer.xid_errors == 2 and peer.ecc_errors == 0
+    assert (t4.ecc_errors, t4.retired_pages) == (None, 2)
+    gpus[1].xid_events = [94]
+    assert metrics.sample()[1].xid_errors == 3  # counted since the agent started
+    metrics.close()
+    assert sample_metrics(fake_nvml(gpus))[1].xid_errors is None  # a one-off sample watches no events
+
+
+def test_a_card_without_xid_events_or_remapping_reports_none():
+    gpus = _node_with_an_nvlink_pair_and_a_t4()
+    gpus[2].xid_supported = False
+    gpus[2].remapped_rows = None
+    metrics = NvmlMetrics(fake_nvml(gpus))
+    t4 = metrics.sample()[2]
+    assert t4.xid_errors is None and t4.retired_pages is None
+    metrics.close()
+
+
 @pytest.mark.skipif(not nvml_available(), reason="no NVIDIA driver/GPU on this machine")
 def test_real_nvml_discovery_on_a_gpu_host():
     devices = discover_devices("local")
     assert devices and all(d.memory_bytes > 0 and d.uuid.startswith("GPU-") for d in devices)
-    pynvml.nvmlInit()
+    metrics = NvmlMetrics()
     try:
-        assert len(sample_metrics()) == len(devices)
+        samples = metrics.sample()
+        assert len(samples) == len(devices)
+        for sample, device in zip(samples, devices):
+            assert sample.sm_clock_max_mhz and 0 < sample.sm_clock_mhz <= sample.sm_clock_max_mhz
+            # NVLink figures where the card has NVLink peers here (a rate from the first sample); a
+            # card linked only to NVSwitch ports has no island but may report them too.
+            if device.nvlink_island is not None:
+                assert sample.nvlink_tx_bytes_per_s is not None and sample.nvlink_rx_bytes_per_s is not None
     finally:
-        pynvml.nvmlShutdown()
+        metrics.close()

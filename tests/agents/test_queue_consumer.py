@@ -12,10 +12,11 @@ import pytest
 from celery import Celery
 
 from agents.admission import Admission
-from agents.discovery.emulated import emulated_devices
+from agents.discovery.emulated import EmulatedMetrics, emulated_devices
 from agents.queue_consumer import QueueConsumer, build_app
 from agents.supervisor import RestartPolicy, Supervisor
-from contracts.tasks import START_STAGE, STOP_STAGE, SYNC
+from agents.throttle import Throttles
+from contracts.tasks import SET_THROTTLE, START_STAGE, STOP_STAGE, SYNC
 from tests.agents.helpers import STAND_IN_COMMAND, Events, stage_spec, tiny_model, wait_until
 from tests.support.processes import filesystem_broker_options, redis_up
 
@@ -152,3 +153,30 @@ def test_the_embedded_broker_consumer_waits_for_a_message_being_written(tmp_path
     finally:
         consumer.stop()
         supervisor.close()
+
+
+def test_set_throttle_through_the_broker_reaches_the_devices_metrics(broker, controller, tmp_path,
+                                                                    tiny_fleet):
+    url, options = broker
+    queue = f"node.test-{uuid.uuid4().hex[:8]}"
+    devices = emulated_devices(tiny_fleet, "box")
+    throttles = Throttles(tmp_path / "throttle", devices)
+    metrics = EmulatedMetrics(devices, throttles)
+    supervisor = Supervisor(tmp_path / "state", Admission(devices, throttles=throttles), Events(),
+                            command=STAND_IN_COMMAND)
+    app = build_app(url, options, queue, supervisor, throttles)
+    consumer = QueueConsumer(app, queue, hostname=f"agent@{queue}")
+    consumer.start()
+    send = {"queue": queue, "serializer": "json"}
+    try:
+        controller.send_task(SET_THROTTLE, kwargs={"device_index": 1, "factor": 0.5}, **send)
+        hot = wait_until(lambda: metrics.sample([])[1].throttle_reasons, what="the throttle reported")
+        assert hot == ("sw_thermal",) and metrics.sample([])[0].throttle_reasons == ()
+        controller.send_task(SET_THROTTLE, kwargs={"device_index": 1, "factor": 1.0}, **send)
+        wait_until(lambda: metrics.sample([])[1].throttle_reasons == (), what="the card recovered")
+    finally:
+        consumer.stop()
+        supervisor.close()
+        if url.startswith("redis"):
+            with kombu.Connection(url) as conn:
+                conn.default_channel.client.delete(queue)

@@ -31,7 +31,7 @@ def _gpu(util: float, temp: float = 50.0, index: int = 0) -> dict:
     return asdict(GpuMetrics(index=index, utilization_pct=util, memory_used_bytes=10, memory_total_bytes=100,
                              temperature_c=temp, power_w=100.0, power_limit_w=300.0, sm_clock_mhz=1410,
                              throttle_reasons=("sw_power_cap",), pcie_tx_bytes_per_s=1e9,
-                             pcie_rx_bytes_per_s=2e9))
+                             pcie_rx_bytes_per_s=2e9, nvlink_tx_bytes_per_s=3e9, nvlink_rx_bytes_per_s=4e9))
 
 
 def _published(node, t, util, temp=50.0, stages=()):

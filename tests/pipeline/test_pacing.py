@@ -1,7 +1,10 @@
-"""Emulation pacing: a stage on a slower modeled device takes proportionally longer per step."""
+"""Emulation pacing: a stage on a slower modeled device takes proportionally longer per step, and one
+made to throttle (the agent's factor file) slows down and recovers without a restart."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
 
 import torch
@@ -43,3 +46,52 @@ def test_a_slower_device_takes_proportionally_longer(tiny_model):
     slow_s = min(timed_step(stage, slow, 2) for _ in range(3))
     assert 0.059 < fast_s < 0.12 and 0.179 < slow_s < 0.3  # generous tops: the build machine is shared
     assert 2.2 < slow_s / fast_s < 3.1
+
+
+def test_a_speed_factor_and_a_live_throttle_divide_the_modeled_time(tiny_model, tmp_path):
+    stage = Stage.load(tiny_model, 0, 3, kv_tokens=256)
+    decode = Batch(seq_ids=[1], start_positions=[10], lengths=[1])
+    catalog = Pacer(stage, Emulation(memory_bandwidth_gbs=2.0, fp16_tflops=1.0)).modeled_s(decode)
+    slower_card = Pacer(stage, Emulation(memory_bandwidth_gbs=2.0, fp16_tflops=1.0, speed_factor=0.5))
+    assert slower_card.modeled_s(decode) == 2 * catalog
+    knob = tmp_path / "gpu0.json"
+    now = [0.0]
+    pacer = Pacer(stage, Emulation(2.0, 1.0, throttle_file=str(knob)), clock=lambda: now[0])
+    assert pacer.modeled_s(decode) == catalog  # no file yet: full speed
+    knob.write_text(json.dumps({"factor": 0.25}))
+    now[0] += 0.5
+    assert pacer.modeled_s(decode) == catalog  # the file is looked at once a second, not per step
+    now[0] += 0.5
+    assert pacer.modeled_s(decode) == 4 * catalog
+    knob.write_text("{not json")  # caught mid-rewrite: the last good factor holds
+    os.utime(knob, ns=(time.time_ns(), time.time_ns() + 10**9))
+    now[0] += 1
+    assert pacer.modeled_s(decode) == 4 * catalog
+    knob.write_text(json.dumps({"factor": 1.0}))
+    os.utime(knob, ns=(time.time_ns(), time.time_ns() + 2 * 10**9))
+    now[0] += 1
+    assert pacer.modeled_s(decode) == catalog  # recovered
+    knob.unlink()
+    now[0] += 1
+    assert pacer.modeled_s(decode) == catalog
+
+
+def test_a_throttled_stage_really_sleeps_longer_and_recovers(tiny_model, tmp_path):
+    torch.set_num_threads(1)
+    stage = Stage.load(tiny_model, 0, 3, kv_tokens=256)
+    scale = 0.05 / Pacer(stage, Emulation(1.0, 1.0, 1.0)).modeled_s(Batch([1], [0], [4]))  # 50 ms a step
+    knob = tmp_path / "gpu0.json"
+    knob.write_text(json.dumps({"factor": 1.0}))
+    now = [0.0]
+    pacer = Pacer(stage, Emulation(1.0, 1.0, scale, throttle_file=str(knob)), clock=lambda: now[0])
+    full_s = min(timed_step(stage, pacer, 1) for _ in range(3))
+    knob.write_text(json.dumps({"factor": 0.5}))
+    os.utime(knob, ns=(time.time_ns(), time.time_ns() + 10**9))
+    now[0] += 1
+    throttled_s = min(timed_step(stage, pacer, 2) for _ in range(3))
+    knob.write_text(json.dumps({"factor": 1.0}))
+    os.utime(knob, ns=(time.time_ns(), time.time_ns() + 2 * 10**9))
+    now[0] += 1
+    recovered_s = min(timed_step(stage, pacer, 3) for _ in range(3))
+    assert 0.049 < full_s < 0.1 and 0.099 < throttled_s < 0.2  # generous tops: the build machine is shared
+    assert 1.7 < throttled_s / full_s < 2.3 and recovered_s < 0.75 * throttled_s
