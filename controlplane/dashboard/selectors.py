@@ -12,7 +12,8 @@ from django.db.models import Count, Prefetch, Q
 
 from contracts.hardware import GIB
 from contracts.names import device_name
-from controlplane.deployments.models import Deployment, DeploymentStage, PlanRevision
+from controlplane.deployments.events import event_list
+from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentStage, PlanRevision
 from controlplane.inventory.models import Device, Link, Node
 from controlplane.models_catalog.models import LlmModel
 
@@ -84,19 +85,34 @@ def _link(link: Link) -> dict[str, Any]:
             "implied": False}
 
 
-def deployment_overview() -> list[dict[str, Any]]:
+def deployment_overview(*, events: int = 0) -> list[dict[str, Any]]:
     """Every deployment with its revisions (newest first) and its stages, for the deployments page.
 
-    Events are read from what the controller records: each revision's creation and application
-    (its source says why: planner, operator edit, re-plan after a lost node, drain) and the
-    deployment's current status message. Four queries whatever the number of deployments.
+    With ``events``, each deployment's newest that many stored events too (``DeploymentEvent``, as
+    the controller recorded them at each transition: docs/deployments.md, "Events"). Four queries
+    (five with events) whatever the number of deployments.
     """
-    deployments = Deployment.objects.select_related("model", "revision").prefetch_related(
+    prefetches = [
         Prefetch("revisions", queryset=PlanRevision.objects.order_by("-number", "-created")),
         Prefetch("stages", queryset=DeploymentStage.objects.select_related("node", "device__node")
                  .order_by("replica", "stage_index", "-wanted")),
-    ).order_by("name")
-    return [_deployment(d) for d in deployments]
+    ]
+    if events:
+        newest = DeploymentEvent.objects.order_by("-at", "-id")[:events]
+        prefetches.append(Prefetch("events", queryset=newest, to_attr="newest_events"))
+    deployments = Deployment.objects.select_related("model", "revision").prefetch_related(*prefetches)
+    return [_deployment(d) for d in deployments.order_by("name")]
+
+
+def event_rows(events) -> list[dict[str, Any]]:
+    """Events as the deployments page draws them (the shape of ``GET /api/v1/events/``'s items)."""
+    return [{"at": e.at, "kind": e.kind, "kind_display": e.get_kind_display(), "message": e.message,
+             "node": e.node, "device": e.device} for e in events]
+
+
+def fleet_events(*, limit: int) -> list[dict[str, Any]]:
+    """The newest events of no deployment: nodes suspect, lost, back, registered, draining (one query)."""
+    return event_rows(event_list().filter(deployment__isnull=True)[:limit])
 
 
 def _deployment(deployment: Deployment) -> dict[str, Any]:
@@ -104,14 +120,6 @@ def _deployment(deployment: Deployment) -> dict[str, Any]:
     predicted_stages = {(r, s): stage for r, replica in enumerate(plan.get("replicas", []))
                         for s, stage in enumerate(replica.get("stages", []))}
     revisions = list(deployment.revisions.all())
-    events = []
-    for revision in revisions:
-        if revision.applied_at:
-            events.append({"at": revision.applied_at, "text": f"revision {revision.number} applied "
-                           f"({revision.get_source_display().lower()})", "kind": revision.source})
-        events.append({"at": revision.created, "text": f"revision {revision.number or '—'} created "
-                       f"({revision.get_source_display().lower()})", "kind": "created"})
-    events.sort(key=lambda e: e["at"], reverse=True)
     return {
         "id": deployment.pk, "name": deployment.name, "model": deployment.model.name,
         "model_id": deployment.model_id,
@@ -134,7 +142,7 @@ def _deployment(deployment: Deployment) -> dict[str, Any]:
             "restarts": s.restarts, "message": s.message,
             "predicted_step_ms": _predicted_step_ms(predicted_stages, s) if s.wanted else None,
         } for s in deployment.stages.all()],
-        "events": events,
+        "events": event_rows(getattr(deployment, "newest_events", ())),
     }
 
 

@@ -20,6 +20,7 @@ from controlplane.telemetry.schema import FIELDS
 
 LIVE_WINDOW_S = 300
 STORED_WINDOW_S = 3600
+EVENTS_SHOWN = 20  # per deployment, and of the fleet, on the deployments page
 
 
 @login_required
@@ -84,8 +85,9 @@ def topology_json(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def deployments(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/deployments.html",
-                  {"page": "deployments", "deployments": selectors.deployment_overview()})
+    context = {"page": "deployments", "deployments": selectors.deployment_overview(events=EVENTS_SHOWN),
+               "fleet_events": selectors.fleet_events(limit=EVENTS_SHOWN), "events_shown": EVENTS_SHOWN}
+    return render(request, "dashboard/deployments.html", context)
 
 
 @login_required

@@ -23,6 +23,7 @@ def running_deployment_create(*, model, name: str = "chat"):
     """A READY deployment of the planner's plan, as the controller leaves one once its stages run."""
     from django.utils import timezone
 
+    from controlplane.deployments.events import event_record
     from controlplane.deployments.models import Deployment, DeploymentReplica, DeploymentStage, PlanRevision
     from controlplane.inventory.models import Device
     from controlplane.planning import plan, plan_to_dict
@@ -49,6 +50,11 @@ def running_deployment_create(*, model, name: str = "chat"):
                 deployment=deployment, replica=r, stage_index=s, node=device.node, device=device, port=port,
                 spec=spec, sent_spec=spec, state=DeploymentStage.State.READY,
             )
+    # The events the controller records on the way (deployments/events.py).
+    event_record(kind="applied", deployment=deployment, message="plan revision 1 applied (planner)",
+                 detail={"revision": 1, "source": "planner"})
+    event_record(kind="ready", deployment=deployment, message="plan revision 1 ready",
+                 detail={"from": "deploying"})
     return deployment
 
 

@@ -6,6 +6,8 @@ import json
 
 from django.urls import reverse
 
+from controlplane.deployments.events import event_record
+from controlplane.deployments.models import DeploymentEvent
 from tests.dashboard.seed import REQUEST
 
 
@@ -13,7 +15,7 @@ def test_deployments_page_shows_status_revisions_and_predicted_figures(operator_
                                                                        django_assert_max_num_queries):
     with django_assert_max_num_queries(8):
         body = operator_client.get(reverse("dashboard:deployments")).content.decode()
-    assert "chat" in body and "Ready" in body and "revision 1 applied (planner)" in body
+    assert "chat" in body and "Ready" in body and "plan revision 1 applied (planner)" in body
     predicted = running_deployment.revision.plan["predicted"]["decode_tokens_per_s"]
     assert f"{predicted:.1f}" in body
     assert body.count('data-stage="d') == running_deployment.stages.count()
@@ -36,3 +38,22 @@ def test_plan_editor_starts_from_the_applied_plan_and_its_request(operator_clien
     assert editor["request"] == REQUEST
     assert len(editor["devices"]) == 13  # lab-3node: 6 + 4 + 3 GPUs
     assert operator_client.get(reverse("dashboard:plan-editor", args=[999])).status_code == 404
+
+
+def test_the_events_shown_are_the_stored_ones_newest_first(operator_client, running_deployment,
+                                                              django_assert_max_num_queries):
+    event_record(kind="degraded", deployment=running_deployment, message="stages on lost node(s) node-b")
+    event_record(kind="node_lost", node="node-b", message="node node-b is lost: no heartbeat for 15.2 s")
+    with django_assert_max_num_queries(8):
+        body = operator_client.get(reverse("dashboard:deployments")).content.decode()
+    deployment_events = body.split(f'data-events="{running_deployment.pk}"')[1].split("</ul>")[0]
+    lines = [line.split("</span> ")[1].split("</li>")[0] for line in deployment_events.split("<li")[1:]]
+    assert lines == [
+        "stages on lost node(s) node-b", "plan revision 1 ready", "plan revision 1 applied (planner)"]
+    assert 'class="event-degraded"' in deployment_events
+    fleet = body.split('data-events="fleet"')[1].split("</ul>")[0]
+    assert "node node-b is lost" in fleet and "stages on lost" not in fleet
+    # Nothing is derived from the current state any more: a deleted event is gone from the page.
+    DeploymentEvent.objects.filter(kind="ready").delete()
+    body = operator_client.get(reverse("dashboard:deployments")).content.decode()
+    assert "plan revision 1 ready" not in body

@@ -1,5 +1,6 @@
 // Deployments page: measured figures from live stage statistics next to the predicted ones, and
-// statuses refreshed from the REST API whenever the socket (re)connects.
+// statuses refreshed from the REST API whenever the socket (re)connects. The events lists are the
+// stored events (GET /api/v1/events/), redrawn on every (re)connect and every EVENTS_REFRESH_MS.
 import { connectLive } from "./live.js";
 import { getJSON } from "./api.js";
 
@@ -37,7 +38,49 @@ function onSnapshot(snapshot) {
   }
 }
 
+const EVENTS_REFRESH_MS = 10000;
+const MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+const pad = (n) => String(n).padStart(2, "0");
+// As the server renders it ("H:i:s d M", UTC).
+const when = (iso) => {
+  const t = new Date(iso);
+  return `${pad(t.getUTCHours())}:${pad(t.getUTCMinutes())}:${pad(t.getUTCSeconds())} ${pad(t.getUTCDate())} ${MONTHS[t.getUTCMonth()]}`;
+};
+
+function drawEvents(list, events) {
+  const items = events.map((e) => {
+    const li = document.createElement("li");
+    li.className = `event-${e.kind}`;
+    li.title = e.kind_display;
+    const at = document.createElement("span");
+    at.className = "muted";
+    at.textContent = when(e.at);
+    li.append(at, ` ${e.message}`);
+    return li;
+  });
+  if (!items.length) {
+    const none = document.createElement("li");
+    none.className = "muted";
+    none.textContent = "none recorded";
+    items.push(none);
+  }
+  list.replaceChildren(...items);
+}
+
+async function refreshEvents() {
+  await Promise.all([...document.querySelectorAll("ul[data-events]")].map(async (list) => {
+    const scope = list.dataset.events;
+    const filter = scope === "fleet" ? "fleet=true" : `deployment=${scope}`;
+    try {
+      drawEvents(list, (await getJSON(`/api/v1/events/?${filter}&limit=${list.dataset.limit}`)).results);
+    } catch (error) {
+      console.warn("events:", error.message);
+    }
+  }));
+}
+
 async function onResync() {
+  refreshEvents();
   const page = await getJSON("/api/v1/deployments/?limit=1000");
   for (const deployment of page.results) {
     const section = document.querySelector(`section.deployment[data-deployment="${deployment.id}"]`);
@@ -54,3 +97,4 @@ async function onResync() {
 }
 
 connectLive({ onSnapshot, onResync });
+setInterval(refreshEvents, EVENTS_REFRESH_MS);
