@@ -110,7 +110,7 @@ class HeadLoop:
                 except PeerUnavailable as exc:
                     self.break_pipeline(1, f"stage 1 is unreachable: {exc}")
                     return
-            self.worker.stats.record_step(compute_s, time.perf_counter() - sent, len(batch.seq_ids), batch.num_tokens)
+            self.worker.record(batch, compute_s, time.perf_counter() - sent)
 
     def tick(self) -> None:
         now = time.monotonic()

@@ -132,7 +132,7 @@ class RelayLoop:
                 self.transport.send_next(header, tensors)
         except PeerUnavailable as exc:
             self._report_failure(mb, batch.seq_ids, f"stage {self.spec.stage_index} cannot send on: {exc}")
-        self.worker.stats.record_step(compute_s, time.perf_counter() - sent, len(batch.seq_ids), batch.num_tokens)
+        self.worker.record(batch, compute_s, time.perf_counter() - sent)
 
     def _report_failure(self, mb: object, seq_ids: list, message: str) -> None:
         log.warning("micro-batch %s failed: %s", mb, message)

@@ -2,6 +2,11 @@
 
 Averages cover a sliding window (one second by default) so a dashboard sampling once a second sees
 the present, not the whole run; ``steps`` and the byte counters count since the process started.
+
+The ``decode_*`` figures cover only the window's decode steps (every sequence of the micro-batch
+advances by one token; a prefill chunk in the micro-batch makes it another kind of step): their
+compute time, sequences and KV tokens read. They are what the planner's calibration compares with
+its predicted decode step at the same batch and context (controlplane/telemetry/calibration.py).
 """
 
 from __future__ import annotations
@@ -18,6 +23,11 @@ class StepRecord:
     transfer_s: float
     batch_size: int
     tokens: int
+    kv_tokens: int  # tokens of cache the step's sequences read, the new ones included
+
+    @property
+    def decode(self) -> bool:
+        return self.tokens == self.batch_size > 0
 
 
 class StageStats:
@@ -31,9 +41,10 @@ class StageStats:
         self._steps: deque[StepRecord] = deque()
         self._idle: deque[tuple[float, float]] = deque()
 
-    def record_step(self, compute_s: float, transfer_s: float, batch_size: int, tokens: int) -> None:
+    def record_step(self, compute_s: float, transfer_s: float, batch_size: int, tokens: int,
+                    kv_tokens: int = 0) -> None:
         self.steps += 1
-        self._steps.append(StepRecord(time.monotonic(), compute_s, transfer_s, batch_size, tokens))
+        self._steps.append(StepRecord(time.monotonic(), compute_s, transfer_s, batch_size, tokens, kv_tokens))
 
     def record_idle(self, seconds: float) -> None:
         """Time the loop waited with nothing to compute: the pipeline bubble at this stage."""
@@ -55,6 +66,8 @@ class StageStats:
         compute = sum(s.compute_s for s in steps) / n
         transfer = sum(s.transfer_s for s in steps) / n
         idle = sum(s for _, s in self._idle)
+        decode = [s for s in steps if s.decode]
+        d = len(decode) or 1
         return {
             "step_ms": round((compute + transfer) * 1e3, 3),
             "compute_ms": round(compute * 1e3, 3),
@@ -68,4 +81,8 @@ class StageStats:
             "bytes_received": bytes_received,
             "bubble_fraction": round(min(1.0, idle / span), 3),
             "steps": self.steps,
+            "decode_steps": len(decode),
+            "decode_ms": round(sum(s.compute_s for s in decode) / d * 1e3, 3),
+            "decode_batch": round(sum(s.batch_size for s in decode) / d, 2),
+            "decode_kv_tokens": round(sum(s.kv_tokens for s in decode) / d, 1),
         }

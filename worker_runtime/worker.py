@@ -37,6 +37,11 @@ class StageWorker:
             self.pacer.pace(batch, time.perf_counter() - started)
         return out, time.perf_counter() - started
 
+    def record(self, batch: Batch, compute_s: float, transfer_s: float) -> None:
+        """Count one step in the statistics, with the KV tokens its sequences read (as the pacer does)."""
+        kv_tokens = sum(s + n for s, n in zip(batch.start_positions, batch.lengths))
+        self.stats.record_step(compute_s, transfer_s, len(batch.seq_ids), batch.num_tokens, kv_tokens)
+
     def snapshot(self, transport: Transport) -> dict:
         """The §4 statistics of this stage, plus ``frames_rejected`` (bad token or malformed)."""
         kv = self.stage.kv

@@ -62,3 +62,18 @@ def test_stats_average_steps_and_count_bubbles():
     stats.window_s = 0.01
     time.sleep(0.02)
     assert stats.snapshot(kv_used=0, kv_free=0, bytes_sent=0, bytes_received=0)["step_ms"] == 0
+
+
+def test_decode_figures_cover_only_decode_steps():
+    """A step where a sequence brings a prompt chunk is not a decode step: the decode figures (what
+    calibration compares with the planner's decode prediction) leave it out."""
+    stats = StageStats(window_s=10.0)
+    stats.record_step(0.050, 0.001, batch_size=2, tokens=130, kv_tokens=130)  # prefill (+ one decoding)
+    stats.record_step(0.004, 0.001, batch_size=4, tokens=4, kv_tokens=400)
+    stats.record_step(0.006, 0.001, batch_size=2, tokens=2, kv_tokens=300)
+    snap = stats.snapshot(kv_used=0, kv_free=0, bytes_sent=0, bytes_received=0)
+    assert snap["decode_steps"] == 2 and snap["decode_ms"] == 5.0
+    assert snap["decode_batch"] == 3.0 and snap["decode_kv_tokens"] == 350.0
+    assert snap["compute_ms"] == 20.0  # every step
+    empty = StageStats().snapshot(kv_used=0, kv_free=0, bytes_sent=0, bytes_received=0)
+    assert (empty["decode_steps"], empty["decode_ms"], empty["decode_batch"]) == (0, 0.0, 0.0)
