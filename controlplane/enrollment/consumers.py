@@ -10,7 +10,8 @@ sample is published at once to the group ``telemetry``; it goes through ``agent_
 from what this connection last recorded, or it is the connection's first; otherwise the process's
 ``HeartbeatFlusher`` records it with every other connection's, in one transaction per flush
 interval, and refuses the connection there if the node re-registered meanwhile. Stage events always
-go straight to the database.
+go straight to the database. Each device's observed health (controlplane/inventory/health.py) is
+worked out in memory per heartbeat and written only when it changes.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from controlplane.enrollment.heartbeats import running_flusher
 from controlplane.enrollment.selectors import node_for_credential
 from controlplane.enrollment.services import agent_message_receive
+from controlplane.inventory.health import DeviceHealthWatch
 from controlplane.telemetry.services import telemetry_keep, telemetry_publish, telemetry_sample
 
 CLOSE_UNAUTHENTICATED = 4401
@@ -53,6 +55,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         self.refused = False
         self.listed = False  # this node is in the telemetry cache's list of nodes
         self.flusher = running_flusher()
+        self.health = DeviceHealthWatch(node.pk)  # writes a device's observed health only when it changes
         await self.accept()
 
     async def refuse(self, reason: str) -> None:
@@ -96,6 +99,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         telemetry_keep(sample, new_node=not self.listed)
         self.listed = True
         await telemetry_publish(self.channel_layer, sample)
+        await self.health.heartbeat(message.get("devices"))
 
     async def _record(self, message: dict) -> bool:
         """The message through the database at once; False if it was refused (the socket is closed)."""

@@ -12,9 +12,10 @@ class NodeAdmin(admin.ModelAdmin):
 
 @admin.register(Device)
 class DeviceAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "model_name", "memory_bytes", "emulated", "health"]
+    list_display = ["__str__", "model_name", "memory_bytes", "emulated", "health", "health_override"]
     list_filter = ["emulated", "health", "model_name"]
     list_select_related = ["node"]
+    readonly_fields = ["health", "observed_health", "health_reason"]  # derived; health_override is the knob
     search_fields = ["node__name", "model_name", "uuid"]
 
 

@@ -66,7 +66,14 @@ class Node(TimestampedModel):
 
 
 class Device(TimestampedModel):
-    """One GPU: its capacity and speed (from NVML and the GPU catalog) and its health."""
+    """One GPU: its capacity and speed (from NVML and the GPU catalog) and its health.
+
+    Health is three fields, intent and observation kept apart (ARCHITECTURE): ``observed_health``
+    (and ``health_reason``) is what the agent's samples show, written only by
+    ``health.device_health_observe``; ``health_override`` is what an operator says, written only by
+    operator actions (the API, the admin). ``health`` is the effective one every reader uses, the
+    override else the observation, kept in step by ``save()`` and by ``device_health_observe``.
+    """
 
     class Health(models.TextChoices):
         HEALTHY = "healthy", "Healthy"
@@ -102,7 +109,22 @@ class Device(TimestampedModel):
     emulated = models.BooleanField(
         default=False, help_text="Declared by a fleet file, not real hardware: workers run on the CPU."
     )
-    health = models.CharField(max_length=16, choices=Health.choices, default=Health.HEALTHY)
+    health = models.CharField(
+        max_length=16, choices=Health.choices, default=Health.HEALTHY, editable=False,
+        help_text="Effective health: health_override if set, else observed_health. The planner keeps off "
+                  "unhealthy devices.",
+    )
+    observed_health = models.CharField(
+        max_length=16, choices=Health.choices, default=Health.HEALTHY, editable=False,
+        help_text="What the agent's samples show: XID or uncorrected ECC errors make a device unhealthy, "
+                  "sustained thermal throttling or retired memory pages degraded.",
+    )
+    health_reason = models.CharField(max_length=255, blank=True, editable=False,
+                                     help_text="Why observed_health is not healthy.")
+    health_override = models.CharField(
+        max_length=16, choices=Health.choices, null=True, blank=True, default=None,
+        help_text="An operator's word on the device's health, winning over what is observed; null: none.",
+    )
 
     class Meta:
         ordering = ["node__name", "index"]
@@ -131,6 +153,18 @@ class Device(TimestampedModel):
     @property
     def name(self) -> str:
         return device_name(self.node.name, self.index)
+
+    def save(self, *args, **kwargs) -> None:
+        self.health = effective_health(override=self.health_override, observed=self.observed_health)
+        update_fields = kwargs.get("update_fields")
+        if update_fields is not None and {"health_override", "observed_health"} & set(update_fields):
+            kwargs["update_fields"] = {*update_fields, "health"}
+        super().save(*args, **kwargs)
+
+
+def effective_health(*, override: str | None, observed: str) -> str:
+    """The health every reader uses: the operator's override, else what the samples show."""
+    return override or observed
 
 
 _DEVICE_PAIR = Q(device_a__isnull=False, device_b__isnull=False, node_a__isnull=True, node_b__isnull=True)

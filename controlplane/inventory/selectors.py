@@ -14,7 +14,8 @@ from controlplane.inventory.models import Device, Link, Node
 def fleet_spec_from_inventory(*, node_ids: Iterable[int] | None = None, name: str = "inventory") -> FleetSpec:
     """The inventory (or the given nodes of it) as the planner's FleetSpec, health included.
 
-    A device is down when its node is LOST or DRAINING or the device itself is UNHEALTHY: the
+    A device is down when its node is LOST or DRAINING or the device itself is UNHEALTHY (its
+    effective ``health``: the operator's ``health_override``, else what its samples show): the
     planner places nothing on it. SUSPECT nodes stay plannable; the heartbeat monitor decides
     when suspicion becomes LOST. Three queries whatever the fleet's size.
     """

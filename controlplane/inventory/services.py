@@ -1,13 +1,21 @@
-"""Writes to the inventory. Each service runs in one transaction: it completes or writes nothing."""
+"""Writes to the inventory. Each service runs in one transaction: it completes or writes nothing.
+
+(A device's observed health is written by ``health.device_health_observe``.)
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from contracts.hardware import DeviceSpec, FleetSpec, LinkSpec
+from contracts.names import node_queue
+from contracts.tasks import SET_THROTTLE
+from controlplane.celery import app as celery_app
 from controlplane.inventory.models import Device, Link, Node
 
 
@@ -104,3 +112,32 @@ def _link_upsert(spec: LinkSpec, nodes: dict[str, Node], devices: dict[str, Devi
         return False
     _, created = Link.objects.update_or_create(**{field_a: a, field_b: b}, defaults=figures)
     return created
+
+
+def device_emulate_throttle(*, device: Device, factor: float) -> str:
+    """Make an emulated device throttle to ``factor`` of its speed (1.0: recovered), through its agent;
+    returns the queue the task goes to, once the current transaction commits.
+
+    The agent (contracts §3 ``set_throttle``) slows the device's stages to ``modeled / factor`` and
+    reports the throttle in its metrics until told 1.0 (or restarted). Refused, naming the problem,
+    for a real device (only an emulated card can be slowed on request), a factor outside (0, 1], and
+    a node no agent has registered (nobody would receive it).
+    """
+    if not device.emulated:
+        raise ValidationError({"device": f"{device.name} is a real device: only an emulated device can be "
+                                         "made to throttle"})
+    if isinstance(factor, bool) or not 0 < factor <= 1:
+        raise ValidationError({"factor": f"expected a number in (0, 1] (1 = recovered), got {factor!r}"})
+    node = device.node
+    if node.incarnation == 0:
+        raise ValidationError({"device": f"{device.name}: no agent has registered node {node.name}"})
+    kwargs = {"device_index": device.index, "factor": float(factor)}
+    return _agent_task_send_on_commit(node=node, name=SET_THROTTLE, kwargs=kwargs)
+
+
+def _agent_task_send_on_commit(*, node: Node, name: str, kwargs: dict[str, Any]) -> str:
+    """A JSON task on the node's own queue once the transaction commits. (deployments/dispatch.py does
+    the same for the controller's tasks; the inventory sits below deployments and cannot import it.)"""
+    queue = node_queue(node.pk)
+    transaction.on_commit(lambda: celery_app.send_task(name, kwargs=kwargs, queue=queue, serializer="json"))
+    return queue

@@ -71,7 +71,7 @@ class TestDeviceAPI(APIResourceTests):
         assert body["name"] == "host/gpu3" and body["node_name"] == "host"
 
     def update_data(self):
-        return {"health": "unhealthy", "memory_bytes": 15 * GIB}
+        return {"health_override": "unhealthy", "memory_bytes": 15 * GIB}
 
     def test_duplicate_index_and_bad_figures_are_refused(self, api):
         device = make_device()
@@ -84,7 +84,7 @@ class TestDeviceAPI(APIResourceTests):
     def test_filters(self, api):
         a, b = make_node(name="a"), make_node(name="b")
         make_device(a, model_name="T4", memory_bytes=16 * GIB, emulated=True)
-        make_device(a, model_name="A100-80GB-SXM", memory_bytes=80 * GIB, health="unhealthy")
+        make_device(a, model_name="A100-80GB-SXM", memory_bytes=80 * GIB, health_override="unhealthy")
         make_device(b, model_name="t4", memory_bytes=15 * GIB, emulated=True)
 
         def names(**params):

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework import serializers
 
 from controlplane.common.api import ValidatedModelSerializer
@@ -31,8 +33,30 @@ class DeviceSerializer(ValidatedModelSerializer):
             "id", "url", "name", "node", "node_name", "index", "uuid", "vendor", "model_name",
             "memory_bytes", "memory_bandwidth_gbs", "fp16_tflops", "bf16_tflops", "int8_tops", "pcie_gen",
             "pcie_lanes", "numa_node", "nvlink_island", "nvlink_bandwidth_gbs", "emulated", "health",
-            "created", "last_updated",
+            "observed_health", "health_reason", "health_override", "created", "last_updated",
         ]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """``health`` is derived (read-only): a request that tries to change it is told what to set."""
+        if "health" in self.initial_data:
+            current = self.instance.health if self.instance is not None else Device.Health.HEALTHY
+            if self.initial_data["health"] != current:
+                raise serializers.ValidationError({"health": (
+                    "health is derived: health_override if set, else observed_health (from the agent's "
+                    "samples); set health_override to change it")})
+        return super().validate(attrs)
+
+
+class EmulateThrottleSerializer(serializers.Serializer):
+    """``POST /api/v1/devices/{id}/emulate-throttle/``: the share of its speed an emulated card keeps."""
+
+    factor = serializers.FloatField(
+        min_value=0.0, max_value=1.0, help_text="In (0, 1]: 0.5 halves its speed, 1 is recovered.")
+
+    def validate_factor(self, value: float) -> float:
+        if value <= 0:
+            raise serializers.ValidationError("must be greater than 0 (1 = recovered)")
+        return value
 
 
 class LinkSerializer(ValidatedModelSerializer):

@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+from django.db import transaction
 from django.db.models import Count
-from rest_framework import viewsets
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import status, viewsets
+from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from contracts import gpu_catalog
 from controlplane.common.api import ResourceViewSet
+from controlplane.inventory import services
 from controlplane.inventory.api import filtersets, serializers
 from controlplane.inventory.models import Device, Link, Node
 
@@ -26,6 +30,21 @@ class DeviceViewSet(ResourceViewSet):
     queryset = Device.objects.select_related("node")
     serializer_class = serializers.DeviceSerializer
     filterset_class = filtersets.DeviceFilterSet
+
+    @extend_schema(request=serializers.EmulateThrottleSerializer,
+                   responses={202: OpenApiResponse(description="the agent's task is queued")})
+    @action(detail=True, methods=["post"], url_path="emulate-throttle")
+    def emulate_throttle(self, request: Request, pk: str | None = None) -> Response:
+        """Make an emulated device throttle (its stages slow to ``modeled / factor``, its metrics report
+        ``sw_thermal``); ``factor: 1`` lets it recover. 400 for a real device."""
+        device = self.get_object()
+        data = serializers.EmulateThrottleSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        factor = data.validated_data["factor"]
+        with transaction.atomic():
+            queue = services.device_emulate_throttle(device=device, factor=factor)
+        return Response({"device": device.name, "factor": factor, "queue": queue},
+                        status=status.HTTP_202_ACCEPTED)
 
 
 class LinkViewSet(ResourceViewSet):
