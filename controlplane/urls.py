@@ -14,6 +14,7 @@ api_v1 = [
     path("", include("controlplane.plans.api.urls")),
     path("", include("controlplane.enrollment.api.urls")),
     path("", include("controlplane.deployments.api.urls")),
+    path("", include("controlplane.telemetry.api.urls")),
     path("", include("controlplane.gateway.api_urls")),
 ]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SERVICE_VARIABLES = ("DATABASE_URL", "CELERY_BROKER_URL", "CHANNEL_REDIS_URL")
+SERVICE_VARIABLES = ("DATABASE_URL", "CELERY_BROKER_URL", "CHANNEL_REDIS_URL", "MOTLEY_CACHE_URL")
 
 
 def free_port() -> int:
@@ -22,7 +22,8 @@ def free_port() -> int:
 
 def embedded_env(var_dir: Path) -> dict[str, str]:
     """The environment of a fresh embedded-default install: no service variables, its own var/ dir."""
-    env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARIABLES and k != "DJANGO_SETTINGS_MODULE"}
+    dropped = {*SERVICE_VARIABLES, "DJANGO_SETTINGS_MODULE"}
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     env["MOTLEY_VAR_DIR"] = str(var_dir)
     return env
 

@@ -28,13 +28,6 @@ def keep(node: str, *, stages=(), devices=None, received_at: float | None = None
     return sample
 
 
-@pytest.fixture(autouse=True)
-def _fresh_process_state():
-    services._refreshed.clear()  # what this process wrote belongs to the cache the test replaced
-    yield
-    services._refreshed.clear()
-
-
 def test_a_kept_sample_is_read_back_by_node_device_and_stage():
     now = time.time()
     keep("n0", stages=[stage("d1-r0-s0")], received_at=now - 2)
