@@ -1,13 +1,15 @@
 """Stage engine speed on the demo model, side by side with transformers, in one run.
 
     .venv/bin/python benchmarks/runtime_bench.py [--model DIR] [--threads N] [--rounds 2] [--json OUT]
+        [--device cuda --batches 1 16 64]
 
 Measures, with the same thread count for everything:
-- decode tokens/s at batch 1 and 16 and prefill tokens/s: transformers' ``generate`` / forward on the
-  same checkpoint (fp32) against our engine in fp32, bf16, int8 and int4 (one stage, all layers);
-- the machine's memory bandwidth (a large tensor copy, read + write bytes over time) and the weight
-  bytes each decode step reads over its time, as a fraction of that bandwidth: decode at batch 1 is
-  memory-bound, so that fraction is what the engine is judged against.
+- decode tokens/s at batch 1 and 16 (``--batches``) and prefill tokens/s: transformers' ``generate`` /
+  forward on the same checkpoint against our engine (one stage, all layers) at 16 bits, bf16, int8
+  and int4; the 16-bit dtype is ``--dtype`` (default fp32 on cpu, fp16 on cuda), for both;
+- the device's memory bandwidth (a large tensor copy on it, read + write bytes over time) and the
+  weight bytes each decode step reads over its time, as a fraction of that bandwidth: decode at batch 1
+  is memory-bound, so that fraction is what the engine is judged against.
 Engines are measured in interleaved rounds and each figure is the median over rounds, because the
 machine may be shared. Decode time excludes prefill: time(prefill + N tokens) - time(prefill + 1 token).
 """
@@ -27,17 +29,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from contracts.model_config import ModelConfig  # noqa: E402
-from worker_runtime import Batch, SamplingParams, Stage, generate  # noqa: E402
+from contracts.model_config import ModelConfig, UnsupportedModelError  # noqa: E402
+from worker_runtime import Batch, QuantizationError, SamplingParams, Stage, generate  # noqa: E402
 from worker_runtime.make_demo_model import parse_args as demo_args  # noqa: E402
 from worker_runtime.make_demo_model import write_demo_model  # noqa: E402
 
-BATCH = 16
+SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+COPY_BYTES = {"cpu": 512 * 2**20, "cuda": 4 * 2**30}  # a cuda copy must outlast the sync by far
+_sync: Callable[[], object] = lambda: None  # noqa: E731  (torch.cuda.synchronize when timing cuda)
 
 
-def memory_bandwidth(n_bytes: int = 512 * 2**20, repeats: int = 5) -> float:
+def memory_bandwidth(n_bytes: int = 512 * 2**20, repeats: int = 5, device: str = "cpu") -> float:
     """Best-of copy bandwidth in bytes/s, counting the bytes read plus the bytes written."""
-    src = torch.ones(n_bytes // 4)
+    src = torch.ones(n_bytes // 4, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
     best = min(_timed(lambda: dst.copy_(src)) for _ in range(repeats))
@@ -45,8 +49,10 @@ def memory_bandwidth(n_bytes: int = 512 * 2**20, repeats: int = 5) -> float:
 
 
 def _timed(fn: Callable[[], object]) -> float:
+    _sync()
     start = time.perf_counter()
     fn()
+    _sync()
     return time.perf_counter() - start
 
 
@@ -67,9 +73,9 @@ class Engine:
 
 
 class Ours(Engine):
-    def __init__(self, model_dir: Path, bits: int, dtype: torch.dtype):
+    def __init__(self, model_dir: Path, bits: int, dtype: torch.dtype, device: str = "cpu"):
         layers = ModelConfig.from_file(model_dir).num_layers
-        self.stage = Stage.load(model_dir, 0, layers, bits=bits, dtype=dtype, kv_tokens=8192)
+        self.stage = Stage.load(model_dir, 0, layers, bits=bits, dtype=dtype, kv_tokens=8192, device=device)
         self.name = f"motley {'int' + str(bits) if bits < 16 else str(dtype).removeprefix('torch.')}"
         memory = self.stage.memory()
         embedding = self.stage.embed.weight.nbytes  # a lookup: decode reads one row of it, not all
@@ -87,17 +93,18 @@ class Ours(Engine):
 
 
 class Transformers(Engine):
-    def __init__(self, model_dir: Path):
-        from transformers import LlamaForCausalLM
+    def __init__(self, model_dir: Path, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+        from transformers import AutoModelForCausalLM
 
-        self.model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        self.name = "transformers fp32"
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+        self.device = device
+        self.name = f"transformers {SHORT[dtype]}"
         embedding = self.model.model.embed_tokens.weight.nbytes
         self.weight_bytes = sum(p.nbytes for p in self.model.parameters()) - embedding
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], n: int) -> None:
-        ids = torch.tensor(prompts)
+        ids = torch.tensor(prompts, device=self.device)
         self.model.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False,
             pad_token_id=0,
@@ -105,45 +112,77 @@ class Transformers(Engine):
 
     @torch.inference_mode()
     def prefill_seconds(self, prompts: list[list[int]]) -> float:
-        ids = torch.tensor(prompts)
+        ids = torch.tensor(prompts, device=self.device)
         return _timed(lambda: self.model(ids, attention_mask=torch.ones_like(ids), use_cache=True))
 
 
+def engines_for(model_dir: Path, dtype: torch.dtype, device: str) -> tuple[list[Engine], dict[str, str]]:
+    """transformers and our engine at ``dtype``, ours in bf16 too, and int8 / int4 with ``dtype``
+    activations; an engine this checkpoint cannot load is left out with the reason."""
+    makers: list[tuple[str, Callable[[], Engine]]] = [
+        (f"transformers {SHORT[dtype]}", lambda: Transformers(model_dir, dtype, device)),
+        (f"motley {str(dtype).removeprefix('torch.')}", lambda: Ours(model_dir, 16, dtype, device)),
+    ]
+    if dtype != torch.bfloat16:
+        makers.append(("motley bfloat16", lambda: Ours(model_dir, 16, torch.bfloat16, device)))
+    for bits in (8, 4):
+        makers.append((f"motley int{bits}", lambda bits=bits: Ours(model_dir, bits, dtype, device)))
+    engines, left_out = [], {}
+    for name, make in makers:
+        try:
+            engines.append(make())
+        except (QuantizationError, UnsupportedModelError) as exc:
+            left_out[name] = str(exc)
+    return engines, left_out
+
+
 def run(args: argparse.Namespace) -> dict:
+    global _sync
     torch.set_num_threads(args.threads)
+    device = args.device
+    on_cuda = device.startswith("cuda")
+    if on_cuda:
+        _sync = torch.cuda.synchronize
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.float16 if on_cuda else torch.float32)
     model_dir = Path(args.model) if args.model else Path(tempfile.mkdtemp()) / "demo"
     if not (model_dir / "config.json").exists():
         write_demo_model(demo_args([str(model_dir)]))
     vocab = ModelConfig.from_file(model_dir).vocab_size
     generator = torch.Generator().manual_seed(0)
     prompt = lambda n: torch.randint(4, vocab, (n,), generator=generator).tolist()  # noqa: E731
-    decode_prompts = {1: [prompt(args.prompt_len)], BATCH: [prompt(args.prompt_len) for _ in range(BATCH)]}
+    decode_prompts = {b: [prompt(args.prompt_len) for _ in range(b)] for b in args.batches}
     prefill_prompts = [prompt(args.prefill_len) for _ in range(args.prefill_batch)]
 
-    engines: list[Engine] = [Transformers(model_dir), Ours(model_dir, 16, torch.float32)]
-    engines += [Ours(model_dir, 16, torch.bfloat16)]
-    engines += [Ours(model_dir, bits, torch.float32) for bits in (8, 4)]
-    for engine in engines:  # warm-up: first calls allocate and pick kernels
-        engine.generate(decode_prompts[1], 2)
+    engines, left_out = engines_for(model_dir, dtype, device)
+    for engine in engines:  # warm-up: first calls allocate and pick kernels (on cuda: at every batch)
+        for batch in args.batches if on_cuda else args.batches[:1]:
+            engine.generate(decode_prompts[batch], 2)
         engine.prefill_seconds(prefill_prompts)
 
-    samples = {e.name: {"b1": [], "b16": [], "prefill": []} for e in engines}
+    samples = {e.name: {**{f"b{b}": [] for b in args.batches}, "prefill": []} for e in engines}
     bandwidths = []
+    copy_bytes = args.copy_mib * 2**20 if args.copy_mib else COPY_BYTES["cuda" if on_cuda else "cpu"]
     for _ in range(args.rounds):
-        bandwidths.append(memory_bandwidth())
+        bandwidths.append(memory_bandwidth(copy_bytes, repeats=10 if on_cuda else 5, device=device))
         for engine in engines:
             s = samples[engine.name]
-            for batch, key in ((1, "b1"), (BATCH, "b16")):
+            for batch in args.batches:
                 seconds = engine.decode_seconds(decode_prompts[batch], args.tokens + 1)
-                s[key].append(batch * args.tokens / seconds)
+                s[f"b{batch}"].append(batch * args.tokens / seconds)
             prefill_tokens = args.prefill_batch * args.prefill_len
             s["prefill"].append(prefill_tokens / engine.prefill_seconds(prefill_prompts))
 
     bandwidth = statistics.median(bandwidths)
-    results = {"threads": args.threads, "bandwidth_gb_s": bandwidth / 1e9, "engines": {}}
+    first = f"b{args.batches[0]}"
+    results = {
+        "threads": args.threads, "device": device, "dtype": SHORT[dtype], "batches": list(args.batches),
+        "device_name": torch.cuda.get_device_name(device) if on_cuda else "cpu", "torch": torch.__version__,
+        "model": str(model_dir), "bandwidth_gb_s": bandwidth / 1e9, "engines": {}, "left_out": left_out,
+        "reference": engines[0].name, "base": engines[1].name,
+    }
     for engine in engines:
         figures = {k: statistics.median(v) for k, v in samples[engine.name].items()}
-        step_bytes_per_s = engine.weight_bytes * figures["b1"]
+        step_bytes_per_s = engine.weight_bytes * figures[first]
         results["engines"][engine.name] = {
             **figures,
             "weight_mb": engine.weight_bytes / 1e6,
@@ -155,34 +194,45 @@ def run(args: argparse.Namespace) -> dict:
 
 def table(results: dict) -> str:
     engines = results["engines"]
-    hf, fp32 = engines["transformers fp32"], engines["motley float32"]
+    hf, base = engines[results["reference"]], engines[results["base"]]
+    first, *others = [f"b{b}" for b in results["batches"]]
+    base_short = results["dtype"]
+    where = f"{results['device']} ({results['device_name']}), " if results["device"] != "cpu" else ""
+    header = f"| engine | weights MB | decode {first} tok/s | vs HF | vs our {base_short} |"
+    header += "".join(f" decode {b} tok/s | vs HF |" for b in others)
+    header += f" prefill tok/s | vs HF | weight GB/s at {first} | of bandwidth |"
     lines = [
-        f"threads {results['threads']}, measured memory bandwidth (copy, read+write) "
+        f"{where}threads {results['threads']}, measured memory bandwidth (copy, read+write) "
         f"{results['bandwidth_gb_s']:.1f} GB/s",
         "",
-        "| engine | weights MB | decode b1 tok/s | vs HF | vs our fp32 | decode b16 tok/s | vs HF "
-        "| prefill tok/s | vs HF | weight GB/s at b1 | of bandwidth |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        header,
+        "|" + "---|" * (header.count("|") - 1),
     ]
     for name, e in engines.items():
-        lines.append(
-            f"| {name} | {e['weight_mb']:.0f} | {e['b1']:.1f} | {e['b1'] / hf['b1']:.2f}x | "
-            f"{e['b1'] / fp32['b1']:.2f}x | {e['b16']:.1f} | {e['b16'] / hf['b16']:.2f}x | "
-            f"{e['prefill']:.0f} | {e['prefill'] / hf['prefill']:.2f}x | "
-            f"{e['weight_read_gb_s']:.1f} | {e['bandwidth_fraction']:.0%} |"
-        )
+        row = f"| {name} | {e['weight_mb']:.0f} | {e[first]:.1f} | {e[first] / hf[first]:.2f}x | "
+        row += f"{e[first] / base[first]:.2f}x |"
+        row += "".join(f" {e[b]:.1f} | {e[b] / hf[b]:.2f}x |" for b in others)
+        row += f" {e['prefill']:.0f} | {e['prefill'] / hf['prefill']:.2f}x | "
+        row += f"{e['weight_read_gb_s']:.1f} | {e['bandwidth_fraction']:.0%} |"
+        lines.append(row)
+    lines += [f"left out: {name}: {why}" for name, why in results.get("left_out", {}).items()]
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="checkpoint dir (default: write the ~100M demo model to a temp dir)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
+                        help="the 16-bit engines' dtype (default: float32 on cpu, float16 on cuda)")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16], help="decode batch sizes")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=16, help="decode tokens timed per measurement")
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--prefill-len", type=int, default=128)
     parser.add_argument("--prefill-batch", type=int, default=2)
+    parser.add_argument("--copy-mib", type=int, help="bandwidth copy size (default 512 cpu, 4096 cuda)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     results = run(args)

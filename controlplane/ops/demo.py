@@ -6,6 +6,7 @@ Each step is idempotent, so a second `make run` reuses the model, the nodes and 
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -39,7 +40,7 @@ DEMO_REQUEST = {"batch": 16, "context": 2048, "replicas": 1}
 
 @dataclass(frozen=True)
 class DemoFleet:
-    fleet: FleetSpec
+    fleet: FleetSpec | None  # None: one node, this host's own GPUs (its agent discovers them through NVML)
     join_token: str
     incarnations: dict[str, int]  # node name -> incarnation before the agents started
 
@@ -51,29 +52,30 @@ def demo_model_ensure(*, path: Path) -> LlmModel:
     return model_register(path=path, name="motley-demo")
 
 
-def demo_fleet_prepare(*, fleet_file: Path = DEMO_FLEET) -> DemoFleet:
-    """Declare the demo nodes (names, network) and issue a join token for their local agents."""
-    fleet = load_fleet_file(fleet_file)
-    fleet_import(fleet=fleet)
-    names = [node.name for node in fleet.nodes]
+def local_node_name() -> str:
+    """The name the agent gives a real node by default: the host name."""
+    return socket.gethostname().split(".")[0]
+
+
+def demo_fleet_prepare(*, fleet_file: Path | None = DEMO_FLEET) -> DemoFleet:
+    """Declare the demo nodes (names, network) and issue a join token for their local agents.
+
+    Without a fleet file the demo runs on this host's GPUs: one node, which its agent registers.
+    """
+    fleet = load_fleet_file(fleet_file) if fleet_file is not None else None
+    if fleet is not None:
+        fleet_import(fleet=fleet)
+    names = [node.name for node in fleet.nodes] if fleet is not None else [local_node_name()]
     issued = join_token_create(ttl=timedelta(days=1), description="local agents started by make run")
-    incarnations = dict(Node.objects.filter(name__in=names).values_list("name", "incarnation"))
+    incarnations = {name: 0 for name in names}
+    incarnations |= dict(Node.objects.filter(name__in=names).values_list("name", "incarnation"))
     return DemoFleet(fleet=fleet, join_token=issued.secret, incarnations=incarnations)
 
 
-def agent_argv(*, server: str, fleet_file: Path, node: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "agents",
-        "run",
-        "--server",
-        server,
-        "--emulate",
-        str(fleet_file),
-        "--node",
-        node,
-    ]
+def agent_argv(*, server: str, fleet_file: Path | None, node: str) -> list[str]:
+    """A local agent emulating ``node`` of ``fleet_file``, or (no fleet file) one on this host's GPUs."""
+    devices = ["--emulate", str(fleet_file), "--node", node] if fleet_file is not None else ["--name", node]
+    return [sys.executable, "-m", "agents", "run", "--server", server, *devices]
 
 
 def demo_agents_wait(*, demo: DemoFleet, timeout_s: float = 120.0) -> None:
@@ -81,7 +83,7 @@ def demo_agents_wait(*, demo: DemoFleet, timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         now = dict(Node.objects.filter(name__in=demo.incarnations).values_list("name", "incarnation"))
-        if all(now[name] > before for name, before in demo.incarnations.items()):
+        if all(now.get(name, 0) > before for name, before in demo.incarnations.items()):
             return
         time.sleep(0.5)
     raise TimeoutError(f"the demo agents did not register within {timeout_s:.0f}s")

@@ -37,9 +37,22 @@ class Command(BaseCommand):
         parser.add_argument(
             "--demo-fleet", type=Path, default=demo.DEMO_FLEET, help="fleet file the local agents emulate"
         )
+        parser.add_argument(
+            "--no-emulate",
+            action="store_true",
+            help="one local agent on this host's GPUs (NVML) instead of agents emulating --demo-fleet",
+        )
 
     def handle(
-        self, *args, host: str, port: int, no_demo: bool, demo_model: Path, demo_fleet: Path, **options
+        self,
+        *args,
+        host: str,
+        port: int,
+        no_demo: bool,
+        demo_model: Path,
+        demo_fleet: Path,
+        no_emulate: bool,
+        **options,
     ):
         account = admin_ensure(credentials_path=settings.VAR_DIR / "admin-credentials.txt")
         if account.created:
@@ -58,7 +71,7 @@ class Command(BaseCommand):
             wait_for_port(host, port)
             self.stdout.write(f"motley is up: dashboard {base}/  API {base}/api/v1/  docs {base}/api/docs/")
             if not no_demo:
-                self._start_demo(group, base, demo_model, demo_fleet)
+                self._start_demo(group, base, demo_model, None if no_emulate else demo_fleet)
             name, code = group.first_exit()
             self.stderr.write(f"{name} exited with code {code}; stopping everything")
         except KeyboardInterrupt:
@@ -102,14 +115,15 @@ class Command(BaseCommand):
             ),
         )
 
-    def _start_demo(self, group: ProcessGroup, base: str, model_dir: Path, fleet_file: Path) -> None:
-        self.stdout.write(f"demo: model {model_dir} (generated on first run), fleet {fleet_file}")
+    def _start_demo(self, group: ProcessGroup, base: str, model_dir: Path, fleet_file: Path | None) -> None:
+        devices = fleet_file or "this host's GPUs"
+        self.stdout.write(f"demo: model {model_dir} (generated on first run), fleet {devices}")
         model = demo.demo_model_ensure(path=model_dir)
         fleet = demo.demo_fleet_prepare(fleet_file=fleet_file)
-        for node in fleet.fleet.nodes:
+        for node in fleet.incarnations:
             group.start(
-                f"agent {node.name}",
-                demo.agent_argv(server=base, fleet_file=fleet_file, node=node.name),
+                f"agent {node}",
+                demo.agent_argv(server=base, fleet_file=fleet_file, node=node),
                 env={"MOTLEY_JOIN_TOKEN": fleet.join_token},
             )
         demo.demo_agents_wait(demo=fleet)
