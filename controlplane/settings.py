@@ -13,7 +13,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from contracts.tasks import NODE_HEALTH_CHECK, RECONCILE_ALL
+from contracts.tasks import CALIBRATE, NODE_HEALTH_CHECK, RECONCILE_ALL
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("MOTLEY_VAR_DIR", BASE_DIR / "var"))
@@ -231,6 +231,16 @@ TELEMETRY_HISTORY_S = float(os.environ.get("MOTLEY_TELEMETRY_HISTORY_S", "300"))
 TELEMETRY_ROLLUP_S = int(os.environ.get("MOTLEY_TELEMETRY_ROLLUP_S", "10"))
 TELEMETRY_RETENTION_S = float(os.environ.get("MOTLEY_TELEMETRY_RETENTION_HOURS", "24")) * 3600
 DASHBOARD_SNAPSHOT_INTERVAL_S = float(os.environ.get("MOTLEY_DASHBOARD_SNAPSHOT_INTERVAL_S", "0.5"))
+# Calibration (docs/planner.md, "Calibration"): a pass every interval turns each fresh stage sample
+# into one observation (measured / predicted decode step) of its device and precision; a window keeps
+# the newest (at most WINDOW, none older than WINDOW_S), its median is the ratio, which the planner
+# uses from MIN_SAMPLES observations on; a change by more than EVENT_CHANGE is recorded as an event.
+MOTLEY_CALIBRATION_INTERVAL_S = float(os.environ.get("MOTLEY_CALIBRATION_INTERVAL_S", "2"))
+MOTLEY_CALIBRATION_WINDOW = int(os.environ.get("MOTLEY_CALIBRATION_WINDOW", "30"))
+MOTLEY_CALIBRATION_WINDOW_S = float(os.environ.get("MOTLEY_CALIBRATION_WINDOW_S", "600"))
+MOTLEY_CALIBRATION_MIN_SAMPLES = int(os.environ.get("MOTLEY_CALIBRATION_MIN_SAMPLES", "8"))
+MOTLEY_CALIBRATION_MIN_DECODE_STEPS = int(os.environ.get("MOTLEY_CALIBRATION_MIN_DECODE_STEPS", "3"))
+MOTLEY_CALIBRATION_EVENT_CHANGE = float(os.environ.get("MOTLEY_CALIBRATION_EVENT_CHANGE", "0.1"))
 CELERY_BEAT_SCHEDULE = {
     "node-health-check": {
         "task": NODE_HEALTH_CHECK,
@@ -241,6 +251,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": RECONCILE_ALL,
         "schedule": MOTLEY_RECONCILE_INTERVAL_S,
         "options": {"expires": MOTLEY_RECONCILE_INTERVAL_S},
+    },
+    "calibrate": {
+        "task": CALIBRATE,
+        "schedule": MOTLEY_CALIBRATION_INTERVAL_S,
+        "options": {"expires": MOTLEY_CALIBRATION_INTERVAL_S},
     },
 }
 

@@ -247,3 +247,30 @@ class Link(TimestampedModel):
             reverse = Link.objects.filter(**{a: getattr(self, f"{b}_id"), b: getattr(self, f"{a}_id")})
             if reverse.exclude(pk=self.pk).exists():
                 raise ValidationError("a link between these two endpoints already exists")
+
+
+class DeviceCalibration(models.Model):
+    """How far a device's measured decode steps are from the planner's prediction, at one precision.
+
+    Written only by ``calibration.device_calibration_observe`` from the stages' statistics (the fit,
+    controlplane/telemetry/calibration.py): ``window`` keeps the newest observations, ``ratio`` is their
+    median, and the planner uses it once the window holds ``MOTLEY_CALIBRATION_MIN_SAMPLES``
+    (``calibration.calibrations``). Emulated and real devices are calibrated alike.
+    """
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="calibrations")
+    bits = models.PositiveSmallIntegerField(help_text="Precision of the measured stages' last layers.")
+    ratio = models.FloatField(help_text="Median over the window of measured / predicted decode step time.")
+    samples = models.PositiveIntegerField(help_text="Observations in the window.")
+    window = models.JSONField(default=list, help_text="The newest observations: [time, ratio, stage].")
+    announced_ratio = models.FloatField(null=True, blank=True, help_text="The ratio an event last announced.")
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["device", "-bits"]
+        constraints = [
+            models.UniqueConstraint(fields=["device", "bits"], name="calibration_unique_device_bits"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.device_id} at {self.bits} bits: x{self.ratio:.3g} ({self.samples} samples)"

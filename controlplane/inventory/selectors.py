@@ -8,21 +8,25 @@ from django.db.models import Q
 
 from contracts.hardware import DeviceSpec, FleetSpec, LinkSpec, NodeSpec
 from contracts.names import device_name
+from controlplane.inventory.calibration import Calibrations, calibrations
 from controlplane.inventory.models import Device, Link, Node
 
 
 def fleet_spec_from_inventory(*, node_ids: Iterable[int] | None = None, name: str = "inventory") -> FleetSpec:
-    """The inventory (or the given nodes of it) as the planner's FleetSpec, health included.
+    """The inventory (or the given nodes of it) as the planner's FleetSpec, health and calibration included.
 
     A device is down when its node is LOST or DRAINING or the device itself is UNHEALTHY (its
     effective ``health``: the operator's ``health_override``, else what its samples show): the
     planner places nothing on it. SUSPECT nodes stay plannable; the heartbeat monitor decides
-    when suspicion becomes LOST. Three queries whatever the fleet's size.
+    when suspicion becomes LOST. Each device's ``calibration`` and ``calibration_by_bits`` are the
+    stored calibration's (``calibration.calibrations``: measured, else its peers'). Four queries
+    whatever the fleet's size.
     """
     nodes = Node.objects.prefetch_related("devices").order_by("name")
     if node_ids is not None:
         nodes = nodes.filter(pk__in=list(node_ids))
-    node_specs = tuple(_node_spec(node) for node in nodes)
+    factors = calibrations()
+    node_specs = tuple(_node_spec(node, factors) for node in nodes)
     node_pks = [node.pk for node in nodes]
     links = Link.objects.filter(
         Q(node_a__in=node_pks, node_b__in=node_pks)
@@ -31,17 +35,19 @@ def fleet_spec_from_inventory(*, node_ids: Iterable[int] | None = None, name: st
     return FleetSpec(name=name, nodes=node_specs, links=tuple(_link_spec(link) for link in links))
 
 
-def _node_spec(node: Node) -> NodeSpec:
+def _node_spec(node: Node, factors: Calibrations) -> NodeSpec:
     return NodeSpec(
         name=node.name,
-        devices=tuple(_device_spec(node, d) for d in sorted(node.devices.all(), key=lambda d: d.index)),
+        devices=tuple(_device_spec(node, d, factors)
+                      for d in sorted(node.devices.all(), key=lambda d: d.index)),
         network_gbps=node.network_gbps,
         address=node.address,
         labels=dict(node.labels),
     )
 
 
-def _device_spec(node: Node, device: Device) -> DeviceSpec:
+def _device_spec(node: Node, device: Device, factors: Calibrations) -> DeviceSpec:
+    calibration = factors.for_device(device)
     return DeviceSpec(
         name=device_name(node.name, device.index),
         node=node.name,
@@ -61,6 +67,8 @@ def _device_spec(node: Node, device: Device) -> DeviceSpec:
         nvlink_bandwidth_gbs=device.nvlink_bandwidth_gbs,
         emulated=device.emulated,
         down=node.is_down or device.health == Device.Health.UNHEALTHY,
+        calibration=calibration.factor,
+        calibration_by_bits=tuple(sorted(calibration.by_bits.items(), reverse=True)),
     )
 
 

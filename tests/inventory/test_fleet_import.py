@@ -117,13 +117,14 @@ def test_inventory_round_trips_to_the_fleet_spec_with_health():
     assert down == {"node-a/gpu5", "node-c/gpu0", "node-c/gpu1", "node-c/gpu2"}
 
 
-def test_selector_takes_a_subset_of_nodes_in_three_queries():
+def test_selector_takes_a_subset_of_nodes_in_four_queries():
+    """Nodes, their devices, links, and the stored calibration."""
     fleet_import(fleet=load_fleet_file(EXAMPLES / "cluster-64.yaml"))
     fleet_import(fleet=load_fleet_file(EXAMPLES / "lab-3node.yaml"))
     ids = list(Node.objects.filter(name__in=["node-a", "node-b"]).values_list("id", flat=True))
     with CaptureQueriesContext(connection) as queries:
         subset = fleet_spec_from_inventory(node_ids=ids)
-    assert len(queries) == 3
+    assert len(queries) == 4
     assert [n.name for n in subset.nodes] == ["node-a", "node-b"]
     pairs = [(link.a, link.b) for link in subset.links]
     assert pairs == [("node-a", "node-b"), ("node-b/gpu0", "node-b/gpu1")]
