@@ -118,7 +118,8 @@ class Transformers(Engine):
 
 def engines_for(model_dir: Path, dtype: torch.dtype, device: str) -> tuple[list[Engine], dict[str, str]]:
     """transformers and our engine at ``dtype``, ours in bf16 too, and int8 / int4 with ``dtype``
-    activations; an engine this checkpoint cannot load is left out with the reason."""
+    activations; an engine this checkpoint (or this torch's kernels: a GPU run's torch is not the pinned
+    one) cannot run is left out with the reason, unless it is one of the two the others are compared to."""
     makers: list[tuple[str, Callable[[], Engine]]] = [
         (f"transformers {SHORT[dtype]}", lambda: Transformers(model_dir, dtype, device)),
         (f"motley {str(dtype).removeprefix('torch.')}", lambda: Ours(model_dir, 16, dtype, device)),
@@ -128,12 +129,29 @@ def engines_for(model_dir: Path, dtype: torch.dtype, device: str) -> tuple[list[
     for bits in (8, 4):
         makers.append((f"motley int{bits}", lambda bits=bits: Ours(model_dir, bits, dtype, device)))
     engines, left_out = [], {}
-    for name, make in makers:
+    for i, (name, make) in enumerate(makers):
         try:
             engines.append(make())
-        except (QuantizationError, UnsupportedModelError) as exc:
-            left_out[name] = str(exc)
+        except (QuantizationError, UnsupportedModelError, RuntimeError, NotImplementedError) as exc:
+            if i < 2:
+                raise
+            left_out[name] = f"{type(exc).__name__}: {exc}"[:300]
     return engines, left_out
+
+
+def warm_up(engines: list[Engine], batches: list[list[list[int]]], prefill: list[list[int]], left_out: dict):
+    """First calls allocate and pick kernels; an engine whose kernels fail here is left out (a reference
+    never is)."""
+    for i, engine in enumerate(list(engines)):
+        try:
+            for prompts in batches:
+                engine.generate(prompts, 2)
+            engine.prefill_seconds(prefill)
+        except (RuntimeError, NotImplementedError) as exc:
+            if i < 2:
+                raise
+            engines.remove(engine)
+            left_out[engine.name] = f"{type(exc).__name__}: {exc}"[:300]
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -154,10 +172,8 @@ def run(args: argparse.Namespace) -> dict:
     prefill_prompts = [prompt(args.prefill_len) for _ in range(args.prefill_batch)]
 
     engines, left_out = engines_for(model_dir, dtype, device)
-    for engine in engines:  # warm-up: first calls allocate and pick kernels (on cuda: at every batch)
-        for batch in args.batches if on_cuda else args.batches[:1]:
-            engine.generate(decode_prompts[batch], 2)
-        engine.prefill_seconds(prefill_prompts)
+    warm = [decode_prompts[b] for b in (args.batches if on_cuda else args.batches[:1])]  # cuda: every batch
+    warm_up(engines, warm, prefill_prompts, left_out)
 
     samples = {e.name: {**{f"b{b}": [] for b in args.batches}, "prefill": []} for e in engines}
     bandwidths = []
