@@ -1,5 +1,7 @@
 // Live time series per GPU and per stage (plotly, served locally). The last 5 minutes come from the
 // server's memory and grow with every snapshot; the last hour comes from stored 10 s rollups.
+// A chart with a `source` is drawn only for the devices that report one of its fields (NVLink: cards
+// with active NVLinks, or emulated ones in an NVLink island); with no such device it is not shown.
 import { connectLive } from "./live.js";
 import { getJSON } from "./api.js";
 
@@ -11,6 +13,8 @@ const GPU_CHARTS = [
   { id: "chart-temperature", title: "Temperature (°C)", value: (s) => s.temperature_c },
   { id: "chart-power", title: "Power (W)", value: (s) => s.power_w },
   { id: "chart-pcie", title: "PCIe throughput, tx + rx (GB/s)", value: (s) => gb(sum(s.pcie_tx_bytes_per_s, s.pcie_rx_bytes_per_s)) },
+  { id: "chart-nvlink", title: "NVLink throughput, tx + rx (GB/s)", value: (s) => gb(sum(s.nvlink_tx_bytes_per_s, s.nvlink_rx_bytes_per_s)),
+    source: ["nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s"] },
 ];
 const STAGE_CHARTS = [
   { id: "chart-tokens", title: "Tokens/s per stage", value: (s) => s.tokens_per_s },
@@ -31,7 +35,11 @@ function rows(columns) {
   return columns.t.map((_, i) => Object.fromEntries(Object.keys(columns).map((k) => [k, columns[k][i]])));
 }
 
-const state = { topology: null, devices: [], stageKeys: [], lastT: {}, live: true };
+const state = { topology: null, devices: [], stageKeys: [], chartKeys: {}, lastT: {}, live: true };
+
+// Whether a series (columns) or a sample reports any of the chart's source fields.
+const seriesHas = (columns, fields) => fields.some((f) => (columns?.[f] ?? []).some((v) => v != null));
+const sampleHas = (sample, fields) => fields.some((f) => sample?.[f] != null);
 
 function selectedDevices() {
   const node = document.getElementById("node-filter").value;
@@ -40,7 +48,12 @@ function selectedDevices() {
 
 function drawSeries(charts, keys, series) {
   for (const chart of charts) {
-    const traces = keys.map((key) => {
+    const shown = chart.source ? keys.filter((key) => seriesHas(series[key], chart.source)) : keys;
+    state.chartKeys[chart.id] = shown;
+    const element = document.getElementById(chart.id);
+    element.style.display = shown.length ? "" : "none";
+    if (!shown.length) { Plotly.purge(element); continue; }
+    const traces = shown.map((key) => {
       const points = series[key] ? rows(series[key]) : [];
       return { name: key, mode: "lines", type: "scatter", x: points.map((p) => new Date(p.t * 1000)), y: points.map(chart.value) };
     });
@@ -65,15 +78,23 @@ async function resync() {
 }
 
 function extend(charts, keys, samples) {
-  const fresh = keys.map((key, i) => [i, samples[key]]).filter(([i, s]) => s && s.t > (state.lastT[keys[i]] ?? 0));
+  const fresh = keys.filter((key) => samples[key] && samples[key].t > (state.lastT[key] ?? 0));
   if (!fresh.length) return;
   for (const chart of charts) {
-    const indices = fresh.map(([i]) => i);
-    const x = fresh.map(([, s]) => [new Date(s.t * 1000)]);
-    const y = fresh.map(([, s]) => [chart.value(s)]);
-    Plotly.extendTraces(chart.id, { x, y }, indices, MAX_POINTS);
+    const shown = state.chartKeys[chart.id] ?? keys;  // trace i of the chart is shown[i]
+    const points = fresh.map((key) => [shown.indexOf(key), samples[key]]).filter(([i]) => i >= 0);
+    if (!points.length) continue;
+    const x = points.map(([, s]) => [new Date(s.t * 1000)]);
+    const y = points.map(([, s]) => [chart.value(s)]);
+    Plotly.extendTraces(chart.id, { x, y }, points.map(([i]) => i), MAX_POINTS);
   }
-  for (const [i, s] of fresh) state.lastT[keys[i]] = s.t;
+  for (const key of fresh) state.lastT[key] = samples[key].t;
+}
+
+// A device that starts reporting a chart's source (an NVLink card's first rate) needs its trace drawn.
+function newSource(samples) {
+  return GPU_CHARTS.some((chart) => chart.source && state.devices.some(
+    (key) => sampleHas(samples[key], chart.source) && !(state.chartKeys[chart.id] ?? []).includes(key)));
 }
 
 function drawStepSplit(stages) {
@@ -93,7 +114,7 @@ function onSnapshot(snapshot) {
   drawStepSplit(snapshot.stages);
   if (!state.live) return;
   const newStages = Object.keys(snapshot.stages).filter((k) => !state.stageKeys.includes(k));
-  if (newStages.length) { resync(); return; }  // a new stage: redraw with its trace
+  if (newStages.length || newSource(snapshot.devices)) { resync(); return; }  // a new trace: redraw
   extend(GPU_CHARTS, state.devices, snapshot.devices);
   extend(STAGE_CHARTS, state.stageKeys, snapshot.stages);
 }
