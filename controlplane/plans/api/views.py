@@ -1,11 +1,15 @@
-"""POST /api/v1/plans/ (preview, or store as a draft revision) and POST /api/v1/plans/validate/."""
+"""POST /api/v1/plans/ (preview, or store as a draft revision), POST /api/v1/plans/validate/ and
+GET /api/v1/plans/calibration/.
+
+Plans in responses carry, per stage, the calibration they were priced with and their raw figures
+(``selectors.with_calibration``); a stored revision keeps the planner's JSON only."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
@@ -17,7 +21,7 @@ from controlplane.deployments.revisions import plan_revision_create
 from controlplane.deployments.selectors import plan_deploy_blockers
 from controlplane.planning import PlanningError, PlanRequest, baseline_plan, plan, plan_to_dict, validate
 from controlplane.plans.api.serializers import PlanRequestSerializer, PlanValidateSerializer
-from controlplane.plans.selectors import plan_request_from_inventory
+from controlplane.plans.selectors import calibration_overview, plan_request_from_inventory, with_calibration
 
 
 def _planner_request(serializer) -> tuple[PlanRequest, dict[str, Any], dict[str, Any]]:
@@ -58,8 +62,9 @@ class PlanPreviewView(APIView):
         blockers = {"deploy_blockers": plan_deploy_blockers(
             model=values["model"], plan_data=body, deployment=values.get("deployment")
         )}
+        shown = with_calibration(body, fleet=plan_request.fleet)
         if not values["save"]:
-            return Response({**body, **blockers})
+            return Response({**shown, **blockers})
         revision = plan_revision_create(
             model=values["model"],
             plan=body,
@@ -67,7 +72,7 @@ class PlanPreviewView(APIView):
             source="planner",
             deployment=values.get("deployment"),
         )
-        return Response({**body, **blockers, "revision": revision.pk}, status=status.HTTP_201_CREATED)
+        return Response({**shown, **blockers, "revision": revision.pk}, status=status.HTTP_201_CREATED)
 
 
 class PlanValidateView(APIView):
@@ -77,6 +82,9 @@ class PlanValidateView(APIView):
     def post(self, request: Request) -> Response:
         plan_request, _, values = _planner_request(PlanValidateSerializer(data=request.data))
         report = validate(values["plan"], plan_request)
+
+        def priced(result):
+            return with_calibration(plan_to_dict(result), fleet=plan_request.fleet) if result else None
         return Response(
             {
                 "valid": not report.problems,
@@ -84,8 +92,27 @@ class PlanValidateView(APIView):
                     {"code": p.code, "message": p.message, "replica": p.replica, "stage": p.stage}
                     for p in report.problems
                 ],
-                "predicted": plan_to_dict(report.edited) if report.edited else None,
-                "reference": plan_to_dict(report.planned) if report.planned else None,
+                "predicted": priced(report.edited),
+                "reference": priced(report.planned),
                 "reference_error": report.planner_error,
             }
         )
+
+
+class PlanCalibrationView(APIView):
+    """What the planner's predictions are calibrated with, and how they compare with what runs."""
+
+    @extend_schema(
+        parameters=[OpenApiParameter("deployment", int, description="Only this deployment's stages.")],
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def get(self, request: Request) -> Response:
+        """``{"devices": [{device, model, emulated, factor, by_bits, samples, source}], "stages": {stage
+        key: {device, bits, batch, context, measured_ms, raw_ms, calibrated_ms, factor, samples, source,
+        throttled, age_s}}}``: each device's factor (``source``: measured, model or kind for a device
+        never measured, none) and each observed stage's decode step, measured and predicted at the
+        load it ran (docs/planner.md, "Calibration")."""
+        deployment = request.query_params.get("deployment")
+        if deployment is not None and not deployment.isdigit():
+            raise ValidationError({"deployment": "expected a deployment id"})
+        return Response(calibration_overview(deployment_id=int(deployment) if deployment else None))
