@@ -78,7 +78,7 @@ class Step:
     result: str = ""  # a JSON file the step writes into the work folder, kept in summary.json
 
 
-DRY_TIMEOUT_S = 120
+DRY_TIMEOUT_S = 150
 
 
 def model_commands(run: Run) -> list[list[str]]:
@@ -311,7 +311,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--smollm2", type=Path, help="a SmolLM2 checkpoint in Hugging Face format to bench too"
     )
     parser.add_argument("--only", nargs="+", choices=ALL, help="run only these steps (env always runs)")
-    parser.add_argument("--budget", type=float, help="seconds for all steps (default 480; dry run 170)")
+    parser.add_argument("--budget", type=float, help="seconds for all steps (default 480; dry run 240)")
     parser.add_argument("--fail", choices=ALL, help="make this step fail (to test the exit code)")
     parser.add_argument(
         "--fetch-wheels",
@@ -325,7 +325,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--fill-docs", type=Path, metavar="RESULTS", help="put RESULTS/summary.md into the docs"
     )
     args = parser.parse_args(argv)
-    args.budget = args.budget or (170.0 if args.dry_run else 480.0)
+    args.budget = args.budget or (240.0 if args.dry_run else 480.0)
     return args
 
 

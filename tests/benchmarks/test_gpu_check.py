@@ -50,9 +50,9 @@ def gpu_check(tmp_path: Path, *args: str, timeout_s: float) -> tuple[subprocess.
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 def test_the_dry_run_passes_every_step_and_reports_each(tmp_path):
-    done, summary = gpu_check(tmp_path, timeout_s=280)
+    done, summary = gpu_check(tmp_path, timeout_s=380)
     statuses = {s["name"]: s["status"] for s in summary["steps"]}
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert list(statuses) == STEPS
