@@ -134,8 +134,9 @@ def node_agent_restarted(*, node: Node) -> None:
     now, was = timezone.now(), node.status
     Node.objects.filter(pk=node.pk).update(status=Node.Status.READY, last_heartbeat=now)
     node.status, node.last_heartbeat = Node.Status.READY, now
+    note = "" if was == Node.Status.READY else f"; was {was}"
     event_record(kind=DeploymentEvent.Kind.NODE_REGISTERED, node=node,
-                 message=f"agent of node {node.name} registered (incarnation {node.incarnation}; was {was})",
+                 message=f"agent of node {node.name} registered (incarnation {node.incarnation}{note})",
                  detail={"incarnation": node.incarnation, "was": was})
     DeploymentStage.objects.filter(node=node, wanted=False).delete()
     DeploymentStage.objects.filter(node=node, wanted=True).update(
