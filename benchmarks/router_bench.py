@@ -1,8 +1,11 @@
 """Router benchmark: cost-aware routing against least-outstanding-tokens and round-robin on a fleet
 of replicas of clearly different speed (1x, 0.5x, 0.25x; the slower ones also have less KV space,
-as older GPUs do).
+as older GPUs do); and the throttle scenario: the fast replica runs at half speed for the middle
+half of the run, routed by the cost-aware router fed by telemetry (benchmarks/replica_sim.py's
+LiveFeed through routing.signals, as the gateway's live_health.py does), by the same router blind to
+telemetry, and by round-robin, on the same trace.
 
-    python benchmarks/router_bench.py [--duration 600] [--seed 0] [--validate]
+    python benchmarks/router_bench.py [--duration 600] [--seed 0] [--scenario all|matrix|throttle] [--validate]
 
 Replicas are SIMULATED (benchmarks/replica_sim.py: a discrete-event model of continuous-batching
 pipeline heads) and routed by the gateway's real router code. The trace has Poisson arrivals and
@@ -24,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.replica_sim import SimReplica, SimRequest, simulate  # noqa: E402
+from benchmarks.replica_sim import LiveFeed, SimReplica, SimRequest, simulate  # noqa: E402
 from contracts.routing import ROUTING_STRATEGIES  # noqa: E402
 from controlplane.gateway.routing import ReplicaCosts  # noqa: E402
 
@@ -37,33 +40,42 @@ BASE = ReplicaCosts(
 FLEET = [("fast-1x", 1.0, 40_000), ("mid-0.5x", 0.5, 20_000), ("slow-0.25x", 0.25, 10_000)]
 LOADS = (0.5, 0.8, 0.95)
 DEADLINE_S = 120.0
+# The throttle scenario: FLEET's fast replica at half speed from 1/4 to 3/4 of the run; two output-length
+# tails (log-normal sigma): the matrix's heavy one and a chat-like one.
+THROTTLED, THROTTLE_SPEED, THROTTLE_WINDOW = "fast-1x", 0.5, (0.25, 0.75)
+THROTTLE_LOADS = (0.5, 0.7)
+OUTPUT_SIGMAS = {"chat": 0.5, "heavy": 1.0}
+THROTTLE_RUNS = (("telemetry-fed", "cost_aware", True), ("blind", "cost_aware", False),
+                 ("round-robin", "round_robin", False))
 
 
 def make_fleet(fleet=FLEET, base=BASE) -> list[SimReplica]:
     return [SimReplica(name, base.scaled(1 / speed), kv) for name, speed, kv in fleet]
 
 
-def lengths(rng: random.Random, n: int) -> list[tuple[int, int]]:
+def lengths(rng: random.Random, n: int, output_sigma: float = 1.0) -> list[tuple[int, int]]:
     """Long-tailed prompt and output lengths: log-normal, medians 200 and 120 tokens."""
     return [
         (min(4000, max(8, int(rng.lognormvariate(math.log(200), 1.0)))),
-         min(1500, max(4, int(rng.lognormvariate(math.log(120), 1.0)))))
+         min(1500, max(4, int(rng.lognormvariate(math.log(120), output_sigma)))))
         for _ in range(n)
     ]
 
 
-def poisson_trace(rng: random.Random, rate: float, duration: float) -> list[tuple[float, int, int]]:
+def poisson_trace(
+    rng: random.Random, rate: float, duration: float, output_sigma: float = 1.0
+) -> list[tuple[float, int, int]]:
     times, t = [], rng.expovariate(rate)
     while t < duration:
         times.append(t)
         t += rng.expovariate(rate)
-    return [(t, p, m) for t, (p, m) in zip(times, lengths(rng, len(times)))]
+    return [(t, p, m) for t, (p, m) in zip(times, lengths(rng, len(times), output_sigma))]
 
 
-def capacity(replica_factory, seed: int, window_s: float = 300.0) -> float:
+def capacity(replica_factory, seed: int, window_s: float = 300.0, output_sigma: float = 1.0) -> float:
     """Requests per second one replica completes with an endless backlog of trace requests."""
     replica = replica_factory()
-    backlog = [(0.0, p, m) for p, m in lengths(random.Random(seed), 20_000)]
+    backlog = [(0.0, p, m) for p, m in lengths(random.Random(seed), 20_000, output_sigma)]
     replica.max_queue = len(backlog)
     done = simulate(
         backlog, [replica], {replica.name: replica.costs}, "round_robin", 1e9, bypass_router=True, until=window_s
@@ -124,23 +136,77 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def run_throttle(duration: float, seed: int, tails=tuple(OUTPUT_SIGMAS), loads=THROTTLE_LOADS) -> dict:
+    """The throttle scenario: each tail, load and router on the same trace; the throttled replica's
+    share of the requests that arrived before, during and after its throttling."""
+    start, end = (duration * f for f in THROTTLE_WINDOW)
+    results = {"window_s": [start, end], "tails": {}}
+    for tail in tails:
+        sigma = OUTPUT_SIGMAS[tail]
+        total = sum(capacity(lambda f=f: make_fleet([f])[0], seed, output_sigma=sigma) for f in FLEET)
+        results["tails"][tail] = {"capacity_req_s": total, "loads": {}}
+        for load in loads:
+            trace = poisson_trace(random.Random(seed + 1), load * total, duration, sigma)
+            runs = results["tails"][tail]["loads"][load] = {}
+            for label, strategy, live in THROTTLE_RUNS:
+                fleet = make_fleet()
+                for replica in fleet:
+                    if replica.name == THROTTLED:
+                        replica.speed = lambda now: THROTTLE_SPEED if start <= now < end else 1.0
+                requests = simulate(trace, fleet, {r.name: r.costs for r in fleet}, strategy, DEADLINE_S,
+                                    live=LiveFeed() if live else None)
+                summary = summarize(requests, duration, fleet)
+                phases = {"before": (0, start), "during": (start, end), "after": (end, duration)}
+                summary["throttled_share"] = {
+                    phase: sum(1 for r in requests if a <= r.arrival < b and r.replica == THROTTLED)
+                    / max(1, sum(1 for r in requests if a <= r.arrival < b and r.replica))
+                    for phase, (a, b) in phases.items()
+                }
+                runs[label] = summary
+    return results
+
+
+def throttle_table(results: dict) -> str:
+    lines = ["| outputs | load | router | TTFT p99 s | e2e p50 s | e2e p99 s | 429 | 504 | throttled replica's share "
+             "before/during/after | e2e p99 vs blind | vs round-robin |", "|" + " --- |" * 11]
+    for tail, by_tail in results["tails"].items():
+        for load, runs in by_tail["loads"].items():
+            blind, rr = runs["blind"]["e2e_p99"], runs["round-robin"]["e2e_p99"]
+            for label, m in runs.items():
+                share = "/".join(f"{v:.0%}" for v in m["throttled_share"].values())
+                lines.append(
+                    f"| {tail} | {float(load):.0%} | {label} | {m['ttft_p99']:.2f} | {m['e2e_p50']:.1f} | "
+                    f"{m['e2e_p99']:.1f} | {m['rejected']} | {m['timed_out']} | {share} | "
+                    f"{m['e2e_p99'] / blind:.2f} | {m['e2e_p99'] / rr:.2f} |"
+                )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=600.0, help="simulated seconds of arrivals per run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--validate", action="store_true", help="replay a short trace on real paced pipelines")
+    parser.add_argument("--scenario", choices=("all", "matrix", "throttle"), default="all")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    results = run_matrix(args.duration, args.seed)
+    results = {}
     print(f"fleet: {', '.join(f'{n} ({s}x, {kv} KV tokens)' for n, s, kv in FLEET)}; "
-          f"capacity {results['total_capacity_req_s']:.2f} req/s; {args.duration:.0f} s of arrivals per run; "
-          f"deadline {DEADLINE_S:.0f} s (simulated replicas)")
-    print(table(results))
-    for load, by_strategy in results["loads"].items():
-        ratio = by_strategy["cost_aware"]["e2e_p99"] / by_strategy["round_robin"]["e2e_p99"]
-        overflow = sum(m["kv_overflow"] for m in by_strategy.values())
-        print(f"load {float(load):.0%}: cost-aware e2e p99 / round-robin = {ratio:.2f}; KV overflows: {overflow}")
+          f"{args.duration:.0f} s of arrivals per run; deadline {DEADLINE_S:.0f} s (simulated replicas)")
+    if args.scenario in ("all", "matrix"):
+        results = run_matrix(args.duration, args.seed)
+        print(f"capacity {results['total_capacity_req_s']:.2f} req/s")
+        print(table(results))
+        for load, by_strategy in results["loads"].items():
+            ratio = by_strategy["cost_aware"]["e2e_p99"] / by_strategy["round_robin"]["e2e_p99"]
+            overflow = sum(m["kv_overflow"] for m in by_strategy.values())
+            print(f"load {float(load):.0%}: cost-aware e2e p99 / round-robin = {ratio:.2f}; KV overflows: {overflow}")
+    if args.scenario in ("all", "throttle"):
+        results["throttle"] = run_throttle(args.duration, args.seed)
+        window = "–".join(f"{t:.0f}" for t in results["throttle"]["window_s"])
+        print(f"\nthrottle: {THROTTLED} at {THROTTLE_SPEED:g}x speed from {window} s")
+        print(throttle_table(results["throttle"]))
     if args.validate:
         from benchmarks.router_validate import validate
 
