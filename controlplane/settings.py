@@ -217,6 +217,8 @@ MOTLEY_EMULATION_TIME_SCALE = float(os.environ.get("MOTLEY_EMULATION_TIME_SCALE"
 # Latest telemetry (controlplane/telemetry/selectors.py): how long a node's latest sample stays in the
 # cache, and the age past which a reader should not trust it (default: the SUSPECT threshold).
 MOTLEY_TELEMETRY_SAMPLE_TTL_S = float(os.environ.get("MOTLEY_TELEMETRY_SAMPLE_TTL_S", "30"))
+# How often each server process writes the latest samples its agents' sockets received (off the loop).
+MOTLEY_TELEMETRY_KEEP_INTERVAL_S = float(os.environ.get("MOTLEY_TELEMETRY_KEEP_INTERVAL_S", "0.25"))
 MOTLEY_TELEMETRY_STALE_AFTER_S = float(os.environ.get(
     "MOTLEY_TELEMETRY_STALE_AFTER_S",
     str(MOTLEY_AGENT_HEARTBEAT_INTERVAL_S * MOTLEY_NODE_SUSPECT_MISSED_HEARTBEATS),

@@ -26,7 +26,8 @@ from controlplane.enrollment.heartbeats import running_flusher
 from controlplane.enrollment.selectors import node_for_credential
 from controlplane.enrollment.services import agent_message_receive
 from controlplane.inventory.health import DeviceHealthWatch
-from controlplane.telemetry.services import telemetry_keep, telemetry_publish, telemetry_sample
+from controlplane.telemetry.keeper import running_keeper
+from controlplane.telemetry.services import telemetry_publish, telemetry_sample
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_REFUSED = 4409
@@ -96,7 +97,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             self.flusher.note(self, received_at=received_at, stages=stages)
         sample = telemetry_sample(node_id=self.node_id, node_name=self.node_name, heartbeat=message,
                                   received_at=received_at)
-        telemetry_keep(sample, new_node=not self.listed)
+        running_keeper().note(sample, new_node=not self.listed)
         self.listed = True
         await telemetry_publish(self.channel_layer, sample)
         await self.health.heartbeat(message.get("devices"))

@@ -1,10 +1,11 @@
 """Telemetry ingest: each heartbeat's sample goes to browsers as it arrives; the latest one is kept.
 
 The agents' socket (``enrollment.consumers``) builds a node's sample from each heartbeat
-(``telemetry_sample``), keeps it as the node's latest in the cache every process shares
-(``telemetry_keep``; read through ``selectors.py``: samples are superseded every second and losing
-one costs nothing) and publishes it at once, from its event loop, to the Channels group
-``telemetry`` (``telemetry_publish``): no database, no thread hop, no throttle. Pacing is the
+(``telemetry_sample``), has it kept as the node's latest in the cache every process shares (the
+process's ``keeper.SampleKeeper`` writes the latest of every node off the event loop, a few times a
+second, through ``telemetry_keep_many``; read through ``selectors.py``: samples are superseded every
+second and losing one costs nothing) and publishes it at once, from its event loop, to the Channels
+group ``telemetry`` (``telemetry_publish``): no database, no thread hop, no throttle. Pacing is the
 browser sockets' business: the dashboard's hub (``hub.py``) is one subscriber per server process
 and each ``/ws/dashboard/`` socket takes snapshots at its own pace.
 """
@@ -46,36 +47,49 @@ def telemetry_sample(*, node_id: int, node_name: str, heartbeat: dict[str, Any],
 
 
 def telemetry_keep(sample: dict[str, Any], *, new_node: bool = True) -> None:
-    """Keep ``sample`` as its node's latest, for ``MOTLEY_TELEMETRY_SAMPLE_TTL_S``.
+    """Keep ``sample`` as its node's latest, now (``telemetry_keep_many``)."""
+    telemetry_keep_many([(sample, new_node)])
 
-    One cache write per heartbeat. The node's listing (``NODES_KEY``) and its stages' index
-    (``stage_node_key`` → node) are written too when ``new_node`` (a connection's first heartbeat),
-    when its stages changed, or every ``REFRESH_S``. A cache that cannot be reached loses the sample
-    (logged at most once a minute), never the heartbeat: the agents' socket goes on.
+
+def telemetry_keep_many(samples: list[tuple[dict[str, Any], bool]]) -> None:
+    """Keep each ``(sample, new_node)``'s sample as its node's latest, in one cache write.
+
+    The agents' sockets hand their samples to this process's ``keeper.SampleKeeper``, which calls
+    this off the event loop every ``MOTLEY_TELEMETRY_KEEP_INTERVAL_S`` with the latest of each node.
+    A node's listing (``NODES_KEY``) and its stages' index (``stage_node_key`` → node) are written too
+    when ``new_node`` (a connection's first heartbeat), when its stages changed, or every
+    ``REFRESH_S``. A cache that cannot be reached loses the samples (logged at most once a minute),
+    never a heartbeat.
     """
     global _warned_at
-    node = sample["node"]
     ttl = settings.MOTLEY_TELEMETRY_SAMPLE_TTL_S
-    stage_keys = tuple(sorted(str(s["stage_key"]) for s in sample["stages"] if s.get("stage_key")))
     now = time.monotonic()
-    last = _refreshed.get(node)
-    refresh = new_node or last is None or last[1] != stage_keys or now - last[0] > REFRESH_S
+    latest: dict[str, Any] = {}
+    index: dict[str, str] = {}
+    refreshed: dict[str, tuple[float, tuple[str, ...]]] = {}
+    for sample, new_node in samples:
+        node = sample["node"]
+        latest[node_sample_key(node)] = sample
+        keys = tuple(sorted(str(s["stage_key"]) for s in sample["stages"] if s.get("stage_key")))
+        last = _refreshed.get(node)
+        if new_node or last is None or last[1] != keys or now - last[0] > REFRESH_S:
+            index.update({stage_node_key(k): node for k in keys})
+            refreshed[node] = (now, keys)
     try:
-        if not refresh:
-            cache.set(node_sample_key(node), sample, ttl)
-            return
-        cache.set_many({node_sample_key(node): sample}, ttl)
-        if stage_keys:
-            cache.set_many({stage_node_key(k): node for k in stage_keys}, ttl + 3 * REFRESH_S)
-        nodes = cache.get(NODES_KEY) or []
-        if node not in nodes:
-            cache.set(NODES_KEY, sorted({*nodes, node}), None)
-        _refreshed[node] = (now, stage_keys)
+        cache.set_many(latest, ttl)
+        if index:
+            cache.set_many(index, ttl + 3 * REFRESH_S)
+        if refreshed:
+            nodes = cache.get(NODES_KEY) or []
+            if not set(refreshed) <= set(nodes):
+                cache.set(NODES_KEY, sorted({*nodes, *refreshed}), None)
+            _refreshed.update(refreshed)
     except CACHE_ERRORS as exc:  # Redis down or slow: telemetry is lossy, control is not
-        _refreshed.pop(node, None)
+        for node in refreshed:
+            _refreshed.pop(node, None)
         if now - _warned_at > 60:
             _warned_at = now
-            logger.warning("telemetry: could not keep the latest sample of %s in the cache: %s", node, exc)
+            logger.warning("telemetry: could not keep %d latest sample(s) in the cache: %s", len(latest), exc)
 
 
 def telemetry_message(sample: dict[str, Any]) -> dict[str, Any]:

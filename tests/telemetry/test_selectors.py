@@ -97,12 +97,11 @@ def test_a_stage_that_moved_is_found_though_the_index_points_elsewhere():
 def test_steady_heartbeats_write_one_key_and_a_lost_listing_heals(monkeypatch):
     keep("n0", stages=[stage("d1-r0-s0")])
     writes = []
-    real_set = cache.set
-    monkeypatch.setattr(cache, "set", lambda key, *a, **k: writes.append(key) or real_set(key, *a, **k))
-    monkeypatch.setattr(cache, "set_many", lambda *a, **k: writes.append("set_many"))
+    monkeypatch.setattr(cache, "set", lambda key, *a, **k: writes.append(key))
+    monkeypatch.setattr(cache, "set_many", lambda values, *a, **k: writes.append(sorted(values)))
     heartbeat = {"stages": [stage("d1-r0-s0")]}
     telemetry_keep(telemetry_sample(node_id=1, node_name="n0", heartbeat=heartbeat), new_node=False)
-    assert writes == ["telemetry:node:n0"]
+    assert writes == [["telemetry:node:n0"]]
     monkeypatch.undo()
     cache.delete(NODES_KEY)  # two processes listed nodes at once and one write lost the other's
     monkeypatch.setattr(services, "REFRESH_S", 0.0)

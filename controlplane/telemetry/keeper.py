@@ -1,0 +1,69 @@
+"""This process's keeper of the latest samples: the cache written off the event loop, coalesced.
+
+A cache write costs a Redis round trip (service mode) or a file written and renamed (the embedded
+default: about a millisecond); 125 agents' heartbeats a second on the event loop would be an eighth
+of a core there, and every Redis hiccup a stall of every socket. So the agents' sockets only note
+each sample here (a dict write), and every ``MOTLEY_TELEMETRY_KEEP_INTERVAL_S`` (0.25 s) the keeper
+writes the latest sample of every node noted since, in one ``services.telemetry_keep_many`` call on
+a worker thread: readers see a sample at most an interval after it arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from controlplane.telemetry.services import telemetry_keep_many
+
+logger = logging.getLogger(__name__)
+
+
+class SampleKeeper:
+    """The samples noted since the last write, the latest per node."""
+
+    def __init__(self):
+        self.pending: dict[str, tuple[dict[str, Any], bool]] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+        self.writes = 0
+
+    def note(self, sample: dict[str, Any], *, new_node: bool = False) -> None:
+        """Keep ``sample`` at the next write (``new_node``: the connection's first, so list the node)."""
+        earlier = self.pending.get(sample["node"])
+        self.pending[sample["node"]] = (sample, new_node or (earlier is not None and earlier[1]))
+
+    def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._task = asyncio.create_task(self._run(), name="telemetry-keeper")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(settings.MOTLEY_TELEMETRY_KEEP_INTERVAL_S)
+            try:
+                await self.write()
+            except Exception:  # the next interval writes newer samples anyway
+                logger.exception("telemetry keeper: write failed")
+
+    async def write(self) -> None:
+        if not self.pending:
+            return
+        batch, self.pending = list(self.pending.values()), {}
+        await sync_to_async(telemetry_keep_many, thread_sensitive=False)(batch)
+        self.writes += 1
+
+
+_keeper: SampleKeeper | None = None
+
+
+def running_keeper() -> SampleKeeper:
+    """This process's keeper, started on the running event loop on first use (one per loop)."""
+    global _keeper
+    loop = asyncio.get_running_loop()
+    if _keeper is None or _keeper.loop is not loop or loop.is_closed():
+        _keeper = SampleKeeper()
+        _keeper.start()
+    return _keeper
