@@ -6,16 +6,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from contracts.hardware import DeviceSpec, FleetSpec, LinkSpec
-from contracts.names import node_queue
 from contracts.tasks import SET_THROTTLE
-from controlplane.celery import app as celery_app
+from controlplane.common.task_sending import agent_task_send_on_commit
 from controlplane.inventory.models import Device, Link, Node
 
 
@@ -132,12 +130,4 @@ def device_emulate_throttle(*, device: Device, factor: float) -> str:
     if node.incarnation == 0:
         raise ValidationError({"device": f"{device.name}: no agent has registered node {node.name}"})
     kwargs = {"device_index": device.index, "factor": float(factor)}
-    return _agent_task_send_on_commit(node=node, name=SET_THROTTLE, kwargs=kwargs)
-
-
-def _agent_task_send_on_commit(*, node: Node, name: str, kwargs: dict[str, Any]) -> str:
-    """A JSON task on the node's own queue once the transaction commits. (deployments/dispatch.py does
-    the same for the controller's tasks; the inventory sits below deployments and cannot import it.)"""
-    queue = node_queue(node.pk)
-    transaction.on_commit(lambda: celery_app.send_task(name, kwargs=kwargs, queue=queue, serializer="json"))
-    return queue
+    return agent_task_send_on_commit(node_id=node.pk, name=SET_THROTTLE, kwargs=kwargs)

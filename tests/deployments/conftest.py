@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from contracts import tasks
-from controlplane.deployments import dispatch
+from controlplane.common import task_sending
 from controlplane.deployments.revisions import plan_revision_create
 from controlplane.enrollment.services import agent_register, join_token_create
 from controlplane.inventory.models import Node
@@ -71,7 +71,7 @@ def sent(monkeypatch) -> Sent:
     is: a send is seen once the transaction that decided it commits, never if it rolls back, so the
     controller's tests run with ``django_db(transaction=True)`` as the services run in production."""
     record = Sent()
-    monkeypatch.setattr(dispatch, "celery_app", RecordingApp(record))
+    monkeypatch.setattr(task_sending, "celery_app", RecordingApp(record))
     return record
 
 

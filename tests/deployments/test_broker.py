@@ -17,7 +17,7 @@ import pytest
 from celery import Celery
 from django.conf import settings
 
-from controlplane.deployments import dispatch
+from controlplane.common import task_sending
 from controlplane.deployments.reconcile import deployment_reconcile
 from controlplane.deployments.services import deployment_create
 from tests.support.processes import REPO_ROOT, embedded_env, filesystem_broker_options, redis_up
@@ -42,7 +42,7 @@ def broker_app(request, tmp_path, monkeypatch, nodes):
     app.conf.task_default_queue = settings.CELERY_TASK_DEFAULT_QUEUE
     for queue_name in [f"node.{node.pk}" for node in nodes] + [CONTROL]:  # a Redis database outlives the test
         drain(app, queue_name)
-    monkeypatch.setattr(dispatch, "celery_app", app)
+    monkeypatch.setattr(task_sending, "celery_app", app)
     yield app
     drain(app, CONTROL)
     app.close()

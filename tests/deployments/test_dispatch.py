@@ -7,7 +7,7 @@ from django.conf import settings
 from django.db import transaction
 
 from controlplane import celery
-from controlplane.deployments import dispatch
+from controlplane.common import task_sending
 from controlplane.deployments.liveness import node_heartbeat_record
 from controlplane.deployments.models import Deployment, PlanRevision
 from controlplane.deployments.reconcile import deployment_reconcile
@@ -55,5 +55,5 @@ def test_sends_leave_through_the_control_planes_own_celery_app(monkeypatch):
     """Not Celery's ``current_app``, which in a process that never imported the control plane's app
     (the ASGI server) is a default app on another broker: its reconcile requests would be lost."""
     monkeypatch.undo()  # the recorder set aside
-    assert dispatch.celery_app is celery.app
-    assert dispatch.celery_app.conf.broker_url == settings.CELERY_BROKER_URL
+    assert task_sending.celery_app is celery.app
+    assert task_sending.celery_app.conf.broker_url == settings.CELERY_BROKER_URL

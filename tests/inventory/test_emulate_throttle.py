@@ -11,6 +11,7 @@ from django.db import transaction
 
 from contracts.names import node_queue
 from contracts.tasks import SET_THROTTLE
+from controlplane.common import task_sending
 from controlplane.inventory import services
 from tests.api.factories import make_device, make_node
 from tests.api.mixins import assert_error
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def sent(monkeypatch) -> deployments_tests.Sent:
     record = deployments_tests.Sent()
     monkeypatch.setattr(deployments_tests, "TASK_NAMES", deployments_tests.TASK_NAMES | {SET_THROTTLE})
-    monkeypatch.setattr(services, "celery_app", deployments_tests.RecordingApp(record))
+    monkeypatch.setattr(task_sending, "celery_app", deployments_tests.RecordingApp(record))
     return record
 
 

@@ -1,0 +1,36 @@
+"""Sending Celery tasks from the control plane: by name, as JSON, once the deciding transaction commits.
+
+Every app that tells an agent or the control worker to act sends through here: the controller
+(``deployments/dispatch.py``: stage starts and stops, syncs, reconcile requests) and the inventory
+(an emulated device's throttle). A task is sent by its name (``contracts/tasks.py``), so the sender
+imports nothing of the module that runs it. The app is the control plane's own
+(``controlplane/celery.py``), named explicitly: Celery's ``current_app`` in a process that never
+imported it, such as the ASGI server, is a default app on another broker.
+
+Sending after commit means a rolled-back decision sends nothing; a send lost to a crash right after
+commit is repeated by the next periodic reconcile.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+from contracts.names import node_queue
+from controlplane.celery import app as celery_app
+
+
+def agent_task_send_on_commit(*, node_id: int, name: str, kwargs: dict[str, Any]) -> str:
+    """Queue a JSON task on the node's own queue (contracts §3) once the current transaction commits;
+    returns the queue's name."""
+    queue = node_queue(node_id)
+    task_send_on_commit(name=name, kwargs=kwargs, queue=queue)
+    return queue
+
+
+def task_send_on_commit(*, name: str, kwargs: dict[str, Any], queue: str | None = None) -> None:
+    """Send task ``name`` with JSON keyword arguments once the current transaction commits
+    (``queue`` None: the control plane's default queue)."""
+    options = {} if queue is None else {"queue": queue}
+    transaction.on_commit(lambda: celery_app.send_task(name, kwargs=kwargs, serializer="json", **options))
