@@ -167,8 +167,9 @@ def run_throttle(duration: float, seed: int, tails=tuple(OUTPUT_SIGMAS), loads=T
 
 
 def throttle_table(results: dict) -> str:
-    lines = ["| outputs | load | router | TTFT p99 s | e2e p50 s | e2e p99 s | 429 | 504 | throttled replica's share "
-             "before/during/after | e2e p99 vs blind | vs round-robin |", "|" + " --- |" * 11]
+    head = ("| outputs | load | router | TTFT p99 s | e2e p50 s | e2e p99 s | 429 | 504 | throttled replica's share "
+            "before/during/after | e2e p99 vs blind | vs round-robin |")
+    lines = [head, "|" + " --- |" * 11]
     for tail, by_tail in results["tails"].items():
         for load, runs in by_tail["loads"].items():
             blind, rr = runs["blind"]["e2e_p99"], runs["round-robin"]["e2e_p99"]

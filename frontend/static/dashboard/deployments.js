@@ -3,6 +3,7 @@
 // stored events (GET /api/v1/events/), redrawn on every (re)connect and every EVENTS_REFRESH_MS.
 import { connectLive } from "./live.js";
 import { getJSON } from "./api.js";
+import { startRouting } from "./routing.js";
 
 const fmt = (v, digits = 1) => (v === undefined || v === null ? "—" : Number(v).toFixed(digits));
 
@@ -98,3 +99,4 @@ async function onResync() {
 
 connectLive({ onSnapshot, onResync });
 setInterval(refreshEvents, EVENTS_REFRESH_MS);
+startRouting();
