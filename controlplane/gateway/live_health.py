@@ -153,8 +153,10 @@ class LiveHealth:
         previous = self.heads.get(replica_id)
         self.heads[replica_id] = HeadView(False, reason, time.time(), previous.stats if previous else {})
 
-    def apply(self, state: ReplicaState, endpoint: ReplicaEndpoint) -> None:
-        """Set the replica's health and costs from everything known now."""
+    def apply(self, state: ReplicaState, endpoint: ReplicaEndpoint, *, head_answer: bool = False) -> None:
+        """Set the replica's health and costs from everything known now. ``head_answer``: the head's
+        statistics just arrived, so its free KV and queue are compared with the bookkeeping of this
+        moment (read later, they would count requests finished since as someone else's)."""
         replica_id, now = state.replica_id, time.time()
         reading = None
         if self.enabled() and endpoint.stages:
@@ -169,10 +171,11 @@ class LiveHealth:
         head = self.heads.get(replica_id)
         health = compose(stated=endpoint.health, head=head, reading=reading,
                          error_rate=recorder.error_rate(replica_id))
+        fresh = head_answer and head is not None and head.ok
         state.observe(
             health=health,
-            kv_tokens_free=head.kv_tokens_free if head and head.ok else None,
-            queue_depth=head.stats.get("queue_depth") if head and head.ok else None,
+            kv_tokens_free=head.kv_tokens_free if fresh else None,
+            queue_depth=head.stats.get("queue_depth") if fresh else None,
         )
         costs, factor = self.measured.costs(replica_id, endpoint.costs, now=now) if self.enabled() else (
             endpoint.costs, None)

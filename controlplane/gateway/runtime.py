@@ -178,7 +178,7 @@ class Gateway:
             if not state.kv_capacity and stats.get("max_request_tokens"):
                 state.kv_capacity = int(stats["max_request_tokens"])
             self.live.head_answered(state.replica_id, stats)
-        self.live.apply(state, route.endpoint(state.replica_id))
+        self.live.apply(state, route.endpoint(state.replica_id), head_answer=True)
 
     async def close(self) -> None:
         for task in self._pollers:

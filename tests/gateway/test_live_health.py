@@ -171,3 +171,20 @@ def test_the_error_rate_counts_the_replicas_faults_over_a_recent_window():
     assert rec.error_rate("r0") == pytest.approx(1 / 9)  # cancelled is the client's; 429/504 are load
     assert rec.error_rate("r0", now=time.monotonic() + 120) == 0.0
     assert rec.error_rate("other") == 0.0
+
+
+def test_the_heads_free_kv_is_compared_with_the_bookkeeping_of_the_moment_it_answered():
+    """A periodic refresh must not count a request finished since the head's answer as someone else's."""
+    from controlplane.gateway.directory import ReplicaEndpoint
+    from controlplane.gateway.live_health import LiveHealth
+    from controlplane.gateway.routing import ReplicaCosts, ReplicaState, RequestShape
+
+    live, endpoint = LiveHealth(), ReplicaEndpoint("r0", "tcp://head", "t", kv_tokens=1000)
+    state = ReplicaState("r0", ReplicaCosts(0.001, 0.0, 0.02), 1000)
+    state.start("a", RequestShape(100, 60))  # 160 tokens reserved
+    live.head_answered("r0", {"ok": True, "kv_tokens_free_by_stage": {"0": 740}, "queue_depth": 0})
+    live.apply(state, endpoint, head_answer=True)
+    assert state.health.ok and state.kv_free == 740  # 100 used by another gateway
+    state.finish("a")
+    live.apply(state, endpoint)  # the telemetry refresh, later: the head's figure is old
+    assert state.kv_free == 900
