@@ -16,6 +16,7 @@ from controlplane.deployments.events import event_list
 from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentStage, PlanRevision
 from controlplane.inventory.models import Device, Link, Node
 from controlplane.models_catalog.models import LlmModel
+from controlplane.telemetry.calibration import stage_calibration
 
 
 def node_list() -> list[Node]:
@@ -85,12 +86,14 @@ def _link(link: Link) -> dict[str, Any]:
             "implied": False}
 
 
-def deployment_overview(*, events: int = 0) -> list[dict[str, Any]]:
+def deployment_overview(*, events: int = 0, calibration: bool = False) -> list[dict[str, Any]]:
     """Every deployment with its revisions (newest first) and its stages, for the deployments page.
 
     With ``events``, each deployment's newest that many stored events too (``DeploymentEvent``, as
     the controller recorded them at each transition: docs/deployments.md, "Events"). Four queries
-    (five with events) whatever the number of deployments.
+    (five with events) whatever the number of deployments. With ``calibration``, each wanted stage's
+    decode step at the load it runs: predicted raw, calibrated, measured (``stage_calibration``; no
+    query without fresh stage samples, six with).
     """
     prefetches = [
         Prefetch("revisions", queryset=PlanRevision.objects.order_by("-number", "-created")),
@@ -101,7 +104,8 @@ def deployment_overview(*, events: int = 0) -> list[dict[str, Any]]:
         newest = DeploymentEvent.objects.order_by("-at", "-id")[:events]
         prefetches.append(Prefetch("events", queryset=newest, to_attr="newest_events"))
     deployments = Deployment.objects.select_related("model", "revision").prefetch_related(*prefetches)
-    return [_deployment(d) for d in deployments.order_by("name")]
+    figures = stage_calibration() if calibration else {}
+    return [_deployment(d, figures) for d in deployments.order_by("name")]
 
 
 def event_rows(events) -> list[dict[str, Any]]:
@@ -115,7 +119,7 @@ def fleet_events(*, limit: int) -> list[dict[str, Any]]:
     return event_rows(event_list().filter(deployment__isnull=True)[:limit])
 
 
-def _deployment(deployment: Deployment) -> dict[str, Any]:
+def _deployment(deployment: Deployment, figures: dict[str, dict] | None = None) -> dict[str, Any]:
     plan = deployment.revision.plan if deployment.revision else {}
     predicted_stages = {(r, s): stage for r, replica in enumerate(plan.get("replicas", []))
                         for s, stage in enumerate(replica.get("stages", []))}
@@ -143,7 +147,23 @@ def _deployment(deployment: Deployment) -> dict[str, Any]:
             "predicted_step_ms": _predicted_step_ms(predicted_stages, s) if s.wanted else None,
         } for s in deployment.stages.all()],
         "events": event_rows(getattr(deployment, "newest_events", ())),
+        "calibration": [_calibration_row(s, (figures or {}).get(s.stage_key)) for s in deployment.stages.all()
+                        if s.wanted],
     }
+
+
+_FACTOR_SOURCES = {"model": "its GPU model's", "kind": "its kind's", "none": "not measured"}
+
+
+def _calibration_row(stage: DeploymentStage, figures: dict | None) -> dict[str, Any]:
+    """A stage's calibration figures as the page shows them (calibration.js draws the same)."""
+    row = {"stage_key": stage.stage_key, "replica": stage.replica, "stage_index": stage.stage_index,
+           "device": stage.device.name if stage.device else stage.node.name, **(figures or {})}
+    if figures:
+        why = f"{figures['samples']} samples" if figures["source"] == "measured" else _FACTOR_SOURCES.get(
+            figures["source"], figures["source"])
+        row["factor_label"] = f"×{figures['factor']:.2f} ({why})"
+    return row
 
 
 def _predicted_step_ms(predicted_stages: dict, stage: DeploymentStage) -> float | None:

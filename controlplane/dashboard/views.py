@@ -85,7 +85,8 @@ def topology_json(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def deployments(request: HttpRequest) -> HttpResponse:
-    context = {"page": "deployments", "deployments": selectors.deployment_overview(events=EVENTS_SHOWN),
+    context = {"page": "deployments",
+               "deployments": selectors.deployment_overview(events=EVENTS_SHOWN, calibration=True),
                "fleet_events": selectors.fleet_events(limit=EVENTS_SHOWN), "events_shown": EVENTS_SHOWN}
     return render(request, "dashboard/deployments.html", context)
 

@@ -4,6 +4,7 @@
 import { connectLive } from "./live.js";
 import { getJSON } from "./api.js";
 import { startRouting } from "./routing.js";
+import { startCalibration } from "./calibration.js";
 
 const fmt = (v, digits = 1) => (v === undefined || v === null ? "—" : Number(v).toFixed(digits));
 
@@ -100,3 +101,4 @@ async function onResync() {
 connectLive({ onSnapshot, onResync });
 setInterval(refreshEvents, EVENTS_REFRESH_MS);
 startRouting();
+startCalibration();

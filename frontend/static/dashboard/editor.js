@@ -2,6 +2,7 @@
 // (POST /api/v1/plans/validate/), and apply a valid plan as a new revision after confirming the diff.
 import { postJSON } from "./api.js";
 import { bitsLabel, precisionLabel } from "./precision.js";
+import { liveStages, REFRESH_MS, stagePredictions } from "./calibration.js";
 
 const editor = JSON.parse(document.getElementById("editor-data").textContent);
 // A revision stores its request in the plans API's own form (controlplane/deployments/requests.py),
@@ -13,7 +14,7 @@ const placement = (plan) => ({ replicas: plan.replicas.map((r) => ({
     ...(s.low_bits ? { low_bits: s.low_bits, low_from: s.low_from } : {}) })) })) });
 const current = editor.plan && placement(editor.plan);
 let edited = editor.plan && placement(editor.plan);
-let check = null, checkSeq = 0, timer = null;
+let check = null, checkSeq = 0, timer = null, live = {};
 
 const GIB = 2 ** 30;
 const fmt = (v, d = 1) => (v === undefined || v === null ? "—" : Number(v).toFixed(d));
@@ -114,7 +115,25 @@ function renderCheck() {
     }
   }
   renderMemory();
+  renderPredictions();
   document.getElementById("apply").disabled = !(check.valid && changed);
+}
+
+// Per stage of the edited plan: compute ms raw (first principles) and calibrated (x the device's
+// measured factor, which the planner priced it with), and what the stage running there measures.
+function renderPredictions() {
+  const root = document.getElementById("stage-predictions");
+  if (!check?.predicted) { root.replaceChildren(); return; }
+  root.replaceChildren(...stagePredictions(check.predicted, live, editor.deployment.id).map((row) =>
+    h("tr", { "data-device": row.device }, h("td", {}, row.label), h("td", {}, row.device),
+      h("td", { class: "num" }, fmt(row.raw, 3)), h("td", { class: "num" }, row.factor),
+      h("td", { class: "num" }, fmt(row.calibrated, 3)),
+      h("td", { class: "num" }, row.measured, h("div", { class: "hint" }, row.there)))));
+}
+
+async function refreshLive() {
+  live = await liveStages(editor.deployment.id);
+  renderPredictions();
 }
 
 function renderMemory() {
@@ -219,6 +238,8 @@ function main() {
   renderTables();
   renderBars();
   validate();
+  refreshLive();
+  setInterval(refreshLive, REFRESH_MS);
 }
 
 if (editor.plan) main();
