@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "controlplane.ops",
     "controlplane.plans",
     "controlplane.common",
+    "controlplane.audit",
     "controlplane.inventory",
     "controlplane.models_catalog",
     "controlplane.gateway",
