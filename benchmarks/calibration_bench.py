@@ -177,7 +177,7 @@ def print_table(title: str, rows: list[list], stages: tuple, every: tuple, markd
     header = ["stage", "device", "layers, precision", "obs", "batch", "measured ms", "raw ms",
               "calibrated ms", "stage error raw", "stage error calibrated", "obs. error raw",
               "obs. error calibrated"]
-    print(f"\n{title}")
+    print(f"\n*{title}*\n" if markdown else f"\n{title}")
     if markdown:
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header))

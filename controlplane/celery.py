@@ -1,7 +1,8 @@
 """The Celery application of the control plane's worker and beat; every task travels as JSON.
 
 The control tasks are ``reconcile`` (one deployment, asked for after each change),
-``reconcile_all`` and ``node_health_check`` (beat), all in ``deployments/tasks.py`` and named in
+``reconcile_all`` and ``node_health_check`` (beat), all in ``deployments/tasks.py``, and
+``calibrate`` (beat, ``telemetry/tasks.py``: docs/planner.md, "Calibration"), named in
 ``contracts/tasks.py``. The agent tasks (``start_stage``, ``stop_stage``, ``sync``) are not run
 here: the controller sends them by name (``deployments/dispatch.py``) to each node's own queue.
 """
