@@ -35,6 +35,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from django.conf import settings
+from django.db import transaction
 
 from contracts.hardware import DeviceSpec, FleetSpec
 from contracts.metrics import SLOWDOWN_REASONS
@@ -165,13 +166,16 @@ def calibration_fit(*, now: float | None = None) -> int:
         if observation.throttled:
             continue
         groups[(observation.stage.device_id, observation.bits)].append(observation)
-    for (_, bits), observed in groups.items():
-        row = observed[0].stage
-        result = device_calibration_observe(
-            device=row.device, bits=bits, now=now,
-            observations=[Observation(o.received_at, o.ratio, o.stage_key) for o in observed])
-        if result.announce:
-            _announce(observed[0], result.row.ratio, result.row.samples, result.previous)
+    if not groups:  # no transaction at all (SQLite's IMMEDIATE mode would take the write lock)
+        return 0
+    with transaction.atomic():  # one write transaction per pass, whatever the number of devices
+        for (_, bits), observed in groups.items():
+            row = observed[0].stage
+            result = device_calibration_observe(
+                device=row.device, bits=bits, now=now,
+                observations=[Observation(o.received_at, o.ratio, o.stage_key) for o in observed])
+            if result.announce:
+                _announce(observed[0], result.row.ratio, result.row.samples, result.previous)
     return sum(len(o) for o in groups.values())
 
 
