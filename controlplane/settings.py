@@ -293,6 +293,16 @@ CACHES = {
     )
 }
 
+# Prometheus metrics (docs/observability.md): GET /metrics answers a scraper that presents
+# MOTLEY_METRICS_TOKEN as "Authorization: Bearer <token>", or one calling from an address in
+# MOTLEY_METRICS_ALLOW (networks, comma-separated; default loopback only; empty: none). With several
+# server processes, PROMETHEUS_MULTIPROC_DIR (prometheus_client's own variable, emptied at each start)
+# is where they keep their request metrics for any of them to serve (run_local sets it).
+MOTLEY_METRICS_TOKEN = os.environ.get("MOTLEY_METRICS_TOKEN", "")
+MOTLEY_METRICS_ALLOW = tuple(
+    n.strip() for n in os.environ.get("MOTLEY_METRICS_ALLOW", "127.0.0.1/8,::1/128").split(",") if n.strip()
+)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -6,6 +6,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from controlplane.common.docs import ApiDocsView
+from controlplane.observability.views import metrics_view
 
 api_v1 = [
     # Apps append their routers here (see each app's api/urls.py).
@@ -25,6 +26,7 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include(api_v1)),
     path("v1/", include("controlplane.gateway.urls")),  # OpenAI-compatible, where its clients look
+    path("metrics", metrics_view, name="metrics"),  # Prometheus (docs/observability.md)
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", ApiDocsView.as_view(), name="api-docs"),
     # Interactive: try requests from the browser with the session (Swagger UI from the sidecar package).

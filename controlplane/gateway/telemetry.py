@@ -3,7 +3,9 @@
 In-memory on purpose: these are per-process, high-rate and lossy-by-design figures (the telemetry
 invariant), not control state. ``router_telemetry()`` is what the dashboard reads. Each record keeps
 the inputs the router saw for every replica (``ReplicaInputs.as_dict``); the outcomes per replica
-give its recent error rate (``RouterRecorder.error_rate``), one of the router's health inputs.
+give its recent error rate (``RouterRecorder.error_rate``), one of the router's health inputs. Each
+decision, first token and end is also counted for Prometheus (``controlplane.observability.serving``:
+vLLM's request metrics by model and replica, the router's decisions by reason).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
+
+from controlplane.observability import serving
 
 RECENT = 500
 ERROR_WINDOW_S = 60.0  # the error rate counts the outcomes of the last minute
@@ -54,15 +58,21 @@ class RouterRecorder:
         self.totals[(record.model, record.replica or "-", record.outcome)] += 1
         if record.replica is not None:
             self._by_id[record.request_id] = record
+        serving.request_decided(model=record.model, strategy=record.strategy, replica=record.replica,
+                                outcome=record.outcome)
 
     def first_token(self, request_id: str, queue_s: float) -> None:
         if (record := self._by_id.get(request_id)) is not None:
             record.queue_s = queue_s
+            serving.request_first_token(model=record.model, replica=record.replica, ttft_s=queue_s,
+                                        prompt_tokens=record.prompt_tokens)
 
     def finished(self, request_id: str, outcome: str, e2e_s: float, completion_tokens: int) -> None:
         if (record := self._by_id.pop(request_id, None)) is not None:
             record.outcome, record.e2e_s, record.completion_tokens = outcome, e2e_s, completion_tokens
             self.totals[(record.model, record.replica, outcome)] += 1
+            serving.request_finished(model=record.model, replica=record.replica, outcome=outcome, e2e_s=e2e_s,
+                                     ttft_s=record.queue_s, completion_tokens=completion_tokens)
             if outcome != "cancelled":
                 outcomes = self._outcomes.setdefault(record.replica, deque(maxlen=RECENT))
                 outcomes.append((time.monotonic(), outcome in REPLICA_ERRORS))
