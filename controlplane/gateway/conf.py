@@ -11,7 +11,8 @@ stages' or devices' latest sample is older is unhealthy (None: ``MOTLEY_TELEMETR
 ``LIVE_TELEMETRY``: False routes blind to the telemetry; ``COSTS_MIN_SAMPLES``: telemetry samples
 with steps needed before a replica's measured costs replace its planned ones;
 ``DEFAULT_CHAT_MAX_TOKENS``: a chat request's output budget when it sets none (capped by the context
-left).
+left); ``QUOTA_WINDOW_S``: the length of the keys' rate-limit windows ("per minute": 60; tests shorten
+it).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "LIVE_TELEMETRY": True,
     "COSTS_MIN_SAMPLES": 3,
     "DEFAULT_CHAT_MAX_TOKENS": 256,
+    "QUOTA_WINDOW_S": 60.0,
 }
 
 

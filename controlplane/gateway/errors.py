@@ -8,10 +8,12 @@ from django.http import JsonResponse
 
 class OpenAIError(Exception):
     def __init__(
-        self, status: int, message: str, *, type: str, code: str | None = None, param: str | None = None
+        self, status: int, message: str, *, type: str, code: str | None = None, param: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
+        self.headers = headers or {}
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -20,6 +22,8 @@ class OpenAIError(Exception):
         response = JsonResponse(self.body(), status=self.status)
         if self.status == 401:
             response["WWW-Authenticate"] = "Bearer"
+        for name, value in self.headers.items():
+            response[name] = value
         return response
 
 
@@ -41,6 +45,27 @@ def model_not_found(name: str) -> OpenAIError:
         404, f"The model {name!r} does not exist or has no ready deployment.",
         type="invalid_request_error", param="model", code="model_not_found",
     )
+
+
+def model_not_allowed(name: str, *, key: str, allowed: list[str]) -> OpenAIError:
+    return OpenAIError(
+        403, f"The API key {key} may not use the model {name!r}; it is restricted to: {', '.join(allowed)}.",
+        type="permission_error", param="model", code="model_not_allowed",
+    )
+
+
+def rate_limited(message: str, *, retry_after_s: int | None, headers: dict[str, str]) -> OpenAIError:
+    """A key's own requests- or tokens-per-minute limit (quotas.py); ``Retry-After``: the window's end."""
+    if retry_after_s is not None:
+        headers = {"Retry-After": str(retry_after_s), **headers}
+    return OpenAIError(429, message, type="rate_limit_exceeded", code="rate_limit_exceeded", headers=headers)
+
+
+def quota_exhausted(message: str, *, retry_after_s: int | None, headers: dict[str, str]) -> OpenAIError:
+    """A key's token budget for its day or month is spent; ``Retry-After``: the period's end."""
+    if retry_after_s is not None:
+        headers = {"Retry-After": str(retry_after_s), **headers}
+    return OpenAIError(429, message, type="insufficient_quota", code="insufficient_quota", headers=headers)
 
 
 def saturated(message: str) -> OpenAIError:

@@ -3,6 +3,9 @@
 Errors use OpenAI's shape and status codes (errors.py). A streamed response only starts once the
 first text is ready, so a refusal from the replica still gets its status code rather than a 200
 stream carrying an error; after that, an error arrives as a final ``data: {"error": …}`` event.
+
+Each request passes its key's limits before it is routed (accounting.py, quotas.py: the models it may
+use, requests and tokens per minute, its token budget) and is added to the key's usage when it ends.
 """
 
 from __future__ import annotations
@@ -16,38 +19,47 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
+from controlplane.gateway.accounting import RequestAccount, request_admit
 from controlplane.gateway.conf import gateway_setting
 from controlplane.gateway.errors import OpenAIError, bad_request, invalid_api_key, model_not_found
 from controlplane.gateway.generation import Delta, Generation, generation_start
+from controlplane.gateway.models import ApiKey
 from controlplane.gateway.protocol import GenerationRequest, generation_request, parse_body
+from controlplane.gateway.quotas import check_model, model_visible
 from controlplane.gateway.runtime import ModelRoute, gateway
-from controlplane.gateway.selectors import api_key_user
+from controlplane.gateway.selectors import api_key_active
 from controlplane.gateway.tokenization import ChatTemplateError
 
 
-async def _authenticate(request: HttpRequest) -> None:
+async def _authenticate(request: HttpRequest) -> ApiKey:
     scheme, _, key = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not key.strip() or await api_key_user(raw_key=key.strip()) is None:
+    api_key = await api_key_active(raw_key=key.strip()) if scheme.lower() == "bearer" and key.strip() else None
+    if api_key is None:
         raise invalid_api_key()
+    return api_key
 
 
 @require_GET
 async def models_view(request: HttpRequest) -> HttpResponse:
     try:
-        await _authenticate(request)
+        api_key = await _authenticate(request)
     except OpenAIError as exc:
         return exc.response()
     data = [
         {"id": route.served.name, "object": "model", "created": 0, "owned_by": "motley"}
-        for route in await gateway().all_routes()
+        for route in await gateway().all_routes() if model_visible(api_key, route.served.name)
     ]
     return JsonResponse({"object": "list", "data": data})
 
 
-async def _prepare(request: HttpRequest, *, chat: bool) -> tuple[GenerationRequest, Generation]:
-    """Authenticate, validate, tokenize and admit; raises OpenAIError for every refusal."""
-    await _authenticate(request)
+async def _prepare(
+    request: HttpRequest, *, chat: bool
+) -> tuple[GenerationRequest, Generation, RequestAccount]:
+    """Authenticate, validate, tokenize, check the key's limits and admit; raises OpenAIError for every
+    refusal. A request that passed the limits is accounted for by the RequestAccount returned."""
+    api_key = await _authenticate(request)
     body = generation_request(parse_body(request.body), chat=chat)
+    check_model(api_key, body.model)
     route = await gateway().route(body.model)
     if route is None:
         raise model_not_found(body.model)
@@ -62,9 +74,16 @@ async def _prepare(request: HttpRequest, *, chat: bool) -> tuple[GenerationReque
             param="messages" if chat else "prompt", code="context_length_exceeded",
         )
     deadline_s = float(gateway_setting("DEADLINE_S"))
-    return body, generation_start(
-        route=route, request=body, prompt_ids=prompt_ids, max_tokens=max_tokens, deadline_s=deadline_s
-    )
+    account = await request_admit(api_key=api_key, model=body.model, prompt_tokens=len(prompt_ids),
+                                  max_tokens=max_tokens)
+    try:
+        generation = generation_start(
+            route=route, request=body, prompt_ids=prompt_ids, max_tokens=max_tokens, deadline_s=deadline_s
+        )
+    except OpenAIError:  # the router refused it: nothing served, an error in the key's usage
+        await account.end(prompt_tokens=0, completion_tokens=0, error=True)
+        raise
+    return body, generation, account
 
 
 def _prompt_ids(route: ModelRoute, body: GenerationRequest) -> list[int]:
@@ -105,9 +124,11 @@ def _usage(generation: Generation) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-async def _complete(body: GenerationRequest, generation: Generation, *, chat: bool) -> JsonResponse:
+async def _complete(
+    body: GenerationRequest, generation: Generation, deltas: AsyncIterator[Delta], *, chat: bool
+) -> JsonResponse:
     parts, finish_reason = [], None
-    async with aclosing(generation.deltas()) as deltas:
+    async with aclosing(deltas):
         async for delta in deltas:
             parts.append(delta.text)
             finish_reason = delta.finish_reason
@@ -146,10 +167,10 @@ async def _stream(
 
 async def _respond(request: HttpRequest, *, chat: bool) -> HttpResponse:
     try:
-        body, generation = await _prepare(request, chat=chat)
+        body, generation, account = await _prepare(request, chat=chat)
+        deltas = account.track(generation)
         if not body.stream:
-            return await _complete(body, generation, chat=chat)
-        deltas = generation.deltas()
+            return await _complete(body, generation, deltas, chat=chat)
         try:
             first = await anext(deltas)
         except BaseException:

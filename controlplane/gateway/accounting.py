@@ -1,0 +1,85 @@
+"""One request's quota and usage, from admission to its end: what the OpenAI views call.
+
+``request_admit`` (after the request is tokenized, before it is routed) checks the key's limits
+(quotas.py) and, when they refuse, records the refusal and raises the 429. The ``RequestAccount`` it
+returns is settled exactly once: ``track(generation)`` wraps the text deltas and, whatever ends them
+(the last token, a stop string, an error, a deadline, a client that went away), corrects the quota
+reservation to the tokens served and adds the request to its usage bucket (usage.py) before the
+response's last bytes go out; ``end`` does the same for a request the router refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from datetime import UTC, datetime
+
+from asgiref.sync import sync_to_async
+
+from controlplane.gateway import quotas
+from controlplane.gateway.errors import OpenAIError
+from controlplane.gateway.generation import Delta, Generation
+from controlplane.gateway.models import ApiKey
+from controlplane.gateway.quotas import Admission, quota_admit, quota_settle
+from controlplane.gateway.usage import usage_record
+
+log = logging.getLogger(__name__)
+
+
+class RequestAccount:
+    def __init__(self, api_key: ApiKey, model: str, admission: Admission) -> None:
+        self.api_key, self.model, self.admission = api_key, model, admission
+        self.ended = False
+
+    async def track(self, generation: Generation) -> AsyncIterator[Delta]:
+        """``generation.deltas()``, accounted for when it ends (the request's one usage record)."""
+        finished, error = False, False
+        try:
+            async with aclosing(generation.deltas()) as deltas:
+                async for delta in deltas:
+                    finished = finished or delta.finish_reason is not None
+                    yield delta
+        except Exception:  # an OpenAIError from the replica or the deadline, or a bug: an error
+            error = not finished
+            raise
+        finally:  # also on cancellation and on aclose() by the response: the client went away
+            await self.end(prompt_tokens=len(generation.prompt_ids),
+                           completion_tokens=generation.completion_tokens, error=error)
+
+    async def end(self, *, prompt_tokens: int, completion_tokens: int, error: bool) -> None:
+        """Settle once: the reservation corrected to what was served, the request added to usage."""
+        if self.ended:
+            return
+        self.ended = True
+        try:
+            await sync_to_async(self._end, thread_sensitive=True)(prompt_tokens, completion_tokens, error)
+        except Exception:  # accounting never fails a request that was served
+            log.exception("recording the usage of a request of key %s failed", self.api_key.pk)
+
+    def _end(self, prompt_tokens: int, completion_tokens: int, error: bool) -> None:
+        quota_settle(self.admission, used_tokens=prompt_tokens + completion_tokens)
+        usage_record(
+            api_key_id=self.api_key.pk, user_id=self.api_key.user_id, model=self.model,
+            at=datetime.fromtimestamp(self.admission.at, UTC), requests=1, prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens, errors=int(error),
+        )
+
+
+def _admit_sync(api_key: ApiKey, model: str, prompt_tokens: int, max_tokens: int) -> Admission:
+    try:
+        return quota_admit(api_key=api_key, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+    except OpenAIError:
+        usage_record(api_key_id=api_key.pk, user_id=api_key.user_id, model=model,
+                     at=datetime.fromtimestamp(quotas.clock(), UTC), refused=1)
+        raise
+
+
+async def request_admit(*, api_key: ApiKey, model: str, prompt_tokens: int, max_tokens: int) -> RequestAccount:
+    """Admit the request under its key's limits (or raise their 429, the refusal counted in usage)."""
+    if api_key.limited:
+        admission = await sync_to_async(_admit_sync, thread_sensitive=True)(
+            api_key, model, prompt_tokens, max_tokens)
+    else:  # nothing to count: no thread hop, no cache round trip
+        admission = Admission(quotas.clock())
+    return RequestAccount(api_key, model, admission)
