@@ -62,6 +62,23 @@ class ThrottleFile:
         return factor if 0 < factor <= 1 else self._factor
 
 
+def read_weight_bytes(stage: Stage) -> int:
+    """Weight bytes one step of ``stage`` reads on the card it stands for: every matrix at the stage's
+    precision, floating-point tensors at 16 bits (what a GPU holds them at, whatever dtype the CPU
+    stage computes in: the planner prices them so), and not the embedding table, a lookup that reads
+    a few rows, unless the ``lm_head`` reads it as its tied weight."""
+    embedding = stage.embed.weight if stage.embed is not None else None
+    tied = embedding is not None and stage.lm_head is not None and stage.lm_head.weight is embedding
+    seen = {embedding.data_ptr()} if embedding is not None and not tied else set()
+    total = 0
+    for tensor in [*stage.parameters(), *stage.buffers()]:
+        if tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        total += tensor.numel() * 2 if tensor.is_floating_point() else tensor.nbytes
+    return total
+
+
 class Pacer:
     """Sleeps out each step of a stage to its modeled duration on the emulated device."""
 
@@ -78,7 +95,7 @@ class Pacer:
         )
         self.params_per_token = layer_params * self.layers
         self.head_params = config.vocab_size * config.hidden_size if stage.is_last else 0
-        self.weight_bytes = stage.memory().weight_bytes
+        self.weight_bytes = read_weight_bytes(stage)
         self.kv_bytes_per_token = stage.kv.bytes_per_token
 
     def modeled_s(self, batch: Batch) -> float:

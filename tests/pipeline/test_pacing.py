@@ -9,8 +9,11 @@ import time
 
 import torch
 
+from contracts.footprint import stage_footprint
+from contracts.model_config import ModelConfig
+from contracts.profiler import profile_model
 from contracts.stage_spec import Emulation
-from worker_runtime.pacing import Pacer
+from worker_runtime.pacing import Pacer, read_weight_bytes
 from worker_runtime.stage import Batch, Stage
 
 
@@ -29,11 +32,27 @@ def test_modeled_time_follows_the_roofline(tiny_model):
     slow = Pacer(stage, Emulation(memory_bandwidth_gbs=0.5, fp16_tflops=1.0, time_scale=1.0))
     decode = Batch(seq_ids=[1], start_positions=[10], lengths=[1])
     assert slow.modeled_s(decode) == 4 * fast.modeled_s(decode)  # memory-bound: bandwidth ratio
-    expected = (stage.memory().weight_bytes + stage.kv.bytes_per_token * 11) / 2e9
+    expected = (read_bytes_planned(tiny_model, 0, 3) + stage.kv.bytes_per_token * 11) / 2e9
     assert abs(fast.modeled_s(decode) - expected) < 1e-12
     compute_bound = Pacer(stage, Emulation(memory_bandwidth_gbs=1e6, fp16_tflops=1e-6, time_scale=1.0))
     long_prefill = Batch(seq_ids=[1], start_positions=[0], lengths=[64])
     assert compute_bound.modeled_s(long_prefill) > 60 * compute_bound.modeled_s(decode)  # FLOPs grow with tokens
+
+
+def read_bytes_planned(model, start: int, end: int, bits: int = 16) -> int:
+    """What the planner says a step of [start, end) reads: the footprint's weights less the embedding
+    table (a lookup), as the card it stands for would hold them."""
+    profile = profile_model(ModelConfig.from_file(model), name="tiny")
+    embedding = profile.embedding.weight_bytes[16] if start == 0 else 0
+    return stage_footprint(profile, start, end, bits, batch=1).weights_bytes - embedding
+
+
+def test_a_step_reads_what_the_planner_prices(tiny_model):
+    """Float weights at 16 bits whatever the CPU stage computes in, quantized ones as stored, the head
+    on the last stage, and not the embedding table, so a calibration learns the device, not the emulator."""
+    for start, end, bits in [(0, 3, 16), (0, 6, 16), (1, 6, 8), (0, 2, 4), (3, 6, 4)]:
+        stage = Stage.load(tiny_model, start, end, kv_tokens=64, bits=bits)
+        assert read_weight_bytes(stage) == read_bytes_planned(tiny_model, start, end, bits), (start, end, bits)
 
 
 def test_a_slower_device_takes_proportionally_longer(tiny_model):
