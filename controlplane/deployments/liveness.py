@@ -1,12 +1,12 @@
 """Node liveness: heartbeats in, READY / SUSPECT / LOST out, and the sync of a node that comes back.
 
-The only writer of what is *seen* of a node: its ``last_heartbeat`` and the liveness statuses
-READY, SUSPECT and LOST (an agent's registration, too, reaches the node through
-``node_agent_restarted``). What an operator *wants* of a node is not liveness's to write: the
-drain's DRAINING is set by the operator's action (``services.node_drain``), and a heartbeat never
-turns a DRAINING node READY (ARCHITECTURE: "intent and observation are separate fields"). Both
-still share ``Node.status``, so a DRAINING node that falls silent is LOST like any other, and one
-whose agent registers again is READY: a drain does not outlive a loss or an agent's restart.
+The only writer of what is *seen* of a node: its ``last_heartbeat`` and its ``status``, READY,
+SUSPECT or LOST (an agent's registration, too, reaches the node through ``node_agent_restarted``).
+What an operator *wants* of a node, its ``intent`` (schedulable, cordoned, draining), is written
+only by the node actions (``node_actions.py``), and nothing here reads or writes it (ARCHITECTURE:
+"intent and observation are separate fields"): every write below names ``status`` (or
+``last_heartbeat``) alone, so a draining node that falls silent is LOST, and READY again when it
+heartbeats or its agent registers, and stays draining throughout; nothing is placed on it.
 
 A heartbeat arrives one of two ways (docs/deployments.md, "The agents' websocket"): recorded at
 once (``node_heartbeat_record``) or noted and flushed with others (``node_heartbeats_flush``). Both

@@ -189,7 +189,10 @@ class DeploymentEvent(models.Model):
         NODE_SUSPECT = "node_suspect", "Node suspect"
         NODE_LOST = "node_lost", "Node lost"
         NODE_BACK = "node_back", "Node back"
+        NODE_CORDONED = "node_cordoned", "Node cordoned"  # an operator: no new stages on it
+        NODE_UNCORDONED = "node_uncordoned", "Node uncordoned"
         NODE_DRAINING = "node_draining", "Node draining"
+        NODE_UNDRAINED = "node_undrained", "Node undrained"
         CALIBRATED = "calibrated", "Calibrated"  # the planner's costs from measured step times
         THROTTLED = "throttled", "Throttled"  # a device slowed by its clocks, power or temperature
         POLICY = "policy", "Policy decision"  # what an automatic policy decided and why

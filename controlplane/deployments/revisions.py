@@ -53,8 +53,8 @@ def plan_revision_check(
 
     ValidationError lists every reason it cannot. Beyond the planner's own checks (layers, memory,
     precision, pins) a deployment needs weights, and devices whose node has a live agent and that
-    no other deployment uses: a device on a LOST or DRAINING node, on a node no agent ever
-    registered, or carrying another deployment's stage is refused by name.
+    no other deployment uses: a device on a LOST, cordoned or draining node, on a node no agent
+    ever registered, or carrying another deployment's stage is refused by name.
     """
     model = revision.model
     if not model.has_weights:
@@ -93,7 +93,8 @@ def replan_revision_create(
 def _plan_request(
     *, revision: PlanRevision, busy: dict[str, str], exclude_nodes: tuple[Node, ...] = ()
 ) -> PlanRequest:
-    """The revision's request on the fleet of registered nodes as it is now (LOST ones down), without
+    """The revision's request on the fleet of registered nodes as it is now (lost, cordoned and
+    draining ones down: ``Node.is_down``), without
     the ``busy`` devices (``devices_in_use``: those other deployments use)."""
     registered = Node.objects.filter(incarnation__gt=0).values_list("pk", flat=True)
     fleet = fleet_spec_from_inventory(node_ids=registered)

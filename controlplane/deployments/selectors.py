@@ -70,9 +70,6 @@ def deployment_endpoints(*, deployment: Deployment) -> list[ReplicaHead]:
     return endpoints
 
 
-UNAVAILABLE = (Node.Status.LOST, Node.Status.DRAINING)  # nodes that take no new stage
-
-
 def plan_deploy_blockers(
     *, model: LlmModel, plan_data: Any, deployment: Deployment | None = None
 ) -> list[str]:
@@ -105,9 +102,8 @@ def plan_devices(
             problems.append(f"device {name} carries a stage of deployment {busy[name]}")
         elif device.node in exclude_nodes:
             problems.append(f"device {name}: node {device.node.name} is being drained")
-        elif device.node.status in UNAVAILABLE:
-            status = device.node.get_status_display().lower()
-            problems.append(f"device {name}: node {device.node.name} is {status}")
+        elif (unavailable := device.node.unavailable_reason()) is not None:  # lost, cordoned, draining
+            problems.append(f"device {name}: node {device.node.name} is {unavailable}")
         elif device.health == Device.Health.UNHEALTHY:
             problems.append(f"device {name} is unhealthy")
         elif device.node.incarnation == 0:

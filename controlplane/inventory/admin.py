@@ -5,8 +5,10 @@ from controlplane.inventory.models import Device, Link, Node
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ["name", "address", "status", "network_gbps", "fleet", "last_heartbeat"]
-    list_filter = ["status", "fleet"]
+    list_display = ["name", "address", "status", "intent", "network_gbps", "fleet", "last_heartbeat"]
+    list_filter = ["status", "intent", "fleet"]
+    # Liveness writes status, the node actions (API, dashboard: checked and audited) intent.
+    readonly_fields = ["status", "intent", "last_heartbeat", "incarnation"]
     search_fields = ["name", "address"]
 
 

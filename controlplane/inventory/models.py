@@ -17,13 +17,24 @@ from controlplane.common.models import TimestampedModel, validate_positive
 
 
 class Node(TimestampedModel):
-    """A host that runs an agent (or, for an emulated fleet, pretends to)."""
+    """A host that runs an agent (or, for an emulated fleet, pretends to).
+
+    What is seen of it and what an operator wants of it are two fields (ARCHITECTURE: "intent and
+    observation are separate fields"), and neither writer touches the other's: ``status`` (READY,
+    SUSPECT, LOST) is observed liveness, written only by ``deployments.liveness``; ``intent``
+    (SCHEDULABLE, CORDONED, DRAINING) is the operator's, written only by the node actions
+    (``deployments.node_actions``). A node takes new stages only when it is not LOST and SCHEDULABLE.
+    """
 
     class Status(models.TextChoices):
         READY = "ready", "Ready"
         SUSPECT = "suspect", "Suspect"  # heartbeats late; still planned on, watched
         LOST = "lost", "Lost"  # heartbeats stopped: its devices are down
-        DRAINING = "draining", "Draining"  # being emptied by an operator: no new stages
+
+    class Intent(models.TextChoices):
+        SCHEDULABLE = "schedulable", "Schedulable"  # new stages may be placed on it
+        CORDONED = "cordoned", "Cordoned"  # no new stages; the running ones stay
+        DRAINING = "draining", "Draining"  # no new stages, and its stages were moved off it
 
     name = models.CharField(max_length=100, unique=True)
     address = models.CharField(max_length=255, blank=True, help_text="Host name or IP of the node's agent.")
@@ -31,7 +42,15 @@ class Node(TimestampedModel):
     network_gbps = models.FloatField(
         default=25.0, validators=[validate_positive], help_text="Network interface bandwidth, Gbit/s."
     )
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.READY)
+    status = models.CharField(
+        max_length=16, choices=Status.choices, default=Status.READY,
+        help_text="Observed liveness (heartbeats): ready, suspect, lost. Written only by liveness.",
+    )
+    intent = models.CharField(
+        max_length=16, choices=Intent.choices, default=Intent.SCHEDULABLE,
+        help_text="The operator's word: schedulable, cordoned (no new stages) or draining (emptied). "
+                  "Written only by the cordon, uncordon, drain and undrain actions.",
+    )
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     # Bumped each time the node's agent (re)registers, so messages from an older life are ignored.
     incarnation = models.PositiveIntegerField(default=0)
@@ -61,8 +80,20 @@ class Node(TimestampedModel):
             raise ValidationError({"labels": "expected an object of strings to strings"})
 
     @property
+    def schedulable(self) -> bool:
+        """The operator lets new stages onto it (neither cordoned nor draining)."""
+        return self.intent == self.Intent.SCHEDULABLE
+
+    @property
     def is_down(self) -> bool:
-        return self.status in (self.Status.LOST, self.Status.DRAINING)
+        """Down for the planner: no new stage goes here (LOST, or cordoned or draining)."""
+        return self.status == self.Status.LOST or not self.schedulable
+
+    def unavailable_reason(self) -> str | None:
+        """Why no new stage may be placed on it ("lost", "cordoned", "draining"), or None."""
+        if self.status == self.Status.LOST:
+            return "lost"
+        return None if self.schedulable else self.intent
 
 
 class Device(TimestampedModel):

@@ -15,10 +15,11 @@ from controlplane.inventory.models import Device, Link, Node
 def fleet_spec_from_inventory(*, node_ids: Iterable[int] | None = None, name: str = "inventory") -> FleetSpec:
     """The inventory (or the given nodes of it) as the planner's FleetSpec, health and calibration included.
 
-    A device is down when its node is LOST or DRAINING or the device itself is UNHEALTHY (its
-    effective ``health``: the operator's ``health_override``, else what its samples show): the
-    planner places nothing on it. SUSPECT nodes stay plannable; the heartbeat monitor decides
-    when suspicion becomes LOST. Each device's ``calibration`` and ``calibration_by_bits`` are the
+    A device is down when its node is LOST (``status``, observed) or cordoned or draining
+    (``intent``, the operator's: ``Node.is_down``), or the device itself is UNHEALTHY (its effective
+    ``health``: the operator's ``health_override``, else what its samples show): the planner places
+    nothing on it. SUSPECT nodes stay plannable; the heartbeat monitor decides when suspicion
+    becomes LOST. Each device's ``calibration`` and ``calibration_by_bits`` are the
     stored calibration's (``calibration.calibrations``: measured, else its peers'). Four queries
     whatever the fleet's size.
     """

@@ -21,8 +21,8 @@ def plan_request_from_inventory(
     *, model: LlmModel, request: Mapping[str, Any], node_ids: Iterable[int] | None = None
 ) -> PlanRequest:
     """The stored-form ``request`` (controlplane/deployments/plan_request_form.py) on the whole
-    inventory (or the given nodes) as it is now: LOST/DRAINING nodes and unhealthy devices arrive
-    marked down, so the planner routes around them."""
+    inventory (or the given nodes) as it is now: lost, cordoned and draining nodes and unhealthy
+    devices arrive marked down, so the planner routes around them."""
     return plan_request_from_dict(
         request, fleet=fleet_spec_from_inventory(node_ids=node_ids), profile=model_profile(model=model)
     )

@@ -20,8 +20,10 @@ def test_anonymous_callers_and_agents_are_refused(anonymous, nodes, revision, se
     deployment = deployment_create(name="tiny", revision=revision)
     for method, url in [("get", URL), ("post", URL), ("get", f"{URL}{deployment.pk}/"),
                         ("post", f"{URL}{deployment.pk}/stop/"),
-                        ("post", f"/api/v1/nodes/{nodes[0].pk}/drain/")]:
+                        *[("post", f"/api/v1/nodes/{nodes[0].pk}/{action}/")
+                          for action in ("cordon", "uncordon", "drain", "undrain")]]:
         assert getattr(anonymous, method)(url, {}, format="json").status_code == 401, (method, url)
+    assert Node.objects.get(pk=nodes[0].pk).intent == Node.Intent.SCHEDULABLE
 
 
 def test_create_from_a_plan_then_list_and_get_without_the_pipeline_token(api, nodes, llm, sent):
@@ -76,8 +78,10 @@ def test_drain_moves_the_stages_off_the_node(api, nodes, revision, sent):
     deployment = deployment_create(name="tiny", revision=revision)
     response = api.post(f"/api/v1/nodes/{nodes[1].pk}/drain/")
     assert response.status_code == 200, response.content
-    assert [d["id"] for d in response.json()] == [deployment.pk]
-    assert Node.objects.get(pk=nodes[1].pk).status == Node.Status.DRAINING
+    body = response.json()
+    assert [d["id"] for d in body["deployments"]] == [deployment.pk] and body["changed"]
+    assert (body["node"]["name"], body["node"]["status"], body["node"]["intent"]) == ("n1", "ready", "draining")
+    assert Node.objects.get(pk=nodes[1].pk).intent == Node.Intent.DRAINING
     deployment.refresh_from_db()
     assert deployment.revision.source == "drain"
     assert not deployment.stages.filter(wanted=True, node=nodes[1]).exists()
@@ -88,7 +92,7 @@ def test_drain_is_refused_when_a_deployment_cannot_fit_without_the_node(api, nod
     Node.objects.exclude(pk=nodes[1].pk).update(status=Node.Status.LOST)
     response = api.post(f"/api/v1/nodes/{nodes[1].pk}/drain/")
     assert_error(response, 400, "cannot drain n1", "tiny")
-    assert Node.objects.get(pk=nodes[1].pk).status == Node.Status.READY
+    assert Node.objects.get(pk=nodes[1].pk).intent == Node.Intent.SCHEDULABLE
 
 
 def test_routing_strategy_is_set_on_create_and_changed_by_patch(api, nodes, llm, sent):

@@ -17,7 +17,8 @@ from controlplane.deployments.liveness import (
 from controlplane.deployments.models import Deployment, DeploymentEvent
 from controlplane.deployments.reconcile import deployment_reconcile
 from controlplane.deployments.revisions import plan_revision_create
-from controlplane.deployments.services import deployment_apply, deployment_create, deployment_stop, node_drain
+from controlplane.deployments.node_actions import node_drain
+from controlplane.deployments.services import deployment_apply, deployment_create, deployment_stop
 from controlplane.deployments.stage_reports import stage_status_record
 from controlplane.enrollment.services import agent_register, join_token_create
 from controlplane.inventory.models import Node
@@ -172,7 +173,8 @@ def test_an_operator_apply_a_drain_and_a_registration_are_recorded(nodes, llm, r
     node_drain(node=nodes[2])
     assert kinds(deployment=deployment) == ["applied", "ready", "applied", "drained"]
     draining = DeploymentEvent.objects.get(kind="node_draining")
-    assert draining.node == "n2" and draining.detail == {"deployments": ["tiny"]}
+    assert draining.node == "n2" and draining.detail == {
+        "was": "schedulable", "intent": "draining", "deployments": ["tiny"]}
     agent_register(join_token=join_token_create(ttl=timedelta(hours=1)).secret, name="n0",
                    address="127.0.0.1", emulated=True, devices=[T4])
     registered = DeploymentEvent.objects.filter(kind="node_registered", node="n0").first()

@@ -126,20 +126,22 @@ HEARD_FROM = {
 
 @pytest.mark.parametrize("entry", sorted(HEARD_FROM))
 @pytest.mark.parametrize(
-    ("before", "after"),
-    [(Node.Status.READY, Node.Status.READY), (Node.Status.SUSPECT, Node.Status.READY),
-     (Node.Status.LOST, Node.Status.READY), (Node.Status.DRAINING, Node.Status.DRAINING)],
+    ("before", "after", "intent"),
+    [(Node.Status.READY, Node.Status.READY, Node.Intent.SCHEDULABLE),
+     (Node.Status.SUSPECT, Node.Status.READY, Node.Intent.CORDONED),
+     (Node.Status.LOST, Node.Status.READY, Node.Intent.DRAINING)],
 )
 def test_a_heartbeat_applies_one_liveness_rule_through_either_entry_point(
-    nodes, revision, sent, entry, before, after
+    nodes, revision, sent, entry, before, after, intent
 ):
     deployment = deployment_create(name="tiny", revision=revision)  # stage 0 is wanted on n0
     node = nodes[0]
-    Node.objects.filter(pk=node.pk).update(status=before)
+    Node.objects.filter(pk=node.pk).update(status=before, intent=intent)
     sent.take()
     sent.reconciles.clear()
     HEARD_FROM[entry](node)
     assert status(node) == after
+    assert Node.objects.get(pk=node.pk).intent == intent  # the operator's word is not liveness's to change
     if before == Node.Status.LOST:  # its stages were planned away: it is told what is still wanted
         key = f"d{deployment.pk}-r0-s0"
         assert sent.take() == [(f"node.{node.pk}", "motley.agent.sync", {"wanted_stage_keys": [key]})]

@@ -19,12 +19,32 @@ class TestNodeAPI(APIResourceTests):
         return {"name": "node-x", "address": "10.0.0.5", "labels": {"rack": "r1"}, "network_gbps": 100.0}
 
     def update_data(self):
-        return {"status": "draining", "labels": {"rack": "r2"}}
+        return {"address": "10.0.0.9", "labels": {"rack": "r2"}}
 
     def test_device_count_and_read_only_agent_fields(self, api):
         node = self.make_rows(1)[0]
         body = api.patch(f"{self.url}{node.pk}/", {"incarnation": 7}, format="json").json()
         assert body["device_count"] == 1 and body["incarnation"] == 0
+        assert body["status"] == "ready" and body["intent"] == "schedulable" and body["schedulable"] is True
+
+    def test_status_and_intent_are_not_written_through_the_api(self, api):
+        """status is liveness's, intent the node actions'; a write is told which action to use."""
+        node = make_node(status="lost", intent="cordoned")
+        url = f"{self.url}{node.pk}/"
+        refused = api.patch(url, {"status": "ready"}, format="json")
+        assert_error(refused, 400, "status: status is observed", "/cordon/", "/drain/", "/undrain/")
+        assert_error(api.patch(url, {"status": "draining"}, format="json"), 400, "status:")
+        assert_error(api.patch(url, {"intent": "schedulable"}, format="json"), 400, "intent:", "/uncordon/")
+        assert_error(api.put(url, {"name": node.name, "intent": "draining"}, format="json"), 400, "intent:")
+        assert_error(api.post(self.url, {"name": "n", "intent": "cordoned"}, format="json"), 400, "intent:")
+        node.refresh_from_db()
+        assert (node.status, node.intent) == ("lost", "cordoned") and not Node.objects.filter(name="n").exists()
+        # Sending them back unchanged (a GET's body PUT back) is no write and passes.
+        body = api.get(url).json()
+        kept = {k: body[k] for k in ("name", "address", "labels", "network_gbps", "status", "intent")}
+        assert api.put(url, {**kept, "address": "10.1.1.1"}, format="json").status_code == 200
+        node.refresh_from_db()
+        assert (node.status, node.intent, node.address) == ("lost", "cordoned", "10.1.1.1")
 
     def test_invalid_node_is_refused_with_the_field(self, api):
         make_node(name="taken")
@@ -38,18 +58,22 @@ class TestNodeAPI(APIResourceTests):
     def test_filters(self, api):
         make_node(name="alpha", status="ready", labels={"rack": "r1", "zone": "z"}, address="10.0.0.1")
         make_node(name="beta", status="lost", labels={"rack": "r2"}, fleet="lab")
-        make_node(name="gamma", status="draining", labels={"rack": "r1"})
+        make_node(name="gamma", status="suspect", intent="draining", labels={"rack": "r1"})
+        make_node(name="delta", intent="cordoned")
 
         def names(**params):
             return [item["name"] for item in api.get(self.url, params).json()["results"]]
 
-        assert names(status=["lost", "draining"]) == ["beta", "gamma"]
+        assert names(status=["lost", "suspect"]) == ["beta", "gamma"]
+        assert names(intent=["cordoned", "draining"]) == ["gamma", "delta"]
+        assert names(intent="schedulable", status="ready") == ["alpha"]
+        assert_error(api.get(self.url, {"status": "draining"}), 400, "status")
         assert names(label="rack:r1") == ["alpha", "gamma"]
         assert names(label="rack:r1,zone:z") == ["alpha"]
         assert names(fleet="lab") == ["beta"]
         assert names(q="10.0.0") == ["alpha"]
         assert names(name="BETA") == ["beta"]
-        assert names(ordering="-name") == ["gamma", "beta", "alpha"]
+        assert names(ordering="-name") == ["gamma", "delta", "beta", "alpha"]
         assert_error(api.get(self.url, {"label": "rack"}), 400, "label: expected key:value")
 
 

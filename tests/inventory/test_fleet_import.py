@@ -109,12 +109,20 @@ def test_inventory_round_trips_to_the_fleet_spec_with_health():
     assert stored.nodes == declared.nodes
     assert set(stored.links) == set(declared.links)
 
-    Node.objects.filter(name="node-c").update(status=Node.Status.DRAINING)
+    Node.objects.filter(name="node-c").update(intent=Node.Intent.DRAINING)
     Device.objects.filter(node__name="node-a", index=5).update(health=Device.Health.UNHEALTHY)
     Node.objects.filter(name="node-b").update(status=Node.Status.SUSPECT)
     Device.objects.filter(node__name="node-a", index=4).update(health=Device.Health.DEGRADED)
     down = {d.name for d in fleet_spec_from_inventory().devices if d.down}
     assert down == {"node-a/gpu5", "node-c/gpu0", "node-c/gpu1", "node-c/gpu2"}
+    # Cordoned is down as draining is (no new stage), and so is lost; each whatever the other field says.
+    Node.objects.filter(name="node-c").update(intent=Node.Intent.CORDONED)
+    Node.objects.filter(name="node-b").update(status=Node.Status.LOST)
+    down = {d.name for d in fleet_spec_from_inventory().devices if d.down}
+    node_b = {f"node-b/gpu{i}" for i in range(Device.objects.filter(node__name="node-b").count())}
+    assert down == {"node-a/gpu5", "node-c/gpu0", "node-c/gpu1", "node-c/gpu2"} | node_b
+    Node.objects.update(status=Node.Status.READY, intent=Node.Intent.SCHEDULABLE)
+    assert {d.name for d in fleet_spec_from_inventory().devices if d.down} == {"node-a/gpu5"}
 
 
 def test_selector_takes_a_subset_of_nodes_in_four_queries():

@@ -12,6 +12,7 @@ class NodeFilterSet(django_filters.FilterSet):
     q = django_filters.CharFilter(method="search", label="Search name and address")
     name = django_filters.CharFilter(lookup_expr="iexact")
     status = django_filters.MultipleChoiceFilter(choices=Node.Status.choices)
+    intent = django_filters.MultipleChoiceFilter(choices=Node.Intent.choices)
     label = django_filters.CharFilter(
         method="filter_label", label="Labels as key:value, several separated by commas"
     )

@@ -7,19 +7,41 @@ from rest_framework import serializers
 from controlplane.common.api import ValidatedModelSerializer
 from controlplane.inventory.models import Device, Link, Node
 
+# What a node's status and intent are changed by instead of a write (docs/api.md, "Node intent").
+NODE_ACTIONS = ("POST /api/v1/nodes/{id}/cordon/, /uncordon/, /drain/ or /undrain/")
+
 
 class NodeSerializer(ValidatedModelSerializer):
+    """A node: ``status`` is what is seen (liveness), ``intent`` what the operator wants; neither is
+    written here (the node actions write the intent, heartbeats the status)."""
+
     url = serializers.HyperlinkedIdentityField(view_name="node-detail")
     device_count = serializers.IntegerField(read_only=True)
+    schedulable = serializers.BooleanField(read_only=True, help_text="intent is schedulable: new stages may "
+                                                                      "be placed on it (if it is not lost).")
 
     class Meta:
         model = Node
         fields = [
-            "id", "url", "name", "address", "labels", "network_gbps", "status", "last_heartbeat",
-            "incarnation", "fleet", "device_count", "created", "last_updated",
+            "id", "url", "name", "address", "labels", "network_gbps", "status", "intent", "schedulable",
+            "last_heartbeat", "incarnation", "fleet", "device_count", "created", "last_updated",
         ]
-        # Written by the agent that owns the node, never by an API client.
-        read_only_fields = ["last_heartbeat", "incarnation"]
+        # Written by the agent that owns the node (and liveness), or by the node actions; never here.
+        read_only_fields = ["status", "intent", "last_heartbeat", "incarnation"]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """A request that tries to change ``status`` or ``intent`` is told which action does it."""
+        current = {"status": Node.Status.READY, "intent": Node.Intent.SCHEDULABLE}
+        if self.instance is not None:
+            current = {"status": self.instance.status, "intent": self.instance.intent}
+        if self.initial_data.get("status", current["status"]) != current["status"]:
+            raise serializers.ValidationError({"status": (
+                "status is observed (ready, suspect, lost: written by the node's heartbeats), not set; "
+                f"to keep new stages off a node, cordon or drain it: {NODE_ACTIONS}")})
+        if self.initial_data.get("intent", current["intent"]) != current["intent"]:
+            raise serializers.ValidationError({"intent": (
+                f"intent is changed by the node actions, which check and record it: {NODE_ACTIONS}")})
+        return super().validate(attrs)
 
 
 class DeviceSerializer(ValidatedModelSerializer):
