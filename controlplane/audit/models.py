@@ -18,13 +18,16 @@ class AuditEntry(models.Model):
 
     at = models.DateTimeField(default=timezone.now, db_index=True)
     actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit_entries"
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="audit_entries",
     )
     actor_label = models.CharField(
-        max_length=200, help_text='Who, kept if the user is deleted: "admin", "cli:root", "system", "agent n1".'
+        max_length=200,
+        help_text='Who, kept if the user is deleted: "admin", "cli:root", "system", "agent n1".',
     )
     via = models.CharField(
-        max_length=20, help_text="How the actor came in: session, token, api_key, cli, admin, agent or system."
+        max_length=20,
+        help_text="How the actor came in: session, token, api_key, cli, admin, agent or system.",
     )
     action = models.CharField(max_length=64, db_index=True, help_text='A dotted verb, e.g. "plan.applied".')
     target_type = models.CharField(max_length=64, help_text='e.g. "deployment", "node", "api_key".')
@@ -40,7 +43,7 @@ class AuditEntry(models.Model):
         indexes = [models.Index(fields=["target_type", "target_id"], name="audit_target")]
 
     def __str__(self) -> str:
-        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_label} {self.action} {self.target_type} {self.target_label}"
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_label} {self.action} {self.target_label}"
 
     def save(self, *args, **kwargs) -> None:
         if not self._state.adding:

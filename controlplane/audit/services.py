@@ -38,9 +38,9 @@ if TYPE_CHECKING:
     from django.http import HttpRequest
 
 ACTIONS = frozenset({
-    "plan.applied", "plan.edited", "plan.proposal_accepted",
+    "plan.applied", "plan.edited", "plan.proposal_accepted", "plan.saved",
     "deployment.created", "deployment.updated", "deployment.stopped",
-    "node.drained", "node.undrained", "node.cordoned", "node.uncordoned",
+    "node.registered", "node.drained", "node.undrained", "node.cordoned", "node.uncordoned",
     "api_key.created", "api_key.revoked", "api_key.updated",
     "join_token.issued", "join_token.revoked",
     "model.registered", "model.unregistered",

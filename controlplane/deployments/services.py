@@ -15,6 +15,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from contracts.routing import DEFAULT_ROUTING_STRATEGY, ROUTING_STRATEGIES
+from controlplane.audit.services import SYSTEM, Actor, audit_record
 from controlplane.deployments import dispatch
 from controlplane.deployments.desired_state import revision_apply
 from controlplane.deployments.events import event_record
@@ -31,8 +32,10 @@ if TYPE_CHECKING:
 def deployment_create(
     *, name: str, revision: PlanRevision, replan_on_failure: bool = True,
     routing_strategy: str = DEFAULT_ROUTING_STRATEGY, created_by: AbstractBaseUser | None = None,
+    actor: Actor = SYSTEM,
 ) -> Deployment:
-    """Create a deployment whose desired state is ``revision`` and start deploying it."""
+    """Create a deployment whose desired state is ``revision`` and start deploying it (audited:
+    ``deployment.created``, by ``actor``)."""
     _require_draft(revision)
     _require_strategy(routing_strategy)
     if Deployment.objects.filter(name=name).exists():
@@ -43,32 +46,45 @@ def deployment_create(
         routing_strategy=routing_strategy, created_by=created_by,
     )
     revision_apply(deployment=deployment, checked=checked)
+    audit_record(actor=actor, action="deployment.created", target=deployment, detail={
+        "model": revision.model.name, "revision": revision.pk, "source": revision.source,
+        "routing_strategy": routing_strategy, "replan_on_failure": replan_on_failure,
+    })
     return deployment
 
 
 @transaction.atomic
 def deployment_update(
-    *, deployment: Deployment, routing_strategy: str | None = None, replan_on_failure: bool | None = None
+    *, deployment: Deployment, routing_strategy: str | None = None, replan_on_failure: bool | None = None,
+    actor: Actor = SYSTEM,
 ) -> Deployment:
     """Change the settings that need no new plan; the gateway picks a new strategy up at its next
-    refresh (in-flight requests finish where they are)."""
+    refresh (in-flight requests finish where they are). A change is audited (``deployment.updated``,
+    each field's before and after); a request that changes nothing records nothing."""
     deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
-    fields = []
+    changes = {}
     if routing_strategy is not None:
         _require_strategy(routing_strategy)
+        changes["routing_strategy"] = [deployment.routing_strategy, routing_strategy]
         deployment.routing_strategy = routing_strategy
-        fields.append("routing_strategy")
     if replan_on_failure is not None:
+        changes["replan_on_failure"] = [deployment.replan_on_failure, replan_on_failure]
         deployment.replan_on_failure = replan_on_failure
-        fields.append("replan_on_failure")
-    if fields:
-        deployment.save(update_fields=[*fields, "last_updated"])
+    changes = {field: values for field, values in changes.items() if values[0] != values[1]}
+    if changes:
+        deployment.save(update_fields=[*changes, "last_updated"])
+        audit_record(actor=actor, action="deployment.updated", target=deployment, detail=changes)
     return deployment
 
 
 @transaction.atomic
-def deployment_apply(*, deployment: Deployment, revision: PlanRevision) -> Deployment:
-    """Make ``revision`` the desired state; only the stages whose spec changes are restarted."""
+def deployment_apply(*, deployment: Deployment, revision: PlanRevision, actor: Actor = SYSTEM) -> Deployment:
+    """Make ``revision`` the desired state; only the stages whose spec changes are restarted.
+
+    Audited by where the plan came from (``APPLY_ACTIONS``): an operator's edit (``plan.edited``),
+    the planner's proposal, e.g. the plan editor's Rebalance (``plan.proposal_accepted``), else
+    ``plan.applied``.
+    """
     deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
     if deployment.stop_requested:
         raise ValidationError({"deployment": f"deployment {deployment.name} is stopped"})
@@ -80,16 +96,28 @@ def deployment_apply(*, deployment: Deployment, revision: PlanRevision) -> Deplo
     if revision.deployment_id not in (None, deployment.pk):
         raise ValidationError({"revision": "the plan revision belongs to another deployment"})
     checked = plan_revision_check(revision=revision, deployment=deployment)
+    previous = deployment.revision
     revision_apply(deployment=deployment, checked=checked)
+    audit_record(actor=actor, action=APPLY_ACTIONS.get(revision.source, "plan.applied"), target=deployment,
+                 detail={"revision": revision.pk, "number": revision.number, "source": revision.source,
+                         "previous_revision": previous.pk if previous else None})
     return deployment
 
 
+# What applying a revision is audited as, by the revision's source (any other: "plan.applied").
+APPLY_ACTIONS = {
+    PlanRevision.Source.EDITED: "plan.edited", PlanRevision.Source.PLANNER: "plan.proposal_accepted",
+}
+
+
 @transaction.atomic
-def deployment_stop(*, deployment: Deployment) -> Deployment:
-    """Stop every stage; the deployment is STOPPED once each one's agent confirmed (or is lost)."""
+def deployment_stop(*, deployment: Deployment, actor: Actor = SYSTEM) -> Deployment:
+    """Stop every stage; the deployment is STOPPED once each one's agent confirmed (or is lost).
+    The first request is audited (``deployment.stopped``); a repeated one changes nothing."""
     deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
     if not deployment.stop_requested:
         event_record(kind=DeploymentEvent.Kind.STOPPING, message="stop requested", deployment=deployment)
+        audit_record(actor=actor, action="deployment.stopped", target=deployment)
     deployment.stop_requested = True
     deployment.status_message = "stopping"
     deployment.save(update_fields=["stop_requested", "status_message", "last_updated"])

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from contracts.hardware import DeviceSpec, FleetSpec, NodeSpec
 from contracts.names import device_name
+from controlplane.audit.services import SYSTEM, Actor, audit_record
 from controlplane.deployments.liveness import node_agent_restarted, node_heartbeat_record
 from controlplane.deployments.stage_reports import stage_status_record
 from controlplane.enrollment.models import JoinToken, NodeCredential
@@ -39,7 +40,11 @@ class IssuedJoinToken:
     secret: str  # shown once, never stored
 
 
-def join_token_create(*, ttl: timedelta, description: str = "", created_by=None) -> IssuedJoinToken:
+@transaction.atomic
+def join_token_create(
+    *, ttl: timedelta, description: str = "", created_by=None, actor: Actor = SYSTEM
+) -> IssuedJoinToken:
+    """A new join token, valid for ``ttl``; audited as ``join_token.issued`` (its prefix, not the secret)."""
     if ttl <= timedelta(0):
         raise ValidationError({"ttl": "a join token's lifetime must be positive"})
     secret = JOIN_TOKEN_PREFIX + secrets.token_urlsafe(32)
@@ -50,14 +55,21 @@ def join_token_create(*, ttl: timedelta, description: str = "", created_by=None)
         expires_at=timezone.now() + ttl,
         created_by=created_by,
     )
+    audit_record(actor=actor, action="join_token.issued", target=token, detail={
+        "prefix": token.prefix, "description": description, "expires_at": token.expires_at.isoformat(),
+    })
     return IssuedJoinToken(join_token=token, secret=secret)
 
 
-def join_token_revoke(*, join_token: JoinToken) -> JoinToken:
-    """Revoke a token: agents can no longer register with it. Nodes that joined with it keep working."""
+@transaction.atomic
+def join_token_revoke(*, join_token: JoinToken, actor: Actor = SYSTEM) -> JoinToken:
+    """Revoke a token: agents can no longer register with it. Nodes that joined with it keep working.
+    Only the first revocation is audited (``join_token.revoked``)."""
     if join_token.revoked_at is None:
         join_token.revoked_at = timezone.now()
         join_token.save(update_fields=["revoked_at", "last_updated"])
+        audit_record(actor=actor, action="join_token.revoked", target=join_token,
+                     detail={"prefix": join_token.prefix, "uses": join_token.uses})
     return join_token
 
 
@@ -70,14 +82,16 @@ class Registration:
 
 @transaction.atomic
 def agent_register(
-    *, join_token: str, name: str, address: str, emulated: bool, devices: list[dict[str, Any]]
+    *, join_token: str, name: str, address: str, emulated: bool, devices: list[dict[str, Any]],
+    remote_addr: str | None = None,
 ) -> Registration:
     """Exchange a join token for a node credential and a new incarnation.
 
     The node is matched by name and its devices stored as the agent discovered them (the agent is
     authoritative for its own node). The previous credential stops working at once, and everything
     the previous incarnation ran is re-sent to the new one (``node_agent_restarted``), so an agent
-    that restarted kills what is no longer wanted and restarts what is.
+    that restarted kills what is no longer wanted and restarts what is. Audited as ``node.registered``
+    by ``agent <name>`` from ``remote_addr`` (the join token's prefix, never the token).
     """
     token = JoinToken.objects.select_for_update().filter(digest=secret_digest(join_token)).first()
     if token is None:
@@ -105,6 +119,10 @@ def agent_register(
     )
     JoinToken.objects.filter(pk=token.pk).update(uses=F("uses") + 1, last_used_at=timezone.now())
     node_agent_restarted(node=node)
+    audit_record(actor=Actor(user=None, label=f"agent {name}", via="agent", remote_addr=remote_addr),
+                 action="node.registered", target=node,
+                 detail={"join_token": token.prefix, "incarnation": node.incarnation, "devices": len(devices),
+                         "address": address, "emulated": emulated})
     return Registration(node=node, credential=credential, incarnation=node.incarnation)
 
 

@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from controlplane.audit.services import audit_context
 from controlplane.gateway.models import ApiKey
 from controlplane.gateway.services import api_key_revoke
 
@@ -18,5 +19,6 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke the selected keys")
     def revoke(self, request, queryset) -> None:
+        actor = audit_context(request, via="admin")
         for api_key in queryset:
-            api_key_revoke(api_key=api_key)
+            api_key_revoke(api_key=api_key, actor=actor)

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from contracts.hardware import DeviceSpec, FleetSpec, LinkSpec
 from contracts.tasks import SET_THROTTLE
+from controlplane.audit.services import SYSTEM, Actor, audit_record
 from controlplane.common.task_sending import agent_task_send_on_commit
 from controlplane.inventory.models import Device, Link, Node
 
@@ -112,14 +113,15 @@ def _link_upsert(spec: LinkSpec, nodes: dict[str, Node], devices: dict[str, Devi
     return created
 
 
-def device_emulate_throttle(*, device: Device, factor: float) -> str:
+@transaction.atomic
+def device_emulate_throttle(*, device: Device, factor: float, actor: Actor = SYSTEM) -> str:
     """Make an emulated device throttle to ``factor`` of its speed (1.0: recovered), through its agent;
     returns the queue the task goes to, once the current transaction commits.
 
     The agent (contracts §3 ``set_throttle``) slows the device's stages to ``modeled / factor`` and
     reports the throttle in its metrics until told 1.0 (or restarted). Refused, naming the problem,
     for a real device (only an emulated card can be slowed on request), a factor outside (0, 1], and
-    a node no agent has registered (nobody would receive it).
+    a node no agent has registered (nobody would receive it). Audited as ``device.throttle``.
     """
     if not device.emulated:
         raise ValidationError({"device": f"{device.name} is a real device: only an emulated device can be "
@@ -130,4 +132,5 @@ def device_emulate_throttle(*, device: Device, factor: float) -> str:
     if node.incarnation == 0:
         raise ValidationError({"device": f"{device.name}: no agent has registered node {node.name}"})
     kwargs = {"device_index": device.index, "factor": float(factor)}
+    audit_record(actor=actor, action="device.throttle", target=device, detail={"factor": float(factor)})
     return agent_task_send_on_commit(node_id=node.pk, name=SET_THROTTLE, kwargs=kwargs)

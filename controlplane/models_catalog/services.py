@@ -12,6 +12,7 @@ from django.db import transaction
 
 from contracts.model_config import ModelConfig, UnsupportedModelError
 from contracts.profiler import profile_model
+from controlplane.audit.services import SYSTEM, Actor, Target, audit_record
 from controlplane.models_catalog.models import LlmModel
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
@@ -19,14 +20,16 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
 @transaction.atomic
 def model_register(
-    *, path: str | Path | None = None, config: dict[str, Any] | None = None, name: str | None = None
+    *, path: str | Path | None = None, config: dict[str, Any] | None = None, name: str | None = None,
+    actor: Actor = SYSTEM,
 ) -> LlmModel:
     """Register a checkpoint directory (or a bare config.json), or an uploaded config for planning only.
 
     ``path`` is on the control plane's filesystem. Registering the same path under the same name
     again re-reads it (the checkpoint may have gained weights), so scripts can run this at every
     start; any other clash of names is refused. An unsupported architecture is refused with the
-    config field at fault.
+    config field at fault. Audited: ``model.registered`` by ``actor`` (``detail.refreshed`` when the
+    entry existed).
     """
     if (path is None) == (config is None):
         raise ValidationError("give either path (a checkpoint directory or config.json) or config, not both")
@@ -64,7 +67,24 @@ def model_register(
     model.has_tokenizer = has_tokenizer
     model.full_clean()
     model.save()
+    audit_record(actor=actor, action="model.registered", target=_target(model), detail={
+        "path": stored_path, "refreshed": existing is not None, "has_weights": has_weights,
+        "model_type": parsed.model_type, "num_layers": parsed.num_layers,
+    })
     return model
+
+
+@transaction.atomic
+def model_unregister(*, model: LlmModel, actor: Actor = SYSTEM) -> None:
+    """Remove a model from the catalog (its files are not touched); audited as ``model.unregistered``.
+    A model a deployment or a plan revision still uses is protected: the delete raises, and the
+    transaction, entry included, rolls back."""
+    audit_record(actor=actor, action="model.unregistered", target=_target(model), detail={"path": model.path})
+    model.delete()
+
+
+def _target(model: LlmModel) -> Target:
+    return Target(type="model", id=str(model.pk), label=model.name)
 
 
 def _check_allowed(path: Path) -> None:

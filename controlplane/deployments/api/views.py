@@ -10,6 +10,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.audit.services import audit_context
 from controlplane.deployments import selectors, services
 from controlplane.deployments.api import serializers
 from controlplane.deployments.models import Deployment, PlanRevision
@@ -43,6 +44,7 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
             deployment = services.deployment_create(
                 name=values["name"], revision=revision, replan_on_failure=values["replan_on_failure"],
                 routing_strategy=values["routing_strategy"], created_by=request.user,
+                actor=audit_context(request),
             )
         return Response(self._detail(deployment), status=status.HTTP_201_CREATED)
 
@@ -51,7 +53,9 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
         """Change the routing strategy or replan_on_failure; a new plan goes through apply."""
         data = serializers.DeploymentUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        deployment = services.deployment_update(deployment=self.get_object(), **data.validated_data)
+        deployment = services.deployment_update(
+            deployment=self.get_object(), actor=audit_context(request), **data.validated_data
+        )
         return Response(self._detail(deployment))
 
     @extend_schema(request=serializers.PlanInputSerializer, responses=serializers.DeploymentSerializer)
@@ -63,13 +67,13 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
         data.is_valid(raise_exception=True)
         with transaction.atomic():
             revision = _revision_from(data.validated_data, model=deployment.model, deployment=deployment)
-            services.deployment_apply(deployment=deployment, revision=revision)
+            services.deployment_apply(deployment=deployment, revision=revision, actor=audit_context(request))
         return Response(self._detail(deployment))
 
     @extend_schema(request=None, responses=serializers.DeploymentSerializer)
     @action(detail=True, methods=["post"])
     def stop(self, request, pk=None):
-        deployment = services.deployment_stop(deployment=self.get_object())
+        deployment = services.deployment_stop(deployment=self.get_object(), actor=audit_context(request))
         return Response(self._detail(deployment))
 
     @extend_schema(responses=serializers.PlanRevisionSerializer(many=True))

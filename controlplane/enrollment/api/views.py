@@ -30,7 +30,7 @@ class AgentRegisterView(APIView):
         data = serializers.RegistrationSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         try:
-            registration = agent_register(**data.validated_data)
+            registration = agent_register(**data.validated_data, remote_addr=request.META.get("REMOTE_ADDR"))
         except JoinTokenRefused as exc:
             raise PermissionDenied(f"join token refused: {exc}") from None
         result = {

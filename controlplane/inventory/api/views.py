@@ -10,6 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from contracts import gpu_catalog
+from controlplane.audit.services import audit_context, audit_record
 from controlplane.common.api import ResourceViewSet
 from controlplane.inventory import services
 from controlplane.inventory.api import filtersets, serializers
@@ -31,6 +32,15 @@ class DeviceViewSet(ResourceViewSet):
     serializer_class = serializers.DeviceSerializer
     filterset_class = filtersets.DeviceFilterSet
 
+    def perform_update(self, serializer) -> None:
+        """A changed ``health_override`` is an operator's word on a card: audited, before and after."""
+        before = serializer.instance.health_override
+        with transaction.atomic():
+            device = serializer.save()
+            if device.health_override != before:
+                audit_record(actor=audit_context(self.request), action="device.health_override",
+                             target=device, detail={"from": before, "to": device.health_override})
+
     @extend_schema(request=serializers.EmulateThrottleSerializer,
                    responses={202: OpenApiResponse(description="the agent's task is queued")})
     @action(detail=True, methods=["post"], url_path="emulate-throttle")
@@ -42,7 +52,9 @@ class DeviceViewSet(ResourceViewSet):
         data.is_valid(raise_exception=True)
         factor = data.validated_data["factor"]
         with transaction.atomic():
-            queue = services.device_emulate_throttle(device=device, factor=factor)
+            queue = services.device_emulate_throttle(
+                device=device, factor=factor, actor=audit_context(request)
+            )
         return Response({"device": device.name, "factor": factor, "queue": queue},
                         status=status.HTTP_202_ACCEPTED)
 

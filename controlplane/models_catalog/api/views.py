@@ -7,10 +7,11 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from controlplane.audit.services import audit_context
 from controlplane.models_catalog.api import filtersets, serializers
 from controlplane.models_catalog.models import LlmModel
 from controlplane.models_catalog.selectors import model_profile
-from controlplane.models_catalog.services import model_register
+from controlplane.models_catalog.services import model_register, model_unregister
 
 
 class LlmModelViewSet(
@@ -37,9 +38,12 @@ class LlmModelViewSet(
     def create(self, request: Request) -> Response:
         registration = serializers.ModelRegisterSerializer(data=request.data)
         registration.is_valid(raise_exception=True)
-        model = model_register(**registration.validated_data)
+        model = model_register(**registration.validated_data, actor=audit_context(request))
         body = serializers.LlmModelDetailSerializer(model, context=self.get_serializer_context()).data
         return Response(body, status=status.HTTP_201_CREATED)
+
+    def perform_destroy(self, instance: LlmModel) -> None:
+        model_unregister(model=instance, actor=audit_context(self.request))
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     @action(detail=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -16,6 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.audit.services import audit_context, audit_record
 from controlplane.deployments.plan_request_form import REQUEST_KEYS
 from controlplane.deployments.revisions import plan_revision_create
 from controlplane.deployments.selectors import plan_deploy_blockers
@@ -65,13 +67,18 @@ class PlanPreviewView(APIView):
         shown = with_calibration(body, fleet=plan_request.fleet)
         if not values["save"]:
             return Response({**shown, **blockers})
-        revision = plan_revision_create(
-            model=values["model"],
-            plan=body,
-            request=stored,
-            source="planner",
-            deployment=values.get("deployment"),
-        )
+        with transaction.atomic():
+            revision = plan_revision_create(
+                model=values["model"],
+                plan=body,
+                request=stored,
+                source="planner",
+                deployment=values.get("deployment"),
+            )
+            audit_record(actor=audit_context(request), action="plan.saved", target=revision, detail={
+                "model": values["model"].name, "deployment": revision.deployment_id,
+                "predicted_decode_tokens_per_s": body.get("predicted", {}).get("decode_tokens_per_s"),
+            })
         return Response({**shown, **blockers, "revision": revision.pk}, status=status.HTTP_201_CREATED)
 
 

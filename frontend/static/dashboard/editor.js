@@ -15,6 +15,9 @@ const placement = (plan) => ({ replicas: plan.replicas.map((r) => ({
 const current = editor.plan && placement(editor.plan);
 let edited = editor.plan && placement(editor.plan);
 let check = null, checkSeq = 0, timer = null, live = {};
+// The Rebalance proposal's placement: applied unchanged, it goes as the planner's (audited as a
+// proposal accepted); once edited, as the operator's.
+let proposed = null;
 
 const GIB = 2 ** 30;
 const fmt = (v, d = 1) => (v === undefined || v === null ? "—" : Number(v).toFixed(d));
@@ -207,6 +210,7 @@ function main() {
       proposal.textContent = `Proposal from the planner: ${fmt(plan.predicted.decode_tokens_per_s)} tokens/s predicted, ` +
         `bottleneck ${plan.bottleneck.device}. Review it below and apply it, or reset.${blockers}`;
       edit(() => { edited = placement(plan); });
+      proposed = JSON.stringify(edited);
     } catch (error) {
       proposal.className = "card error";
       proposal.textContent = `The planner found no plan: ${error.message}`;
@@ -225,7 +229,7 @@ function main() {
     result.textContent = "applying…";
     try {
       const deployment = await postJSON(`/api/v1/deployments/${editor.deployment.id}/apply/`,
-        { plan: check.predicted, request: stored, source: "edited" });
+        { plan: check.predicted, request: stored, source: proposed === JSON.stringify(edited) ? "planner" : "edited" });
       result.className = "ok";
       result.textContent = `applied as revision ${deployment.revision_number}; the controller is moving the stages`;
       setTimeout(() => { location.href = "/deployments/"; }, 800);

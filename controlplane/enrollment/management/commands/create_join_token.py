@@ -8,6 +8,7 @@ from datetime import timedelta
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
+from controlplane.audit.services import actor_cli
 from controlplane.enrollment.services import join_token_create
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -30,7 +31,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, ttl: str, description: str, **options):
         try:
-            issued = join_token_create(ttl=parse_ttl(ttl), description=description)
+            issued = join_token_create(ttl=parse_ttl(ttl), description=description, actor=actor_cli())
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from None
         token = issued.join_token

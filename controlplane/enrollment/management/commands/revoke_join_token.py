@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from controlplane.audit.services import actor_cli
 from controlplane.enrollment.models import JoinToken
 from controlplane.enrollment.services import join_token_revoke
 
@@ -19,5 +20,5 @@ class Command(BaseCommand):
                        else JoinToken.objects.filter(prefix__startswith=token[:12]))
         if len(matches) != 1:
             raise CommandError(f"{len(matches)} join tokens match {token!r}; give its id")
-        revoked = join_token_revoke(join_token=matches[0])
+        revoked = join_token_revoke(join_token=matches[0], actor=actor_cli())
         self.stdout.write(f"revoked join token {revoked.pk} ({revoked.prefix}…)")

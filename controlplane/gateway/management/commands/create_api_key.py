@@ -3,6 +3,7 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from controlplane.audit.services import actor_cli
 from controlplane.gateway.services import api_key_create
 
 
@@ -18,5 +19,5 @@ class Command(BaseCommand):
             user = get_user_model().objects.get_by_natural_key(username)
         except get_user_model().DoesNotExist:
             raise CommandError(f"no user named {username!r}") from None
-        _, raw_key = api_key_create(user=user, name=name)
+        _, raw_key = api_key_create(user=user, name=name, actor=actor_cli())
         self.stdout.write(raw_key)

@@ -3,6 +3,7 @@
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
+from controlplane.audit.services import actor_cli
 from controlplane.models_catalog.services import model_register
 
 
@@ -18,7 +19,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         try:
-            model = model_register(path=options["path"], name=options["name"])
+            model = model_register(path=options["path"], name=options["name"], actor=actor_cli())
         except ValidationError as exc:
             if hasattr(exc, "error_dict"):
                 lines = [f"{field}: {m}" for field, messages in exc.message_dict.items() for m in messages]
