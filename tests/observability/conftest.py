@@ -38,7 +38,8 @@ class Scrape:
         self.names = {s.name for s in self.samples}
 
     def find(self, name: str, **labels) -> list:
-        return [s for s in self.samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+        return [s for s in self.samples
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
 
     def value(self, name: str, default: float | None = None, **labels) -> float:
         found = self.find(name, **labels)

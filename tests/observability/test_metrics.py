@@ -51,9 +51,9 @@ def test_gpu_and_stage_gauges_are_the_stored_sample(client, running_deployment):
               pcie_tx_bytes_per_s=1.5e9, pcie_rx_bytes_per_s=2.5e9, nvlink_tx_bytes_per_s=7e10,
               nvlink_rx_bytes_per_s=6e10, ecc_errors=0)
     cool = gpu(index + 1 if index == 0 else 0)  # a PCIe-only figure set: no NVLink series
-    stats = {"step_ms": 12.5, "compute_ms": 10.0, "transfer_ms": 2.5, "decode_ms": 9.0, "bubble_fraction": 0.25,
-             "tokens_per_s": 310.0, "batch_size": 3.0, "queue_depth": 2, "kv_tokens_used": 300,
-             "kv_tokens_free": 700}
+    stats = {"step_ms": 12.5, "compute_ms": 10.0, "transfer_ms": 2.5, "decode_ms": 9.0,
+             "bubble_fraction": 0.25, "tokens_per_s": 310.0, "batch_size": 3.0, "queue_depth": 2,
+             "kv_tokens_used": 300, "kv_tokens_free": 700}
     keep(node.name, node.pk, [hot, cool], [stage_entry(first, **stats)], received_at=now - 1.5)
 
     s = scrape(client)
@@ -95,7 +95,8 @@ def test_gpu_and_stage_gauges_are_the_stored_sample(client, running_deployment):
     for stage in stages:
         labels = {**st, "stage": str(stage.stage_index), "device": stage.device.name}
         predicted = planned[stage.stage_index]["predicted"]
-        assert s.value("motley_stage_step_predicted_seconds", **labels) == pytest.approx(predicted["step_ms"] / 1e3)
+        assert s.value("motley_stage_step_predicted_seconds", **labels) == pytest.approx(
+            predicted["step_ms"] / 1e3)
         assert s.value("motley_stage_hop_transfer_predicted_seconds", **labels) == pytest.approx(
             predicted["transfer_ms"] / 1e3)
     if len(stages) > 1:  # a stage with no sample has predicted figures and no measured ones

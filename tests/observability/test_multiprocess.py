@@ -42,8 +42,9 @@ sys.stdin.read()  # serve until the test closes stdin, then exit normally
 
 
 def gateway_process(env: dict, done: int, running: int, waiting: int, name: str) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-c", RECORD, str(done), str(running), str(waiting), name],
-                               cwd=REPO_ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    argv = [sys.executable, "-c", RECORD, str(done), str(running), str(waiting), name]
+    process = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True)
     assert process.stdout.readline().strip() == "ready"
     return process
 
@@ -81,3 +82,15 @@ def test_two_processes_counters_are_summed_and_live_gauges_follow_the_living(cli
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+def test_run_local_empties_the_directory_before_the_processes_start(tmp_path, monkeypatch):
+    from controlplane.ops.management.commands.run_local import metrics_env
+
+    folder = tmp_path / "prometheus"
+    folder.mkdir()
+    (folder / "counter_123.db").write_bytes(b"left by the previous run")
+    (folder / "gauge_livesum_123.db").write_bytes(b"a process long gone")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(folder))
+    assert metrics_env() == {"PROMETHEUS_MULTIPROC_DIR": str(folder)}
+    assert list(folder.iterdir()) == []

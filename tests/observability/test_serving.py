@@ -52,7 +52,8 @@ async def test_requests_count_their_tokens_and_latencies_per_replica(fake_pipeli
     for replica in ("r0", "r1"):
         mine = [u for u, r in zip(served, replicas, strict=True) if r == replica]
         labels = {"model_name": "demo", "replica": replica}
-        assert delta(after, before, "vllm:prompt_tokens_total", **labels) == sum(u["prompt_tokens"] for u in mine)
+        assert delta(after, before, "vllm:prompt_tokens_total", **labels) == sum(
+            u["prompt_tokens"] for u in mine)
         assert delta(after, before, "vllm:generation_tokens_total", **labels) == sum(
             u["completion_tokens"] for u in mine)
         assert delta(after, before, "vllm:time_to_first_token_seconds_count", **labels) == len(mine)
@@ -80,7 +81,8 @@ async def test_waiting_then_running_while_a_request_is_served(fake_pipeline, api
     fake_pipeline({"r0": Script(tokens=ids, delay_s=0.3)})
     labels = {"model_name": "demo", "replica": "r0"}
     before = await scrape()
-    pending = asyncio.create_task(post({"model": "demo", "prompt": "x", "max_tokens": 3, "stream": True}, api_key))
+    body = {"model": "demo", "prompt": "x", "max_tokens": 3, "stream": True}
+    pending = asyncio.create_task(post(body, api_key))
     await asyncio.sleep(0.15)  # routed, its first token 0.3 s away
     waiting = await scrape()
     assert delta(waiting, before, "vllm:num_requests_waiting", **labels) == 1
@@ -108,9 +110,11 @@ async def test_refusals_and_failures_are_counted_by_reason(fake_pipeline, api_ke
     assert broken.status_code == 503
     after = await scrape()
     labels = {"model_name": "demo", "strategy": "cost_aware"}
-    assert delta(after, before, "motley_router_decisions_total", replica="none", reason="too_large", **labels) == 1
-    assert delta(after, before, "motley_router_decisions_total", replica="r0", reason="routed", **labels) == 1
+    decisions = "motley_router_decisions_total"
+    assert delta(after, before, decisions, replica="none", reason="too_large", **labels) == 1
+    assert delta(after, before, decisions, replica="r0", reason="routed", **labels) == 1
     assert delta(after, before, "motley_requests_total", model_name="demo", replica="r0",
                  outcome="failed:broken") == 1
     assert after.value("vllm:num_requests_waiting", model_name="demo", replica="r0") == 0  # back to none
-    assert delta(after, before, "vllm:e2e_request_latency_seconds_count", model_name="demo", replica="r0") == 0
+    e2e = "vllm:e2e_request_latency_seconds_count"
+    assert delta(after, before, e2e, model_name="demo", replica="r0") == 0

@@ -6,6 +6,7 @@ a generated model, two local agents emulating a mixed fleet, and a planned, depl
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from django.conf import settings
@@ -14,11 +15,22 @@ from django.core.management.base import BaseCommand
 from controlplane.ops import demo
 from controlplane.ops.process_group import (
     ProcessGroup,
-    python_argv,
     interrupt_once_on_signals,
+    python_argv,
     wait_for_port,
 )
 from controlplane.ops.services import admin_ensure
+
+
+def metrics_env() -> dict[str, str]:
+    """prometheus_client's multiprocess mode for the control plane's processes (docs/observability.md):
+    one directory they all write their request metrics to, emptied first (values a previous run left
+    would be counted again, and its live gauges would never go)."""
+    path = Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or settings.VAR_DIR / "prometheus")
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.glob("*.db"):
+        stale.unlink()
+    return {"PROMETHEUS_MULTIPROC_DIR": str(path)}
 
 
 class Command(BaseCommand):
@@ -69,7 +81,8 @@ class Command(BaseCommand):
         try:
             self._start_control_plane(group, host, port)
             wait_for_port(host, port)
-            self.stdout.write(f"motley is up: dashboard {base}/  API {base}/api/v1/  docs {base}/api/docs/")
+            self.stdout.write(f"motley is up: dashboard {base}/  API {base}/api/v1/  docs {base}/api/docs/  "
+                              f"metrics {base}/metrics")
             if not no_demo:
                 self._start_demo(group, base, demo_model, None if no_emulate else demo_fleet)
             name, code = group.first_exit()
@@ -80,8 +93,10 @@ class Command(BaseCommand):
             group.stop()
 
     def _start_control_plane(self, group: ProcessGroup, host: str, port: int) -> None:
+        env = metrics_env()
         group.start(
-            "asgi", python_argv("-m", "daphne", "-b", host, "-p", str(port), "controlplane.asgi:application")
+            "asgi", python_argv("-m", "daphne", "-b", host, "-p", str(port), "controlplane.asgi:application"),
+            env=env,
         )
         group.start(
             "celery",
@@ -98,6 +113,7 @@ class Command(BaseCommand):
                 "--queues",
                 "control",
             ),
+            env=env,
         )
         # Periodic control tasks: node health (heartbeats missed) and the level-triggered reconcile.
         group.start(
@@ -113,6 +129,7 @@ class Command(BaseCommand):
                 "--schedule",
                 str(settings.VAR_DIR / "celerybeat-schedule"),
             ),
+            env=env,
         )
 
     def _start_demo(self, group: ProcessGroup, base: str, model_dir: Path, fleet_file: Path | None) -> None:
