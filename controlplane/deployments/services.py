@@ -1,10 +1,10 @@
-"""Operator actions on deployments: create, change settings, apply a plan, stop, drain a node.
+"""Operator actions on deployments: create, change settings, apply a plan, stop.
 
 What the API (and the demo) calls; each runs in one transaction, validates first and changes
 nothing when refused. They decide *what* is wanted and hand the writing to the modules that own it:
 ``revisions.py`` checks a plan, ``desired_state.py`` writes its stages, and the controller
-(``reconcile.py``) acts on the result once the transaction commits. The drain's DRAINING is an
-operator's intent, set here; a node's liveness (READY/SUSPECT/LOST) is ``liveness.py``'s alone.
+(``reconcile.py``) acts on the result once the transaction commits. The actions on a node's intent
+(cordon, uncordon, drain, undrain) are in ``node_actions.py``.
 """
 
 from __future__ import annotations
@@ -19,10 +19,8 @@ from controlplane.audit.services import SYSTEM, Actor, audit_record
 from controlplane.deployments import dispatch
 from controlplane.deployments.desired_state import revision_apply
 from controlplane.deployments.events import event_record
-from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentStage, PlanRevision
-from controlplane.deployments.revisions import plan_revision_check, replan_revision_create
-from controlplane.inventory.models import Node
-from controlplane.planning import PlanningError
+from controlplane.deployments.models import Deployment, DeploymentEvent, PlanRevision
+from controlplane.deployments.revisions import plan_revision_check
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -124,43 +122,6 @@ def deployment_stop(*, deployment: Deployment, actor: Actor = SYSTEM) -> Deploym
     deployment.stages.filter(wanted=True).update(wanted=False)
     dispatch.reconcile_on_commit(deployment_id=deployment.pk)
     return deployment
-
-
-@transaction.atomic
-def node_drain(*, node: Node) -> list[Deployment]:
-    """Move every stage off ``node`` and keep new ones away; refused if a deployment cannot move.
-
-    Each deployment with a stage on the node is re-planned without it first; only when every
-    re-plan is deployable is anything changed.
-    """
-    node = Node.objects.select_for_update().get(pk=node.pk)
-    if node.status == Node.Status.LOST:
-        raise ValidationError({"node": f"node {node.name} is lost: there is nothing to drain"})
-    on_node = DeploymentStage.objects.filter(node=node, wanted=True, deployment__stop_requested=False)
-    affected = list(Deployment.objects.select_for_update().filter(pk__in=on_node.values("deployment_id")))
-    checked = []
-    for deployment in affected:
-        try:
-            revision = replan_revision_create(
-                deployment=deployment, source=PlanRevision.Source.DRAIN, exclude_nodes=(node,)
-            )
-            plan_check = plan_revision_check(revision=revision, deployment=deployment, exclude_nodes=(node,))
-            checked.append((deployment, plan_check))
-        except (PlanningError, ValidationError) as exc:
-            messages = exc.messages if isinstance(exc, ValidationError) else [str(exc)]
-            raise ValidationError(
-                {"node": f"cannot drain {node.name}: deployment {deployment.name} does not fit without it: "
-                         + "; ".join(messages)}
-            ) from None
-    if node.status != Node.Status.DRAINING:
-        event_record(kind=DeploymentEvent.Kind.NODE_DRAINING, node=node,
-                     message=f"node {node.name} draining: {len(affected)} deployment(s) moving off it",
-                     detail={"deployments": [d.name for d in affected]})
-    node.status = Node.Status.DRAINING
-    node.save(update_fields=["status", "last_updated"])
-    for deployment, plan_check in checked:
-        revision_apply(deployment=deployment, checked=plan_check)
-    return affected
 
 
 def _require_strategy(strategy: str) -> None:

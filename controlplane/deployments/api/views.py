@@ -1,21 +1,18 @@
-"""Deployments API: list/get, create from a plan, apply a new plan revision, stop; drain a node."""
+"""Deployments API: list/get, create from a plan, apply a new plan revision, stop (node actions: nodes.py)."""
 
 from __future__ import annotations
 
 from django.db import transaction
-from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from controlplane.audit.services import audit_context
 from controlplane.deployments import selectors, services
 from controlplane.deployments.api import serializers
 from controlplane.deployments.models import Deployment, PlanRevision
 from controlplane.deployments.revisions import plan_revision_create
-from controlplane.inventory.models import Node
 
 
 def _revision_from(data: dict, *, model, deployment=None) -> PlanRevision:
@@ -85,15 +82,3 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
 
     def _detail(self, deployment: Deployment) -> dict:
         return self.get_serializer(selectors.deployment_list().get(pk=deployment.pk)).data
-
-
-class NodeDrainView(APIView):
-    """Move every stage off a node (re-planning its deployments without it) and keep it empty."""
-
-    @extend_schema(request=None, responses={200: serializers.DeploymentSerializer(many=True)})
-    def post(self, request, pk: int):
-        node = get_object_or_404(Node, pk=pk)
-        affected = services.node_drain(node=node)
-        deployments = selectors.deployment_list().filter(pk__in=[d.pk for d in affected])
-        context = {"request": request}
-        return Response(serializers.DeploymentSerializer(deployments, many=True, context=context).data)

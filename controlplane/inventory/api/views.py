@@ -18,7 +18,8 @@ from controlplane.inventory.models import Device, Link, Node
 
 
 class NodeViewSet(ResourceViewSet):
-    """Hosts of the fleet; set status to draining to keep new plans off one."""
+    """Hosts of the fleet: ``status`` is observed (ready, suspect, lost), ``intent`` the operator's
+    (schedulable, cordoned, draining), changed by POST .../cordon/, /uncordon/, /drain/, /undrain/."""
 
     queryset = Node.objects.annotate(device_count=Count("devices"))
     serializer_class = serializers.NodeSerializer
