@@ -5,7 +5,9 @@
 returns is settled exactly once: ``track(generation)`` wraps the text deltas and, whatever ends them
 (the last token, a stop string, an error, a deadline, a client that went away), corrects the quota
 reservation to the tokens served and adds the request to its usage bucket (usage.py) before the
-response's last bytes go out; ``end`` does the same for a request the router refused.
+response's last bytes go out; ``end`` does the same for a request the router refused. Tokens served:
+the completion tokens the replica sent and, once it sent one, the prompt (a request that failed or
+was cancelled before its first token served nothing).
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ class RequestAccount:
             error = not finished
             raise
         finally:  # also on cancellation and on aclose() by the response: the client went away
-            await self.end(prompt_tokens=len(generation.prompt_ids),
-                           completion_tokens=generation.completion_tokens, error=error)
+            served = generation.completion_tokens  # the prompt counts once the replica produced output
+            await self.end(prompt_tokens=len(generation.prompt_ids) if served else 0,
+                           completion_tokens=served, error=error)
 
     async def end(self, *, prompt_tokens: int, completion_tokens: int, error: bool) -> None:
         """Settle once: the reservation corrected to what was served, the request added to usage."""
