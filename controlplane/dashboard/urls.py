@@ -1,6 +1,6 @@
 from django.urls import path
 
-from controlplane.dashboard import audit_views, views
+from controlplane.dashboard import audit_views, usage_views, views
 
 app_name = "dashboard"
 
@@ -12,6 +12,7 @@ urlpatterns = [
     path("deployments/<int:pk>/plan/", views.plan_editor, name="plan-editor"),
     path("nodes/", views.nodes, name="nodes"),
     path("models/", views.models, name="models"),
+    path("usage/", usage_views.usage, name="usage"),
     path("audit/", audit_views.audit, name="audit"),
     path("dashboard/telemetry/", views.telemetry_series, name="telemetry-series"),
     path("dashboard/topology.json", views.topology_json, name="topology-json"),
