@@ -27,10 +27,11 @@ compare across the two.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 
 from controlplane.observability import multiproc  # noqa: F401  (the directory exists before a value is written)
 
+disable_created_metrics()  # no ``*_created`` series: multiprocess mode has none, and vLLM's readers want none
 LABELS = ("model_name", "replica")
 NO_REPLICA = "none"  # the replica label of a refused request
 
