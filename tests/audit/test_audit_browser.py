@@ -1,0 +1,88 @@
+"""In chromium against a real server: the plan editor's Apply of an edited plan is audited as
+``plan.edited``, its Rebalance proposal applied unchanged as ``plan.proposal_accepted``, both by the
+operator from the browser's session; the Audit page shows them and filters through the API."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.dashboard.browser import CHROMIUM, CHROMIUM_ARGS, SeededServer
+from tests.dashboard.seed import OPERATOR
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    server = SeededServer(tmp_path_factory.mktemp("var"), "lab_with_deployment")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900}, base_url=server.url)
+            page.set_default_timeout(15_000)
+            page.goto("/accounts/login/")
+            page.fill("input[name=username]", OPERATOR[0])
+            page.fill("input[name=password]", OPERATOR[1])
+            page.click("button[type=submit]")
+            page.wait_for_url(re.compile(r"/topology/$"))
+            yield page
+        finally:
+            browser.close()
+
+
+def apply(page) -> None:
+    page.wait_for_selector("#apply:not([disabled])")
+    page.click("#apply")
+    page.click("#confirm-apply")
+    page.wait_for_function("['ok', 'error'].includes(document.getElementById('apply-result').className)")
+    result = page.locator("#apply-result")
+    assert result.get_attribute("class") == "ok", result.inner_text()
+    page.wait_for_url(re.compile(r"/deployments/$"))
+
+
+def rows(page) -> list[list[str]]:
+    return [[cell.strip() for cell in row.locator("td").all_inner_texts()]
+            for row in page.locator("#audit-table tbody tr[data-entry]").all()]
+
+
+def test_editor_applies_are_audited_by_kind_and_shown_on_the_audit_page(page, server):
+    editor = f"/deployments/{server.seed['deployment_id']}/plan/"
+    page.goto(editor)
+    page.wait_for_selector("#check-status.ok")
+    # Move the boundary of a pipeline of two stages or more by one layer (its stage 0 takes one more).
+    pipeline = page.locator("table.replica-table").filter(has=page.locator("tbody tr:nth-child(2)")).first
+    boundary = pipeline.locator("input.end").first
+    boundary.fill(str(int(boundary.input_value()) + 1))
+    boundary.dispatch_event("change")
+    page.wait_for_selector("#check-status.ok")
+    apply(page)  # an edit
+
+    page.goto(editor)
+    page.wait_for_selector("#check-status.ok")
+    page.click("#rebalance")
+    page.wait_for_function(
+        "document.getElementById('proposal').textContent.startsWith('Proposal from the planner')")
+    page.wait_for_selector("#check-status.ok")
+    apply(page)  # the proposal, unchanged
+
+    page.click("nav >> text=Audit")
+    page.wait_for_url(re.compile(r"/audit/$"))
+    actions = [(r[1].split()[0], r[1].split()[-1], r[2], r[4]) for r in rows(page)]
+    assert actions[:2] == [("operator", "session", "plan.proposal_accepted", "127.0.0.1"),
+                           ("operator", "session", "plan.edited", "127.0.0.1")]
+    assert "deployment chat" in " ".join(rows(page)[0])
+
+    page.fill("#audit-filters input[name=action]", "plan.edited")
+    page.click("#audit-filters button[type=submit]")
+    page.wait_for_function("document.querySelectorAll('#audit-table tbody tr[data-entry]').length === 1")
+    assert rows(page)[0][2] == "plan.edited" and page.url.endswith("?action=plan.edited")
+    assert page.locator("#audit-status").inner_text() == "1 entry"
