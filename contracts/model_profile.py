@@ -38,6 +38,10 @@ class ModelProfile:
     head: LayerProfile  # final norm + lm_head, held by the last stage (tied: its own copy of the matrix)
     total_params: int  # the model's real parameter count (a tied matrix counted once)
     extra: dict[str, Any] = field(default_factory=dict)
+    # Measured quality (``manage.py profile_quality``): bits -> per decoder layer, the mean KL divergence
+    # (nats per token) of the next-token distribution when that layer alone runs at those bits. Empty
+    # when the model was never measured: the planner then counts low-bit layers instead.
+    sensitivity: dict[int, tuple[float, ...]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,5 +57,6 @@ class ModelProfile:
                 "layers": tuple(layer(d) for d in data["layers"]),
                 "embedding": layer(data["embedding"]),
                 "head": layer(data["head"]),
+                "sensitivity": {int(b): tuple(v) for b, v in data.get("sensitivity", {}).items()},
             }
         )

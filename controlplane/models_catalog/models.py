@@ -32,6 +32,11 @@ class LlmModel(TimestampedModel):
         help_text="The directory holds *.safetensors: the model can be deployed."
     )
     has_tokenizer = models.BooleanField(help_text="The directory holds tokenizer.json or tokenizer.model.")
+    quality = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Measured by profile_quality: perplexities and per-layer KL at int8/int4; empty if never.",
+    )
 
     class Meta:
         ordering = ["name"]

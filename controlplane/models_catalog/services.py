@@ -58,6 +58,8 @@ def model_register(
     model.path = stored_path
     model.config = raw
     model.profile = profile.to_dict()
+    if existing is not None and existing.quality.get("layer_kl"):  # a refresh keeps what was measured
+        model.profile["sensitivity"] = existing.quality["layer_kl"]
     model.model_type = parsed.model_type
     model.num_layers = parsed.num_layers
     model.hidden_size = parsed.hidden_size
@@ -71,6 +73,18 @@ def model_register(
         "path": stored_path, "refreshed": existing is not None, "has_weights": has_weights,
         "model_type": parsed.model_type, "num_layers": parsed.num_layers,
     })
+    return model
+
+
+@transaction.atomic
+def model_quality_record(*, model: LlmModel, report: dict[str, Any]) -> LlmModel:
+    """Store a ``worker_runtime.quality`` report with the model; its per-layer KL becomes the
+    profile's ``sensitivity``, which the planner's measured quality budget reads."""
+    if model.num_layers != len(next(iter(report["layer_kl"].values()), [])):
+        raise ValidationError({"quality": f"the report does not cover the model's {model.num_layers} layers"})
+    model.quality = report
+    model.profile = {**model.profile, "sensitivity": report["layer_kl"]}
+    model.save(update_fields=["quality", "profile", "last_updated"])
     return model
 
 

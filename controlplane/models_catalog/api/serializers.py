@@ -21,7 +21,7 @@ class LlmModelSerializer(serializers.ModelSerializer):
 
 class LlmModelDetailSerializer(LlmModelSerializer):
     class Meta(LlmModelSerializer.Meta):
-        fields = [*LlmModelSerializer.Meta.fields, "config"]
+        fields = [*LlmModelSerializer.Meta.fields, "config", "quality"]
         read_only_fields = fields
 
 

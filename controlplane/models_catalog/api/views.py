@@ -27,7 +27,7 @@ class LlmModelViewSet(
     def get_queryset(self):
         # Lists leave the two JSON documents in the database; a single model brings its config.
         queryset = super().get_queryset()
-        return queryset.defer("config", "profile") if self.action == "list" else queryset
+        return queryset.defer("config", "profile", "quality") if self.action == "list" else queryset
 
     def get_serializer_class(self):
         return serializers.LlmModelDetailSerializer if self.action == "retrieve" else self.serializer_class
@@ -50,3 +50,10 @@ class LlmModelViewSet(
     def profile(self, request: Request, pk: str) -> Response:
         """Per-layer parameters, weight bytes at 16/8/4 bits, FLOPs and KV bytes per token."""
         return Response(model_profile(model=self.get_object()).to_dict())
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @action(detail=True)
+    def quality(self, request: Request, pk: str) -> Response:
+        """Measured quality (``manage.py profile_quality``): perplexity at fp32/bf16/int8/int4 and KL per
+        layer at int8/int4; ``{}`` when never measured."""
+        return Response(self.get_object().quality)
