@@ -5,6 +5,7 @@ import { getJSON } from "./api.js";
 
 const REFRESH_MS = 30_000;
 const COUNTS = ["requests", "prompt_tokens", "completion_tokens", "total_tokens", "errors", "refused"];
+const BUCKET_MS = { minute: 60_000, hour: 3_600_000, day: 86_400_000 };
 const HEADINGS = { key: "API key", user: "User", model: "Model" };
 const METRICS = { total_tokens: "Tokens (prompt + completion)", requests: "Requests", errors: "Errors",
   refused: "Refused by limits" };
@@ -30,13 +31,18 @@ function query() {
 function drawChart() {
   const metric = controls.metric.value;
   const groups = [...new Set(report.series.map((row) => row.group))];
+  const span = BUCKET_MS[report.bucket];
   const traces = groups.map((group) => {
     const rows = report.series.filter((row) => row.group === group);
-    return { type: "bar", name: group, x: rows.map((row) => new Date(row.bucket_start)), y: rows.map((row) => row[metric]) };
+    // Each bar covers its bucket: centred on it, 90 % of its width (a date axis counts in ms).
+    return { type: "bar", name: group, x: rows.map((row) => new Date(Date.parse(row.bucket_start) + span / 2)),
+      y: rows.map((row) => row[metric]), width: rows.map(() => span * 0.9),
+      hovertemplate: `%{y} ${metric.replace("_", " ")}<extra>${group}</extra>` };
   });
   const title = `${METRICS[metric]} per ${report.bucket} (UTC)`;
   Plotly.react("usage-chart", traces, { ...LAYOUT, title: { text: title, font: { size: 13 } },
-    xaxis: { type: "date", range: [report.since, report.until] } }, CONFIG);
+    xaxis: { type: "date", range: [Math.floor(Date.parse(report.since) / span) * span,
+      Math.ceil(Date.parse(report.until) / span) * span] } }, CONFIG);
 }
 
 function cell(text, numeric) {
