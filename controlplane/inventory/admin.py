@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from controlplane.audit.services import audit_context, audit_record
 from controlplane.inventory.models import Device, Link, Node
 
 
@@ -19,6 +20,14 @@ class DeviceAdmin(admin.ModelAdmin):
     list_select_related = ["node"]
     readonly_fields = ["health", "observed_health", "health_reason"]  # derived; health_override is the knob
     search_fields = ["node__name", "model_name", "uuid"]
+
+    def save_model(self, request, obj, form, change) -> None:
+        """Saved in the admin's transaction; a changed override is audited as through the API."""
+        super().save_model(request, obj, form, change)
+        if change and "health_override" in form.changed_data:
+            detail = {"from": form.initial.get("health_override"), "to": obj.health_override}
+            actor = audit_context(request, via="admin")
+            audit_record(actor=actor, action="device.health_override", target=obj, detail=detail)
 
 
 @admin.register(Link)

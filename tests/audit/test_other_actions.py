@@ -164,3 +164,21 @@ def test_a_draft_saved_through_the_plans_api(api, nodes, llm):
     preview = api.post("/api/v1/plans/", {"model": llm.pk, **REQUEST}, format="json")
     assert preview.status_code == 200
     assert AuditEntry.objects.count() == 1
+
+
+def test_health_override_changed_in_the_admin(client, django_user_model):
+    root = django_user_model.objects.create_superuser("root", password=None)
+    client.force_login(root)
+    device = make_device(make_node(name="box"))
+    url = reverse("admin:inventory_device_change", args=[device.pk])
+    form = client.get(url).context["adminform"].form
+    data = {name: ("" if value is None else value) for name, value in form.initial.items()
+            if name in form.fields and not isinstance(value, (list, dict))}
+    data.update(health_override="degraded", node=device.node_id)
+    response = client.post(url, data, REMOTE_ADDR="10.5.0.1")
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    client.post(url, data)  # the same again: no change
+    entry = AuditEntry.objects.get()
+    assert (entry.action, entry.actor, entry.via, entry.remote_addr) == (
+        "device.health_override", root, "admin", "10.5.0.1")
+    assert entry.detail == {"from": None, "to": "degraded"}
