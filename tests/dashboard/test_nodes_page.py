@@ -47,7 +47,7 @@ def test_the_page_shows_status_and_intent_apart_with_the_actions_each_intent_all
 
 def test_the_script_calls_the_node_action_endpoints(operator_client, lab_fleet):
     script = open(finders.find("dashboard/nodes.js")).read()
-    assert "postJSON(`/api/v1/nodes/${chosen.nodeId}/${chosen.action}/`)" in script
+    assert "postJSON(`/api/v1/nodes/${chosen.nodeId}/${chosen.action}/`, {})" in script  # {}: CSRF header
     assert "showModal()" in script and 'dialog.returnValue !== "confirm"' in script
     node = Node.objects.get(name="node-a")
     for action in ("cordon", "uncordon", "drain", "undrain"):

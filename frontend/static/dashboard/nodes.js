@@ -37,7 +37,8 @@ dialog.addEventListener("close", async () => {
   result.className = "";
   result.textContent = `${chosen.action}: ${chosen.nodeName}…`;
   try {
-    const answer = await postJSON(`/api/v1/nodes/${chosen.nodeId}/${chosen.action}/`);
+    // A body, even empty, so that api.js sends the CSRF header (it adds it only with a body).
+    const answer = await postJSON(`/api/v1/nodes/${chosen.nodeId}/${chosen.action}/`, {});
     const moved = answer.deployments.length ? `; re-planned: ${answer.deployments.map((d) => d.name).join(", ")}` : "";
     result.className = "ok";
     result.textContent = answer.changed
