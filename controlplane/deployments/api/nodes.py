@@ -31,12 +31,12 @@ NodeActionResponse = inline_serializer("NodeActionResponse", {
 
 
 class _NodeActionView(APIView):
-    action: Callable[..., node_actions.NodeActionResult]
+    node_action: Callable[..., node_actions.NodeActionResult]  # not "action": DRF and the schema read that
 
     @extend_schema(request=None, responses={200: NodeActionResponse})
     def post(self, request: Request, pk: int) -> Response:
         node = get_object_or_404(Node, pk=pk)
-        result = type(self).action(node=node, actor=audit_context(request))
+        result = type(self).node_action(node=node, actor=audit_context(request))
         context = {"request": request}
         node = Node.objects.annotate(device_count=Count("devices")).get(pk=result.node.pk)
         moved = selectors.deployment_list().filter(pk__in=[d.pk for d in result.deployments])
@@ -47,22 +47,22 @@ class _NodeActionView(APIView):
 class NodeCordonView(_NodeActionView):
     """Keep new stages off a node; the stages running there stay."""
 
-    action = staticmethod(node_actions.node_cordon)
+    node_action = staticmethod(node_actions.node_cordon)
 
 
 class NodeUncordonView(_NodeActionView):
     """Let a cordoned node take new stages again."""
 
-    action = staticmethod(node_actions.node_uncordon)
+    node_action = staticmethod(node_actions.node_uncordon)
 
 
 class NodeDrainView(_NodeActionView):
     """Move every stage off a node (re-planning its deployments without it) and keep it empty."""
 
-    action = staticmethod(node_actions.node_drain)
+    node_action = staticmethod(node_actions.node_drain)
 
 
 class NodeUndrainView(_NodeActionView):
     """Let a draining node take new stages again; nothing moves back by itself."""
 
-    action = staticmethod(node_actions.node_undrain)
+    node_action = staticmethod(node_actions.node_undrain)
