@@ -25,6 +25,7 @@ Entries are append-only: nothing in the API, the admin or the dashboard changes 
 from __future__ import annotations
 
 import getpass
+import ipaddress
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -114,8 +115,17 @@ def audit_record(
     return AuditEntry.objects.create(
         actor=actor.user, actor_label=actor.label[:200], via=actor.via, action=action,
         target_type=target.type, target_id=str(target.id or ""), target_label=str(target.label or "")[:200],
-        remote_addr=remote_addr or actor.remote_addr, detail=detail or {},
+        remote_addr=_address(remote_addr or actor.remote_addr), detail=detail or {},
     )
+
+
+def _address(value: str | None) -> str | None:
+    """An IP address, or None for anything else a server may put in REMOTE_ADDR (a unix socket's
+    path): the column is PostgreSQL's ``inet``, and a bad value must not refuse the action."""
+    try:
+        return str(ipaddress.ip_address(value)) if value else None
+    except ValueError:
+        return None
 
 
 def _snake(name: str) -> str:

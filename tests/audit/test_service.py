@@ -40,6 +40,11 @@ def test_a_target_that_is_not_a_row_and_an_address_given_apart():
     assert entry.remote_addr == "10.1.2.3"
 
 
+def test_an_address_that_is_not_an_ip_is_left_out():
+    actor = Actor(user=None, label="alice", via="session", remote_addr="unix:/run/motley.sock")
+    assert audit_record(actor=actor, action="model.registered", target=Target("model")).remote_addr is None
+
+
 def test_an_unknown_action_is_refused():
     with pytest.raises(ValueError, match="plan.aplied"):
         audit_record(actor=SYSTEM, action="plan.aplied", target=Target("deployment"))
