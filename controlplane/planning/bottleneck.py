@@ -32,9 +32,10 @@ ENUMERATE_LIMIT = 4096  # stage times in a window of tau the search lists and bi
 
 def bottleneck_partition(cost: CostModel, devices: Sequence[DeviceSpec], micro_batch: float, budget: int,
                          bits: Sequence[int], pins: dict[str, tuple[int, int]] | None = None,
-                         exact_order: bool = False) -> Partition | None:
-    """Minimal-bottleneck partition (see module doc); None when nothing fits within the budget."""
-    tables = price_tables(cost, devices, sorted(bits, reverse=True), micro_batch, pins or {})
+                         exact_order: bool = False, kl: dict[int, np.ndarray] | None = None) -> Partition | None:
+    """Minimal-bottleneck partition (see module doc); None when nothing fits within the budget.
+    With ``kl`` (measured KL prefix sums in units) the budget and ``quantized`` are KL units, not layers."""
+    tables = price_tables(cost, devices, sorted(bits, reverse=True), micro_batch, pins or {}, kl=kl)
     if exact_order:
         links = Hops(cost, devices, micro_batch)
         weight = links.weight  # ``fewest`` is low-bit layers x weight + network hops
@@ -218,6 +219,8 @@ def _placement(tables: PriceTables, index: int, start: int, end: int, tau: float
     if full is not None and full[start, end] <= within:
         return Placement(name, start, end, 16)
     splits = tables.splits[index]
+    if tables.kl is not None:
+        return _least_kl_placement(tables, index, start, end, tau)
     if splits:
         needs = {b: prices.fewest(tau)[start, end] for b, prices in splits.items()}
         fewest = min(needs.values())
@@ -228,3 +231,23 @@ def _placement(tables: PriceTables, index: int, start: int, end: int, tau: float
         if tables.matrices[index][b][start, end] <= within:
             return Placement(name, start, end, b)
     raise AssertionError("reconstructed a stage that no precision allows")
+
+
+def _least_kl_placement(tables: PriceTables, index: int, start: int, end: int, tau: float) -> Placement:
+    """The measured form of :func:`_placement`: the option with the least KL, as ``_kl_transitions``
+    priced it (the higher precision on a tie)."""
+    name, splits, options = tables.devices[index].name, tables.splits[index], []
+    for b, prefix in tables.kl.items():
+        if splits:
+            tail = splits[b].fewest(tau)[start, end]
+            if np.isfinite(tail):
+                low_from = end - int(tail)
+                stage = (Placement(name, start, end, b) if low_from == start
+                         else Placement(name, start, end, 16) if low_from == end
+                         else Placement(name, start, end, 16, b, low_from))
+                options.append((prefix[end] - prefix[low_from], -b, stage))
+        elif b in tables.matrices[index] and tables.matrices[index][b][start, end] <= tau:
+            options.append((prefix[end] - prefix[start], -b, Placement(name, start, end, b)))
+    if not options:
+        raise AssertionError("reconstructed a stage that no precision allows")
+    return min(options, key=lambda o: o[:2])[2]

@@ -29,7 +29,13 @@ from controlplane.planning.explain import explain, infeasible_message, min_repli
 from controlplane.planning.ordering import EXACT_ORDER_LIMIT, candidate_orders, speed, topology_order
 from controlplane.planning.partition import bottleneck_partition, sum_partition
 from controlplane.planning.plan import Placement, Plan
-from controlplane.planning.quality_budget import THROUGHPUT_TOLERANCE, quantized_layers
+from controlplane.planning.quality_budget import (
+    KL_UNITS,
+    THROUGHPUT_TOLERANCE,
+    kl_prefix_units,
+    plan_kl,
+    quantized_layers,
+)
 from controlplane.planning.replicas import SPLITS, best_count, split, useful_group_size
 from controlplane.planning.request import PlanningError, PlanRequest
 
@@ -120,6 +126,14 @@ class _Search:
         self.exact = exact
         self.pins = {p.device: (p.start, p.end) for p in request.pins}
         self._memo: dict[tuple, tuple | None] = {}
+        self.kl = (kl_prefix_units(request.model.sensitivity, request.max_kl, request.bits)
+                   if request.measured else None)
+
+    def _quality(self, placements) -> float:
+        """What the quality budget spends: measured KL in the measured form, else low-bit layers."""
+        if self.kl is not None:
+            return round(plan_kl(placements, self.request.model.sensitivity), 12)
+        return quantized_layers(placements)
 
     def better(self, a: list[_GroupPlan], b: list[_GroupPlan]) -> bool:
         return self._score(a) < self._score(b)
@@ -127,7 +141,7 @@ class _Search:
     def _score(self, groups: list[_GroupPlan]) -> tuple:
         throughput = sum(self.cost.batch / g.round_s for g in groups)
         latency = max(g.round_s for g in groups)
-        quantized = max(quantized_layers(g.placements) for g in groups)
+        quantized = max(self._quality(g.placements) for g in groups)
         if self.request.objective == "latency":
             return (round(latency, 12), -throughput, quantized)
         return (-round(throughput, 6), quantized, latency)
@@ -181,6 +195,8 @@ class _Search:
     def _plan_group(self, ordered: list[DeviceSpec]) -> tuple[tuple[Placement, ...], int] | None:
         cost, request = self.cost, self.request
         batch, budget, bits = cost.batch, request.quantized_layer_budget, request.sorted_bits
+        if self.kl is not None:
+            budget = KL_UNITS
         exact = self.exact and len(ordered) <= EXACT_ORDER_LIMIT
         orders = ([ordered] if exact
                   else [self._respect_pins(o) for o in candidate_orders(ordered, request.fleet)])
@@ -190,14 +206,15 @@ class _Search:
             while micro_batches not in tried:
                 tried.add(micro_batches)
                 found = bottleneck_partition(cost, order, micro_batch_size(batch, micro_batches), budget,
-                                             bits, self.pins, exact_order=exact)
+                                             bits, self.pins, exact_order=exact, kl=self.kl)
                 if found is None:
                     break
                 # The partition was sized for this micro-batch; other counts may pace it better
                 # (ceil(batch / m) wastes slots when m does not divide the batch). Pricing is cheap.
                 options.extend((found.stages, m) for m in range(1, min(batch, 2 * len(found.stages)) + 1))
                 micro_batches = min(batch, len(found.stages))
-        if len(ordered) > 1:  # one device: the chain is the bottleneck plan
+        # One device: the chain is the bottleneck plan. The chain search counts layers: not in the measured form.
+        if len(ordered) > 1 and self.kl is None:
             chain = sum_partition(cost, orders[0], batch, budget, bits, self.pins)
             if chain is not None:
                 options.append((chain.stages, 1))
@@ -208,7 +225,7 @@ class _Search:
         # Within 1% of the fastest round, fewer low-bit layers win, then fewer network hops, then the
         # faster, then fewer stages.
         return min((o for o, r in zip(options, rounds) if r * (1.0 - THROUGHPUT_TOLERANCE) <= fastest),
-                   key=lambda o: (quantized_layers(o[0]), network_hops(cost, o[0]), rounds[options.index(o)],
+                   key=lambda o: (self._quality(o[0]), network_hops(cost, o[0]), rounds[options.index(o)],
                                   len(o[0])))
 
     def _respect_pins(self, order: list[DeviceSpec]) -> list[DeviceSpec]:

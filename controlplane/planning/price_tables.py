@@ -48,6 +48,8 @@ class PriceTables:
     splits: tuple[dict[int, SplitPrices], ...]
     pins: tuple[tuple[int, int] | None, ...]
     num_layers: int
+    kl: dict[int, np.ndarray] | None = None  # measured budget: per low precision, KL prefix sums in units
+
 
     def transitions(self, tau: float, weight: float = 1.0) -> list[np.ndarray]:
         """Per device, T[i, j] = fewest low-bit layers for it to take [i, j) within tau (inf: cannot),
@@ -58,6 +60,8 @@ class PriceTables:
         calibration measured it slower than a higher one (``fastest_splits``). Devices with the same
         prices share one array, so alike cards cost one computation.
         """
+        if self.kl is not None:
+            return self._kl_transitions(tau, weight)
         lengths = low_bit_cost(4, self.num_layers + 1)
         shared: dict[tuple[int, ...], np.ndarray] = {}
         result = []
@@ -72,6 +76,30 @@ class PriceTables:
                     shared[key] = fewest * weight
                 else:
                     shared[key] = np.where(full <= tau, 0.0, np.where(low <= tau, lengths * weight, INF))
+            result.append(shared[key])
+        return result
+
+    def _kl_transitions(self, tau: float, weight: float) -> list[np.ndarray]:
+        """The measured form of :meth:`transitions`: T[i, j] = least measured KL (units) for the device
+        to take [i, j) within tau, times ``weight``. A stage's low layers are its last ones, and KL
+        only grows with the tail, so per precision the fewest low layers are also the least KL; the
+        least over the precisions (not only the fastest) is the stage's cost."""
+        n = self.num_layers + 1
+        starts, ends = np.arange(n)[:, None], np.arange(n)[None, :]
+        shared: dict[tuple[int, ...], np.ndarray] = {}
+        result = []
+        for full, matrices, splits in zip(self.full, self.matrices, self.splits):
+            key = (id(full), *map(id, matrices.values()), *map(id, splits.values()))
+            if key not in shared:
+                cost = np.where(full <= tau, 0.0, INF)
+                for b, prefix in self.kl.items():
+                    if splits:
+                        tail = splits[b].fewest(tau)
+                        low_from = np.maximum(ends - np.where(np.isfinite(tail), tail, 0), 0).astype(int)
+                        cost = np.minimum(cost, np.where(np.isfinite(tail), prefix[ends] - prefix[low_from], INF))
+                    elif b in matrices:
+                        cost = np.minimum(cost, np.where(matrices[b] <= tau, prefix[ends] - prefix[starts], INF))
+                shared[key] = cost * weight
             result.append(shared[key])
         return result
 
@@ -95,8 +123,11 @@ class PriceTables:
         """Every stage time in (lo, hi] the transitions can step at (with repeats), or None if more
         than ``limit``."""
         found, seen = [], set()
-        for full, low, splits in zip(self.full, self.low, self.splits):
-            sources = fastest_splits(splits) if splits else [full, low]
+        for full, low, splits, matrices in zip(self.full, self.low, self.splits, self.matrices):
+            if self.kl is not None:  # measured: any precision's stage can be the least KL within tau
+                sources = list(splits.values()) if splits else [full, *matrices.values()]
+            else:
+                sources = fastest_splits(splits) if splits else [full, low]
             for source in sources:
                 if id(source) in seen:
                     continue
@@ -124,9 +155,11 @@ def fastest_splits(splits: dict[int, SplitPrices]) -> list[SplitPrices]:
 
 
 def price_tables(cost: CostModel, devices: Sequence[DeviceSpec], bits: Sequence[int], micro_batch: float,
-                 pins: dict[str, tuple[int, int]], splits: bool = True) -> PriceTables:
+                 pins: dict[str, tuple[int, int]], splits: bool = True,
+                 kl: dict[int, np.ndarray] | None = None) -> PriceTables:
     """The tables of one search over ``devices`` (``bits`` highest first); a pinned device can take
-    only its pinned range. ``splits``: price stages that mix 16 bits and a low precision too."""
+    only its pinned range. ``splits``: price stages that mix 16 bits and a low precision too.
+    ``kl``: the measured budget's KL prefix sums (``quality_budget.kl_prefix_units``)."""
     size = cost.num_layers + 1
     never = np.full((size, size), INF)
     summaries: dict[tuple, tuple[np.ndarray, np.ndarray, dict[int, SplitPrices]]] = {}
@@ -148,7 +181,7 @@ def price_tables(cost: CostModel, devices: Sequence[DeviceSpec], bits: Sequence[
         low.append(summaries[key][1])
         split_prices.append(summaries[key][2])
     return PriceTables(tuple(devices), tuple(bits), tuple(matrices), tuple(full), tuple(low),
-                       tuple(split_prices), tuple(pins.get(d.name) for d in devices), cost.num_layers)
+                       tuple(split_prices), tuple(pins.get(d.name) for d in devices), cost.num_layers, kl)
 
 
 def _split_prices(cost: CostModel, device: DeviceSpec, low_bits: int, micro_batch: float,

@@ -13,6 +13,9 @@ from functools import lru_cache
 import numpy as np
 
 THROUGHPUT_TOLERANCE = 0.01  # plans within 1% of the best throughput count as equal: fewest low-bit wins
+# The measured budget in whole units: ``max_kl`` is this many, each layer's KL rounds to the nearest unit
+# (1e-6 of the budget), so the searches add integers and stay exact.
+KL_UNITS = 2**20
 
 
 @lru_cache(maxsize=64)
@@ -30,3 +33,29 @@ def low_bit_cost(bits: int, size: int) -> np.ndarray:
 def quantized_layers(stages) -> int:
     """Decoder layers of a replica's stages that run below 16 bits."""
     return sum(s.quantized_layers for s in stages)
+
+
+def kl_prefix_units(sensitivity: dict[int, tuple[float, ...]], max_kl: float, bits) -> dict[int, np.ndarray]:
+    """Per low precision, P[j] = measured KL of layers [0, j) at those bits, in units of max_kl / KL_UNITS
+    (read-only): a stage's low tail [s, j) costs P[j] - P[s]."""
+    unit = max(max_kl, 1e-300) / KL_UNITS
+    prefix = {}
+    for b in bits:
+        if b < 16:
+            # A layer over the whole budget counts just over it: the sums stay exact integers.
+            per_layer = np.minimum(np.round(np.asarray(sensitivity[b], dtype=float) / unit), KL_UNITS + 1)
+            units = np.concatenate([[0.0], np.cumsum(per_layer)])
+            units.setflags(write=False)
+            prefix[b] = units
+    return prefix
+
+
+def plan_kl(stages, sensitivity: dict[int, tuple[float, ...]]) -> float:
+    """Sum of the measured KL of the decoder layers a replica's stages run below 16 bits."""
+    total = 0.0
+    for s in stages:
+        if s.bits < 16:
+            total += sum(sensitivity[s.bits][s.start : s.end])
+        elif s.low_bits is not None and s.low_from is not None:
+            total += sum(sensitivity[s.low_bits][s.low_from : s.end])
+    return total

@@ -68,6 +68,9 @@ class PlanRequest:
     objective: Objective = "throughput"
     bits: tuple[int, ...] = (16, 8, 4)
     max_quantized: float = 0.5  # largest share of the decoder layers allowed below 16 bits
+    # The measured form of the quality budget: the chosen low-bit layers' summed KL (the model profile's
+    # ``sensitivity``, from ``manage.py profile_quality``) at most this; replaces ``max_quantized``.
+    max_kl: float | None = None
     replicas: int | Literal["auto"] = "auto"
     pins: tuple[Pin, ...] = ()
     exclude_nodes: tuple[str, ...] = ()
@@ -80,6 +83,13 @@ class PlanRequest:
             raise PlanningError(f"bits: {self.bits!r}; allowed precisions are 16, 8 and 4")
         if not 0.0 <= self.max_quantized <= 1.0:
             raise PlanningError("max_quantized must be within [0, 1]")
+        if self.max_kl is not None:
+            if not self.max_kl >= 0.0:
+                raise PlanningError(f"max_kl: {self.max_kl!r} is not a non-negative number")
+            missing = [b for b in self.bits if b < 16 and len(self.model.sensitivity.get(b, ())) != self.model.num_layers]
+            if missing:
+                raise PlanningError(f"max_kl needs the model's measured sensitivity at {missing} bits: run "
+                                    f"manage.py profile_quality {self.model.name}")
         if self.replicas != "auto" and (not isinstance(self.replicas, int) or self.replicas < 1):
             raise PlanningError(f"replicas: {self.replicas!r} is not a positive number or 'auto'")
         for pin in self.pins:
@@ -92,9 +102,14 @@ class PlanRequest:
         of them when the operator does not allow 16 bits at all)."""
         if all(b == 16 for b in self.bits):
             return 0
-        if 16 not in self.bits:
+        if 16 not in self.bits or self.max_kl is not None:  # the measured budget bounds KL, not a count
             return self.model.num_layers
         return int(self.max_quantized * self.model.num_layers + 1e-9)
+
+    @property
+    def measured(self) -> bool:
+        """Whether the quality budget is the measured form (``max_kl``) rather than the count."""
+        return self.max_kl is not None and any(b < 16 for b in self.bits)
 
     @property
     def sorted_bits(self) -> tuple[int, ...]:

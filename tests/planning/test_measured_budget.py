@@ -1,0 +1,126 @@
+"""The measured quality budget (``max_kl``): exact against a brute force, and it spends KL where it is least."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controlplane.planning import plan as make_plan
+from controlplane.planning.cost_model import CostModel
+from controlplane.planning.partition import bottleneck_partition
+from controlplane.planning.plan import Placement
+from controlplane.planning.quality_budget import KL_UNITS, THROUGHPUT_TOLERANCE, kl_prefix_units, plan_kl
+from controlplane.planning.request import PlanningError, PlanRequest, Workload
+from tests.planning.factories import CARDS, fleet, profile
+
+
+def stage_choices(cost: CostModel, device, micro_batch: int, start: int, end: int, prefix) -> list:
+    """(step time, KL units) of every precision option of [start, end) on ``device`` that fits memory."""
+    candidates = [Placement(device.name, start, end, b) for b in (16, 8, 4)]
+    candidates += [Placement(device.name, start, end, 16, b, s) for b in (8, 4) for s in range(start + 1, end)]
+    found = []
+    for p in candidates:
+        memory = cost.memory(device, p)
+        if memory.holding(cost.kv_required) <= memory.capacity_bytes:
+            low = p.low_bits if p.bits == 16 else p.bits
+            units = 0.0 if low is None or low == 16 else prefix[low][end] - prefix[low][p.split if p.bits == 16 else start]
+            found.append((cost.decode_s(device, p, micro_batch), units))
+    return found
+
+
+def brute_force(cost: CostModel, devices, micro_batch: int, prefix):
+    """(min bottleneck within the KL budget, least KL units among plans within 1% of it)."""
+    layers = cost.num_layers
+    choices = functools.cache(lambda d, s, e: stage_choices(cost, devices[d], micro_batch, s, e, prefix))
+    plans = []
+    for k in range(1, min(len(devices), layers) + 1):
+        for order in itertools.permutations(range(len(devices)), k):
+            hop = max((cost.hop_s(devices[a], devices[b], micro_batch) for a, b in zip(order, order[1:])),
+                      default=0.0)
+            for cut in itertools.combinations(range(1, layers), k - 1):
+                bounds = (0, *cut, layers)
+                per_stage = [choices(d, bounds[i], bounds[i + 1]) for i, d in enumerate(order)]
+                for combo in itertools.product(*per_stage):
+                    units = sum(c[1] for c in combo)
+                    if units <= KL_UNITS:
+                        plans.append((max(hop, *(c[0] for c in combo)), units))
+    if not plans:
+        return None, None
+    best = min(t for t, _ in plans)
+    return best, min(u for t, u in plans if t * (1.0 - THROUGHPUT_TOLERANCE) <= best)
+
+
+def measured_request(cards, sizes, batch, sensitivity, max_kl):
+    model = replace(profile(sizes=sizes, vocab=32000), sensitivity=sensitivity)
+    return PlanRequest(fleet({"n0": cards}, network_gbps=10), model, Workload(batch=batch, context=2048),
+                       max_kl=max_kl)
+
+
+@settings(max_examples=25, deadline=None)
+@given(cards=st.lists(st.sampled_from(sorted(CARDS)), min_size=1, max_size=3),
+       sizes=st.lists(st.integers(200, 1500).map(lambda m: m * 1_000_000), min_size=2, max_size=5),
+       batch=st.integers(1, 8), data=st.data())
+def test_measured_bottleneck_equals_brute_force(cards, sizes, batch, data):
+    kl8 = data.draw(st.lists(st.floats(0.0, 1.0), min_size=len(sizes), max_size=len(sizes)))
+    extra = data.draw(st.lists(st.floats(0.0, 4.0), min_size=len(sizes), max_size=len(sizes)))
+    sensitivity = {8: tuple(kl8), 4: tuple(a + b for a, b in zip(kl8, extra))}
+    max_kl = data.draw(st.sampled_from([0.0, 0.5, 1.5, 4.0, 100.0]))
+    request = measured_request(cards, sizes, batch, sensitivity, max_kl)
+    cost = CostModel(request)
+    devices = list(request.fleet.devices)
+    prefix = kl_prefix_units(sensitivity, max_kl, request.bits)
+    found = bottleneck_partition(cost, devices, batch, KL_UNITS, request.bits, exact_order=True, kl=prefix)
+    best, least = brute_force(cost, devices, batch, prefix)
+    if best is None:
+        assert found is None
+        return
+    assert found is not None
+    assert found.objective_s * (1.0 - THROUGHPUT_TOLERANCE) <= best * (1 + 1e-12)
+    assert found.objective_s >= best * (1 - 1e-12)
+    assert found.quantized == least
+    assert plan_kl(found.stages, sensitivity) <= max_kl * (1 + 1e-6) + 1e-12  # units: 1e-6 of the budget
+
+
+# Eight alike layers on cards that need about half of them low: which half is up to the sensitivities.
+SIZES = [800_000_000] * 8
+
+
+def low_layers(result) -> set[int]:
+    low = set()
+    for replica in result.replicas:
+        for s in replica.stages:
+            first = s.start if s.bits < 16 else (s.low_from if s.low_bits else s.end)
+            low |= set(range(first, s.end))
+    return low
+
+
+def test_low_precision_goes_where_the_measured_kl_is_least():
+    """A 3090 and a T4: the count form quantizes the T4's half, the model's second (layers 4-7). When
+    those are the sensitive ones, the measured form turns the pipeline round: the T4 takes the first
+    half at low precision, and the plan's KL stays within max_kl."""
+    cards = ["T4", "3090"]
+    counted = make_plan(PlanRequest(fleet({"n0": cards}), profile(sizes=SIZES, vocab=32000),
+                                    Workload(batch=4, context=1024), replicas=1))
+    assert low_layers(counted) == {4, 5, 6, 7}
+    kl = (0.01, 0.01, 0.01, 0.01, 5.0, 5.0, 5.0, 5.0)
+    sensitivity = {8: kl, 4: tuple(2 * k for k in kl)}
+    measured = make_plan(replace(measured_request(cards, SIZES, 4, sensitivity, max_kl=1.0), replicas=1))
+    low = low_layers(measured)
+    assert low and low <= {0, 1, 2, 3}, low
+    assert plan_kl(measured.replicas[0].stages, sensitivity) <= 1.0
+    # Equal predicted throughput: the same bottleneck as the count plan, within the tolerance.
+    assert (measured.replicas[0].predicted.decode_tokens_per_s
+            >= counted.replicas[0].predicted.decode_tokens_per_s * (1 - THROUGHPUT_TOLERANCE))
+    # A budget smaller than any layer's KL: the plan runs everything at 16 bits (it fits, slower).
+    tight = make_plan(replace(measured_request(cards, SIZES, 4, sensitivity, max_kl=0.001), replicas=1))
+    assert low_layers(tight) == set()
+
+
+def test_max_kl_needs_a_measured_profile():
+    with pytest.raises(PlanningError, match="profile_quality"):
+        PlanRequest(fleet({"n0": ["T4"]}), profile(sizes=SIZES, vocab=32000), max_kl=1.0)
