@@ -7,7 +7,7 @@ question. The form is the body the plans API takes (POST /api/v1/plans/, less ``
 request travels unchanged from the API or the plan editor into a revision:
 
     {"batch": 8, "context": 4096, "prompt_tokens": null, "objective": "throughput",
-     "bits": [16, 8, 4], "max_quantized": 0.5, "replicas": "auto",
+     "bits": [16, 8, 4], "max_quantized": 0.5, "quality": null, "replicas": "auto",
      "pins": [{"device": "n1/gpu0", "start": 0, "end": 8}], "exclude_nodes": [], "exclude_devices": []}
 
 Every key is optional; missing ones take the planner's defaults.
@@ -23,7 +23,8 @@ from contracts.model_profile import ModelProfile
 from controlplane.planning import Pin, PlanningError, PlanRequest, Workload
 
 WORKLOAD_KEYS = ("batch", "context", "prompt_tokens")
-RULE_KEYS = ("objective", "bits", "max_quantized", "replicas", "pins", "exclude_nodes", "exclude_devices")
+RULE_KEYS = ("objective", "bits", "max_quantized", "quality", "replicas", "pins", "exclude_nodes",
+             "exclude_devices")
 REQUEST_KEYS = WORKLOAD_KEYS + RULE_KEYS
 
 
@@ -47,6 +48,12 @@ def plan_request_from_dict(
             key: data[key] for key in ("objective", "max_quantized", "replicas") if key in data
         }
         options["workload"] = Workload(**{key: data[key] for key in WORKLOAD_KEYS if key in data})
+        if data.get("quality") is not None:  # {"max_kl": x}: the measured quality budget
+            quality = dict(data["quality"])
+            if set(quality) - {"max_kl"}:
+                raise ValueError(f"quality: unknown field(s) {sorted(set(quality) - {'max_kl'})} (known: max_kl)")
+            if quality.get("max_kl") is not None:
+                options["max_kl"] = float(quality["max_kl"])
         if "bits" in data:
             options["bits"] = tuple(int(b) for b in data["bits"])
         options["pins"] = tuple(Pin(**dict(p)) for p in data.get("pins", ()))

@@ -32,7 +32,8 @@ ENUMERATE_LIMIT = 4096  # stage times in a window of tau the search lists and bi
 
 def bottleneck_partition(cost: CostModel, devices: Sequence[DeviceSpec], micro_batch: float, budget: int,
                          bits: Sequence[int], pins: dict[str, tuple[int, int]] | None = None,
-                         exact_order: bool = False, kl: dict[int, np.ndarray] | None = None) -> Partition | None:
+                         exact_order: bool = False,
+                         kl: dict[int, np.ndarray] | None = None) -> Partition | None:
     """Minimal-bottleneck partition (see module doc); None when nothing fits within the budget.
     With ``kl`` (measured KL prefix sums in units) the budget and ``quantized`` are KL units, not layers."""
     tables = price_tables(cost, devices, sorted(bits, reverse=True), micro_batch, pins or {}, kl=kl)

@@ -62,6 +62,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", choices=("throughput", "latency"), default="throughput")
     p.add_argument("--bits", type=_bits, default=(16, 8, 4), help="allowed precisions, e.g. 16,8")
     p.add_argument("--max-quantized", type=float, default=0.5, help="largest share of layers below 16 bits")
+    p.add_argument("--max-kl", type=float, help="measured quality budget: summed KL of the low-bit layers "
+                   "(needs the profile's sensitivity, from manage.py profile_quality)")
     p.add_argument("--replicas", type=_replicas, default="auto", help="a number or 'auto'")
     p.add_argument("--exclude-node", action="append", default=[], help="never use this node (repeatable)")
     p.add_argument("--exclude-device", action="append", default=[], help="never use this device (repeatable)")
@@ -82,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         request = PlanRequest(
             fleet=fleet, model=profile_model(config, name),
             workload=Workload(batch=args.batch, context=args.context, prompt_tokens=args.prompt),
-            objective=args.objective, bits=args.bits, max_quantized=args.max_quantized,
+            objective=args.objective, bits=args.bits, max_quantized=args.max_quantized, max_kl=args.max_kl,
             replicas=args.replicas, exclude_nodes=tuple(args.exclude_node),
             exclude_devices=tuple(args.exclude_device), pins=tuple(args.pin),
         )

@@ -213,7 +213,7 @@ class _Search:
                 # (ceil(batch / m) wastes slots when m does not divide the batch). Pricing is cheap.
                 options.extend((found.stages, m) for m in range(1, min(batch, 2 * len(found.stages)) + 1))
                 micro_batches = min(batch, len(found.stages))
-        # One device: the chain is the bottleneck plan. The chain search counts layers: not in the measured form.
+        # One device: the chain is the bottleneck plan. The chain search counts layers: not when measured.
         if len(ordered) > 1 and self.kl is None:
             chain = sum_partition(cost, orders[0], batch, budget, bits, self.pins)
             if chain is not None:

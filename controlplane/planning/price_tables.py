@@ -96,9 +96,11 @@ class PriceTables:
                     if splits:
                         tail = splits[b].fewest(tau)
                         low_from = np.maximum(ends - np.where(np.isfinite(tail), tail, 0), 0).astype(int)
-                        cost = np.minimum(cost, np.where(np.isfinite(tail), prefix[ends] - prefix[low_from], INF))
+                        spent = prefix[ends] - prefix[low_from]
+                        cost = np.minimum(cost, np.where(np.isfinite(tail), spent, INF))
                     elif b in matrices:
-                        cost = np.minimum(cost, np.where(matrices[b] <= tau, prefix[ends] - prefix[starts], INF))
+                        spent = prefix[ends] - prefix[starts]
+                        cost = np.minimum(cost, np.where(matrices[b] <= tau, spent, INF))
                 shared[key] = cost * weight
             result.append(shared[key])
         return result

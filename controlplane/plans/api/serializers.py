@@ -45,6 +45,11 @@ class PlanOptionsSerializer(serializers.Serializer):
         child=serializers.ChoiceField(choices=[16, 8, 4]), min_length=1, default=[16, 8, 4]
     )
     max_quantized = serializers.FloatField(min_value=0.0, max_value=1.0, default=0.5)
+    quality = serializers.JSONField(
+        default=None, allow_null=True,
+        help_text='The measured quality budget, {"max_kl": x}: the low-bit layers\' summed measured KL at '
+                  "most x (needs manage.py profile_quality on the model); replaces max_quantized.",
+    )
     replicas = ReplicasField(default="auto")
     pins = PinSerializer(many=True, default=list)
     exclude_nodes = serializers.ListField(child=serializers.CharField(), default=list)
