@@ -91,10 +91,6 @@ class CounterStore:
     def __init__(self, cache: BaseCache | None = None) -> None:
         self.cache = cache if cache is not None else default_cache
 
-    @property
-    def shared_across_processes(self) -> bool:
-        return isinstance(self.cache, (RedisCache, FileBasedCache))
-
     def admit(self, checks: list[Check]) -> Outcome:
         if not checks:
             return Outcome(True)
@@ -143,9 +139,6 @@ class CounterStore:
     def get(self, key: str) -> int | None:
         value = self.cache.get(key)
         return None if value is None else int(value)
-
-    def delete(self, key: str) -> None:
-        self.cache.delete(key)
 
     def _redis(self, key: str):
         return self.cache._cache.get_client(key, write=True)
