@@ -1,0 +1,44 @@
+"""Usage against a real pipeline: the official ``openai`` client sends completions, chats and streams
+through daphne to a two-stage pipeline of the demo model; the usage the installation stored equals the
+sum of the ``usage`` the client was answered with (the live server of test_live.py, its own copy)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import openai
+import pytest
+
+from tests.gateway.test_live import live  # noqa: F401  (the module-scoped server and pipeline)
+from tests.support.processes import REPO_ROOT, embedded_env, manage_argv
+
+pytestmark = [pytest.mark.slow]
+
+STORED = """
+import json
+from django.db.models import Sum
+from controlplane.gateway.models import UsageBucket
+print("USAGE=" + json.dumps(UsageBucket.objects.aggregate(
+    requests=Sum("requests"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"), errors=Sum("errors"))))
+"""
+
+
+def test_stored_usage_equals_what_the_pipeline_served(live):  # noqa: F811
+    client = openai.OpenAI(base_url=live["base_url"], api_key=live["key"], max_retries=0, timeout=60)
+    answered = []
+    for max_tokens in (5, 17, 30):
+        answered.append(client.completions.create(model="demo", prompt="Once upon a time", max_tokens=max_tokens,
+                                                  temperature=0).usage)
+    answered.append(client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hello"}],
+                                                   max_tokens=12, temperature=0.8, seed=1).usage)
+    stream = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hi"}], max_tokens=9,
+                                            stream=True, stream_options={"include_usage": True})
+    answered.append([chunk for chunk in stream][-1].usage)
+    env = embedded_env(live["pipeline"].workdir)
+    out = subprocess.run(manage_argv("shell", "-c", STORED), env=env, cwd=REPO_ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    stored = json.loads(out.split("USAGE=", 1)[1])
+    assert stored == {"requests": 5, "errors": 0, "prompt": sum(u.prompt_tokens for u in answered),
+                      "completion": sum(u.completion_tokens for u in answered)}
+    assert stored["completion"] > 0
