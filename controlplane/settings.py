@@ -203,6 +203,12 @@ CELERY_TASK_ALWAYS_EAGER = _env_bool("MOTLEY_CELERY_EAGER", False)
 MOTLEY_MODEL_DIRS = tuple(
     Path(d).expanduser().resolve() for d in os.environ.get("MOTLEY_MODEL_DIRS", "").split(os.pathsep) if d
 )
+# Where registering a GGUF file writes the checkpoint it converts it into (<dir>/<model name>/;
+# docs/models.md), and the dtype it stores the weights in (float16 | bfloat16 | float32).
+MOTLEY_MODEL_IMPORT_DIR = Path(
+    os.environ.get("MOTLEY_MODEL_IMPORT_DIR", VAR_DIR / "models")
+).expanduser().resolve()
+MOTLEY_MODEL_IMPORT_DTYPE = os.environ.get("MOTLEY_MODEL_IMPORT_DTYPE", "float16")
 MOTLEY_AGENT_BROKER_URL = os.environ.get("MOTLEY_AGENT_BROKER_URL", CELERY_BROKER_URL)
 MOTLEY_AGENT_HEARTBEAT_INTERVAL_S = float(os.environ.get("MOTLEY_AGENT_HEARTBEAT_INTERVAL_S", "1.0"))
 MOTLEY_NODE_SUSPECT_MISSED_HEARTBEATS = int(os.environ.get("MOTLEY_NODE_SUSPECT_MISSED_HEARTBEATS", "3"))

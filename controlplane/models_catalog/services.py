@@ -13,29 +13,49 @@ from django.db import transaction
 from contracts.model_config import ModelConfig, UnsupportedModelError
 from contracts.profiler import profile_model
 from controlplane.audit.services import SYSTEM, Actor, Target, audit_record
+from controlplane.models_catalog.gguf_registration import gguf_checkpoint, is_gguf
 from controlplane.models_catalog.models import LlmModel
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
 
-@transaction.atomic
 def model_register(
     *, path: str | Path | None = None, config: dict[str, Any] | None = None, name: str | None = None,
-    actor: Actor = SYSTEM,
+    dtype: str | None = None, actor: Actor = SYSTEM,
 ) -> LlmModel:
-    """Register a checkpoint directory (or a bare config.json), or an uploaded config for planning only.
+    """Register a checkpoint directory (or a bare config.json), a GGUF file, or an uploaded config for
+    planning only.
 
-    ``path`` is on the control plane's filesystem. Registering the same path under the same name
-    again re-reads it (the checkpoint may have gained weights), so scripts can run this at every
-    start; any other clash of names is refused. An unsupported architecture is refused with the
-    config field at fault. Audited: ``model.registered`` by ``actor`` (``detail.refreshed`` when the
-    entry existed).
+    ``path`` is on the control plane's filesystem. A ``.gguf`` file is first converted into
+    ``MOTLEY_MODEL_IMPORT_DIR/<name>/`` (weights stored as ``dtype``, default
+    ``MOTLEY_MODEL_IMPORT_DTYPE``; docs/models.md), outside the transaction, and that directory is
+    registered. Registering the same path under the same name again re-reads it (the checkpoint may
+    have gained weights; a GGUF file is converted again only if it changed), so scripts can run this
+    at every start; any other clash of names is refused. An unsupported architecture is refused with
+    the config field at fault. Audited: ``model.registered`` by ``actor`` (``detail.refreshed`` when
+    the entry existed, ``detail.source`` the GGUF file).
     """
     if (path is None) == (config is None):
         raise ValidationError("give either path (a checkpoint directory or config.json) or config, not both")
+    source = None
+    if path is not None and is_gguf(path):
+        source = Path(path).expanduser().resolve()
+        _check_allowed(source)
+        path, name = gguf_checkpoint(source=source, name=name, dtype=dtype)
+    elif dtype is not None:
+        raise ValidationError({"dtype": "only a GGUF file is converted; a checkpoint keeps its own dtype"})
+    return _register(path=path, config=config, name=name, source=source, actor=actor)
+
+
+@transaction.atomic
+def _register(
+    *, path: str | Path | None, config: dict[str, Any] | None, name: str | None, source: Path | None,
+    actor: Actor,
+) -> LlmModel:
     if path is not None:
         path = Path(path).expanduser().resolve()
-        _check_allowed(path)
+        if source is None:  # a GGUF file's conversion is the control plane's own directory
+            _check_allowed(path)
         raw = _read_config(path)
         # A bare config.json is for planning only, even where weights happen to sit beside it.
         name = name or (path.name if path.is_dir() else path.parent.name)
@@ -72,6 +92,7 @@ def model_register(
     audit_record(actor=actor, action="model.registered", target=_target(model), detail={
         "path": stored_path, "refreshed": existing is not None, "has_weights": has_weights,
         "model_type": parsed.model_type, "num_layers": parsed.num_layers,
+        **({"source": str(source)} if source is not None else {}),
     })
     return model
 
