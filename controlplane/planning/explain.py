@@ -12,7 +12,7 @@ from contracts.footprint import usable_bytes
 from contracts.hardware import GIB, DeviceSpec
 from controlplane.planning.cost_model import CostModel
 from controlplane.planning.plan import Placement, ReplicaPlan, StagePlan
-from controlplane.planning.quality_budget import quantized_layers
+from controlplane.planning.quality_budget import has_sensitivity, plan_kl, quantized_layers
 from controlplane.planning.request import PlanRequest
 
 
@@ -28,11 +28,21 @@ def explain(request: PlanRequest, cost: CostModel, replicas: Sequence[ReplicaPla
     ]
     for index, replica in enumerate(replicas):
         lines.extend(_replica_lines(request, cost, index, replica))
-    budget = request.quantized_layer_budget
-    worst = max(quantized_layers(r.stages) for r in replicas)
-    lines.append(f"Quality: at most {worst} of {request.model.num_layers} layers per replica run "
-                 f"below 16 bits (budget {budget}).")
+    lines.append(_quality_line(request, replicas))
     return lines
+
+
+def _quality_line(request: PlanRequest, replicas: Sequence[ReplicaPlan]) -> str:
+    """The quality budget in force: measured (``max_kl``) or counted, and what the plan spends of it."""
+    worst = max(quantized_layers(r.stages) for r in replicas)
+    head = f"Quality: at most {worst} of {request.model.num_layers} layers per replica run below 16 bits"
+    measured = has_sensitivity(request.model, request.bits)
+    kl = max(plan_kl(r.stages, request.model.sensitivity) for r in replicas) if measured else None
+    if request.measured:
+        return (f"{head}; measured budget: their summed KL is at most {kl:.4g} per replica "
+                f"(max_kl {request.max_kl:.4g}, from the model's measured per-layer KL).")
+    spent = f"; their measured KL sums to at most {kl:.4g} per replica" if measured else ""
+    return f"{head} (count budget {request.quantized_layer_budget}){spent}."
 
 
 def _replica_lines(request: PlanRequest, cost: CostModel, index: int, replica: ReplicaPlan) -> list[str]:

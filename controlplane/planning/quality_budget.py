@@ -51,11 +51,24 @@ def kl_prefix_units(sensitivity: dict[int, tuple[float, ...]], max_kl: float, bi
 
 
 def plan_kl(stages, sensitivity: dict[int, tuple[float, ...]]) -> float:
-    """Sum of the measured KL of the decoder layers a replica's stages run below 16 bits."""
-    total = 0.0
-    for s in stages:
-        if s.bits < 16:
-            total += sum(sensitivity[s.bits][s.start : s.end])
-        elif s.low_bits is not None and s.low_from is not None:
-            total += sum(sensitivity[s.low_bits][s.low_from : s.end])
-    return total
+    """Sum of the measured KL of the decoder layers a replica's stages run below 16 bits (each layer at
+    its own precision: a stage may run [low_from, end) lower than the rest)."""
+    return sum(sum(sensitivity[bits][start:end]) for s in stages for start, end, bits in s.segments if bits < 16)
+
+
+def kl_units(stages, prefix: dict[int, np.ndarray]) -> float:
+    """The low-bit layers' KL in the searches' units (``kl_prefix_units``): what the budget is checked in,
+    so a plan the planner chose within ``max_kl`` is within it here too, whatever the rounding."""
+    return float(sum(prefix[bits][end] - prefix[bits][start]
+                     for s in stages for start, end, bits in s.segments if bits < 16))
+
+
+def within_kl(stages, sensitivity: dict[int, tuple[float, ...]], max_kl: float, bits) -> bool:
+    """Whether the stages' low-bit layers are within the measured budget, counted as the planner counts."""
+    return kl_units(stages, kl_prefix_units(sensitivity, max_kl, bits)) <= KL_UNITS
+
+
+def has_sensitivity(model, bits) -> bool:
+    """Whether the model profile holds a measured KL for every layer at each allowed low precision."""
+    return any(b < 16 for b in bits) and all(len(model.sensitivity.get(b, ())) == model.num_layers
+                                             for b in bits if b < 16)

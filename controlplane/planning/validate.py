@@ -17,7 +17,7 @@ from controlplane.planning.evaluate import assemble, evaluate_replica
 from controlplane.planning.explain import explain, unused_devices
 from controlplane.planning.plan import Figures, Placement, Plan
 from controlplane.planning.planner import plan as make_plan
-from controlplane.planning.quality_budget import quantized_layers
+from controlplane.planning.quality_budget import plan_kl, quantized_layers, within_kl
 from controlplane.planning.request import PlanningError, PlanRequest
 from controlplane.planning.serialize import placements_from_dict
 
@@ -111,17 +111,31 @@ def _problems(request: PlanRequest, replicas) -> list[Problem]:
         if twice:
             problems.append(Problem("layer_duplicated", f"replica {r}: layers {_ranges(twice)} are in more "
                                     f"than one stage", r))
-        low = quantized_layers(stages)
-        if low > request.quantized_layer_budget:
-            problems.append(Problem("over_quality_budget", f"replica {r}: {low} layers below 16 bits, "
-                                    f"budget {request.quantized_layer_budget} ({request.max_quantized:.0%} "
-                                    f"of {layers})", r))
+        problems.extend(_budget_problems(request, stages, r))
     for pin in request.pins:
         if not replicas or not any((p.device, p.start, p.end) == (pin.device, pin.start, pin.end)
                                    for p in replicas[0][0]):
             problems.append(Problem("pin_violated", f"pin: {pin.device} must hold layers "
                                     f"[{pin.start}, {pin.end}) in replica 0", 0))
     return problems
+
+
+def _budget_problems(request: PlanRequest, stages, r: int):
+    """The quality budget in force: measured (``max_kl``: the low-bit layers' summed KL) or counted."""
+    layers = request.model.num_layers
+    if request.measured:
+        if not all(p.bits in request.bits and p.last_bits in request.bits and 0 <= p.start < p.end <= layers
+                   and not split_problem(p.start, p.end, p.bits, p.low_bits, p.low_from) for p in stages):
+            return  # precision_not_allowed, bad_range or bad_split says it; no KL to sum
+        if not within_kl(stages, request.model.sensitivity, request.max_kl, request.bits):
+            kl = plan_kl(stages, request.model.sensitivity)
+            yield Problem("over_quality_budget", f"replica {r}: measured KL of its {quantized_layers(stages)} "
+                          f"low-bit layers sums to {kl:.4g}, over the budget max_kl {request.max_kl:.4g}", r)
+        return
+    low = quantized_layers(stages)
+    if low > request.quantized_layer_budget:
+        yield Problem("over_quality_budget", f"replica {r}: {low} layers below 16 bits, budget "
+                      f"{request.quantized_layer_budget} ({request.max_quantized:.0%} of {layers})", r)
 
 
 def _stage_problems(request: PlanRequest, cost: CostModel, known, uses, p: Placement, r: int, s: int):
