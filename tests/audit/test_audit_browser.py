@@ -8,11 +8,11 @@ import re
 
 import pytest
 
-from tests.dashboard.browser import CHROMIUM, CHROMIUM_ARGS, SeededServer
+from tests.dashboard.browser import SeededServer, logged_in_page
 from tests.dashboard.seed import OPERATOR
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-playwright_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 
 
 @pytest.fixture(scope="module")
@@ -24,19 +24,8 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page(server):
-    with playwright_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900}, base_url=server.url)
-            page.set_default_timeout(15_000)
-            page.goto("/accounts/login/")
-            page.fill("input[name=username]", OPERATOR[0])
-            page.fill("input[name=password]", OPERATOR[1])
-            page.click("button[type=submit]")
-            page.wait_for_url(re.compile(r"/topology/$"))
-            yield page
-        finally:
-            browser.close()
+    with logged_in_page(server.url, OPERATOR) as page:
+        yield page
 
 
 def apply(page) -> None:

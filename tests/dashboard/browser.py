@@ -8,16 +8,73 @@ import math
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from websockets.sync.client import connect
 
-from tests.support.processes import REPO_ROOT, embedded_env, free_port, manage_argv, wait_for_http
+from tests.support.processes import (
+    REPO_ROOT,
+    embedded_env,
+    free_port,
+    manage_argv,
+    stop_process,
+    wait_for_http,
+)
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 SCREENSHOTS = REPO_ROOT / "test-artifacts" / "screenshots"
+LOGIN = "/accounts/login/"
+
+
+VIEWPORT = (1400, 900)
+TOPOLOGY = "**/topology/"  # where a login lands
+
+
+@contextmanager
+def chromium_page(base_url: str, *, viewport: tuple[int, int] = VIEWPORT,
+                  timeout_ms: int = 15_000) -> Iterator:
+    """A page of Debian's chromium (headless, through Playwright) on ``base_url``, closed after the
+    block; SCREENSHOTS exists."""
+    from playwright.sync_api import sync_playwright
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            width, height = viewport
+            page = chromium.new_page(viewport={"width": width, "height": height}, base_url=base_url)
+            page.set_default_timeout(timeout_ms)
+            yield page
+        finally:
+            chromium.close()
+
+
+def log_in(page, credentials: tuple[str, str], *, start: str | None = LOGIN,
+           landing: str | None = TOPOLOGY) -> None:
+    """Open ``start`` (the login form, or a page that sends there; None: the page shows the form
+    already), submit ``credentials`` (username, password), then wait for the ``landing`` URL (a glob;
+    None: do not wait)."""
+    if start is not None:
+        page.goto(start)
+    page.fill("input[name=username]", credentials[0])
+    page.fill("input[name=password]", credentials[1])
+    page.click("button[type=submit]")
+    if landing is not None:
+        page.wait_for_url(landing)
+
+
+@contextmanager
+def logged_in_page(base_url: str, credentials: tuple[str, str], *, viewport: tuple[int, int] = VIEWPORT,
+                   timeout_ms: int = 15_000, start: str | None = LOGIN,
+                   landing: str | None = TOPOLOGY) -> Iterator:
+    """``chromium_page`` on ``base_url``, logged in with ``credentials`` by ``log_in``."""
+    with chromium_page(base_url, viewport=viewport, timeout_ms=timeout_ms) as page:
+        log_in(page, credentials, start=start, landing=landing)
+        yield page
 
 
 class SeededServer:
@@ -47,13 +104,7 @@ class SeededServer:
             raise
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
 
 
 class SimulatedAgents:

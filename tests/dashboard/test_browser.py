@@ -12,11 +12,11 @@ import re
 
 import pytest
 
-from tests.dashboard.browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, SeededServer, SimulatedAgents
+from tests.dashboard.browser import SCREENSHOTS, SeededServer, SimulatedAgents, chromium_page, log_in
 from tests.dashboard.seed import OPERATOR
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-playwright_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 
 
 @pytest.fixture(scope="module")
@@ -38,15 +38,8 @@ def agents(server):
 
 @pytest.fixture(scope="module")
 def page(server, agents):
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with playwright_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900}, base_url=server.url)
-            page.set_default_timeout(15_000)
-            yield page
-        finally:
-            browser.close()
+    with chromium_page(server.url) as page:
+        yield page
 
 
 def shot(page, name: str, full_page: bool = True) -> None:
@@ -57,10 +50,7 @@ def test_1_login_leads_to_the_topology(page):
     page.goto("/")
     assert "/accounts/login/" in page.url
     shot(page, "login")
-    page.fill("input[name=username]", OPERATOR[0])
-    page.fill("input[name=password]", OPERATOR[1])
-    page.click("button[type=submit]")
-    page.wait_for_url(re.compile(r"/topology/$"))
+    log_in(page, OPERATOR, start=None)
 
 
 def test_2_topology_shows_the_emulated_fleet_the_deployment_and_live_colours(page, server):

@@ -9,12 +9,12 @@ import subprocess
 import pytest
 
 from tests.dashboard import browser
-from tests.dashboard.browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, SeededServer, SimulatedAgents
+from tests.dashboard.browser import SCREENSHOTS, SeededServer, SimulatedAgents, logged_in_page
 from tests.dashboard.seed import OPERATOR
 from tests.support.processes import REPO_ROOT, manage_argv
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-playwright_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 STORE = """
 from controlplane.inventory.models import Device, DeviceCalibration
 a100 = Device.objects.get(node__name="node-a", index=0)
@@ -41,21 +41,9 @@ def page(tmp_path_factory):
     patch = pytest.MonkeyPatch()
     patch.setattr(browser, "heartbeat", with_decode_figures(browser.heartbeat))
     agents = SimulatedAgents(server.url, server.seed["agents"], server.seed["stages"])
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     try:
-        with playwright_api.sync_playwright() as playwright:
-            chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                page = chromium.new_page(viewport={"width": 1400, "height": 900}, base_url=server.url)
-                page.set_default_timeout(15_000)
-                page.goto("/accounts/login/")
-                page.fill("input[name=username]", OPERATOR[0])
-                page.fill("input[name=password]", OPERATOR[1])
-                page.click("button[type=submit]")
-                page.wait_for_url("**/topology/")
-                yield page
-            finally:
-                chromium.close()
+        with logged_in_page(server.url, OPERATOR) as page:
+            yield page
     finally:
         agents.stop()
         patch.undo()

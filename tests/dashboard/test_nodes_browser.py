@@ -6,31 +6,19 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dashboard.browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, SeededServer
+from tests.dashboard.browser import SCREENSHOTS, SeededServer, logged_in_page
 from tests.dashboard.seed import OPERATOR
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-playwright_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     server = SeededServer(tmp_path_factory.mktemp("var"), "lab_with_deployment")
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     try:
-        with playwright_api.sync_playwright() as playwright:
-            chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                page = chromium.new_page(viewport={"width": 1400, "height": 900}, base_url=server.url)
-                page.set_default_timeout(15_000)
-                page.goto("/accounts/login/")
-                page.fill("input[name=username]", OPERATOR[0])
-                page.fill("input[name=password]", OPERATOR[1])
-                page.click("button[type=submit]")
-                page.wait_for_url("**/topology/")
-                yield page, server.seed
-            finally:
-                chromium.close()
+        with logged_in_page(server.url, OPERATOR) as page:
+            yield page, server.seed
     finally:
         server.stop()
 

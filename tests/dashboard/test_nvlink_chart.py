@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 
 from tests.dashboard import browser
-from tests.dashboard.browser import CHROMIUM, CHROMIUM_ARGS, SeededServer, SimulatedAgents
+from tests.dashboard.browser import SeededServer, SimulatedAgents, logged_in_page
 from tests.dashboard.seed import OPERATOR
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-playwright_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 NVLINKED = {("node-a", i) for i in range(4)}
 
 
@@ -36,19 +36,8 @@ def page(tmp_path_factory):
     browser.heartbeat = heartbeat_with_nvlink
     agents = SimulatedAgents(server.url, server.seed["agents"], server.seed["stages"])
     try:
-        with playwright_api.sync_playwright() as playwright:
-            chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                page = chromium.new_page(viewport={"width": 1400, "height": 900}, base_url=server.url)
-                page.set_default_timeout(15_000)
-                page.goto("/accounts/login/")
-                page.fill("input[name=username]", OPERATOR[0])
-                page.fill("input[name=password]", OPERATOR[1])
-                page.click("button[type=submit]")
-                page.wait_for_url("**/topology/")
-                yield page
-            finally:
-                chromium.close()
+        with logged_in_page(server.url, OPERATOR) as page:
+            yield page
     finally:
         browser.heartbeat = plain_heartbeat
         agents.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,6 +40,16 @@ def wait_for_http(url: str, timeout_s: float = 60.0, headers: dict[str, str] | N
             last_error = exc
             time.sleep(0.3)
     raise TimeoutError(f"{url} did not answer within {timeout_s}s: {last_error}")
+
+
+def stop_process(process: subprocess.Popen, timeout_s: float = 10) -> None:
+    """Terminate ``process`` (nothing if it has exited), kill it if it is not gone within ``timeout_s``."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def manage_argv(*args: str) -> list[str]:

@@ -17,7 +17,15 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from tests.support.processes import REPO_ROOT, embedded_env, free_port, manage_argv, redis_up, wait_for_http
+from tests.support.processes import (
+    REPO_ROOT,
+    embedded_env,
+    free_port,
+    manage_argv,
+    redis_up,
+    stop_process,
+    wait_for_http,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 REDIS_URL = "redis://127.0.0.1:6379/10"  # a database no other test uses
@@ -73,12 +81,7 @@ class Server:
         wait_for_http(f"{self.url}/accounts/login/", timeout_s=30)
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process)
 
 
 def heartbeat(seed: dict) -> dict:
