@@ -127,7 +127,8 @@ def _chain_stages(tables: PriceTables, values: np.ndarray, hop_s: np.ndarray, fl
     return tuple(reversed(stages))
 
 
-def _chain_stage(tables: PriceTables, entry: np.ndarray, device: int, count: int, end: int) -> tuple[int, int]:
+def _chain_stage(tables: PriceTables, entry: np.ndarray, device: int, count: int,
+                 end: int) -> tuple[int, int]:
     """The start and precision of the stage ending at ``end`` on ``device`` that reaches ``count``
     low-bit layers the fastest: 16 bits on a tie, else the highest low precision as fast as any."""
     starts = np.arange(end)

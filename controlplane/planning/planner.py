@@ -27,7 +27,7 @@ from controlplane.planning.evaluate import (
 )
 from controlplane.planning.explain import explain, infeasible_message, min_replica_bytes, unused_devices
 from controlplane.planning.ordering import EXACT_ORDER_LIMIT, candidate_orders, speed, topology_order
-from controlplane.planning.partition import bottleneck_partition, sum_partition
+from controlplane.planning.partition import bottleneck_partition, sum_partition, sum_partition_kl
 from controlplane.planning.plan import Placement, Plan
 from controlplane.planning.quality_budget import (
     KL_UNITS,
@@ -213,9 +213,10 @@ class _Search:
                 # (ceil(batch / m) wastes slots when m does not divide the batch). Pricing is cheap.
                 options.extend((found.stages, m) for m in range(1, min(batch, 2 * len(found.stages)) + 1))
                 micro_batches = min(batch, len(found.stages))
-        # One device: the chain is the bottleneck plan. The chain search counts layers: not when measured.
-        if len(ordered) > 1 and self.kl is None:
-            chain = sum_partition(cost, orders[0], batch, budget, bits, self.pins)
+        # One device: the chain is the bottleneck plan. Measured: the same search over KL units' fronts.
+        if len(ordered) > 1:
+            chain = (sum_partition(cost, orders[0], batch, budget, bits, self.pins) if self.kl is None
+                     else sum_partition_kl(cost, orders[0], batch, bits, self.kl, self.pins))
             if chain is not None:
                 options.append((chain.stages, 1))
         if not options:

@@ -53,7 +53,8 @@ def kl_prefix_units(sensitivity: dict[int, tuple[float, ...]], max_kl: float, bi
 def plan_kl(stages, sensitivity: dict[int, tuple[float, ...]]) -> float:
     """Sum of the measured KL of the decoder layers a replica's stages run below 16 bits (each layer at
     its own precision: a stage may run [low_from, end) lower than the rest)."""
-    return sum(sum(sensitivity[bits][start:end]) for s in stages for start, end, bits in s.segments if bits < 16)
+    return sum(sum(sensitivity[bits][start:end])
+               for s in stages for start, end, bits in s.segments if bits < 16)
 
 
 def kl_units(stages, prefix: dict[int, np.ndarray]) -> float:

@@ -86,7 +86,8 @@ class PlanRequest:
         if self.max_kl is not None:
             if not self.max_kl >= 0.0:
                 raise PlanningError(f"max_kl: {self.max_kl!r} is not a non-negative number")
-            missing = [b for b in self.bits if b < 16 and len(self.model.sensitivity.get(b, ())) != self.model.num_layers]
+            missing = [b for b in self.bits
+                       if b < 16 and len(self.model.sensitivity.get(b, ())) != self.model.num_layers]
             if missing:
                 raise PlanningError(f"max_kl needs the model's measured sensitivity at {missing} bits: run "
                                     f"manage.py profile_quality {self.model.name}")

@@ -129,8 +129,9 @@ def _budget_problems(request: PlanRequest, stages, r: int):
             return  # precision_not_allowed, bad_range or bad_split says it; no KL to sum
         if not within_kl(stages, request.model.sensitivity, request.max_kl, request.bits):
             kl = plan_kl(stages, request.model.sensitivity)
-            yield Problem("over_quality_budget", f"replica {r}: measured KL of its {quantized_layers(stages)} "
-                          f"low-bit layers sums to {kl:.4g}, over the budget max_kl {request.max_kl:.4g}", r)
+            yield Problem("over_quality_budget", f"replica {r}: measured KL of its "
+                          f"{quantized_layers(stages)} low-bit layers sums to {kl:.4g}, over the budget "
+                          f"max_kl {request.max_kl:.4g}", r)
         return
     low = quantized_layers(stages)
     if low > request.quantized_layer_budget:

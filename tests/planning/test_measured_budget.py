@@ -1,4 +1,4 @@
-"""The measured quality budget (``max_kl``): exact against a brute force, and it spends KL where it is least."""
+"""The measured quality budget (``max_kl``): exact against brute forces; it spends KL where it is least."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ import functools
 import itertools
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.planning import plan as make_plan
 from controlplane.planning.cost_model import CostModel
-from controlplane.planning.partition import bottleneck_partition
+from controlplane.planning.partition import bottleneck_partition, sum_partition_kl
 from controlplane.planning.plan import Placement
 from controlplane.planning.quality_budget import KL_UNITS, THROUGHPUT_TOLERANCE, kl_prefix_units, plan_kl
 from controlplane.planning.request import PlanningError, PlanRequest, Workload
@@ -22,13 +23,15 @@ from tests.planning.factories import CARDS, fleet, profile
 def stage_choices(cost: CostModel, device, micro_batch: int, start: int, end: int, prefix) -> list:
     """(step time, KL units) of every precision option of [start, end) on ``device`` that fits memory."""
     candidates = [Placement(device.name, start, end, b) for b in (16, 8, 4)]
-    candidates += [Placement(device.name, start, end, 16, b, s) for b in (8, 4) for s in range(start + 1, end)]
+    candidates += [Placement(device.name, start, end, 16, b, s)
+                   for b in (8, 4) for s in range(start + 1, end)]
     found = []
     for p in candidates:
         memory = cost.memory(device, p)
         if memory.holding(cost.kv_required) <= memory.capacity_bytes:
             low = p.low_bits if p.bits == 16 else p.bits
-            units = 0.0 if low is None or low == 16 else prefix[low][end] - prefix[low][p.split if p.bits == 16 else start]
+            first = p.split if p.bits == 16 else start
+            units = 0.0 if low is None or low == 16 else prefix[low][end] - prefix[low][first]
             found.append((cost.decode_s(device, p, micro_batch), units))
     return found
 
@@ -84,6 +87,61 @@ def test_measured_bottleneck_equals_brute_force(cards, sizes, batch, data):
     assert found.objective_s >= best * (1 - 1e-12)
     assert found.quantized == least
     assert plan_kl(found.stages, sensitivity) <= max_kl * (1 + 1e-6) + 1e-12  # units: 1e-6 of the budget
+
+
+def chain_brute_force(cost: CostModel, devices, micro_batch: int, prefix):
+    """(least sum of stage times and hops within the KL budget, least KL units among such plans) over
+    every subset of the devices in their order, every boundary and one precision (16, 8 or 4) per stage."""
+    layers, plans = cost.num_layers, []
+    matrices = [{b: cost.decode_matrix(d, b, micro_batch) for b in (16, 8, 4)} for d in devices]
+    for k in range(1, min(len(devices), layers) + 1):
+        for order in itertools.combinations(range(len(devices)), k):
+            hops = sum(cost.hop_s(devices[a], devices[b], micro_batch) for a, b in zip(order, order[1:]))
+            for cut in itertools.combinations(range(1, layers), k - 1):
+                bounds = (0, *cut, layers)
+                for combo in itertools.product((16, 8, 4), repeat=k):
+                    spans = list(zip(order, bounds, bounds[1:], combo))
+                    units = sum(prefix[b][e] - prefix[b][s] for _, s, e, b in spans if b < 16)
+                    seconds = sum(matrices[d][b][s, e] for d, s, e, b in spans) + hops
+                    if units <= KL_UNITS and np.isfinite(seconds):
+                        plans.append((seconds, units))
+    if not plans:
+        return None, None
+    best = min(t for t, _ in plans)
+    return best, min(u for t, u in plans if t <= best * (1 + 1e-12))
+
+
+@settings(max_examples=40, deadline=None)
+@given(cards=st.lists(st.sampled_from(sorted(CARDS)), min_size=2, max_size=4),
+       sizes=st.lists(st.integers(200, 1500).map(lambda m: m * 1_000_000), min_size=2, max_size=6),
+       batch=st.integers(1, 8), data=st.data())
+def test_measured_chain_equals_brute_force(cards, sizes, batch, data):
+    """One micro-batch: the least sum of stage times and hops within max_kl over the order (devices
+    skipped, any boundary, one precision per stage), with the least KL among such plans."""
+    kl8 = data.draw(st.lists(st.floats(0.0, 1.0), min_size=len(sizes), max_size=len(sizes)))
+    extra = data.draw(st.lists(st.floats(0.0, 4.0), min_size=len(sizes), max_size=len(sizes)))
+    sensitivity = {8: tuple(kl8), 4: tuple(a + b for a, b in zip(kl8, extra))}
+    max_kl = data.draw(st.sampled_from([0.0, 0.5, 1.5, 4.0, 100.0]))
+    request = measured_request(cards, sizes, batch, sensitivity, max_kl)
+    cost = CostModel(request)
+    devices = list(request.fleet.devices)
+    prefix = kl_prefix_units(sensitivity, max_kl, request.bits)
+    found = sum_partition_kl(cost, devices, batch, request.bits, prefix)
+    best, least = chain_brute_force(cost, devices, batch, prefix)
+    if best is None:
+        assert found is None
+        return
+    assert found is not None
+    assert found.objective_s == pytest.approx(best, rel=1e-9)
+    stages = found.stages
+    seconds = (sum(cost.decode_s(cost.device(s.device), s, batch) for s in stages)
+               + sum(cost.hop_s(cost.device(a.device), cost.device(b.device), batch)
+                     for a, b in zip(stages, stages[1:])))
+    assert seconds == pytest.approx(best, rel=1e-9)
+    assert found.quantized == least
+    assert plan_kl(stages, sensitivity) <= max_kl * (1 + 1e-6) + 1e-12
+    assert [s.start for s in stages] == [0] + [s.end for s in stages[:-1]]
+    assert stages[-1].end == cost.num_layers
 
 
 # Eight alike layers on cards that need about half of them low: which half is up to the sensitivities.
