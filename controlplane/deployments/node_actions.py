@@ -32,6 +32,7 @@ changes and records nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.core.exceptions import ValidationError
@@ -61,30 +62,24 @@ class NodeActionResult:
 @transaction.atomic
 def node_cordon(*, node: Node, actor: Actor = SYSTEM) -> NodeActionResult:
     """No new stage on ``node``; the stages running there stay."""
-    node = _locked(node)
-    if node.intent == Intent.DRAINING:
-        raise ValidationError({"node": f"node {node.name} is draining, which already keeps new stages off "
-                                       f"it; undrain it first to leave it only cordoned"})
-    if node.intent == Intent.CORDONED:
-        return NodeActionResult(node=node, changed=False)
-    running = DeploymentStage.objects.filter(node=node, wanted=True).count()
-    _intent_set(node, Intent.CORDONED, actor=actor, action="node.cordoned", kind=Kind.NODE_CORDONED,
-                message=f"node {node.name} cordoned: no new stages; {running} running stage(s) stay",
-                detail={"stages": running})
-    return NodeActionResult(node=node, changed=True)
+    return _intent_change(
+        node, Intent.CORDONED, actor=actor, action="node.cordoned", kind=Kind.NODE_CORDONED,
+        refused_from=Intent.DRAINING,
+        refusal="node {name} is draining, which already keeps new stages off it; undrain it first to leave "
+                "it only cordoned",
+        message="node {name} cordoned: no new stages; {stages} running stage(s) stay",
+        detail=lambda locked: {"stages": DeploymentStage.objects.filter(node=locked, wanted=True).count()},
+    )
 
 
 @transaction.atomic
 def node_uncordon(*, node: Node, actor: Actor = SYSTEM) -> NodeActionResult:
     """``node`` takes new stages again."""
-    node = _locked(node)
-    if node.intent == Intent.DRAINING:
-        raise ValidationError({"node": f"node {node.name} is draining, not cordoned: undrain it"})
-    if node.intent == Intent.SCHEDULABLE:
-        return NodeActionResult(node=node, changed=False)
-    _intent_set(node, Intent.SCHEDULABLE, actor=actor, action="node.uncordoned", kind=Kind.NODE_UNCORDONED,
-                message=f"node {node.name} uncordoned: it takes new stages again")
-    return NodeActionResult(node=node, changed=True)
+    return _intent_change(
+        node, Intent.SCHEDULABLE, actor=actor, action="node.uncordoned", kind=Kind.NODE_UNCORDONED,
+        refused_from=Intent.DRAINING, refusal="node {name} is draining, not cordoned: undrain it",
+        message="node {name} uncordoned: it takes new stages again",
+    )
 
 
 @transaction.atomic
@@ -130,18 +125,34 @@ def node_drain(*, node: Node, actor: Actor = SYSTEM) -> NodeActionResult:
 @transaction.atomic
 def node_undrain(*, node: Node, actor: Actor = SYSTEM) -> NodeActionResult:
     """``node`` takes new stages again; the stages drained off it are not moved back."""
-    node = _locked(node)
-    if node.intent == Intent.CORDONED:
-        raise ValidationError({"node": f"node {node.name} is cordoned, not draining: uncordon it"})
-    if node.intent == Intent.SCHEDULABLE:
-        return NodeActionResult(node=node, changed=False)
-    _intent_set(node, Intent.SCHEDULABLE, actor=actor, action="node.undrained", kind=Kind.NODE_UNDRAINED,
-                message=f"node {node.name} undrained: it takes new stages again (nothing moves back by itself)")
-    return NodeActionResult(node=node, changed=True)
+    return _intent_change(
+        node, Intent.SCHEDULABLE, actor=actor, action="node.undrained", kind=Kind.NODE_UNDRAINED,
+        refused_from=Intent.CORDONED, refusal="node {name} is cordoned, not draining: uncordon it",
+        message="node {name} undrained: it takes new stages again (nothing moves back by itself)",
+    )
 
 
 def _locked(node: Node) -> Node:
     return Node.objects.select_for_update().get(pk=node.pk)
+
+
+def _intent_change(
+    node: Node, intent: str, *, actor: Actor, action: str, kind: str, refused_from: str, refusal: str,
+    message: str, detail: Callable[[Node], dict] | None = None,
+) -> NodeActionResult:
+    """Cordon, uncordon and undrain: with the node locked, refused (``refusal``) from ``refused_from``,
+    nothing to do when it is ``intent`` already, else ``_intent_set``. ``refusal`` and ``message`` are
+    formatted with the node's ``name`` and, for the message, ``detail(node)``'s entries (computed only
+    when the intent changes)."""
+    node = _locked(node)
+    if node.intent == refused_from:
+        raise ValidationError({"node": refusal.format(name=node.name)})
+    if node.intent == intent:
+        return NodeActionResult(node=node, changed=False)
+    extra = detail(node) if detail is not None else {}
+    _intent_set(node, intent, actor=actor, action=action, kind=kind,
+                message=message.format(name=node.name, **extra), detail=extra)
+    return NodeActionResult(node=node, changed=True)
 
 
 def _intent_set(
