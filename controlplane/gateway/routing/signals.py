@@ -103,6 +103,18 @@ def _effective_throttle(throttles: Sequence[float], weights: Sequence[float]) ->
     return 1.0 - sum(weights) / slowed if slowed else 0.0
 
 
+def _sample_problem(name: str, sample: DeviceSample | StageSample | None, stale_s: float,
+                    ages: list[float]) -> str | None:
+    """What is wrong with ``name``'s sample for the replica's health: none, or one older than ``stale_s``;
+    its age goes to ``ages``."""
+    if sample is None:
+        return f"{name}: no telemetry from its agent"
+    ages.append(sample.age_s)
+    if sample.age_s > stale_s:
+        return f"{name}: telemetry {sample.age_s:.1f} s old (limit {stale_s:g} s)"
+    return None
+
+
 def replica_reading(
     links: Sequence[StageLink],
     devices: Mapping[str, DeviceSample],
@@ -124,26 +136,20 @@ def replica_reading(
     pressure = 0.0
     for link in links:
         stage = stages.get(link.stage_key)
-        if stage is None:
-            problems.append(f"stage {link.stage_key}: no telemetry from its agent")
-        else:
-            ages.append(stage.age_s)
-            if stage.age_s > stale_s:
-                problems.append(f"stage {link.stage_key}: telemetry {stage.age_s:.1f} s old (limit {stale_s:g} s)")
-            elif stage.state is not None and stage.state not in SERVING_STATES:
-                problems.append(f"stage {link.stage_key} is {stage.state}")
+        if problem := _sample_problem(f"stage {link.stage_key}", stage, stale_s, ages):
+            problems.append(problem)
+        elif stage.state is not None and stage.state not in SERVING_STATES:
+            problems.append(f"stage {link.stage_key} is {stage.state}")
+        if stage is not None:
             stage_rows.append({"stage_key": link.stage_key, "device": link.device, "age_s": round(stage.age_s, 2),
                                "state": stage.state, "step_ms": stage.step_ms, "batch_size": stage.batch_size,
                                "queue_depth": stage.queue_depth, "kv_tokens_free": stage.kv_tokens_free})
         throttle = 0.0
         if link.device is not None:
             device = devices.get(link.device)
-            if device is None:
-                problems.append(f"device {link.device}: no telemetry from its agent")
-            else:
-                ages.append(device.age_s)
-                if device.age_s > stale_s:
-                    problems.append(f"device {link.device}: telemetry {device.age_s:.1f} s old (limit {stale_s:g} s)")
+            if problem := _sample_problem(f"device {link.device}", device, stale_s, ages):
+                problems.append(problem)
+            if device is not None:
                 throttle, pressure = device.throttle, max(pressure, device.memory_pressure)
                 device_rows[link.device] = {
                     "device": link.device, "age_s": round(device.age_s, 2), "throttle": round(throttle, 3),
