@@ -32,6 +32,7 @@ from controlplane.planning.plan import Placement, Plan
 from controlplane.planning.quality_budget import (
     KL_UNITS,
     THROUGHPUT_TOLERANCE,
+    has_sensitivity,
     kl_prefix_units,
     plan_kl,
     quantized_layers,
@@ -128,12 +129,15 @@ class _Search:
         self._memo: dict[tuple, tuple | None] = {}
         self.kl = (kl_prefix_units(request.model.sensitivity, request.max_kl, request.bits)
                    if request.measured else None)
+        self.profiled = has_sensitivity(request.model, request.bits)
 
-    def _quality(self, placements) -> float:
-        """What the quality budget spends: measured KL in the measured form, else low-bit layers."""
+    def _quality(self, placements) -> tuple[float, float]:
+        """What the quality budget spends, lower first: measured KL in the measured form; else low-bit
+        layers, then (a tie-break, 0 without a measured profile) their measured KL."""
         if self.kl is not None:
-            return round(plan_kl(placements, self.request.model.sensitivity), 12)
-        return quantized_layers(placements)
+            return (round(plan_kl(placements, self.request.model.sensitivity), 12), 0.0)
+        spent = round(plan_kl(placements, self.request.model.sensitivity), 12) if self.profiled else 0.0
+        return (quantized_layers(placements), spent)
 
     def better(self, a: list[_GroupPlan], b: list[_GroupPlan]) -> bool:
         return self._score(a) < self._score(b)
@@ -141,7 +145,7 @@ class _Search:
     def _score(self, groups: list[_GroupPlan]) -> tuple:
         throughput = sum(self.cost.batch / g.round_s for g in groups)
         latency = max(g.round_s for g in groups)
-        quantized = max(self._quality(g.placements) for g in groups)
+        quantized = max(self._quality(g.placements) for g in groups)  # (count, KL) or (KL, 0)
         if self.request.objective == "latency":
             return (round(latency, 12), -throughput, quantized)
         return (-round(throughput, 6), quantized, latency)
@@ -223,8 +227,9 @@ class _Search:
             return None
         rounds = [round_seconds(cost, *option) for option in options]
         fastest = min(rounds)
-        # Within 1% of the fastest round, fewer low-bit layers win, then fewer network hops, then the
-        # faster, then fewer stages.
+        # Within 1% of the fastest round, fewer low-bit layers win (the least KL when measured, and among
+        # equal counts the least KL when the model is profiled), then fewer network hops, then the faster,
+        # then fewer stages.
         return min((o for o, r in zip(options, rounds) if r * (1.0 - THROUGHPUT_TOLERANCE) <= fastest),
                    key=lambda o: (self._quality(o[0]), network_hops(cost, o[0]), rounds[options.index(o)],
                                   len(o[0])))
