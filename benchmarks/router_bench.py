@@ -120,14 +120,23 @@ def run_matrix(duration: float, seed: int) -> dict:
     return results
 
 
+def _table_head(head: str) -> list[str]:
+    """A Markdown table's first lines: ``head`` ("| a | b |") and the line under it."""
+    return [head, "|" + " --- |" * (head.count("|") - 1)]
+
+
+def _percentages(shares: dict[str, float]) -> str:
+    return "/".join(f"{v:.0%}" for v in shares.values())
+
+
 def table(results: dict) -> str:
     head = ("| load | strategy | TTFT p50 s | TTFT p99 s | e2e p50 s | e2e p99 s | tokens/s | rejected | "
             "504 | e2e p99 vs RR | share fast/mid/slow |")
-    lines = [head, "|" + " --- |" * 11]
+    lines = _table_head(head)
     for load, by_strategy in results["loads"].items():
         rr = by_strategy["round_robin"]["e2e_p99"]
         for strategy, m in by_strategy.items():
-            share = "/".join(f"{v:.0%}" for v in m["share"].values())
+            share = _percentages(m["share"])
             lines.append(
                 f"| {float(load):.0%} | {strategy} | {m['ttft_p50']:.2f} | {m['ttft_p99']:.2f} | {m['e2e_p50']:.1f} | "
                 f"{m['e2e_p99']:.1f} | {m['throughput_tok_s']:.0f} | {m['rejected']}/{m['requests']} | "
@@ -169,12 +178,12 @@ def run_throttle(duration: float, seed: int, tails=tuple(OUTPUT_SIGMAS), loads=T
 def throttle_table(results: dict) -> str:
     head = ("| outputs | load | router | TTFT p99 s | e2e p50 s | e2e p99 s | 429 | 504 | throttled replica's share "
             "before/during/after | e2e p99 vs blind | vs round-robin |")
-    lines = [head, "|" + " --- |" * 11]
+    lines = _table_head(head)
     for tail, by_tail in results["tails"].items():
         for load, runs in by_tail["loads"].items():
             blind, rr = runs["blind"]["e2e_p99"], runs["round-robin"]["e2e_p99"]
             for label, m in runs.items():
-                share = "/".join(f"{v:.0%}" for v in m["throttled_share"].values())
+                share = _percentages(m["throttled_share"])
                 lines.append(
                     f"| {tail} | {float(load):.0%} | {label} | {m['ttft_p99']:.2f} | {m['e2e_p50']:.1f} | "
                     f"{m['e2e_p99']:.1f} | {m['rejected']} | {m['timed_out']} | {share} | "
