@@ -60,7 +60,7 @@ def gguf_checkpoint(*, source: Path, name: str | None, dtype: str | None) -> tup
     other = LlmModel.objects.filter(path=str(directory)).exclude(name=name).first()
     if other is not None:
         raise ValidationError({"name": f"{directory} holds model {other.name!r}; choose another name"})
-    with _locked(directory):
+    with _locked(settings.MOTLEY_MODEL_IMPORT_DIR):
         if not is_current(directory, source, dtype):
             try:
                 import_gguf(source, directory, dtype=dtype)
@@ -71,9 +71,9 @@ def gguf_checkpoint(*, source: Path, name: str | None, dtype: str | None) -> tup
 
 @contextmanager
 def _locked(directory: Path):
-    """One conversion into a directory at a time, across processes."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    with open(directory.parent / f".{directory.name}.lock", "w") as lock:
+    """One conversion at a time, across processes (each takes memory and every core)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".import.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield

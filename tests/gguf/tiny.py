@@ -170,13 +170,15 @@ def write_tiny_gguf(
         writer.add_unk_token_id(0)
     vocab = len(tokens)
     weights = hf_weights(vocab, biases=arch == "qwen2", tied=tied, seed=seed)
-    for i, (hf, values) in enumerate(weights.items()):
+    matrices = 0
+    for hf, values in weights.items():
         name_ = gguf_name(hf)
         if name_ in skip_tensors:
             continue
         if arch == "llama" and ("q_proj" in hf or "k_proj" in hf):
             values = permute(values, HEADS if "q_proj" in hf else KV_HEADS)
-        qtype = Q.F32 if values.ndim == 1 else types[i % len(types)]
+        qtype = Q.F32 if values.ndim == 1 else types[matrices % len(types)]
+        matrices += values.ndim == 2
         writer.add_tensor(name_, stored(values, qtype, rng), raw_dtype=None if qtype == Q.F32 else qtype)
     if rope_scaling is not None:
         writer.add_tensor("rope_freqs.weight", llama3_rope_freqs(HIDDEN // HEADS, 10000.0, rope_scaling))
