@@ -128,6 +128,11 @@ def read_fields(reader) -> dict[str, Any]:
 def hf_config(fields: dict[str, Any], tensors: dict[str, Any], dtype: str, path: Path) -> dict[str, Any]:
     """The Hugging Face ``config.json`` of the file's model, or a GGUFImportError naming the field."""
     arch = fields.get("general.architecture")
+    if (fields.get("split.count") or 1) > 1:
+        raise GGUFImportError(
+            f"{path}: one part of a split GGUF file ({fields['split.count']} parts); merge them first "
+            "(llama-gguf-split --merge)"
+        )
     if arch not in ("llama", "qwen2"):
         raise GGUFImportError(
             f"{path}: GGUF architecture {arch!r} is not supported "

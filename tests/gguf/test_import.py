@@ -174,6 +174,8 @@ def test_unknown_and_missing_tensors_are_refused(tmp_path):
             "tensor 'blk.0.ffn_gate_exps.weight' has no place in a llama checkpoint")
     hole = write_tiny_gguf(tmp_path / "hole.gguf", skip_tensors=("blk.1.ffn_up.weight",))
     refused(hole, tmp_path / "out" / "m", "tensors missing: blk.1.ffn_up.weight")
+    part = write_tiny_gguf(tmp_path / "part.gguf", extra_ints={"split.count": 3})
+    refused(part, tmp_path / "out" / "m", "one part of a split GGUF file (3 parts)", "gguf-split --merge")
 
 
 def test_a_failure_midway_leaves_nothing_and_keeps_an_older_import(tiny_ggufs, tmp_path, monkeypatch):

@@ -133,11 +133,13 @@ def stored(values: np.ndarray, qtype: Q, rng: np.random.Generator) -> np.ndarray
 def write_tiny_gguf(
     path: Path, *, arch: str = "llama", name: str = "tiny", tokenizer: str = "gpt2", tied: bool = False,
     types: list[Q] = TYPES, seed: int = 0, rope_scaling: dict | None = None,
-    extra_tensors: dict | None = None, skip_tensors: tuple[str, ...] = (),
+    extra_tensors: dict | None = None, skip_tensors: tuple[str, ...] = (), extra_ints: dict | None = None,
 ) -> Path:
     """Write a tiny model as llama.cpp would; returns ``path``."""
     rng = np.random.default_rng(seed + 1)
     writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in (extra_ints or {}).items():
+        writer.add_uint16(key, value)
     writer.add_name(name)
     writer.add_context_length(256)
     writer.add_embedding_length(HIDDEN)
