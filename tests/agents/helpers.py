@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from contracts.stage_status import StageStatus
+from tests.support.processes import REPO_ROOT, free_port, stop_process, wait_for_http
 
 STAND_IN_COMMAND = [sys.executable, str(Path(__file__).with_name("stand_in_stage.py"))]
 ORPHAN_TAG = "MOTLEY_AGENT_TEST_TAG"
@@ -101,3 +104,17 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, what: str 
             return value
         time.sleep(0.05)
     raise AssertionError(f"{what} not reached within {timeout_s}s")
+
+
+@contextmanager
+def daphne(env: dict[str, str]) -> Iterator[str]:
+    """daphne serving controlplane.asgi with ``env`` on a free port for the block; yields its URL."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                               "controlplane.asgi:application"], env=env, cwd=REPO_ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/api/schema/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_process(server, timeout_s=3)  # daphne waits on its websocket tasks; the test is over

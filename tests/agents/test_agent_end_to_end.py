@@ -20,8 +20,8 @@ from agents.discovery.emulated import emulated_devices
 from agents.queue_consumer import START_STAGE
 from agents.registration import register
 from agents.telemetry import websocket_url
-from tests.agents.helpers import STAND_IN_COMMAND, stage_spec, tiny_model, wait_until
-from tests.support.processes import REPO_ROOT, embedded_env, free_port, manage_argv, wait_for_http
+from tests.agents.helpers import STAND_IN_COMMAND, daphne, stage_spec, tiny_model, wait_until
+from tests.support.processes import REPO_ROOT, embedded_env, free_port, manage_argv
 
 pytestmark = pytest.mark.slow
 
@@ -32,20 +32,8 @@ def control_plane(tmp_path_factory):
     var = tmp_path_factory.mktemp("var")
     env = {**embedded_env(var), "MOTLEY_NODE_LOST_AFTER_S": "600"}
     subprocess.run(manage_argv("migrate", "--noinput", "-v0"), env=env, cwd=REPO_ROOT, check=True)
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                               "controlplane.asgi:application"], env=env, cwd=REPO_ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for_http(f"http://127.0.0.1:{port}/api/schema/")
-        yield f"http://127.0.0.1:{port}", env, var
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=3)
-        except subprocess.TimeoutExpired:  # daphne waits on its websocket tasks; the test is over
-            server.kill()
-            server.wait()
+    with daphne(env) as url:
+        yield url, env, var
 
 
 @pytest.fixture(autouse=True)

@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 
 import httpx
 import pytest
 
-from tests.agents.helpers import wait_until
+from tests.agents.helpers import daphne, wait_until
 from tests.agents.test_agent_end_to_end import _agent, _join_token, _log
-from tests.support.processes import REPO_ROOT, embedded_env, free_port, manage_argv, wait_for_http
+from tests.support.processes import REPO_ROOT, embedded_env, manage_argv
 
 pytestmark = pytest.mark.slow
 
@@ -32,20 +31,8 @@ def control_plane(tmp_path_factory):
                    env=env, cwd=REPO_ROOT, check=True, capture_output=True)
     token = subprocess.run(manage_argv("create_api_token", "op"), env=env, cwd=REPO_ROOT, check=True,
                            capture_output=True, text=True).stdout.strip()
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                               "controlplane.asgi:application"], env=env, cwd=REPO_ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for_http(f"http://127.0.0.1:{port}/api/schema/")
-        yield f"http://127.0.0.1:{port}", env, {"Authorization": f"Token {token}"}
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=3)
-        except subprocess.TimeoutExpired:  # daphne waits on its websocket tasks; the test is over
-            server.kill()
-            server.wait()
+    with daphne(env) as url:
+        yield url, env, {"Authorization": f"Token {token}"}
 
 
 def test_a_throttle_sent_through_the_api_is_reported_by_the_agent_and_observed(control_plane, tiny_fleet,
