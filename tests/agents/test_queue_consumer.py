@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import kombu
 import pytest
@@ -27,6 +29,28 @@ def _filesystem(tmp_path):
     return "filesystem://", filesystem_broker_options(tmp_path / "broker", polling_interval=0.1)
 
 
+def _queue() -> str:
+    return f"node.test-{uuid.uuid4().hex[:8]}"
+
+
+@contextmanager
+def consuming(url: str, options: dict, queue: str, supervisor: Supervisor, throttles: Throttles | None = None,
+              hostname: str | None = None) -> Iterator[QueueConsumer]:
+    """``supervisor``'s queue consumer on ``queue``, started for the block; then it stops, the
+    supervisor closes and a Redis queue is deleted."""
+    app = build_app(url, options, queue, supervisor, throttles)
+    consumer = QueueConsumer(app, queue, hostname=hostname or f"agent@{queue}")
+    consumer.start()
+    try:
+        yield consumer
+    finally:
+        consumer.stop()
+        supervisor.close()
+        if url.startswith("redis"):
+            with kombu.Connection(url) as conn:
+                conn.default_channel.client.delete(queue)
+
+
 @pytest.fixture(params=["redis", "filesystem"])
 def broker(request, tmp_path):
     if request.param == "redis":
@@ -40,20 +64,12 @@ def broker(request, tmp_path):
 def agent_side(broker, tmp_path, tiny_fleet):
     """A supervisor and its queue consumer on a queue of its own; yields (queue, events, supervisor)."""
     url, options = broker
-    queue = f"node.test-{uuid.uuid4().hex[:8]}"
+    queue = _queue()
     events = Events()
     supervisor = Supervisor(tmp_path / "state", Admission(emulated_devices(tiny_fleet, "box")), events,
                             command=STAND_IN_COMMAND, policy=RestartPolicy(stop_grace_s=1.0))
-    consumer = QueueConsumer(build_app(url, options, queue, supervisor), queue, hostname=f"agent@{queue}")
-    consumer.start()
-    try:
+    with consuming(url, options, queue, supervisor):
         yield queue, events, supervisor
-    finally:
-        consumer.stop()
-        supervisor.close()
-        if url.startswith("redis"):
-            with kombu.Connection(url) as conn:
-                conn.default_channel.client.delete(queue)
 
 
 @pytest.fixture
@@ -134,9 +150,7 @@ def test_the_embedded_broker_consumer_waits_for_a_message_being_written(tmp_path
     events = Events()
     supervisor = Supervisor(tmp_path / "state", Admission(emulated_devices(tiny_fleet, "box")), events,
                             command=STAND_IN_COMMAND)
-    consumer = QueueConsumer(build_app(url, options, queue, supervisor), queue, hostname="agent@half")
-    consumer.start()
-    try:
+    with consuming(url, options, queue, supervisor, hostname="agent@half") as consumer:
         controller = Celery("controller", broker=url, set_as_current=False, fixups=[])
         controller.conf.broker_transport_options = {**options, "data_folder_out": str(tmp_path / "outbox")}
         (tmp_path / "outbox").mkdir()
@@ -150,33 +164,21 @@ def test_the_embedded_broker_consumer_waits_for_a_message_being_written(tmp_path
         assert consumer.alive
         being_written.write_bytes(written.read_bytes())
         events.wait_for(lambda s: s.state == "ready")
-    finally:
-        consumer.stop()
-        supervisor.close()
 
 
 def test_set_throttle_through_the_broker_reaches_the_devices_metrics(broker, controller, tmp_path,
                                                                     tiny_fleet):
     url, options = broker
-    queue = f"node.test-{uuid.uuid4().hex[:8]}"
+    queue = _queue()
     devices = emulated_devices(tiny_fleet, "box")
     throttles = Throttles(tmp_path / "throttle", devices)
     metrics = EmulatedMetrics(devices, throttles)
     supervisor = Supervisor(tmp_path / "state", Admission(devices, throttles=throttles), Events(),
                             command=STAND_IN_COMMAND)
-    app = build_app(url, options, queue, supervisor, throttles)
-    consumer = QueueConsumer(app, queue, hostname=f"agent@{queue}")
-    consumer.start()
     send = {"queue": queue, "serializer": "json"}
-    try:
+    with consuming(url, options, queue, supervisor, throttles):
         controller.send_task(SET_THROTTLE, kwargs={"device_index": 1, "factor": 0.5}, **send)
         hot = wait_until(lambda: metrics.sample([])[1].throttle_reasons, what="the throttle reported")
         assert hot == ("sw_thermal",) and metrics.sample([])[0].throttle_reasons == ()
         controller.send_task(SET_THROTTLE, kwargs={"device_index": 1, "factor": 1.0}, **send)
         wait_until(lambda: metrics.sample([])[1].throttle_reasons == (), what="the card recovered")
-    finally:
-        consumer.stop()
-        supervisor.close()
-        if url.startswith("redis"):
-            with kombu.Connection(url) as conn:
-                conn.default_channel.client.delete(queue)
