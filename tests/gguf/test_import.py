@@ -195,3 +195,18 @@ def test_a_failure_midway_leaves_nothing_and_keeps_an_older_import(tiny_ggufs, t
         import_gguf(tiny_ggufs["qwen2"], out)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_smollm2_is_found_through_the_wheels_metadata(monkeypatch):
+    from importlib import metadata
+
+    from controlplane.models_catalog import smollm2
+
+    found = smollm2.smollm2_gguf_path()
+    assert found is None or (found.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and found.is_file())
+
+    def absent(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(smollm2.metadata, "distribution", absent)
+    assert smollm2.smollm2_gguf_path() is None
