@@ -2,7 +2,9 @@
 
 Tokenizing in the gateway keeps the workers pure tensor programs: they see token ids only.
 The chat template is the Jinja2 template of ``tokenizer_config.json`` (as ``transformers`` renders
-it), run in Jinja2's sandbox since a checkpoint is untrusted input.
+it), run in Jinja2's sandbox since a checkpoint is untrusted input. Generation stops on every end
+token the checkpoint declares: the tokenizer's ``eos_token`` and the ``eos_token_id`` (an int or a
+list) of ``config.json`` and ``generation_config.json`` (SmolLM2: ``<|im_end|>`` and ``<|endoftext|>``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class ModelTokenizer:
     bos_token: str | None
     eos_token: str | None
     max_context: int
+    model_eos_token_ids: tuple[int, ...] = ()  # config.json / generation_config.json's eos_token_id
 
     @classmethod
     def load(cls, path: str | Path) -> ModelTokenizer:
@@ -50,8 +53,10 @@ class ModelTokenizer:
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
+        """Every token that ends generation: the tokenizer's EOS first, then the model's own list."""
         token_id = self.tokenizer.token_to_id(self.eos_token) if self.eos_token else None
-        return () if token_id is None else (token_id,)
+        ids = ((token_id,) if token_id is not None else ()) + self.model_eos_token_ids
+        return tuple(dict.fromkeys(ids))
 
     def encode_prompt(self, text: str) -> list[int]:
         """A completion prompt, with the special tokens the tokenizer adds (e.g. BOS)."""
@@ -75,14 +80,28 @@ class ModelTokenizer:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
 
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _eos_ids(*configs: dict) -> tuple[int, ...]:
+    """``eos_token_id`` of each config (an int, a list of ints, or absent), in order, without repeats."""
+    ids: list[int] = []
+    for config in configs:
+        value = config.get("eos_token_id")
+        for token_id in value if isinstance(value, list) else [value]:
+            if isinstance(token_id, int) and not isinstance(token_id, bool) and token_id not in ids:
+                ids.append(token_id)
+    return tuple(ids)
+
+
 @lru_cache(maxsize=16)
 def _load(path: str) -> ModelTokenizer:
     directory = Path(path)
     tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-    config_path = directory / "tokenizer_config.json"
-    config = json.loads(config_path.read_text()) if config_path.exists() else {}
-    model_path = directory / "config.json"
-    model_config = json.loads(model_path.read_text()) if model_path.exists() else {}
+    config = _json(directory / "tokenizer_config.json")
+    model_config = _json(directory / "config.json")
+    generation_config = _json(directory / "generation_config.json")
     max_context = model_config.get("max_position_embeddings") or config.get("model_max_length") or 2048
     template = config.get("chat_template") or DEFAULT_CHAT_TEMPLATE
     if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
@@ -93,4 +112,5 @@ def _load(path: str) -> ModelTokenizer:
         bos_token=_token_text(config.get("bos_token")),
         eos_token=_token_text(config.get("eos_token")),
         max_context=int(max_context),
+        model_eos_token_ids=_eos_ids(model_config, generation_config),
     )
