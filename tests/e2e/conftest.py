@@ -12,8 +12,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from tests.e2e.harness import TIMING, System, stage_processes
-from tests.support.processes import REPO_ROOT, embedded_env, redis_up
+from tests.e2e.harness import TIMING, System, embedded_system_at, running, stage_ports
+from tests.support.processes import REPO_ROOT, redis_up
 
 
 @pytest.fixture(scope="session")
@@ -25,17 +25,11 @@ def demo_model(tmp_path_factory) -> Path:
     return out
 
 
-def _stage_ports() -> str:
-    base = 20000 + (uuid.uuid4().int % 400) * 100
-    return f"{base}-{base + 99}"
-
-
 @pytest.fixture
 def embedded_system(tmp_path) -> Iterator[System]:
     """SQLite and the filesystem broker, as `make run` starts them."""
-    env = {**embedded_env(tmp_path / "var"), **TIMING, "MOTLEY_STAGE_PORTS": _stage_ports()}
-    system = System(workdir=tmp_path, env=env)
-    yield from _run(system)
+    with running(embedded_system_at(tmp_path)) as system:
+        yield system
 
 
 def _service_urls() -> tuple[str, str] | None:
@@ -65,24 +59,13 @@ def service_system(tmp_path) -> Iterator[System]:
     broker_url = broker_url.rsplit("/", 1)[0] + "/13"
     redis.Redis.from_url(broker_url).flushdb()
     env = {**os.environ, **TIMING, "MOTLEY_VAR_DIR": str(tmp_path / "var"),
-           "MOTLEY_STAGE_PORTS": _stage_ports(),
+           "MOTLEY_STAGE_PORTS": stage_ports(),
            "DATABASE_URL": urlunsplit(urlsplit(database_url)._replace(path=f"/{name}")),
            "CELERY_BROKER_URL": broker_url, "CHANNEL_REDIS_URL": broker_url.rsplit("/", 1)[0] + "/12"}
     env.pop("DJANGO_SETTINGS_MODULE", None)
     try:
-        yield from _run(System(workdir=tmp_path, env=env))
+        with running(System(workdir=tmp_path, env=env)) as system:
+            yield system
     finally:
         with psycopg.connect(admin, autocommit=True) as connection:
             connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def _run(system: System) -> Iterator[System]:
-    try:
-        system.start()
-        yield system
-    finally:
-        system.stop()
-        leftovers = stage_processes(system.workdir)
-        for process in leftovers:
-            process.kill()
-        assert not leftovers, f"stage processes outlived the system: {[p.cmdline() for p in leftovers]}"

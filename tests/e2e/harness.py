@@ -9,7 +9,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,14 @@ from typing import Any
 import httpx
 import psutil
 
-from tests.support.processes import REPO_ROOT, free_port, manage_argv, read_credentials, wait_for_http
+from tests.support.processes import (
+    REPO_ROOT,
+    embedded_env,
+    free_port,
+    manage_argv,
+    read_credentials,
+    wait_for_http,
+)
 
 FLEET = """
 name: e2e
@@ -188,3 +197,32 @@ def stage_processes(workdir: Path) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+def stage_ports() -> str:
+    """``MOTLEY_STAGE_PORTS`` of a system of its own: 100 ports from a block picked at random among 400."""
+    base = 20000 + (uuid.uuid4().int % 400) * 100
+    return f"{base}-{base + 99}"
+
+
+def embedded_system_at(workdir: Path, **env: str) -> System:
+    """A System (not started) on SQLite and the filesystem broker, as `make run` starts them, in
+    ``workdir`` with the short TIMING clocks, ``env`` and stage ports of its own."""
+    return System(workdir=workdir, env={**embedded_env(workdir / "var"), **TIMING, **env,
+                                        "MOTLEY_STAGE_PORTS": stage_ports()})
+
+
+@contextmanager
+def running(system: System, *, check_leftovers: bool = True) -> Iterator[System]:
+    """``system`` started for the block, then stopped; stage processes left behind are killed and,
+    with ``check_leftovers``, fail the test."""
+    try:
+        system.start()
+        yield system
+    finally:
+        system.stop()
+        leftovers = stage_processes(system.workdir)
+        for process in leftovers:
+            process.kill()
+        if check_leftovers:
+            assert not leftovers, f"stage processes outlived the system: {[p.cmdline() for p in leftovers]}"

@@ -10,7 +10,6 @@ import asyncio
 import statistics
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -21,8 +20,7 @@ from contracts.model_config import ModelConfig
 from contracts.profiler import profile_model
 from controlplane.planning import Placement, PlanRequest, Workload
 from controlplane.planning.cost_model import CostModel
-from tests.e2e.harness import TIMING, System, stage_processes, wait_until
-from tests.support.processes import embedded_env
+from tests.e2e.harness import System, embedded_system_at, running, wait_until
 from worker_runtime.client import PipelineClient
 from worker_runtime.sampling import SamplingParams
 
@@ -51,16 +49,8 @@ SLOW, ALIKE = "n1/gpu0", "n2/gpu0"
 
 @pytest.fixture
 def paced_system(tmp_path) -> Iterator[System]:
-    base = 20000 + (uuid.uuid4().int % 400) * 100
-    env = {**embedded_env(tmp_path / "var"), **TIMING, **PACED, "MOTLEY_STAGE_PORTS": f"{base}-{base + 99}"}
-    system = System(workdir=tmp_path, env=env)
-    try:
-        system.start()
+    with running(embedded_system_at(tmp_path, **PACED), check_leftovers=False) as system:
         yield system
-    finally:
-        system.stop()
-        for process in stage_processes(system.workdir):
-            process.kill()
 
 
 def raw_decode_ms(model_dir, device: str, start: int, end: int, batch: float, context: int) -> float:

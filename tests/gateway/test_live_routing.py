@@ -17,10 +17,9 @@ import time
 import httpx
 import pytest
 
-from tests.dashboard.browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS
-from tests.e2e.conftest import _stage_ports
-from tests.e2e.harness import TIMING, System, stage_processes, wait_until
-from tests.support.processes import embedded_env, read_credentials
+from tests.dashboard.browser import SCREENSHOTS, logged_in_page
+from tests.e2e.harness import System, embedded_system_at, running, wait_until
+from tests.support.processes import read_credentials
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 FLEET = """
@@ -59,17 +58,8 @@ def six_layer_model(tmp_path_factory):
 
 @pytest.fixture
 def system(tmp_path):
-    env = {**embedded_env(tmp_path / "var"), **TIMING, **ENV, "MOTLEY_STAGE_PORTS": _stage_ports()}
-    system = System(workdir=tmp_path, env=env)
-    try:
-        system.start()
+    with running(embedded_system_at(tmp_path, **ENV)) as system:
         yield system
-    finally:
-        system.stop()
-        leftovers = stage_processes(system.workdir)
-        for process in leftovers:
-            process.kill()
-        assert not leftovers, f"stage processes outlived the system: {[p.cmdline() for p in leftovers]}"
 
 
 class Gateway:
@@ -108,29 +98,19 @@ class Gateway:
 def deployments_page_shows_the_throttle(system: System, r0: str, r1: str) -> None:
     """The Deployments page's Routing table names r0's throttle and reason (skipped without Playwright)."""
     try:
-        from playwright.sync_api import sync_playwright
+        import playwright.sync_api  # noqa: F401
     except ImportError:
         return
     admin = read_credentials(system.workdir / "var")
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1000}, base_url=system.url)
-            page.set_default_timeout(15_000)
-            page.goto("/deployments/")
-            page.fill("input[name=username]", admin["username"])
-            page.fill("input[name=password]", admin["password"])
-            page.click("button[type=submit]")
-            page.goto("/deployments/")
-            row = page.locator(f'table[data-routing] tr[data-replica="{r0}"]')
-            row.filter(has_text="sw_thermal").wait_for()
-            assert page.locator(f'table[data-routing] tr[data-replica="{r1}"]').count() == 1
-            page.locator("details.decisions summary").first.click()
-            page.locator("table[data-decisions] tr", has_text=r1).first.wait_for()
-            page.screenshot(path=str(SCREENSHOTS / "deployments-routing.png"), full_page=True)
-        finally:
-            browser.close()
+    with logged_in_page(system.url, (admin["username"], admin["password"]), viewport=(1500, 1000),
+                        start="/deployments/", landing=None) as page:
+        page.goto("/deployments/")
+        row = page.locator(f'table[data-routing] tr[data-replica="{r0}"]')
+        row.filter(has_text="sw_thermal").wait_for()
+        assert page.locator(f'table[data-routing] tr[data-replica="{r1}"]').count() == 1
+        page.locator("details.decisions summary").first.click()
+        page.locator("table[data-decisions] tr", has_text=r1).first.wait_for()
+        page.screenshot(path=str(SCREENSHOTS / "deployments-routing.png"), full_page=True)
 
 
 def test_throttled_and_silent_replicas_lose_their_traffic_and_get_it_back(system, six_layer_model):
