@@ -1,5 +1,5 @@
 """The router fed by live state, with real processes: run_local (daphne + Celery), two agents
-emulating one T4 each (n1's card paced at 0.6 of its speed, which nothing reports: only measured
+emulating one T4 each (n1's card paced at 0.3 of its speed, which nothing reports: only measured
 step times show it), a deployment of two one-stage replicas, and OpenAI requests through the gateway.
 
 Sequential requests go to the replica the router estimates fastest: r0 (n0). n0's card made to
@@ -33,14 +33,15 @@ nodes:
     address: 127.0.0.1
     gpus:
       - model: T4
-        speed_factor: 0.6
+        speed_factor: 0.3
 """
 PLAN = {"replicas": [{"stages": [{"device": f"n{i}/gpu0", "layers": [0, 6], "bits": 16}]} for i in range(2)]}
 REQUEST = {"batch": 4, "context": 256, "replicas": 2}
-# Pacing dominates the CPU work: a T4 step of the demo model takes ~35 ms, n1's ~60 ms, both over the
-# costs assumed for a plan without predictions (20 ms), so each replica is tried, measured and ranked.
+# Pacing dominates the CPU work: a T4 step of the demo model takes ~35 ms, n1's ~120 ms, both over the
+# costs assumed for a plan without predictions (20 ms), so each replica is tried, measured and ranked;
+# the margins (3x, and n0 throttled to 0.15: ~2x slower than n1) hold on a loaded 2-core machine.
 # Nodes are not declared lost while an agent is stopped (the test wants stale telemetry, not a re-plan).
-ENV = {"MOTLEY_EMULATION_TIME_SCALE": "8000", "MOTLEY_NODE_LOST_AFTER_S": "120"}
+ENV = {"MOTLEY_EMULATION_TIME_SCALE": "20000", "MOTLEY_NODE_LOST_AFTER_S": "120"}
 CREATE_KEY = ("from django.contrib.auth.models import User; from controlplane.gateway.services import "
               "api_key_create; print(api_key_create(user=User.objects.create_user('client'), name='live')[1])")
 SHIFT_S = 6.0  # a sample reaches the router within a heartbeat (1 s) and a health refresh (0.5 s)
@@ -131,11 +132,11 @@ def test_throttled_and_silent_replicas_lose_their_traffic_and_get_it_back(system
 
     # Warm up until the measured step times rank the replicas: n0's full-speed card first.
     wait_until(lambda: gateway.served()[-3:] == [R0] * 3 and gateway.replica(R1)["costs_source"] == "measured"
-               == gateway.replica(R0)["costs_source"], 40, "both replicas measured, r0 preferred", poll_s=0)
+               == gateway.replica(R0)["costs_source"], 60, "both replicas measured, r0 preferred", poll_s=0)
     assert gateway.replica(R0)["costs"]["decode_step_s"] < 0.8 * gateway.replica(R1)["costs"]["decode_step_s"]
 
     devices = {d["node_name"]: d["id"] for d in system.get("/api/v1/devices/")["results"]}
-    assert system.post(f"/api/v1/devices/{devices['n0']}/emulate-throttle/", {"factor": 0.3}).status_code == 202
+    assert system.post(f"/api/v1/devices/{devices['n0']}/emulate-throttle/", {"factor": 0.15}).status_code == 202
     seen = gateway.wait(lambda r0, r1: r0["health"]["throttle"] > 0.6, "r0's throttle seen by the router")
     assert gateway.served() == [R1] * 4, "traffic stayed on the throttled replica"
     r0 = gateway.replica(R0)
