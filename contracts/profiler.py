@@ -9,7 +9,7 @@ norm and ``lm_head`` on the last stage.
 Quantization (weight-only; what the stage engine applies to every nn.Linear):
 - int8: one int8 per weight plus one 16-bit scale per output channel (per row of the weight;
   bf16 in the stage engine).
-- int4: two weights per byte, grouped along the input dimension (``group_size``, default 128),
+- int4: two weights per byte, grouped along the input dimension (``group_size``, default 32),
   with a 16-bit scale and zero point per group per output channel.
 - Norms, biases and the embedding table stay 16-bit at every precision: the embedding is a lookup
   whose bytes barely matter next to a stage's matmuls, and quantizing it would cost accuracy for
@@ -23,7 +23,9 @@ from math import ceil
 from contracts.model_config import ModelConfig
 from contracts.model_profile import LayerProfile, ModelProfile
 
-DEFAULT_GROUP_SIZE = 128
+# Groups of 32 (the smallest torch's int4 kernels take): within 10 % of fp32 perplexity on SmolLM2-135M
+# where 128 (64 in practice, for its 576-wide inputs) doubled it; see docs/benchmarks.md.
+DEFAULT_GROUP_SIZE = 32
 HALF = 2  # bytes of a 16-bit value
 
 

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from contracts.model_config import ModelConfig
+from contracts.profiler import DEFAULT_GROUP_SIZE
 
 from .stage import Batch, Stage
 
@@ -126,7 +127,7 @@ def measure_quality(
     tokens: int = 1024,
     held_tokens: int | None = None,
     window: int = 256,
-    group_size: int = 128,
+    group_size: int = DEFAULT_GROUP_SIZE,
     layers: list[int] | None = None,
     progress=None,
 ) -> QualityReport:

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from contracts.profiler import DEFAULT_GROUP_SIZE
+
 from .kernels.int8_matmul import int8_matmul, kernel_enabled
 
 KERNEL_DTYPE = torch.bfloat16
@@ -123,7 +125,7 @@ class Int4Linear(nn.Module):
         bias: bool,
         device: torch.device,
         dtype: torch.dtype,
-        group_size: int = 128,
+        group_size: int = DEFAULT_GROUP_SIZE,
     ):
         super().__init__()
         if out_features % 16:

@@ -16,6 +16,7 @@ from torch import nn
 
 from contracts.model_config import ModelConfig
 from contracts.precision import layer_precisions
+from contracts.profiler import DEFAULT_GROUP_SIZE
 
 from .dense import Linear
 from .kv_cache import KVCache
@@ -92,7 +93,7 @@ class Stage(nn.Module):
         low_from: int | None = None,
         kv_tokens: int = 4096,
         block_size: int = 16,
-        group_size: int = 128,
+        group_size: int = DEFAULT_GROUP_SIZE,
     ):
         super().__init__()
         if not 0 <= start < end <= config.num_layers:
@@ -158,7 +159,7 @@ class Stage(nn.Module):
         low_from: int | None = None,
         kv_tokens: int = 4096,
         block_size: int = 16,
-        group_size: int = 128,
+        group_size: int = DEFAULT_GROUP_SIZE,
     ) -> "Stage":
         """Load layers [start, end) of the checkpoint in ``model_dir``, reading only this stage's tensors.
 

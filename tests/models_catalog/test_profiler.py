@@ -42,8 +42,8 @@ def test_llama2_7b_layer_figures():
     assert layer.weight_bytes[16] == 2 * layer.params
     # int8: a byte a weight, one fp16 scale per output row (q, k, v, o, down: 5 * 4096; gate, up: 2 * 11008).
     assert layer.weight_bytes[8] == matmul + 2 * (5 * 4096 + 2 * 11008) + 2 * 2 * 4096
-    # int4: half a byte a weight, fp16 scale + zero per 128 inputs per row.
-    groups = (4 * 4096 * 4096 + 2 * 4096 * 11008) // 128 + 11008 * 4096 // 128
+    # int4: half a byte a weight, fp16 scale + zero per 32 inputs per row (the default group).
+    groups = (4 * 4096 * 4096 + 2 * 4096 * 11008) // 32 + 11008 * 4096 // 32
     assert layer.weight_bytes[4] == matmul // 2 + 4 * groups + 2 * 2 * 4096
     assert p.activation_bytes_per_token == 4096 * 2
     assert p.embedding.flops_per_token == 0 and p.embedding.weight_bytes[4] == 32000 * 4096 * 2
@@ -70,9 +70,9 @@ def test_tied_embeddings_are_counted_once_but_held_twice():
 
 
 def test_group_size_and_round_trip():
-    small = profile("Llama-2-7B", group_size=64)
-    assert small.layers[0].weight_bytes[4] > profile("Llama-2-7B").layers[0].weight_bytes[4]
-    assert small.extra["quantization"]["group_size"] == 64
-    assert ModelProfile.from_dict(json.loads(json.dumps(small.to_dict()))) == small
+    coarse = profile("Llama-2-7B", group_size=128)  # fewer groups than the default 32: fewer bytes
+    assert coarse.layers[0].weight_bytes[4] < profile("Llama-2-7B").layers[0].weight_bytes[4]
+    assert coarse.extra["quantization"]["group_size"] == 128
+    assert ModelProfile.from_dict(json.loads(json.dumps(coarse.to_dict()))) == coarse
     with pytest.raises(ValueError, match="group_size"):
         profile("Llama-2-7B", group_size=0)

@@ -19,6 +19,7 @@ def measured(tmp_path):
     model = model_register(path=fragile_checkpoint(tmp_path / "fragile"))
     out = StringIO()
     call_command("profile_quality", model.name, "--tokens", "256", "--held-tokens", "256", "--window", "128",
+                 "--group-size", "128",  # the fragile layer is planted for groups of 128
                  stdout=out)
     model.refresh_from_db()
     return model, out.getvalue()

@@ -3,6 +3,7 @@
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
+from contracts.profiler import DEFAULT_GROUP_SIZE
 from controlplane.models_catalog.models import LlmModel
 from controlplane.models_catalog.services import model_quality_record
 
@@ -19,7 +20,7 @@ class Command(BaseCommand):
         parser.add_argument("--tokens", type=int, default=1024, help="calibration tokens (default 1024)")
         parser.add_argument("--held-tokens", type=int, help="held-out tokens for perplexity (default: the rest)")
         parser.add_argument("--window", type=int, default=256, help="tokens per independent sequence")
-        parser.add_argument("--group-size", type=int, default=128, help="int4 group size")
+        parser.add_argument("--group-size", type=int, default=DEFAULT_GROUP_SIZE, help="int4 group size")
         parser.add_argument("--text", help="calibration text file (default: examples/calibration/apache-2.0.txt)")
 
     def handle(self, *args, **options):
