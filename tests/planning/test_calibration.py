@@ -13,11 +13,9 @@ from hypothesis import strategies as st
 from contracts.hardware import FleetSpec, NodeSpec
 from controlplane.planning import PlanRequest, Workload, plan
 from controlplane.planning.cost_model import CostModel, slowdown
-from controlplane.planning.partition import bottleneck_partition
 from controlplane.planning.plan import Placement
-from controlplane.planning.quality_budget import THROUGHPUT_TOLERANCE
 from tests.planning.factories import CARDS, device, fleet, profile
-from tests.planning.test_exact import brute_force
+from tests.planning.test_exact import assert_search_equals_brute_force
 
 
 def calibrated(spec: FleetSpec, factors: dict[str, dict]) -> FleetSpec:
@@ -104,15 +102,4 @@ def test_the_bottleneck_search_stays_exact_with_factors_per_precision(cards, lay
                              for d, f in zip(base.devices, factors)})
     request = PlanRequest(spec, profile(sizes=layer_sizes), Workload(batch=batch, context=2048),
                           max_quantized=share)
-    cost = CostModel(request)
-    devices = list(spec.devices)
-    found = bottleneck_partition(cost, devices, batch, request.quantized_layer_budget, request.bits,
-                                 exact_order=True)
-    best, fewest = brute_force(cost, devices, batch, request.quantized_layer_budget)
-    if best is None:
-        assert found is None
-        return
-    assert found is not None
-    assert found.objective_s * (1.0 - THROUGHPUT_TOLERANCE) <= best * (1 + 1e-12)
-    assert found.quantized == fewest
-    assert found.objective_s >= best * (1 - 1e-12)
+    assert_search_equals_brute_force(request, CostModel(request), list(spec.devices), batch)

@@ -128,13 +128,18 @@ def test_bottleneck_equals_brute_force(cards, layer_sizes, batch, micro, two_nod
     request, cost = instance(cards, layer_sizes, batch, two_nodes, share)
     devices = list(request.fleet.devices)
     micro_batch = max(1, batch // micro)
+    assert_search_equals_brute_force(request, cost, devices, micro_batch)
+
+
+def assert_search_equals_brute_force(request, cost, devices, micro_batch) -> None:
+    """The exact-order bottleneck search finds a plan within 1% of the brute-force optimum, with the
+    fewest low-bit layers such plans can have (or none when the brute force finds none)."""
     found = bottleneck_partition(cost, devices, micro_batch, request.quantized_layer_budget, request.bits,
                                  exact_order=True)
     best, fewest = brute_force(cost, devices, micro_batch, request.quantized_layer_budget)
     if best is None:
         assert found is None
         return
-    # Within 1% of the optimum, with the fewest low-bit layers such plans can have.
     assert found is not None
     assert found.objective_s * (1.0 - THROUGHPUT_TOLERANCE) <= best * (1 + 1e-12)
     assert found.quantized == fewest

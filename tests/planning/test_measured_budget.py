@@ -65,18 +65,23 @@ def measured_request(cards, sizes, batch, sensitivity, max_kl):
 
 
 @settings(max_examples=25, deadline=None)
-@given(cards=st.lists(st.sampled_from(sorted(CARDS)), min_size=1, max_size=3),
-       sizes=st.lists(st.integers(200, 1500).map(lambda m: m * 1_000_000), min_size=2, max_size=5),
-       batch=st.integers(1, 8), data=st.data())
-def test_measured_bottleneck_equals_brute_force(cards, sizes, batch, data):
+def drawn_instance(cards, sizes, batch, data):
+    """A measured request drawn for the brute-force tests: per-layer KL at 8 bits and more at 4 bits,
+    a budget from none to everything; with its cost model, devices, KL prefix sums, the KL and budget."""
     kl8 = data.draw(st.lists(st.floats(0.0, 1.0), min_size=len(sizes), max_size=len(sizes)))
     extra = data.draw(st.lists(st.floats(0.0, 4.0), min_size=len(sizes), max_size=len(sizes)))
     sensitivity = {8: tuple(kl8), 4: tuple(a + b for a, b in zip(kl8, extra))}
     max_kl = data.draw(st.sampled_from([0.0, 0.5, 1.5, 4.0, 100.0]))
     request = measured_request(cards, sizes, batch, sensitivity, max_kl)
-    cost = CostModel(request)
-    devices = list(request.fleet.devices)
     prefix = kl_prefix_units(sensitivity, max_kl, request.bits)
+    return request, CostModel(request), list(request.fleet.devices), prefix, sensitivity, max_kl
+
+
+@given(cards=st.lists(st.sampled_from(sorted(CARDS)), min_size=1, max_size=3),
+       sizes=st.lists(st.integers(200, 1500).map(lambda m: m * 1_000_000), min_size=2, max_size=5),
+       batch=st.integers(1, 8), data=st.data())
+def test_measured_bottleneck_equals_brute_force(cards, sizes, batch, data):
+    request, cost, devices, prefix, sensitivity, max_kl = drawn_instance(cards, sizes, batch, data)
     found = bottleneck_partition(cost, devices, batch, KL_UNITS, request.bits, exact_order=True, kl=prefix)
     best, least = brute_force(cost, devices, batch, prefix)
     if best is None:
@@ -118,14 +123,7 @@ def chain_brute_force(cost: CostModel, devices, micro_batch: int, prefix):
 def test_measured_chain_equals_brute_force(cards, sizes, batch, data):
     """One micro-batch: the least sum of stage times and hops within max_kl over the order (devices
     skipped, any boundary, one precision per stage), with the least KL among such plans."""
-    kl8 = data.draw(st.lists(st.floats(0.0, 1.0), min_size=len(sizes), max_size=len(sizes)))
-    extra = data.draw(st.lists(st.floats(0.0, 4.0), min_size=len(sizes), max_size=len(sizes)))
-    sensitivity = {8: tuple(kl8), 4: tuple(a + b for a, b in zip(kl8, extra))}
-    max_kl = data.draw(st.sampled_from([0.0, 0.5, 1.5, 4.0, 100.0]))
-    request = measured_request(cards, sizes, batch, sensitivity, max_kl)
-    cost = CostModel(request)
-    devices = list(request.fleet.devices)
-    prefix = kl_prefix_units(sensitivity, max_kl, request.bits)
+    request, cost, devices, prefix, sensitivity, max_kl = drawn_instance(cards, sizes, batch, data)
     found = sum_partition_kl(cost, devices, batch, request.bits, prefix)
     best, least = chain_brute_force(cost, devices, batch, prefix)
     if best is None:
