@@ -38,6 +38,10 @@ class ReplicaHead:
     """Where the gateway sends a replica's requests (its head, stage 0) and the token they carry.
 
     The gateway turns it into its own ``gateway.directory.ReplicaEndpoint``, with routing figures.
+    ``slot`` is the plan replica it serves (``plan["replicas"][slot]``: its predicted costs and KV);
+    ``serving`` is False while the controller hands the replica over (a newer pipeline of the same
+    slot takes its place, or its changed stages reload in place): the gateway then admits nothing new
+    to it, and a request it still runs that breaks is resumed elsewhere.
     """
 
     replica: int
@@ -46,6 +50,8 @@ class ReplicaHead:
     auth_token: str
     ready: bool
     stages: tuple[StagePlace, ...] = ()
+    slot: int = 0
+    serving: bool = True
 
 
 def deployment_endpoints(*, deployment: Deployment) -> list[ReplicaHead]:
@@ -66,6 +72,7 @@ def deployment_endpoints(*, deployment: Deployment) -> list[ReplicaHead]:
             stages=tuple(
                 StagePlace(s.stage_key, s.stage_index, s.device.name if s.device else None) for s in own
             ),
+            slot=replica.index,
         ))
     return endpoints
 
