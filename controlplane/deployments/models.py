@@ -34,6 +34,7 @@ class PlanRevision(TimestampedModel):
         EDITED = "edited", "Edited by an operator"
         REPLAN = "replan", "Re-planned after a failure"
         DRAIN = "drain", "Re-planned to drain a node"
+        REBALANCE = "rebalance", "Proposed by the rebalance policy"
 
     model = models.ForeignKey(LlmModel, on_delete=models.PROTECT, related_name="plan_revisions")
     deployment = models.ForeignKey(
@@ -65,6 +66,13 @@ class Deployment(TimestampedModel):
         FAILED = "failed", "Failed"
         STOPPED = "stopped", "Stopped"
 
+    class RebalancePolicy(models.TextChoices):
+        """What the rebalance policy (controlplane/rebalance/) does with a better plan."""
+
+        OFF = "off", "Off: never evaluated"
+        PROPOSE = "propose", "Propose: an operator accepts or dismisses"
+        AUTO = "auto", "Auto: applied at once"
+
     name = models.CharField(max_length=100, unique=True)
     model = models.ForeignKey(LlmModel, on_delete=models.PROTECT, related_name="deployments")
     revision = models.ForeignKey(
@@ -76,6 +84,10 @@ class Deployment(TimestampedModel):
     routing_strategy = models.CharField(
         max_length=32, choices=ROUTING_STRATEGY_CHOICES, default=DEFAULT_ROUTING_STRATEGY,
         help_text="How the gateway chooses among the replicas (docs/gateway.md).",
+    )
+    rebalance_policy = models.CharField(
+        max_length=16, choices=RebalancePolicy.choices, default=RebalancePolicy.PROPOSE,
+        help_text="What the rebalance policy does when a better plan exists (docs/deployments.md).",
     )
     stop_requested = models.BooleanField(default=False)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)

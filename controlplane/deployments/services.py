@@ -54,11 +54,12 @@ def deployment_create(
 @transaction.atomic
 def deployment_update(
     *, deployment: Deployment, routing_strategy: str | None = None, replan_on_failure: bool | None = None,
-    actor: Actor = SYSTEM,
+    rebalance_policy: str | None = None, actor: Actor = SYSTEM,
 ) -> Deployment:
     """Change the settings that need no new plan; the gateway picks a new strategy up at its next
-    refresh (in-flight requests finish where they are). A change is audited (``deployment.updated``,
-    each field's before and after); a request that changes nothing records nothing."""
+    refresh (in-flight requests finish where they are), the rebalance policy its next pass. A change
+    is audited (``deployment.updated``, each field's before and after); a request that changes
+    nothing records nothing."""
     deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
     changes = {}
     if routing_strategy is not None:
@@ -68,6 +69,12 @@ def deployment_update(
     if replan_on_failure is not None:
         changes["replan_on_failure"] = [deployment.replan_on_failure, replan_on_failure]
         deployment.replan_on_failure = replan_on_failure
+    if rebalance_policy is not None:
+        if rebalance_policy not in Deployment.RebalancePolicy.values:
+            raise ValidationError({"rebalance_policy": f"unknown rebalance policy {rebalance_policy!r}; "
+                                                       f"choose one of {', '.join(Deployment.RebalancePolicy.values)}"})
+        changes["rebalance_policy"] = [deployment.rebalance_policy, rebalance_policy]
+        deployment.rebalance_policy = rebalance_policy
     changes = {field: values for field, values in changes.items() if values[0] != values[1]}
     if changes:
         deployment.save(update_fields=[*changes, "last_updated"])
@@ -105,6 +112,7 @@ def deployment_apply(*, deployment: Deployment, revision: PlanRevision, actor: A
 # What applying a revision is audited as, by the revision's source (any other: "plan.applied").
 APPLY_ACTIONS = {
     PlanRevision.Source.EDITED: "plan.edited", PlanRevision.Source.PLANNER: "plan.proposal_accepted",
+    PlanRevision.Source.REBALANCE: "plan.rebalanced",
 }
 
 

@@ -52,7 +52,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
         model = Deployment
         fields = [
             "id", "url", "name", "model", "model_name", "revision", "revision_number", "replan_on_failure",
-            "routing_strategy", "status", "status_message", "stop_requested", "stages", "created", "last_updated",
+            "routing_strategy", "rebalance_policy", "status", "status_message", "stop_requested", "stages", "created", "last_updated",
         ]
 
     def get_stages(self, deployment: Deployment) -> list[dict]:
@@ -101,6 +101,7 @@ class DeploymentUpdateSerializer(serializers.Serializer):
 
     routing_strategy = serializers.ChoiceField(choices=ROUTING_STRATEGY_CHOICES, required=False)
     replan_on_failure = serializers.BooleanField(required=False)
+    rebalance_policy = serializers.ChoiceField(choices=Deployment.RebalancePolicy.choices, required=False)
 
     def validate(self, attrs):
         unknown = sorted(set(self.initial_data) - set(self.fields))

@@ -47,7 +47,8 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
 
     @extend_schema(request=serializers.DeploymentUpdateSerializer, responses=serializers.DeploymentSerializer)
     def partial_update(self, request, pk=None):
-        """Change the routing strategy or replan_on_failure; a new plan goes through apply."""
+        """Change the routing strategy, replan_on_failure or the rebalance policy; a new plan goes
+        through apply."""
         data = serializers.DeploymentUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         deployment = services.deployment_update(
