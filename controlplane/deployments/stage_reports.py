@@ -3,12 +3,15 @@
 The only writer of a stage row's observed half (state, pid, exit code, restarts, message), whether
 the report came as a stage event or inside a heartbeat, one at a time or coalesced. Two rules keep
 reports honest and live here once: a node's agent can only speak of stages placed on that node, and
-a report from a process that a restart replaced says nothing about the new one.
+a report from a process that a restart replaced says nothing about the new one. A third keeps the
+coalesced path from going back in time: a report received before the row was last observed (a
+heartbeat noted while the stage was starting, flushed after its "ready" stage event) is skipped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
@@ -38,19 +41,25 @@ def stage_report_parse(status: Mapping[str, Any]) -> tuple[StageKey, Observed] |
     }
 
 
-def stage_report_is_news(row: DeploymentStage, status: Mapping[str, Any], observed: Observed) -> bool:
-    """Whether ``stage_status_record`` would change ``row`` for this report."""
+def stage_report_is_news(
+    row: DeploymentStage, status: Mapping[str, Any], observed: Observed, received_at: datetime | None = None
+) -> bool:
+    """Whether ``stage_status_record`` would change ``row`` for this report (received at ``received_at``;
+    None: now)."""
     if row.superseded_pid is not None and status.get("pid") == row.superseded_pid:
         return False
+    if received_at is not None and row.observed_at is not None and received_at < row.observed_at:
+        return False  # older than what the row already says
     return any(getattr(row, field) != value for field, value in observed.items())
 
 
-def stage_status_record(*, node: Node, status: Mapping[str, Any]) -> None:
+def stage_status_record(*, node: Node, status: Mapping[str, Any], received_at: datetime | None = None) -> None:
     """Store what a node's agent says about one of its stages (contracts §3 StageStatus).
 
     Only stages placed on ``node`` are looked up, so one node's agent can never change the state of
-    another node's stage. A report from a process a restart replaced is ignored. Reconcile is asked
-    to run when the state changed.
+    another node's stage. A report from a process a restart replaced is ignored, and so is one
+    received (``received_at``, None: now) before the row's ``observed_at``. Reconcile is asked to
+    run when the state changed.
     """
     parsed = stage_report_parse(status)
     if parsed is None:
@@ -61,37 +70,39 @@ def stage_status_record(*, node: Node, status: Mapping[str, Any]) -> None:
             node=node, deployment_id=key.deployment_id, replica=key.replica, stage_index=key.stage_index
         ).order_by("-wanted").first()
     )
-    if row is None or not stage_report_is_news(row, status, observed):
+    if row is None or not stage_report_is_news(row, status, observed, received_at):
         return
     state_changed = row.state != observed["state"]
     for field, value in observed.items():
         setattr(row, field, value)
     row.superseded_pid = None if row.pid is not None else row.superseded_pid
-    row.observed_at = timezone.now()
+    row.observed_at = received_at or timezone.now()
     row.save(update_fields=[*observed, "superseded_pid", "observed_at"])
     if state_changed:
         dispatch.reconcile_on_commit(deployment_id=key.deployment_id)
 
 
-def stage_reports_record_news(*, reports: Mapping[Node, Iterable[Any]]) -> None:
-    """Record many nodes' stage reports, writing only those that differ from the stored rows.
+def stage_reports_record_news(*, reports: Mapping[Node, tuple[datetime, Iterable[Any]]]) -> None:
+    """Record many nodes' stage reports (each node's: the time its heartbeat was received, and the
+    reports), writing only those that differ from the stored rows and are not older than them.
 
     One query reads every reporting node's stages; a report is then recorded through
     ``stage_status_record`` only when it would change a row, so a fleet of unchanged stages costs
     one read (the coalesced heartbeats' path, ``liveness.node_heartbeats_flush``).
     """
-    reporting = {node.pk: (node, list(statuses)) for node, statuses in reports.items()}
-    reporting = {node_id: entry for node_id, entry in reporting.items() if entry[1]}
+    reporting = {node.pk: (node, received_at, list(statuses)) for node, (received_at, statuses) in reports.items()}
+    reporting = {node_id: entry for node_id, entry in reporting.items() if entry[2]}
     if not reporting:
         return
     stored: dict[tuple[int, int, int, int], list[DeploymentStage]] = {}
     for row in DeploymentStage.objects.filter(node_id__in=reporting):
         stored.setdefault((row.node_id, row.deployment_id, row.replica, row.stage_index), []).append(row)
-    for node_id, (node, statuses) in reporting.items():
+    for node_id, (node, received_at, statuses) in reporting.items():
         for status in statuses:
             parsed = stage_report_parse(status) if isinstance(status, Mapping) else None
             if parsed is None:
                 continue
             key, observed = parsed
-            if any(stage_report_is_news(row, status, observed) for row in stored.get((node_id, *key), ())):
-                stage_status_record(node=node, status=status)
+            rows = stored.get((node_id, *key), ())
+            if any(stage_report_is_news(row, status, observed, received_at) for row in rows):
+                stage_status_record(node=node, status=status, received_at=received_at)

@@ -17,6 +17,7 @@ from controlplane.deployments.liveness import (
 from controlplane.deployments.models import Deployment, DeploymentStage, PlanRevision
 from controlplane.deployments.reconcile import deployment_reconcile
 from controlplane.deployments.services import deployment_create
+from controlplane.deployments.stage_reports import stage_status_record
 from controlplane.inventory.models import Node
 from tests.deployments.conftest import report
 
@@ -116,6 +117,25 @@ def test_a_coalesced_heartbeat_records_a_stage_whose_stored_state_differs(nodes,
                                                        superseded_pid=100 + stage.stage_index, pid=None)
     node_heartbeats_flush(seen=[seen(stage.node, 0, [ready])])
     assert DeploymentStage.objects.get(pk=stage.pk).state == DeploymentStage.State.PENDING
+
+
+def test_a_coalesced_report_older_than_the_rows_observation_is_skipped(nodes, revision, sent):
+    """The race of commit 5379e33: a heartbeat noted while the stage was starting, flushed after the
+    prompt "ready" stage event, flipped the row back to starting."""
+    deployment = deployment_create(name="tiny", revision=revision)
+    deployment_reconcile(deployment_id=deployment.pk)
+    stage = deployment.stages.get(stage_index=0)
+    noted = seen(stage.node, 0.3, [report(stage, "starting", 100)])  # received before the event below
+    stage_status_record(node=stage.node, status=report(stage, "ready", 100))
+    sent.reconciles.clear()
+    assert node_heartbeats_flush(seen=[noted]) == {}
+    assert DeploymentStage.objects.get(pk=stage.pk).state == DeploymentStage.State.READY
+    assert sent.reconciles == []
+    # A report received after the row's observation is still news, and is dated when it was received.
+    later = seen(stage.node, 0, [report(stage, "exited", 100, exit_code=1)])
+    node_heartbeats_flush(seen=[later])
+    row = DeploymentStage.objects.get(pk=stage.pk)
+    assert row.state == DeploymentStage.State.EXITED and row.observed_at == later.received_at
 
 
 HEARD_FROM = {
