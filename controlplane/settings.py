@@ -13,7 +13,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from contracts.tasks import CALIBRATE, NODE_HEALTH_CHECK, RECONCILE_ALL
+from contracts.tasks import CALIBRATE, NODE_HEALTH_CHECK, REBALANCE_EVALUATE, RECONCILE_ALL
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("MOTLEY_VAR_DIR", BASE_DIR / "var"))
@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "controlplane.deployments",
     "controlplane.enrollment",
     "controlplane.telemetry",
+    "controlplane.rebalance",
     "controlplane.dashboard",
 ]
 
@@ -250,6 +251,16 @@ MOTLEY_CALIBRATION_WINDOW_S = float(os.environ.get("MOTLEY_CALIBRATION_WINDOW_S"
 MOTLEY_CALIBRATION_MIN_SAMPLES = int(os.environ.get("MOTLEY_CALIBRATION_MIN_SAMPLES", "8"))
 MOTLEY_CALIBRATION_MIN_DECODE_STEPS = int(os.environ.get("MOTLEY_CALIBRATION_MIN_DECODE_STEPS", "3"))
 MOTLEY_CALIBRATION_EVENT_CHANGE = float(os.environ.get("MOTLEY_CALIBRATION_EVENT_CHANGE", "0.1"))
+# The rebalance policy (docs/deployments.md, "Rebalance policy"): a pass every INTERVAL_S over each READY
+# deployment whose policy is not off; a drift beyond DRIFT (a fraction) or a throttle lasting DRIFT_FOR_S
+# triggers it, the fleet changing too, and every CHECK_S the planner is asked for a better plan. It acts
+# only on a predicted gain of MIN_GAIN, never within COOLDOWN_S of the last applied change.
+MOTLEY_REBALANCE_INTERVAL_S = float(os.environ.get("MOTLEY_REBALANCE_INTERVAL_S", "10"))
+MOTLEY_REBALANCE_DRIFT = float(os.environ.get("MOTLEY_REBALANCE_DRIFT", "0.25"))
+MOTLEY_REBALANCE_DRIFT_FOR_S = float(os.environ.get("MOTLEY_REBALANCE_DRIFT_FOR_S", "60"))
+MOTLEY_REBALANCE_MIN_GAIN = float(os.environ.get("MOTLEY_REBALANCE_MIN_GAIN", "0.15"))
+MOTLEY_REBALANCE_COOLDOWN_S = float(os.environ.get("MOTLEY_REBALANCE_COOLDOWN_S", "300"))
+MOTLEY_REBALANCE_CHECK_S = float(os.environ.get("MOTLEY_REBALANCE_CHECK_S", "300"))
 CELERY_BEAT_SCHEDULE = {
     "node-health-check": {
         "task": NODE_HEALTH_CHECK,
@@ -267,6 +278,11 @@ CELERY_BEAT_SCHEDULE = {
         # Not the interval: behind the health checks on a busy worker, passes would expire unrun. A
         # late pass reads the latest samples all the same; one read twice counts once.
         "options": {"expires": max(5.0, 3 * MOTLEY_CALIBRATION_INTERVAL_S)},
+    },
+    "rebalance": {
+        "task": REBALANCE_EVALUATE,
+        "schedule": MOTLEY_REBALANCE_INTERVAL_S,
+        "options": {"expires": MOTLEY_REBALANCE_INTERVAL_S},
     },
 }
 

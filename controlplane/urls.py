@@ -16,6 +16,7 @@ api_v1 = [
     path("", include("controlplane.enrollment.api.urls")),
     path("", include("controlplane.deployments.api.urls")),
     path("", include("controlplane.telemetry.api.urls")),
+    path("", include("controlplane.rebalance.api.urls")),
     path("", include("controlplane.gateway.api_urls")),
     path("", include("controlplane.audit.api.urls")),
 ]

@@ -39,7 +39,8 @@ if TYPE_CHECKING:
     from django.http import HttpRequest
 
 ACTIONS = frozenset({
-    "plan.applied", "plan.edited", "plan.proposal_accepted", "plan.saved",
+    "plan.applied", "plan.edited", "plan.proposal_accepted", "plan.rebalanced", "plan.saved",
+    "rebalance_proposal.dismissed",
     "deployment.created", "deployment.updated", "deployment.stopped",
     "node.registered", "node.drained", "node.undrained", "node.cordoned", "node.uncordoned",
     "api_key.created", "api_key.revoked", "api_key.updated",

@@ -1,0 +1,205 @@
+"""The rebalance policy's decisions (``rebalance_evaluate``) and an operator's answer to a proposal
+(``proposal_accept``, ``proposal_dismiss``).
+
+Whatever the trigger, the decision is the same (docs/deployments.md, "Rebalance policy"): re-plan on
+the fleet as it is now with the revision's own request, and act only when the gain is worth a change
+and nothing else is changing. The damping, in the order it is checked:
+
+- a deployment that is not READY, or has a replica the controller is handing over or a stage still
+  being stopped, is not evaluated at all (one change in flight at most);
+- within ``MOTLEY_REBALANCE_COOLDOWN_S`` of the last applied change the decision waits (``held``);
+- the planner's plan must pass its own ``validate`` and beat the applied one, priced on the same
+  fleet, by ``MOTLEY_REBALANCE_MIN_GAIN``.
+
+Each trigger occurrence is decided once (its key is remembered in ``RebalanceState.handled``), and a
+decision that waits is recorded once however many passes it waits: every decision, taken or not, is
+a ``policy`` event when it differs from the last one recorded.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.audit.services import Actor, audit_record
+from controlplane.deployments.events import event_record
+from controlplane.deployments.models import Deployment, DeploymentEvent, PlanRevision
+from controlplane.deployments.revisions import plan_revision_create
+from controlplane.deployments.services import deployment_apply
+from controlplane.rebalance import triggers
+from controlplane.rebalance.diff import plan_diff
+from controlplane.rebalance.models import RebalanceProposal, RebalanceState
+from controlplane.rebalance.pricing import Pricing, fleet_now, price, throttled_devices
+from controlplane.rebalance.selectors import change_in_flight
+
+if TYPE_CHECKING:
+    from controlplane.rebalance.triggers import Occurrence
+
+POLICY_ACTOR = Actor(user=None, label="rebalance policy", via="system")
+HANDLED_KEEP = 50  # occurrence keys remembered per deployment (a revision applied forgets them all)
+
+
+def rebalance_evaluate(*, deployment_id: int, now: float | None = None) -> str | None:
+    """One pass of the policy over one deployment; returns what it decided (``proposed``,
+    ``applied``, ``kept``, ``held``, ``refused``) or None when nothing triggered."""
+    now = time.time() if now is None else now
+    with transaction.atomic():
+        deployment = Deployment.objects.select_for_update().select_related("revision", "model").get(
+            pk=deployment_id)
+        if (deployment.rebalance_policy == Deployment.RebalancePolicy.OFF or deployment.revision is None
+                or change_in_flight(deployment=deployment)):
+            return None
+        state, _ = RebalanceState.objects.select_for_update().get_or_create(deployment=deployment)
+        throttle = throttled_devices()
+        fleet = fleet_now(throttle=throttle)
+        if state.revision_id != deployment.revision_id:
+            triggers.baseline_take(state=state, deployment=deployment, fleet=fleet, now=now)
+            _expire_open(deployment=deployment)
+        found = [triggers.fleet_changed(state=state, deployment=deployment, fleet=fleet),
+                 triggers.throttled(state=state, deployment=deployment, throttle=throttle, now=now),
+                 triggers.drift(state=state, deployment=deployment, now=now)]
+        occurrence = next((o for o in found if o is not None and o.key not in state.handled), None)
+        pricing = None
+        if occurrence is None and now - (state.better_checked_at or 0) >= settings.MOTLEY_REBALANCE_CHECK_S:
+            state.better_checked_at = now
+            pricing = price(deployment=deployment, fleet=fleet)
+            if pricing.proposed is not None and pricing.gain >= settings.MOTLEY_REBALANCE_MIN_GAIN:
+                occurrence = triggers.Occurrence(
+                    RebalanceProposal.Trigger.BETTER_PLAN, f"better_plan@{now:.0f}",
+                    f"the planner finds a plan {pricing.gain:+.0%} faster on the fleet as it is now")
+        outcome = None
+        if occurrence is not None:
+            outcome = _decide(deployment=deployment, state=state, occurrence=occurrence,
+                              pricing=pricing or price(deployment=deployment, fleet=fleet), now=now)
+        state.save()
+        return outcome
+
+
+def _decide(*, deployment: Deployment, state: RebalanceState, occurrence: Occurrence, pricing: Pricing,
+            now: float) -> str:
+    applied_at = deployment.revision.applied_at
+    since = now - applied_at.timestamp() if applied_at else None
+    figures = {"current_tokens_per_s": round(pricing.current_tokens_per_s, 2),
+               "proposed_tokens_per_s": round(pricing.proposed_tokens_per_s, 2),
+               "gain": round(pricing.gain, 4) if pricing.proposed else None, "repriced": pricing.repriced}
+    cooldown = settings.MOTLEY_REBALANCE_COOLDOWN_S
+    if since is not None and since < cooldown:
+        return _record(deployment, state, occurrence, "held", figures, final=False,
+                       why=f"waits: the last change was applied {since:.0f} s ago (cooldown {cooldown:g} s)")
+    if pricing.proposed is None:
+        return _record(deployment, state, occurrence, "held", figures, why=f"no change: {pricing.problem}")
+    diff = plan_diff(deployment.revision.plan, pricing.proposed)
+    if not diff["stages"]:
+        return _record(deployment, state, occurrence, "held", figures,
+                       why="no change: the planner's plan is the applied one")
+    gains = (f"{pricing.proposed_tokens_per_s:.1f} tokens/s predicted against "
+             f"{pricing.current_tokens_per_s:.1f} now ({pricing.gain:+.0%})")
+    threshold = settings.MOTLEY_REBALANCE_MIN_GAIN
+    if pricing.gain < threshold:
+        return _record(deployment, state, occurrence, "held", figures,
+                       why=f"no change: {gains}, under the {threshold:.0%} threshold")
+    open_ = RebalanceProposal.objects.filter(deployment=deployment, status=RebalanceProposal.Status.OPEN).first()
+    if open_ is not None and not plan_diff(open_.revision.plan, pricing.proposed)["stages"]:
+        return _record(deployment, state, occurrence, "kept", figures,
+                       why=f"proposal {open_.pk} already proposes this plan: {gains}")
+    proposal = _propose(deployment=deployment, occurrence=occurrence, pricing=pricing, diff=diff,
+                        superseding=open_)
+    figures["proposal"] = proposal.pk
+    if deployment.rebalance_policy == Deployment.RebalancePolicy.PROPOSE:
+        return _record(deployment, state, occurrence, "proposed", figures,
+                       why=f"proposal {proposal.pk}: {gains}")
+    try:
+        with transaction.atomic():
+            deployment_apply(deployment=deployment, revision=proposal.revision, actor=POLICY_ACTOR)
+            proposal.status, proposal.decided_at = RebalanceProposal.Status.ACCEPTED, timezone.now()
+            proposal.save(update_fields=["status", "decided_at"])
+    except ValidationError as exc:
+        proposal.status, proposal.decided_at = RebalanceProposal.Status.DISMISSED, timezone.now()
+        proposal.save(update_fields=["status", "decided_at"])
+        return _record(deployment, state, occurrence, "refused", figures,
+                       why=f"not applied, the controller refused it: {'; '.join(exc.messages)}")
+    return _record(deployment, state, occurrence, "applied", figures,
+                   why=f"applied as revision {proposal.revision.number}: {gains}")
+
+
+def _propose(*, deployment: Deployment, occurrence: Occurrence, pricing: Pricing, diff: dict,
+             superseding: RebalanceProposal | None) -> RebalanceProposal:
+    if superseding is not None:
+        superseding.status, superseding.decided_at = RebalanceProposal.Status.SUPERSEDED, timezone.now()
+        superseding.save(update_fields=["status", "decided_at"])
+    revision = plan_revision_create(model=deployment.model, plan=pricing.proposed,
+                                    request=deployment.revision.request,
+                                    source=PlanRevision.Source.REBALANCE, deployment=deployment)
+    return RebalanceProposal.objects.create(
+        deployment=deployment, base_revision=deployment.revision, revision=revision,
+        trigger=occurrence.trigger, reason=occurrence.reason, gain=pricing.gain,
+        current_tokens_per_s=pricing.current_tokens_per_s, proposed_tokens_per_s=pricing.proposed_tokens_per_s,
+        diff=diff,
+    )
+
+
+def _record(deployment: Deployment, state: RebalanceState, occurrence: Occurrence, outcome: str,
+            figures: dict, *, why: str, final: bool = True) -> str:
+    """A decision: remembered as decided when ``final``, and an event unless it repeats the last one
+    recorded (a decision that waits, pass after pass)."""
+    if final:
+        state.handled = [*state.handled, occurrence.key][-HANDLED_KEEP:]
+    key = f"{outcome}:{occurrence.key}"[:200]
+    if key != state.last_decision:
+        state.last_decision = key
+        event_record(
+            kind=DeploymentEvent.Kind.POLICY, deployment=deployment,
+            message=f"rebalance ({deployment.rebalance_policy}, {occurrence.trigger}): {occurrence.reason}; {why}",
+            detail={"outcome": outcome, "trigger": occurrence.trigger, "reason": occurrence.reason,
+                    "policy": deployment.rebalance_policy, **occurrence.detail, **figures},
+        )
+    return outcome
+
+
+def _expire_open(*, deployment: Deployment) -> None:
+    """Another revision was applied: open proposals made against the previous one no longer apply."""
+    RebalanceProposal.objects.filter(deployment=deployment, status=RebalanceProposal.Status.OPEN).exclude(
+        base_revision=deployment.revision).update(status=RebalanceProposal.Status.EXPIRED,
+                                                  decided_at=timezone.now())
+
+
+@transaction.atomic
+def proposal_accept(*, proposal: RebalanceProposal, actor: Actor) -> RebalanceProposal:
+    """Apply an open proposal's plan through the operator path (``deployment_apply``: checked on the
+    fleet as it is now, audited ``plan.rebalanced`` by ``actor``); a refusal changes nothing."""
+    proposal = _open(proposal)
+    deployment_apply(deployment=proposal.deployment, revision=proposal.revision, actor=actor)
+    proposal.status, proposal.decided_at, proposal.decided_by = (
+        RebalanceProposal.Status.ACCEPTED, timezone.now(), actor.user)
+    proposal.save(update_fields=["status", "decided_at", "decided_by"])
+    return proposal
+
+
+@transaction.atomic
+def proposal_dismiss(*, proposal: RebalanceProposal, actor: Actor) -> RebalanceProposal:
+    """Close an open proposal unapplied (audited ``rebalance_proposal.dismissed``). Its trigger stays
+    decided: the same occurrence does not propose again, a new one may."""
+    proposal = _open(proposal)
+    proposal.status, proposal.decided_at, proposal.decided_by = (
+        RebalanceProposal.Status.DISMISSED, timezone.now(), actor.user)
+    proposal.save(update_fields=["status", "decided_at", "decided_by"])
+    audit_record(actor=actor, action="rebalance_proposal.dismissed", target=proposal.deployment, detail={
+        "proposal": proposal.pk, "revision": proposal.revision_id, "trigger": proposal.trigger,
+        "gain": proposal.gain})
+    return proposal
+
+
+def _open(proposal: RebalanceProposal) -> RebalanceProposal:
+    locked = RebalanceProposal.objects.select_for_update().select_related("deployment", "revision").get(
+        pk=proposal.pk)
+    if locked.status != RebalanceProposal.Status.OPEN:
+        raise ValidationError({"proposal": f"rebalance proposal {locked.pk} is {locked.status}, not open"})
+    if locked.deployment.revision_id != locked.base_revision_id:
+        raise ValidationError({"proposal": f"rebalance proposal {locked.pk} was made for revision "
+                                           f"{locked.base_revision_id}, the deployment has applied another"})
+    return locked
