@@ -12,7 +12,11 @@ stages' or devices' latest sample is older is unhealthy (None: ``MOTLEY_TELEMETR
 with steps needed before a replica's measured costs replace its planned ones;
 ``DEFAULT_CHAT_MAX_TOKENS``: a chat request's output budget when it sets none (capped by the context
 left); ``QUOTA_WINDOW_S``: the length of the keys' rate-limit windows ("per minute": 60; tests shorten
-it).
+it). ``WAIT_S``: how long a request waits for a routable replica of a model that has none now
+(waiting.py); ``MAX_WAITING``: how many requests of one model may wait; ``WAIT_POLL_S``: how often
+the served models and heads are re-read while requests wait; ``RETRY_AFTER_S``: the ``Retry-After``
+of a 503 after a wait; ``MAX_MIGRATIONS``: how many times a request whose pipeline broke is resumed on
+another replica (generation.py) before it fails.
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ DEFAULTS: dict[str, Any] = {
     "COSTS_MIN_SAMPLES": 3,
     "DEFAULT_CHAT_MAX_TOKENS": 256,
     "QUOTA_WINDOW_S": 60.0,
+    "WAIT_S": 30.0,
+    "MAX_WAITING": 256,
+    "WAIT_POLL_S": 0.1,
+    "RETRY_AFTER_S": 5,
+    "MAX_MIGRATIONS": 3,
 }
 
 

@@ -1,6 +1,13 @@
-"""The served models from the deployment controller: each READY (or DEGRADED) deployment's ready
-replicas, as ``ServedModel`` / ``ReplicaEndpoint`` (directory.py). ``served_models`` (the gateway's
-default source) uses them unless a models file is configured.
+"""The served models from the deployment controller: every deployment that exists and is not being
+stopped (pending, deploying, ready, degraded, failed), with its ready replicas, as ``ServedModel`` /
+``ReplicaEndpoint`` (directory.py). ``served_models`` (the gateway's default source) uses them unless
+a models file is configured.
+
+A model whose deployments have no routable replica (ready, and ``serving``: not being handed over by
+the controller) is still served, with no replica and a ``reason`` ("deployment d1 is deploying plan
+revision 3"): its requests wait for one instead of getting a 404 (waiting.py). A replica the
+controller is handing over (``ReplicaHead.serving`` False) stays listed, stated unhealthy, so the
+requests it still runs keep their client and booking while nothing new is admitted to it.
 
 A model is served under its catalog name; replicas of several deployments of one model are routed
 together, with the routing strategy of the oldest of them (``Deployment.routing_strategy``).
@@ -23,7 +30,10 @@ from controlplane.gateway.directory import (
     ServedModel,
     served_models_from_file,
 )
-from controlplane.gateway.routing import ReplicaCosts, StageLink
+from controlplane.gateway.routing import ReplicaCosts, ReplicaHealth, StageLink
+
+LISTED = (Deployment.Status.PENDING, Deployment.Status.DEPLOYING, Deployment.Status.READY,
+          Deployment.Status.DEGRADED, Deployment.Status.FAILED)
 
 
 def _planned(plan: dict, replica: int) -> tuple[int | None, ReplicaCosts | None, list[float | None]]:
@@ -48,16 +58,38 @@ def _planned(plan: dict, replica: int) -> tuple[int | None, ReplicaCosts | None,
     return kv, costs, step_ms
 
 
+def _no_replica_reason(deployment: Deployment, handing_over: bool) -> str:
+    """Why the deployment has no routable replica now, for the 503 a request gets after its wait."""
+    number = deployment.revision.number if deployment.revision else None
+    revision = f"plan revision {number}" if number else "its plan"
+    status = deployment.status
+    if status == Deployment.Status.DEPLOYING:
+        why = f"deployment {deployment.name} is deploying {revision}"
+    elif status == Deployment.Status.PENDING:
+        why = f"deployment {deployment.name} is waiting to deploy {revision}"
+    elif status == Deployment.Status.FAILED:
+        why = f"deployment {deployment.name} failed"
+    elif handing_over:
+        why = f"deployment {deployment.name} is handing its replicas over to {revision}"
+    else:
+        why = f"deployment {deployment.name} ({status}) has no ready replica"
+    return f"{why}: {deployment.status_message}" if deployment.status_message else why
+
+
+def _handover_health(deployment: Deployment) -> ReplicaHealth:
+    return ReplicaHealth(ok=False, reason=f"deployment {deployment.name} is handing this replica over")
+
+
 def served_models_from_deployments() -> list[ServedModel]:
-    live = (Deployment.Status.READY, Deployment.Status.DEGRADED)
     by_model: dict[str, ServedModel] = {}
-    for deployment in deployment_list().filter(status__in=live).order_by("pk"):
+    deployments = deployment_list().filter(status__in=LISTED, stop_requested=False).order_by("pk")
+    for deployment in deployments:
         plan = deployment.revision.plan if deployment.revision else {}
         replicas = []
         for endpoint in deployment_endpoints(deployment=deployment):
             if not endpoint.ready:
                 continue
-            kv, costs, step_ms = _planned(plan, endpoint.replica)
+            kv, costs, step_ms = _planned(plan, endpoint.slot)
             stages = tuple(
                 StageLink(s.stage_key, s.device, step_ms[s.stage_index] if s.stage_index < len(step_ms) else None)
                 for s in endpoint.stages
@@ -66,15 +98,19 @@ def served_models_from_deployments() -> list[ServedModel]:
                 pipeline_id=endpoint.pipeline_id, head_address=endpoint.head_address,
                 auth_token=endpoint.auth_token, kv_tokens=kv, costs=costs or ASSUMED_COSTS,
                 costs_source="planned" if costs else "assumed", stages=stages,
+                health=ReplicaHealth() if endpoint.serving else _handover_health(deployment),
             ))
+        routable = any(r.health.ok for r in replicas)
+        reason = "" if routable else _no_replica_reason(deployment, handing_over=bool(replicas))
         model = deployment.model
         previous = by_model.get(model.name)
         by_model[model.name] = ServedModel(
             name=model.name, tokenizer_path=model.path,
             replicas=(previous.replicas if previous else ()) + tuple(replicas),
             strategy=previous.strategy if previous else deployment.routing_strategy,
+            reason="; ".join(r for r in (previous.reason if previous else "", reason) if r),
         )
-    return [served for served in by_model.values() if served.replicas]
+    return list(by_model.values())
 
 
 def served_models() -> list[ServedModel]:

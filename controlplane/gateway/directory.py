@@ -59,10 +59,15 @@ class ReplicaEndpoint:
 
 @dataclass(frozen=True)
 class ServedModel:
+    """A model the gateway answers for. ``replicas`` may be empty (its deployment is deploying, being
+    re-planned, failed): requests then wait for one (waiting.py), and ``reason`` says why there is none
+    (the 503 after the wait quotes it)."""
+
     name: str
     tokenizer_path: str
     replicas: tuple[ReplicaEndpoint, ...]
     strategy: str = DEFAULT_ROUTING_STRATEGY
+    reason: str = ""
 
 
 def served_model_from_dict(data: dict) -> ServedModel:
@@ -80,7 +85,7 @@ def served_model_from_dict(data: dict) -> ServedModel:
         for r in data["replicas"]
     )
     strategy = data.get("strategy", DEFAULT_ROUTING_STRATEGY)
-    return ServedModel(data["name"], data["tokenizer_path"], replicas, strategy)
+    return ServedModel(data["name"], data["tokenizer_path"], replicas, strategy, data.get("reason", ""))
 
 
 def served_models_from_file() -> list[ServedModel]:

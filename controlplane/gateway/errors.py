@@ -42,8 +42,16 @@ def invalid_api_key() -> OpenAIError:
 
 def model_not_found(name: str) -> OpenAIError:
     return OpenAIError(
-        404, f"The model {name!r} does not exist or has no ready deployment.",
+        404, f"The model {name!r} does not exist.",
         type="invalid_request_error", param="model", code="model_not_found",
+    )
+
+
+def model_not_deployed(name: str) -> OpenAIError:
+    """A catalog model no deployment serves: nothing is coming, so no wait and no ``Retry-After``."""
+    return OpenAIError(
+        503, f"The model {name!r} has no deployment: deploy it (POST /api/v1/deployments/) to serve it.",
+        type="server_error", param="model", code="service_unavailable",
     )
 
 
@@ -72,8 +80,10 @@ def saturated(message: str) -> OpenAIError:
     return OpenAIError(429, message, type="rate_limit_error", code="server_saturated")
 
 
-def unavailable(message: str) -> OpenAIError:
-    return OpenAIError(503, message, type="server_error", code="service_unavailable")
+def unavailable(message: str, *, retry_after_s: int | None = None) -> OpenAIError:
+    """503; ``retry_after_s``: when a retry may find a replica (after a wait, or a full waiting queue)."""
+    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
+    return OpenAIError(503, message, type="server_error", code="service_unavailable", headers=headers)
 
 
 def deadline_exceeded(deadline_s: float) -> OpenAIError:

@@ -1,9 +1,21 @@
-"""One request from admission to its last text delta: route, submit, detokenize, stop, account.
+"""One request from admission to its last text delta: place, submit, detokenize, stop, migrate, account.
 
-``generation_start`` decides at once (400/429/503 before anything runs); ``Generation.deltas()``
-then streams text. Whatever ends the stream (finish, stop string, deadline, error, a client that
-went away and cancelled the task) closes the pipeline stream, which cancels the request on the
-pipeline and frees its KV space, and releases its booking on the router.
+``generation_start`` places the request on a replica (admission.py: at once, or after a bounded wait
+for a routable replica) or raises the OpenAIError that refuses it (400/429/503) before anything runs;
+``Generation.deltas()`` then streams text. Whatever ends the stream (finish, stop string, deadline,
+error, a client that went away and cancelled the task) closes the pipeline stream, which cancels the
+request on the pipeline and frees its KV space, and releases its booking on the router.
+
+**Migration.** When the pipeline breaks under a request (``PipelineBroken``: a stage died, the head
+is draining or went silent; or the stream ended without a finish reason) or a replica refuses its
+resumption (``RequestRejected``: KV full), the request is resumed on a routable replica, waiting for
+one as a new request would: the prompt plus the tokens generated so far is submitted with the same
+request id, sampling parameters and seed, and ``max_tokens`` less what was generated. The worker's
+sampler seeds each position by (seed, position) (worker_runtime/sampling.py), so a seeded or greedy
+request continues exactly as it would have without the break; the detokenizer and stop strings keep
+their state, so the client's stream simply continues (same response id, no text twice or missing,
+``usage`` counting the real output). The router's booking moves with it. At most ``MAX_MIGRATIONS``
+resumptions, then a 503 (a streamed response: its error event).
 """
 
 from __future__ import annotations
@@ -15,7 +27,9 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import asdict, dataclass
 
-from controlplane.gateway.errors import OpenAIError, bad_request, deadline_exceeded, saturated, unavailable
+from controlplane.gateway.admission import Refused, replica_admit
+from controlplane.gateway.conf import gateway_setting
+from controlplane.gateway.errors import OpenAIError, deadline_exceeded, saturated, unavailable
 from controlplane.gateway.protocol import GenerationRequest
 from controlplane.gateway.routing import Decision, RequestShape
 from controlplane.gateway.runtime import ModelRoute
@@ -31,7 +45,7 @@ class Delta:
     finish_reason: str | None  # set on the last delta: "stop" | "length"
 
 
-def generation_start(
+async def generation_start(
     *,
     route: ModelRoute,
     request: GenerationRequest,
@@ -39,93 +53,142 @@ def generation_start(
     max_tokens: int,
     deadline_s: float,
 ) -> Generation:
-    """Admit the request on a replica or raise the OpenAIError that refuses it."""
-    shape = RequestShape(len(prompt_ids), max_tokens)
-    request_id = uuid.uuid4().hex
-    outcome = route.router.route(shape, deadline_s=deadline_s)
-    record = RouteRecord(
-        request_id, route.served.name, route.router.strategy, time.time(), None, "",
-        prompt_tokens=shape.prompt_tokens, inputs=[asdict(i) for i in outcome.inputs],
-    )
-    if not isinstance(outcome, Decision):
-        record.outcome = f"rejected:{outcome.reason}"
-        recorder.record(record)
-        if outcome.reason == "too_large":
-            raise bad_request(outcome.message, param="max_tokens", code="context_length_exceeded")
-        raise (saturated if outcome.reason == "saturated" else unavailable)(outcome.message)
-    outcome.replica.start(request_id, shape)
-    record.replica, record.outcome = outcome.replica.replica_id, "running"
-    record.estimated_ttft_s, record.estimated_finish_s = outcome.estimated_ttft_s, outcome.estimated_finish_s
-    recorder.record(record)
-    return Generation(route, outcome, request_id, request, prompt_ids, max_tokens, deadline_s)
+    """Place the request on a replica (waiting for one if need be) or raise the OpenAIError that
+    refuses it; the wait counts against ``deadline_s``."""
+    generation = Generation(route, uuid.uuid4().hex, request, prompt_ids, max_tokens, deadline_s)
+    await generation.place()
+    return generation
 
 
 class Generation:
     def __init__(
         self,
         route: ModelRoute,
-        decision: Decision,
         request_id: str,
         request: GenerationRequest,
         prompt_ids: list[int],
         max_tokens: int,
         deadline_s: float,
     ) -> None:
-        self.route, self.decision, self.request_id, self.request = route, decision, request_id, request
+        self.route, self.request_id, self.request = route, request_id, request
         self.prompt_ids, self.max_tokens, self.deadline_s = prompt_ids, max_tokens, deadline_s
-        self.completion_tokens = 0
+        self.started = time.monotonic()  # the deadline counts from here, waits included
+        self.placed = self.started  # first placed on a replica: its queue time and e2e count from here
+        self.generated: list[int] = []  # every token the client's output is made of, across replicas
+        self.migrations = 0
+        self.decision: Decision | None = None
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.generated)
+
+    def _left(self) -> float:
+        return self.deadline_s - (time.monotonic() - self.started)
+
+    def _shape(self) -> RequestShape:
+        """What is left to do: the prompt and the tokens so far to prefill, the rest to decode."""
+        return RequestShape(len(self.prompt_ids) + len(self.generated), self.max_tokens - len(self.generated))
+
+    async def place(self, *, exclude: frozenset[str] = frozenset()) -> None:
+        """Book the request on a replica (at start, or resumed after a break) or raise the OpenAIError."""
+        name, shape, resuming = self.route.served.name, self._shape(), self.decision is not None
+        try:
+            route, decision, waited_s = await replica_admit(
+                name=name, shape=shape, deadline_at=self.started + self.deadline_s, resuming=resuming,
+                exclude=exclude,
+            )
+        except Refused as refused:
+            if not resuming:
+                recorder.record(RouteRecord(
+                    self.request_id, name, self.route.router.strategy, time.time(), None,
+                    f"rejected:{refused.rejection.reason}", prompt_tokens=len(self.prompt_ids),
+                    inputs=[asdict(i) for i in refused.rejection.inputs], waited_s=round(refused.waited_s, 3),
+                ))
+            raise refused.error from None
+        decision.replica.start(self.request_id, shape)
+        self.route, self.decision = route, decision
+        if resuming:
+            return
+        self.placed = time.monotonic()
+        recorder.record(RouteRecord(
+            self.request_id, name, route.router.strategy, time.time(), decision.replica.replica_id, "running",
+            estimated_ttft_s=decision.estimated_ttft_s, estimated_finish_s=decision.estimated_finish_s,
+            prompt_tokens=shape.prompt_tokens, inputs=[asdict(i) for i in decision.inputs],
+            waited_s=round(waited_s, 3),
+        ))
 
     async def deltas(self) -> AsyncIterator[Delta]:
         """Text as it becomes final; empty deltas are never yielded, except a last one with its reason."""
-        replica = self.decision.replica
-        client = self.route.clients[replica.replica_id]
         tokenizer = self.route.tokenizer
         detokenizer, stops = IncrementalDetokenizer(tokenizer.tokenizer), StopStrings(self.request.stop)
-        started = time.monotonic()
-        outcome = "cancelled"
         request = self.request
         params = SamplingParams(temperature=request.temperature, top_p=request.top_p, seed=request.seed)
-        events = client.submit(
-            self.prompt_ids, params, max_tokens=self.max_tokens, stop_token_ids=tokenizer.eos_token_ids,
-            request_id=self.request_id, deadline_s=self.deadline_s,
-        )
+        outcome = "cancelled"
         try:
-            async with aclosing(events):
-                while True:
-                    remaining = self.deadline_s - (time.monotonic() - started)
-                    try:
-                        event = await asyncio.wait_for(anext(events), max(remaining, 0.0))
-                    except TimeoutError:
-                        raise DeadlineExceeded("the gateway's deadline passed") from None
-                    except StopAsyncIteration:  # cancelled on the pipeline's side (e.g. by an operator)
-                        return
-                    if self.completion_tokens == 0:
-                        recorder.first_token(self.request_id, time.monotonic() - started)
-                    self.completion_tokens += 1
-                    replica.token(self.request_id)
-                    text, stopped = stops.push(detokenizer.push(event.token_id))
-                    if event.finish_reason is not None and not stopped:
-                        tail, stopped = stops.push(detokenizer.flush())
-                        text += tail if stopped else tail + stops.flush()
-                    if stopped or event.finish_reason is not None:
-                        outcome = "completed"
-                        yield Delta(text, "stop" if stopped else event.finish_reason)
-                        return
-                    if text:
-                        yield Delta(text, None)
+            while True:
+                replica = self.decision.replica
+                events = self.route.clients[replica.replica_id].submit(
+                    self.prompt_ids + self.generated, params, max_tokens=self.max_tokens - len(self.generated),
+                    stop_token_ids=tokenizer.eos_token_ids, request_id=self.request_id,
+                    deadline_s=max(self._left(), 0.001),
+                )
+                try:
+                    async with aclosing(events):
+                        while True:
+                            try:
+                                event = await asyncio.wait_for(anext(events), max(self._left(), 0.0))
+                            except TimeoutError:
+                                raise DeadlineExceeded("the gateway's deadline passed") from None
+                            except StopAsyncIteration:  # cancelled on the pipeline's side (a handover)
+                                raise PipelineBroken("the pipeline ended the stream without a finish reason") from None
+                            if not self.generated:
+                                recorder.first_token(self.request_id, time.monotonic() - self.placed)
+                            self.generated.append(event.token_id)
+                            replica.token(self.request_id)
+                            text, stopped = stops.push(detokenizer.push(event.token_id))
+                            if event.finish_reason is not None and not stopped:
+                                tail, stopped = stops.push(detokenizer.flush())
+                                text += tail if stopped else tail + stops.flush()
+                            if stopped or event.finish_reason is not None:
+                                outcome = "completed"
+                                yield Delta(text, "stop" if stopped else event.finish_reason)
+                                return
+                            if text:
+                                yield Delta(text, None)
+                except (PipelineBroken, RequestRejected) as exc:
+                    if isinstance(exc, RequestRejected) and not self.migrations:
+                        raise  # refused at its first submission (head queue full, invalid): the client's 429
+                    outcome = f"failed:{exc.kind}"
+                    await self._migrate(exc)
+                    outcome = "cancelled"
         except PipelineError as exc:
             outcome = f"failed:{exc.kind}"
             raise self._error(exc) from exc
         finally:
-            replica.finish(self.request_id)
-            recorder.finished(self.request_id, outcome, time.monotonic() - started, self.completion_tokens)
+            self.decision.replica.finish(self.request_id)
+            recorder.finished(self.request_id, outcome, time.monotonic() - self.placed, self.completion_tokens)
+
+    async def _migrate(self, exc: PipelineBroken | RequestRejected) -> None:
+        """Resume the request on another replica (or this one once it serves again), or raise the 503."""
+        old = self.decision.replica
+        if isinstance(exc, PipelineBroken):  # unroutable until the next statistics poll finds it answering
+            self.route.replica_failed(old, f"a request found the pipeline broken: {exc}")
+        old.finish(self.request_id)
+        limit = int(gateway_setting("MAX_MIGRATIONS"))
+        if self.migrations >= limit:
+            raise unavailable(
+                f"the request's replica failed ({exc}) after it had already been resumed {self.migrations} "
+                f"times, the most allowed (MAX_MIGRATIONS); {len(self.generated)} tokens were generated"
+            ) from exc
+        self.migrations += 1
+        started = time.monotonic()
+        await self.place(exclude=frozenset({old.replica_id}) if isinstance(exc, RequestRejected) else frozenset())
+        recorder.migrated(self.request_id, to=self.decision.replica.replica_id, kind=exc.kind,
+                          waited_s=round(time.monotonic() - started, 3))
 
     def _error(self, exc: PipelineError) -> OpenAIError:
         if isinstance(exc, DeadlineExceeded):
             return deadline_exceeded(self.deadline_s)
         if isinstance(exc, RequestRejected):
             return saturated(f"the replica refused the request: {exc}")
-        if isinstance(exc, PipelineBroken):
-            # Unroutable until the next statistics poll finds it answering again.
-            self.route.replica_failed(self.decision.replica, f"a request found the pipeline broken: {exc}")
         return unavailable(f"the replica failed: {exc}")

@@ -9,8 +9,12 @@ agents, measured step times), all in the background, so no request waits on tele
 A replica is routed to only once its head said it is healthy: a deployment is READY when each stage
 process reported ready, but the stages connect to each other just after, and until then the head's
 ``health()`` (part of its stats) is not ok. A new replica is asked once before any request can be
-routed to it; one that is not serving yet (or does not answer) stays out, 503 when no replica is
-left, until a later background poll finds it healthy.
+routed to it; one that is not serving yet (or does not answer) stays out until a later background
+poll finds it healthy; meanwhile requests wait for it (waiting.py, admission.py).
+
+While any request waits, the served models and every head are re-read every ``WAIT_POLL_S`` instead
+of ``REFRESH_S`` (a waiting request wakes the poller at once), and each re-read wakes the waiters:
+a handover's pause lasts as long as the new pipeline takes to answer, not a polling period more.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from controlplane.gateway.live_health import LiveHealth, stale_after_s, telemetr
 from controlplane.gateway.routing import ReplicaHealth, ReplicaState, Router
 from controlplane.gateway.telemetry import router_telemetry
 from controlplane.gateway.tokenization import ModelTokenizer
+from controlplane.gateway.waiting import Waiting
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +70,11 @@ class Gateway:
         self._refreshed = float("-inf")
         self._lock = asyncio.Lock()
         self._pollers: list[asyncio.Task] = []
+        self._polls: dict[str, asyncio.Task] = {}  # pipeline id -> its head's statistics call in flight
         self._asked: set[str] = set()  # pipeline ids whose head was asked for its stats at least once
         self.live = LiveHealth()
+        self.waiting = Waiting()
+        self._hurry = asyncio.Event()  # set by a request that starts to wait: poll now, then fast
 
     async def route(self, name: str) -> ModelRoute | None:
         await self._maybe_refresh()
@@ -76,11 +84,18 @@ class Gateway:
         await self._maybe_refresh()
         return list(self.routes.values())
 
+    def hurry(self) -> None:
+        """A request waits for a replica: re-read the served models and heads now and fast after."""
+        self._hurry.set()
+
+    def _refresh_s(self) -> float:
+        return gateway_setting("WAIT_POLL_S" if self.waiting.active() else "REFRESH_S")
+
     async def _maybe_refresh(self) -> None:
-        if time.monotonic() - self._refreshed < gateway_setting("REFRESH_S"):
+        if time.monotonic() - self._refreshed < self._refresh_s():
             return
         async with self._lock:
-            if time.monotonic() - self._refreshed < gateway_setting("REFRESH_S"):
+            if time.monotonic() - self._refreshed < self._refresh_s():
                 return
             served = await sync_to_async(self._source, thread_sensitive=True)()
             new = [self._sync(model) for model in served]
@@ -138,12 +153,25 @@ class Gateway:
 
     async def _poll_forever(self) -> None:
         while True:
-            await asyncio.sleep(gateway_setting("REFRESH_S"))
+            try:
+                await asyncio.wait_for(self._hurry.wait(), self._refresh_s())
+            except TimeoutError:
+                pass
+            self._hurry.clear()
             try:
                 await self._maybe_refresh()
-                await asyncio.gather(*(self._poll(route, r) for route, r in self._replicas()))
+                self._poll_all()
             except Exception:  # a failed refresh (e.g. the database) must not stop telemetry for good
                 log.exception("refreshing the served models failed")
+            self.waiting.notify_all()
+
+    def _poll_all(self) -> None:
+        """Ask every head, each in its own task: a dead head, silent until ``CLIENT_TIMEOUT_S``, must not
+        hold back the answers of the others (a waiting request needs the new pipeline's at once)."""
+        for route, state in self._replicas():
+            task = self._polls.get(state.replica_id)
+            if task is None or task.done():
+                self._polls[state.replica_id] = asyncio.create_task(self._poll(route, state))
 
     async def _health_forever(self) -> None:
         """The agents' telemetry, applied to every replica (a sample reaches the router within this)."""
@@ -179,9 +207,10 @@ class Gateway:
                 state.kv_capacity = int(stats["max_request_tokens"])
             self.live.head_answered(state.replica_id, stats)
         self.live.apply(state, route.endpoint(state.replica_id), head_answer=True)
+        self.waiting.notify_all()
 
     async def close(self) -> None:
-        for task in self._pollers:
+        for task in [*self._pollers, *self._polls.values()]:
             task.cancel()
         for route in self.routes.values():
             for client in route.clients.values():
@@ -215,7 +244,11 @@ async def gateway_stats() -> dict:
                 "router": g.live.describe(state, endpoint),
                 "stages": [{"stage_key": s.stage_key, "device": s.device} for s in endpoint.stages],
             }
-        models[route.served.name] = {"strategy": route.router.strategy, "replicas": replicas}
+        models[route.served.name] = {"strategy": route.router.strategy, "replicas": replicas,
+                                     "reason": route.served.reason,
+                                     "waiting": g.waiting.snapshot(route.served.name)}
     settings = {"refresh_s": gateway_setting("REFRESH_S"), "health_refresh_s": gateway_setting("HEALTH_REFRESH_S"),
-                "telemetry_stale_s": stale_after_s(), "live_telemetry": g.live.enabled()}
+                "telemetry_stale_s": stale_after_s(), "live_telemetry": g.live.enabled(),
+                **{name.lower(): gateway_setting(name)
+                   for name in ("WAIT_S", "MAX_WAITING", "WAIT_POLL_S", "MAX_MIGRATIONS")}}
     return {"at": time.time(), "settings": settings, "models": models, "router": router_telemetry()}

@@ -37,6 +37,9 @@ class RouteRecord:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     inputs: list[dict] = field(default_factory=list)  # what the router saw of each replica (ReplicaInputs)
+    waited_s: float = 0.0  # in the gateway's queue for a routable replica (waiting.py), resumptions included
+    migrations: int = 0  # times resumed on another replica after its pipeline broke
+    replicas: list[str] = field(default_factory=list)  # every replica it ran on, in order
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -54,6 +57,8 @@ class RouterRecorder:
     _outcomes: dict[str, deque] = field(default_factory=dict)  # replica -> (monotonic time, failed)
 
     def record(self, record: RouteRecord) -> None:
+        if record.replica is not None:
+            record.replicas = [record.replica]
         self.recent.append(record)
         self.totals[(record.model, record.replica or "-", record.outcome)] += 1
         if record.replica is not None:
@@ -77,6 +82,18 @@ class RouterRecorder:
                 outcomes = self._outcomes.setdefault(record.replica, deque(maxlen=RECENT))
                 outcomes.append((time.monotonic(), outcome in REPLICA_ERRORS))
 
+    def migrated(self, request_id: str, *, to: str, kind: str, waited_s: float) -> None:
+        """The request's pipeline broke (``kind``: broken, rejected) and it was resumed on ``to``: the
+        old replica gets the failure in its error rate, the gauges and later figures follow the request."""
+        if (record := self._by_id.get(request_id)) is None:
+            return
+        old = record.replica
+        self.totals[(record.model, old, "migrated")] += 1
+        self._outcomes.setdefault(old, deque(maxlen=RECENT)).append((time.monotonic(), kind == "broken"))
+        serving.request_migrated(model=record.model, replica=old, to=to, started=record.queue_s is not None)
+        record.replica, record.migrations, record.waited_s = to, record.migrations + 1, record.waited_s + waited_s
+        record.replicas.append(to)
+
     def error_rate(self, replica: str, *, now: float | None = None) -> float:
         """Share of the replica's requests of the last ``ERROR_WINDOW_S`` that failed by its fault
         (a broken pipeline, a failed request), over at least ``ERROR_MIN_REQUESTS``."""
@@ -88,6 +105,7 @@ class RouterRecorder:
         queue_times = [r.queue_s for r in self.recent if r.queue_s is not None]
         return {
             "at": time.time(),
+            "migrated": sum(n for (_, _, outcome), n in self.totals.items() if outcome == "migrated"),
             "queue_s": {"p50": _percentile(queue_times, 0.5), "p99": _percentile(queue_times, 0.99)},
             "totals": [
                 {"model": m, "replica": r, "outcome": o, "count": n}

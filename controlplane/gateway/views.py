@@ -20,8 +20,9 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from controlplane.gateway.accounting import RequestAccount, request_admit
+from controlplane.gateway.admission import model_unserved
 from controlplane.gateway.conf import gateway_setting
-from controlplane.gateway.errors import OpenAIError, bad_request, invalid_api_key, model_not_found
+from controlplane.gateway.errors import OpenAIError, bad_request, invalid_api_key
 from controlplane.gateway.generation import Delta, Generation, generation_start
 from controlplane.gateway.models import ApiKey
 from controlplane.gateway.protocol import GenerationRequest, generation_request, parse_body
@@ -62,7 +63,7 @@ async def _prepare(
     check_model(api_key, body.model)
     route = await gateway().route(body.model)
     if route is None:
-        raise model_not_found(body.model)
+        raise await model_unserved(body.model)
     prompt_ids = _prompt_ids(route, body)
     context = route.tokenizer.max_context
     default = gateway_setting("DEFAULT_CHAT_MAX_TOKENS") if chat else 16
@@ -77,10 +78,10 @@ async def _prepare(
     account = await request_admit(api_key=api_key, model=body.model, prompt_tokens=len(prompt_ids),
                                   max_tokens=max_tokens)
     try:
-        generation = generation_start(
+        generation = await generation_start(
             route=route, request=body, prompt_ids=prompt_ids, max_tokens=max_tokens, deadline_s=deadline_s
         )
-    except OpenAIError:  # the router refused it: nothing served, an error in the key's usage
+    except OpenAIError:  # the router refused it, at once or after a wait: nothing served, an error in usage
         await account.end(prompt_tokens=0, completion_tokens=0, error=True)
         raise
     return body, generation, account

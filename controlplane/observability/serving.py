@@ -19,6 +19,13 @@ Labels ``model_name`` (the served model) and ``replica`` (its pipeline id, ``d<d
 (``reason`` ``routed``, or why it refused: ``too_large``, ``unavailable``, ``saturated``; ``replica``
 ``none`` then) and ``motley_requests_total{model_name, replica, outcome}`` how routed requests ended.
 
+The gateway's waiting queue (``controlplane.gateway.waiting``) and request migration add
+``motley_gateway_waiting_requests{model_name}`` (gauge: requests waiting now for a routable replica),
+``motley_gateway_wait_seconds{model_name, outcome}`` (histogram: how long each wait lasted, by how it
+ended: ``admitted``, ``timed_out``, ``full`` (refused at once, 0 s), ``refused``, ``cancelled``) and
+``motley_requests_migrated_total{model_name, replica}`` (counter: requests resumed elsewhere after the
+pipeline of ``replica`` broke under them).
+
 With ``PROMETHEUS_MULTIPROC_DIR`` set (``exposition``), prometheus_client writes each process's values
 to files there and a scrape sums them: counters and histograms over every process that ever wrote,
 the two gauges (``livesum``) over the processes still alive. Buckets are vLLM's (v1), so percentiles
@@ -62,9 +69,17 @@ ROUTER_DECISIONS = Counter(
 )
 REQUESTS = Counter("motley_requests", "Routed requests by how they ended: completed, failed:<kind>, "
                    "cancelled.", ("model_name", "replica", "outcome"), registry=None)
+WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
+GATEWAY_WAITING = Gauge("motley_gateway_waiting_requests", "Requests waiting in the gateway for a routable "
+                        "replica of their model.", ("model_name",), registry=None, multiprocess_mode="livesum")
+GATEWAY_WAIT = Histogram("motley_gateway_wait_seconds", "How long requests waited in the gateway for a "
+                         "routable replica, by how the wait ended.", ("model_name", "outcome"), registry=None,
+                         buckets=WAIT_BUCKETS)
+MIGRATED = Counter("motley_requests_migrated", "Requests resumed on another replica after the pipeline of "
+                   "this replica broke under them.", LABELS, registry=None)
 
 SERVING_METRICS = (WAITING, RUNNING, TTFT, ITL, E2E, PROMPT_TOKENS, GENERATION_TOKENS, ROUTER_DECISIONS,
-                   REQUESTS)
+                   REQUESTS, GATEWAY_WAITING, GATEWAY_WAIT, MIGRATED)
 
 
 def request_decided(*, model: str, strategy: str, replica: str | None, outcome: str) -> None:
@@ -96,6 +111,25 @@ def request_finished(
     if ttft_s is not None and completion_tokens > 1:
         gaps = completion_tokens - 1
         _observe_many(ITL.labels(model, replica), max(0.0, e2e_s - ttft_s) / gaps, gaps)
+
+
+def wait_started(*, model: str) -> None:
+    GATEWAY_WAITING.labels(model).inc()
+
+
+def wait_ended(*, model: str, outcome: str, waited_s: float) -> None:
+    """A wait ended (``outcome``: admitted, timed_out, full, refused, cancelled); "full" never waited."""
+    if outcome != "full":
+        GATEWAY_WAITING.labels(model).dec()
+    GATEWAY_WAIT.labels(model, outcome).observe(waited_s)
+
+
+def request_migrated(*, model: str, replica: str, to: str, started: bool) -> None:
+    """The request left ``replica`` (its pipeline broke) for ``to``: its waiting or running gauge moves."""
+    gauge = RUNNING if started else WAITING
+    gauge.labels(model, replica).dec()
+    gauge.labels(model, to).inc()
+    MIGRATED.labels(model, replica).inc()
 
 
 def _observe_many(histogram, value: float, times: int) -> None:

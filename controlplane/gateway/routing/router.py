@@ -91,14 +91,19 @@ class Router:
         self._choose = STRATEGIES[strategy]
         self._cursor = 0
 
-    def route(self, request: RequestShape, *, deadline_s: float) -> Decision | Rejection:
+    def route(
+        self, request: RequestShape, *, deadline_s: float, exclude: frozenset[str] = frozenset()
+    ) -> Decision | Rejection:
         """Choose a replica for ``request`` or refuse it. The caller books an accepted request with
-        ``decision.replica.start(request_id, request)`` once it has a request id."""
+        ``decision.replica.start(request_id, request)`` once it has a request id. ``exclude``: replicas
+        not to choose (one that just refused this request), counted as unavailable."""
         why: dict[str, str] = {}
         finish: dict[str, float] = {}
         healthy = []
         for r in self.replicas:
-            if r.health.ok:
+            if r.replica_id in exclude:
+                why[r.replica_id] = "it refused this request"
+            elif r.health.ok:
                 healthy.append(r)
             else:
                 why[r.replica_id] = r.health.reason or "unhealthy"

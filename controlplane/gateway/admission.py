@@ -1,0 +1,121 @@
+"""Placing a request on a replica: at once when the router can, else after a bounded wait.
+
+``replica_admit`` asks the router; a request it cannot place because no replica is routable (none
+listed: the deployment is deploying or re-planning; or all unhealthy: the router's ``unavailable``)
+joins its model's queue (waiting.py) instead of failing, and is placed first come first served as
+soon as the router can place it. Once in the queue a request also waits while the router says
+``saturated``: replicas that just came back fill with the requests that waited for them, and those
+must not fail for it. A request that arrives while others of its model wait queues behind them.
+The wait ends at ``WAIT_S`` or the request's own deadline, whichever comes first, with a 503 that
+says why no replica could take it (the deployment's state, each replica's health reason) and a
+``Retry-After``; a full queue (``MAX_WAITING``) answers that 503 at once. A resumed request that a
+replica refused (its KV was full) leaves that replica out until the gateway read its head's
+statistics again (two ``WAIT_POLL_S``), so the router sees the space it really has.
+
+``model_unserved`` tells a model nobody deployed (503 at once: nothing is coming, no wait) from a
+name the catalog does not know (404).
+"""
+
+from __future__ import annotations
+
+import time
+
+from controlplane.gateway.conf import gateway_setting
+from controlplane.gateway.errors import OpenAIError, bad_request, model_not_deployed, model_not_found, saturated
+from controlplane.gateway.errors import unavailable as unavailable_error
+from controlplane.gateway.routing import Decision, Rejection, RequestShape
+from controlplane.gateway.runtime import ModelRoute, gateway
+from controlplane.models_catalog.models import LlmModel
+
+
+class Refused(Exception):
+    """The request cannot be placed: ``rejection`` for the router's records, ``error`` for the client."""
+
+    def __init__(self, rejection: Rejection, error: OpenAIError, waited_s: float = 0.0) -> None:
+        super().__init__(error.message)
+        self.rejection, self.error, self.waited_s = rejection, error, waited_s
+
+
+async def model_unserved(name: str) -> OpenAIError:
+    """The error for a model the gateway does not serve: 503 if the catalog has it, else 404."""
+    if await LlmModel.objects.filter(name=name).aexists():
+        return model_not_deployed(name)
+    return model_not_found(name)
+
+
+def _refusal(rejection: Rejection) -> Refused:
+    if rejection.reason == "too_large":
+        return Refused(rejection, bad_request(rejection.message, param="max_tokens", code="context_length_exceeded"))
+    maker = saturated if rejection.reason == "saturated" else unavailable_error
+    return Refused(rejection, maker(rejection.message))
+
+
+def _route(route: ModelRoute, shape: RequestShape, *, until: float, exclude: frozenset[str]) -> Decision | Rejection:
+    return route.router.route(shape, deadline_s=max(until - time.monotonic(), 0.0), exclude=exclude)
+
+
+async def _served(name: str) -> ModelRoute:
+    """The model's route now; a model no longer served (its deployment stopped) ends the wait: nothing
+    is coming."""
+    if (route := await gateway().route(name)) is None:
+        message = f"model {name!r} is no longer served: its deployment was stopped"
+        raise Refused(Rejection("unavailable", message), unavailable_error(message))
+    return route
+
+
+def _why(route: ModelRoute, rejection: Rejection | None) -> str:
+    parts = [route.served.reason, rejection.message if rejection else ""]
+    return "; ".join(p for p in parts if p) or "no replica is routable"
+
+
+async def replica_admit(
+    *, name: str, shape: RequestShape, deadline_at: float, resuming: bool = False,
+    exclude: frozenset[str] = frozenset(),
+) -> tuple[ModelRoute, Decision, float]:
+    """The route and the router's decision for the request, and how long it waited (s); raises
+    ``Refused``. ``deadline_at``: the request's own deadline (monotonic clock); ``resuming``: a request
+    whose pipeline broke, placed before any new one; ``exclude``: replicas not to use (one that refused
+    it)."""
+    g = gateway()
+    queue = g.waiting.queue(name)
+    route = await _served(name)
+    outcome = None
+    if resuming or not len(queue):
+        outcome = _route(route, shape, until=deadline_at, exclude=exclude)
+        if isinstance(outcome, Decision):
+            return route, outcome, 0.0
+        if outcome.reason != "unavailable":
+            raise _refusal(outcome)
+    retry_after = int(gateway_setting("RETRY_AFTER_S"))
+    if len(queue) >= int(gateway_setting("MAX_WAITING")):
+        queue.refused_full()
+        message = (f"{len(queue)} requests of model {name!r} already wait for a replica (the limit, "
+                   f"MAX_WAITING): {_why(route, outcome)}")
+        raise Refused(Rejection("unavailable", message), unavailable_error(message, retry_after_s=retry_after))
+    until = min(time.monotonic() + float(gateway_setting("WAIT_S")), deadline_at)
+    waiter = queue.join(front=resuming)
+    g.hurry()
+    poll_s = float(gateway_setting("WAIT_POLL_S"))
+    try:
+        while True:
+            if exclude and time.monotonic() - waiter.since > 2 * poll_s:
+                exclude = frozenset()  # its head's statistics were read since: the router knows its KV
+            if queue.first(waiter):
+                route = await _served(name)
+                outcome = _route(route, shape, until=deadline_at, exclude=exclude)
+                if isinstance(outcome, Decision):
+                    return route, outcome, queue.leave(waiter, "admitted")
+                if outcome.reason == "too_large":
+                    refusal = _refusal(outcome)
+                    refusal.waited_s = queue.leave(waiter, "refused")
+                    raise refusal
+            left = until - time.monotonic()
+            if left <= 0:
+                waited = queue.leave(waiter, "timed_out")
+                message = (f"no replica of model {name!r} could take the request within {waited:.1f} s of "
+                           f"waiting: {_why(route, outcome)}")
+                error = unavailable_error(message, retry_after_s=retry_after)
+                raise Refused(Rejection("unavailable", message), error, waited)
+            await queue.changed(min(poll_s, left))
+    finally:
+        queue.leave(waiter, "cancelled")  # a client that went away while waiting (no-op otherwise)
