@@ -37,6 +37,7 @@ NODE = """  - name: {name}
     address: 127.0.0.1
     gpus:
       - model: T4
+        overrides: {overrides}
 """
 # Short clocks so failures show within seconds; an emulated T4 paced lightly (CPU time dominates).
 TIMING = {
@@ -82,9 +83,11 @@ class System:
         self.api_token = read_credentials(Path(self.env["MOTLEY_VAR_DIR"]))["api_token"]
         self.join_token = self.manage("create_join_token", "--ttl", "10m").strip()
 
-    def start_agents(self, names: list[str]) -> None:
+    def start_agents(self, names: list[str], overrides: str = "{}") -> None:
+        """One agent per name, each emulating a node with one T4 (``overrides``: the fleet file's, e.g.
+        ``{memory_gib: 0.5}``)."""
         fleet = self.workdir / "fleet.yaml"
-        fleet.write_text(FLEET.format(nodes="".join(NODE.format(name=n) for n in names)))
+        fleet.write_text(FLEET.format(nodes="".join(NODE.format(name=n, overrides=overrides) for n in names)))
         for name in names:
             self.start_agent(name)
         wait_until(lambda: len(self.get("/api/v1/nodes/")["results"]) == len(names), 60, "agents registered")
