@@ -1,0 +1,88 @@
+"""The proposals API: list, accept (an apply, audited), dismiss (audited); authentication; the
+policy as a deployment setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.audit.models import AuditEntry
+from controlplane.deployments.models import Deployment, PlanRevision
+from controlplane.rebalance.models import RebalanceProposal
+from controlplane.rebalance.services import rebalance_evaluate
+from tests.api.mixins import assert_error
+from tests.rebalance.helpers import uncordon
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def proposal(deployment, t0) -> RebalanceProposal:
+    rebalance_evaluate(deployment_id=deployment.pk, now=t0)
+    uncordon("node-a")
+    rebalance_evaluate(deployment_id=deployment.pk, now=t0 + 10)
+    return RebalanceProposal.objects.get(deployment=deployment)
+
+
+def test_anonymous_calls_are_refused(anonymous, proposal):
+    assert anonymous.get(f"/api/v1/deployments/{proposal.deployment_id}/proposals/").status_code == 401
+    for verb in ("accept", "dismiss"):
+        response = anonymous.post(f"/api/v1/rebalance-proposals/{proposal.pk}/{verb}/")
+        assert response.status_code == 401 and response["WWW-Authenticate"] == "Token"
+    assert RebalanceProposal.objects.get(pk=proposal.pk).status == RebalanceProposal.Status.OPEN
+
+
+def test_list_shows_the_open_proposal_with_its_figures(api, proposal):
+    body = api.get(f"/api/v1/deployments/{proposal.deployment_id}/proposals/?status=open").json()
+    [shown] = body["results"]
+    assert (shown["id"], shown["trigger"], shown["status"]) == (proposal.pk, "fleet", "open")
+    assert "node-a/gpu0" in shown["reason"] and shown["gain"] == pytest.approx(proposal.gain)
+    assert shown["diff"]["moved"] > 0 and shown["revision_plan"]["replicas"]
+    assert api.get(f"/api/v1/deployments/{proposal.deployment_id}/proposals/?status=accepted").json()["results"] == []
+    assert_error(api.get(f"/api/v1/deployments/{proposal.deployment_id}/proposals/?status=maybe"), 400,
+                 "unknown status 'maybe'")
+    assert api.get("/api/v1/deployments/9999/proposals/").status_code == 404
+
+
+def test_a_user_who_may_apply_accepts_and_the_apply_is_audited(api, user, proposal):
+    """Applying a plan is open to every authenticated user (the deployments API), so is accepting."""
+    response = api.post(f"/api/v1/rebalance-proposals/{proposal.pk}/accept/")
+    assert response.status_code == 200, response.content
+    assert (response.json()["status"], response.json()["decided_by"]) == ("accepted", "alice")
+    deployment = Deployment.objects.get(pk=proposal.deployment_id)
+    assert deployment.revision_id == proposal.revision_id and deployment.status == Deployment.Status.DEPLOYING
+    assert PlanRevision.objects.get(pk=proposal.revision_id).status == PlanRevision.Status.APPLIED
+    entry = AuditEntry.objects.get(action="plan.rebalanced")
+    assert (entry.actor, entry.via, entry.detail["revision"]) == (user, "token", proposal.revision_id)
+    assert_error(api.post(f"/api/v1/rebalance-proposals/{proposal.pk}/accept/"), 400, "is accepted, not open")
+
+
+def test_dismiss_closes_it_audited_and_changes_no_plan(api, user, proposal):
+    before = Deployment.objects.get(pk=proposal.deployment_id).revision_id
+    response = api.post(f"/api/v1/rebalance-proposals/{proposal.pk}/dismiss/")
+    assert response.status_code == 200 and response.json()["status"] == "dismissed"
+    assert Deployment.objects.get(pk=proposal.deployment_id).revision_id == before
+    entry = AuditEntry.objects.get(action="rebalance_proposal.dismissed")
+    assert (entry.actor, entry.detail["proposal"]) == (user, proposal.pk)
+    assert_error(api.post(f"/api/v1/rebalance-proposals/{proposal.pk}/accept/"), 400, "is dismissed, not open")
+    assert api.post("/api/v1/rebalance-proposals/9999/dismiss/").status_code == 404
+
+
+def test_a_refused_apply_changes_nothing(api, proposal):
+    from controlplane.inventory.models import Node
+
+    Node.objects.filter(name="node-a").update(intent=Node.Intent.CORDONED)  # the proposal's devices
+    assert_error(api.post(f"/api/v1/rebalance-proposals/{proposal.pk}/accept/"), 400, "node node-a is cordoned")
+    assert RebalanceProposal.objects.get(pk=proposal.pk).status == RebalanceProposal.Status.OPEN
+    assert not AuditEntry.objects.filter(action="plan.rebalanced").exists()
+
+
+def test_the_policy_is_a_deployment_setting(api, deployment):
+    url = f"/api/v1/deployments/{deployment.pk}/"
+    assert api.get(url).json()["rebalance_policy"] == "propose"
+    response = api.patch(url, {"rebalance_policy": "auto"}, format="json")
+    assert response.status_code == 200 and response.json()["rebalance_policy"] == "auto"
+    entry = AuditEntry.objects.get(action="deployment.updated")
+    assert entry.detail == {"rebalance_policy": ["propose", "auto"]}
+    response = api.patch(url, {"rebalance_policy": "sometimes"}, format="json")
+    assert response.status_code == 400 and "sometimes" in response.content.decode()
+    assert Deployment.objects.get(pk=deployment.pk).rebalance_policy == "auto"
