@@ -37,6 +37,8 @@ def fake_pipeline(settings, demo_model):
         "REFRESH_S": 0.05,
         "HEALTH_REFRESH_S": 0.05,
         "DEADLINE_S": 30.0,
+        "WAIT_S": 0.2,  # a model without a routable replica: the 503 after a short wait
+        "WAIT_POLL_S": 0.02,
     }
 
     def configure(scripts: dict[str, Script]) -> type[FakePipelineClient]:

@@ -1,5 +1,9 @@
 """A stand-in pipeline client (contracts §2) for the view tests: scripted tokens, errors and delays,
-recording what it was asked, so the gateway's own logic is tested without stage processes."""
+recording what it was asked, so the gateway's own logic is tested without stage processes.
+
+A script's ``tokens`` are the output of an uninterrupted run: a resumed request (its prompt ends with
+the first k of them) gets the rest, as a seeded pipeline would; ``break_after`` breaks the pipeline
+under the n-th submission to the replica after that many tokens."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from typing import ClassVar
 from controlplane.gateway.directory import ReplicaEndpoint, ServedModel
 from controlplane.gateway.routing import StageLink
 from worker_runtime.client import TokenEvent
+from worker_runtime.errors import PipelineBroken
 from worker_runtime.sampling import SamplingParams
 
 
@@ -24,6 +29,7 @@ class Script:
     healthy: bool = True  # the head's health()["ok"]: False until every stage joined the pipeline
     stages: tuple[StageLink, ...] = ()  # where its stages run (the gateway then reads their telemetry)
     queue_depth: int = 0  # the head's queue, as its statistics report it
+    break_after: list[int] = field(default_factory=list)  # n-th submission: PipelineBroken after so many tokens
 
 
 class FakePipelineClient:
@@ -31,13 +37,14 @@ class FakePipelineClient:
     submitted: ClassVar[list[dict]] = []
     cancelled: ClassVar[list[str]] = []
     model_path: ClassVar[str] = ""
+    reason: ClassVar[str] = ""  # the served model's reason (why it has no replica)
 
     def __init__(self, head_address: str, auth_token: str, pipeline_id: str, timeout_s: float = 5.0):
         self.pipeline_id = pipeline_id
 
     @classmethod
     def reset(cls, model_path: str, scripts: dict[str, Script]) -> None:
-        cls.model_path, cls.scripts = model_path, scripts
+        cls.model_path, cls.scripts, cls.reason = model_path, scripts, ""
         cls.submitted, cls.cancelled = [], []
 
     async def submit(
@@ -45,16 +52,23 @@ class FakePipelineClient:
         stop_token_ids: Sequence[int] = (), request_id: str | None = None, deadline_s: float | None = None,
     ) -> AsyncIterator[TokenEvent]:
         script = self.scripts[self.pipeline_id]
+        nth = sum(1 for s in self.submitted if s["pipeline_id"] == self.pipeline_id)
         self.submitted.append(dict(pipeline_id=self.pipeline_id, prompt_ids=list(prompt_ids), params=params,
-                                   max_tokens=max_tokens, stop_token_ids=tuple(stop_token_ids)))
+                                   max_tokens=max_tokens, stop_token_ids=tuple(stop_token_ids),
+                                   request_id=request_id))
+        breaks = script.break_after[nth] if nth < len(script.break_after) else None
+        tokens = script.tokens[_resumed_at(prompt_ids, script.tokens):]
         finished = False
         try:
             if script.error is not None:
                 finished = True
                 raise script.error
-            for i, token in enumerate(script.tokens[:max_tokens]):
+            for i, token in enumerate(tokens[:max_tokens]):
+                if i == breaks:
+                    finished = True
+                    raise PipelineBroken(f"pipeline {self.pipeline_id}: stage 1 died")
                 await asyncio.sleep(script.delay_s)
-                last = i + 1 == max_tokens or token in stop_token_ids or i + 1 == len(script.tokens)
+                last = i + 1 == max_tokens or token in stop_token_ids or i + 1 == len(tokens)
                 reason = ("stop" if token in stop_token_ids else "length") if last else None
                 finished = last
                 yield TokenEvent(request_id, token, reason)
@@ -75,10 +89,18 @@ class FakePipelineClient:
         pass
 
 
+def _resumed_at(prompt_ids: Sequence[int], tokens: list[int]) -> int:
+    """How many of the output's tokens the prompt already ends with (a resumed request's)."""
+    for k in range(min(len(prompt_ids), len(tokens)), 0, -1):
+        if list(prompt_ids[-k:]) == tokens[:k]:
+            return k
+    return 0
+
+
 def served_models() -> list[ServedModel]:
     replicas = tuple(
         ReplicaEndpoint(pipeline_id=pid, head_address=f"tcp://fake/{pid}", auth_token="t",
                         kv_tokens=script.planned_kv_tokens, stages=script.stages)
         for pid, script in FakePipelineClient.scripts.items()
     )
-    return [ServedModel("demo", FakePipelineClient.model_path, replicas)]
+    return [ServedModel("demo", FakePipelineClient.model_path, replicas, reason=FakePipelineClient.reason)]
