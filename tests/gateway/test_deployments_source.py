@@ -66,3 +66,38 @@ def test_the_deployment_routing_strategy_is_the_served_models(deployment):
     Deployment.objects.filter(pk=deployment.pk).update(routing_strategy="round_robin")
     (served,) = served_models_from_deployments()
     assert served.strategy == "round_robin"
+
+
+def test_a_deployment_that_cannot_serve_now_is_listed_without_replicas_and_says_why(deployment):
+    DeploymentStage.objects.filter(deployment=deployment).update(state=DeploymentStage.State.STARTING)
+    Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.DEPLOYING)
+    (served,) = served_models_from_deployments()
+    number = deployment.revision.number
+    assert served.replicas == () and served.reason == f"deployment {deployment.name} is deploying plan revision {number}"
+    Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.FAILED, status_message="n1 is lost")
+    assert served_models_from_deployments()[0].reason == f"deployment {deployment.name} failed: n1 is lost"
+    Deployment.objects.filter(pk=deployment.pk).update(stop_requested=True)
+    assert served_models_from_deployments() == []  # being stopped: nothing is coming
+
+
+def test_a_replica_being_handed_over_stays_listed_but_unroutable_with_its_slots_plan(deployment, monkeypatch):
+    """``serving`` False: its running requests keep their client; nothing new goes to it. A replica's
+    costs and KV come from the plan replica it serves (``slot``), not from its own index."""
+    from dataclasses import replace
+
+    from controlplane.gateway import deployments_source
+
+    heads = deployments_source.deployment_endpoints(deployment=deployment)
+    handed_over = [replace(heads[0], serving=False), replace(heads[1], replica=7, slot=0)]
+    monkeypatch.setattr(deployments_source, "deployment_endpoints", lambda deployment: handed_over)
+    (served,) = served_models_from_deployments()
+    old, new = served.replicas
+    assert not old.health.ok and old.health.reason == f"deployment {deployment.name} is handing this replica over"
+    assert new.health.ok and served.reason == ""
+    first_slot = deployment.revision.plan["replicas"][0]
+    assert new.kv_tokens == min(s["kv_tokens"] for s in first_slot["stages"])
+    assert new.costs.decode_step_s == pytest.approx(first_slot["predicted"]["token_latency_ms"] / 1000)
+    monkeypatch.setattr(deployments_source, "deployment_endpoints", lambda deployment: handed_over[:1])
+    (served,) = served_models_from_deployments()
+    assert served.reason == f"deployment {deployment.name} is handing its replicas over to plan revision " \
+                            f"{deployment.revision.number}"
