@@ -1,7 +1,9 @@
 // Deployments page, "Routing": what the gateway's router uses for each replica of a deployment now
 // (health and why, throttling, memory, errors, costs and where they come from, free KV, load,
 // telemetry age) and its recent decisions with the inputs it saw for every replica, from
-// GET /api/v1/gateway/router/ every REFRESH_MS (docs/gateway.md, "Live inputs").
+// GET /api/v1/gateway/router/ every REFRESH_MS (docs/gateway.md, "Live inputs"); and the gateway's
+// queue of requests waiting for a routable replica of the deployment's model, and migrations
+// (docs/gateway.md, "Waiting for a replica", "Request migration").
 import { getJSON } from "./api.js";
 
 const REFRESH_MS = 2000;
@@ -76,7 +78,26 @@ function decisionRow(record, own) {
   return tr;
 }
 
+// One line: requests of ``model`` waiting now, past waits and how they ended, requests migrated.
+function waitingLine(stats, model) {
+  const served = stats.models[model];
+  if (!served) return "Gateway queue: model not served by the gateway";
+  const w = served.waiting;
+  const migrated = stats.router.totals
+    .filter((t) => t.model === model && t.outcome === "migrated")
+    .reduce((n, t) => n + t.count, 0);
+  const parts = [
+    `${w.depth} waiting now${w.oldest_s === null ? "" : ` (oldest ${fmt(w.oldest_s)} s)`}`,
+    `${w.waited} waited (longest ${fmt(w.longest_s)} s, mean ${fmt(w.avg_s)} s)`,
+    `${w.timed_out} timed out`, `${w.full} refused with the queue full`, `${migrated} migrated`,
+  ];
+  return `Gateway queue: ${parts.join(" · ")}${served.reason ? ` — ${served.reason}` : ""}`;
+}
+
 function draw(stats) {
+  for (const line of document.querySelectorAll("[data-waiting]")) {
+    line.textContent = waitingLine(stats, line.dataset.model);
+  }
   for (const table of document.querySelectorAll("table[data-routing]")) {
     const id = table.dataset.routing;
     const replicas = replicasOf(stats, id);
