@@ -13,24 +13,53 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class Child:
+    """One started process and how to start it again. ``essential``: the system cannot run without it
+    (the control plane's processes), so its exit stops everything; an agent is not essential."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    essential: bool
+    process: subprocess.Popen
+    started_at: float
+
+
+@dataclass
 class ProcessGroup:
     """Children started in their own process groups, so stopping one also stops its descendants."""
 
-    children: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+    children: list[Child] = field(default_factory=list)
 
-    def start(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-        process = subprocess.Popen(list(argv), env={**os.environ, **(env or {})}, start_new_session=True)
-        self.children.append((name, process))
-        return process
+    def start(
+        self, name: str, argv: Sequence[str], env: dict[str, str] | None = None, *, essential: bool = True
+    ) -> Child:
+        full_env = {**os.environ, **(env or {})}
+        process = subprocess.Popen(list(argv), env=full_env, start_new_session=True)
+        child = Child(name, list(argv), dict(env or {}), essential, process, time.monotonic())
+        self.children.append(child)
+        return child
 
-    def first_exit(self, poll_s: float = 0.5) -> tuple[str, int]:
-        """Block until a child exits; return its name and exit code."""
+    def restart(self, child: Child) -> Child:
+        """Start a forgotten ``child`` again with the same command line and environment."""
+        return self.start(child.name, child.argv, child.env, essential=child.essential)
+
+    def forget(self, child: Child) -> None:
+        """Stop watching an exited child; what is left of its process group (orphans) is killed."""
+        _signal_group(child.process, signal.SIGKILL)
+        self.children = [c for c in self.children if c is not child]
+
+    def next_exit(self, timeout_s: float | None = None, poll_s: float = 0.5) -> tuple[Child, int] | None:
+        """Block until a child exits (its record and exit code), or None after ``timeout_s``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            for name, process in self.children:
-                code = process.poll()
+            for child in self.children:
+                code = child.process.poll()
                 if code is not None:
-                    return name, code
-            time.sleep(poll_s)
+                    return child, code
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            time.sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic())))
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM every child group, then SIGKILL what is still there after the grace period.
@@ -40,21 +69,21 @@ class ProcessGroup:
         """
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        for _, process in self.children:
-            _signal_group(process, signal.SIGTERM)
+        for child in self.children:
+            _signal_group(child.process, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        for _, process in self.children:
+        for child in self.children:
             try:
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _signal_group(process, signal.SIGKILL)
-                process.wait()
+                _signal_group(child.process, signal.SIGKILL)
+                child.process.wait()
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(process.pid, sig)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass
 
 

@@ -23,6 +23,7 @@ from controlplane.ops.process_group import (
     wait_for_port,
 )
 from controlplane.ops.services import admin_ensure
+from controlplane.ops.supervision import supervise
 
 
 def metrics_env() -> dict[str, str]:
@@ -37,7 +38,9 @@ def metrics_env() -> dict[str, str]:
 
 
 class Command(BaseCommand):
-    help = "Start the control plane and the demo (agents, model, deployment); Ctrl-C stops everything."
+    help = ("Start the control plane and the demo (agents, model, deployment); Ctrl-C stops everything. "
+            "An agent's exit leaves the control plane up (its node turns LOST); a control-plane process's "
+            "exit stops everything.")
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
@@ -54,6 +57,12 @@ class Command(BaseCommand):
             "--demo-fleet", type=Path, default=demo.DEMO_FLEET, help="fleet file the local agents emulate"
         )
         parser.add_argument(
+            "--restart-agents",
+            action="store_true",
+            help="start a local agent again when it exits (with a growing backoff); by default its node is "
+            "left LOST, as a real node would be, and the control plane keeps running",
+        )
+        parser.add_argument(
             "--no-emulate",
             action="store_true",
             help="one local agent on this host's GPUs (NVML) instead of agents emulating --demo-fleet",
@@ -68,6 +77,7 @@ class Command(BaseCommand):
         demo_model: str,
         demo_fleet: Path,
         no_emulate: bool,
+        restart_agents: bool,
         **options,
     ):
         account = admin_ensure(credentials_path=settings.VAR_DIR / "admin-credentials.txt")
@@ -89,7 +99,8 @@ class Command(BaseCommand):
                               f"metrics {base}/metrics")
             if not no_demo:
                 self._start_demo(group, base, demo_model, None if no_emulate else demo_fleet)
-            name, code = group.first_exit()
+            name, code = supervise(group, restart_agents=restart_agents,
+                                   lost_after_s=settings.MOTLEY_NODE_LOST_AFTER_S, report=self.stderr.write)
             self.stderr.write(f"{name} exited with code {code}; stopping everything")
         except KeyboardInterrupt:
             self.stdout.write("stopping")
@@ -148,6 +159,7 @@ class Command(BaseCommand):
                 f"agent {node}",
                 demo.agent_argv(server=base, fleet_file=fleet_file, node=node),
                 env={"MOTLEY_JOIN_TOKEN": fleet.join_token},
+                essential=False,
             )
         demo.demo_agents_wait(demo=fleet)
         deployment = demo.demo_deployment_ensure(model=model, demo=fleet)
