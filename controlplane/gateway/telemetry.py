@@ -5,7 +5,9 @@ invariant), not control state. ``router_telemetry()`` is what the dashboard read
 the inputs the router saw for every replica (``ReplicaInputs.as_dict``); the outcomes per replica
 give its recent error rate (``RouterRecorder.error_rate``), one of the router's health inputs. Each
 decision, first token and end is also counted for Prometheus (``controlplane.observability.serving``:
-vLLM's request metrics by model and replica, the router's decisions by reason).
+vLLM's request metrics by model and replica, the router's decisions by reason). A request resumed
+on another replica after its pipeline broke (generation.py) stays one record: ``migrated`` moves it,
+its gauges and later figures to the new replica and counts the break in the old one's error rate.
 """
 
 from __future__ import annotations

@@ -109,6 +109,8 @@ def deployments_page_shows_the_throttle(system: System, r0: str, r1: str) -> Non
         row = page.locator(f'table[data-routing] tr[data-replica="{r0}"]')
         row.filter(has_text="sw_thermal").wait_for()
         assert page.locator(f'table[data-routing] tr[data-replica="{r1}"]').count() == 1
+        queue = page.locator("[data-waiting]").first  # the gateway's waiting queue: nobody waits here
+        assert queue.inner_text().startswith("Gateway queue: 0 waiting now") and "0 migrated" in queue.inner_text()
         page.locator("details.decisions summary").first.click()
         page.locator("table[data-decisions] tr", has_text=r1).first.wait_for()
         page.screenshot(path=str(SCREENSHOTS / "deployments-routing.png"), full_page=True)

@@ -5,7 +5,8 @@ request now (so nothing waits in a replica's queue and no cache overflows) and i
 finish it within the deadline. The baselines (round-robin, least-outstanding-tokens) behave like a
 conventional load balancer: any healthy replica is a candidate, a request that does not fit waits in
 that replica's bounded queue (contracts §2, ``max_queue``) and a late one gets the gateway's 504.
-With no candidate the request is refused at once (the gateway keeps no queue of its own):
+With no candidate the router refuses at once (the gateway then answers, or makes an ``unavailable``
+request wait for a replica: controlplane/gateway/admission.py):
 
 - ``unavailable`` (503): no healthy replica;
 - ``too_large`` (400): no healthy replica could hold prompt + max_tokens even when idle;
