@@ -69,6 +69,7 @@ def run_changes(system: System, demo_model, overrides: str) -> None:
         assert outcome.ok, outcome.error
         expected[prompt] = outcome.text
     clients.start()
+    marks: list[tuple[str, float]] = []
     try:
         time.sleep(2)
         changes = [
@@ -80,13 +81,15 @@ def run_changes(system: System, demo_model, overrides: str) -> None:
         ]
         revision = 1
         for name, change in changes:
+            marks.append((name, time.monotonic()))
             response = change()
             assert response.status_code == 200, f"{name}: {response.text}"
             revision += 1
             final = settled(system, pk, revision)
             time.sleep(1)
         used = {s["node_name"] for s in final["stages"]}
-        victim = sorted(used - {"n0"})[0]  # an agent carrying a stage, not the head's
+        victim = sorted(used - {"n0"} or used)[0]  # an agent carrying a stage, if possible not the head's
+        marks.append(("kill -9 agent", time.monotonic()))
         system.kill(f"agent-{victim}")
         revision += 1
         final = settled(system, pk, revision)
@@ -94,6 +97,9 @@ def run_changes(system: System, demo_model, overrides: str) -> None:
         time.sleep(2)
     finally:
         outcomes = clients.stop()
+        ends = [at for _, at in marks[1:]] + [time.monotonic()]
+        for (name, start), end in zip(marks, ends):
+            print(f"{name}: {clients.window(start, end).line()}")
     failed = [o.error for o in outcomes if not o.ok]
     assert not failed, f"{len(failed)} of {len(outcomes)} requests failed: {failed[:5]}\n{system.logs()}"
     assert len(outcomes) > 20

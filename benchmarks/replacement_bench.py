@@ -1,0 +1,236 @@
+"""Live re-placement under load: what clients see while the placement changes (issue 14).
+
+    python benchmarks/replacement_bench.py --work var/bench/replacement [--room in-place beside]
+        [--demo-model smollm2|generated] [--clients 4] [--interval 1.0] [--steady-s 20]
+
+For each room setting, `make run`'s system (``manage.py run_local`` on the embedded default, its demo
+model planned and deployed by itself) on the demo fleet plus one spare node:
+
+- ``in-place``: ``examples/fleets/demo.yaml`` as `make run` uses it, memory scaled down so the new
+  stages cannot start beside the old ones: the controller hands each replica over in place;
+- ``beside``: the same cards at their catalog memory: the new stages start beside the old (make
+  before break).
+
+Clients of the official ``openai`` library stream seeded chat requests at a steady pace
+(``steady_clients.py``) while, in turn: nothing (the steady state, the baseline measured in the same
+run), a boundary move (the first boundary by one layer), a stage moved to the spare device, a drain of
+the spare node, and a SIGKILL of the agent of a node that carries a stage. Each change's window runs
+from the change until the new plan serves alone plus ``--settle-s``. Printed per change: requests ok
+and failed, the longest time without a completed request, p50/p99 latency against the steady state,
+and the time until the new plan serves. Goals: 0 failed; gap under 2 s in place and under 0.5 s
+beside; p99 at most 3x the steady state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.gpu_check_serve import REPO, Launcher, embedded_env, free_port, wait_ready  # noqa: E402
+from benchmarks.steady_clients import PROMPTS, SteadyClients, Window, mismatches  # noqa: E402
+
+DEMO_FLEET = REPO / "examples" / "fleets" / "demo.yaml"
+SPARE = "  - name: demo-spare\n    network_gbps: 25\n    gpus:\n      - model: RTX-3090\n{overrides}"
+GOAL_GAP_S = {"in-place": 2.0, "beside": 0.5}
+
+
+def fleet_text(room: str) -> str:
+    """The demo fleet plus a spare node; ``beside`` drops the memory overrides (catalog memory)."""
+    text = DEMO_FLEET.read_text()
+    if room == "beside":
+        text = "\n".join(line for line in text.splitlines() if "overrides:" not in line) + "\n"
+    overrides = "        overrides: {memory_gib: 0.7}\n" if room == "in-place" else ""
+    return text.rstrip("\n") + "\n" + SPARE.format(overrides=overrides)
+
+
+class Api:
+    def __init__(self, base: str, token: str) -> None:
+        self.client = httpx.Client(base_url=base, headers={"Authorization": f"Token {token}"}, timeout=60)
+
+    def get(self, path: str) -> dict:
+        response = self.client.get(path)
+        response.raise_for_status()
+        return response.json()
+
+    def post(self, path: str, body: dict | None = None) -> dict:
+        response = self.client.post(path, json=body or {})
+        if response.status_code >= 400:
+            raise RuntimeError(f"POST {path}: {response.status_code} {response.text[:500]}")
+        return response.json()
+
+    def deployment(self) -> dict:
+        return self.get("/api/v1/deployments/")["results"][0]
+
+    def applied(self, pk: int) -> dict:
+        return next(r for r in self.get(f"/api/v1/deployments/{pk}/revisions/")["results"] if r["status"] == "applied")
+
+    def node_id(self, name: str) -> int:
+        return next(n["id"] for n in self.get("/api/v1/nodes/")["results"] if n["name"] == name)
+
+
+def serving_alone(api: Api, pk: int, revision: int, timeout_s: float = 180) -> float:
+    """Block until ``revision`` is READY with every stage wanted and ready; monotonic time it was seen."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        d = api.get(f"/api/v1/deployments/{pk}/")
+        if (d["status"] == "ready" and d["revision_number"] == revision
+                and all(s["wanted"] and s["state"] == "ready" for s in d["stages"])):
+            return time.monotonic()
+        time.sleep(0.2)
+    raise RuntimeError(f"revision {revision} did not serve alone within {timeout_s:.0f}s")
+
+
+def boundary_moved(plan: dict) -> dict:
+    """The plan with its first boundary moved by one layer (toward the larger side)."""
+    stages = plan["replicas"][0]["stages"]
+    first, second = stages[0], stages[1]
+    step = 1 if second["layers"][1] - second["layers"][0] > first["layers"][1] - first["layers"][0] else -1
+    first["layers"][1] += step
+    second["layers"][0] += step
+    return plan
+
+
+def stage_moved(plan: dict, devices: list[str]) -> dict:
+    """The plan with its last stage on the first of ``devices`` it does not use."""
+    used = {s["device"] for r in plan["replicas"] for s in r["stages"]}
+    plan["replicas"][0]["stages"][-1]["device"] = next(d for d in devices if d not in used)
+    return plan
+
+
+def agent_process(launcher: Launcher, node: str) -> psutil.Process:
+    for child in psutil.Process(launcher.process.pid).children(recursive=True):
+        cmdline = child.cmdline()
+        if "agents" in cmdline and node in cmdline and "worker_runtime.serve" not in cmdline:
+            return child
+    raise RuntimeError(f"no agent process for node {node}")
+
+
+def run_room(args: argparse.Namespace, room: str) -> dict:
+    work = args.work / room
+    var = work / "var"
+    var.mkdir(parents=True, exist_ok=True)
+    fleet = work / "fleet.yaml"
+    fleet.write_text(fleet_text(room))
+    env = embedded_env(var)
+    manage = [sys.executable, str(REPO / "manage.py")]
+    subprocess.run([*manage, "migrate", "--noinput", "-v0"], env=env, cwd=REPO, check=True, timeout=300)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    launcher = Launcher([*manage, "run_local", "--port", str(port), "--demo-model", args.demo_model,
+                         "--demo-fleet", str(fleet)], env, work / "run_local.log")
+    result: dict = {"room": room, "changes": []}
+    try:
+        key = wait_ready(launcher, var / "demo-api-key.txt", time.monotonic() + 600)
+        credentials = dict(line.split(": ", 1) for line in (var / "admin-credentials.txt").read_text().splitlines())
+        api = Api(base, credentials["api_token"])
+        deployment = api.deployment()
+        pk, model = deployment["id"], deployment["model_name"]
+        serving_alone(api, pk, deployment["revision_number"])
+        clients = SteadyClients(base_url=base, api_key=key, model=model, clients=args.clients,
+                                interval_s=args.interval, max_tokens=args.max_tokens)
+        expected = {p: clients.one(p).text for p in range(len(PROMPTS))}
+        clients.start()
+        time.sleep(2)
+        steady_start = time.monotonic()
+        time.sleep(args.steady_s)
+        steady = clients.window(steady_start, time.monotonic())
+        result["steady"] = steady.__dict__
+        print(f"[{room}] steady state: {steady.line()}", flush=True)
+
+        def apply(plan: dict) -> None:
+            api.post(f"/api/v1/deployments/{pk}/apply/", {"plan": plan, "request": api.applied(pk)["request"],
+                                                          "source": "edited"})
+
+        def move() -> None:
+            devices = [d["name"] for d in api.get("/api/v1/devices/")["results"]]
+            apply(stage_moved(api.applied(pk)["plan"], ["demo-spare/gpu0", *devices]))
+
+        def drain() -> None:  # the node the last stage was moved to
+            last = max((s for s in api.get(f"/api/v1/deployments/{pk}/")["stages"] if s["wanted"]),
+                       key=lambda s: s["stage_index"])
+            api.post(f"/api/v1/nodes/{api.node_id(last['node_name'])}/drain/")
+
+        def kill() -> None:
+            stages = api.get(f"/api/v1/deployments/{pk}/")["stages"]
+            nodes = [s["node_name"] for s in sorted(stages, key=lambda s: -s["stage_index"]) if s["wanted"]]
+            agent_process(launcher, nodes[0]).send_signal(signal.SIGKILL)
+
+        changes: list[tuple[str, Callable[[], None]]] = [
+            ("boundary move", lambda: apply(boundary_moved(api.applied(pk)["plan"]))),
+            ("stage to another device", move),
+            ("drain a node", drain),
+            ("kill -9 an agent", kill),
+        ]
+        for name, change in changes:
+            revision = api.deployment()["revision_number"]
+            started = time.monotonic()
+            change()
+            served = serving_alone(api, pk, revision + 1)
+            time.sleep(args.settle_s)
+            window = clients.window(started, time.monotonic())
+            entry = {"change": name, **window.__dict__, "serves_after_s": round(served - started, 2),
+                     "p99_vs_steady": (window.p99_s / steady.p99_s) if window.p99_s and steady.p99_s else None}
+            result["changes"].append(entry)
+            print(f"[{room}] {name}: {window.line()}, new plan serves after {served - started:.1f} s", flush=True)
+        outcomes = clients.stop()
+        result["mismatches"] = mismatches(outcomes, expected)
+        result["requests"] = len(outcomes)
+    finally:
+        result["left_running"] = launcher.stop()
+    return result
+
+
+def report(results: list[dict]) -> None:
+    print("\n| fleet | change | ok | failed | longest gap | p50 | p99 | p99 vs steady | new plan serves after |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for result in results:
+        steady = Window(**result["steady"])
+        print(f"| {result['room']} | steady state | {steady.ok} | {steady.failed} | "
+              f"{steady.longest_gap_s:.2f} s | {steady.p50_s or 0:.2f} s | {steady.p99_s or 0:.2f} s | 1.00x | - |")
+        for c in result["changes"]:
+            ratio = f"{c['p99_vs_steady']:.2f}x" if c["p99_vs_steady"] else "-"
+            print(f"| {result['room']} | {c['change']} | {c['ok']} | {c['failed']} | {c['longest_gap_s']:.2f} s | "
+                  f"{c['p50_s'] or 0:.2f} s | {c['p99_s'] or 0:.2f} s | {ratio} | {c['serves_after_s']:.1f} s |")
+    print()
+    for result in results:
+        goal = GOAL_GAP_S[result["room"]]
+        handovers = [c for c in result["changes"] if c["change"] != "kill -9 an agent"]
+        failed = sum(c["failed"] for c in result["changes"])
+        print(f"{result['room']}: failed {failed} (goal 0); longest handover gap "
+              f"{max(c['longest_gap_s'] for c in handovers):.2f} s (goal < {goal} s); worst p99 vs steady "
+              f"{max((c['p99_vs_steady'] or 0) for c in handovers):.2f}x (goal <= 3x); seeded answers that "
+              f"differ: {len(result['mismatches'])}; processes left: {len(result['left_running'])}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, default=REPO / "var" / "bench" / "replacement")
+    parser.add_argument("--room", nargs="+", choices=sorted(GOAL_GAP_S), default=["in-place", "beside"])
+    parser.add_argument("--demo-model", default="smollm2", help="run_local's --demo-model")
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--interval", type=float, default=1.0, help="least seconds between a client's requests")
+    parser.add_argument("--max-tokens", type=int, default=12)
+    parser.add_argument("--steady-s", type=float, default=20.0)
+    parser.add_argument("--settle-s", type=float, default=2.0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    results = [run_room(args, room) for room in args.room]
+    report(results)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
