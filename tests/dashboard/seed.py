@@ -58,13 +58,15 @@ def running_deployment_create(*, model, name: str = "chat"):
     return deployment
 
 
-def lab_with_deployment() -> dict:
+def lab_with_deployment(*, cordoned: tuple[str, ...] = ()) -> dict:
     """Everything the browser tests need: the lab fleet registered by (simulated) agents, the model,
-    a READY deployment and an operator account. Returns what the simulated agents need to connect."""
+    a READY deployment (planned with the ``cordoned`` nodes cordoned) and an operator account.
+    Returns what the simulated agents need to connect."""
     from django.contrib.auth import get_user_model
 
     from contracts.fleet_file import load_fleet_file
     from controlplane.enrollment.services import agent_register, join_token_create
+    from controlplane.inventory.models import Node
     from controlplane.inventory.selectors import fleet_spec_from_inventory
     from controlplane.inventory.services import fleet_import
     from controlplane.models_catalog.services import model_register
@@ -81,12 +83,33 @@ def lab_with_deployment() -> dict:
                        "credential": registration.credential,
                        "incarnation": registration.incarnation, "gpus": len(node.devices)})
     model = model_register(path=_checkpoint_stand_in())
+    Node.objects.filter(name__in=cordoned).update(intent=Node.Intent.CORDONED)
     deployment = running_deployment_create(model=model)
     get_user_model().objects.create_user(username=OPERATOR[0], password=OPERATOR[1])
     stages = [{"stage_key": s.stage_key, "node": s.node.name, "deployment_id": deployment.pk,
                "replica": s.replica,
                "stage_index": s.stage_index} for s in deployment.stages.select_related("node")]
     return {"agents": agents, "deployment_id": deployment.pk, "stages": stages}
+
+
+def lab_with_proposal() -> dict:
+    """``lab_with_deployment`` planned without node-a, applied an hour ago, and the rebalance
+    policy's open proposal once node-a is schedulable again (a fleet change)."""
+    import time
+
+    from django.utils import timezone
+
+    from controlplane.deployments.models import PlanRevision
+    from controlplane.inventory.models import Node
+    from controlplane.rebalance.services import rebalance_evaluate
+
+    seeded = lab_with_deployment(cordoned=("node-a",))
+    PlanRevision.objects.filter(deployment_id=seeded["deployment_id"]).update(
+        applied_at=timezone.now() - timedelta(hours=1))
+    rebalance_evaluate(deployment_id=seeded["deployment_id"], now=time.time())
+    Node.objects.filter(name="node-a").update(intent=Node.Intent.SCHEDULABLE)
+    assert rebalance_evaluate(deployment_id=seeded["deployment_id"], now=time.time() + 10) == "proposed"
+    return seeded
 
 
 def _checkpoint_stand_in() -> Path:
