@@ -2,7 +2,8 @@
 
 The control tasks are ``reconcile`` (one deployment, asked for after each change),
 ``reconcile_all`` and ``node_health_check`` (beat), all in ``deployments/tasks.py``, and
-``calibrate`` (beat, ``telemetry/tasks.py``: docs/planner.md, "Calibration"), named in
+``calibrate`` (beat, ``telemetry/tasks.py``: docs/planner.md, "Calibration") and ``rebalance``
+(beat, ``rebalance/tasks.py``: docs/deployments.md, "Rebalance policy"), named in
 ``contracts/tasks.py``. The agent tasks (``start_stage``, ``stop_stage``, ``sync``) are not run
 here: the controller sends them by name (``deployments/dispatch.py``) to each node's own queue.
 """
