@@ -221,6 +221,12 @@ MOTLEY_STAGE_START_TIMEOUT_S = float(os.environ.get("MOTLEY_STAGE_START_TIMEOUT_
 MOTLEY_STAGE_PORTS = tuple(int(p) for p in os.environ.get("MOTLEY_STAGE_PORTS", "5600-5999").split("-", 1))
 MOTLEY_STAGE_THREADS = int(os.environ.get("MOTLEY_STAGE_THREADS", "1"))
 MOTLEY_STAGE_PEER_TIMEOUT_S = float(os.environ.get("MOTLEY_STAGE_PEER_TIMEOUT_S", "5.0"))
+# Handover (docs/deployments.md, "Handover (make before break)"): how long a replaced pipeline keeps
+# admitting after the switch (2x the gateway's REFRESH_S, so every gateway process has seen the new
+# one), and how long after its head was stopped its other stages are stopped even if the head has not
+# exited (the head drains for up to its peer_timeout_s; the agent kills it 2 s after that).
+MOTLEY_HANDOVER_SWITCH_S = float(os.environ.get("MOTLEY_HANDOVER_SWITCH_S", "4.0"))
+MOTLEY_HANDOVER_DRAIN_S = float(os.environ.get("MOTLEY_HANDOVER_DRAIN_S", "10.0"))
 MOTLEY_EMULATION_TIME_SCALE = float(os.environ.get("MOTLEY_EMULATION_TIME_SCALE", "20"))
 # Latest telemetry (controlplane/telemetry/selectors.py): how long a node's latest sample stays in the
 # cache, and the age past which a reader should not trust it (default: the SUSPECT threshold).

@@ -29,8 +29,12 @@ def agent_task_send_on_commit(*, node_id: int, name: str, kwargs: dict[str, Any]
     return queue
 
 
-def task_send_on_commit(*, name: str, kwargs: dict[str, Any], queue: str | None = None) -> None:
+def task_send_on_commit(
+    *, name: str, kwargs: dict[str, Any], queue: str | None = None, countdown: float | None = None
+) -> None:
     """Send task ``name`` with JSON keyword arguments once the current transaction commits
-    (``queue`` None: the control plane's default queue)."""
-    options = {} if queue is None else {"queue": queue}
+    (``queue`` None: the control plane's default queue; ``countdown``: run it that many seconds later)."""
+    options: dict[str, Any] = {} if queue is None else {"queue": queue}
+    if countdown is not None:
+        options["countdown"] = countdown
     transaction.on_commit(lambda: celery_app.send_task(name, kwargs=kwargs, serializer="json", **options))

@@ -1,24 +1,28 @@
 """Desired state: write the stages a checked plan asks for, each with the spec its process must run.
 
 One writer for ``Deployment.revision`` and the desired half of ``DeploymentStage`` (node, device,
-port, spec), whoever decided the change: an operator's create or apply, a drain, or the
-controller's re-plan after a loss. Keeping stage rows, ports and specs stable across revisions is
-what makes a change restart only the stages it touches, so that rule lives in one place. Specs are
-built as ``contracts.stage_spec.StageSpec`` and validated here: a spec the worker would refuse is
-refused at the controller, before anything is sent.
+port, spec), whoever decided the change: an operator's create or apply, a drain, a rebalance, or
+the controller's re-plan after a loss. It decides, per plan slot, how the change is made without
+taking serving capacity to zero (make before break): a new pipeline beside the old one when it fits
+(``room.py``), else the changed stages reloaded in place, keeping every unchanged stage's row, port
+and spec so that only the stages the change touches restart; ``handover.py`` then takes each
+handover to its end from ``reconcile``. Specs are built as ``contracts.stage_spec.StageSpec`` and
+validated here: a spec the worker would refuse is refused at the controller, before anything is sent.
 """
 
 from __future__ import annotations
 
 import secrets
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
+from contracts.model_profile import ModelProfile
 from contracts.stage_spec import Emulation, SpecError, StageSpec
-from controlplane.deployments import dispatch
+from controlplane.deployments import dispatch, handover
 from controlplane.deployments.events import event_record
 from controlplane.deployments.models import (
     Deployment,
@@ -28,6 +32,7 @@ from controlplane.deployments.models import (
     PlanRevision,
 )
 from controlplane.deployments.revisions import CheckedPlan
+from controlplane.deployments.room import room_shortfalls
 from controlplane.inventory.models import Device, Node
 
 # The event each source of a revision is recorded as when applied (an operator's or the planner's: APPLIED).
@@ -36,11 +41,13 @@ _APPLIED_KINDS = {PlanRevision.Source.REPLAN: DeploymentEvent.Kind.REPLANNED,
 
 
 def revision_apply(*, deployment: Deployment, checked: CheckedPlan) -> None:
-    """Make ``checked`` the deployment's desired state, keeping each unchanged stage's row, port and spec.
+    """Make ``checked`` the deployment's desired state, make before break (handover.py hands over).
 
-    A stage keeps its row (so its address) while it stays on the same node; a stage that moves to
-    another node retires its old row (stopped by reconcile) and gets a new one. Specs are then
-    rewritten for every stage: only those whose spec really changed are restarted by reconcile.
+    Each plan slot is compared with the pipeline serving it: unchanged, nothing moves; changed, a
+    new pipeline is started beside the old one when its stages fit there (``room.py``), else the
+    old one reloads its changed stages in place. A pipeline of a slot the plan no longer has is
+    drained like a replaced one. A handover already in flight for a slot keeps its new pipeline
+    when it matches this plan, else that pipeline is dropped and the slot is decided again.
     """
     revision = checked.revision
     applied = deployment.revisions.filter(status=PlanRevision.Status.APPLIED)
@@ -52,34 +59,112 @@ def revision_apply(*, deployment: Deployment, checked: CheckedPlan) -> None:
     revision.applied_at = timezone.now()
     revision.save()
     deployment.revision = revision
-    deployment.status = Deployment.Status.DEPLOYING
-    deployment.status_message = f"deploying plan revision {revision.number} ({revision.get_source_display()})"
-    deployment.save(update_fields=["revision", "status", "status_message", "last_updated"])
+    deployment.save(update_fields=["revision", "last_updated"])
     kind = _APPLIED_KINDS.get(revision.source, DeploymentEvent.Kind.APPLIED)
     event_record(kind=kind, deployment=deployment,
                  message=f"plan revision {revision.number} applied ({revision.get_source_display().lower()})",
                  detail={"revision": revision.number, "source": revision.source})
 
-    deployment.stages.filter(wanted=True, replica__gte=len(checked.replicas)).update(wanted=False)
-    deployment.replicas.filter(index__gte=len(checked.replicas)).delete()
-    for index, stages in enumerate(checked.replicas):
-        replica, _ = DeploymentReplica.objects.get_or_create(
-            deployment=deployment, index=index, defaults={"auth_token": secrets.token_urlsafe(32)}
-        )
-        beyond = deployment.stages.filter(wanted=True, replica=index, stage_index__gte=len(stages))
-        beyond.update(wanted=False)
-        rows = [_stage_row(deployment=deployment, replica=index, stage_index=i, device=device)
-                for i, (device, _) in enumerate(stages)]
-        addresses = [_address(row) for row in rows]
-        for i, (row, (device, stage)) in enumerate(zip(rows, stages)):
-            spec = _stage_spec(
-                replica=replica, stage=stage, stage_index=i, device=device, addresses=addresses,
-                checked=checked, micro_batches=checked.micro_batches[index],
-            )
-            row.spec = spec.to_json()
-            row.device = device
-            row.save()
+    pipelines = list(deployment.replicas.order_by("index"))
+    for replica in pipelines:
+        if replica.slot >= len(checked.replicas):
+            handover.pipeline_retire(replica=replica, now=revision.applied_at)
+    for slot, stages in enumerate(checked.replicas):
+        _slot_apply(deployment=deployment, checked=checked, slot=slot, stages=stages,
+                    own=[r for r in pipelines if r.slot == slot], now=revision.applied_at)
+    serving = set(deployment.replicas.filter(phase=DeploymentReplica.Phase.SERVING).values_list("slot", flat=True))
+    if not serving.issuperset(range(len(checked.replicas))):
+        deployment.status = Deployment.Status.DEPLOYING
+        deployment.status_message = (f"deploying plan revision {revision.number} "
+                                     f"({revision.get_source_display()})")
+        deployment.save(update_fields=["status", "status_message", "last_updated"])
     dispatch.reconcile_on_commit(deployment_id=deployment.pk)
+
+
+Stages = list[tuple[Device, dict[str, Any]]]
+
+
+def _slot_apply(
+    *, deployment: Deployment, checked: CheckedPlan, slot: int, stages: Stages, own: list[DeploymentReplica],
+    now: datetime,
+) -> None:
+    """Decide one plan slot: nothing, a new pipeline beside the serving one, or a reload in place."""
+    current = next((r for r in own if r.phase in handover.HOLDS_SLOT), None)
+    incoming = [r for r in own if r.phase == DeploymentReplica.Phase.INCOMING]
+    if any(_matches(replica=r, stages=stages, checked=checked) for r in incoming):
+        return  # the handover in flight already goes where this plan wants
+    if current is None and incoming:  # nothing serves the slot yet: change its pipeline where it stands
+        for replica in incoming[1:]:
+            handover.pipeline_abandon(replica=replica)
+        _stages_write(replica=incoming[0], checked=checked, stages=stages)
+        return
+    for replica in incoming:
+        handover.pipeline_abandon(replica=replica)
+    if current is None:  # a slot no pipeline serves yet (a new deployment, or one more replica)
+        _pipeline_start(deployment=deployment, checked=checked, slot=slot, stages=stages, now=now)
+        return
+    if _matches(replica=current, stages=stages, checked=checked):
+        return
+    old = list(current.stages())
+    lost = [row.stage_key for row in old if row.lost]
+    profile = ModelProfile.from_dict(deployment.model.profile)
+    shortfalls = [] if lost else room_shortfalls(profile=profile, new=[
+        (device, {**stage, "kv_tokens": _kv_tokens(stage, device, checked), "batch": checked.batch})
+        for device, stage in stages])
+    if lost or shortfalls:
+        reason = f"on a lost node: {', '.join(lost)}" if lost else f"no room beside: {'; '.join(shortfalls)}"
+        was = {row.stage_index: row.spec for row in old}
+        rows = _stages_write(replica=current, checked=checked, stages=stages)
+        starting = [row.stage_key for row in rows if row.spec != was.get(row.stage_index)]
+        handover.reload_started(replica=current, starting=starting, reason=reason, now=now)
+    else:
+        new = _pipeline_start(deployment=deployment, checked=checked, slot=slot, stages=stages, now=now)
+        handover.beside_started(old=current, new=new, old_rows=old)
+
+
+def _matches(*, replica: DeploymentReplica, stages: Stages, checked: CheckedPlan) -> bool:
+    """The pipeline runs exactly these stages already (same devices, hence same ports, and same specs)."""
+    rows = list(replica.stages())
+    if [row.device_id for row in rows] != [device.pk for device, _ in stages]:
+        return False
+    addresses = [_address(row) for row in rows]
+    return all(
+        row.spec == _stage_spec(replica=replica, stage=stage, stage_index=i, device=device, addresses=addresses,
+                                checked=checked).to_json()
+        for i, (row, (device, stage)) in enumerate(zip(rows, stages))
+    )
+
+
+def _pipeline_start(
+    *, deployment: Deployment, checked: CheckedPlan, slot: int, stages: Stages, now: datetime
+) -> DeploymentReplica:
+    """A new physical pipeline for ``slot`` (incoming until its stages are ready), on fresh ports."""
+    taken = set(deployment.replicas.values_list("index", flat=True))
+    taken |= set(deployment.stages.values_list("replica", flat=True))  # stages still stopping keep their keys
+    index = next(i for i in range(len(taken) + 1) if i not in taken)
+    replica = DeploymentReplica.objects.create(
+        deployment=deployment, index=index, slot=slot, auth_token=secrets.token_urlsafe(32),
+        phase=DeploymentReplica.Phase.INCOMING, phase_since=now,
+    )
+    _stages_write(replica=replica, checked=checked, stages=stages)
+    return replica
+
+
+def _stages_write(*, replica: DeploymentReplica, checked: CheckedPlan, stages: Stages) -> list[DeploymentStage]:
+    """Write the pipeline's stage rows and specs, keeping each row (so its port) while it stays on its
+    node; a stage that moves to another node retires its old row (stopped by reconcile)."""
+    deployment = replica.deployment
+    deployment.stages.filter(wanted=True, replica=replica.index, stage_index__gte=len(stages)).update(wanted=False)
+    rows = [_stage_row(deployment=deployment, replica=replica.index, stage_index=i, device=device)
+            for i, (device, _) in enumerate(stages)]
+    addresses = [_address(row) for row in rows]
+    for i, (row, (device, stage)) in enumerate(zip(rows, stages)):
+        spec = _stage_spec(replica=replica, stage=stage, stage_index=i, device=device, addresses=addresses,
+                           checked=checked)
+        row.spec = spec.to_json()
+        row.device = device
+        row.save()
+    return rows
 
 
 def _stage_row(*, deployment: Deployment, replica: int, stage_index: int, device: Device) -> DeploymentStage:
@@ -121,18 +206,15 @@ def _address(row: DeploymentStage) -> str:
 
 def _stage_spec(
     *, replica: DeploymentReplica, stage: dict[str, Any], stage_index: int, device: Device,
-    addresses: list[str], checked: CheckedPlan, micro_batches: int,
+    addresses: list[str], checked: CheckedPlan,
 ) -> StageSpec:
     """The stage spec of contracts §1; emulated devices run on the CPU, paced to the card they stand for.
 
-    The planner gives a stage all the KV its device's memory leaves; an emulated device's memory is
-    the host's RAM, shared by every emulated stage, so it gets only what the workload needs. The
-    head (stage 0) schedules the pipeline: it keeps as many micro-batches in flight as planned.
+    Its KV pool is ``_kv_tokens``. The head (stage 0) schedules the pipeline: it keeps as many
+    micro-batches in flight as its plan slot was planned with.
     """
     start, end = stage["layers"]
-    kv_tokens = stage["kv_tokens"]
-    if device.emulated:
-        kv_tokens = min(kv_tokens, checked.workload_kv_tokens)
+    micro_batches = checked.micro_batches[replica.slot]
     spec = StageSpec(
         pipeline_id=replica.pipeline_id,
         auth_token=replica.auth_token,
@@ -148,7 +230,7 @@ def _stage_spec(
         low_from=stage.get("low_from"),
         device="cpu" if device.emulated else f"cuda:{device.index}",
         threads=settings.MOTLEY_STAGE_THREADS,
-        kv_tokens=kv_tokens,
+        kv_tokens=_kv_tokens(stage, device, checked),
         batch=checked.batch,
         peer_timeout_s=settings.MOTLEY_STAGE_PEER_TIMEOUT_S,
         emulation=(
@@ -163,3 +245,9 @@ def _stage_spec(
     except SpecError as exc:
         raise ValidationError({"plan": str(exc)}) from None
     return spec
+
+
+def _kv_tokens(stage: dict[str, Any], device: Device, checked: CheckedPlan) -> int:
+    """The stage's KV pool: the plan's, but only what the workload needs on an emulated device (the host's
+    RAM, shared by every emulated stage, stands for the card's memory)."""
+    return min(stage["kv_tokens"], checked.workload_kv_tokens) if device.emulated else stage["kv_tokens"]

@@ -22,3 +22,10 @@ def agent_task_send_on_commit(*, node: Node, name: str, kwargs: dict[str, Any]) 
 def reconcile_on_commit(*, deployment_id: int) -> None:
     """Ask the control worker to reconcile the deployment once the current transaction commits."""
     task_sending.task_send_on_commit(name=RECONCILE, kwargs={"deployment_id": deployment_id})
+
+
+def reconcile_later(*, deployment_id: int, delay_s: float) -> None:
+    """Ask for a reconcile ``delay_s`` seconds after the current transaction commits: a handover's
+    next step is due then (a switch window or a drain bound ending), sooner than the periodic pass."""
+    task_sending.task_send_on_commit(name=RECONCILE, kwargs={"deployment_id": deployment_id},
+                                     countdown=max(0.0, delay_s))

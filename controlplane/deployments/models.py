@@ -102,11 +102,32 @@ class Deployment(TimestampedModel):
 
 
 class DeploymentReplica(models.Model):
-    """One pipeline of a deployment; its auth token is shared by its stages and the gateway only."""
+    """One physical pipeline of a deployment; its auth token is shared by its stages and the gateway only.
+
+    ``index`` names the pipeline (``d<dep>-r<index>``, its stage keys) for its whole life; ``slot`` is
+    the plan replica it serves (``plan["replicas"][slot]``). They differ after a handover: a changed
+    slot may be served by a new pipeline started beside the old one (handover.py, docs/deployments.md
+    "Handover (make before break)"), and ``phase`` says where each pipeline is in that.
+    """
+
+    class Phase(models.TextChoices):
+        SERVING = "serving", "Serving"
+        INCOMING = "incoming", "Incoming"  # started beside the slot's serving pipeline; not served yet
+        OUTGOING = "outgoing", "Outgoing"  # replaced: finishes its in-flight requests, then stopped
+        RELOADING = "reloading", "Reloading"  # its changed stages restart in place; not served meanwhile
 
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="replicas")
     index = models.PositiveSmallIntegerField()
     auth_token = models.CharField(max_length=64)
+    slot = models.PositiveSmallIntegerField(default=0)
+    phase = models.CharField(max_length=16, choices=Phase.choices, default=Phase.SERVING)
+    phase_since = models.DateTimeField(default=timezone.now)
+    # The handover that made an outgoing pipeline outgoing: when it was decided (the revision applied),
+    # when the slot switched away from it, when its head was told to stop, and when the rest were.
+    handover_started_at = models.DateTimeField(null=True, blank=True)
+    switched_at = models.DateTimeField(null=True, blank=True)
+    head_stopped_at = models.DateTimeField(null=True, blank=True)
+    drained_at = models.DateTimeField(null=True, blank=True)  # its head exited (or the drain bound passed)
 
     class Meta:
         ordering = ["deployment", "index"]
@@ -115,6 +136,11 @@ class DeploymentReplica(models.Model):
     @property
     def pipeline_id(self) -> str:
         return pipeline_id(self.deployment_id, self.index)
+
+    def stages(self) -> models.QuerySet[DeploymentStage]:
+        """Its wanted stage rows, in pipeline order."""
+        return DeploymentStage.objects.filter(deployment_id=self.deployment_id, replica=self.index,
+                                              wanted=True).select_related("node").order_by("stage_index")
 
 
 class DeploymentStage(models.Model):
@@ -177,6 +203,11 @@ class DeploymentStage(models.Model):
     def stage_key(self) -> str:
         return stage_key(self.deployment_id, self.replica, self.stage_index)
 
+    @property
+    def lost(self) -> bool:
+        """Its node is LOST, or its device disappeared (the agent re-registered without it): it cannot run."""
+        return self.node.status == Node.Status.LOST or self.device_id is None
+
 
 class DeploymentEvent(models.Model):
     """Something that happened to a deployment or a node, recorded once when it happened.
@@ -208,6 +239,10 @@ class DeploymentEvent(models.Model):
         CALIBRATED = "calibrated", "Calibrated"  # the planner's costs from measured step times
         THROTTLED = "throttled", "Throttled"  # a device slowed by its clocks, power or temperature
         POLICY = "policy", "Policy decision"  # what an automatic policy decided and why
+        HANDOVER_STARTED = "handover_started", "Handover started"  # a changed slot: beside or in place
+        HANDOVER_SWITCHED = "handover_switched", "Handover switched"  # the new pipeline serves the slot
+        HANDOVER_DRAINED = "handover_drained", "Handover drained"  # the old pipeline is stopped
+        HANDOVER_DONE = "handover_done", "Handover done"
 
     at = models.DateTimeField(default=timezone.now)
     kind = models.CharField(max_length=32, choices=Kind.choices)

@@ -43,6 +43,7 @@ from controlplane.deployments.desired_state import revision_apply
 from controlplane.deployments.events import event_record
 from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentStage, PlanRevision
 from controlplane.deployments.revisions import plan_revision_check, replan_revision_create
+from controlplane.deployments.selectors import desired_stages
 from controlplane.inventory.models import Node
 from controlplane.planning import PlanningError
 
@@ -92,7 +93,10 @@ def node_drain(*, node: Node, actor: Actor = SYSTEM) -> NodeActionResult:
     """
     node = _locked(node)
     on_node = DeploymentStage.objects.filter(node=node, wanted=True, deployment__stop_requested=False)
-    affected = list(Deployment.objects.select_for_update().filter(pk__in=on_node.values("deployment_id")))
+    # A pipeline being handed over off the node still runs there until its successor serves: only the
+    # stages a deployment ends with count (a second drain while the first moves things moves nothing).
+    affected = [d for d in Deployment.objects.select_for_update().filter(pk__in=on_node.values("deployment_id"))
+                if any(s.node_id == node.pk for s in desired_stages(deployment=d))]
     checked = []
     for deployment in affected:
         try:

@@ -18,12 +18,17 @@ from django.db import transaction
 from django.utils import timezone
 
 from contracts.tasks import START_STAGE, STOP_STAGE
-from controlplane.deployments import dispatch
+from controlplane.deployments import dispatch, handover
 from controlplane.deployments.desired_state import revision_apply
 from controlplane.deployments.events import STATUS_KINDS, event_record
-from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentStage, PlanRevision
+from controlplane.deployments.models import (
+    Deployment,
+    DeploymentEvent,
+    DeploymentReplica,
+    DeploymentStage,
+    PlanRevision,
+)
 from controlplane.deployments.revisions import plan_revision_check, replan_revision_create
-from controlplane.inventory.models import Node
 from controlplane.planning import PlanningError
 
 logger = logging.getLogger(__name__)
@@ -42,9 +47,11 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
     was_message = deployment.status_message
     now = timezone.now()
     start_timeout = timedelta(seconds=settings.MOTLEY_STAGE_START_TIMEOUT_S)
+    if not deployment.stop_requested:
+        handover.handovers_advance(deployment=deployment, now=now)
     rows = list(deployment.stages.select_related("node", "device"))
     for row in rows:
-        lost = _lost(row)
+        lost = row.lost
         if not row.wanted:
             if lost or row.sent_at is None or row.state in (row.State.EXITED, row.State.FAILED):
                 row.delete()
@@ -62,14 +69,31 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
         )
         if changed or unconfirmed or row.state == row.State.EXITED:
             _stage_start(row=row, now=now, restart=changed and row.sent_spec is not None)
-    wanted = [row for row in rows if row.wanted]
     if deployment.stop_requested:
         remaining = deployment.stages.count()
         _status_set(deployment, Deployment.Status.STOPPED if not remaining else deployment.status,
                     f"stopping: {remaining} stage(s) not yet confirmed stopped" if remaining else "stopped")
         return deployment
-    lost = [row for row in wanted if _lost(row)]
+    handover.handovers_close(deployment=deployment, now=now)
+    _status_decide(deployment=deployment, rows=[row for row in rows if row.wanted], was_message=was_message)
+    return deployment
+
+
+def _status_decide(*, deployment: Deployment, rows: list[DeploymentStage], was_message: str) -> None:
+    """The status from the pipelines that serve or will serve (an outgoing one counts for nothing):
+    READY while every plan slot has a serving pipeline whose stages are all ready, a handover or not
+    (its message says what is handed over); DEPLOYING while a slot has no serving pipeline (a new
+    deployment, a reload in place); DEGRADED when a serving pipeline lost readiness or a stage is on
+    a lost node (then re-planned); FAILED when a stage failed."""
+    replicas = list(deployment.replicas.all())
+    outgoing = {r.index for r in replicas if r.phase == DeploymentReplica.Phase.OUTGOING}
+    wanted = [row for row in rows if row.replica not in outgoing]
+    lost = [row for row in wanted if row.lost]
     failed = [row for row in wanted if row.state == row.State.FAILED]
+    ready = {row.replica for row in rows} - {row.replica for row in rows if row.state != row.State.READY}
+    serving = [r for r in replicas if r.phase == DeploymentReplica.Phase.SERVING]
+    slots = set(range(len(deployment.revision.plan["replicas"])))
+    summary = handover.handover_summary(replicas)
     if lost:
         names = ", ".join(sorted({row.node.name for row in lost}))
         _status_set(deployment, Deployment.Status.DEGRADED, f"stages on lost node(s) {names}")
@@ -78,17 +102,17 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
     elif failed:
         reasons = [f"{row.stage_key} failed: {row.message or f'exit code {row.exit_code}'}" for row in failed]
         _status_set(deployment, Deployment.Status.FAILED, "; ".join(reasons))
-    elif all(row.state == row.State.READY for row in wanted):
-        _status_set(deployment, Deployment.Status.READY, f"plan revision {deployment.revision.number} ready")
+    elif {r.slot for r in serving if r.index in ready} >= slots:
+        _status_set(deployment, Deployment.Status.READY,
+                    summary or f"plan revision {deployment.revision.number} ready")
+    elif not {r.slot for r in serving} >= slots:
+        reloading = any(r.phase == DeploymentReplica.Phase.RELOADING for r in replicas)
+        _status_set(deployment, Deployment.Status.DEPLOYING, summary if reloading else deployment.status_message)
     elif deployment.status in (Deployment.Status.READY, Deployment.Status.DEGRADED):
-        waiting = ", ".join(row.stage_key for row in wanted if row.state != row.State.READY)
+        serving_indexes = {r.index for r in serving}
+        waiting = ", ".join(row.stage_key for row in rows
+                            if row.replica in serving_indexes and row.state != row.State.READY)
         _status_set(deployment, Deployment.Status.DEGRADED, f"not ready: {waiting}")
-    return deployment
-
-
-def _lost(row: DeploymentStage) -> bool:
-    """The stage's node is LOST, or its device disappeared (its agent re-registered without it)."""
-    return row.node.status == Node.Status.LOST or row.device_id is None
 
 
 def _stage_start(*, row: DeploymentStage, now: datetime, restart: bool) -> None:

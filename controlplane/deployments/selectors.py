@@ -19,6 +19,18 @@ def deployment_list() -> QuerySet[Deployment]:
     )
 
 
+def desired_stages(*, deployment: Deployment) -> list[DeploymentStage]:
+    """The wanted stages of the pipelines the deployment ends with once its handovers are done: per
+    plan slot the incoming pipeline if one is starting, else the one serving (or reloading) it; an
+    outgoing pipeline, or one an incoming pipeline replaces, is on its way out."""
+    replicas = list(deployment.replicas.all())
+    incoming = {r.slot for r in replicas if r.phase == DeploymentReplica.Phase.INCOMING}
+    kept = {r.index for r in replicas if r.phase == DeploymentReplica.Phase.INCOMING
+            or r.phase != DeploymentReplica.Phase.OUTGOING and r.slot not in incoming}
+    return [s for s in deployment.stages.filter(wanted=True).select_related("node").order_by("replica", "stage_index")
+            if s.replica in kept]
+
+
 def deployment_ids_to_reconcile() -> list[int]:
     return list(Deployment.objects.exclude(status=Deployment.Status.STOPPED).values_list("pk", flat=True))
 
@@ -55,13 +67,15 @@ class ReplicaHead:
 
 
 def deployment_endpoints(*, deployment: Deployment) -> list[ReplicaHead]:
-    """Every replica of the deployment's desired plan; ``ready`` when all its stages reported ready."""
+    """Every pipeline of the deployment whose head is wanted; ``ready`` when all its stages reported
+    ready, ``serving`` when it is its slot's serving pipeline (an incoming one is not yet, an outgoing
+    or reloading one no longer: docs/deployments.md, "Handover (make before break)")."""
     stages = list(deployment.stages.filter(wanted=True).select_related("device__node")
                   .order_by("replica", "stage_index"))
     endpoints = []
     for replica in DeploymentReplica.objects.filter(deployment=deployment).order_by("index"):
         own = [s for s in stages if s.replica == replica.index]
-        if not own:
+        if not own or own[0].stage_index != 0:  # none, or an outgoing pipeline whose head was stopped
             continue
         endpoints.append(ReplicaHead(
             replica=replica.index,
@@ -72,7 +86,8 @@ def deployment_endpoints(*, deployment: Deployment) -> list[ReplicaHead]:
             stages=tuple(
                 StagePlace(s.stage_key, s.stage_index, s.device.name if s.device else None) for s in own
             ),
-            slot=replica.index,
+            slot=replica.slot,
+            serving=replica.phase == DeploymentReplica.Phase.SERVING,
         ))
     return endpoints
 
@@ -105,12 +120,12 @@ def plan_devices(
         device = devices.get(name)
         if device is None:
             problems.append(f"device {name} is not in the inventory")
-        elif name in busy:
-            problems.append(f"device {name} carries a stage of deployment {busy[name]}")
         elif device.node in exclude_nodes:
             problems.append(f"device {name}: node {device.node.name} is being drained")
         elif (unavailable := device.node.unavailable_reason()) is not None:  # lost, cordoned, draining
             problems.append(f"device {name}: node {device.node.name} is {unavailable}")
+        elif name in busy:
+            problems.append(f"device {name} carries a stage of deployment {busy[name]}")
         elif device.health == Device.Health.UNHEALTHY:
             problems.append(f"device {name} is unhealthy")
         elif device.node.incarnation == 0:

@@ -14,7 +14,7 @@ from contracts import tasks
 from controlplane.common import task_sending
 from controlplane.deployments.revisions import plan_revision_create
 from controlplane.enrollment.services import agent_register, join_token_create
-from controlplane.inventory.models import Node
+from controlplane.inventory.models import Device, Node
 from controlplane.models_catalog.services import model_register
 from tests.api.mixins import anonymous, api, user  # noqa: F401  (shared fixtures)
 
@@ -35,6 +35,7 @@ class Sent:
 
     tasks: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     reconciles: list[int] = field(default_factory=list)
+    later: list[tuple[int, float]] = field(default_factory=list)  # (deployment, countdown) asked for
 
     def take(self) -> list[tuple[str, str, dict[str, Any]]]:
         tasks, self.tasks = self.tasks, []
@@ -51,14 +52,18 @@ class RecordingApp:
 
     def send_task(self, name: str, args=None, kwargs=None, queue: str | None = None, serializer=None,
                   **options) -> None:
+        countdown = options.pop("countdown", None)
         assert serializer == "json" and not args and not options, (name, args, serializer, options)
         assert name in TASK_NAMES, name
         json.dumps(kwargs)  # JSON only
         if name == tasks.RECONCILE:
             assert queue is None and set(kwargs) == {"deployment_id"}  # the control plane's own queue
-            self.record.reconciles.append(kwargs["deployment_id"])
+            if countdown is None:
+                self.record.reconciles.append(kwargs["deployment_id"])
+            else:
+                self.record.later.append((kwargs["deployment_id"], countdown))
         else:
-            assert queue is not None and queue.startswith("node."), queue
+            assert queue is not None and queue.startswith("node.") and countdown is None, (queue, countdown)
             self.record.tasks.append((queue, name, kwargs))
 
 
@@ -84,6 +89,14 @@ def nodes(db, sent) -> list[Node]:
     ]
     sent.take()  # each registration's sync of an empty node
     return registered
+
+
+@pytest.fixture
+def real_gpus(nodes) -> list[Node]:
+    """The fleet's devices as real cards: the planner gives each stage all the KV its card leaves, so
+    a changed pipeline never fits beside the old one and is handed over in place."""
+    Device.objects.update(emulated=False)
+    return nodes
 
 
 @pytest.fixture

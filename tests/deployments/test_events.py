@@ -142,7 +142,7 @@ def test_a_lost_node_and_its_replan_are_recorded_once_and_its_return_too(nodes, 
     assert lost.deployment is None and lost.message.startswith("node n1 is lost: no heartbeat for 1")
     for _ in range(3):
         deployment = deployment_reconcile(deployment_id=deployment.pk)
-    assert kinds(deployment=deployment) == ["degraded", "replanned"]
+    assert kinds(deployment=deployment) == ["degraded", "replanned", "handover_started"]  # in place
     replanned = DeploymentEvent.objects.get(kind="replanned")
     assert replanned.detail == {"revision": 2, "source": "replan"}
     assert DeploymentEvent.objects.get(kind="degraded").message == "stages on lost node(s) n1"
@@ -171,7 +171,8 @@ def test_an_operator_apply_a_drain_and_a_registration_are_recorded(nodes, llm, r
     moved = plan_revision_create(model=llm, plan=plan, request=REQUEST, source="edited")
     deployment_apply(deployment=deployment, revision=moved)
     node_drain(node=nodes[2])
-    assert kinds(deployment=deployment) == ["applied", "ready", "applied", "drained"]
+    assert kinds(deployment=deployment) == ["applied", "ready", "applied", "handover_started", "drained",
+                                            "handover_started"]  # beside, then beside again without n2
     draining = DeploymentEvent.objects.get(kind="node_draining")
     assert draining.node == "n2" and draining.detail == {
         "was": "schedulable", "intent": "draining", "deployments": ["tiny"]}

@@ -20,6 +20,7 @@ from controlplane.deployments.models import Deployment, DeploymentEvent, PlanRev
 from controlplane.deployments.node_actions import node_cordon, node_drain, node_uncordon, node_undrain
 from controlplane.deployments.reconcile import deployment_reconcile
 from controlplane.deployments.revisions import plan_revision_create
+from controlplane.deployments.selectors import desired_stages
 from controlplane.deployments.services import deployment_apply, deployment_create
 from controlplane.inventory.models import Node
 from controlplane.inventory.selectors import fleet_spec_from_inventory
@@ -48,8 +49,9 @@ def deploy_ready(revision, name: str = "tiny") -> Deployment:
 
 
 def placed(deployment: Deployment) -> list[tuple[str, str]]:
-    """(stage key, node) of every wanted stage."""
-    return [(s.stage_key, s.node.name) for s in deployment.stages.filter(wanted=True).select_related("node")]
+    """(stage key, node) of every stage the deployment ends with (a pipeline handed over off a node
+    runs there until its successor serves: docs/deployments.md, "Handover")."""
+    return [(s.stage_key, s.node.name) for s in desired_stages(deployment=deployment)]
 
 
 def stored(node: Node) -> tuple[str, str]:
@@ -121,8 +123,10 @@ def test_cordon_keeps_the_running_stages_and_refuses_new_ones(nodes, llm, revisi
 
 
 def test_drain_moves_the_stages_and_undrain_moves_nothing_back_but_lets_new_ones_on(
-    nodes, llm, revision, sent
+    nodes, real_gpus, llm, revision, sent
 ):
+    """In place (real cards: no room beside), so n1's stage is retired at once (test_handover.py has
+    the drain beside, where it runs until its successor serves)."""
     deployment = deploy_ready(revision)
     node_cordon(node=nodes[1])  # a cordoned node may be drained
     result = node_drain(node=nodes[1])

@@ -74,7 +74,7 @@ def test_a_report_for_another_nodes_stage_changes_nothing(nodes, revision, sent)
     assert stage.state == DeploymentStage.State.PENDING and stage.pid is None
 
 
-def test_moving_one_boundary_restarts_only_the_two_stages_it_touches(nodes, llm, revision, sent):
+def test_moving_one_boundary_restarts_only_the_two_stages_it_touches(nodes, real_gpus, llm, revision, sent):
     deployment = deployment_create(name="tiny", revision=revision)
     deployment_reconcile(deployment_id=deployment.pk)
     before = starts(sent.take())
@@ -103,7 +103,7 @@ def test_moving_one_boundary_restarts_only_the_two_stages_it_touches(nodes, llm,
     assert sent.take() == []
 
 
-def test_a_stage_given_a_low_bit_tail_restarts_alone_with_its_precisions_in_the_spec(nodes, llm, revision,
+def test_a_stage_given_a_low_bit_tail_restarts_alone_with_its_precisions_in_the_spec(nodes, real_gpus, llm, revision,
                                                                                       sent):
     deployment = deployment_create(name="tiny", revision=revision)
     deployment_reconcile(deployment_id=deployment.pk)
@@ -123,7 +123,7 @@ def test_a_stage_given_a_low_bit_tail_restarts_alone_with_its_precisions_in_the_
     assert deployment.stages.get(stage_index=1, wanted=True).spec["low_bits"] is None
 
 
-def test_a_stage_moved_to_another_node_is_stopped_on_the_old_one(nodes, llm, revision, sent):
+def test_a_stage_moved_to_another_node_is_stopped_on_the_old_one(nodes, real_gpus, llm, revision, sent):
     deployment = deployment_create(name="tiny", revision=revision)
     deployment_reconcile(deployment_id=deployment.pk)
     ready_all(deployment)

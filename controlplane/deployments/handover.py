@@ -1,0 +1,228 @@
+"""Handover, make before break: how a changed plan slot moves to its new stages without an outage.
+
+``desired_state.revision_apply`` decides each changed slot's mode and starts it here (``beside_started``,
+``reload_started``); ``reconcile`` then takes every handover a step further on each pass
+(``handovers_advance`` before it starts and stops stages, ``handovers_close`` after), and asks for a
+pass itself when the next step falls due, rather than waiting for the beat (docs/deployments.md,
+"Handover (make before break)"):
+
+- **beside**: the new pipeline is INCOMING until every stage reported ready, then SERVING, and the
+  old one OUTGOING (the switch). The old one keeps admitting for ``MOTLEY_HANDOVER_SWITCH_S``, so
+  every gateway has seen the new one; then its head alone is stopped (it stops admitting and
+  finishes its in-flight requests), and its other stages only once the head exited or
+  ``MOTLEY_HANDOVER_DRAIN_S`` passed, so no relay leaves under a request; then its row goes.
+- **in place**: the slot's pipeline is RELOADING (not served) while its changed stages restart, and
+  SERVING again once all its stages are ready; that time is the pause.
+
+Each step is an event, once: ``handover_started``, ``handover_switched``, ``handover_drained``,
+``handover_done``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime, timedelta
+
+from django.conf import settings
+
+from controlplane.deployments import dispatch
+from controlplane.deployments.events import event_record
+from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentReplica, DeploymentStage
+
+Phase = DeploymentReplica.Phase
+Kind = DeploymentEvent.Kind
+HOLDS_SLOT = (Phase.SERVING, Phase.RELOADING)  # the pipeline a slot's changes are compared with
+_GONE = (DeploymentStage.State.EXITED, DeploymentStage.State.FAILED)
+_PLACEMENT = ("layers", "bits", "low_bits", "low_from", "kv_tokens", "micro_batches")
+
+
+def beside_started(*, old: DeploymentReplica, new: DeploymentReplica, old_rows: list[DeploymentStage]) -> None:
+    """A new pipeline was started beside ``old`` (whose rows were ``old_rows``) for the same slot."""
+    was = {row.stage_index: row for row in old_rows}
+    rows = list(new.stages())
+    changed = [row.stage_index for row in rows if row.stage_index not in was
+               or _placement(row) != _placement(was[row.stage_index])]
+    event_record(
+        kind=Kind.HANDOVER_STARTED, deployment=new.deployment,
+        message=f"replica r{new.slot}: starting {new.pipeline_id} beside {old.pipeline_id} "
+                f"(changed: {_stage_list(changed)})",
+        detail={"mode": "beside", "slot": new.slot, "from": old.pipeline_id, "to": new.pipeline_id,
+                "starting": [row.stage_key for row in rows], "changed": changed},
+    )
+
+
+def reload_started(*, replica: DeploymentReplica, starting: list[str], reason: str, now: datetime) -> None:
+    """``replica`` restarts the stages ``starting`` in place (``reason``: why not beside); it is not
+    served until they are ready again. A reload already under way keeps its start time."""
+    if replica.phase != Phase.RELOADING:
+        replica.phase, replica.phase_since = Phase.RELOADING, now
+        replica.save(update_fields=["phase", "phase_since"])
+    event_record(
+        kind=Kind.HANDOVER_STARTED, deployment=replica.deployment,
+        message=f"replica r{replica.slot}: reloading {', '.join(starting)} of {replica.pipeline_id} in place "
+                f"({reason})",
+        detail={"mode": "in_place", "slot": replica.slot, "from": replica.pipeline_id,
+                "to": replica.pipeline_id, "starting": starting,
+                "changed": sorted(int(key.rsplit("-s", 1)[1]) for key in starting), "reason": reason},
+    )
+
+
+def pipeline_abandon(*, replica: DeploymentReplica) -> None:
+    """Drop an incoming pipeline a newer plan does not want: its stages are stopped, its row goes."""
+    DeploymentStage.objects.filter(deployment_id=replica.deployment_id, replica=replica.index).update(wanted=False)
+    replica.delete()
+
+
+def pipeline_retire(*, replica: DeploymentReplica, now: datetime) -> None:
+    """A pipeline of a slot the plan no longer has: dropped if it never served, else drained."""
+    if replica.phase == Phase.INCOMING:
+        pipeline_abandon(replica=replica)
+    elif replica.phase != Phase.OUTGOING:
+        _outgoing(replica, started_at=now, now=now)
+        dispatch.reconcile_later(deployment_id=replica.deployment_id, delay_s=settings.MOTLEY_HANDOVER_SWITCH_S)
+
+
+def handovers_advance(*, deployment: Deployment, now: datetime) -> None:
+    """Switch each slot whose incoming pipeline is ready, end each reload whose stages are ready, and
+    take each outgoing pipeline a step through its drain (stage rows are marked unwanted here;
+    reconcile stops them)."""
+    replicas = list(deployment.replicas.order_by("index"))
+    rows = _rows_by_pipeline(deployment)
+    for replica in replicas:
+        wanted = [row for row in rows[replica.index] if row.wanted]
+        # Ready with the spec it is meant to run: a stage rewritten in place still reports its old process.
+        ready = bool(wanted) and all(row.state == row.State.READY and row.sent_spec == row.spec
+                                     and not row.lost for row in wanted)
+        if replica.phase == Phase.INCOMING and ready:
+            _switch(new=replica, old=[r for r in replicas if r.slot == replica.slot and r.phase in HOLDS_SLOT],
+                    now=now)
+        elif replica.phase == Phase.RELOADING and ready:
+            pause_s = _seconds(now - replica.phase_since)
+            replica.phase, replica.phase_since = Phase.SERVING, now
+            replica.save(update_fields=["phase", "phase_since"])
+            event_record(kind=Kind.HANDOVER_DONE, deployment=deployment,
+                         message=f"replica r{replica.slot}: {replica.pipeline_id} serves again after a "
+                                 f"{pause_s} s pause (in place)",
+                         detail={"mode": "in_place", "slot": replica.slot, "pipeline": replica.pipeline_id,
+                                 "total_s": pause_s, "pause_s": pause_s})
+    for replica in replicas:
+        if replica.phase == Phase.OUTGOING:
+            _drain_step(replica, rows[replica.index], now)
+
+
+def handovers_close(*, deployment: Deployment, now: datetime) -> None:
+    """Forget each drained outgoing pipeline whose every stage is gone: the handover is done."""
+    rows = _rows_by_pipeline(deployment)
+    serving = {r.slot: r for r in deployment.replicas.filter(phase=Phase.SERVING)}
+    for replica in deployment.replicas.filter(phase=Phase.OUTGOING, drained_at__isnull=False):
+        if rows[replica.index]:
+            continue
+        replica.delete()
+        total_s = _seconds(now - replica.handover_started_at)
+        successor = serving.get(replica.slot)
+        mode = "beside" if successor else "removed"
+        how = f"{successor.pipeline_id} serves it" if successor else "the plan has no such replica any more"
+        event_record(kind=Kind.HANDOVER_DONE, deployment=deployment,
+                     message=f"replica r{replica.slot}: {replica.pipeline_id} gone, {how} "
+                             f"({total_s} s after the apply, no pause)",
+                     detail={"mode": mode, "slot": replica.slot, "pipeline": replica.pipeline_id,
+                             "total_s": total_s, "pause_s": 0.0})
+
+
+def handover_summary(replicas: list[DeploymentReplica]) -> str:
+    """What is being handed over, slot by slot, for the deployment's status message ('' when nothing)."""
+    by_slot: dict[int, list[str]] = defaultdict(list)
+    for replica in sorted(replicas, key=lambda r: r.index):
+        if replica.phase != Phase.SERVING:
+            by_slot[replica.slot].append(f"{replica.pipeline_id} {_DOING[replica.phase]}")
+    return "; ".join(f"handing over replica r{slot}: {', '.join(parts)}" for slot, parts in sorted(by_slot.items()))
+
+
+_DOING = {Phase.INCOMING: "starting", Phase.OUTGOING: "draining", Phase.RELOADING: "reloading in place"}
+
+
+def _switch(*, new: DeploymentReplica, old: list[DeploymentReplica], now: datetime) -> None:
+    """``new`` serves its slot; what served it is outgoing. A slot nothing served before (a new
+    deployment, one more replica) simply starts serving: that is no handover."""
+    applied_at = new.phase_since
+    new.phase, new.phase_since = Phase.SERVING, now
+    new.save(update_fields=["phase", "phase_since"])
+    if not old:
+        return
+    pause_s = max((_seconds(now - r.phase_since) for r in old if r.phase == Phase.RELOADING), default=0.0)
+    for replica in old:
+        _outgoing(replica, started_at=applied_at, now=now)
+    since_apply_s = _seconds(now - applied_at)
+    event_record(
+        kind=Kind.HANDOVER_SWITCHED, deployment=new.deployment,
+        message=f"replica r{new.slot}: {new.pipeline_id} serves instead of "
+                f"{', '.join(r.pipeline_id for r in old)}, {since_apply_s} s after the apply "
+                f"({'no pause' if not pause_s else f'{pause_s} s pause'})",
+        detail={"slot": new.slot, "from": [r.pipeline_id for r in old], "to": new.pipeline_id,
+                "since_apply_s": since_apply_s, "pause_s": pause_s},
+    )
+    dispatch.reconcile_later(deployment_id=new.deployment_id, delay_s=settings.MOTLEY_HANDOVER_SWITCH_S)
+
+
+def _outgoing(replica: DeploymentReplica, *, started_at: datetime, now: datetime) -> None:
+    replica.phase, replica.phase_since, replica.switched_at = Phase.OUTGOING, now, now
+    replica.handover_started_at = started_at
+    replica.save(update_fields=["phase", "phase_since", "switched_at", "handover_started_at"])
+
+
+def _drain_step(replica: DeploymentReplica, own: list[DeploymentStage], now: datetime) -> None:
+    """After the switch window, stop the head; once it exited (or the drain bound passed), the rest.
+    A pipeline with a stage on a lost node cannot finish anything: all of it is stopped at once."""
+    if replica.drained_at is not None:
+        return
+    wanted = [row for row in own if row.wanted]
+    lost = any(row.lost for row in wanted)
+    switch_over = now >= replica.switched_at + timedelta(seconds=settings.MOTLEY_HANDOVER_SWITCH_S)
+    if replica.head_stopped_at is None:
+        if not (switch_over or lost):
+            return
+        _unwant([row for row in wanted if row.stage_index == 0])
+        replica.head_stopped_at = now
+        replica.save(update_fields=["head_stopped_at"])
+        dispatch.reconcile_later(deployment_id=replica.deployment_id, delay_s=settings.MOTLEY_HANDOVER_DRAIN_S)
+        if not lost:
+            return
+    head = next((row for row in own if row.stage_index == 0), None)
+    head_exited = head is None or head.state in _GONE or head.lost
+    timed_out = now >= replica.head_stopped_at + timedelta(seconds=settings.MOTLEY_HANDOVER_DRAIN_S)
+    if not (head_exited or timed_out or lost):
+        return
+    _unwant(wanted)
+    replica.drained_at = now
+    replica.save(update_fields=["drained_at"])
+    drain_s = _seconds(now - replica.head_stopped_at)
+    why = "a stage's node is lost" if lost else "its head exited" if head_exited else "the drain bound passed"
+    event_record(kind=Kind.HANDOVER_DRAINED, deployment=replica.deployment,
+                 message=f"replica r{replica.slot}: {replica.pipeline_id} stopped, {why} ({drain_s} s drain)",
+                 detail={"slot": replica.slot, "pipeline": replica.pipeline_id, "drain_s": drain_s,
+                         "head_exited": head_exited, "lost": lost})
+
+
+def _unwant(rows: list[DeploymentStage]) -> None:
+    DeploymentStage.objects.filter(pk__in=[row.pk for row in rows]).update(wanted=False)
+    for row in rows:
+        row.wanted = False
+
+
+def _rows_by_pipeline(deployment: Deployment) -> defaultdict[int, list[DeploymentStage]]:
+    rows: defaultdict[int, list[DeploymentStage]] = defaultdict(list)
+    for row in deployment.stages.select_related("node"):
+        rows[row.replica].append(row)
+    return rows
+
+
+def _placement(row: DeploymentStage) -> tuple:
+    return (row.device_id, *(row.spec.get(field) for field in _PLACEMENT))
+
+
+def _stage_list(indexes: list[int]) -> str:
+    return ", ".join(f"s{i}" for i in indexes) or "wiring only"
+
+
+def _seconds(delta: timedelta) -> float:
+    return round(delta.total_seconds(), 3)

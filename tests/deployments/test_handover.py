@@ -1,0 +1,214 @@
+"""Handover, make before break: a changed slot's new pipeline beside the old one when it fits, else a
+reload in place; the switch, the head drained first, the rest after, events once each."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentReplica
+from controlplane.deployments.node_actions import node_drain
+from controlplane.deployments.reconcile import deployment_reconcile
+from controlplane.deployments.revisions import plan_revision_create
+from controlplane.deployments.selectors import deployment_endpoints
+from controlplane.deployments.services import deployment_apply, deployment_create
+from controlplane.deployments.stage_reports import stage_status_record
+from controlplane.inventory.models import Node
+from tests.deployments.conftest import REQUEST, edited_plan, report
+
+pytestmark = pytest.mark.django_db(transaction=True)  # sends happen on commit, as in production
+
+START, STOP = "motley.agent.start_stage", "motley.agent.stop_stage"
+MOVED = edited_plan(("n0/gpu0", 0, 3), ("n1/gpu0", 3, 4), ("n2/gpu0", 4, 6))
+
+
+def report_all(deployment, index: int, state: str, pid_base: int, **extra) -> None:
+    """Every stage row of pipeline ``index`` (wanted or being stopped) reports ``state``."""
+    for stage in deployment.stages.filter(replica=index):
+        stage_status_record(node=stage.node, status=report(stage, state, pid_base + stage.stage_index, **extra))
+
+
+def sent_keys(sent, name: str) -> list[str]:
+    return sorted(kw["stage_key"] for _, task, kw in sent.take() if task == name)
+
+
+def phases(deployment) -> dict[int, tuple[int, str]]:
+    return {r.index: (r.slot, r.phase) for r in DeploymentReplica.objects.filter(deployment=deployment)}
+
+
+def heads(deployment) -> list[tuple[str, int, bool, bool]]:
+    return [(e.pipeline_id[-2:], e.slot, e.ready, e.serving) for e in deployment_endpoints(deployment=deployment)]
+
+
+def kinds(deployment) -> list[str]:
+    return [e.kind for e in DeploymentEvent.objects.filter(deployment=deployment, kind__startswith="handover")
+            .order_by("id")]
+
+
+def serving_ready(revision, sent) -> Deployment:
+    deployment = deployment_create(name="tiny", revision=revision)
+    deployment_reconcile(deployment_id=deployment.pk)
+    report_all(deployment, 0, "ready", 100)
+    deployment = deployment_reconcile(deployment_id=deployment.pk)
+    assert deployment.status == Deployment.Status.READY and phases(deployment) == {0: (0, "serving")}
+    assert kinds(deployment) == []  # a first deployment is no handover
+    sent.take()
+    sent.later.clear()
+    return deployment
+
+
+def apply(deployment, llm, plan) -> Deployment:
+    revision = plan_revision_create(model=llm, plan=plan, request=REQUEST, source="edited")
+    deployment_apply(deployment=deployment, revision=revision)
+    return deployment_reconcile(deployment_id=deployment.pk)
+
+
+def test_a_boundary_move_with_room_starts_beside_switches_then_stops_the_head_first(
+    nodes, llm, revision, sent, settings
+):
+    deployment = serving_ready(revision, sent)
+    d = deployment.pk
+    deployment = apply(deployment, llm, MOVED)
+    # Beside: a whole new pipeline r1 for slot 0 on fresh ports; r0 untouched and still serving.
+    assert sent_keys(sent, START) == [f"d{d}-r1-s{i}" for i in range(3)]
+    assert phases(deployment) == {0: (0, "serving"), 1: (0, "incoming")}
+    assert heads(deployment) == [("r0", 0, True, True), ("r1", 0, False, False)]
+    assert deployment.status == Deployment.Status.READY
+    assert deployment.status_message == f"handing over replica r0: d{d}-r1 starting"
+    old_ports = set(deployment.stages.filter(replica=0).values_list("port", flat=True))
+    assert not old_ports & set(deployment.stages.filter(replica=1).values_list("port", flat=True))
+    (started,) = DeploymentEvent.objects.filter(deployment=deployment, kind="handover_started")
+    assert started.detail["mode"] == "beside" and started.detail["changed"] == [0, 1]
+    assert started.detail["from"] == f"d{d}-r0" and started.detail["to"] == f"d{d}-r1"
+
+    # The new pipeline ready: the switch. The old one keeps running through the switch window.
+    report_all(deployment, 1, "ready", 200)
+    deployment = deployment_reconcile(deployment_id=d)
+    assert phases(deployment) == {0: (0, "outgoing"), 1: (0, "serving")}
+    assert heads(deployment) == [("r0", 0, True, False), ("r1", 0, True, True)]
+    assert sent.take() == [] and sent.later == [(d, settings.MOTLEY_HANDOVER_SWITCH_S)]
+    assert deployment.status == Deployment.Status.READY
+    deployment_reconcile(deployment_id=d)
+    assert sent.take() == []  # the window is not over
+
+    # Window over: the head alone is stopped (it finishes its in-flight requests), the rest later.
+    DeploymentReplica.objects.filter(deployment=deployment, index=0).update(
+        switched_at=deployment.replicas.get(index=0).switched_at - timedelta(seconds=60))
+    sent.later.clear()
+    deployment_reconcile(deployment_id=d)
+    assert sent_keys(sent, STOP) == [f"d{d}-r0-s0"]
+    assert sent.later == [(d, settings.MOTLEY_HANDOVER_DRAIN_S)]
+    assert heads(deployment) == [("r1", 0, True, True)]  # a stopped head is no endpoint
+    deployment_reconcile(deployment_id=d)
+    assert sent.take() == []
+
+    # The head exited: now the relays behind it.
+    head = deployment.stages.get(replica=0, stage_index=0)
+    stage_status_record(node=head.node, status=report(head, "exited", 100, exit_code=0))
+    deployment_reconcile(deployment_id=d)
+    assert sent_keys(sent, STOP) == [f"d{d}-r0-s1", f"d{d}-r0-s2"]
+    report_all(deployment, 0, "exited", 100, exit_code=0)
+    deployment = deployment_reconcile(deployment_id=d)
+    assert phases(deployment) == {1: (0, "serving")} and not deployment.stages.filter(replica=0).exists()
+    assert deployment.status == Deployment.Status.READY
+    assert deployment.status_message == "plan revision 2 ready"
+    assert kinds(deployment) == ["handover_started", "handover_switched", "handover_drained", "handover_done"]
+    switched, drained, done = (DeploymentEvent.objects.get(deployment=deployment, kind=k) for k in
+                               ("handover_switched", "handover_drained", "handover_done"))
+    assert switched.detail["pause_s"] == 0 and switched.detail["to"] == f"d{d}-r1"
+    assert drained.detail["head_exited"] is True and done.detail["mode"] == "beside"
+    deployment_reconcile(deployment_id=d)
+    assert sent.take() == [] and len(kinds(deployment)) == 4  # nothing more, nothing recorded again
+
+
+def test_the_drain_bound_stops_the_rest_when_the_head_does_not_exit(nodes, llm, revision, sent):
+    deployment = serving_ready(revision, sent)
+    apply(deployment, llm, MOVED)
+    report_all(deployment, 1, "ready", 200)
+    deployment_reconcile(deployment_id=deployment.pk)
+    long_ago = deployment.replicas.get(index=0).switched_at - timedelta(seconds=60)
+    DeploymentReplica.objects.filter(deployment=deployment, index=0).update(switched_at=long_ago)
+    deployment_reconcile(deployment_id=deployment.pk)
+    sent.take()
+    DeploymentReplica.objects.filter(deployment=deployment, index=0).update(head_stopped_at=long_ago)
+    deployment_reconcile(deployment_id=deployment.pk)
+    assert sent_keys(sent, STOP) == [f"d{deployment.pk}-r0-s1", f"d{deployment.pk}-r0-s2"]
+    drained = DeploymentEvent.objects.get(deployment=deployment, kind="handover_drained")
+    assert drained.detail["head_exited"] is False and drained.detail["drain_s"] >= 60
+
+
+def test_without_room_the_changed_stages_reload_in_place(nodes, real_gpus, llm, revision, sent):
+    deployment = serving_ready(revision, sent)
+    d = deployment.pk
+    deployment = apply(deployment, llm, MOVED)
+    assert sent_keys(sent, START) == [f"d{d}-r0-s0", f"d{d}-r0-s1"]  # only the changed ones, same pipeline
+    assert phases(deployment) == {0: (0, "reloading")}
+    assert heads(deployment) == [("r0", 0, False, False)]
+    assert deployment.status == Deployment.Status.DEPLOYING
+    assert deployment.status_message == f"handing over replica r0: d{d}-r0 reloading in place"
+    (started,) = DeploymentEvent.objects.filter(deployment=deployment, kind="handover_started")
+    assert started.detail["mode"] == "in_place" and started.detail["changed"] == [0, 1]
+    assert "no room beside: n0/gpu0 needs" in started.detail["reason"]
+    report_all(deployment, 0, "ready", 200)
+    deployment = deployment_reconcile(deployment_id=d)
+    assert phases(deployment) == {0: (0, "serving")} and deployment.status == Deployment.Status.READY
+    assert kinds(deployment) == ["handover_started", "handover_done"]
+    done = DeploymentEvent.objects.get(deployment=deployment, kind="handover_done")
+    assert done.detail["mode"] == "in_place" and done.detail["pause_s"] >= 0
+
+
+def test_a_second_apply_during_a_handover_keeps_a_matching_pipeline_and_replaces_another(
+    nodes, llm, revision, sent
+):
+    deployment = serving_ready(revision, sent)
+    d = deployment.pk
+    apply(deployment, llm, MOVED)
+    report_all(deployment, 1, "starting", 200)
+    sent.take()
+    apply(deployment, llm, MOVED)  # the same plan again: the incoming pipeline already is it
+    assert sent.take() == [] and phases(deployment) == {0: (0, "serving"), 1: (0, "incoming")}
+    other = edited_plan(("n0/gpu0", 0, 1), ("n1/gpu0", 1, 4), ("n3/gpu0", 4, 6))
+    deployment = apply(deployment, llm, other)
+    tasks = sent.take()
+    assert sorted(kw["stage_key"] for _, n, kw in tasks if n == STOP) == [f"d{d}-r1-s{i}" for i in range(3)]
+    assert sorted(kw["stage_key"] for _, n, kw in tasks if n == START) == [f"d{d}-r2-s{i}" for i in range(3)]
+    assert phases(deployment) == {0: (0, "serving"), 2: (0, "incoming")}
+    assert deployment.status == Deployment.Status.READY
+    report_all(deployment, 1, "exited", 200, exit_code=0)
+    report_all(deployment, 2, "ready", 300)
+    deployment = deployment_reconcile(deployment_id=d)
+    assert phases(deployment) == {0: (0, "outgoing"), 2: (0, "serving")}
+    assert [s["node"] for s in deployment.stages.filter(replica=2).values("node")] == [
+        n.pk for n in (nodes[0], nodes[1], nodes[3])]
+
+
+def test_a_drain_moves_the_stages_beside_and_the_drained_node_keeps_serving_until_the_switch(
+    nodes, llm, revision, sent
+):
+    deployment = serving_ready(revision, sent)
+    node_drain(node=nodes[2])
+    deployment = deployment_reconcile(deployment_id=deployment.pk)
+    assert phases(deployment) == {0: (0, "serving"), 1: (0, "incoming")}
+    assert deployment.stages.get(replica=0, stage_index=2).node == nodes[2]  # still serving
+    assert nodes[2].pk not in set(deployment.stages.filter(replica=1).values_list("node", flat=True))
+    assert deployment.status == Deployment.Status.READY
+    started = DeploymentEvent.objects.get(deployment=deployment, kind="handover_started")
+    assert started.detail["mode"] == "beside"
+
+
+def test_a_replan_after_a_loss_reloads_in_place_since_the_old_pipeline_cannot_serve(
+    nodes, llm, revision, sent
+):
+    deployment = serving_ready(revision, sent)
+    Node.objects.filter(pk=nodes[1].pk).update(status=Node.Status.LOST)
+    deployment = deployment_reconcile(deployment_id=deployment.pk)
+    assert deployment.revision.source == "replan"
+    deployment = deployment_reconcile(deployment_id=deployment.pk)  # the pass the re-plan asked for
+    assert phases(deployment) == {0: (0, "reloading")} and deployment.status == Deployment.Status.DEPLOYING
+    started = DeploymentEvent.objects.get(deployment=deployment, kind="handover_started")
+    assert started.detail["mode"] == "in_place" and "lost node" in started.detail["reason"]
+    report_all(deployment, 0, "ready", 300)
+    deployment = deployment_reconcile(deployment_id=deployment.pk)
+    assert deployment.status == Deployment.Status.READY and phases(deployment) == {0: (0, "serving")}
+    assert not deployment.stages.filter(node=nodes[1]).exists()  # a lost node's rows are forgotten
