@@ -4,41 +4,59 @@ Covers: log in; the topology of an emulated fleet with a running deployment; a u
 updating live from agent telemetry; an invalid plan edit showing the planner's error; a valid edit
 applied as a new revision. Screenshots of each page go to test-artifacts/screenshots/.
 (READY on the new plan needs real agents and stage processes: tests/dashboard/test_e2e.py.)
+
+Each test stands alone, in any order: the read-only ones share a module's server and a page logged in
+by its fixture; the one that applies a new revision has a server and agents of its own.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
-from tests.dashboard.browser import SCREENSHOTS, SeededServer, SimulatedAgents, chromium_page, log_in
+from tests.dashboard.browser import (
+    SCREENSHOTS,
+    SeededServer,
+    SimulatedAgents,
+    chromium_page,
+    log_in,
+    logged_in_page,
+)
 from tests.dashboard.seed import OPERATOR
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 pytest.importorskip("playwright.sync_api")
 
 
+@contextmanager
+def seeded_system(var: Path) -> Iterator[tuple[SeededServer, SimulatedAgents]]:
+    """A server seeded with the lab and a READY deployment, fed by simulated agents."""
+    server = SeededServer(var, "lab_with_deployment")
+    try:
+        agents = SimulatedAgents(server.url, server.seed["agents"], server.seed["stages"])
+        yield server, agents
+        try:
+            agents.stop()
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nserver log:\n{server.log.read_text()[-4000:]}") from None
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    server = SeededServer(tmp_path_factory.mktemp("var"), "lab_with_deployment")
-    yield server
-    server.stop()
+    """Read-only tests' server: no test here changes its rows."""
+    with seeded_system(tmp_path_factory.mktemp("var")) as (server, _):
+        yield server
 
 
 @pytest.fixture(scope="module")
-def agents(server):
-    agents = SimulatedAgents(server.url, server.seed["agents"], server.seed["stages"])
-    yield agents
-    try:
-        agents.stop()
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\nserver log:\n{server.log.read_text()[-4000:]}") from None
-
-
-@pytest.fixture(scope="module")
-def page(server, agents):
-    with chromium_page(server.url) as page:
+def page(server):
+    with logged_in_page(server.url, OPERATOR) as page:
         yield page
 
 
@@ -46,14 +64,15 @@ def shot(page, name: str, full_page: bool = True) -> None:
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=full_page)
 
 
-def test_1_login_leads_to_the_topology(page):
-    page.goto("/")
-    assert "/accounts/login/" in page.url
-    shot(page, "login")
-    log_in(page, OPERATOR, start=None)
+def test_login_leads_to_the_topology(server):
+    with chromium_page(server.url) as page:  # a browser of its own: anonymous
+        page.goto("/")
+        assert "/accounts/login/" in page.url
+        shot(page, "login")
+        log_in(page, OPERATOR, start=None)
 
 
-def test_2_topology_shows_the_emulated_fleet_the_deployment_and_live_colours(page, server):
+def test_topology_shows_the_emulated_fleet_the_deployment_and_live_colours(page, server):
     page.goto("/topology/")
     assert page.locator("g.gpu").count() == 13
     assert page.locator("g.gpu.emulated").count() == 13
@@ -69,7 +88,7 @@ def test_2_topology_shows_the_emulated_fleet_the_deployment_and_live_colours(pag
     shot(page, "topology")
 
 
-def test_3_utilization_chart_updates_live_from_agent_telemetry(page):
+def test_utilization_chart_updates_live_from_agent_telemetry(page):
     page.goto("/utilization/")
     page.wait_for_selector("#live-status[data-state=live]")
     points = "document.getElementById('chart-utilization').data?.[0]?.x?.length || 0"
@@ -82,14 +101,23 @@ def test_3_utilization_chart_updates_live_from_agent_telemetry(page):
     shot(page, "utilization")
 
 
-def test_4_deployments_page_shows_measured_next_to_predicted(page):
+def test_deployments_page_shows_measured_next_to_predicted(page):
     page.goto("/deployments/")
     page.wait_for_function("document.querySelector('[data-measured=tokens_per_s]').textContent !== '—'")
     assert page.locator("section.deployment .status", has_text="ready").first.is_visible()
     shot(page, "deployments")
 
 
-def test_5_invalid_edit_shows_the_error_and_a_valid_one_is_applied(page, server):
+@pytest.fixture
+def own_system(tmp_path):
+    """A server of this test's own, for a test that changes the deployment, logged in."""
+    with seeded_system(tmp_path / "var") as (server, _), logged_in_page(server.url, OPERATOR) as page:
+        yield server, page
+
+
+def test_invalid_edit_shows_the_error_a_valid_one_is_applied_and_rebalance_proposes_the_planners_plan(
+        own_system):
+    server, page = own_system
     page.goto(f"/deployments/{server.seed['deployment_id']}/plan/")
     page.wait_for_selector("#check-status.ok")
     assert page.locator("#apply").is_disabled()  # valid but unchanged
@@ -129,12 +157,7 @@ def test_5_invalid_edit_shows_the_error_and_a_valid_one_is_applied(page, server)
     page.wait_for_url(re.compile(r"/deployments/$"))
     assert "revision 2 applied (edited by an operator)" in page.content()
 
-
-def _replicas(server) -> int:
-    return len({s["replica"] for s in server.seed["stages"]})
-
-
-def test_6_rebalance_proposes_the_planners_plan_from_current_health(page, server):
+    # Rebalance proposes the planner's plan from current health.
     page.goto(f"/deployments/{server.seed['deployment_id']}/plan/")
     page.wait_for_selector("#check-status.ok")
     page.click("#rebalance")
@@ -146,3 +169,7 @@ def test_6_rebalance_proposes_the_planners_plan_from_current_health(page, server
     page.click("#apply")
     assert page.locator("#diff li").count() == 2
     page.keyboard.press("Escape")
+
+
+def _replicas(server) -> int:
+    return len({s["replica"] for s in server.seed["stages"]})
