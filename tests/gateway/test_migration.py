@@ -57,6 +57,24 @@ async def test_a_break_with_no_other_replica_waits_for_one_and_resumes(fake_pipe
     assert [len(s["prompt_ids"]) - len(fake.submitted[0]["prompt_ids"]) for s in fake.submitted] == [0, 0, 5]
 
 
+async def test_a_replica_that_refuses_the_resumption_is_left_out_and_the_request_waits(
+    fake_pipeline, api_key, demo_model
+):
+    from worker_runtime.errors import RequestRejected
+
+    output = tokens(demo_model)
+    fake = fake_pipeline({"r0": Script(tokens=output, break_after=[3]),
+                          "r1": Script(tokens=output, queue_depth=4, error=RequestRejected("KV space is full"))})
+    response = await post(AsyncClient(), "/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 50},
+                          api_key)
+    assert response.status_code == 200, response.content
+    assert response.json()["choices"][0]["text"] == TEXT
+    # r0 broke (unroutable until its head answers again), r1 refused: left out, the request waited for r0.
+    assert [s["pipeline_id"] for s in fake.submitted] == ["r0", "r1", "r0"]
+    (record,) = [r for r in recorder.recent if r.replica]
+    assert record.migrations == 2 and record.replicas == ["r0", "r1", "r0"]
+
+
 async def test_more_breaks_than_max_migrations_end_the_stream_with_a_clear_error(
     fake_pipeline, api_key, demo_model, waits  # noqa: F811
 ):
