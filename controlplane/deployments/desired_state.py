@@ -72,7 +72,8 @@ def revision_apply(*, deployment: Deployment, checked: CheckedPlan) -> None:
     for slot, stages in enumerate(checked.replicas):
         _slot_apply(deployment=deployment, checked=checked, slot=slot, stages=stages,
                     own=[r for r in pipelines if r.slot == slot], now=revision.applied_at)
-    serving = set(deployment.replicas.filter(phase=DeploymentReplica.Phase.SERVING).values_list("slot", flat=True))
+    serving = set(deployment.replicas.filter(phase=DeploymentReplica.Phase.SERVING)
+                  .values_list("slot", flat=True))
     if not serving.issuperset(range(len(checked.replicas))):
         deployment.status = Deployment.Status.DEPLOYING
         deployment.status_message = (f"deploying plan revision {revision.number} "
@@ -129,8 +130,8 @@ def _matches(*, replica: DeploymentReplica, stages: Stages, checked: CheckedPlan
         return False
     addresses = [_address(row) for row in rows]
     return all(
-        row.spec == _stage_spec(replica=replica, stage=stage, stage_index=i, device=device, addresses=addresses,
-                                checked=checked).to_json()
+        row.spec == _stage_spec(replica=replica, stage=stage, stage_index=i, device=device,
+                                addresses=addresses, checked=checked).to_json()
         for i, (row, (device, stage)) in enumerate(zip(rows, stages))
     )
 
@@ -150,11 +151,14 @@ def _pipeline_start(
     return replica
 
 
-def _stages_write(*, replica: DeploymentReplica, checked: CheckedPlan, stages: Stages) -> list[DeploymentStage]:
+def _stages_write(
+    *, replica: DeploymentReplica, checked: CheckedPlan, stages: Stages
+) -> list[DeploymentStage]:
     """Write the pipeline's stage rows and specs, keeping each row (so its port) while it stays on its
     node; a stage that moves to another node retires its old row (stopped by reconcile)."""
     deployment = replica.deployment
-    deployment.stages.filter(wanted=True, replica=replica.index, stage_index__gte=len(stages)).update(wanted=False)
+    beyond = deployment.stages.filter(wanted=True, replica=replica.index, stage_index__gte=len(stages))
+    beyond.update(wanted=False)
     rows = [_stage_row(deployment=deployment, replica=replica.index, stage_index=i, device=device)
             for i, (device, _) in enumerate(stages)]
     addresses = [_address(row) for row in rows]

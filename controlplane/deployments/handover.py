@@ -36,7 +36,9 @@ _GONE = (DeploymentStage.State.EXITED, DeploymentStage.State.FAILED)
 _PLACEMENT = ("layers", "bits", "low_bits", "low_from", "kv_tokens", "micro_batches")
 
 
-def beside_started(*, old: DeploymentReplica, new: DeploymentReplica, old_rows: list[DeploymentStage]) -> None:
+def beside_started(
+    *, old: DeploymentReplica, new: DeploymentReplica, old_rows: list[DeploymentStage]
+) -> None:
     """A new pipeline was started beside ``old`` (whose rows were ``old_rows``) for the same slot."""
     was = {row.stage_index: row for row in old_rows}
     rows = list(new.stages())
@@ -69,7 +71,8 @@ def reload_started(*, replica: DeploymentReplica, starting: list[str], reason: s
 
 def pipeline_abandon(*, replica: DeploymentReplica) -> None:
     """Drop an incoming pipeline a newer plan does not want: its stages are stopped, its row goes."""
-    DeploymentStage.objects.filter(deployment_id=replica.deployment_id, replica=replica.index).update(wanted=False)
+    rows = DeploymentStage.objects.filter(deployment_id=replica.deployment_id, replica=replica.index)
+    rows.update(wanted=False)
     replica.delete()
 
 
@@ -79,7 +82,8 @@ def pipeline_retire(*, replica: DeploymentReplica, now: datetime) -> None:
         pipeline_abandon(replica=replica)
     elif replica.phase != Phase.OUTGOING:
         _outgoing(replica, started_at=now, now=now)
-        dispatch.reconcile_later(deployment_id=replica.deployment_id, delay_s=settings.MOTLEY_HANDOVER_SWITCH_S)
+        dispatch.reconcile_later(deployment_id=replica.deployment_id,
+                                 delay_s=settings.MOTLEY_HANDOVER_SWITCH_S)
 
 
 def handovers_advance(*, deployment: Deployment, now: datetime) -> None:
@@ -94,8 +98,8 @@ def handovers_advance(*, deployment: Deployment, now: datetime) -> None:
         ready = bool(wanted) and all(row.state == row.State.READY and row.sent_spec == row.spec
                                      and not row.lost for row in wanted)
         if replica.phase == Phase.INCOMING and ready:
-            _switch(new=replica, old=[r for r in replicas if r.slot == replica.slot and r.phase in HOLDS_SLOT],
-                    now=now)
+            old = [r for r in replicas if r.slot == replica.slot and r.phase in HOLDS_SLOT]
+            _switch(new=replica, old=old, now=now)
         elif replica.phase == Phase.RELOADING and ready:
             pause_s = _seconds(now - replica.phase_since)
             replica.phase, replica.phase_since = Phase.SERVING, now
@@ -135,7 +139,8 @@ def handover_summary(replicas: list[DeploymentReplica]) -> str:
     for replica in sorted(replicas, key=lambda r: r.index):
         if replica.phase != Phase.SERVING:
             by_slot[replica.slot].append(f"{replica.pipeline_id} {_DOING[replica.phase]}")
-    return "; ".join(f"handing over replica r{slot}: {', '.join(parts)}" for slot, parts in sorted(by_slot.items()))
+    return "; ".join(f"handing over replica r{slot}: {', '.join(parts)}"
+                     for slot, parts in sorted(by_slot.items()))
 
 
 _DOING = {Phase.INCOMING: "starting", Phase.OUTGOING: "draining", Phase.RELOADING: "reloading in place"}
@@ -184,7 +189,8 @@ def _drain_step(replica: DeploymentReplica, own: list[DeploymentStage], now: dat
         _unwant([row for row in wanted if row.stage_index == 0])
         replica.head_stopped_at = now
         replica.save(update_fields=["head_stopped_at"])
-        dispatch.reconcile_later(deployment_id=replica.deployment_id, delay_s=settings.MOTLEY_HANDOVER_DRAIN_S)
+        dispatch.reconcile_later(deployment_id=replica.deployment_id,
+                                 delay_s=settings.MOTLEY_HANDOVER_DRAIN_S)
         if not lost:
             return
     head = next((row for row in own if row.stage_index == 0), None)

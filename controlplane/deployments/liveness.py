@@ -68,9 +68,10 @@ def node_heartbeats_flush(*, seen: list[HeartbeatSeen]) -> dict[int, str]:
     not record one by one (contracts §3, docs/deployments.md): in one transaction, whatever the
     fleet's size, each node's ``last_heartbeat`` becomes the time its latest heartbeat was received
     (never earlier than what is stored), each node is heard from (``_heard_from``), and each
-    reported stage whose stored state differs from the report is recorded, unless the row was observed
-    after the heartbeat was received (a prompt stage event newer than the noted heartbeat wins). An entry of a deleted
-    node or an older incarnation changes nothing and is refused (its socket is closed).
+    reported stage whose stored state differs from the report is recorded, unless the row was
+    observed after the heartbeat was received (a prompt stage event newer than the noted heartbeat
+    wins). An entry of a deleted node or an older incarnation changes nothing and is refused (its
+    socket is closed).
     """
     nodes = {n.pk: n for n in Node.objects.select_for_update().filter(pk__in={e.node_id for e in seen})}
     refused: dict[int, str] = {}

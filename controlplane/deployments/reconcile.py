@@ -107,7 +107,8 @@ def _status_decide(*, deployment: Deployment, rows: list[DeploymentStage], was_m
                     summary or f"plan revision {deployment.revision.number} ready")
     elif not {r.slot for r in serving} >= slots:
         reloading = any(r.phase == DeploymentReplica.Phase.RELOADING for r in replicas)
-        _status_set(deployment, Deployment.Status.DEPLOYING, summary if reloading else deployment.status_message)
+        _status_set(deployment, Deployment.Status.DEPLOYING,
+                    summary if reloading else deployment.status_message)
     elif deployment.status in (Deployment.Status.READY, Deployment.Status.DEGRADED):
         serving_indexes = {r.index for r in serving}
         waiting = ", ".join(row.stage_key for row in rows

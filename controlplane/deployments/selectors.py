@@ -27,8 +27,8 @@ def desired_stages(*, deployment: Deployment) -> list[DeploymentStage]:
     incoming = {r.slot for r in replicas if r.phase == DeploymentReplica.Phase.INCOMING}
     kept = {r.index for r in replicas if r.phase == DeploymentReplica.Phase.INCOMING
             or r.phase != DeploymentReplica.Phase.OUTGOING and r.slot not in incoming}
-    return [s for s in deployment.stages.filter(wanted=True).select_related("node").order_by("replica", "stage_index")
-            if s.replica in kept]
+    wanted = deployment.stages.filter(wanted=True).select_related("node").order_by("replica", "stage_index")
+    return [s for s in wanted if s.replica in kept]
 
 
 def deployment_ids_to_reconcile() -> list[int]:

@@ -53,7 +53,9 @@ def stage_report_is_news(
     return any(getattr(row, field) != value for field, value in observed.items())
 
 
-def stage_status_record(*, node: Node, status: Mapping[str, Any], received_at: datetime | None = None) -> None:
+def stage_status_record(
+    *, node: Node, status: Mapping[str, Any], received_at: datetime | None = None
+) -> None:
     """Store what a node's agent says about one of its stages (contracts §3 StageStatus).
 
     Only stages placed on ``node`` are looked up, so one node's agent can never change the state of
@@ -90,7 +92,8 @@ def stage_reports_record_news(*, reports: Mapping[Node, tuple[datetime, Iterable
     ``stage_status_record`` only when it would change a row, so a fleet of unchanged stages costs
     one read (the coalesced heartbeats' path, ``liveness.node_heartbeats_flush``).
     """
-    reporting = {node.pk: (node, received_at, list(statuses)) for node, (received_at, statuses) in reports.items()}
+    reporting = {node.pk: (node, received_at, list(statuses))
+                 for node, (received_at, statuses) in reports.items()}
     reporting = {node_id: entry for node_id, entry in reporting.items() if entry[2]}
     if not reporting:
         return

@@ -26,7 +26,8 @@ MOVED = edited_plan(("n0/gpu0", 0, 3), ("n1/gpu0", 3, 4), ("n2/gpu0", 4, 6))
 def report_all(deployment, index: int, state: str, pid_base: int, **extra) -> None:
     """Every stage row of pipeline ``index`` (wanted or being stopped) reports ``state``."""
     for stage in deployment.stages.filter(replica=index):
-        stage_status_record(node=stage.node, status=report(stage, state, pid_base + stage.stage_index, **extra))
+        status = report(stage, state, pid_base + stage.stage_index, **extra)
+        stage_status_record(node=stage.node, status=status)
 
 
 def sent_keys(sent, name: str) -> list[str]:
@@ -38,7 +39,8 @@ def phases(deployment) -> dict[int, tuple[int, str]]:
 
 
 def heads(deployment) -> list[tuple[str, int, bool, bool]]:
-    return [(e.pipeline_id[-2:], e.slot, e.ready, e.serving) for e in deployment_endpoints(deployment=deployment)]
+    endpoints = deployment_endpoints(deployment=deployment)
+    return [(e.pipeline_id[-2:], e.slot, e.ready, e.serving) for e in endpoints]
 
 
 def kinds(deployment) -> list[str]:

@@ -103,8 +103,9 @@ def test_moving_one_boundary_restarts_only_the_two_stages_it_touches(nodes, real
     assert sent.take() == []
 
 
-def test_a_stage_given_a_low_bit_tail_restarts_alone_with_its_precisions_in_the_spec(nodes, real_gpus, llm, revision,
-                                                                                      sent):
+def test_a_stage_given_a_low_bit_tail_restarts_alone_with_its_precisions_in_the_spec(
+    nodes, real_gpus, llm, revision, sent
+):
     deployment = deployment_create(name="tiny", revision=revision)
     deployment_reconcile(deployment_id=deployment.pk)
     sent.take()
