@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from controlplane.deployments.models import Deployment
+from controlplane.deployments.models import Deployment, DeploymentReplica
 from controlplane.deployments.selectors import deployment_endpoints
 from controlplane.rebalance.models import RebalanceProposal
 
@@ -17,14 +17,16 @@ def deployment_ids_to_evaluate() -> list[int]:
 
 
 def change_in_flight(*, deployment: Deployment) -> bool:
-    """A change of placement is under way: the deployment is not READY, a replica is being handed
-    over or not ready (``ReplicaHead.serving``/``ready``, the controller's word), or a stage of a
-    previous plan is still being stopped."""
+    """A change of placement is under way: the deployment is not READY, a pipeline is in a handover
+    (``DeploymentReplica.phase`` incoming, outgoing or reloading: the deployment stays READY
+    meanwhile), a replica is not ready, or a stage of a previous plan is still being stopped."""
     if deployment.status != Deployment.Status.READY or deployment.stop_requested:
         return True
     if deployment.stages.filter(wanted=False).exists():
         return True
-    return any(not head.serving or not head.ready for head in deployment_endpoints(deployment=deployment))
+    if deployment.replicas.exclude(phase=DeploymentReplica.Phase.SERVING).exists():
+        return True
+    return any(not head.ready for head in deployment_endpoints(deployment=deployment))
 
 
 def proposals_of(*, deployment: Deployment, status: str | None = None) -> QuerySet[RebalanceProposal]:

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from controlplane.audit.models import AuditEntry
-from controlplane.deployments.models import Deployment, DeploymentStage, PlanRevision
+from controlplane.deployments.models import Deployment, DeploymentReplica, DeploymentStage, PlanRevision
 from controlplane.rebalance.models import RebalanceProposal, RebalanceState
 from controlplane.rebalance.selectors import deployment_ids_to_evaluate
 from controlplane.rebalance.services import rebalance_evaluate
@@ -61,13 +61,15 @@ def test_no_second_change_within_the_cooldown(deployment, t0, settings):
     assert [e.detail["outcome"] for e in policy_events(deployment)] == ["held", "proposed"]
 
 
-@pytest.mark.parametrize("in_flight", ["deploying", "stage_stopping"])
+@pytest.mark.parametrize("in_flight", ["deploying", "handover", "stage_stopping"])
 def test_nothing_while_a_change_is_in_flight(deployment, t0, in_flight):
     evaluate(deployment, t0)
     uncordon("node-a")
     if in_flight == "deploying":
         Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.DEPLOYING)
         assert deployment.pk not in deployment_ids_to_evaluate()
+    elif in_flight == "handover":  # READY, a slot's old pipeline still finishing its requests
+        deployment.replicas.filter(index=0).update(phase=DeploymentReplica.Phase.OUTGOING)
     else:  # a stage of the previous plan not yet confirmed stopped
         stage = deployment.stages.first()
         DeploymentStage.objects.create(deployment=deployment, replica=stage.replica, stage_index=stage.stage_index,
@@ -118,3 +120,15 @@ def test_another_applied_revision_expires_the_open_proposal(deployment, t0):
     evaluate(deployment, t0 + 20)
     proposal.refresh_from_db()
     assert proposal.status == RebalanceProposal.Status.EXPIRED
+
+
+def test_the_beat_runs_the_policy_on_every_watched_deployment(deployment, t0, settings):
+    from contracts.tasks import REBALANCE_EVALUATE
+    from controlplane.celery import app
+
+    assert settings.CELERY_BEAT_SCHEDULE["rebalance"]["task"] == REBALANCE_EVALUATE
+    app.loader.import_default_modules()
+    app.tasks[REBALANCE_EVALUATE]()  # the first pass takes the baseline
+    uncordon("node-a")
+    app.tasks[REBALANCE_EVALUATE]()
+    assert [p.trigger for p in proposals(deployment)] == ["fleet"]
