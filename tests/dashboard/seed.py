@@ -40,7 +40,7 @@ def running_deployment_create(*, model, name: str = "chat"):
     devices = {d.name: d for d in Device.objects.select_related("node")}
     port = 5600
     for r, replica in enumerate(planned["replicas"]):
-        DeploymentReplica.objects.create(deployment=deployment, index=r, auth_token=f"token-{r}")
+        DeploymentReplica.objects.create(deployment=deployment, index=r, slot=r, auth_token=f"token-{r}")
         for s, stage in enumerate(replica["stages"]):
             device = devices[stage["device"]]
             port += 1
