@@ -167,7 +167,7 @@ def _calibration_row(stage: DeploymentStage, figures: dict | None) -> dict[str, 
 
 
 def _predicted_step_ms(predicted_stages: dict, stage: DeploymentStage) -> float | None:
-    planned = predicted_stages.get((stage.replica, stage.stage_index)) or {}
+    planned = predicted_stages.get((stage.slot, stage.stage_index)) or {}
     return planned.get("predicted", {}).get("step_ms")
 
 

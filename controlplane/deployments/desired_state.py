@@ -167,6 +167,7 @@ def _stages_write(
                            checked=checked)
         row.spec = spec.to_json()
         row.device = device
+        row.slot = replica.slot
         row.save()
     return rows
 

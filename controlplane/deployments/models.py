@@ -159,7 +159,10 @@ class DeploymentStage(models.Model):
         FAILED = "failed", "Failed"
 
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="stages")
-    replica = models.PositiveSmallIntegerField()
+    replica = models.PositiveSmallIntegerField()  # the physical pipeline's index (its stage key)
+    # Its pipeline's plan slot (DeploymentReplica.slot, fixed for the pipeline's life): where its
+    # predictions are in the plan, ``plan["replicas"][slot]["stages"][stage_index]``.
+    slot = models.PositiveSmallIntegerField(default=0)
     stage_index = models.PositiveSmallIntegerField()
     wanted = models.BooleanField(default=True)
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="stages")

@@ -82,7 +82,7 @@ class PipelineCollector(Collector):
         for key, stage in sorted(wanted.items()):
             deployment = deployments[stage.deployment_id]
             plan = deployment.revision.plan if deployment.revision else {}
-            predicted = _plan_stage(plan, stage.replica, stage.stage_index).get("predicted") or {}
+            predicted = _plan_stage(plan, stage.slot, stage.stage_index).get("predicted") or {}
             for field, family in gauges.items():
                 if (value := as_number(predicted.get(field))) is not None:
                     family.add_metric(self._labels(deployment, key, wanted), value * 1e-3)

@@ -78,6 +78,8 @@ def test_a_boundary_move_with_room_starts_beside_switches_then_stops_the_head_fi
     assert heads(deployment) == [("r0", 0, True, True), ("r1", 0, False, False)]
     assert deployment.status == Deployment.Status.READY
     assert deployment.status_message == f"handing over replica r0: d{d}-r1 starting"
+    # Every stage knows its plan slot: where its predictions are (dashboard, /metrics).
+    assert set(deployment.stages.values_list("replica", "slot")) == {(0, 0), (1, 0)}
     old_ports = set(deployment.stages.filter(replica=0).values_list("port", flat=True))
     assert not old_ports & set(deployment.stages.filter(replica=1).values_list("port", flat=True))
     (started,) = DeploymentEvent.objects.filter(deployment=deployment, kind="handover_started")
