@@ -83,8 +83,9 @@ def _status_decide(*, deployment: Deployment, rows: list[DeploymentStage], was_m
     """The status from the pipelines that serve or will serve (an outgoing one counts for nothing):
     READY while every plan slot has a serving pipeline whose stages are all ready, a handover or not
     (its message says what is handed over); DEPLOYING while a slot has no serving pipeline (a new
-    deployment, a reload in place); DEGRADED when a serving pipeline lost readiness or a stage is on
-    a lost node (then re-planned); FAILED when a stage failed."""
+    deployment, a reload in place); DEGRADED when a serving pipeline lost readiness, a stage is on
+    a lost node (then re-planned), or only an incoming pipeline's stage failed (the old one serves on);
+    FAILED when a stage failed otherwise."""
     replicas = list(deployment.replicas.all())
     outgoing = {r.index for r in replicas if r.phase == DeploymentReplica.Phase.OUTGOING}
     wanted = [row for row in rows if row.replica not in outgoing]
@@ -100,8 +101,15 @@ def _status_decide(*, deployment: Deployment, rows: list[DeploymentStage], was_m
         if deployment.replan_on_failure:
             _replan_after_loss(deployment=deployment, lost_nodes=names, was_message=was_message)
     elif failed:
-        reasons = [f"{row.stage_key} failed: {row.message or f'exit code {row.exit_code}'}" for row in failed]
-        _status_set(deployment, Deployment.Status.FAILED, "; ".join(reasons))
+        reasons = "; ".join(f"{row.stage_key} failed: {row.message or f'exit code {row.exit_code}'}"
+                            for row in failed)
+        served = {r.slot for r in serving if r.index in ready}
+        slot_of = {r.index: r.slot for r in replicas}
+        if served >= slots and all(slot_of.get(row.replica) in served for row in failed):
+            # Only a handover's new pipeline failed: the old one still serves, so the deployment does too.
+            _status_set(deployment, Deployment.Status.DEGRADED, f"{summary}; {reasons}")
+        else:
+            _status_set(deployment, Deployment.Status.FAILED, reasons)
     elif {r.slot for r in serving if r.index in ready} >= slots:
         _status_set(deployment, Deployment.Status.READY,
                     summary or f"plan revision {deployment.revision.number} ready")

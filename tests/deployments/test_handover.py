@@ -7,10 +7,13 @@ from datetime import timedelta
 
 import pytest
 
+from agents.memory_budget import spec_footprint
+from contracts.model_profile import ModelProfile
 from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentReplica
 from controlplane.deployments.node_actions import node_drain
 from controlplane.deployments.reconcile import deployment_reconcile
 from controlplane.deployments.revisions import plan_revision_create
+from controlplane.deployments.room import spec_bytes
 from controlplane.deployments.selectors import deployment_endpoints
 from controlplane.deployments.services import deployment_apply, deployment_create
 from controlplane.deployments.stage_reports import stage_status_record
@@ -216,3 +219,26 @@ def test_a_replan_after_a_loss_reloads_in_place_since_the_old_pipeline_cannot_se
     deployment = deployment_reconcile(deployment_id=deployment.pk)
     assert deployment.status == Deployment.Status.READY and phases(deployment) == {0: (0, "serving")}
     assert not deployment.stages.filter(node=nodes[1]).exists()  # a lost node's rows are forgotten
+
+
+def test_a_failed_incoming_pipeline_degrades_but_the_old_one_serves_on(nodes, llm, revision, sent):
+    deployment = serving_ready(revision, sent)
+    deployment = apply(deployment, llm, MOVED)
+    stage = deployment.stages.get(replica=1, stage_index=1)
+    failed = report(stage, "failed", 201, exit_code=1, message="does not fit on emulated n1/gpu0")
+    stage_status_record(node=stage.node, status=failed)
+    deployment = deployment_reconcile(deployment_id=deployment.pk)
+    assert deployment.status == Deployment.Status.DEGRADED  # still routed to (READY or DEGRADED)
+    d = deployment.pk
+    assert deployment.status_message == (f"handing over replica r0: d{d}-r1 starting; "
+                                         f"d{d}-r1-s1 failed: does not fit on emulated n1/gpu0")
+    assert heads(deployment)[0] == ("r0", 0, True, True)
+
+
+def test_the_controllers_footprint_of_a_stage_is_the_agents(nodes, llm, revision):
+    """room.py and the agent's admission (agents/memory_budget.py) size a stage alike, so a pipeline the
+    controller starts beside another is one the agent admits."""
+    deployment = deployment_create(name="tiny", revision=revision)
+    profile = ModelProfile.from_dict(llm.profile)
+    for stage in deployment.stages.all():
+        assert spec_bytes(profile, stage.spec) == spec_footprint(stage.spec).total_bytes > 0
