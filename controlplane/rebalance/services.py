@@ -107,6 +107,11 @@ def _decide(*, deployment: Deployment, state: RebalanceState, occurrence: Occurr
     if open_ is not None and not plan_diff(open_.revision.plan, pricing.proposed)["stages"]:
         return _record(deployment, state, occurrence, "kept", figures,
                        why=f"proposal {open_.pk} already proposes this plan: {gains}")
+    dismissed = RebalanceProposal.objects.filter(
+        deployment=deployment, base_revision=deployment.revision, status=RebalanceProposal.Status.DISMISSED).first()
+    if dismissed is not None and not plan_diff(dismissed.revision.plan, pricing.proposed)["stages"]:
+        return _record(deployment, state, occurrence, "held", figures,
+                       why=f"no change: proposal {dismissed.pk} of this plan was dismissed ({gains})")
     proposal = _propose(deployment=deployment, occurrence=occurrence, pricing=pricing, diff=diff,
                         superseding=open_)
     figures["proposal"] = proposal.pk

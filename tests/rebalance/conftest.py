@@ -16,7 +16,7 @@ from controlplane.inventory.models import Node
 from controlplane.inventory.services import fleet_import
 from controlplane.models_catalog.services import model_register
 from tests.api.mixins import anonymous, api, user  # noqa: F401  (shared fixtures)
-from tests.dashboard.seed import LAB_FLEET, _checkpoint_stand_in, running_deployment_create
+from tests.dashboard.seed import LAB_FLEET, REQUEST, _checkpoint_stand_in, running_deployment_create
 
 
 @pytest.fixture
@@ -45,6 +45,9 @@ def deployment(db, policy_settings, t0):
     Node.objects.update(incarnation=1)  # as if each node's agent registered
     Node.objects.filter(name="node-a").update(intent=Node.Intent.CORDONED)
     deployment = running_deployment_create(model=model_register(path=_checkpoint_stand_in()))
+    for stage in deployment.stages.all():  # the footprint fields a controller-written spec carries
+        stage.spec = {**stage.spec, "batch": REQUEST["batch"], "kv_tokens": REQUEST["batch"] * REQUEST["context"]}
+        stage.save(update_fields=["spec"])
     PlanRevision.objects.filter(pk=deployment.revision_id).update(applied_at=timezone.now() - timedelta(hours=1))
     deployment.refresh_from_db()
     return deployment

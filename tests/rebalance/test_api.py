@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from controlplane.audit.models import AuditEntry
-from controlplane.deployments.models import Deployment, PlanRevision
+from controlplane.deployments.models import Deployment, DeploymentEvent, PlanRevision
 from controlplane.rebalance.models import RebalanceProposal
 from controlplane.rebalance.services import rebalance_evaluate
 from tests.api.mixins import assert_error
@@ -43,8 +43,26 @@ def test_list_shows_the_open_proposal_with_its_figures(api, proposal):
     assert api.get("/api/v1/deployments/9999/proposals/").status_code == 404
 
 
-def test_a_user_who_may_apply_accepts_and_the_apply_is_audited(api, user, proposal):
-    """Applying a plan is open to every authenticated user (the deployments API), so is accepting."""
+@pytest.fixture
+def operator(user):
+    """A user the deployments API lets apply plans (staff are operators whatever the policy)."""
+    user.is_staff = True
+    user.save(update_fields=["is_staff"])
+    return user
+
+
+def test_a_plain_user_decides_exactly_when_they_may_apply(api, user, proposal):
+    """Whatever the deployments API allows a plain account, deciding a proposal follows: refused
+    (403) where an apply is refused, else answered."""
+    apply = api.post(f"/api/v1/deployments/{proposal.deployment_id}/apply/", {}, format="json")
+    assert apply.status_code in (400, 403)  # an empty body: refused by permission or validation
+    for verb in ("dismiss", "accept"):
+        response = api.post(f"/api/v1/rebalance-proposals/{proposal.pk}/{verb}/")
+        assert (response.status_code == 403) == (apply.status_code == 403), response.content
+
+
+def test_an_operator_accepts_and_the_apply_is_audited(api, operator, proposal):
+    user = operator
     response = api.post(f"/api/v1/rebalance-proposals/{proposal.pk}/accept/")
     assert response.status_code == 200, response.content
     assert (response.json()["status"], response.json()["decided_by"]) == ("accepted", "alice")
@@ -56,7 +74,8 @@ def test_a_user_who_may_apply_accepts_and_the_apply_is_audited(api, user, propos
     assert_error(api.post(f"/api/v1/rebalance-proposals/{proposal.pk}/accept/"), 400, "is accepted, not open")
 
 
-def test_dismiss_closes_it_audited_and_changes_no_plan(api, user, proposal):
+def test_dismiss_closes_it_audited_and_changes_no_plan(api, operator, proposal):
+    user = operator
     before = Deployment.objects.get(pk=proposal.deployment_id).revision_id
     response = api.post(f"/api/v1/rebalance-proposals/{proposal.pk}/dismiss/")
     assert response.status_code == 200 and response.json()["status"] == "dismissed"
@@ -67,7 +86,16 @@ def test_dismiss_closes_it_audited_and_changes_no_plan(api, user, proposal):
     assert api.post("/api/v1/rebalance-proposals/9999/dismiss/").status_code == 404
 
 
-def test_a_refused_apply_changes_nothing(api, proposal):
+def test_a_dismissed_plan_is_not_proposed_again(api, operator, proposal, t0, settings):
+    api.post(f"/api/v1/rebalance-proposals/{proposal.pk}/dismiss/")
+    later = t0 + 10 + settings.MOTLEY_REBALANCE_CHECK_S
+    assert rebalance_evaluate(deployment_id=proposal.deployment_id, now=later) == "held"  # the periodic check
+    assert RebalanceProposal.objects.filter(deployment_id=proposal.deployment_id).count() == 1
+    event = DeploymentEvent.objects.filter(kind="policy").first()
+    assert event.detail["trigger"] == "better_plan" and f"proposal {proposal.pk} of this plan was dismissed" in event.message
+
+
+def test_a_refused_apply_changes_nothing(api, operator, proposal):
     from controlplane.inventory.models import Node
 
     Node.objects.filter(name="node-a").update(intent=Node.Intent.CORDONED)  # the proposal's devices
@@ -76,7 +104,7 @@ def test_a_refused_apply_changes_nothing(api, proposal):
     assert not AuditEntry.objects.filter(action="plan.rebalanced").exists()
 
 
-def test_the_policy_is_a_deployment_setting(api, deployment):
+def test_the_policy_is_a_deployment_setting(api, operator, deployment):
     url = f"/api/v1/deployments/{deployment.pk}/"
     assert api.get(url).json()["rebalance_policy"] == "propose"
     response = api.patch(url, {"rebalance_policy": "auto"}, format="json")
