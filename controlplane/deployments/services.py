@@ -70,9 +70,10 @@ def deployment_update(
         changes["replan_on_failure"] = [deployment.replan_on_failure, replan_on_failure]
         deployment.replan_on_failure = replan_on_failure
     if rebalance_policy is not None:
-        if rebalance_policy not in Deployment.RebalancePolicy.values:
+        policies = Deployment.RebalancePolicy.values
+        if rebalance_policy not in policies:
             raise ValidationError({"rebalance_policy": f"unknown rebalance policy {rebalance_policy!r}; "
-                                                       f"choose one of {', '.join(Deployment.RebalancePolicy.values)}"})
+                                                       f"choose one of {', '.join(policies)}"})
         changes["rebalance_policy"] = [deployment.rebalance_policy, rebalance_policy]
         deployment.rebalance_policy = rebalance_policy
     changes = {field: values for field, values in changes.items() if values[0] != values[1]}

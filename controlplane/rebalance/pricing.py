@@ -103,6 +103,7 @@ def price(*, deployment: Deployment, fleet: FleetSpec) -> Pricing:
     check = validate(report.planned, request)
     if not check.ok:
         return Pricing(current, report.predicted is not None, None, 0.0,
-                       "the planner's plan fails its own check: " + "; ".join(p.message for p in check.problems))
+                       "the planner's plan fails its own check: "
+                       + "; ".join(p.message for p in check.problems))
     return Pricing(current, report.predicted is not None, plan_to_dict(report.planned),
                    report.planned.predicted.decode_tokens_per_s, None)

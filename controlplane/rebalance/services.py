@@ -103,12 +103,13 @@ def _decide(*, deployment: Deployment, state: RebalanceState, occurrence: Occurr
     if pricing.gain < threshold:
         return _record(deployment, state, occurrence, "held", figures,
                        why=f"no change: {gains}, under the {threshold:.0%} threshold")
-    open_ = RebalanceProposal.objects.filter(deployment=deployment, status=RebalanceProposal.Status.OPEN).first()
+    proposals = RebalanceProposal.objects.filter(deployment=deployment)
+    open_ = proposals.filter(status=RebalanceProposal.Status.OPEN).first()
     if open_ is not None and not plan_diff(open_.revision.plan, pricing.proposed)["stages"]:
         return _record(deployment, state, occurrence, "kept", figures,
                        why=f"proposal {open_.pk} already proposes this plan: {gains}")
-    dismissed = RebalanceProposal.objects.filter(
-        deployment=deployment, base_revision=deployment.revision, status=RebalanceProposal.Status.DISMISSED).first()
+    dismissed = proposals.filter(base_revision=deployment.revision,
+                                 status=RebalanceProposal.Status.DISMISSED).first()
     if dismissed is not None and not plan_diff(dismissed.revision.plan, pricing.proposed)["stages"]:
         return _record(deployment, state, occurrence, "held", figures,
                        why=f"no change: proposal {dismissed.pk} of this plan was dismissed ({gains})")
@@ -143,7 +144,8 @@ def _propose(*, deployment: Deployment, occurrence: Occurrence, pricing: Pricing
     return RebalanceProposal.objects.create(
         deployment=deployment, base_revision=deployment.revision, revision=revision,
         trigger=occurrence.trigger, reason=occurrence.reason, gain=pricing.gain,
-        current_tokens_per_s=pricing.current_tokens_per_s, proposed_tokens_per_s=pricing.proposed_tokens_per_s,
+        current_tokens_per_s=pricing.current_tokens_per_s,
+        proposed_tokens_per_s=pricing.proposed_tokens_per_s,
         diff=diff,
     )
 
@@ -159,7 +161,8 @@ def _record(deployment: Deployment, state: RebalanceState, occurrence: Occurrenc
         state.last_decision = key
         event_record(
             kind=DeploymentEvent.Kind.POLICY, deployment=deployment,
-            message=f"rebalance ({deployment.rebalance_policy}, {occurrence.trigger}): {occurrence.reason}; {why}",
+            message=f"rebalance ({deployment.rebalance_policy}, {occurrence.trigger}): "
+                    f"{occurrence.reason}; {why}",
             detail={"outcome": outcome, "trigger": occurrence.trigger, "reason": occurrence.reason,
                     "policy": deployment.rebalance_policy, **occurrence.detail, **figures},
         )

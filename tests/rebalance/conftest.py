@@ -46,8 +46,10 @@ def deployment(db, policy_settings, t0):
     Node.objects.filter(name="node-a").update(intent=Node.Intent.CORDONED)
     deployment = running_deployment_create(model=model_register(path=_checkpoint_stand_in()))
     for stage in deployment.stages.all():  # the footprint fields a controller-written spec carries
-        stage.spec = {**stage.spec, "batch": REQUEST["batch"], "kv_tokens": REQUEST["batch"] * REQUEST["context"]}
+        stage.spec = {**stage.spec, "batch": REQUEST["batch"],
+                      "kv_tokens": REQUEST["batch"] * REQUEST["context"]}
         stage.save(update_fields=["spec"])
-    PlanRevision.objects.filter(pk=deployment.revision_id).update(applied_at=timezone.now() - timedelta(hours=1))
+    PlanRevision.objects.filter(pk=deployment.revision_id).update(
+        applied_at=timezone.now() - timedelta(hours=1))
     deployment.refresh_from_db()
     return deployment

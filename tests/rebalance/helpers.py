@@ -38,5 +38,5 @@ def throttled_reported(*, node: str, node_id: int, index: int, at: float, clock:
     """A heartbeat of ``node`` whose card ``index`` reports a thermal slowdown at ``clock`` MHz."""
     devices = [{"index": index, "throttle_reasons": ["hw_thermal"], "sm_clock_mhz": clock,
                 "sm_clock_max_mhz": top}]
-    telemetry_keep(telemetry_sample(node_id=node_id, node_name=node,
-                                    heartbeat={"sent_at": at, "devices": devices, "stages": []}, received_at=at))
+    heartbeat = {"sent_at": at, "devices": devices, "stages": []}
+    telemetry_keep(telemetry_sample(node_id=node_id, node_name=node, heartbeat=heartbeat, received_at=at))

@@ -37,7 +37,8 @@ def test_list_shows_the_open_proposal_with_its_figures(api, proposal):
     assert (shown["id"], shown["trigger"], shown["status"]) == (proposal.pk, "fleet", "open")
     assert "node-a/gpu0" in shown["reason"] and shown["gain"] == pytest.approx(proposal.gain)
     assert shown["diff"]["moved"] > 0 and shown["revision_plan"]["replicas"]
-    assert api.get(f"/api/v1/deployments/{proposal.deployment_id}/proposals/?status=accepted").json()["results"] == []
+    accepted = api.get(f"/api/v1/deployments/{proposal.deployment_id}/proposals/?status=accepted")
+    assert accepted.json()["results"] == []
     assert_error(api.get(f"/api/v1/deployments/{proposal.deployment_id}/proposals/?status=maybe"), 400,
                  "unknown status 'maybe'")
     assert api.get("/api/v1/deployments/9999/proposals/").status_code == 404
@@ -82,7 +83,8 @@ def test_dismiss_closes_it_audited_and_changes_no_plan(api, operator, proposal):
     assert Deployment.objects.get(pk=proposal.deployment_id).revision_id == before
     entry = AuditEntry.objects.get(action="rebalance_proposal.dismissed")
     assert (entry.actor, entry.detail["proposal"]) == (user, proposal.pk)
-    assert_error(api.post(f"/api/v1/rebalance-proposals/{proposal.pk}/accept/"), 400, "is dismissed, not open")
+    assert_error(api.post(f"/api/v1/rebalance-proposals/{proposal.pk}/accept/"), 400,
+                 "is dismissed, not open")
     assert api.post("/api/v1/rebalance-proposals/9999/dismiss/").status_code == 404
 
 
@@ -92,14 +94,16 @@ def test_a_dismissed_plan_is_not_proposed_again(api, operator, proposal, t0, set
     assert rebalance_evaluate(deployment_id=proposal.deployment_id, now=later) == "held"  # the periodic check
     assert RebalanceProposal.objects.filter(deployment_id=proposal.deployment_id).count() == 1
     event = DeploymentEvent.objects.filter(kind="policy").first()
-    assert event.detail["trigger"] == "better_plan" and f"proposal {proposal.pk} of this plan was dismissed" in event.message
+    assert event.detail["trigger"] == "better_plan"
+    assert f"proposal {proposal.pk} of this plan was dismissed" in event.message
 
 
 def test_a_refused_apply_changes_nothing(api, operator, proposal):
     from controlplane.inventory.models import Node
 
     Node.objects.filter(name="node-a").update(intent=Node.Intent.CORDONED)  # the proposal's devices
-    assert_error(api.post(f"/api/v1/rebalance-proposals/{proposal.pk}/accept/"), 400, "node node-a is cordoned")
+    assert_error(api.post(f"/api/v1/rebalance-proposals/{proposal.pk}/accept/"), 400,
+                 "node node-a is cordoned")
     assert RebalanceProposal.objects.get(pk=proposal.pk).status == RebalanceProposal.Status.OPEN
     assert not AuditEntry.objects.filter(action="plan.rebalanced").exists()
 

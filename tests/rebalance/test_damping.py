@@ -49,7 +49,8 @@ def test_a_gain_under_the_threshold_is_recorded_once_and_changes_nothing(deploym
 
 
 def test_no_second_change_within_the_cooldown(deployment, t0, settings):
-    PlanRevision.objects.filter(pk=deployment.revision_id).update(applied_at=timezone.now() - timedelta(seconds=60))
+    PlanRevision.objects.filter(pk=deployment.revision_id).update(
+        applied_at=timezone.now() - timedelta(seconds=60))
     deployment.refresh_from_db()
     evaluate(deployment, t0)
     uncordon("node-a")
@@ -72,9 +73,9 @@ def test_nothing_while_a_change_is_in_flight(deployment, t0, in_flight):
         deployment.replicas.filter(index=0).update(phase=DeploymentReplica.Phase.OUTGOING)
     else:  # a stage of the previous plan not yet confirmed stopped
         stage = deployment.stages.first()
-        DeploymentStage.objects.create(deployment=deployment, replica=stage.replica, stage_index=stage.stage_index,
-                                       wanted=False, node=stage.node, device=stage.device, port=stage.port + 1000,
-                                       spec=stage.spec)
+        DeploymentStage.objects.create(
+            deployment=deployment, replica=stage.replica, stage_index=stage.stage_index, wanted=False,
+            node=stage.node, device=stage.device, port=stage.port + 1000, spec=stage.spec)
     assert evaluate(deployment, t0 + 10) is None
     assert not proposals(deployment) and not policy_events(deployment)
 
@@ -86,14 +87,16 @@ def test_auto_applies_at_once_and_records_why(deployment, t0):
     assert evaluate(deployment, t0 + 10) == "applied"
     deployment.refresh_from_db()
     [proposal] = proposals(deployment)
-    assert deployment.revision == proposal.revision and deployment.revision.source == PlanRevision.Source.REBALANCE
+    assert deployment.revision == proposal.revision
+    assert deployment.revision.source == PlanRevision.Source.REBALANCE
     assert deployment.status == Deployment.Status.DEPLOYING
     assert (proposal.status, proposal.decided_by) == (RebalanceProposal.Status.ACCEPTED, None)
     [event] = policy_events(deployment)
     assert event.detail["outcome"] == "applied" and "node-a/gpu0" in event.message
     assert f"applied as revision {deployment.revision.number}" in event.message
     entry = AuditEntry.objects.get(action="plan.rebalanced")
-    assert (entry.actor_label, entry.via, entry.detail["revision"]) == ("rebalance policy", "system", proposal.revision_id)
+    assert (entry.actor_label, entry.via) == ("rebalance policy", "system")
+    assert entry.detail["revision"] == proposal.revision_id
     # One change in flight at most: the deployment is deploying the new plan, nothing more happens.
     assert evaluate(deployment, t0 + 20) is None and len(proposals(deployment)) == 1
 

@@ -8,7 +8,14 @@ from controlplane.deployments.models import PlanRevision
 from controlplane.inventory.models import Node
 from controlplane.rebalance.models import RebalanceProposal
 from controlplane.rebalance.services import rebalance_evaluate
-from tests.rebalance.helpers import SLOW, policy_events, proposals, slow_stage_reported, throttled_reported, uncordon
+from tests.rebalance.helpers import (
+    SLOW,
+    policy_events,
+    proposals,
+    slow_stage_reported,
+    throttled_reported,
+    uncordon,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -86,5 +93,6 @@ def test_a_newer_proposal_supersedes_the_open_one(deployment, t0):
     Node.objects.filter(name="node-b").update(intent=Node.Intent.CORDONED)  # node-b's devices left
     assert evaluate(deployment, t0 + 20) == "proposed"
     first, second = proposals(deployment)
-    assert (first.status, second.status) == (RebalanceProposal.Status.SUPERSEDED, RebalanceProposal.Status.OPEN)
+    assert first.status == RebalanceProposal.Status.SUPERSEDED
+    assert second.status == RebalanceProposal.Status.OPEN
     assert "node-b/gpu0 left (cordoned)" in second.reason

@@ -52,7 +52,8 @@ class DeploymentSerializer(serializers.ModelSerializer):
         model = Deployment
         fields = [
             "id", "url", "name", "model", "model_name", "revision", "revision_number", "replan_on_failure",
-            "routing_strategy", "rebalance_policy", "status", "status_message", "stop_requested", "stages", "created", "last_updated",
+            "routing_strategy", "rebalance_policy", "status", "status_message", "stop_requested", "stages",
+            "created", "last_updated",
         ]
 
     def get_stages(self, deployment: Deployment) -> list[dict]:
