@@ -8,7 +8,10 @@ norm and ``lm_head`` on the last stage.
 
 Quantization (weight-only; what the stage engine applies to every nn.Linear):
 - int8: one int8 per weight plus one 16-bit scale per output channel (per row of the weight;
-  bf16 in the stage engine).
+  bf16 in the stage engine); ``lm_head`` instead has one per ``HEAD_INT8_GROUP`` weights of a row
+  where that divides its input (llama.cpp's Q8_0 blocks): per row, SmolLM2's head, tied to an
+  embedding stored as Q8_0, alone took whole-model int8 past 1 % of fp32 perplexity
+  (docs/benchmarks.md).
 - int4: two weights per byte, grouped along the input dimension (``group_size``, default 32),
   with a 16-bit scale and zero point per group per output channel.
 - Norms, biases and the embedding table stay 16-bit at every precision: the embedding is a lookup
@@ -26,6 +29,7 @@ from contracts.model_profile import LayerProfile, ModelProfile
 # Groups of 32 (the smallest torch's int4 kernels take): within 10 % of fp32 perplexity on SmolLM2-135M
 # where 128 (64 in practice, for its 576-wide inputs) doubled it; see docs/benchmarks.md.
 DEFAULT_GROUP_SIZE = 32
+HEAD_INT8_GROUP = 32  # int8 lm_head: a scale per 32 weights of a row (the stage engine's grouped kernel)
 HALF = 2  # bytes of a 16-bit value
 
 
@@ -65,6 +69,7 @@ def profile_model(config: ModelConfig, name: str, *, group_size: int = DEFAULT_G
         [(hidden, c.vocab_size, False)],
         unquantized_params=hidden,  # final RMSNorm
         group_size=group_size,
+        int8_group=head_int8_group(hidden),
         attention_flops=0,
         kv_bytes=0,
     )
@@ -105,9 +110,11 @@ def _profile(
     group_size: int,
     attention_flops: int,
     kv_bytes: int,
+    int8_group: int | None = None,
 ) -> LayerProfile:
     weights = sum(n_in * n_out for n_in, n_out, _ in matmuls)
     rows = sum(n_out for _, n_out, _ in matmuls)
+    int8_scales = rows if int8_group is None else sum(n_in // int8_group * n_out for n_in, n_out, _ in matmuls)
     groups = sum(ceil(n_in / group_size) * n_out for n_in, n_out, _ in matmuls)
     # Biases and norms are never quantized: 16-bit at every precision.
     plain = unquantized_params + sum(n_out for _, n_out, bias in matmuls if bias)
@@ -115,10 +122,16 @@ def _profile(
         params=weights + plain,
         weight_bytes={
             16: (weights + plain) * HALF,
-            8: weights + rows * HALF + plain * HALF,
+            8: weights + int8_scales * HALF + plain * HALF,
             4: ceil(weights / 2) + groups * 2 * HALF + plain * HALF,
         },
         flops_per_token=2 * weights,
         attention_flops_per_token_per_context=attention_flops,
         kv_bytes_per_token=kv_bytes,
     )
+
+
+def head_int8_group(hidden_size: int) -> int | None:
+    """The int8 ``lm_head``'s weights per scale: ``HEAD_INT8_GROUP`` where it divides the head's input,
+    else None (one scale per row, as every other int8 matmul)."""
+    return HEAD_INT8_GROUP if hidden_size % HEAD_INT8_GROUP == 0 else None

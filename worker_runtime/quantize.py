@@ -20,6 +20,7 @@ from torch import nn
 
 from contracts.profiler import DEFAULT_GROUP_SIZE
 
+from .kernels.int8_matmul import GROUP as GROUPED_INT8
 from .kernels.int8_matmul import int8_matmul, kernel_enabled
 
 KERNEL_DTYPE = torch.bfloat16
@@ -45,15 +46,17 @@ def int8_kernel_available(device_type: str) -> bool:
         return False
 
 
-def quantize_int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-row int8: returns (int8 rows, bf16 scales); the scale is rounded before use.
+def quantize_int8_rows(w: torch.Tensor, group: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8: returns (int8 rows, bf16 scales [rows], or [rows, cols / group] with one scale per
+    ``group`` weights of a row); each scale is rounded to bf16 before use.
 
     Works in place on one fp32 copy of the block, so loading needs little memory beyond the result.
     """
-    w = w.to(torch.float32, copy=True)
-    scales = (torch.maximum(w.amax(dim=1), -w.amin(dim=1)).clamp(min=1e-8) / 127).to(KERNEL_DTYPE)
-    q = w.div_(scales.float()[:, None]).round_().clamp_(-127, 127).to(torch.int8)
-    return q, scales
+    rows, cols = w.shape
+    w = w.to(torch.float32, copy=True).view(rows, -1, group or cols)
+    scales = (torch.maximum(w.amax(dim=-1), -w.amin(dim=-1)).clamp(min=1e-8) / 127).to(KERNEL_DTYPE)
+    q = w.div_(scales.float()[..., None]).round_().clamp_(-127, 127).to(torch.int8).view(rows, cols)
+    return q, scales if group else scales[:, 0]
 
 
 def quantize_int4_rows(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,20 +86,35 @@ def pick_group_size(in_features: int, wanted: int) -> int:
 
 
 class Int8Linear(nn.Module):
+    """Symmetric int8 weights with a bf16 scale per output channel, or with ``group``, per ``group``
+    weights of a row (the output head's format: torch has no kernel for it, so it runs on our CPU kernel
+    whatever the stage's dtype, and elsewhere dequantizes its weights on every call)."""
+
     def __init__(
-        self, in_features: int, out_features: int, bias: bool, device: torch.device, dtype: torch.dtype
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        device: torch.device,
+        dtype: torch.dtype,
+        group: int | None = None,
     ):
         super().__init__()
-        self.in_features, self.out_features = in_features, out_features
+        if group is not None and (group != GROUPED_INT8 or in_features % group):
+            raise QuantizationError(f"grouped int8: groups of {group} for in_features {in_features}; "
+                                    f"the kernel takes groups of {GROUPED_INT8} dividing the input")
+        self.in_features, self.out_features, self.group = in_features, out_features, group
         weight = torch.empty(out_features, in_features, dtype=torch.int8, device=device)
         self.register_buffer("weight", weight)
-        self.register_buffer("scales", torch.empty(out_features, dtype=KERNEL_DTYPE, device=device))
+        scale_shape = (out_features,) if group is None else (out_features, in_features // group)
+        self.register_buffer("scales", torch.empty(scale_shape, dtype=KERNEL_DTYPE, device=device))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
-        self.use_kernel = int8_kernel_available(device.type)
-        self.cpu_kernel = device.type == "cpu" and dtype == torch.float32 and kernel_enabled()
+        self.use_kernel = int8_kernel_available(device.type) and group is None
+        cpu_dtypes = (torch.float32,) if group is None else (torch.float32, torch.bfloat16, torch.float16)
+        self.cpu_kernel = device.type == "cpu" and dtype in cpu_dtypes and kernel_enabled(group is not None)
 
     def load_rows(self, row0: int, w: torch.Tensor) -> None:
-        q, scales = quantize_int8_rows(w.to(self.weight.device))
+        q, scales = quantize_int8_rows(w.to(self.weight.device), self.group)
         self.weight[row0 : row0 + q.shape[0]] = q
         self.scales[row0 : row0 + q.shape[0]] = scales
 
@@ -105,12 +123,16 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
-        if self.cpu_kernel and x.is_cpu and x.dtype == torch.float32:
-            y = int8_matmul(x2, self.weight, self.scales, self.bias)
+        if self.cpu_kernel and x.is_cpu and (x.dtype == torch.float32 or self.group):
+            bias = None if self.bias is None else self.bias.float()
+            y = int8_matmul(x2.float(), self.weight, self.scales, bias).to(x.dtype)
             return y.view(*x.shape[:-1], self.out_features)
         x2 = x2.to(KERNEL_DTYPE)
         if self.use_kernel:
             y = torch._weight_int8pack_mm(x2, self.weight, self.scales)
+        elif self.group:
+            dequantized = self.weight.view(self.out_features, -1, self.group) * self.scales[..., None]
+            y = F.linear(x2, dequantized.view(self.out_features, self.in_features).to(KERNEL_DTYPE))
         else:
             y = F.linear(x2, self.weight.to(KERNEL_DTYPE)) * self.scales
         y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
@@ -191,12 +213,18 @@ class Int4Linear(nn.Module):
 
 
 def quantized_linear(
-    linear: nn.Linear, bits: int, device: torch.device, dtype: torch.dtype, group_size: int
+    linear: nn.Linear,
+    bits: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    group_size: int,
+    int8_group: int | None = None,
 ) -> nn.Module:
-    """An empty int8/int4 replacement for ``linear`` (which may live on the meta device)."""
+    """An empty int8/int4 replacement for ``linear`` (which may live on the meta device); ``int8_group``:
+    int8 scales per that many weights of a row instead of per row."""
     args = (linear.in_features, linear.out_features, linear.bias is not None, device, dtype)
     if bits == 8:
-        return Int8Linear(*args)
+        return Int8Linear(*args, group=int8_group)
     if bits == 4:
         return Int4Linear(*args, group_size=group_size)
     raise ValueError(f"bits must be 16, 8 or 4, got {bits}")

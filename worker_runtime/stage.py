@@ -16,7 +16,7 @@ from torch import nn
 
 from contracts.model_config import ModelConfig
 from contracts.precision import layer_precisions
-from contracts.profiler import DEFAULT_GROUP_SIZE
+from contracts.profiler import DEFAULT_GROUP_SIZE, head_int8_group
 
 from .dense import Linear
 from .kv_cache import KVCache
@@ -123,7 +123,7 @@ class Stage(nn.Module):
             ):
                 setattr(parent, name, self._quantized(getattr(parent, name), layer_bits))
         if self.lm_head is not None and self.head_bits != 16:
-            self.lm_head = self._quantized(self.lm_head, self.head_bits)
+            self.lm_head = self._quantized(self.lm_head, self.head_bits, head_int8_group(hidden))
         self.to_empty(device=self.device)
         self.rope = RotaryEmbedding(config, self.device)
         self.kv = KVCache(
@@ -139,11 +139,12 @@ class Stage(nn.Module):
 
     @property
     def head_bits(self) -> int:
-        """The lm_head runs at the precision of the stage's last layer."""
+        """The lm_head runs at the precision of the stage's last layer (int8 with a scale per group of
+        ``contracts.profiler.HEAD_INT8_GROUP`` weights: see ``head_int8_group``)."""
         return self.layer_bits[-1]
 
-    def _quantized(self, linear: nn.Linear, bits: int) -> nn.Module:
-        return quantized_linear(linear, bits, self.device, self.dtype, self.group_size)
+    def _quantized(self, linear: nn.Linear, bits: int, int8_group: int | None = None) -> nn.Module:
+        return quantized_linear(linear, bits, self.device, self.dtype, self.group_size, int8_group)
 
     @classmethod
     def load(

@@ -47,6 +47,40 @@ def test_int8_rounds_each_weight_to_the_nearest_step_and_the_kernel_matches_it()
     assert layer(x).dtype == torch.float32
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_int8_rounds_each_group_to_its_nearest_step_on_our_kernel_and_dequantized(dtype, monkeypatch):
+    """The int8 head's format: a scale per 32 weights of a row. Our CPU kernel (fp32 and bf16 stages)
+    and the dequantizing fallback (where that kernel is switched off) both compute x @ dequantized.T."""
+    w = torch.randn(96, 128, generator=torch.Generator().manual_seed(0))
+    w[:, :32] *= 50  # one group of outliers per row, which a per-row scale would spread over the row
+    q, scales = quantize_int8_rows(w, 32)
+    assert scales.shape == (96, 4)
+    step = scales.float().repeat_interleave(32, 1)
+    deq = q.float() * step
+    assert ((deq - w).abs() <= step / 2 + 1e-6).all()
+    assert (deq - w)[:, 32:].abs().max() < (quantize_int8_rows(w)[1].float().min() / 4)
+    x = torch.randn(5, 128)
+    expected = x.to(dtype).float() @ deq.T
+    for switch in ("auto", "torch"):
+        monkeypatch.setenv("MOTLEY_INT8_KERNEL", switch)
+        layer = Int8Linear(128, 96, False, CPU, dtype, group=32)
+        layer.load_rows(0, w[:40]), layer.load_rows(40, w[40:])
+        assert layer.cpu_kernel == (switch == "auto")
+        out = layer(x.to(dtype))
+        assert out.dtype == dtype
+        # Error over the sum of magnitudes: our kernel on fp32 is off by fp32 rounding only, a bf16 product
+        # (a bf16 stage, or the fallback's bf16 matmul) by bf16's.
+        error = ((out.float() - expected).abs() / (x.abs() @ deq.abs().T)).max()
+        assert error < (1e-6 if switch == "auto" and dtype == torch.float32 else 1e-2)
+
+
+def test_grouped_int8_refuses_groups_the_kernel_cannot_take():
+    with pytest.raises(QuantizationError, match="groups of 32"):
+        Int8Linear(80, 16, False, CPU, torch.float32, group=32)
+    with pytest.raises(QuantizationError, match="groups of 64"):
+        Int8Linear(128, 16, False, CPU, torch.float32, group=64)
+
+
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_int4_rounds_each_group_to_the_nearest_step_and_the_kernel_matches_it(group):
     w = torch.randn(208, 256, generator=torch.Generator().manual_seed(group))
@@ -114,7 +148,8 @@ def test_memory_report_gives_the_real_bytes_of_each_precision(demo_small):
     assert reports[16].weight_bytes_by_kind == {"float32": dense + norms + embed}
     assert reports[8].weight_bytes_by_kind == {
         "float32": norms + embed,
-        "int8": layers * sum(n * k + 2 * n for n, k in linears) + vocab * h + 2 * vocab,
+        # the head: a bf16 scale per 32 weights of a row, the layers one per row
+        "int8": layers * sum(n * k + 2 * n for n, k in linears) + vocab * h + 2 * vocab * (h // 32),
     }
     int4 = layers * sum(n * k // 2 + (k // 32) * n * 4 for n, k in linears) + vocab * h // 2 + (h // 32) * vocab * 4
     assert reports[4].weight_bytes_by_kind == {"float32": norms + embed, "int4": int4}

@@ -12,7 +12,8 @@ typedef struct {
     const float *bias; /* or NULL */
 } epilogue_t;
 
-#define LOAD8(p) _mm256_loadu_ps(p)
+#define LOAD8(p, e) _mm256_loadu_ps(p)
+#define LOAD1(p, e) (*(p))
 #define FINISH(dot, j, e) ((dot) + ((e)->bias ? (e)->bias[j] : 0.0f))
 
 #include "tiled_matmul.h"

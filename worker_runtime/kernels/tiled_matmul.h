@@ -15,8 +15,10 @@
  * A kernel file defines, before including this:
  *   weight_t             the weight element type;
  *   epilogue_t           what its epilogue reads (per-channel scales, bias);
- *   LOAD8(p)             the 8 weights at p (a const weight_t *) as an __m256 of fp32;
- *   FINISH(dot, j, e)    output channel j from its dot product and a const epilogue_t *e.
+ *   LOAD8(p, e)          the 8 weights at p (a const weight_t *) as an __m256 of fp32, given the
+ *                        const epilogue_t *e (a group-scaled format scales them there);
+ *   LOAD1(p, e)          one weight at p as a float (for a row's last k % 8 weights);
+ *   FINISH(dot, j, e)    output channel j from its dot product and e.
  * It gets motley_cpu_supported() and tiled_matmul(); its own exported function calls the latter.
  */
 #include <immintrin.h>
@@ -48,8 +50,8 @@ ALWAYS_INLINE float hsum(__m256 v) {
  * The hardware prefetcher loses track of nr interleaved rows of a few cache lines each, so the loop
  * prefetches the next tile's rows (the contiguous nr * k weights from `next`) at the rate it consumes
  * this one's: nr * 8 weights a step. */
-ALWAYS_INLINE void tile(const float *x, const weight_t *const *w, const weight_t *next, int64_t k, int MR,
-                        int NR, float *out) {
+ALWAYS_INLINE void tile(const float *x, const weight_t *const *w, const weight_t *next, const epilogue_t *e,
+                        int64_t k, int MR, int NR, float *out) {
     __m256 acc[4][MAX_NR];
 #pragma GCC unroll 4
     for (int i = 0; i < MR; i++)
@@ -62,7 +64,7 @@ ALWAYS_INLINE void tile(const float *x, const weight_t *const *w, const weight_t
             _mm_prefetch((const char *)(next + p * NR) + c, _MM_HINT_T0);
 #pragma GCC unroll 8
         for (int j = 0; j < NR; j++) {
-            __m256 wv = LOAD8(w[j] + p);
+            __m256 wv = LOAD8(w[j] + p, e);
 #pragma GCC unroll 4
             for (int i = 0; i < MR; i++)
                 acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + p), wv, acc[i][j]);
@@ -73,7 +75,7 @@ ALWAYS_INLINE void tile(const float *x, const weight_t *const *w, const weight_t
 #pragma GCC unroll 8
         for (int j = 0; j < NR; j++) {
             float s = hsum(acc[i][j]);
-            for (int64_t q = p; q < k; q++) s += x[i * k + q] * (float)w[j][q];
+            for (int64_t q = p; q < k; q++) s += x[i * k + q] * LOAD1(w[j] + q, e);
             out[i * NR + j] = s;
         }
 }
@@ -101,10 +103,10 @@ static void panel(const float *x, const weight_t *w, const epilogue_t *e, float 
                 const float *xt = x + i0 * k;
                 const weight_t *next = w + (j0 + nr) * k;
                 switch (mr) {
-                    case 1: tile(xt, wr, next, k, 1, 8, out); break;
-                    case 2: tile(xt, wr, next, k, 2, 4, out); break;
-                    case 3: tile(xt, wr, next, k, 3, 4, out); break;
-                    default: tile(xt, wr, next, k, 4, 3, out); break;
+                    case 1: tile(xt, wr, next, e, k, 1, 8, out); break;
+                    case 2: tile(xt, wr, next, e, k, 2, 4, out); break;
+                    case 3: tile(xt, wr, next, e, k, 3, 4, out); break;
+                    default: tile(xt, wr, next, e, k, 4, 3, out); break;
                 }
                 for (int j = 0; j < nr && j0 + j < b1; j++)
                     for (int i = 0; i < mr; i++)
