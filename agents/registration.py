@@ -2,7 +2,8 @@
 
 A refusal (bad, expired or revoked token; an invalid payload) is final: retrying cannot fix it and
 the operator must act, so it raises ``RegistrationRefused`` with the server's message. Anything else
-(server down, timeouts, 5xx) is transient and retried with backoff by ``register_until_done``.
+(server down, timeouts, 5xx, and 429: too many attempts from this address for now) is transient and
+retried with backoff by ``register_until_done``.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def register(*, server: str, join_token: str, name: str, address: str, devices: 
         "devices": [asdict(device) for device in devices],
     }
     response = httpx.post(server.rstrip("/") + REGISTER_PATH, json=payload, timeout=timeout_s)
-    if 400 <= response.status_code < 500:
+    if 400 <= response.status_code < 500 and response.status_code != 429:
         raise RegistrationRefused(f"{response.status_code}: {_error_message(response)}")
     response.raise_for_status()
     body = response.json()

@@ -71,6 +71,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Bodies over the API's or the gateway's limit are refused (413) before anything reads them.
+    "controlplane.common.body_limit.BodyLimitMiddleware",
+    "controlplane.gateway.limits.GatewayBodyLimit",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -79,6 +82,10 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+# The API's request body limit (413 beyond; the gateway's /v1/ has MOTLEY_GATEWAY["MAX_BODY_BYTES"], which
+# must not be larger). Django's default, 2.5 MiB.
+DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("MOTLEY_API_MAX_BODY_BYTES", str(2621440)))
 
 ROOT_URLCONF = "controlplane.urls"
 ASGI_APPLICATION = "controlplane.asgi.application"
@@ -140,7 +147,8 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # Signed-in users read; changes need an operator (staff or the "operators" group).
+    "DEFAULT_PERMISSION_CLASSES": ["controlplane.common.permissions.ReadOnlyUnlessOperator"],
     "DEFAULT_FILTER_BACKENDS": [
         "django_filters.rest_framework.DjangoFilterBackend",
         "rest_framework.filters.OrderingFilter",
@@ -211,6 +219,14 @@ MOTLEY_MODEL_IMPORT_DIR = Path(
 ).expanduser().resolve()
 MOTLEY_MODEL_IMPORT_DTYPE = os.environ.get("MOTLEY_MODEL_IMPORT_DTYPE", "float16")
 MOTLEY_AGENT_BROKER_URL = os.environ.get("MOTLEY_AGENT_BROKER_URL", CELERY_BROKER_URL)
+# Websocket messages clients send (controlplane/common/ws_limits.py): the largest, and how many a
+# second (bursts of two seconds' worth); beyond, the socket is closed saying which limit.
+MOTLEY_AGENT_WS_MAX_MESSAGE_BYTES = int(os.environ.get("MOTLEY_AGENT_WS_MAX_MESSAGE_BYTES", str(1024 * 1024)))
+MOTLEY_AGENT_WS_MESSAGES_PER_S = float(os.environ.get("MOTLEY_AGENT_WS_MESSAGES_PER_S", "50"))
+MOTLEY_DASHBOARD_WS_MAX_MESSAGE_BYTES = int(os.environ.get("MOTLEY_DASHBOARD_WS_MAX_MESSAGE_BYTES", "4096"))
+MOTLEY_DASHBOARD_WS_MESSAGES_PER_S = float(os.environ.get("MOTLEY_DASHBOARD_WS_MESSAGES_PER_S", "20"))
+# Registration attempts one address may make a minute (429 beyond; 0: no limit): join tokens are secrets.
+MOTLEY_AGENT_REGISTRATIONS_PER_MINUTE = int(os.environ.get("MOTLEY_AGENT_REGISTRATIONS_PER_MINUTE", "60"))
 MOTLEY_AGENT_HEARTBEAT_INTERVAL_S = float(os.environ.get("MOTLEY_AGENT_HEARTBEAT_INTERVAL_S", "1.0"))
 MOTLEY_NODE_SUSPECT_MISSED_HEARTBEATS = int(os.environ.get("MOTLEY_NODE_SUSPECT_MISSED_HEARTBEATS", "3"))
 MOTLEY_NODE_LOST_AFTER_S = float(os.environ.get("MOTLEY_NODE_LOST_AFTER_S", "15"))

@@ -15,6 +15,7 @@ import json
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
+from controlplane.common.ws_limits import MessageLimits
 from controlplane.telemetry.runtime import running_hub
 
 CLOSE_UNAUTHENTICATED = 4401
@@ -30,6 +31,10 @@ class DashboardConsumer(AsyncWebsocketConsumer):
         self.hub = running_hub()
         self.sent_version = -1
         self.awaiting_ack_since: float | None = None
+        self.limits = MessageLimits(max_bytes=settings.MOTLEY_DASHBOARD_WS_MAX_MESSAGE_BYTES,
+                                    per_s=settings.MOTLEY_DASHBOARD_WS_MESSAGES_PER_S,
+                                    setting="MOTLEY_DASHBOARD_WS")
+        self.closed = False
         await self.accept()
         self.pump = asyncio.create_task(self._pump())
 
@@ -40,6 +45,12 @@ class DashboardConsumer(AsyncWebsocketConsumer):
 
     async def receive(self, text_data=None, bytes_data=None):
         """The browser acks each snapshot by its version: ``{"ack": version}``."""
+        if self.closed:
+            return
+        if (broken := self.limits.refusal(text_data, bytes_data)) is not None:
+            self.closed = True
+            await self.close(code=broken[0], reason=broken[1])
+            return
         try:
             ack = json.loads(text_data or "{}").get("ack")
         except (ValueError, AttributeError):

@@ -21,7 +21,9 @@ import time
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 
+from controlplane.common.ws_limits import MessageLimits
 from controlplane.enrollment.heartbeats import running_flusher
 from controlplane.enrollment.selectors import node_for_credential
 from controlplane.enrollment.services import agent_message_receive
@@ -57,6 +59,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         self.listed = False  # this node is in the telemetry cache's list of nodes
         self.flusher = running_flusher()
         self.health = DeviceHealthWatch(node.pk)  # writes a device's observed health only when it changes
+        self.limits = MessageLimits(max_bytes=settings.MOTLEY_AGENT_WS_MAX_MESSAGE_BYTES,
+                                    per_s=settings.MOTLEY_AGENT_WS_MESSAGES_PER_S, setting="MOTLEY_AGENT_WS")
         await self.accept()
 
     async def refuse(self, reason: str) -> None:
@@ -70,6 +74,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
         if self.refused:
+            return
+        if (broken := self.limits.refusal(text_data, bytes_data)) is not None:
+            self.refused = True
+            self.flusher.forget(self)
+            await self.close(code=broken[0], reason=broken[1])
             return
         try:
             message = json.loads(text_data) if text_data is not None else None

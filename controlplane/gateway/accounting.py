@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 
 from asgiref.sync import sync_to_async
 
-from controlplane.gateway import quotas
+from controlplane.gateway import limits, quotas
 from controlplane.gateway.errors import OpenAIError
 from controlplane.gateway.generation import Delta, Generation
 from controlplane.gateway.models import ApiKey
@@ -55,6 +55,7 @@ class RequestAccount:
         if self.ended:
             return
         self.ended = True
+        limits.concurrency_release(self.api_key.pk)
         try:
             await sync_to_async(self._end, thread_sensitive=True)(prompt_tokens, completion_tokens, error)
         except Exception:  # accounting never fails a request that was served
@@ -79,10 +80,17 @@ def _admit_sync(api_key: ApiKey, model: str, prompt_tokens: int, max_tokens: int
 
 
 async def request_admit(*, api_key: ApiKey, model: str, prompt_tokens: int, max_tokens: int) -> RequestAccount:
-    """Admit the request under its key's limits (or raise their 429, the refusal counted in usage)."""
-    if api_key.limited:
-        admission = await sync_to_async(_admit_sync, thread_sensitive=True)(
-            api_key, model, prompt_tokens, max_tokens)
-    else:  # nothing to count: no thread hop, no cache round trip
-        admission = Admission(quotas.clock())
+    """Admit the request under the gateway's limits (limits.py: max_tokens, requests in flight per key)
+    and its key's (or raise their 400 or 429; a refusal by the key's own limits is counted in usage)."""
+    limits.max_tokens_check(max_tokens)
+    limits.concurrency_acquire(api_key.pk, quotas.key_label(api_key))
+    try:
+        if api_key.limited:
+            admission = await sync_to_async(_admit_sync, thread_sensitive=True)(
+                api_key, model, prompt_tokens, max_tokens)
+        else:  # nothing to count: no thread hop, no cache round trip
+            admission = Admission(quotas.clock())
+    except BaseException:
+        limits.concurrency_release(api_key.pk)
+        raise
     return RequestAccount(api_key, model, admission)

@@ -11,11 +11,14 @@ from typing import Any, ClassVar
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.db import connection
 from django.db.models import Model
 from django.test.utils import CaptureQueriesContext
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
+
+from controlplane.common.permissions import OPERATORS_GROUP
 
 ALL_ACTIONS = frozenset({"list", "retrieve", "create", "update", "delete"})
 
@@ -23,7 +26,9 @@ ALL_ACTIONS = frozenset({"list", "retrieve", "create", "update", "delete"})
 @pytest.fixture
 def user(db):
     # No password: hashing one costs about a second a test on a slow CPU; browsers log in with force_login.
-    return get_user_model().objects.create_user("alice")
+    user = get_user_model().objects.create_user("alice")
+    user.groups.add(Group.objects.get_or_create(name=OPERATORS_GROUP)[0])  # the resources' writes are an operator's
+    return user
 
 
 @pytest.fixture

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from django.contrib.auth.models import Group
 
 from contracts.fleet_file import load_fleet_file
+from controlplane.common.permissions import OPERATORS_GROUP
 from controlplane.inventory.services import fleet_import
 from tests.dashboard.seed import LAB_FLEET, LLAMA3_8B, running_deployment_create
 
@@ -17,7 +19,9 @@ def lab_fleet(db):
 
 @pytest.fixture
 def operator(django_user_model):
-    return django_user_model.objects.create_user(username="operator", password="correct horse battery")
+    user = django_user_model.objects.create_user(username="operator", password="correct horse battery")
+    user.groups.add(Group.objects.get_or_create(name=OPERATORS_GROUP)[0])
+    return user
 
 
 @pytest.fixture

@@ -63,8 +63,10 @@ def lab_with_deployment(*, cordoned: tuple[str, ...] = ()) -> dict:
     a READY deployment (planned with the ``cordoned`` nodes cordoned) and an operator account.
     Returns what the simulated agents need to connect."""
     from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
 
     from contracts.fleet_file import load_fleet_file
+    from controlplane.common.permissions import OPERATORS_GROUP
     from controlplane.enrollment.services import agent_register, join_token_create
     from controlplane.inventory.models import Node
     from controlplane.inventory.selectors import fleet_spec_from_inventory
@@ -85,7 +87,8 @@ def lab_with_deployment(*, cordoned: tuple[str, ...] = ()) -> dict:
     model = model_register(path=_checkpoint_stand_in())
     Node.objects.filter(name__in=cordoned).update(intent=Node.Intent.CORDONED)
     deployment = running_deployment_create(model=model)
-    get_user_model().objects.create_user(username=OPERATOR[0], password=OPERATOR[1])
+    operator = get_user_model().objects.create_user(username=OPERATOR[0], password=OPERATOR[1])
+    operator.groups.add(Group.objects.get_or_create(name=OPERATORS_GROUP)[0])
     stages = [{"stage_key": s.stage_key, "node": s.node.name, "deployment_id": deployment.pk,
                "replica": s.replica,
                "stage_index": s.stage_index} for s in deployment.stages.select_related("node")]

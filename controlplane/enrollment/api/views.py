@@ -7,13 +7,14 @@ from __future__ import annotations
 from django.conf import settings
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.exceptions import PermissionDenied, Throttled
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from contracts.names import node_queue
 from controlplane.enrollment.api import serializers
+from controlplane.enrollment.api.throttles import RegistrationThrottle
 from controlplane.enrollment.services import JoinTokenRefused, agent_register
 
 
@@ -22,6 +23,13 @@ class AgentRegisterView(APIView):
 
     authentication_classes: list = []
     permission_classes = [AllowAny]
+    throttle_classes = [RegistrationThrottle]
+
+    def throttled(self, request, wait):
+        limit = settings.MOTLEY_AGENT_REGISTRATIONS_PER_MINUTE
+        raise Throttled(wait, detail=(
+            f"too many registration attempts from {request.META.get('REMOTE_ADDR')}: at most "
+            f"{limit} a minute (MOTLEY_AGENT_REGISTRATIONS_PER_MINUTE)."))
 
     @extend_schema(
         request=serializers.RegistrationSerializer, responses=serializers.RegistrationResultSerializer

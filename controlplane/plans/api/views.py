@@ -12,12 +12,14 @@ from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.audit.services import audit_context, audit_record
+from controlplane.common.permissions import ReadOnlyUnlessOperator, is_operator
 from controlplane.deployments.plan_request_form import REQUEST_KEYS
 from controlplane.deployments.revisions import plan_revision_create
 from controlplane.deployments.selectors import plan_deploy_blockers
@@ -39,13 +41,18 @@ def _planner_request(serializer) -> tuple[PlanRequest, dict[str, Any], dict[str,
 
 class PlanPreviewView(APIView):
     """Plan the model on the inventory as it is now. Nothing is deployed; with ``"save": true`` the
-    plan is stored as a draft revision that a deployment can then be created from or apply."""
+    plan is stored as a draft revision that a deployment can then be created from or apply.
+    A what-if any signed-in user may ask; storing it is an operator's."""
+
+    permission_classes = [IsAuthenticated]
 
     @extend_schema(
         request=PlanRequestSerializer, responses={200: OpenApiTypes.OBJECT, 201: OpenApiTypes.OBJECT}
     )
     def post(self, request: Request) -> Response:
         plan_request, stored, values = _planner_request(PlanRequestSerializer(data=request.data))
+        if values["save"] and not is_operator(request.user):
+            raise PermissionDenied(ReadOnlyUnlessOperator.message)
         try:
             result = (
                 baseline_plan(plan_request, values["baseline"])
@@ -83,7 +90,10 @@ class PlanPreviewView(APIView):
 
 
 class PlanValidateView(APIView):
-    """Every problem of an edited plan, and its predicted figures next to the planner's own."""
+    """Every problem of an edited plan, and its predicted figures next to the planner's own (a what-if:
+    any signed-in user may ask)."""
+
+    permission_classes = [IsAuthenticated]
 
     @extend_schema(request=PlanValidateSerializer, responses={200: OpenApiTypes.OBJECT})
     def post(self, request: Request) -> Response:

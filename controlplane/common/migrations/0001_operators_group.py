@@ -1,0 +1,12 @@
+"""The ``operators`` group (controlplane/common/permissions.py): its members change placement."""
+
+from django.db import migrations
+
+
+def create_group(apps, schema_editor):
+    apps.get_model("auth", "Group").objects.get_or_create(name="operators")
+
+
+class Migration(migrations.Migration):
+    dependencies = [("auth", "0012_alter_user_first_name_max_length")]
+    operations = [migrations.RunPython(create_group, migrations.RunPython.noop)]
