@@ -49,8 +49,9 @@ def rebalance_evaluate(*, deployment_id: int, now: float | None = None) -> str |
     ``applied``, ``kept``, ``held``, ``refused``) or None when nothing triggered."""
     now = time.time() if now is None else now
     with transaction.atomic():
-        deployment = Deployment.objects.select_for_update().select_related("revision", "model").get(
-            pk=deployment_id)
+        # of=("self",): PostgreSQL cannot lock the nullable side (revision) of the outer join.
+        locked = Deployment.objects.select_for_update(of=("self",))
+        deployment = locked.select_related("revision", "model").get(pk=deployment_id)
         if (deployment.rebalance_policy == Deployment.RebalancePolicy.OFF or deployment.revision is None
                 or change_in_flight(deployment=deployment)):
             return None
@@ -203,8 +204,8 @@ def proposal_dismiss(*, proposal: RebalanceProposal, actor: Actor) -> RebalanceP
 
 
 def _open(proposal: RebalanceProposal) -> RebalanceProposal:
-    locked = RebalanceProposal.objects.select_for_update().select_related("deployment", "revision").get(
-        pk=proposal.pk)
+    locked = RebalanceProposal.objects.select_for_update(of=("self",)).select_related(
+        "deployment", "revision").get(pk=proposal.pk)
     if locked.status != RebalanceProposal.Status.OPEN:
         raise ValidationError({"proposal": f"rebalance proposal {locked.pk} is {locked.status}, not open"})
     if locked.deployment.revision_id != locked.base_revision_id:
