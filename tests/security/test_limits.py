@@ -45,14 +45,16 @@ def test_registration_attempts_past_the_limit_per_address_are_a_429_with_retry_a
     assert other.post("/api/v1/agents/register/", body, content_type="application/json").status_code == 403
 
 
-async def _socket(route: str, principal) -> WebsocketCommunicator:
+async def _closed_after(route: str, messages: list[str]) -> dict:
+    """Connect to ``route`` as its kind of client (a node; a signed-in browser), send ``messages`` at once,
+    and return the close that follows."""
+    principals = await database_sync_to_async(principals_create)()
+    principal = principals["node" if "agents" in route else "plain"]
     headers = await database_sync_to_async(principal.websocket_headers)(OWN_ORIGIN[1].decode())
     communicator = WebsocketCommunicator(application, route, headers=headers)
     assert (await communicator.connect())[0]
-    return communicator
-
-
-async def _closed_with(communicator: WebsocketCommunicator) -> dict:
+    for text in messages:
+        await communicator.send_to(text_data=text)
     while (message := await communicator.receive_output(timeout=5))["type"] != "websocket.close":
         pass
     return message
@@ -62,10 +64,7 @@ async def _closed_with(communicator: WebsocketCommunicator) -> dict:
 @pytest.mark.parametrize("route", ["/ws/dashboard/", "/ws/agents/"])
 async def test_a_websocket_message_over_the_size_limit_closes_the_socket_saying_so(route, settings):
     settings.MOTLEY_DASHBOARD_WS_MAX_MESSAGE_BYTES = settings.MOTLEY_AGENT_WS_MAX_MESSAGE_BYTES = 100
-    principals = await database_sync_to_async(principals_create)()
-    communicator = await _socket(route, principals["node" if "agents" in route else "plain"])
-    await communicator.send_to(text_data="x" * 101)
-    closed = await _closed_with(communicator)
+    closed = await _closed_after(route, ["x" * 101])
     assert closed["code"] == 1009
     assert "over 100" in closed["reason"] and "_MAX_MESSAGE_BYTES" in closed["reason"]
 
@@ -74,11 +73,7 @@ async def test_a_websocket_message_over_the_size_limit_closes_the_socket_saying_
 @pytest.mark.parametrize("route", ["/ws/dashboard/", "/ws/agents/"])
 async def test_a_websocket_client_over_the_message_rate_is_closed_saying_so(route, settings):
     settings.MOTLEY_DASHBOARD_WS_MESSAGES_PER_S = settings.MOTLEY_AGENT_WS_MESSAGES_PER_S = 5
-    principals = await database_sync_to_async(principals_create)()
-    communicator = await _socket(route, principals["node" if "agents" in route else "plain"])
-    for _ in range(11):  # a burst of two seconds' worth passes; the eleventh at once is over
-        await communicator.send_to(text_data="[]")
-    closed = await _closed_with(communicator)
+    closed = await _closed_after(route, ["[]"] * 11)  # two seconds' worth pass at once; the eleventh not
     assert closed["code"] == 1008 and "over 5 messages a second" in closed["reason"]
 
 
