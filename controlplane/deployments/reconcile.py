@@ -75,6 +75,8 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
                     f"stopping: {remaining} stage(s) not yet confirmed stopped" if remaining else "stopped")
         return deployment
     handover.handovers_close(deployment=deployment, now=now)
+    if deployment.revision is None:  # nothing desired yet (a deployment row its creation has not filled)
+        return deployment
     _status_decide(deployment=deployment, rows=[row for row in rows if row.wanted], was_message=was_message)
     return deployment
 

@@ -224,3 +224,10 @@ def test_a_device_another_deployment_uses_is_refused_and_left_out_of_re_plans(no
     second = deployment_reconcile(deployment_id=second.pk)
     # The only free devices were n3's: nothing left to re-plan on without taking the first's.
     assert second.status == Deployment.Status.DEGRADED and "re-plan failed" in second.status_message
+
+
+def test_a_deployment_without_a_revision_yet_is_left_alone(nodes, llm, sent):
+    """reconcile_all may list a deployment row before anything is desired of it: nothing to decide."""
+    bare = Deployment.objects.create(name="bare", model=llm)
+    assert deployment_reconcile(deployment_id=bare.pk).status == Deployment.Status.PENDING
+    assert sent.take() == []
