@@ -31,6 +31,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -58,7 +59,7 @@ class Api:
     def __init__(self, base: str, token: str) -> None:
         self.client = httpx.Client(base_url=base, headers={"Authorization": f"Token {token}"}, timeout=60)
 
-    def get(self, path: str) -> dict:
+    def get(self, path: str) -> Any:
         response = self.client.get(path)
         response.raise_for_status()
         return response.json()
@@ -73,7 +74,7 @@ class Api:
         return self.get("/api/v1/deployments/")["results"][0]
 
     def applied(self, pk: int) -> dict:
-        return next(r for r in self.get(f"/api/v1/deployments/{pk}/revisions/")["results"] if r["status"] == "applied")
+        return next(r for r in self.get(f"/api/v1/deployments/{pk}/revisions/") if r["status"] == "applied")
 
     def node_id(self, name: str) -> int:
         return next(n["id"] for n in self.get("/api/v1/nodes/")["results"] if n["name"] == name)
