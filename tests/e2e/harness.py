@@ -67,6 +67,7 @@ class System:
     port: int = 0
     api_token: str = ""
     join_token: str = ""
+    host: str = "127.0.0.1"  # the control plane's address (tests/multihost: one of its network's)
 
     # --- set-up -----------------------------------------------------------------------------------
 
@@ -78,7 +79,8 @@ class System:
     def start(self) -> None:
         self.manage("migrate", "--noinput", "-v0")
         self.port = free_port()
-        self._spawn("control-plane", manage_argv("run_local", "--port", str(self.port), "--no-demo"))
+        self._spawn("control-plane", manage_argv("run_local", "--host", self.host, "--port", str(self.port),
+                                                     "--no-demo"))
         wait_for_http(f"{self.url}/api/schema/", timeout_s=60)
         self.api_token = read_credentials(Path(self.env["MOTLEY_VAR_DIR"]))["api_token"]
         self.join_token = self.manage("create_join_token", "--ttl", "10m").strip()
@@ -87,7 +89,7 @@ class System:
         """One agent per name, each emulating a node with one T4 (``overrides``: the fleet file's, e.g.
         ``{memory_gib: 0.5}``)."""
         fleet = self.workdir / "fleet.yaml"
-        fleet.write_text(FLEET.format(nodes="".join(NODE.format(name=n, overrides=overrides) for n in names)))
+        fleet.write_text(FLEET.format(nodes="".join(self.fleet_node(n, overrides) for n in names)))
         for name in names:
             self.start_agent(name)
         wait_until(lambda: len(self.get("/api/v1/nodes/")["results"]) == len(names), 60, "agents registered")
@@ -95,11 +97,21 @@ class System:
     def start_agent(self, name: str, join_token: str | None = None, node: str | None = None) -> None:
         """An agent named ``name`` emulating fleet node ``node`` (default: the node of that name)."""
         self._spawn(f"agent-{name}", [
-            sys.executable, "-m", "agents", "run", "--server", self.url,
+            *self.launcher(name), sys.executable, "-m", "agents", "run", "--server", self.url,
             "--emulate", str(self.workdir / "fleet.yaml"),
-            "--node", node or name, "--name", name, "--address", "127.0.0.1",
+            "--node", node or name, "--name", name, "--address", self.node_address(name),
             "--state-dir", str(self.workdir / "agents" / name), "--log-level", "WARNING",
         ], env={"MOTLEY_JOIN_TOKEN": join_token or self.join_token})
+
+    # Where each node lives: here one host, loopback; tests/multihost gives each its own namespace.
+    def fleet_node(self, name: str, overrides: str) -> str:
+        return NODE.format(name=name, overrides=overrides)
+
+    def launcher(self, name: str) -> list[str]:
+        return []
+
+    def node_address(self, name: str) -> str:
+        return "127.0.0.1"
 
     def run_agent_until_exit(self, name: str, join_token: str, timeout_s: float) -> int:
         self.start_agent(name, join_token, node="n0")
@@ -120,7 +132,7 @@ class System:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def get(self, path: str) -> Any:
         response = httpx.get(self.url + path, headers=self._auth, timeout=10)
