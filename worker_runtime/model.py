@@ -29,7 +29,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # torch's fused rms_norm on fp32 is bit-identical to x * rsqrt(mean(x^2) + eps), in fewer kernels.
+        # torch's fused rms_norm on fp32 is bit-identical to x * rsqrt(mean(x^2) + eps), in fewer kernels;
+        # on fp32 it also applies the weight, bit-identically, in the same call (one kernel, not four).
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
@@ -65,6 +68,8 @@ class Attention(nn.Module):
         kv_shape = (plan.batch, -1, self.n_kv_heads, self.head_dim)
         keys = k_cache.index_select(0, plan.gather_slots).view(kv_shape).transpose(1, 2).to(q.dtype)
         values = v_cache.index_select(0, plan.gather_slots).view(kv_shape).transpose(1, 2).to(q.dtype)
+        if plan.mask is None:  # one new token per sequence, all equally long: no mask, no padding
+            return self.wo(self._one_query(q, keys, values))
         if plan.query_index is not None:
             padded = q.new_zeros(plan.batch * plan.max_new, self.n_heads, self.head_dim)
             q = padded.index_copy_(0, plan.query_index, q)
@@ -76,6 +81,17 @@ class Attention(nn.Module):
         if plan.query_index is not None:
             out = out.index_select(0, plan.query_index)
         return self.wo(out)
+
+    def _one_query(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """Attention of one query row per sequence (decode), no mask.
+
+        ``q`` [batch, heads, head_dim]; ``keys``, ``values`` [batch, kv_heads, length, head_dim]. The query
+        heads a kv head serves become that head's query rows, so SDPA runs without GQA's key expansion:
+        12 us a layer instead of 15 for SmolLM2's 9 / 3 heads at batch 1 (the same result).
+        """
+        batch, group = q.shape[0], self.n_heads // self.n_kv_heads
+        out = F.scaled_dot_product_attention(q.view(batch, self.n_kv_heads, group, self.head_dim), keys, values)
+        return out.view(batch, self.n_heads * self.head_dim)
 
 
 class FeedForward(nn.Module):
@@ -89,7 +105,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w13(x).split([self.intermediate, self.intermediate], dim=-1)
-        return self.w2(F.silu(gate) * up)
+        return self.w2(F.silu(gate).mul_(up))
 
 
 class DecoderLayer(nn.Module):

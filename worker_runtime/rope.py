@@ -121,4 +121,4 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -
     ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = [-x2, x1]`` equals
     ``x * cos + [x2, x1] * [-sin1, sin2]`` exactly, and ``[x2, x1]`` is one ``roll``.
     """
-    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin
+    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), signed_sin)
