@@ -4,7 +4,8 @@
         [--demo-model smollm2|generated] [--clients 4] [--interval 1.0] [--steady-s 20]
 
 For each room setting, `make run`'s system (``manage.py run_local`` on the embedded default, its demo
-model planned and deployed by itself) on the demo fleet plus one spare node:
+model planned and deployed by itself) on the demo fleet; once it serves, a spare node joins (an agent
+with a join token of its own), so the demo's plan leaves it free for the changes:
 
 - ``in-place``: ``examples/fleets/demo.yaml`` as `make run` uses it, memory scaled down so the new
   stages cannot start beside the old ones: the controller hands each replica over in place;
@@ -42,17 +43,27 @@ from benchmarks.gpu_check_serve import REPO, Launcher, embedded_env, free_port, 
 from benchmarks.steady_clients import PROMPTS, SteadyClients, Window, mismatches  # noqa: E402
 
 DEMO_FLEET = REPO / "examples" / "fleets" / "demo.yaml"
-SPARE = "  - name: demo-spare\n    network_gbps: 25\n    gpus:\n      - model: RTX-3090\n{overrides}"
+SPARE = "name: spare\nnodes:\n  - name: demo-spare\n    network_gbps: 25\n    gpus:\n      - model: RTX-3090\n{overrides}"
 GOAL_GAP_S = {"in-place": 2.0, "beside": 0.5}
 
 
-def fleet_text(room: str) -> str:
-    """The demo fleet plus a spare node; ``beside`` drops the memory overrides (catalog memory)."""
+def fleet_texts(room: str) -> tuple[str, str]:
+    """The demo fleet and a spare node's; ``beside`` drops the memory overrides (catalog memory)."""
     text = DEMO_FLEET.read_text()
     if room == "beside":
         text = "\n".join(line for line in text.splitlines() if "overrides:" not in line) + "\n"
     overrides = "        overrides: {memory_gib: 0.7}\n" if room == "in-place" else ""
-    return text.rstrip("\n") + "\n" + SPARE.format(overrides=overrides)
+    return text, SPARE.format(overrides=overrides)
+
+
+def spare_agent(base: str, fleet: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
+    """The spare node joins once the demo serves (so the demo's plan leaves it free), as any new
+    node does: an agent with a join token of its own."""
+    token = subprocess.run([sys.executable, str(REPO / "manage.py"), "create_join_token", "--ttl", "1h"], env=env,
+                           cwd=REPO, check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.Popen([sys.executable, "-m", "agents", "run", "--server", base, "--emulate", str(fleet),
+                             "--node", "demo-spare"], env={**env, "MOTLEY_JOIN_TOKEN": token}, cwd=REPO,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
 class Api:
@@ -121,8 +132,9 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
     work = args.work / room
     var = work / "var"
     var.mkdir(parents=True, exist_ok=True)
-    fleet = work / "fleet.yaml"
-    fleet.write_text(fleet_text(room))
+    fleet, spare_fleet = work / "fleet.yaml", work / "spare.yaml"
+    for path, text in zip((fleet, spare_fleet), fleet_texts(room)):
+        path.write_text(text)
     env = embedded_env(var)
     manage = [sys.executable, str(REPO / "manage.py")]
     subprocess.run([*manage, "migrate", "--noinput", "-v0"], env=env, cwd=REPO, check=True, timeout=300)
@@ -131,6 +143,7 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
     launcher = Launcher([*manage, "run_local", "--port", str(port), "--demo-model", args.demo_model,
                          "--demo-fleet", str(fleet)], env, work / "run_local.log")
     result: dict = {"room": room, "changes": []}
+    spare = None
     try:
         key = wait_ready(launcher, var / "demo-api-key.txt", time.monotonic() + 600)
         credentials = dict(line.split(": ", 1) for line in (var / "admin-credentials.txt").read_text().splitlines())
@@ -138,6 +151,9 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
         deployment = api.deployment()
         pk, model = deployment["id"], deployment["model_name"]
         serving_alone(api, pk, deployment["revision_number"])
+        spare = spare_agent(base, spare_fleet, env, work / "spare-agent.log")
+        while "demo-spare" not in {n["name"] for n in api.get("/api/v1/nodes/")["results"] if n["status"] == "ready"}:
+            time.sleep(0.5)
         clients = SteadyClients(base_url=base, api_key=key, model=model, clients=args.clients,
                                 interval_s=args.interval, max_tokens=args.max_tokens)
         expected = {p: clients.one(p).text for p in range(len(PROMPTS))}
@@ -155,7 +171,7 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
 
         def move() -> None:
             devices = [d["name"] for d in api.get("/api/v1/devices/")["results"]]
-            apply(stage_moved(api.applied(pk)["plan"], ["demo-spare/gpu0", *devices]))
+            apply(stage_moved(api.applied(pk)["plan"], ["demo-spare/gpu0", *devices]))  # the spare, if free
 
         def drain() -> None:  # the node the last stage was moved to
             last = max((s for s in api.get(f"/api/v1/deployments/{pk}/")["stages"] if s["wanted"]),
@@ -184,10 +200,15 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
                      "p99_vs_steady": (window.p99_s / steady.p99_s) if window.p99_s and steady.p99_s else None}
             result["changes"].append(entry)
             print(f"[{room}] {name}: {window.line()}, new plan serves after {served - started:.1f} s", flush=True)
+            for error in sorted(set(window.errors)):
+                print(f"    failed: {error[:300]}", flush=True)
         outcomes = clients.stop()
         result["mismatches"] = mismatches(outcomes, expected)
         result["requests"] = len(outcomes)
     finally:
+        if spare is not None:
+            spare.terminate()
+            spare.wait(timeout=30)
         result["left_running"] = launcher.stop()
     return result
 
