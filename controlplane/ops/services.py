@@ -19,8 +19,12 @@ class AdminAccount:
 
 
 @transaction.atomic
-def admin_ensure(*, credentials_path: Path, username: str = "admin") -> AdminAccount:
+def admin_ensure(
+    *, credentials_path: Path, username: str = "admin", password: str | None = None
+) -> AdminAccount:
     """Create a local superuser and an API token once, writing them to a file only the owner reads.
+    The password is generated unless the operator gives one (containers: MOTLEY_ADMIN_PASSWORD),
+    which the file then does not repeat.
 
     Nothing happens when any superuser exists already, so running it on every start is safe and an
     operator's own accounts are never touched.
@@ -28,10 +32,13 @@ def admin_ensure(*, credentials_path: Path, username: str = "admin") -> AdminAcc
     user_model = get_user_model()
     if user_model.objects.filter(is_superuser=True).exists():
         return AdminAccount(username=username, created=False, credentials_path=credentials_path)
-    password = secrets.token_urlsafe(12)
+    shown = "(the one given)" if password else None
+    password = password or secrets.token_urlsafe(12)
     user = user_model.objects.create_superuser(username=username, email="", password=password)
     token = Token.objects.create(user=user)
     credentials_path.parent.mkdir(parents=True, exist_ok=True)
-    credentials_path.write_text(f"username: {username}\npassword: {password}\napi_token: {token.key}\n")
+    credentials_path.write_text(
+        f"username: {username}\npassword: {shown or password}\napi_token: {token.key}\n"
+    )
     credentials_path.chmod(0o600)
     return AdminAccount(username=username, created=True, credentials_path=credentials_path)
