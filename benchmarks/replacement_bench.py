@@ -43,7 +43,8 @@ from benchmarks.gpu_check_serve import REPO, Launcher, embedded_env, free_port, 
 from benchmarks.steady_clients import PROMPTS, SteadyClients, Window, mismatches  # noqa: E402
 
 DEMO_FLEET = REPO / "examples" / "fleets" / "demo.yaml"
-SPARE = "name: spare\nnodes:\n  - name: demo-spare\n    network_gbps: 25\n    gpus:\n      - model: RTX-3090\n{overrides}"
+SPARE = ("name: spare\nnodes:\n  - name: demo-spare\n    network_gbps: 25\n    gpus:\n"
+         "      - model: RTX-3090\n{overrides}")
 GOAL_GAP_S = {"in-place": 2.0, "beside": 0.5}
 
 
@@ -59,8 +60,8 @@ def fleet_texts(room: str) -> tuple[str, str]:
 def spare_agent(base: str, fleet: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
     """The spare node joins once the demo serves (so the demo's plan leaves it free), as any new
     node does: an agent with a join token of its own."""
-    token = subprocess.run([sys.executable, str(REPO / "manage.py"), "create_join_token", "--ttl", "1h"], env=env,
-                           cwd=REPO, check=True, capture_output=True, text=True).stdout.strip()
+    token = subprocess.run([sys.executable, str(REPO / "manage.py"), "create_join_token", "--ttl", "1h"],
+                           env=env, cwd=REPO, check=True, capture_output=True, text=True).stdout.strip()
     return subprocess.Popen([sys.executable, "-m", "agents", "run", "--server", base, "--emulate", str(fleet),
                              "--node", "demo-spare"], env={**env, "MOTLEY_JOIN_TOKEN": token}, cwd=REPO,
                             stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -146,13 +147,15 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
     spare = None
     try:
         key = wait_ready(launcher, var / "demo-api-key.txt", time.monotonic() + 600)
-        credentials = dict(line.split(": ", 1) for line in (var / "admin-credentials.txt").read_text().splitlines())
+        lines = (var / "admin-credentials.txt").read_text().splitlines()
+        credentials = dict(line.split(": ", 1) for line in lines)
         api = Api(base, credentials["api_token"])
         deployment = api.deployment()
         pk, model = deployment["id"], deployment["model_name"]
         serving_alone(api, pk, deployment["revision_number"])
         spare = spare_agent(base, spare_fleet, env, work / "spare-agent.log")
-        while "demo-spare" not in {n["name"] for n in api.get("/api/v1/nodes/")["results"] if n["status"] == "ready"}:
+        while "demo-spare" not in {n["name"] for n in api.get("/api/v1/nodes/")["results"]
+                                   if n["status"] == "ready"}:
             time.sleep(0.5)
         clients = SteadyClients(base_url=base, api_key=key, model=model, clients=args.clients,
                                 interval_s=args.interval, max_tokens=args.max_tokens)
@@ -197,9 +200,9 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
             time.sleep(args.settle_s)
             window = clients.window(started, time.monotonic())
             entry = {"change": name, **window.__dict__, "serves_after_s": round(served - started, 2),
-                     "p99_vs_steady": (window.p99_s / steady.p99_s) if window.p99_s and steady.p99_s else None}
+                     "p99_vs_steady": window.p99_s / steady.p99_s if window.p99_s and steady.p99_s else None}
             result["changes"].append(entry)
-            print(f"[{room}] {name}: {window.line()}, new plan serves after {served - started:.1f} s", flush=True)
+            print(f"[{room}] {name}: {window.line()}, serves after {served - started:.1f} s", flush=True)
             for error in sorted(set(window.errors)):
                 print(f"    failed: {error[:300]}", flush=True)
         outcomes = clients.stop()
@@ -214,16 +217,16 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
 
 
 def report(results: list[dict]) -> None:
-    print("\n| fleet | change | ok | failed | longest gap | p50 | p99 | p99 vs steady | new plan serves after |")
+    print("\n| fleet | change | ok | failed | longest gap | p50 | p99 | p99 vs steady | serves after |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for result in results:
         steady = Window(**result["steady"])
-        print(f"| {result['room']} | steady state | {steady.ok} | {steady.failed} | "
-              f"{steady.longest_gap_s:.2f} s | {steady.p50_s or 0:.2f} s | {steady.p99_s or 0:.2f} s | 1.00x | - |")
+        print(f"| {result['room']} | steady state | {steady.ok} | {steady.failed} | {steady.longest_gap_s:.2f} s "
+              f"| {steady.p50_s or 0:.2f} s | {steady.p99_s or 0:.2f} s | 1.00x | - |")
         for c in result["changes"]:
             ratio = f"{c['p99_vs_steady']:.2f}x" if c["p99_vs_steady"] else "-"
-            print(f"| {result['room']} | {c['change']} | {c['ok']} | {c['failed']} | {c['longest_gap_s']:.2f} s | "
-                  f"{c['p50_s'] or 0:.2f} s | {c['p99_s'] or 0:.2f} s | {ratio} | {c['serves_after_s']:.1f} s |")
+            print(f"| {result['room']} | {c['change']} | {c['ok']} | {c['failed']} | {c['longest_gap_s']:.2f} s "
+                  f"| {c['p50_s'] or 0:.2f} s | {c['p99_s'] or 0:.2f} s | {ratio} | {c['serves_after_s']:.1f} s |")
     print()
     for result in results:
         goal = GOAL_GAP_S[result["room"]]
@@ -241,7 +244,8 @@ def main() -> int:
     parser.add_argument("--room", nargs="+", choices=sorted(GOAL_GAP_S), default=["in-place", "beside"])
     parser.add_argument("--demo-model", default="smollm2", help="run_local's --demo-model")
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--interval", type=float, default=1.0, help="least seconds between a client's requests")
+    parser.add_argument("--interval", type=float, default=1.0,
+                        help="least seconds between the starts of a client's requests")
     parser.add_argument("--max-tokens", type=int, default=12)
     parser.add_argument("--steady-s", type=float, default=20.0)
     parser.add_argument("--settle-s", type=float, default=2.0)
