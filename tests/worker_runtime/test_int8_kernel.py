@@ -47,6 +47,22 @@ def test_kernel_equals_the_float64_reference_for_every_batch_size(threads, k, n,
     assert_exact_to_rounding(layer(x3).view(6, n), x3.view(6, k), deq, layer.bias)
 
 
+@pytest.mark.parametrize("bias", [False, True], ids=["no bias", "bias"])
+@pytest.mark.parametrize("k,n", [(32, 131), (768, 97), (2048, 45), (96, 301)])
+def test_grouped_kernel_equals_the_float64_reference_for_every_batch_size(threads, k, n, bias):
+    """The int8 head's kernel (a scale per 32 weights of a row), on shapes with odd outputs."""
+    generator = torch.Generator().manual_seed(k * n)
+    layer = Int8Linear(k, n, bias, CPU, torch.float32, group=int8_matmul.GROUP)
+    layer.load_rows(0, torch.randn(n, k, generator=generator) * torch.rand(n, k, generator=generator) * 10)
+    if bias:
+        layer.bias.data = torch.randn(n, generator=generator)
+    assert layer.cpu_kernel and layer.scales.shape == (n, k // 32)
+    deq = layer.weight.double() * layer.scales.double().repeat_interleave(32, dim=1)
+    for rows in ROWS:
+        x = torch.randn(rows, k, generator=generator)
+        assert_exact_to_rounding(layer(x), x, deq, layer.bias)
+
+
 def test_forced_torch_switch_takes_torch_kernel(monkeypatch):
     monkeypatch.setenv("MOTLEY_INT8_KERNEL", "torch")
     layer, _ = layer_of(768, 97, True, seed=1)
