@@ -138,3 +138,18 @@ def test_a_loaded_stage_holds_the_footprints_weights_and_kv(tmp_path, variant, w
     real = stage.memory()
     assert real.weight_bytes == footprint.weights_bytes
     assert real.kv_bytes_per_token == footprint.kv_bytes_per_token
+
+
+@pytest.mark.parametrize("hidden", [256, 80], ids=["groups of 32", "per row"])
+def test_the_int8_head_is_priced_as_the_stage_holds_it(hidden):
+    """The int8 lm_head has a scale per 32 weights of a row where 32 divides the hidden size, else one per
+    row; an int8 last stage built with either holds the footprint's bytes."""
+    torch = pytest.importorskip("torch")
+    from worker_runtime import Stage
+
+    config = ModelConfig.from_dict({**CONFIG, "hidden_size": hidden, "num_hidden_layers": 2})
+    model = profile_model(config, name="tiny")
+    scales = 1000 * hidden // 32 if hidden % 32 == 0 else 1000
+    assert model.head.weight_bytes[8] == 1000 * hidden + 2 * scales + 2 * hidden  # + the final norm
+    stage = Stage(config, 1, 2, dtype=torch.bfloat16, bits=8, kv_tokens=16)
+    assert stage.memory().weight_bytes == stage_footprint(model, 1, 2, 8, batch=1).weights_bytes
