@@ -54,34 +54,44 @@ class SpawnFailed(Exception):
     """The stage's process could not be started (no such command, no permission, out of processes)."""
 
 
-def spawn(command: Sequence[str], stage_dir: Path, spec: dict[str, Any], on_message: OnMessage) -> StageRun:
-    """Write the spec and start ``command --spec SPEC`` in ``stage_dir``; its stdout goes to
+def spawn(command: Sequence[str], stage_dir: Path, spec: dict[str, Any], on_message: OnMessage,
+          standby: Callable[[Path], subprocess.Popen | None] | None = None) -> StageRun:
+    """Write the spec and run it: handed to ``standby`` (the warm spare, agents/standby.py) when it
+    takes it, else ``command --spec SPEC`` started in ``stage_dir``; its stdout goes to
     ``on_message`` line by line. Raises SpawnFailed when the process cannot be started."""
     stage_dir.mkdir(exist_ok=True, mode=0o700)
     spec_path = stage_dir / "spec.json"
     spec_path.touch(mode=0o600)  # the spec carries the pipeline's auth_token
     spec_path.write_text(json.dumps(spec, indent=1))
-    try:
-        with open(stage_dir / "stderr.log", "ab") as stderr:
-            popen = subprocess.Popen(
-                [*command, "--spec", str(spec_path)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                text=True,
-                start_new_session=True,
-                preexec_fn=die_with_parent(),
-                env=_stage_env(),
-                cwd=stage_dir,
-            )
-    except OSError as exc:
-        raise SpawnFailed(f"cannot start the stage process: {exc}") from exc
+    popen = standby(spec_path) if standby is not None else None
+    if popen is None:
+        try:
+            popen = start_process([*command, "--spec", str(spec_path)], stage_dir, subprocess.DEVNULL)
+        except OSError as exc:
+            raise SpawnFailed(f"cannot start the stage process: {exc}") from exc
     write_pid_record(stage_dir / "pid.json", popen.pid)
     run = StageRun(popen, time.monotonic())
     run.reader = threading.Thread(target=_read_stdout, args=(stage_dir.name, run, on_message), daemon=True,
                                   name=f"stage-{stage_dir.name}-stdout")
     run.reader.start()
     return run
+
+
+def start_process(argv: list[str], cwd: Path, stdin: int) -> subprocess.Popen:
+    """A stage process as contracts §1 wants it, wherever it is started from: its own session, killed
+    with the agent's loop thread, stdout a pipe of JSON lines, stderr appended to ``cwd/stderr.log``."""
+    with open(cwd / "stderr.log", "ab") as stderr:
+        return subprocess.Popen(
+            argv,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,
+            preexec_fn=die_with_parent(),
+            env=_stage_env(),
+            cwd=cwd,
+        )
 
 
 def reap(run: StageRun, stage_dir: Path) -> None:

@@ -33,6 +33,7 @@ from agents.admission import Admission, Admitted
 from agents.memory_budget import StageRefused
 from agents.processes import signal_group, sweep_pid_records
 from agents.stage_load import StageLoad
+from agents.standby import Standby
 from agents.stage_process import (
     DEFAULT_COMMAND,
     SpawnFailed,
@@ -107,6 +108,8 @@ class Supervisor:
         self._command = list(command)
         self._policy = policy
         self._stages: dict[str, _Stage] = {}
+        # The warm spare (agents/standby.py) is a worker_runtime.serve process: only for that command.
+        self._standby = Standby(self._dir, self._command) if tuple(command) == DEFAULT_COMMAND else None
         self._inbox: queue.Queue = queue.Queue()
         self._closed = threading.Event()
         self._closing = threading.Lock()  # orders "closed?" + put against "close" + emptying the inbox
@@ -118,12 +121,13 @@ class Supervisor:
 
     def start(self, stage_key: str, spec: dict[str, Any], device_index: int | None = None) -> StageStatus:
         """Run the spec under this key. The same spec again changes nothing; a different one (or a
-        start while the stage drains) stops the running process first."""
+        start while the stage drains) stops the running process first, with SIGUSR1: a replaced
+        stage stops at once instead of draining requests its replaced neighbours cannot finish."""
         if not _STAGE_KEY.match(stage_key):
             raise ValueError(f"stage_key {stage_key!r}: use letters, digits, '.', '_' or '-' (max 128)")
         requested = (spec, device_index)
         if self._call(self._needs_replacing, stage_key, requested):
-            self.stop(stage_key)
+            self._call(self._request_stop, stage_key, signal.SIGUSR1).result(timeout=self._max_wait(stage_key))
         return self._call(self._start, stage_key, requested)
 
     def stop(self, stage_key: str) -> StageStatus | None:
@@ -187,6 +191,8 @@ class Supervisor:
                 self._tick(time.monotonic())
             except Exception:  # keep supervising the other stages; the next tick tries again
                 log.exception("supervisor tick failed")
+        if self._standby is not None:
+            self._standby.close()
         while not self._inbox.empty():  # calls that raced with close: answer them, never leave them hanging
             _, _, future = self._inbox.get_nowait()
             if future is not None:
@@ -209,6 +215,9 @@ class Supervisor:
                 stage.kill_at = None
             elif stage.crashes and now - run.started > self._policy.stable_after_s:
                 stage.crashes = 0
+        loading = any(s.alive and s.status.state == "starting" for s in self._stages.values())
+        if self._standby is not None and not loading:
+            self._standby.replenish(now)  # not while stages load: its imports would slow them down
 
     # --- handlers, run on the loop thread ------------------------------------------------------
 
@@ -248,7 +257,8 @@ class Supervisor:
             self._inbox.put((self._on_message, (key, run, message, at), None))
 
         try:
-            run = spawn(self._command, self._dir / key, stage.admitted.spec, on_message)
+            run = spawn(self._command, self._dir / key, stage.admitted.spec, on_message,
+                        self._standby.take if self._standby is not None else None)
         except SpawnFailed as exc:
             stage.status.state, stage.status.message = "failed", str(exc)
             self._emit(stage)
@@ -299,7 +309,9 @@ class Supervisor:
         log.warning("stage %s: %s", stage.key, status.message)
         self._emit(stage)
 
-    def _request_stop(self, key: str) -> Future:
+    def _request_stop(self, key: str, sig: int = signal.SIGTERM) -> Future:
+        """SIGTERM drains (contracts §1); SIGUSR1, for a stage replaced by a new spec, stops it at once
+        (also one already draining)."""
         done: Future = Future()
         stage = self._stages.get(key)
         if stage is None:
@@ -313,9 +325,9 @@ class Supervisor:
             stage.waiters.append(done)
             self._finish_stop(stage)
             return done
-        if stage.status.state != "draining":
+        if stage.status.state != "draining" or sig != signal.SIGTERM:
             assert stage.run is not None
-            signal_group(stage.run.popen.pid, signal.SIGTERM)
+            signal_group(stage.run.popen.pid, sig)
             stage.status.state = "draining"
             stage.kill_at = time.monotonic() + self._policy.grace(stage.admitted.spec)
             self._emit(stage)

@@ -183,6 +183,9 @@ CELERY_BROKER_TRANSPORT_OPTIONS = (
         "processed_folder": str(VAR_DIR / "broker-processed"),
         "control_folder": str(VAR_DIR / "broker-control"),
         "store_processed": False,
+        # kombu polls the folder every 1 s by default: up to 1 s per hop (reconcile to the worker,
+        # start_stage to an agent). Listing a near-empty folder 10 times a second costs little.
+        "polling_interval": 0.1,
     }
     if CELERY_BROKER_URL.startswith("filesystem")
     else {}

@@ -63,10 +63,18 @@ class HeadLoop:
 
     # ----- the loop
 
-    def run(self, stopping: Callable[[], bool]) -> None:
-        """Serve until ``stopping()``; then refuse new requests and finish (or fail) the rest within ``peer_timeout_s``."""
+    def run(self, stopping: Callable[[], bool], replaced: Callable[[], bool] = lambda: False) -> None:
+        """Serve until ``stopping()``; then refuse new requests and finish (or fail) the rest within ``peer_timeout_s``.
+
+        ``replaced()``: this stage is being replaced by a new spec, and so are the stages downstream
+        whose relays the in-flight requests need; they can never finish, so they fail at once
+        (``PipelineBroken``) and the gateway resumes them elsewhere instead of waiting out the drain.
+        """
         drain_until = None
         while True:
+            if replaced():
+                self._fail(self.scheduler.clear(), PipelineBroken("stage replaced"))
+                return
             if drain_until is None and stopping():
                 self.draining = True
                 drain_until = time.monotonic() + self.spec.peer_timeout_s
@@ -170,6 +178,13 @@ class HeadLoop:
         self.peers[index] = Peer(str(incarnation), time.monotonic(), dict(header.get("stats") or {}))
         self.ledger.set_stage(index, int(header["kv_capacity"]), int(header["block_size"]))
 
+    def on_leaving(self, header: dict[str, Any]) -> None:
+        """A relay replaced by a new spec said goodbye: what it held is lost, fail it now."""
+        index = header.get("stage_index")
+        known = self.peers.get(index) if isinstance(index, int) else None
+        if known is not None and known.incarnation == header.get("incarnation") and self.healthy:
+            self.break_pipeline(index, f"stage {index} is being replaced")
+
     # ----- messages
 
     def handle(self, message: Incoming) -> None:
@@ -191,6 +206,8 @@ class HeadLoop:
             handler(message.peer, frame.header)
         elif kind == "heartbeat":
             self.on_heartbeat(frame.header)
+        elif kind == "leaving":
+            self.on_leaving(frame.header)
         elif kind in ("tokens", "failed"):
             self.on_result(frame)
         else:

@@ -35,10 +35,11 @@ class RelayLoop:
         self._heartbeat = Every(heartbeat_interval(spec))
         self._stats_line = Every(1.0)
 
-    def run(self, stopping: Callable[[], bool]) -> None:
-        """Serve until ``stopping()``; then finish what keeps arriving for at most ``peer_timeout_s``."""
+    def run(self, stopping: Callable[[], bool], replaced: Callable[[], bool] = lambda: False) -> None:
+        """Serve until ``stopping()``; then finish what keeps arriving for at most ``peer_timeout_s``.
+        ``replaced()`` (a new spec takes this stage's place) ends it at once: the head fails what was in flight."""
         drain_until = None
-        while True:
+        while not replaced():
             if drain_until is None and stopping():
                 drain_until = time.monotonic() + self.spec.peer_timeout_s
             waited = time.perf_counter()
@@ -49,6 +50,16 @@ class RelayLoop:
             self.tick()
             if drain_until is not None and (not incoming or time.monotonic() > drain_until):
                 return
+        self._say_leaving()
+
+    def _say_leaving(self) -> None:
+        """Tell the head at once that this stage is gone, so it fails the micro-batches this stage
+        held now rather than after ``peer_timeout_s`` of silence."""
+        try:
+            self.transport.send_head({"type": "leaving", "stage_index": self.spec.stage_index,
+                                      "incarnation": self.incarnation})
+        except PeerUnavailable:
+            pass  # the head is gone or being replaced too
 
     def tick(self) -> None:
         if self._heartbeat.due():

@@ -2,7 +2,13 @@
 
 Loads the stage named by the spec, binds its endpoint, prints ``ready``, then serves: stage 0 as the
 head (:mod:`worker_runtime.head`), the others as relays (:mod:`worker_runtime.relay`). SIGTERM drains
-and exits 0; a fatal error prints an ``error`` event and exits 1.
+and exits 0; SIGUSR1 (the stage is being replaced by a new spec) stops at once and exits 0; a fatal
+error prints an ``error`` event and exits 1.
+
+``--standby`` is the agent's warm spare: importing Python and torch takes seconds, most of a stage's
+start, so the agent keeps one process that has done it and waits for one line on stdin, the path of a
+spec. It then runs exactly as ``--spec PATH``, in the spec's folder, its stderr appended to that
+folder's ``stderr.log`` (docs/agents.md, "Warm standby").
 """
 
 from __future__ import annotations
@@ -40,8 +46,8 @@ def load_stage(spec: StageSpec) -> Stage:
                       low_bits=spec.low_bits, low_from=spec.low_from, kv_tokens=spec.kv_tokens)
 
 
-def serve(spec: StageSpec, events: EventWriter, stop: threading.Event) -> None:
-    """Load, bind, announce ``ready`` and serve until ``stop`` is set (then drain)."""
+def serve(spec: StageSpec, events: EventWriter, stop: threading.Event, replaced: threading.Event) -> None:
+    """Load, bind, announce ``ready`` and serve until ``stop`` is set (then drain, unless ``replaced``)."""
     stage = load_stage(spec)
     if stage.is_first != spec.is_head or stage.is_last != spec.is_last:
         raise ValueError(
@@ -67,25 +73,46 @@ def serve(spec: StageSpec, events: EventWriter, stop: threading.Event) -> None:
             kv_tokens=memory.kv_tokens,
         )
         if spec.is_head:
-            HeadLoop(spec, worker, transport, events).run(stop.is_set)
+            HeadLoop(spec, worker, transport, events).run(stop.is_set, replaced.is_set)
         else:
-            RelayLoop(spec, worker, transport, events, uuid.uuid4().hex).run(stop.is_set)
+            RelayLoop(spec, worker, transport, events, uuid.uuid4().hex).run(stop.is_set, replaced.is_set)
     finally:
         transport.close()
 
 
+def await_spec() -> str | None:
+    """Standby: block until the agent sends a spec's path; take on its folder and its stderr.log.
+    None when stdin closes first (the agent went away without using us)."""
+    path = sys.stdin.readline().strip()
+    if not path:
+        return None
+    stage_dir = os.path.dirname(os.path.abspath(path))
+    os.chdir(stage_dir)
+    sys.stderr.flush()
+    log_fd = os.open(os.path.join(stage_dir, "stderr.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.dup2(log_fd, sys.stderr.fileno())
+    os.close(log_fd)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, help="stage spec JSON file (docs/contracts.md §1)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--spec", help="stage spec JSON file (docs/contracts.md §1)")
+    source.add_argument("--standby", action="store_true", help="wait for a spec path on stdin, then run it")
     args = parser.parse_args(argv)
+    spec_path = await_spec() if args.standby else args.spec
+    if spec_path is None:
+        return 0
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     events = EventWriter()
-    stop = threading.Event()
+    stop, replaced = threading.Event(), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGUSR1, lambda *_: (replaced.set(), stop.set()))
     try:
-        spec = StageSpec.from_file(args.spec)
-        serve(spec, events, stop)
+        spec = StageSpec.from_file(spec_path)
+        serve(spec, events, stop, replaced)
     except Exception as exc:  # the agent must learn why: print it as an event, then crash
         log.exception("stage failed")
         events.emit("error", message=f"{type(exc).__name__}: {exc}")
@@ -94,4 +121,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    # Everything that matters is closed or flushed by now; the interpreter's own finalization (a
+    # full garbage collection over torch's objects) takes seconds, and while a stage lingers its
+    # replacement cannot bind the same address. Skip it.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)

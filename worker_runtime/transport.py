@@ -137,4 +137,6 @@ class ZmqTransport(Transport):
         return out
 
     def close(self) -> None:
-        self._context.destroy(linger=0)
+        """Give frames still queued (a stopping head's errors, a replaced relay's ``leaving``) up to
+        0.2 s to go out; a dead peer must not hold the process longer."""
+        self._context.destroy(linger=200)

@@ -1,8 +1,11 @@
+import subprocess
+import sys
 import uuid
 
 import pytest
 
 from tests.agents.helpers import ORPHAN_TAG, TINY_FLEET, tagged_processes, wait_until
+from tests.support.processes import REPO_ROOT
 
 
 @pytest.fixture(autouse=True)
@@ -32,3 +35,14 @@ def tiny_fleet(tmp_path):
     path = tmp_path / "fleet.yaml"
     path.write_text(TINY_FLEET)
     return path
+
+
+@pytest.fixture(scope="session")
+def demo_model(tmp_path_factory):
+    """A 2-layer demo checkpoint for the tests that run the real ``worker_runtime.serve``."""
+    out = tmp_path_factory.mktemp("demo")
+    subprocess.run([sys.executable, "-m", "worker_runtime.make_demo_model", str(out), "--layers", "2",
+                    "--hidden", "64", "--intermediate", "128", "--heads", "4", "--kv-heads", "2",
+                    "--max-positions", "128"],
+                   cwd=REPO_ROOT, check=True, capture_output=True)
+    return out

@@ -4,8 +4,6 @@ a tiny demo checkpoint loads, reports ready and statistics, is paced like the ca
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -13,19 +11,9 @@ from agents.admission import Admission
 from agents.discovery.emulated import emulated_devices
 from agents.supervisor import Supervisor
 from tests.agents.helpers import Events, wait_until
-from tests.support.processes import REPO_ROOT, free_port
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def demo_model(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo")
-    subprocess.run([sys.executable, "-m", "worker_runtime.make_demo_model", str(out), "--layers", "2",
-                    "--hidden", "64", "--intermediate", "128", "--heads", "4", "--kv-heads", "2",
-                    "--max-positions", "128"],
-                   cwd=REPO_ROOT, check=True, capture_output=True)
-    return out
 
 
 def test_a_real_stage_starts_reports_and_drains(tmp_path, tiny_fleet, demo_model):

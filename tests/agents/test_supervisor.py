@@ -75,6 +75,18 @@ def test_the_same_start_twice_runs_one_process_and_a_new_spec_replaces_it(superv
     assert replaced.pid != first.pid and not psutil.pid_exists(first.pid)
 
 
+def test_a_replaced_stage_is_told_so_with_sigusr1_and_stops_at_once(supervisor, events, spec):
+    """A stage that would sit out SIGTERM's whole grace (it ignores it) stops at once when replaced."""
+    first = supervisor.start("k", spec(ignore_sigterm=True))
+    events.wait_for(lambda s: s.state == "ready")
+    started = time.monotonic()
+    replaced = supervisor.start("k", spec(ignore_sigterm=True, note="changed"))
+    assert time.monotonic() - started < 0.9  # no SIGKILL after the 1 s grace
+    assert replaced.pid != first.pid
+    old = events.wait_for(lambda s: s.pid is None and s.state == "exited")
+    assert old.exit_code == 0 and old.message == "stopped on request"
+
+
 def test_a_crash_is_reported_within_two_seconds_restarted_with_backoff_then_given_up(
     supervisor, events, spec
 ):

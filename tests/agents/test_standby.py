@@ -1,0 +1,108 @@
+"""The warm standby (agents/standby.py) with the real ``worker_runtime.serve --standby``: a stage
+starts from it and runs its spec, a new standby follows, the agent's stop or death takes the standby
+along, and one that died before use leaves the next start to the ordinary spawn."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from agents.admission import Admission
+from agents.discovery.emulated import emulated_devices
+from agents.supervisor import Supervisor
+from tests.agents.helpers import Events, tagged_processes, wait_until
+from tests.support.processes import REPO_ROOT, free_port
+
+pytestmark = pytest.mark.slow
+
+
+def standbys(tag: str) -> list[psutil.Process]:
+    found = []
+    for process in tagged_processes(tag):
+        try:
+            if "--standby" in process.cmdline():
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def one_stage_spec(model) -> dict:
+    address = f"tcp://127.0.0.1:{free_port()}"
+    return {"pipeline_id": "d5-r0", "auth_token": "secret", "model_path": str(model), "stage_index": 0,
+            "num_stages": 1, "layers": [0, 2], "bits": 16, "dtype": None, "device": "cpu", "threads": 1,
+            "kv_tokens": 256, "listen": address, "next": None, "head": address, "peer_timeout_s": 2.0,
+            "emulation": None}
+
+
+@pytest.fixture
+def events():
+    return Events()
+
+
+@pytest.fixture
+def supervisor(tmp_path, tiny_fleet, events):
+    sup = Supervisor(tmp_path / "state", Admission(emulated_devices(tiny_fleet, "box")), events)
+    yield sup
+    sup.close()
+
+
+def test_a_stage_starts_from_the_standby_runs_its_spec_and_a_new_standby_follows(
+    tmp_path, supervisor, events, demo_model, no_orphans
+):
+    spare = wait_until(lambda: standbys(no_orphans), timeout_s=30, what="a standby")[0]
+    status = supervisor.start("d5-r0-s0", one_stage_spec(demo_model), device_index=0)
+    assert status.pid == spare.pid  # no new process: the standby became the stage
+    ready = events.wait_for(lambda s: s.state == "ready", timeout_s=60)
+    assert ready.pid == spare.pid
+    stage_dir = tmp_path / "state/stages/d5-r0-s0"
+    assert spare.cwd() == str(stage_dir)
+    assert os.readlink(f"/proc/{spare.pid}/fd/2") == str(stage_dir / "stderr.log")
+    assert f'"pid": {spare.pid}' in (stage_dir / "pid.json").read_text()
+    stats = wait_until(lambda: supervisor.snapshot()[0][0].stats, timeout_s=10, what="a stats line")
+    assert stats["kv_tokens_free"] > 0
+
+    following = wait_until(lambda: [p for p in standbys(no_orphans) if p.pid != spare.pid], timeout_s=30,
+                           what="the next standby")[0]
+    assert f'"pid": {following.pid}' in (tmp_path / "state/stages/_standby/pid.json").read_text()
+    stopped = supervisor.stop("d5-r0-s0")
+    assert (stopped.state, stopped.exit_code) == ("exited", 0), stopped.message
+    supervisor.close()
+    assert not standbys(no_orphans)  # the agent's stop kills the waiting standby
+    assert not (tmp_path / "state/stages/_standby/pid.json").exists()
+
+
+def test_a_standby_that_died_before_use_leaves_the_start_to_an_ordinary_spawn(
+    supervisor, events, demo_model, no_orphans
+):
+    spare = wait_until(lambda: standbys(no_orphans), timeout_s=30, what="a standby")[0]
+    spare.kill()
+    spare.wait(timeout=5)
+    status = supervisor.start("d5-r0-s0", one_stage_spec(demo_model), device_index=0)
+    assert status.state == "starting" and status.pid != spare.pid
+    ready = events.wait_for(lambda s: s.state == "ready", timeout_s=60)
+    assert "--spec" in psutil.Process(ready.pid).cmdline()
+
+
+def test_the_standby_dies_with_a_sigkilled_agent(tmp_path, tiny_fleet, no_orphans):
+    script = f"""
+import time
+from agents.admission import Admission
+from agents.discovery.emulated import emulated_devices
+from agents.supervisor import Supervisor
+sup = Supervisor({str(tmp_path / 'state')!r}, Admission(emulated_devices({str(tiny_fleet)!r}, "box")),
+                 lambda s: None)
+time.sleep(600)
+"""
+    agent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT)
+    try:
+        spare = wait_until(lambda: standbys(no_orphans), timeout_s=30, what="a standby")[0]
+    finally:
+        agent.kill()
+        agent.wait()
+    wait_until(lambda: not psutil.pid_exists(spare.pid) or spare.status() == psutil.STATUS_ZOMBIE,
+               timeout_s=5, what="the standby gone with its agent")
