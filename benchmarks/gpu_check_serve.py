@@ -55,7 +55,7 @@ def embedded_env(var: Path) -> dict[str, str]:
         for k, v in os.environ.items()
         if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "CHANNEL_REDIS_URL", "DJANGO_SETTINGS_MODULE")
     }
-    base = 20000 + random.randrange(400) * 100
+    base = 20000 + random.randrange(120) * 100  # below the ephemeral ports (tests/e2e/harness.stage_ports)
     return {
         **env,
         **TIMING,

@@ -215,8 +215,10 @@ def stage_processes(workdir: Path) -> list[psutil.Process]:
 
 
 def stage_ports() -> str:
-    """``MOTLEY_STAGE_PORTS`` of a system of its own: 100 ports from a block picked at random among 400."""
-    base = 20000 + (uuid.uuid4().int % 400) * 100
+    """``MOTLEY_STAGE_PORTS`` of a system of its own: 100 ports from a block picked at random among 120,
+    all below Linux's ephemeral range (32768-60999), where an outgoing connection's local port could
+    already hold a stage's port ("Address already in use", seen with handovers' fresh ports)."""
+    base = 20000 + (uuid.uuid4().int % 120) * 100
     return f"{base}-{base + 99}"
 
 
