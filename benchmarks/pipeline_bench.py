@@ -14,6 +14,11 @@ Side by side in one run, on the demo model (``worker_runtime.make_demo_model``):
 3. prefill activation transfer rate (a [tokens, hidden] frame) against a raw TCP socket copy of the
    same bytes between the same two processes.
 Prints a Markdown table for docs/benchmarks.md.
+
+    python benchmarks/pipeline_bench.py --netns [--layers 6 --hidden 64 --prefill-tokens 2048]
+
+runs instead 3 stages in 3 network namespaces over links shaped to fleet ``network_gbps`` (root;
+benchmarks/netns_pipeline.py): each hop and the pipeline's prefill against the planner's prediction.
 """
 
 from __future__ import annotations
@@ -194,6 +199,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each measurement; the best counts")
     parser.add_argument("--prompt", type=int, default=16)
     parser.add_argument("--prefill-tokens", type=int, default=2048)
+    parser.add_argument("--netns", action="store_true", help="stages in network namespaces over shaped links")
     parser.add_argument("--echo", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.echo:
@@ -206,6 +212,11 @@ def main() -> None:
          "--hidden", str(args.hidden), "--intermediate", str(args.intermediate)],
         check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
     )
+    if args.netns:
+        from benchmarks.netns_pipeline import run
+
+        run(model, args.layers, args.hidden, args.prefill_tokens, args.repeats, workdir)
+        return
     print(f"demo model: {args.layers} layers, hidden {args.hidden}, intermediate {args.intermediate}; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
     kv_tokens = max(args.seqs) * (args.prompt + args.steps + 32)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,9 +27,11 @@ def split_layers(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
     return list(zip(bounds, bounds[1:]))
 
 
-def pipeline_specs(model: Path, num_layers: int, num_stages: int, pipeline_id: str = "p0", **overrides) -> list[StageSpec]:
+def pipeline_specs(model: Path, num_layers: int, num_stages: int, pipeline_id: str = "p0",
+                   hosts: list[str] | None = None, **overrides) -> list[StageSpec]:
+    """``hosts``: each stage's address (default loopback; benchmarks/netns_pipeline.py: its node's)."""
     ports = [free_port() for _ in range(num_stages)]
-    addresses = [f"tcp://127.0.0.1:{p}" for p in ports]
+    addresses = [f"tcp://{host}:{p}" for host, p in zip(hosts or ["127.0.0.1"] * num_stages, ports)]
     per_stage = overrides.pop("per_stage", {})
     return [
         StageSpec.from_dict(
@@ -81,8 +84,9 @@ class StageProcess:
 class Pipeline:
     """Stage processes started from specs; :meth:`stop` kills whatever is left (children included)."""
 
-    def __init__(self, specs: list[StageSpec], workdir: Path):
-        self.specs, self.workdir = specs, workdir
+    def __init__(self, specs: list[StageSpec], workdir: Path, launcher: Callable[[int], list[str]] = lambda i: []):
+        """``launcher(i)``: the argv prefix stage i runs under (e.g. ``ip netns exec <its node>``)."""
+        self.specs, self.workdir, self.launcher = specs, workdir, launcher
         self.stages: list[StageProcess] = [self.start(i) for i in range(len(specs))]
 
     @property
@@ -95,7 +99,7 @@ class Pipeline:
         path.write_text(json.dumps(spec.to_json()))
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": str(spec.threads)}
         popen = subprocess.Popen(
-            [sys.executable, "-m", "worker_runtime.serve", "--spec", str(path)],
+            [*self.launcher(index), sys.executable, "-m", "worker_runtime.serve", "--spec", str(path)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
