@@ -45,7 +45,8 @@ def running_deployment_create(*, model, name: str = "chat"):
             device = devices[stage["device"]]
             port += 1
             spec = {"layers": stage["layers"], "bits": stage["bits"], "head": f"tcp://127.0.0.1:{port - s}",
-                    "listen": f"tcp://127.0.0.1:{port}"}
+                    "listen": f"tcp://127.0.0.1:{port}", "kv_tokens": stage["kv_tokens"],
+                    "batch": REQUEST["batch"]}
             DeploymentStage.objects.create(
                 deployment=deployment, replica=r, stage_index=s, node=device.node, device=device, port=port,
                 spec=spec, sent_spec=spec, state=DeploymentStage.State.READY,

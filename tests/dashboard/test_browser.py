@@ -6,7 +6,9 @@ applied as a new revision. Screenshots of each page go to test-artifacts/screens
 (READY on the new plan needs real agents and stage processes: tests/dashboard/test_e2e.py.)
 
 Each test stands alone, in any order: the read-only ones share a module's server and a page logged in
-by its fixture; the one that applies a new revision has a server and agents of its own.
+by its fixture; the one that applies a new revision has a server and agents of its own. One chromium
+serves them all (Playwright's sync API runs one per thread): a test needing another session opens a
+context of its own in it.
 """
 
 from __future__ import annotations
@@ -18,14 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dashboard.browser import (
-    SCREENSHOTS,
-    SeededServer,
-    SimulatedAgents,
-    chromium_page,
-    log_in,
-    logged_in_page,
-)
+from tests.dashboard.browser import SCREENSHOTS, SeededServer, SimulatedAgents, log_in, logged_in_page
 from tests.dashboard.seed import OPERATOR
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -64,12 +59,24 @@ def shot(page, name: str, full_page: bool = True) -> None:
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=full_page)
 
 
-def test_login_leads_to_the_topology(server):
-    with chromium_page(server.url) as page:  # a browser of its own: anonymous
-        page.goto("/")
-        assert "/accounts/login/" in page.url
-        shot(page, "login")
-        log_in(page, OPERATOR, start=None)
+@contextmanager
+def own_context(page, url: str) -> Iterator:
+    """A new page on ``url`` in a context of its own (no session) of ``page``'s chromium."""
+    context = page.context.browser.new_context(base_url=url, viewport=page.viewport_size)
+    try:
+        fresh = context.new_page()
+        fresh.set_default_timeout(15_000)
+        yield fresh
+    finally:
+        context.close()
+
+
+def test_login_leads_to_the_topology(server, page):
+    with own_context(page, server.url) as anonymous:
+        anonymous.goto("/")
+        assert "/accounts/login/" in anonymous.url
+        shot(anonymous, "login")
+        log_in(anonymous, OPERATOR, start=None)
 
 
 def test_topology_shows_the_emulated_fleet_the_deployment_and_live_colours(page, server):
@@ -109,10 +116,11 @@ def test_deployments_page_shows_measured_next_to_predicted(page):
 
 
 @pytest.fixture
-def own_system(tmp_path):
-    """A server of this test's own, for a test that changes the deployment, logged in."""
-    with seeded_system(tmp_path / "var") as (server, _), logged_in_page(server.url, OPERATOR) as page:
-        yield server, page
+def own_system(tmp_path, page):
+    """A server of this test's own, for a test that changes the deployment, and a page logged in there."""
+    with seeded_system(tmp_path / "var") as (server, _), own_context(page, server.url) as own:
+        log_in(own, OPERATOR)
+        yield server, own
 
 
 def test_invalid_edit_shows_the_error_a_valid_one_is_applied_and_rebalance_proposes_the_planners_plan(
