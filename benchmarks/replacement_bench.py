@@ -98,7 +98,8 @@ def serving_alone(api: Api, pk: int, revision: int, timeout_s: float = 180) -> f
     while time.monotonic() < deadline:
         d = api.get(f"/api/v1/deployments/{pk}/")
         if (d["status"] == "ready" and d["revision_number"] == revision
-                and all(s["wanted"] and s["state"] == "ready" for s in d["stages"])):
+                and all(s["wanted"] and s["state"] == "ready" for s in d["stages"])
+                and all(p["phase"] == "serving" for p in d["pipelines"])):
             return time.monotonic()
         time.sleep(0.2)
     raise RuntimeError(f"revision {revision} did not serve alone within {timeout_s:.0f}s")

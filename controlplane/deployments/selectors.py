@@ -15,7 +15,7 @@ from controlplane.models_catalog.models import LlmModel
 
 def deployment_list() -> QuerySet[Deployment]:
     return Deployment.objects.select_related("model", "revision").prefetch_related(
-        Prefetch("stages", queryset=DeploymentStage.objects.select_related("node", "device__node"))
+        Prefetch("stages", queryset=DeploymentStage.objects.select_related("node", "device__node")), "replicas"
     )
 
 

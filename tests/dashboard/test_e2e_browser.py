@@ -58,8 +58,10 @@ def test_operator_moves_a_boundary_and_the_deployment_is_ready_on_the_new_plan(e
         def ready_on_revision_2():
             d = system.deployment(pk)
             wanted = [s for s in d["stages"] if s["wanted"]]
+            # The handover is done when every pipeline serves and no replaced stage is left.
             return d["status"] == "ready" and d["revision_number"] == 2 and all(
-                s["state"] == "ready" for s in wanted) and d
+                s["state"] == "ready" for s in wanted) and len(wanted) == len(d["stages"]) and all(
+                p["phase"] == "serving" for p in d["pipelines"]) and d
 
         final = wait_until(ready_on_revision_2, 120, "revision 2 ready")
         assert [s["layers"] for s in final["stages"] if s["wanted"]] == [[0, 3], [3, 4], [4, 6]]

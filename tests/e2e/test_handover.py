@@ -45,7 +45,8 @@ def settled(system: System, pk: int, revision: int) -> dict:
     def done():
         d = system.deployment(pk)
         return (d["status"] == "ready" and d["revision_number"] == revision
-                and all(s["wanted"] and s["state"] == "ready" for s in d["stages"]) and d)
+                and all(s["wanted"] and s["state"] == "ready" for s in d["stages"])
+                and all(p["phase"] == "serving" for p in d["pipelines"]) and d)
     try:
         return wait_until(done, 120, f"revision {revision} serving alone")
     except AssertionError:

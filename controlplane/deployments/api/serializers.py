@@ -6,6 +6,7 @@ from contracts.routing import DEFAULT_ROUTING_STRATEGY
 from controlplane.deployments.models import (
     ROUTING_STRATEGY_CHOICES,
     Deployment,
+    DeploymentReplica,
     DeploymentStage,
     PlanRevision,
 )
@@ -27,10 +28,21 @@ class StageSerializer(serializers.ModelSerializer):
     class Meta:
         model = DeploymentStage
         fields = [
-            "stage_key", "replica", "stage_index", "wanted", "node", "node_name", "device", "device_name",
+            "stage_key", "replica", "slot", "stage_index", "wanted", "node", "node_name", "device", "device_name",
             "address", "layers", "bits", "low_bits", "low_from", "state", "pid", "exit_code", "restarts", "message",
             "observed_at",
         ]
+
+
+class PipelineSerializer(serializers.ModelSerializer):
+    """One pipeline of the deployment and where it is in a handover (its auth token is never shown):
+    a change of placement is done when every pipeline is ``serving``."""
+
+    pipeline_id = serializers.CharField(read_only=True)
+
+    class Meta:
+        model = DeploymentReplica
+        fields = ["pipeline_id", "index", "slot", "phase", "phase_since"]
 
 
 class PlanRevisionSerializer(serializers.ModelSerializer):
@@ -47,13 +59,14 @@ class DeploymentSerializer(serializers.ModelSerializer):
     model_name = serializers.CharField(source="model.name", read_only=True)
     revision_number = serializers.IntegerField(source="revision.number", read_only=True, default=None)
     stages = serializers.SerializerMethodField()
+    pipelines = PipelineSerializer(source="replicas", many=True, read_only=True)
 
     class Meta:
         model = Deployment
         fields = [
             "id", "url", "name", "model", "model_name", "revision", "revision_number", "replan_on_failure",
             "routing_strategy", "rebalance_policy", "status", "status_message", "stop_requested", "stages",
-            "created", "last_updated",
+            "pipelines", "created", "last_updated",
         ]
 
     def get_stages(self, deployment: Deployment) -> list[dict]:
