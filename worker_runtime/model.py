@@ -20,6 +20,11 @@ from .kv_cache import AttentionPlan
 from .rope import apply_rotary
 
 
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x.to(dtype)`` without a dispatched call when it already is: at batch 1 every call costs."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 class RMSNorm(nn.Module):
     """Normalizes in fp32 and casts back before the weight, exactly as transformers does."""
 
@@ -62,12 +67,12 @@ class Attention(nn.Module):
         qk = apply_rotary(qkv[:, : q_size + kv_size].view(tokens, -1, self.head_dim), cos, sin)
         q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
         v = qkv[:, q_size + kv_size :].view(tokens, self.n_kv_heads, self.head_dim)
-        k_cache.index_copy_(0, plan.write_slots, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, plan.write_slots, v.to(v_cache.dtype))
+        k_cache.index_copy_(0, plan.write_slots, _as(k, k_cache.dtype))
+        v_cache.index_copy_(0, plan.write_slots, _as(v, v_cache.dtype))
         # index_select, not k_cache[slots]: the same gather at a quarter of advanced indexing's cost.
         kv_shape = (plan.batch, -1, self.n_kv_heads, self.head_dim)
-        keys = k_cache.index_select(0, plan.gather_slots).view(kv_shape).transpose(1, 2).to(q.dtype)
-        values = v_cache.index_select(0, plan.gather_slots).view(kv_shape).transpose(1, 2).to(q.dtype)
+        keys = _as(k_cache.index_select(0, plan.gather_slots).view(kv_shape).transpose(1, 2), q.dtype)
+        values = _as(v_cache.index_select(0, plan.gather_slots).view(kv_shape).transpose(1, 2), q.dtype)
         if plan.mask is None:  # one new token per sequence, all equally long: no mask, no padding
             return self.wo(self._one_query(q, keys, values))
         if plan.query_index is not None:
