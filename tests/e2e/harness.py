@@ -201,12 +201,13 @@ class System:
 
 
 def stage_processes(workdir: Path) -> list[psutil.Process]:
-    """Live stage worker processes started for this system (their spec files live under workdir)."""
+    """Live stage worker processes started for this system: they run in their agent's stages folder
+    under workdir (a warm standby's command line names no path: agents/standby.py)."""
     found = []
-    for process in psutil.process_iter(["cmdline"]):
+    for process in psutil.process_iter(["cmdline", "cwd"]):
         try:
             cmdline = process.info["cmdline"] or []
-            if "worker_runtime.serve" in cmdline and any(str(workdir) in part for part in cmdline):
+            if "worker_runtime.serve" in cmdline and str(workdir) in (process.info["cwd"] or ""):
                 if process.status() != psutil.STATUS_ZOMBIE:
                     found.append(process)
         except psutil.Error:
