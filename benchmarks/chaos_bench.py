@@ -56,13 +56,16 @@ CELERY = [sys.executable, "-m", "celery", "-A", "controlplane.celery"]
 CONTROL_PLANE = ("asgi", "celery", "beat")
 REQUEST = {"batch": 4, "context": 256, "replicas": 1}
 NODES = ["n0", "n1", "n2", "n3"]
-REDIS_START = ["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379", "--save", "",
-               "--appendonly", "no", "--dir", "/var/lib/redis", "--logfile", "/var/log/redis/ci.log"]  # .ci/run's
+REDIS_START = ["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379",
+               "--save", "", "--appendonly", "no", "--dir", "/var/lib/redis",
+               "--logfile", "/var/log/redis/ci.log"]  # as .ci/run starts it
+DATABASE_URL = "postgres://postgres@127.0.0.1:5432/motley"
 USAGE = ("from django.db.models import Sum; from controlplane.gateway.models import UsageBucket;"
          "from controlplane.deployments.models import Deployment, PlanRevision as R;"
          "u = UsageBucket.objects.aggregate(r=Sum('requests'), c=Sum('completion_tokens'), e=Sum('errors'));"
          "import json; print(json.dumps({'deployments': Deployment.objects.count(),"
-         "'revisions': sorted(R.objects.filter(deployment__isnull=False).values_list('number', flat=True)), 'requests': u['r'] or 0,"
+         "'revisions': sorted(R.objects.filter(deployment__isnull=False).values_list('number', flat=True)),"
+         "'requests': u['r'] or 0,"
          "'completion_tokens': u['c'] or 0, 'errors': u['e'] or 0}))")
 
 
@@ -128,7 +131,8 @@ def service_env(workdir: Path, database_url: str, redis_db: int) -> Iterator[dic
         connection.execute(f'CREATE DATABASE "{name}"')
     broker = f"redis://127.0.0.1:6379/{redis_db}"
     redis.Redis.from_url(broker).flushdb()
-    env = {**os.environ, **TIMING, "MOTLEY_VAR_DIR": str(workdir / "var"), "MOTLEY_STAGE_PORTS": stage_ports(),
+    env = {**os.environ, **TIMING, "MOTLEY_VAR_DIR": str(workdir / "var"),
+           "MOTLEY_STAGE_PORTS": stage_ports(),
            "PROMETHEUS_MULTIPROC_DIR": str(workdir / "prometheus"),
            "DATABASE_URL": urlunsplit(urlsplit(database_url)._replace(path=f"/{name}")),
            "CELERY_BROKER_URL": broker, "CHANNEL_REDIS_URL": f"redis://127.0.0.1:6379/{redis_db - 1}"}
@@ -139,6 +143,24 @@ def service_env(workdir: Path, database_url: str, redis_db: int) -> Iterator[dic
     finally:
         with psycopg.connect(admin, autocommit=True) as connection:
             connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def service_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", DATABASE_URL),
+                        help="PostgreSQL server (a database of the run's own is created there)")
+    parser.add_argument("--redis-db", type=int, default=11,
+                        help="the broker's Redis db; the channel layer uses the one below")
+
+
+def model_path(system: SupervisedSystem, choice: str, generated: Path) -> Path:
+    """The checkpoint of run_local's ``--demo-model`` choice (generated at ``generated`` when needed)."""
+    script = (f"from pathlib import Path; from controlplane.ops import demo; print(demo.demo_model_ensure("
+              f"choice={choice!r}, generated_path=Path({str(generated)!r})).model.path)")
+    return Path(system.manage("shell", "-c", script).strip().splitlines()[-1])
+
+
+def layer_count(checkpoint: Path) -> int:
+    return json.loads((checkpoint / "config.json").read_text())["num_hidden_layers"]
 
 
 def plan(devices: list[str], bounds: tuple[int, ...], layers: int) -> dict:
@@ -169,7 +191,8 @@ def serving(system: SupervisedSystem, pk: int) -> dict | None:
         d = system.deployment(pk)
     except Exception:  # the API is down (the ASGI server was killed): not serving yet
         return None
-    ok = d["status"] == "ready" and d["stages"] and all(s["wanted"] and s["state"] == "ready" for s in d["stages"])
+    stages = d["stages"]
+    ok = d["status"] == "ready" and stages and all(s["wanted"] and s["state"] == "ready" for s in stages)
     return d if ok else None
 
 
@@ -260,21 +283,26 @@ def inject(system: SupervisedSystem, pk: int, clients: SteadyClients, fault: str
     recovered = time.monotonic()
     time.sleep(settle_s)
     window = clients.window(started, time.monotonic())
-    return {"fault": label, "ok": window.ok, "failed": window.failed, "errors": sorted(set(window.errors))[:5],
+    broken = sum(not o.ok and o.started < started <= o.ended for o in list(clients.outcomes))
+    return {"fault": label, "ok": window.ok, "failed": window.failed, "broken_in_flight": broken,
+            "errors": sorted(set(window.errors))[:5],
             "longest_gap_s": round(window.longest_gap_s, 2), "recover_s": round(recovered - started, 2),
             "orphans": len(orphans(system)), "p99_s": window.p99_s}
 
 
 def rows_check(system: SupervisedSystem, outcomes: list[Outcome]) -> dict:
-    """The database against what clients were answered: lost or duplicated rows (0 each when right)."""
+    """The database against what clients were answered: one deployment, revisions 1..n, and usage equal
+    to the requests served and the tokens they carried (a failed request's usage is in ``errors`` when
+    the gateway saw it fail; one whose ASGI process was killed mid-stream is not counted at all)."""
     rows = system.rows()
     numbers = rows["revisions"]
     served = [o for o in outcomes if o.ok]
     return {"deployments": rows["deployments"], "revisions": len(numbers),
             "revisions_lost_or_repeated": len(set(range(1, max(numbers) + 1)) ^ set(numbers))
             + len(numbers) - len(set(numbers)),
-            "usage_requests": rows["requests"], "client_requests": len(outcomes),
-            "usage_tokens": rows["completion_tokens"], "client_tokens": sum(o.completion_tokens or 0 for o in served),
+            "usage_requests": rows["requests"], "client_served": len(served),
+            "usage_tokens": rows["completion_tokens"],
+            "client_tokens": sum(o.completion_tokens or 0 for o in served),
             "usage_errors": rows["errors"], "client_failed": len(outcomes) - len(served)}
 
 
@@ -285,12 +313,8 @@ def run(args: argparse.Namespace) -> dict:
         model = args.work / "model"
         try:
             system.start()
-            choice = "generated" if args.demo_model == "generated" else args.demo_model
-            script = (f"from pathlib import Path; from controlplane.ops import demo; "
-                      f"print(demo.demo_model_ensure(choice={choice!r}, generated_path=Path({str(model)!r})).model.path)")
-            path = Path(system.manage("shell", "-c", script).strip().splitlines()[-1])
-            layers = json.loads((path / "config.json").read_text())["num_hidden_layers"]
-            pk, key = deploy(system, path, layers)
+            path = model_path(system, args.demo_model, model)
+            pk, key = deploy(system, path, layer_count(path))
             clients = SteadyClients(base_url=system.url, api_key=key, model="chaos", clients=args.clients,
                                     interval_s=args.interval)
             probes: list[Outcome] = []
@@ -314,7 +338,8 @@ def report(result: dict) -> None:
     print("\n| fault | failed requests | longest gap | time to recover | orphans |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for f in result["faults"]:
-        print(f"| {f['fault']} | {f['failed']} of {f['ok'] + f['failed']} | {f['longest_gap_s']:.2f} s "
+        print(f"| {f['fault']} | {f['failed']} of {f['ok'] + f['failed']} ({f['broken_in_flight']} broken in "
+              f"flight) | {f['longest_gap_s']:.2f} s "
               f"| {f['recover_s']:.1f} s | {f['orphans']} |")
     print(f"\nrows: {result['rows']}\nrestarted by the supervisor: {result['restarts']}; "
           f"final status {result['final_status']}; load average {result['load']}")
@@ -323,14 +348,17 @@ def report(result: dict) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=REPO_ROOT / "var" / "bench" / "chaos")
-    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/motley"))
-    parser.add_argument("--redis-db", type=int, default=11, help="the broker's db; the channel layer uses the one below")
-    parser.add_argument("--demo-model", default="generated", help="'generated', 'smollm2' or a checkpoint directory")
+    service_arguments(parser)
+    parser.add_argument("--demo-model", default="generated",
+                        help="'generated', 'smollm2' or a checkpoint directory")
     parser.add_argument("--clients", type=int, default=3)
-    parser.add_argument("--interval", type=float, default=0.5, help="least seconds between a client's requests")
+    parser.add_argument("--interval", type=float, default=0.5,
+                        help="least seconds between a client's requests")
     parser.add_argument("--steady-s", type=float, default=5.0)
-    parser.add_argument("--restart-delay", type=float, default=1.0, help="the supervisor's delay before a restart")
-    parser.add_argument("--faults", nargs="+", choices=sorted(FAULTS), default=["stage", "agent", "celery", "beat", "asgi"])
+    parser.add_argument("--restart-delay", type=float, default=1.0,
+                        help="the supervisor's delay before a restart")
+    parser.add_argument("--faults", nargs="+", choices=sorted(FAULTS),
+                        default=["stage", "agent", "celery", "beat", "asgi"])
     parser.add_argument("--restart-services", action="store_true",
                         help="also restart Redis and PostgreSQL (shared by everything on this machine)")
     parser.add_argument("--json", type=Path)
