@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -345,6 +345,13 @@ def report(result: dict) -> None:
           f"final status {result['final_status']}; load average {result['load']}")
 
 
+def emit(result: dict, show: Callable[[dict], None], path: Path | None) -> None:
+    """Print ``result`` with ``show`` and write it as JSON to ``path`` when given."""
+    show(result)
+    if path:
+        path.write_text(json.dumps(result, indent=2))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=REPO_ROOT / "var" / "bench" / "chaos")
@@ -365,10 +372,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.restart_services:
         args.faults += ["redis", "postgres"]
-    result = run(args)
-    report(result)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    emit(run(args), report, args.json)
     return 0
 
 

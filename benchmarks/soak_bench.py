@@ -15,7 +15,6 @@ At the start of the steady run and at its end: the RSS and open file descriptors
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -28,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.chaos_bench import (  # noqa: E402
     SupervisedSystem,
     deploy,
+    emit,
     layer_count,
     model_path,
     service_arguments,
@@ -154,10 +154,7 @@ def main() -> int:
     parser.add_argument("--ramp-s", type=float, default=15.0, help="seconds per step of the capacity ramp")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    result = soak(args)
-    report(result)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    emit(soak(args), report, args.json)
     return 0
 
 
