@@ -167,6 +167,11 @@ SPECTACULAR_SETTINGS = {
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    # Error answers are documented too (controlplane/common/schema_errors.py).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "controlplane.common.schema_errors.add_error_responses",
+    ],
     # Two choice sets of fields named "source": a revision's (all four) and what a plan input may say.
     "ENUM_NAME_OVERRIDES": {
         "PlanRevisionSourceEnum": "controlplane.deployments.models.PlanRevision.Source",

@@ -21,6 +21,8 @@ api_v1 = [
     path("", include("controlplane.audit.api.urls")),
 ]
 
+handler404 = "controlplane.not_found.not_found"  # JSON under /api/ and /v1/
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(template_name="dashboard/login.html"), name="login"),

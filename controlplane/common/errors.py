@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import Model, ProtectedError, RestrictedError
+from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
@@ -64,13 +65,15 @@ def json_exception_handler(exc: Exception, context: dict[str, Any]) -> Response 
     """Render errors as {"error": {"code", "message", "details"}}.
 
     Django's ValidationError raised by a service becomes a 400 like a serializer error, so services
-    stay free of DRF; a delete refused by a PROTECT/RESTRICT foreign key is a 409 naming the rows that
+    stay free of DRF; Django's Http404 (``get_object``, an unknown ``?format=``) a ``not_found``; a delete refused by a PROTECT/RESTRICT foreign key is a 409 naming the rows that
     still reference it.
     """
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
     elif isinstance(exc, (ProtectedError, RestrictedError)):  # a delete of a row still referenced
         exc = _conflict_from(exc, context)
+    elif isinstance(exc, Http404):  # as DRF would, but keeping the code "not_found" (not "error")
+        exc = exceptions.NotFound(*exc.args)
     response = exception_handler(exc, context)
     if response is None:
         return None

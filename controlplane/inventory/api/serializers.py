@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.common.api import ValidatedModelSerializer
@@ -16,7 +18,7 @@ class NodeSerializer(ValidatedModelSerializer):
     written here (the node actions write the intent, heartbeats the status)."""
 
     url = serializers.HyperlinkedIdentityField(view_name="node-detail")
-    device_count = serializers.IntegerField(read_only=True)
+    device_count = serializers.SerializerMethodField()
     schedulable = serializers.BooleanField(read_only=True, help_text="intent is schedulable: new stages may "
                                                                       "be placed on it (if it is not lost).")
 
@@ -28,6 +30,12 @@ class NodeSerializer(ValidatedModelSerializer):
         ]
         # Written by the agent that owns the node (and liveness), or by the node actions; never here.
         read_only_fields = ["status", "intent", "last_heartbeat", "incarnation"]
+
+    @extend_schema_field(OpenApiTypes.INT)
+    def get_device_count(self, node: Node) -> int:
+        """The list's annotation; a node just created or updated has none, and is counted."""
+        count = getattr(node, "device_count", None)
+        return node.devices.count() if count is None else count
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         """A request that tries to change ``status`` or ``intent`` is told which action does it."""

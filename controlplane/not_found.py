@@ -1,0 +1,23 @@
+"""The 404 of a URL no route matches: JSON where a program is calling, Django's page elsewhere.
+
+Router patterns refuse an id with a dot (``/api/v1/nodes/1.5/``), so such a request never reaches a
+view and its exception handler: without this, an API client got an HTML page instead of the API's
+error shape (found by the schema fuzz tests, tests/fuzz/). Under ``/v1/`` the answer is OpenAI's shape,
+as every other gateway error.
+"""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.defaults import page_not_found
+
+from controlplane.gateway.errors import OpenAIError
+
+
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    message = f"no such URL: {request.path}"
+    if request.path.startswith("/api/"):
+        return JsonResponse({"error": {"code": "not_found", "message": message, "details": {}}}, status=404)
+    if request.path.startswith("/v1/"):
+        return OpenAIError(404, message, type="invalid_request_error", code="not_found").response()
+    return page_not_found(request, exception)
