@@ -3,11 +3,11 @@
     python benchmarks/chaos_bench.py [--work var/bench/chaos] [--demo-model generated|smollm2|PATH]
         [--clients 3] [--interval 0.5] [--faults stage agent celery beat asgi] [--restart-services] [--json F]
 
-Service mode: PostgreSQL (a database of its own, dropped at the end) and Redis (db 11 as the broker,
-db 10 as the channel layer: ``--redis-db``), the ASGI server, the Celery worker and beat started as
+Service mode: PostgreSQL (a database of its own, dropped at the end) and Redis (db 5 as the broker,
+db 4 as the channel layer: ``--redis-db``), the ASGI server, the Celery worker and beat started as
 separate processes, as systemd units or compose services run them, and one agent per emulated node.
 Nothing in motley restarts a killed control-plane process or agent in this mode, so this script
-plays the process supervisor (systemd ``Restart=always``, compose ``restart: always``): ``Supervisor``
+plays the process supervisor (systemd ``Restart=always``, compose ``restart: unless-stopped``): ``SupervisedSystem``
 starts whatever exited again after ``--restart-delay`` seconds. A stage process is restarted by its
 agent; a killed agent's stages die with it (PR_SET_PDEATHSIG, docs/agents.md).
 
@@ -148,7 +148,7 @@ def service_env(workdir: Path, database_url: str, redis_db: int) -> Iterator[dic
 def service_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", DATABASE_URL),
                         help="PostgreSQL server (a database of the run's own is created there)")
-    parser.add_argument("--redis-db", type=int, default=11,
+    parser.add_argument("--redis-db", type=int, default=5,
                         help="the broker's Redis db; the channel layer uses the one below")
 
 

@@ -1,6 +1,6 @@
 """Soak (issue 18): a bounded run at 70 % of measured capacity through the gateway; does anything grow?
 
-    python benchmarks/soak_bench.py [--minutes 20] [--work /tmp/soak] [--redis-db 11] [--json F]
+    python benchmarks/soak_bench.py [--minutes 20] [--work /tmp/soak] [--redis-db 5] [--json F]
 
 The system of ``chaos_bench.py`` (service mode: PostgreSQL, Redis, the ASGI server, Celery worker and
 beat as processes of their own, agents on an emulated fleet, the generated demo model on three of four

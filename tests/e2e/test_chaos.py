@@ -27,7 +27,7 @@ def supervised_system(tmp_path):
     database_url = os.environ.get("DATABASE_URL", "")
     if not database_url.startswith(("postgres://", "postgresql://")) or not redis_up():
         pytest.skip("service mode: needs DATABASE_URL=postgres://… and Redis on 127.0.0.1:6379")
-    with service_env(tmp_path, database_url, redis_db=11) as env:
+    with service_env(tmp_path, database_url, redis_db=5) as env:  # dbs 5 and 4: no other test uses them
         system = SupervisedSystem(workdir=tmp_path, env=env, restart_delay_s=1.0)
         try:
             system.start()
