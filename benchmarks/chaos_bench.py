@@ -102,8 +102,10 @@ class SupervisedSystem(System):
         while not self._stopping.is_set():
             for name, process in list(self.processes.items()):
                 if process.poll() is not None and not self._stopping.wait(self.restart_delay_s):
-                    super()._spawn(name, *self._argv[name])
                     self.restarts[name] = self.restarts.get(name, 0) + 1
+                    log = self.workdir / f"{name}.log"  # kept: the restarted process starts a new one
+                    log.rename(log.with_suffix(f".{self.restarts[name]}.log"))
+                    super()._spawn(name, *self._argv[name])
             self._stopping.wait(0.2)
 
     def stop(self) -> None:
