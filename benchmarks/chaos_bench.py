@@ -43,7 +43,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.steady_clients import Outcome, SteadyClients  # noqa: E402
+from benchmarks.steady_clients import PROMPTS, Outcome, SteadyClients  # noqa: E402
 from tests.e2e.harness import TIMING, System, stage_ports, stage_processes, wait_until  # noqa: E402
 from tests.support.processes import (  # noqa: E402
     REPO_ROOT,
@@ -211,7 +211,7 @@ def orphans(system: SupervisedSystem) -> list[int]:
     return found
 
 
-# --- faults: each returns a predicate that holds once the fault's effect is gone -------------------
+# --- faults: each does its harm and returns a predicate that holds once what it killed runs again ---
 
 def serving_stages(system: SupervisedSystem) -> list[int]:
     """Pids of the stages the agents run (their pid records; ``_standby``, the warm spare, excluded)."""
@@ -225,9 +225,9 @@ def serving_stages(system: SupervisedSystem) -> list[int]:
 
 
 def kill_stage(system: SupervisedSystem, pk: int):
-    victim = serving_stages(system)[0]
-    os.kill(victim, signal.SIGKILL)
-    return lambda: victim not in serving_stages(system) and len(serving_stages(system)) >= 3
+    before = serving_stages(system)
+    os.kill(before[0], signal.SIGKILL)
+    return lambda: before[0] not in (now := serving_stages(system)) and len(now) >= len(before)
 
 
 def kill_agent(system: SupervisedSystem, pk: int):
@@ -278,7 +278,7 @@ def inject(system: SupervisedSystem, pk: int, clients: SteadyClients, fault: str
     def answered() -> bool:
         if serving(system, pk) is None:
             return False
-        probe = clients.one(len(probes) % 6)
+        probe = clients.one(len(probes) % len(PROMPTS))
         probes.append(probe)
         return probe.ok
     wait_until(answered, timeout_s, f"{label}: READY and answering", poll_s=0.5)
