@@ -39,7 +39,9 @@ DEFAULTS: dict[str, Any] = {
     "COSTS_MIN_SAMPLES": 3,
     "DEFAULT_CHAT_MAX_TOKENS": 256,
     "QUOTA_WINDOW_S": 60.0,
-    "WAIT_S": 30.0,
+    # Longer than a lost node takes to be re-planned and served again (MOTLEY_NODE_LOST_AFTER_S 15 s,
+    # then the new stages' start): a request caught by a dead agent waits that out instead of failing.
+    "WAIT_S": 60.0,
     "MAX_WAITING": 256,
     "WAIT_POLL_S": 0.1,
     "RETRY_AFTER_S": 5,
