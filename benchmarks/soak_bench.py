@@ -52,7 +52,7 @@ def capacity(system: SupervisedSystem, key: str, ramp_s: float) -> tuple[float, 
         window = clients.window(start, time.monotonic())
         clients.stop()
         steps.append({"clients": count, "rps": round(window.ok / ramp_s, 2), "failed": window.failed,
-                      "p99_s": window.p99_s})
+                      "p99_s": window.p99_s, "errors": sorted({e[:200] for e in window.errors})[:3]})
         print(f"ramp: {steps[-1]}", flush=True)
         if len(steps) > 1 and steps[-1]["rps"] < steps[-2]["rps"] * 1.1:
             break
