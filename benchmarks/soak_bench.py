@@ -5,7 +5,8 @@
 The system of ``chaos_bench.py`` (service mode: PostgreSQL, Redis, the ASGI server, Celery worker and
 beat as processes of their own, agents on an emulated fleet, the generated demo model on three of four
 nodes). Capacity first: clients sending back to back, 1, 2, 4, 8, … for ``--ramp-s`` each, until the
-throughput grows by less than 10 %; the best is the capacity. Then ``--minutes`` at 70 % of it (the
+throughput grows by less than 10 % or requests fail (past one key's concurrent requests limit, 16 by
+default, they are refused); the best step without failures is the capacity. Then ``--minutes`` at 70 % of it (the
 best ramp's clients, each pacing its requests). Printed per minute: requests, error rate, p50/p99.
 At the start of the steady run and at its end: the RSS and open file descriptors of every process
 (control plane, agents, stages; psutil), the database's size (``pg_database_size``) and the broker's
@@ -54,10 +55,10 @@ def capacity(system: SupervisedSystem, key: str, ramp_s: float) -> tuple[float, 
         steps.append({"clients": count, "rps": round(window.ok / ramp_s, 2), "failed": window.failed,
                       "p99_s": window.p99_s, "errors": sorted({e[:200] for e in window.errors})[:3]})
         print(f"ramp: {steps[-1]}", flush=True)
-        if len(steps) > 1 and steps[-1]["rps"] < steps[-2]["rps"] * 1.1:
-            break
+        if window.failed or (len(steps) > 1 and steps[-1]["rps"] < steps[-2]["rps"] * 1.1):
+            break  # refusals (one key's 16 requests in flight at most: docs/gateway.md) or no gain
         count *= 2
-    best = max(steps, key=lambda s: s["rps"])
+    best = max((s for s in steps if not s["failed"]), key=lambda s: s["rps"])
     return best["rps"], best["clients"], steps
 
 
