@@ -7,8 +7,8 @@ Service mode: PostgreSQL (a database of its own, dropped at the end) and Redis (
 db 4 as the channel layer: ``--redis-db``), the ASGI server, the Celery worker and beat started as
 separate processes, as systemd units or compose services run them, and one agent per emulated node.
 Nothing in motley restarts a killed control-plane process or agent in this mode, so this script
-plays the process supervisor (systemd ``Restart=always``, compose ``restart: unless-stopped``): ``SupervisedSystem``
-starts whatever exited again after ``--restart-delay`` seconds. A stage process is restarted by its
+plays the process supervisor (systemd ``Restart=always``, compose ``restart: unless-stopped``):
+``SupervisedSystem`` starts whatever exited again after ``--restart-delay`` seconds. A stage process is restarted by its
 agent; a killed agent's stages die with it (PR_SET_PDEATHSIG, docs/agents.md).
 
 While clients of the official ``openai`` library stream seeded chat requests at a steady pace

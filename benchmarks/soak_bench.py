@@ -7,8 +7,8 @@ beat as processes of their own, agents on an emulated fleet, the generated demo 
 nodes). Capacity first: clients sending back to back, 1, 2, 4, 8, … for ``--ramp-s`` each, until the
 throughput grows by less than 10 % or requests fail (past one key's concurrent requests limit, 16 by
 default, they are refused); the best step without failures is the capacity. Then ``--minutes`` at
-70 % of it (the best step's clients, each pacing its requests). Printed per minute: requests, error rate, p50/p99.
-At the start of the steady run and at its end: the RSS and open file descriptors of every process
+70 % of it (the best step's clients, each pacing its requests). Printed per minute: requests, error
+rate, p50/p99. At the start of the steady run and at its end: the RSS and open file descriptors of every process
 (control plane, agents, stages; psutil), the database's size (``pg_database_size``) and the broker's
 (Redis ``DBSIZE`` of its db and the server's ``used_memory``). Goal: each flat within 10 %. Not in CI.
 """
