@@ -3,23 +3,23 @@
     python benchmarks/chaos_bench.py [--work var/bench/chaos] [--demo-model generated|smollm2|PATH]
         [--clients 3] [--interval 0.5] [--faults stage agent celery beat asgi] [--restart-services] [--json F]
 
-Service mode: PostgreSQL (a database of its own, dropped at the end) and Redis (db 5 as the broker,
-db 4 as the channel layer: ``--redis-db``), the ASGI server, the Celery worker and beat started as
-separate processes, as systemd units or compose services run them, and one agent per emulated node.
-Nothing in motley restarts a killed control-plane process or agent in this mode, so this script
-plays the process supervisor (systemd ``Restart=always``, compose ``restart: unless-stopped``):
-``SupervisedSystem`` starts whatever exited again after ``--restart-delay`` seconds. A stage process is restarted by its
-agent; a killed agent's stages die with it (PR_SET_PDEATHSIG, docs/agents.md).
+Service mode: PostgreSQL (a database of its own, dropped at the end) and Redis (db 5 as the broker, db 4
+as the channel layer: ``--redis-db``), the ASGI server, the Celery worker and beat started as separate
+processes, as systemd units or compose services run them, and one agent per emulated node. Nothing in
+motley restarts a killed control-plane process or agent in this mode, so this script plays the process
+supervisor (systemd ``Restart=always``, compose ``restart: unless-stopped``): ``SupervisedSystem`` starts
+whatever exited again after ``--restart-delay`` seconds. A stage process is restarted by its agent; a
+killed agent's stages die with it (PR_SET_PDEATHSIG, docs/agents.md).
 
 While clients of the official ``openai`` library stream seeded chat requests at a steady pace
-(``steady_clients.py``), in turn: SIGKILL of a stage process, an agent (one carrying a stage), the
-Celery worker, beat and the ASGI server, and with ``--restart-services`` a restart of Redis
-(``redis-cli shutdown nosave`` and .ci/run's start command) and PostgreSQL (``pg_ctlcluster restart``):
-those servers are shared by everything on the machine, so never by default. For each fault: requests
-failed, the longest time without a completed request, the time until the deployment is READY with
-every stage serving and a fresh request is answered, stage processes whose agent is gone (orphans),
-and the database rows: one deployment, revisions numbered 1..n without gaps or repeats, and the
-usage rows equal to what the clients were answered (requests, completion tokens, errors).
+(``steady_clients.py``), in turn: SIGKILL of a stage process, an agent (one carrying a stage), the Celery
+worker, beat and the ASGI server, and with ``--restart-services`` a restart of Redis (``redis-cli shutdown
+nosave`` and .ci/run's start command) and PostgreSQL (``pg_ctlcluster restart``): those servers are shared
+by everything on the machine, so never by default. For each fault: requests failed, the longest time
+without a completed request, the time until the deployment is READY with every stage serving and a fresh
+request is answered, stage processes whose agent is gone (orphans), and the database rows: one deployment,
+revisions numbered 1..n without gaps or repeats, and the usage rows equal to what the clients were
+answered (requests, completion tokens, errors).
 """
 
 from __future__ import annotations

@@ -2,15 +2,15 @@
 
     python benchmarks/soak_bench.py [--minutes 20] [--work /tmp/soak] [--redis-db 5] [--json F]
 
-The system of ``chaos_bench.py`` (service mode: PostgreSQL, Redis, the ASGI server, Celery worker and
-beat as processes of their own, agents on an emulated fleet, the generated demo model on three of four
-nodes). Capacity first: clients sending back to back, 1, 2, 4, 8, … for ``--ramp-s`` each, until the
-throughput grows by less than 10 % or requests fail (past one key's concurrent requests limit, 16 by
-default, they are refused); the best step without failures is the capacity. Then ``--minutes`` at
-70 % of it (the best step's clients, each pacing its requests). Printed per minute: requests, error
-rate, p50/p99. At the start of the steady run and at its end: the RSS and open file descriptors of every process
-(control plane, agents, stages; psutil), the database's size (``pg_database_size``) and the broker's
-(Redis ``DBSIZE`` of its db and the server's ``used_memory``). Goal: each flat within 10 %. Not in CI.
+The system of ``chaos_bench.py`` (service mode: PostgreSQL, Redis, the ASGI server, Celery worker and beat
+as processes of their own, agents on an emulated fleet, the generated demo model on three of four nodes).
+Capacity first: clients sending back to back, 1, 2, 4, 8, … for ``--ramp-s`` each, until the throughput
+grows by less than 10 % or requests fail (past one key's concurrent requests limit, 16 by default, they
+are refused); the best step without failures is the capacity. Then ``--minutes`` at 70 % of it (the best
+step's clients, each pacing its requests). Printed per minute: requests, error rate, p50/p99. At the start
+of the steady run and at its end: the RSS and open file descriptors of every process (control plane,
+agents, stages; psutil), the database's size (``pg_database_size``) and the broker's (Redis ``DBSIZE`` of
+its db and the server's ``used_memory``). Goal: each flat within 10 %. Not in CI.
 """
 
 from __future__ import annotations
