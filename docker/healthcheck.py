@@ -31,7 +31,7 @@ def worker() -> str | None:
     node = f"celery@{socket.gethostname()}"
     result = subprocess.run(
         ["celery", "-A", "controlplane.celery", "inspect", "ping", "--destination", node, "--timeout", "5"],
-        capture_output=True, text=True, timeout=30, cwd="/opt/motley/app",
+        capture_output=True, text=True, timeout=25, cwd="/opt/motley/app",
     )
     return None if result.returncode == 0 else f"{node} did not answer a ping: {result.stdout}{result.stderr}"
 

