@@ -64,12 +64,16 @@ def build_app(
 
     @app.task(name=STOP_STAGE, shared=False)
     def stop_stage(stage_key: str) -> dict[str, Any] | None:
+        if not isinstance(stage_key, str):
+            raise TypeError(f"stop_stage: stage_key must be a string, got {stage_key!r:.100}")
         status = supervisor.stop(stage_key)
         return status.to_json() if status else None
 
     @app.task(name=SYNC, shared=False)
     def sync(wanted_stage_keys: list[str]) -> list[str]:
-        return supervisor.sync(list(wanted_stage_keys))
+        if not isinstance(wanted_stage_keys, list) or not all(isinstance(k, str) for k in wanted_stage_keys):
+            raise TypeError(f"sync: wanted_stage_keys must be a list of stage keys, got {wanted_stage_keys!r:.100}")
+        return supervisor.sync(wanted_stage_keys)
 
     @app.task(name=SET_THROTTLE, shared=False)
     def set_throttle(device_index: int, factor: float) -> dict[str, Any]:

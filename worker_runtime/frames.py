@@ -22,6 +22,8 @@ from typing import Any
 import torch
 
 MAX_HEADER_BYTES = 8 << 20
+MAX_DIMS = 8  # the pipeline sends at most 2-d tensors; more is a malformed header
+MAX_DIM = 1 << 40  # per dimension: far above any real tensor, far below torch's int64 overflow
 DTYPES = {
     "float32": torch.float32,
     "float16": torch.float16,
@@ -95,15 +97,21 @@ class FrameCodec:
 
     @staticmethod
     def _tensor(spec: Any, part: Any) -> torch.Tensor:
-        try:
-            dtype = DTYPES[spec["dtype"]]
-            shape = [int(d) for d in spec["shape"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise FrameError(f"bad tensor description {spec!r}") from exc
+        """The tensor a part holds, once its description is exactly ``{"dtype": name, "shape": [int, ...]}``
+        with sizes torch can take (a huge or fractional size must not reach torch: it raises there)."""
+        dtype = DTYPES.get(spec.get("dtype")) if isinstance(spec, dict) and isinstance(spec.get("dtype"), str) else None
+        shape = spec.get("shape") if isinstance(spec, dict) else None
+        if (
+            dtype is None
+            or not isinstance(shape, list)
+            or len(shape) > MAX_DIMS
+            or not all(type(d) is int and 0 <= d <= MAX_DIM for d in shape)
+        ):
+            raise FrameError(f"bad tensor description {spec!r}"[:300])
         buffer = memoryview(part)
         expected = math.prod(shape) * dtype.itemsize
-        if any(d < 0 for d in shape) or buffer.nbytes != expected:
-            raise FrameError(f"tensor part of {buffer.nbytes} bytes does not match {spec!r}")
+        if buffer.nbytes != expected:
+            raise FrameError(f"tensor part of {buffer.nbytes} bytes does not match {spec!r}"[:300])
         if expected == 0:
             return torch.empty(shape, dtype=dtype)
         return torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).reshape(shape)

@@ -255,12 +255,12 @@ class HeadLoop:
             params = SamplingParams(**h.get("sampling", {}))
             max_tokens = int(h["max_tokens"])
             stop = frozenset(int(t) for t in h.get("stop_token_ids", ()))
-            deadline_s = h.get("deadline_s")
+            deadline_s = None if h.get("deadline_s") is None else float(h["deadline_s"])
         except (KeyError, TypeError, ValueError) as exc:
             raise RequestRejected(f"malformed request: {exc}") from exc
         if not prompt or max_tokens < 1 or any(not 0 <= t < vocab for t in prompt):
             raise RequestRejected(f"a request needs a non-empty prompt of token ids below {vocab} and max_tokens >= 1")
-        deadline = None if deadline_s is None else time.monotonic() + float(deadline_s)
+        deadline = None if deadline_s is None else time.monotonic() + deadline_s
         return Request(request_id, client, prompt, params, max_tokens, stop, deadline)
 
     def on_cancel(self, client: bytes, h: dict[str, Any]) -> None:

@@ -1,0 +1,79 @@
+"""Hostile agent tasks through the real queue consumer (filesystem broker, as embedded mode): unknown
+fields, wrong types, missing fields and bad values for start_stage, stop_stage, sync and set_throttle.
+
+The consumer stays up, logs each refusal with what is wrong, starts nothing from a malformed spec,
+and still runs the good task sent after them. A redelivered start (the same task twice) starts one
+process. (Tasks carry no incarnation, so a task queued for a previous incarnation of the agent is
+indistinguishable from a redelivery: what protects the agent is that a start is idempotent and the
+control plane's sync after a registration stops whatever is not wanted; docs/contracts.md §3. An
+unknown field inside a spec is refused by the stage process itself, StageSpec.from_dict, not here.)
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from celery import Celery
+
+from agents.admission import Admission
+from agents.discovery.emulated import emulated_devices
+from agents.supervisor import RestartPolicy, Supervisor
+from agents.throttle import Throttles
+from contracts.tasks import SET_THROTTLE, START_STAGE, STOP_STAGE, SYNC
+from tests.agents.conftest import tiny_fleet  # noqa: F401  (fixture)
+from tests.agents.helpers import STAND_IN_COMMAND, Events, stage_spec, tiny_model, wait_until
+from tests.agents.test_queue_consumer import _filesystem, _queue, consuming
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def hostile_tasks(spec: dict) -> list[tuple[str, dict, str]]:
+    """(task, kwargs, a fragment of the logged error)."""
+    return [
+        (START_STAGE, {"stage_key": "bad-1", "spec": spec, "colour": "red"}, "colour"),
+        (START_STAGE, {"stage_key": "bad-2"}, "spec"),
+        (START_STAGE, {"stage_key": "bad-3", "spec": "not an object"}, "JSON object"),
+        (START_STAGE, {"stage_key": "bad-5", "spec": {**spec, "layers": "all"}}, ""),  # reported as refused
+        (START_STAGE, {"stage_key": "../../etc", "spec": spec}, "stage_key"),
+        (START_STAGE, {"stage_key": ["a"], "spec": spec}, "stage_key"),
+        (STOP_STAGE, {}, "stage_key"),
+        (STOP_STAGE, {"stage_key": 7}, "stage_key"),
+        (SYNC, {"wanted_stage_keys": 5}, "wanted_stage_keys"),
+        (SET_THROTTLE, {"device_index": "gpu0", "factor": 0.5}, "device"),
+        (SET_THROTTLE, {"device_index": 0, "factor": -1}, "factor"),
+        (SET_THROTTLE, {"device_index": 0, "factor": 0.5, "extra": True}, "extra"),
+    ]
+
+
+def test_hostile_tasks_are_refused_with_a_clear_error_and_start_nothing(tmp_path, tiny_fleet, caplog):
+    url, options = _filesystem(tmp_path)
+    queue, events = _queue(), Events()
+    devices = emulated_devices(tiny_fleet, "box")
+    supervisor = Supervisor(tmp_path / "state", Admission(devices), events, command=STAND_IN_COMMAND,
+                            policy=RestartPolicy(stop_grace_s=1.0))
+    throttles = Throttles(tmp_path / "throttle", devices)
+    spec = stage_spec(tiny_model(tmp_path / "model"), device="cuda:0")
+    controller = Celery("controller", broker=url, set_as_current=False, fixups=[])
+    controller.conf.broker_transport_options = options
+    caplog.set_level(logging.INFO)
+    with consuming(url, options, queue, supervisor, throttles) as consumer:
+        bad = hostile_tasks(spec)
+        for name, kwargs, _ in bad:
+            controller.send_task(name, kwargs=kwargs, queue=queue, serializer="json")
+        for _ in range(2):  # then a good start, redelivered: one process
+            controller.send_task(START_STAGE, kwargs={"stage_key": "good", "spec": spec}, queue=queue,
+                                 serializer="json")
+        events.wait_for(lambda s: s.stage_key == "good" and s.state == "ready", timeout_s=60)
+        wait_until(lambda: sum("succeeded" in r.getMessage() and START_STAGE in r.getMessage()
+                               for r in caplog.records) >= 2, what="both good starts ran")
+        assert consumer.alive
+        assert {s.stage_key for s in events.seen if s.pid} == {"good"}  # no process from a malformed task
+        refused = next(s for s in events.seen if s.stage_key == "bad-5")  # a spec it cannot size: reported
+        assert refused.state == "failed" and "bad field" in refused.message
+        assert len({s.pid for s in events.seen if s.pid}) == 1
+    errors = "\n".join(r.getMessage() + str(r.exc_info and r.exc_info[1]) for r in caplog.records
+                       if r.levelno >= logging.ERROR)
+    for name, kwargs, fragment in bad:
+        assert fragment in errors, (name, kwargs, fragment)
+    controller.close()
