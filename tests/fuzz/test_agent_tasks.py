@@ -56,7 +56,10 @@ def test_hostile_tasks_are_refused_with_a_clear_error_and_start_nothing(tmp_path
     spec = stage_spec(tiny_model(tmp_path / "model"), device="cuda:0")
     controller = Celery("controller", broker=url, set_as_current=False, fixups=[])
     controller.conf.broker_transport_options = options
-    caplog.set_level(logging.INFO)
+    caplog.handler.setLevel(logging.INFO)
+    trace = logging.getLogger("celery.app.trace")  # its own handler: Django's LOGGING may stop propagation
+    trace.addHandler(caplog.handler)
+    trace.setLevel(logging.INFO)
     with consuming(url, options, queue, supervisor, throttles) as consumer:
         bad = hostile_tasks(spec)
         for name, kwargs, _ in bad:
@@ -77,3 +80,4 @@ def test_hostile_tasks_are_refused_with_a_clear_error_and_start_nothing(tmp_path
     for name, kwargs, fragment in bad:
         assert fragment in errors, (name, kwargs, fragment)
     controller.close()
+    trace.removeHandler(caplog.handler)
