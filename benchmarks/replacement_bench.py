@@ -15,8 +15,9 @@ with a join token of its own), so the demo's plan leaves it free for the changes
 Clients of the official ``openai`` library stream seeded chat requests at a steady pace
 (``steady_clients.py``) while, in turn: nothing (the steady state, the baseline measured in the same
 run), a boundary move (the first boundary by one layer), a stage moved to the spare device, a drain of
-the spare node, and a SIGKILL of the agent of a node that carries a stage. Each change's window runs
-from the change until the new plan serves alone plus ``--settle-s``. Printed per change: requests ok
+the spare node, and (once the spare is back and carries a stage again, not measured) a SIGKILL of the
+spare's agent, whose stage the demo's own cards can take back. Each change's window runs from the
+change until the new plan serves alone plus ``--settle-s``. Printed per change: requests ok
 and failed, the longest time without a completed request, p50/p99 latency against the steady state,
 and the time until the new plan serves. Goals: 0 failed; gap under 2 s in place and under 0.5 s
 beside; p99 at most 3x the steady state.
@@ -35,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -122,14 +122,6 @@ def stage_moved(plan: dict, devices: list[str]) -> dict:
     return plan
 
 
-def agent_process(launcher: Launcher, node: str) -> psutil.Process:
-    for child in psutil.Process(launcher.process.pid).children(recursive=True):
-        cmdline = child.cmdline()
-        if "agents" in cmdline and node in cmdline and "worker_runtime.serve" not in cmdline:
-            return child
-    raise RuntimeError(f"no agent process for node {node}")
-
-
 def run_room(args: argparse.Namespace, room: str) -> dict:
     work = args.work / room
     var = work / "var"
@@ -182,18 +174,24 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
                        key=lambda s: s["stage_index"])
             api.post(f"/api/v1/nodes/{api.node_id(last['node_name'])}/drain/")
 
-        def kill() -> None:
-            stages = api.get(f"/api/v1/deployments/{pk}/")["stages"]
-            nodes = [s["node_name"] for s in sorted(stages, key=lambda s: -s["stage_index"]) if s["wanted"]]
-            agent_process(launcher, nodes[0]).send_signal(signal.SIGKILL)
+        def spare_carries_a_stage_again() -> None:  # not measured: sets up the kill
+            api.post(f"/api/v1/nodes/{api.node_id('demo-spare')}/undrain/")
+            revision = api.deployment()["revision_number"]
+            move()
+            serving_alone(api, pk, revision + 1)
 
-        changes: list[tuple[str, Callable[[], None]]] = [
-            ("boundary move", lambda: apply(boundary_moved(api.applied(pk)["plan"]))),
-            ("stage to another device", move),
-            ("drain a node", drain),
-            ("kill -9 an agent", kill),
+        def kill() -> None:  # the spare's agent: the demo's own cards can take its stage back
+            spare.send_signal(signal.SIGKILL)
+
+        changes: list[tuple[str, Callable[[], None] | None, Callable[[], None]]] = [
+            ("boundary move", None, lambda: apply(boundary_moved(api.applied(pk)["plan"]))),
+            ("stage to another device", None, move),
+            ("drain a node", None, drain),
+            ("kill -9 an agent", spare_carries_a_stage_again, kill),
         ]
-        for name, change in changes:
+        for name, prepare, change in changes:
+            if prepare is not None:
+                prepare()
             revision = api.deployment()["revision_number"]
             started = time.monotonic()
             change()
