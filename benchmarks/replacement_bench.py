@@ -115,6 +115,17 @@ def boundary_moved(plan: dict) -> dict:
     return plan
 
 
+def two_stages(plan: dict, devices: list[str]) -> dict:
+    """A one-stage plan split in halves, the second on another device (a boundary to move)."""
+    (stage,) = plan["replicas"][0]["stages"]
+    start, end = stage["layers"]
+    middle = (start + end) // 2
+    other = next(d for d in devices if d != stage["device"])
+    plan["replicas"][0]["stages"] = [{**stage, "layers": [start, middle]},
+                                     {**stage, "layers": [middle, end], "device": other}]
+    return plan
+
+
 def stage_moved(plan: dict, devices: list[str]) -> dict:
     """The plan with its last stage on the first of ``devices`` it does not use."""
     used = {s["device"] for r in plan["replicas"] for s in r["stages"]}
@@ -146,6 +157,16 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
         deployment = api.deployment()
         pk, model = deployment["id"], deployment["model_name"]
         serving_alone(api, pk, deployment["revision_number"])
+
+        def apply(plan: dict) -> None:
+            api.post(f"/api/v1/deployments/{pk}/apply/", {"plan": plan, "request": api.applied(pk)["request"],
+                                                          "source": "edited"})
+
+        if len(api.applied(pk)["plan"]["replicas"][0]["stages"]) < 2:  # the planner fit it on one card
+            devices = [d["name"] for d in api.get("/api/v1/devices/")["results"] if "spare" not in d["name"]]
+            apply(two_stages(api.applied(pk)["plan"], devices))
+            serving_alone(api, pk, deployment["revision_number"] + 1)
+
         spare = spare_agent(base, spare_fleet, env, work / "spare-agent.log")
         while "demo-spare" not in {n["name"] for n in api.get("/api/v1/nodes/")["results"]
                                    if n["status"] == "ready"}:
@@ -160,10 +181,6 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
         steady = clients.window(steady_start, time.monotonic())
         result["steady"] = steady.__dict__
         print(f"[{room}] steady state: {steady.line()}", flush=True)
-
-        def apply(plan: dict) -> None:
-            api.post(f"/api/v1/deployments/{pk}/apply/", {"plan": plan, "request": api.applied(pk)["request"],
-                                                          "source": "edited"})
 
         def move() -> None:
             devices = [d["name"] for d in api.get("/api/v1/devices/")["results"]]
