@@ -243,3 +243,20 @@ def test_a_registration_is_a_sign_of_life_whatever_the_node_was(nodes, sent):
     node_agent_restarted(node=node)  # what agent_register calls for the new incarnation
     assert status(node) == Node.Status.READY and node.status == Node.Status.READY
     assert node_health_check() == []  # its last_heartbeat is the registration's
+
+
+@pytest.mark.parametrize("skew_s", [-3600.0, 3600.0])
+def test_an_agent_clock_an_hour_off_neither_keeps_a_silent_node_alive_nor_makes_a_live_one_suspect(
+    nodes, sent, skew_s
+):
+    """Hosts differ (issue 16): liveness reads the server's receive time, never the agent's ``sent_at``."""
+    node = nodes[0]
+    skewed = {"sent_at": timezone.now().timestamp() + skew_s, "stages": []}
+    node_heartbeat_record(node=node, heartbeat=skewed)
+    node_health_check()
+    assert status(node) == Node.Status.READY  # an agent clock an hour behind is still heard now
+    node_heartbeats_flush(seen=[HeartbeatSeen(node.pk, node.incarnation, timezone.now(), skewed["stages"])])
+    assert status(node) == Node.Status.READY
+    silent_for(node, 11)
+    node_health_check()
+    assert status(node) == Node.Status.LOST  # an hour ahead does not keep a silent node alive
