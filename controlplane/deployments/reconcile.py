@@ -17,6 +17,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from contracts.model_profile import ModelProfile
 from contracts.tasks import START_STAGE, STOP_STAGE
 from controlplane.deployments import dispatch, handover
 from controlplane.deployments.desired_state import revision_apply
@@ -29,6 +30,7 @@ from controlplane.deployments.models import (
     PlanRevision,
 )
 from controlplane.deployments.revisions import plan_revision_check, replan_revision_create
+from controlplane.deployments.room import room_shortfalls
 from controlplane.planning import PlanningError
 
 logger = logging.getLogger(__name__)
@@ -50,6 +52,7 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
     if not deployment.stop_requested:
         handover.handovers_advance(deployment=deployment, now=now)
     rows = list(deployment.stages.select_related("node", "device"))
+    leaving = _leaving_by_device(rows)
     for row in rows:
         lost = row.lost
         if not row.wanted:
@@ -68,6 +71,12 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
             row.state == row.State.PENDING and row.sent_at is not None and row.sent_at < now - start_timeout
         )
         if changed or unconfirmed or row.state == row.State.EXITED:
+            if (blocking := [key for key in leaving.get(row.device_id, ()) if key != row.stage_key]) and (
+                    room_shortfalls(profile=ModelProfile.from_dict(deployment.model.profile),
+                                    new=[(row.device, row.spec)], exclude=frozenset({row.pk}))):
+                # The leaving stages still hold the memory it needs: the agent would refuse the start.
+                _stage_wait(row=row, message=f"waiting for {', '.join(blocking)} to leave {row.device}")
+                continue
             _stage_start(row=row, now=now, restart=changed and row.sent_spec is not None)
     if deployment.stop_requested:
         remaining = deployment.stages.count()
@@ -124,6 +133,25 @@ def _status_decide(*, deployment: Deployment, rows: list[DeploymentStage], was_m
         waiting = ", ".join(row.stage_key for row in rows
                             if row.replica in serving_indexes and row.state != row.State.READY)
         _status_set(deployment, Deployment.Status.DEGRADED, f"not ready: {waiting}")
+
+
+def _leaving_by_device(rows: list[DeploymentStage]) -> dict[int, list[str]]:
+    """Device id -> keys of this deployment's retired stages still running there (stop sent or to
+    send, not yet confirmed). A stage placed on such a device without room beside them starts once
+    they are gone: a stage that moves onto a card another stage of the plan is leaving (a drain, an
+    in-place re-plan) would otherwise be refused by the agent's admission (room.py, the same test)."""
+    leaving: dict[int, list[str]] = {}
+    for row in rows:
+        if (not row.wanted and not row.lost and row.sent_at is not None and row.device_id is not None
+                and row.state not in (row.State.EXITED, row.State.FAILED)):
+            leaving.setdefault(row.device_id, []).append(row.stage_key)
+    return leaving
+
+
+def _stage_wait(*, row: DeploymentStage, message: str) -> None:
+    if row.message != message:
+        row.message = message
+        row.save(update_fields=["message"])
 
 
 def _stage_start(*, row: DeploymentStage, now: datetime, restart: bool) -> None:

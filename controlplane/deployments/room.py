@@ -22,12 +22,14 @@ from controlplane.deployments.models import DeploymentStage
 from controlplane.inventory.models import Device
 
 
-def room_shortfalls(*, profile: ModelProfile, new: Iterable[tuple[Device, dict[str, Any]]]) -> list[str]:
+def room_shortfalls(*, profile: ModelProfile, new: Iterable[tuple[Device, dict[str, Any]]],
+                    exclude: frozenset[int] = frozenset()) -> list[str]:
     """Why the new stages (device, §1 spec of ``profile``'s model) do not all fit beside what is held
     on their devices; empty when they do.
 
     Held: every stage row on the device (any deployment) that is wanted or not yet confirmed gone,
-    since a stage being stopped holds its memory until its process exits.
+    since a stage being stopped holds its memory until its process exits; rows in ``exclude`` (the
+    new stages' own rows, when they are stored already) are not.
     """
     need: dict[int, int] = {}
     devices: dict[int, Device] = {}
@@ -38,7 +40,7 @@ def room_shortfalls(*, profile: ModelProfile, new: Iterable[tuple[Device, dict[s
     profiles = {}
     gone = (DeploymentStage.State.EXITED, DeploymentStage.State.FAILED)
     for row in DeploymentStage.objects.filter(device_id__in=need).select_related("deployment__model"):
-        if not row.wanted and row.state in gone or not row.spec:
+        if not row.wanted and row.state in gone or not row.spec or row.pk in exclude:
             continue
         model = row.deployment.model
         if model.pk not in profiles:

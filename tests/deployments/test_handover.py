@@ -242,3 +242,22 @@ def test_the_controllers_footprint_of_a_stage_is_the_agents(nodes, llm, revision
     profile = ModelProfile.from_dict(llm.profile)
     for stage in deployment.stages.all():
         assert spec_bytes(profile, stage.spec) == spec_footprint(stage.spec).total_bytes > 0
+
+
+def test_a_stage_moving_onto_a_card_another_stage_is_leaving_starts_once_that_one_is_gone(
+    nodes, real_gpus, llm, revision, sent
+):
+    """Stages 1 and 2 swap cards in place (no room beside on real cards): each new stage waits for the
+    one leaving its card, else the agent's admission refuses it (seen in replacement_bench's drain)."""
+    deployment = serving_ready(revision, sent)
+    d = deployment.pk
+    deployment = apply(deployment, llm, edited_plan(("n0/gpu0", 0, 2), ("n2/gpu0", 2, 4), ("n1/gpu0", 4, 6)))
+    tasks = sent.take()
+    assert sorted(kw["stage_key"] for _, n, kw in tasks if n == STOP) == [f"d{d}-r0-s1", f"d{d}-r0-s2"]
+    assert sorted(kw["stage_key"] for _, n, kw in tasks if n == START) == [f"d{d}-r0-s0"]
+    waiting = deployment.stages.get(wanted=True, stage_index=1)
+    assert waiting.message == f"waiting for d{d}-r0-s2 to leave {waiting.device}"
+    for stage in deployment.stages.filter(wanted=False):
+        stage_status_record(node=stage.node, status=report(stage, "exited", None, exit_code=0))
+    deployment_reconcile(deployment_id=d)
+    assert sent_keys(sent, START) == [f"d{d}-r0-s1", f"d{d}-r0-s2"]
