@@ -157,6 +157,7 @@ def test_every_kind_of_malformed_frame_is_dropped_and_counted_by_both_stages(pip
 
 @pytest.mark.parametrize("name", BAD_SUBMITS)
 def test_an_authenticated_submit_it_cannot_take_is_answered_with_a_clear_error(pipeline, sockets, name):
+    stage_stats(pipeline)  # waits until the pipeline is whole again after whatever ran before (any order)
     sock = sockets["head"]
     request_id = f"bad-{name}"
     sock.send_multipart(signed(head_header("submit", request_id=request_id, **BAD_SUBMITS[name])))
