@@ -18,6 +18,7 @@ import pytest
 
 from controlplane.gateway.tokenization import ModelTokenizer
 from controlplane.models_catalog.smollm2 import smollm2_gguf_path
+from controlplane.ops.demo import DEMO_QUESTION
 from tests.support.processes import REPO_ROOT, embedded_env, free_port, manage_argv
 
 pytestmark = pytest.mark.slow
@@ -53,7 +54,7 @@ def test_run_local_serves_smollm2_by_default_and_answers_paris(tmp_path):
         assert "demo: SmolLM2-135M-Instruct from " in output and "deploying demo-smollm2" in output
         printed = output.split("demo: READY. Send a request:\n", 1)[1].splitlines()[0]
         body = json.loads(printed.split(" -d '", 1)[1].rstrip("'"))
-        assert body["messages"][0]["content"] == "What is the capital of France?" and body["temperature"] == 0
+        assert body["messages"][0]["content"] == DEMO_QUESTION and body["temperature"] == 0
         key = (tmp_path / "demo-api-key.txt").read_text().strip()
         assert f"Bearer {key}" in printed
         response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60,

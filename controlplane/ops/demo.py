@@ -44,7 +44,9 @@ DEMO_REQUEST = {"batch": 16, "context": 2048, "replicas": 1}
 # --demo-model: the model `make run` serves by default, and the old generated one.
 SMOLLM2, GENERATED = "smollm2", "generated"
 GENERATED_NAME = "motley-demo"
-DEMO_QUESTION = "What is the capital of France?"  # the printed first request (SmolLM2: "... Paris.")
+# The printed first request. "Answer in one sentence." keeps SmolLM2 on "The capital of France is Paris."
+# under the demo plan's int4 layers (the bare question's first token is a near tie: "L'Étoile ..." at int4).
+DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
 # The demo deployment of each demo model (a name is never reused, so each model has its own).
 DEMO_DEPLOYMENTS = {GENERATED_NAME: "demo", SMOLLM2_NAME: "demo-smollm2"}
 SMOLLM2_MISSING = (
