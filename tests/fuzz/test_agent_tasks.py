@@ -21,11 +21,12 @@ from agents.discovery.emulated import emulated_devices
 from agents.supervisor import RestartPolicy, Supervisor
 from agents.throttle import Throttles
 from contracts.tasks import SET_THROTTLE, START_STAGE, STOP_STAGE, SYNC
-from tests.agents.conftest import tiny_fleet  # noqa: F401  (fixture)
+from tests.agents.conftest import brokers_named_by_the_test, tiny_fleet  # noqa: F401  (fixtures)
 from tests.agents.helpers import STAND_IN_COMMAND, Events, stage_spec, tiny_model, wait_until
 from tests.agents.test_queue_consumer import _filesystem, _queue, consuming
 
-pytestmark = pytest.mark.timeout(120)
+# CI exports CELERY_BROKER_URL, which would send the controller's tasks to Redis, not this test's broker.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("brokers_named_by_the_test")]
 
 
 def hostile_tasks(spec: dict) -> list[tuple[str, dict, str]]:
