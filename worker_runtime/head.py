@@ -38,6 +38,7 @@ class Peer:
     incarnation: str
     last_seen: float
     stats: dict
+    linked: bool  # its link to the next stage is up (a pipeline is complete only when every one is)
 
 
 class HeadLoop:
@@ -142,7 +143,8 @@ class HeadLoop:
         silent = [i for i, p in self.peers.items() if now - p.last_seen > self.spec.peer_timeout_s]
         if self.healthy and silent:
             self.break_pipeline(silent[0], f"stage {silent[0]} silent for over {self.spec.peer_timeout_s} s")
-        elif not self.healthy and not missing and all(p.last_seen > self.broken_at for p in self.peers.values()):
+        elif not self.healthy and not missing and all(p.last_seen > self.broken_at and p.linked
+                                                      for p in self.peers.values()):
             try:
                 self.transport.send_next({"type": "reset", "epoch": self.epoch})
             except PeerUnavailable:
@@ -175,8 +177,11 @@ class HeadLoop:
         known = self.peers.get(index)
         if known is not None and known.incarnation != incarnation and self.healthy:
             self.break_pipeline(index, f"stage {index} restarted and lost its state")
-        self.peers[index] = Peer(str(incarnation), time.monotonic(), dict(header.get("stats") or {}))
+        self.peers[index] = Peer(str(incarnation), time.monotonic(), dict(header.get("stats") or {}),
+                                 header.get("linked", True) is not False)
         self.ledger.set_stage(index, int(header["kv_capacity"]), int(header["block_size"]))
+        if not self.healthy:  # the last stage heard again completes the pipeline now, not at the next check
+            self.check_peers(time.monotonic())
 
     def on_leaving(self, header: dict[str, Any]) -> None:
         """A relay replaced by a new spec said goodbye: what it held is lost, fail it now."""

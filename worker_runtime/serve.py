@@ -19,10 +19,12 @@ import os
 import signal
 import sys
 import threading
+import time
 import uuid
 
 import torch
 
+from contracts.model_config import ModelConfig
 from contracts.stage_spec import StageSpec
 
 from .events import EventWriter
@@ -30,7 +32,7 @@ from .frames import FrameCodec
 from .head import HeadLoop
 from .pacing import Pacer
 from .relay import RelayLoop
-from .stage import DTYPES, Stage
+from .stage import DTYPES, Batch, Stage
 from .stats import StageStats
 from .transport import ZmqTransport
 from .worker import StageWorker
@@ -48,6 +50,7 @@ def load_stage(spec: StageSpec) -> Stage:
 
 def serve(spec: StageSpec, events: EventWriter, stop: threading.Event, replaced: threading.Event) -> None:
     """Load, bind, announce ``ready`` and serve until ``stop`` is set (then drain, unless ``replaced``)."""
+    began = time.monotonic()
     stage = load_stage(spec)
     if stage.is_first != spec.is_head or stage.is_last != spec.is_last:
         raise ValueError(
@@ -63,6 +66,8 @@ def serve(spec: StageSpec, events: EventWriter, stop: threading.Event, replaced:
     )
     try:
         memory = stage.memory()
+        log.info("stage %s of %s: layers %s loaded and bound in %.2f s", spec.stage_index, spec.pipeline_id,
+                 list(spec.layers), time.monotonic() - began)
         events.emit(
             "ready",
             pipeline_id=spec.pipeline_id,
@@ -78,6 +83,18 @@ def serve(spec: StageSpec, events: EventWriter, stop: threading.Event, replaced:
             RelayLoop(spec, worker, transport, events, uuid.uuid4().hex).run(stop.is_set, replaced.is_set)
     finally:
         transport.close()
+
+
+def warm_up() -> None:
+    """Standby: build and run a two-layer stage of a made-up tiny model once, so what torch does on
+    first use (lazy imports: sympy through a meta tensor's first ``to_empty``, 0.6-1 s; first kernels)
+    is done before a spec comes, not during a handover's pause."""
+    config = ModelConfig(model_type="llama", hidden_size=8, num_layers=2, num_heads=2, num_kv_heads=1,
+                         head_dim=4, intermediate_size=16, vocab_size=16)
+    with torch.inference_mode():
+        stage = Stage(config, 0, 2, kv_tokens=32)
+        stage.forward(Batch.of_tokens([0], [[1, 2]], [0]))
+        stage.kv.free(0)
 
 
 def await_spec() -> str | None:
@@ -101,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--spec", help="stage spec JSON file (docs/contracts.md §1)")
     source.add_argument("--standby", action="store_true", help="wait for a spec path on stdin, then run it")
     args = parser.parse_args(argv)
+    if args.standby:
+        warm_up()
     spec_path = await_spec() if args.standby else args.spec
     if spec_path is None:
         return 0

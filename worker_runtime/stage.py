@@ -109,7 +109,10 @@ class Stage(nn.Module):
         hidden, vocab = config.hidden_size, config.vocab_size
         with torch.device("meta"):
             self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(end - start)).to(self.dtype)
-            self.embed = nn.Embedding(vocab, hidden).to(self.dtype) if self.is_first else None
+            # An empty table, not nn.Embedding's random init: on the meta device normal_ imports
+            # torch._dynamo, 2 s of a head's start (an in-place handover's pause) for values never used.
+            self.embed = (nn.Embedding(vocab, hidden, _weight=torch.empty(vocab, hidden, dtype=self.dtype))
+                          if self.is_first else None)
             self.norm = RMSNorm(hidden, config.rms_norm_eps).to(self.dtype) if self.is_last else None
             self.lm_head = Linear(hidden, vocab, bias=False).to(self.dtype) if self.is_last else None
         for layer, layer_bits in zip(self.layers, self.layer_bits):

@@ -54,6 +54,10 @@ class Transport(ABC):
         """Send to the head (stage 0); returns the bytes sent or raises :class:`PeerUnavailable`."""
 
     @abstractmethod
+    def next_linked(self) -> bool:
+        """Whether a frame for the next stage would leave now (True for the last stage)."""
+
+    @abstractmethod
     def reply(self, peer: bytes, header: dict[str, Any], tensors: list[torch.Tensor] = ()) -> int:
         """Send to a peer that wrote to our ``listen`` endpoint (a client); dropped if it is gone."""
 
@@ -112,6 +116,10 @@ class ZmqTransport(Transport):
 
     def send_head(self, header: dict[str, Any], tensors: list[torch.Tensor] = ()) -> int:
         return self._send(self._head, self.codec.encode(header, tensors), "head")
+
+    def next_linked(self) -> bool:
+        # IMMEDIATE: the socket is writable only once a connected next stage has room.
+        return self._next is None or bool(self._next.poll(0, zmq.POLLOUT))
 
     def reply(self, peer: bytes, header: dict[str, Any], tensors: list[torch.Tensor] = ()) -> int:
         try:

@@ -48,6 +48,7 @@ class ModelRoute:
     tokenizer: ModelTokenizer
     router: Router
     clients: dict[str, Any] = field(default_factory=dict)  # pipeline_id -> PipelineClient
+    heads: dict[str, tuple[str, str]] = field(default_factory=dict)  # pipeline_id -> its client's head, token
     live: LiveHealth = field(default_factory=LiveHealth)  # the gateway's, shared by its routes
 
     def replica(self, pipeline_id: str) -> ReplicaState:
@@ -75,6 +76,7 @@ class Gateway:
         self.live = LiveHealth()
         self.waiting = Waiting()
         self._hurry = asyncio.Event()  # set by a request that starts to wait: poll now, then fast
+        self._closing: set[asyncio.Task] = set()  # replaced clients waiting to be closed
 
     async def route(self, name: str) -> ModelRoute | None:
         await self._maybe_refresh()
@@ -118,9 +120,17 @@ class Gateway:
         tokenizer = ModelTokenizer.load(served.tokenizer_path)
         states = {r.replica_id: r for r in old.router.replicas} if old else {}
         clients = dict(old.clients) if old else {}
+        heads = dict(old.heads) if old else {}
         replicas = []
         for endpoint in served.replicas:
             state = states.get(endpoint.pipeline_id)
+            head = (endpoint.head_address, endpoint.auth_token)
+            if state is not None and heads.get(endpoint.pipeline_id) != head:
+                # Re-planned in place with its head moved (a lost node's stages elsewhere): the old
+                # client would wait on the dead address for ever. A new replica to the router.
+                self._close_soon(clients.pop(endpoint.pipeline_id))
+                self._asked.discard(endpoint.pipeline_id)
+                state = None
             if state is None:  # not routable until its head says the pipeline is serving
                 state = ReplicaState(
                     endpoint.pipeline_id, endpoint.costs, endpoint.kv_tokens or 0,
@@ -131,6 +141,7 @@ class Gateway:
                     endpoint.head_address, endpoint.auth_token, endpoint.pipeline_id,
                     timeout_s=gateway_setting("CLIENT_TIMEOUT_S"),
                 )
+                heads[endpoint.pipeline_id] = head
             if endpoint.kv_tokens:
                 state.kv_capacity = endpoint.kv_tokens
             self.live.apply(state, endpoint)
@@ -140,7 +151,19 @@ class Gateway:
             router.replicas = replicas
         else:
             router = Router(replicas, served.strategy)
-        return ModelRoute(served, tokenizer, router, clients, self.live)
+        return ModelRoute(served, tokenizer, router, clients, heads, self.live)
+
+    def _close_soon(self, client: Any) -> None:
+        """Close a replaced client once the requests it still carries have ended (they fail against
+        the dead head within the client's timeout and migrate)."""
+        async def close_later() -> None:
+            try:
+                await asyncio.sleep(2 * gateway_setting("CLIENT_TIMEOUT_S"))
+            finally:  # also when the gateway closes first
+                await client.close()
+
+        self._closing.add(task := asyncio.get_running_loop().create_task(close_later()))
+        task.add_done_callback(self._closing.discard)
 
     async def _poll_new(self) -> None:
         """A replica never heard from is asked (health, KV budget) before it is routed to."""
@@ -210,8 +233,9 @@ class Gateway:
         self.waiting.notify_all()
 
     async def close(self) -> None:
-        for task in [*self._pollers, *self._polls.values()]:
+        for task in [*self._pollers, *self._polls.values(), *self._closing]:
             task.cancel()
+        await asyncio.gather(*self._closing, return_exceptions=True)
         for route in self.routes.values():
             for client in route.clients.values():
                 await client.close()

@@ -38,14 +38,16 @@ class FakePipelineClient:
     cancelled: ClassVar[list[str]] = []
     model_path: ClassVar[str] = ""
     reason: ClassVar[str] = ""  # the served model's reason (why it has no replica)
+    heads: ClassVar[dict[str, str]] = {}  # pipeline_id -> its head's address, when not the default
+    closed: ClassVar[list[str]] = []  # head addresses of the clients closed
 
     def __init__(self, head_address: str, auth_token: str, pipeline_id: str, timeout_s: float = 5.0):
-        self.pipeline_id = pipeline_id
+        self.pipeline_id, self.head_address = pipeline_id, head_address
 
     @classmethod
     def reset(cls, model_path: str, scripts: dict[str, Script]) -> None:
         cls.model_path, cls.scripts, cls.reason = model_path, scripts, ""
-        cls.submitted, cls.cancelled = [], []
+        cls.submitted, cls.cancelled, cls.heads, cls.closed = [], [], {}, []
 
     async def submit(
         self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams(), *, max_tokens: int = 16,
@@ -86,7 +88,7 @@ class FakePipelineClient:
                 "reason": "" if ok else "stage 1 has not joined"}
 
     async def close(self) -> None:
-        pass
+        self.closed.append(self.head_address)
 
 
 def _resumed_at(prompt_ids: Sequence[int], tokens: list[int]) -> int:
@@ -99,7 +101,8 @@ def _resumed_at(prompt_ids: Sequence[int], tokens: list[int]) -> int:
 
 def served_models() -> list[ServedModel]:
     replicas = tuple(
-        ReplicaEndpoint(pipeline_id=pid, head_address=f"tcp://fake/{pid}", auth_token="t",
+        ReplicaEndpoint(pipeline_id=pid, head_address=FakePipelineClient.heads.get(pid, f"tcp://fake/{pid}"),
+                        auth_token="t",
                         kv_tokens=script.planned_kv_tokens, stages=script.stages)
         for pid, script in FakePipelineClient.scripts.items()
     )

@@ -144,3 +144,22 @@ async def test_waits_are_in_the_metrics(fake_pipeline, api_key, waits):
     labels = {"model_name": "demo", "outcome": "admitted"}
     assert after.value(count, **labels) - before.value(count, 0.0, **labels) == 1
     assert after.value("motley_gateway_wait_seconds_sum", **labels) >= 0.2
+
+
+
+async def test_a_replica_re_planned_with_its_head_elsewhere_is_served_through_a_new_client(
+        fake_pipeline, api_key, waits):
+    """A pipeline keeps its id when re-planned in place around a lost node, but its head may move: the
+    gateway follows the new address (it asked the dead one for ever: 503s after the wait)."""
+    from controlplane.gateway.runtime import gateway
+
+    fake = fake_pipeline({"d1-r0": Script(tokens=[5, 6, 7])})
+    waits(WAIT_S=5.0, CLIENT_TIMEOUT_S=0.05)
+    assert (await timed_post(key=api_key))[0].status_code == 200
+    fake.heads["d1-r0"] = "tcp://elsewhere/d1-r0"
+    await asyncio.sleep(0.1)  # past REFRESH_S: the next request reads the served models again
+    response, _ = await timed_post(key=api_key)
+    assert response.status_code == 200, response.content
+    assert (await gateway().route("demo")).clients["d1-r0"].head_address == "tcp://elsewhere/d1-r0"
+    assert len(fake.submitted) == 2
+    await until(lambda: fake.closed == ["tcp://fake/d1-r0"])  # once its requests had time to end

@@ -1,0 +1,61 @@
+"""The head's rule for a complete pipeline, in one process: every stage heard since the break, and each
+saying its link to the next stage is up. A head that declared the pipeline complete on the heartbeats
+alone let the first micro-batches fail at a relay whose next link was still connecting ("stage 1
+cannot send on: next stage is not connected"), seen once a heartbeat completed the pipeline at once.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+from worker_runtime.events import EventWriter
+from worker_runtime.head import HeadLoop
+from worker_runtime.stage import Stage
+from worker_runtime.stats import StageStats
+from worker_runtime.transport import PeerUnavailable
+from worker_runtime.worker import StageWorker
+
+from .harness import pipeline_specs
+
+
+class RecordingTransport:
+    """Stands in for the head's links: what it sent down the pipeline, or refuses while ``up`` is False."""
+
+    def __init__(self) -> None:
+        self.up, self.sent = True, []
+
+    def send_next(self, header, tensors=()):
+        if not self.up:
+            raise PeerUnavailable("next stage is not connected")
+        self.sent.append(header)
+        return 1
+
+
+def heartbeat(index: int, linked: bool) -> dict:
+    return {"type": "heartbeat", "stage_index": index, "incarnation": f"i{index}", "linked": linked,
+            "kv_capacity": 2048, "block_size": 16, "stats": {}}
+
+
+def test_the_head_completes_the_pipeline_only_once_every_next_link_is_up(tiny_model):
+    spec = pipeline_specs(tiny_model, 6, 3)[0]
+    stage = Stage.load(spec.model_path, *spec.layers, kv_tokens=spec.kv_tokens)
+    events = io.StringIO()
+    transport = RecordingTransport()
+    head = HeadLoop(spec, StageWorker(stage, StageStats()), transport, EventWriter(events))
+    assert not head.healthy
+
+    head.on_heartbeat(heartbeat(1, linked=False))  # stage 1 cannot reach stage 2 yet
+    head.on_heartbeat(heartbeat(2, linked=True))  # the last stage has no next link
+    assert not head.healthy and transport.sent == []
+
+    transport.up = False  # stage 1 now says linked, but the head's own link to it is not up
+    head.on_heartbeat(heartbeat(1, linked=True))
+    assert not head.healthy and transport.sent == []
+
+    transport.up = True
+    head.on_heartbeat(heartbeat(2, linked=True))  # complete on this heartbeat, not at the next check
+    assert head.healthy
+    assert [m["type"] for m in transport.sent] == ["reset"] and transport.sent[0]["epoch"] == head.epoch
+    health = [json.loads(line) for line in events.getvalue().splitlines()]
+    assert health[-1]["event"] == "health" and health[-1]["ok"]
