@@ -19,7 +19,7 @@ import pytest
 from controlplane.gateway.tokenization import ModelTokenizer
 from controlplane.models_catalog.smollm2 import smollm2_gguf_path
 from controlplane.ops.demo import DEMO_QUESTION
-from tests.support.processes import REPO_ROOT, embedded_env, free_port, manage_argv
+from tests.support.processes import REPO_ROOT, database_migrate, embedded_env, free_port, manage_argv
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +42,7 @@ def test_run_local_serves_smollm2_by_default_and_answers_paris(tmp_path):
             pytest.fail(reason)
         pytest.skip(reason)
     env = embedded_env(tmp_path)
-    subprocess.run(manage_argv("migrate", "--noinput", "-v0"), env=env, cwd=REPO_ROOT, check=True)
+    database_migrate(env)
     port, log = free_port(), tmp_path / "run_local.log"
     with open(log, "w") as out:
         launcher = subprocess.Popen(manage_argv("run_local", "--port", str(port)), env=env, cwd=REPO_ROOT,

@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.processes import (
     REPO_ROOT,
+    database_migrate,
     embedded_env,
     free_port,
     manage_argv,
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 def test_run_local_serves_the_api_with_a_generated_admin_and_stops_all_children(tmp_path):
     env = embedded_env(tmp_path)
-    subprocess.run(manage_argv("migrate", "--noinput", "-v0"), env=env, cwd=REPO_ROOT, check=True)
+    database_migrate(env)
     port = free_port()
     launcher = subprocess.Popen(manage_argv("run_local", "--port", str(port), "--demo-model", "generated"),
                                 env=env, cwd=REPO_ROOT)
@@ -57,7 +58,7 @@ def test_run_local_serves_the_api_with_a_generated_admin_and_stops_all_children(
 
 def test_second_start_keeps_the_first_admin_credentials(tmp_path):
     env = embedded_env(tmp_path)
-    subprocess.run(manage_argv("migrate", "--noinput", "-v0"), env=env, cwd=REPO_ROOT, check=True)
+    database_migrate(env)
     script = (
         "import django; django.setup();"
         "from django.conf import settings;"

@@ -173,6 +173,9 @@ class DeploymentStage(models.Model):
     sent_spec = models.JSONField(null=True, blank=True)
     sent_incarnation = models.PositiveIntegerField(null=True, blank=True)
     sent_at = models.DateTimeField(null=True, blank=True)
+    # Where the process the last start asked for runs: an in-place re-plan rewrites ``device`` before
+    # that process is replaced, and until then it holds memory here (reconcile's room test).
+    sent_device = models.ForeignKey(Device, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     stop_sent_at = models.DateTimeField(null=True, blank=True)
     # Observed, from the agent's StageStatus.
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)

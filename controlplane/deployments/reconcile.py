@@ -59,10 +59,7 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
             if lost or row.sent_at is None or row.state in (row.State.EXITED, row.State.FAILED):
                 row.delete()
             elif row.stop_sent_at is None or row.stop_sent_at < now - start_timeout:
-                dispatch.agent_task_send_on_commit(node=row.node, name=STOP_STAGE,
-                                                   kwargs={"stage_key": row.stage_key})
-                row.stop_sent_at = now
-                row.save(update_fields=["stop_sent_at"])
+                _stage_stop(row=row, now=now)
             continue
         if lost:
             continue
@@ -75,6 +72,10 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
                     room_shortfalls(profile=ModelProfile.from_dict(deployment.model.profile),
                                     new=[(row.device, row.spec)], exclude=frozenset({row.pk}))):
                 # The leaving stages still hold the memory it needs: the agent would refuse the start.
+                # Its own old process goes meanwhile (it is replaced anyway, and in place its pipeline
+                # is not served): two stages that swap cards each wait for the other's to leave.
+                if row.wanted and row.sent_spec is not None and row.stop_sent_at is None:
+                    _stage_stop(row=row, now=now)
                 _stage_wait(row=row, message=f"waiting for {', '.join(blocking)} to leave {row.device}")
                 continue
             _stage_start(row=row, now=now, restart=changed and row.sent_spec is not None)
@@ -136,15 +137,20 @@ def _status_decide(*, deployment: Deployment, rows: list[DeploymentStage], was_m
 
 
 def _leaving_by_device(rows: list[DeploymentStage]) -> dict[int, list[str]]:
-    """Device id -> keys of this deployment's retired stages still running there (stop sent or to
-    send, not yet confirmed). A stage placed on such a device without room beside them starts once
-    they are gone: a stage that moves onto a card another stage of the plan is leaving (a drain, an
-    in-place re-plan) would otherwise be refused by the agent's admission (room.py, the same test)."""
+    """Device id -> keys of this deployment's stages whose process still runs there but that are
+    leaving it: retired ones (stop sent or to send, not yet confirmed) and ones an in-place re-plan
+    moved to another device whose old process is not replaced yet. A stage placed on such a device
+    without room beside them starts once they are gone: a stage that moves onto a card another stage
+    of the plan is leaving (a drain, an in-place re-plan) would otherwise be refused by the agent's
+    admission (room.py, the same test)."""
     leaving: dict[int, list[str]] = {}
     for row in rows:
-        if (not row.wanted and not row.lost and row.sent_at is not None and row.device_id is not None
-                and row.state not in (row.State.EXITED, row.State.FAILED)):
+        if row.lost or row.sent_at is None or row.state in (row.State.EXITED, row.State.FAILED):
+            continue
+        if not row.wanted and row.device_id is not None:
             leaving.setdefault(row.device_id, []).append(row.stage_key)
+        elif row.wanted and row.sent_device_id not in (None, row.device_id):
+            leaving.setdefault(row.sent_device_id, []).append(row.stage_key)
     return leaving
 
 
@@ -164,8 +170,15 @@ def _stage_start(*, row: DeploymentStage, now: datetime, restart: bool) -> None:
     row.state = row.State.PENDING
     row.sent_spec = row.spec
     row.sent_incarnation = row.node.incarnation
-    row.sent_at = now
-    row.save(update_fields=["superseded_pid", "state", "sent_spec", "sent_incarnation", "sent_at"])
+    row.sent_at, row.sent_device, row.stop_sent_at = now, row.device, None
+    row.save(update_fields=["superseded_pid", "state", "sent_spec", "sent_incarnation", "sent_at",
+                            "sent_device", "stop_sent_at"])
+
+
+def _stage_stop(*, row: DeploymentStage, now: datetime) -> None:
+    dispatch.agent_task_send_on_commit(node=row.node, name=STOP_STAGE, kwargs={"stage_key": row.stage_key})
+    row.stop_sent_at = now
+    row.save(update_fields=["stop_sent_at"])
 
 
 def _status_set(deployment: Deployment, status: str, message: str) -> None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from django.db.models import Q
+
 from contracts.footprint import stage_footprint, usable_bytes
 from contracts.hardware import GIB, DeviceSpec
 from contracts.model_profile import ModelProfile
@@ -28,7 +30,8 @@ def room_shortfalls(*, profile: ModelProfile, new: Iterable[tuple[Device, dict[s
     on their devices; empty when they do.
 
     Held: every stage row on the device (any deployment) that is wanted or not yet confirmed gone,
-    since a stage being stopped holds its memory until its process exits; rows in ``exclude`` (the
+    since a stage being stopped holds its memory until its process exits, and the process of a row
+    moved off the device in place (``sent_device``) until it is replaced; rows in ``exclude`` (the
     new stages' own rows, when they are stored already) are not.
     """
     need: dict[int, int] = {}
@@ -39,13 +42,17 @@ def room_shortfalls(*, profile: ModelProfile, new: Iterable[tuple[Device, dict[s
     held = dict.fromkeys(need, 0)
     profiles = {}
     gone = (DeploymentStage.State.EXITED, DeploymentStage.State.FAILED)
-    for row in DeploymentStage.objects.filter(device_id__in=need).select_related("deployment__model"):
+    rows = DeploymentStage.objects.filter(Q(device_id__in=need) | Q(sent_device_id__in=need))
+    for row in rows.select_related("deployment__model"):
         if not row.wanted and row.state in gone or not row.spec or row.pk in exclude:
             continue
         model = row.deployment.model
         if model.pk not in profiles:
             profiles[model.pk] = ModelProfile.from_dict(model.profile)
-        held[row.device_id] += spec_bytes(profiles[model.pk], row.spec)
+        if row.device_id in held:
+            held[row.device_id] += spec_bytes(profiles[model.pk], row.spec)
+        if row.sent_device_id in held and row.sent_device_id != row.device_id and row.state not in gone:
+            held[row.sent_device_id] += spec_bytes(profiles[model.pk], row.sent_spec)
     shortfalls = []
     for pk, device in devices.items():
         usable = usable_bytes(_device_spec(device))

@@ -21,7 +21,7 @@ from agents.queue_consumer import START_STAGE
 from agents.registration import register
 from agents.telemetry import websocket_url
 from tests.agents.helpers import STAND_IN_COMMAND, daphne, stage_spec, tiny_model, wait_until
-from tests.support.processes import REPO_ROOT, embedded_env, free_port, manage_argv
+from tests.support.processes import REPO_ROOT, database_migrate, embedded_env, free_port, manage_argv
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ def control_plane(tmp_path_factory):
     """One daphne for the module; yields (url, env, var_dir)."""
     var = tmp_path_factory.mktemp("var")
     env = {**embedded_env(var), "MOTLEY_NODE_LOST_AFTER_S": "600"}
-    subprocess.run(manage_argv("migrate", "--noinput", "-v0"), env=env, cwd=REPO_ROOT, check=True)
+    database_migrate(env)
     with daphne(env) as url:
         yield url, env, var
 

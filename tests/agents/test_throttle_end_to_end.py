@@ -14,7 +14,7 @@ import pytest
 
 from tests.agents.helpers import daphne, wait_until
 from tests.agents.test_agent_end_to_end import _agent, _join_token, _log
-from tests.support.processes import REPO_ROOT, embedded_env, manage_argv
+from tests.support.processes import REPO_ROOT, database_migrate, embedded_env, manage_argv
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ def control_plane(tmp_path_factory):
     var = tmp_path_factory.mktemp("var")
     env = {**embedded_env(var), "MOTLEY_NODE_LOST_AFTER_S": "600",
            "MOTLEY_DEVICE_THROTTLE_SUSTAINED_S": "0.5", "DJANGO_SUPERUSER_PASSWORD": "pw-not-used"}
-    subprocess.run(manage_argv("migrate", "--noinput", "-v0"), env=env, cwd=REPO_ROOT, check=True)
+    database_migrate(env)
     subprocess.run(manage_argv("createsuperuser", "--noinput", "--username", "op", "--email", "op@x.example"),
                    env=env, cwd=REPO_ROOT, check=True, capture_output=True)
     token = subprocess.run(manage_argv("create_api_token", "op"), env=env, cwd=REPO_ROOT, check=True,

@@ -16,6 +16,7 @@ from websockets.sync.client import connect
 
 from tests.support.processes import (
     REPO_ROOT,
+    database_migrate,
     embedded_env,
     free_port,
     manage_argv,
@@ -82,7 +83,7 @@ class SeededServer:
 
     def __init__(self, var_dir: Path, seed: str):
         self.env = embedded_env(var_dir)
-        subprocess.run(manage_argv("migrate", "--noinput", "-v0"), env=self.env, cwd=REPO_ROOT, check=True)
+        database_migrate(self.env)
         script = (f"import json; from tests.dashboard.seed import {seed}; "
                   f"print('SEED=' + json.dumps({seed}()))")
         out = subprocess.run(manage_argv("shell", "-c", script), env=self.env, cwd=REPO_ROOT, check=True,

@@ -261,3 +261,43 @@ def test_a_stage_moving_onto_a_card_another_stage_is_leaving_starts_once_that_on
         stage_status_record(node=stage.node, status=report(stage, "exited", None, exit_code=0))
     deployment_reconcile(deployment_id=d)
     assert sent_keys(sent, START) == [f"d{d}-r0-s1", f"d{d}-r0-s2"]
+
+
+def test_two_stages_swapping_the_cards_of_one_node_in_place_stop_first_then_start(
+    nodes, real_gpus, llm, sent
+):
+    """Stages 1 and 2 swap the two cards of one node: their rows are rewritten in place, and each new
+    stage's card is held by the other's old process until that one is replaced. Each waits, stops
+    its own old process meanwhile, and both start once both are gone (replacement_bench's kill -9
+    re-plan on the demo's scaled cards had the agent refuse one: "does not fit", the deployment
+    FAILED)."""
+    from controlplane.enrollment.services import agent_register, join_token_create
+    from controlplane.inventory.models import Device
+    from tests.deployments.conftest import T4
+
+    secret = join_token_create(ttl=timedelta(hours=1)).secret
+    agent_register(join_token=secret, name="m", address="127.0.0.1", emulated=True, devices=[T4, T4])
+    Device.objects.update(emulated=False)
+    sent.take()
+    first = plan_revision_create(model=llm, request=REQUEST, source="edited",
+                                 plan=edited_plan(("n0/gpu0", 0, 2), ("m/gpu0", 2, 4), ("m/gpu1", 4, 6)))
+    deployment = serving_ready(first, sent)
+    d = deployment.pk
+    deployment = apply(deployment, llm, edited_plan(("n0/gpu0", 0, 2), ("m/gpu1", 2, 4), ("m/gpu0", 4, 6)))
+    tasks = sent.take()
+    assert [kw["stage_key"] for _, n, kw in tasks if n == START] == []  # either would be refused
+    assert sorted(kw["stage_key"] for _, n, kw in tasks if n == STOP) == [f"d{d}-r0-s1", f"d{d}-r0-s2"]
+    s1, s2 = deployment.stages.get(stage_index=1), deployment.stages.get(stage_index=2)
+    assert s1.message == f"waiting for d{d}-r0-s2 to leave m/gpu1"
+    assert s2.message == f"waiting for d{d}-r0-s1 to leave m/gpu0"
+    deployment_reconcile(deployment_id=d)
+    assert sent.take() == []  # no stop sent twice while they go
+    stage_status_record(node=s1.node, status=report(s1, "exited", None, exit_code=0))
+    deployment_reconcile(deployment_id=d)
+    assert sent_keys(sent, START) == [f"d{d}-r0-s2"]  # m/gpu0 is free now; m/gpu1 is not yet
+    deployment_reconcile(deployment_id=d)
+    # s2's start, queued on the node before s1's, replaces its old process on m/gpu1 first.
+    assert sent_keys(sent, START) == [f"d{d}-r0-s1"]
+    report_all(deployment, 0, "ready", 300)
+    deployment = deployment_reconcile(deployment_id=d)
+    assert deployment.status == Deployment.Status.READY and phases(deployment) == {0: (0, "serving")}

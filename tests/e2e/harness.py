@@ -21,6 +21,7 @@ import psutil
 
 from tests.support.processes import (
     REPO_ROOT,
+    database_migrate,
     embedded_env,
     free_port,
     manage_argv,
@@ -77,7 +78,7 @@ class System:
         return done.stdout
 
     def start(self) -> None:
-        self.manage("migrate", "--noinput", "-v0")
+        database_migrate(self.env)
         self.port = free_port()
         self._spawn("control-plane", manage_argv("run_local", "--host", self.host, "--port", str(self.port),
                                                      "--no-demo"))

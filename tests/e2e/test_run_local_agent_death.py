@@ -16,7 +16,7 @@ import pytest
 from controlplane.ops.process_group import ProcessGroup, python_argv
 from controlplane.ops.supervision import supervise
 from tests.e2e.harness import TIMING, wait_until
-from tests.support.processes import REPO_ROOT, embedded_env, free_port, manage_argv, read_credentials
+from tests.support.processes import REPO_ROOT, database_migrate, embedded_env, free_port, manage_argv, read_credentials
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ nodes:
 
 def _start(tmp_path: Path, demo_model: Path, *extra: str) -> tuple[subprocess.Popen, str, dict]:
     env = {**embedded_env(tmp_path), **TIMING, "PYTHONUNBUFFERED": "1"}
-    subprocess.run(manage_argv("migrate", "--noinput", "-v0"), env=env, cwd=REPO_ROOT, check=True)
+    database_migrate(env)
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(FLEET.format(a="death-a", b="death-b"))
     port = free_port()

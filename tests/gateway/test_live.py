@@ -16,7 +16,7 @@ import pytest
 from controlplane.gateway.tokenization import ModelTokenizer
 from tests.gateway.conftest import DEMO_ARGS
 from tests.pipeline.harness import TOKEN, Pipeline, pipeline_specs
-from tests.support.processes import REPO_ROOT, embedded_env, free_port, manage_argv, wait_for_http
+from tests.support.processes import REPO_ROOT, database_migrate, embedded_env, free_port, manage_argv, wait_for_http
 from worker_runtime import SamplingParams, Stage, generate
 from worker_runtime.client import PipelineClient
 
@@ -53,7 +53,7 @@ def live(demo_model, tmp_path_factory):
             "replicas": [{"pipeline_id": "p0", "head_address": pipeline.head, "auth_token": TOKEN}],
         }]}))
         env = {**embedded_env(workdir), "MOTLEY_GATEWAY_MODELS_FILE": str(models_file)}
-        subprocess.run(manage_argv("migrate", "--noinput", "-v0"), env=env, cwd=REPO_ROOT, check=True)
+        database_migrate(env)
         key = subprocess.run(manage_argv("shell", "-c", CREATE_KEY), env=env, cwd=REPO_ROOT, check=True,
                              capture_output=True, text=True).stdout.split()[-1]
         pipeline.wait_ready()

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.processes import REPO_ROOT, manage_argv, redis_up
+from tests.support.processes import REPO_ROOT, database_migrate, manage_argv, redis_up
 from tests.telemetry.test_shared_state import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -42,7 +42,7 @@ def install(var_dir, demo_model, service: bool) -> tuple[dict, dict]:
                MOTLEY_TEST_QUOTA_WINDOW_S=str(WINDOW_S))
     if service:
         env["CHANNEL_REDIS_URL"] = REDIS_URL  # and so the cache
-    subprocess.run(manage_argv("migrate", "--noinput", "-v0"), env=env, cwd=REPO_ROOT, check=True)
+    database_migrate(env)
     out = subprocess.run(manage_argv("shell", "-c", SEED), env=env, cwd=REPO_ROOT, check=True,
                          capture_output=True, text=True).stdout
     return env, json.loads(out.split("SEED=", 1)[1])

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.observability.conftest import parse
-from tests.support.processes import REPO_ROOT, embedded_env, free_port, manage_argv, wait_for_http
+from tests.support.processes import REPO_ROOT, database_migrate, embedded_env, free_port, manage_argv, wait_for_http
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -29,7 +29,7 @@ def test_requests_to_two_servers_are_summed_in_the_metrics_of_either(tmp_path, d
     env = embedded_env(tmp_path / "var")
     env.update(PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prometheus"), MOTLEY_TEST_DEMO_MODEL=str(demo_model),
                DJANGO_SETTINGS_MODULE="tests.observability.daphne_settings")
-    subprocess.run(manage_argv("migrate", "--noinput", "-v0"), env=env, cwd=REPO_ROOT, check=True)
+    database_migrate(env)
     out = subprocess.run(manage_argv("shell", "-c", KEY), env=env, cwd=REPO_ROOT, check=True,
                          capture_output=True, text=True).stdout
     key = next(line[4:] for line in out.splitlines() if line.startswith("KEY="))

@@ -19,6 +19,7 @@ from websockets.sync.client import connect
 
 from tests.support.processes import (
     REPO_ROOT,
+    database_migrate,
     embedded_env,
     free_port,
     manage_argv,
@@ -63,7 +64,7 @@ def install(var_dir: Path, service: bool) -> tuple[dict, dict]:
     env = embedded_env(var_dir)
     if service:
         env["CHANNEL_REDIS_URL"] = REDIS_URL  # and so the cache (MOTLEY_CACHE_URL's default)
-    subprocess.run(manage_argv("migrate", "--noinput", "-v0"), env=env, cwd=REPO_ROOT, check=True)
+    database_migrate(env)
     out = subprocess.run(manage_argv("shell", "-c", SEED), env=env, cwd=REPO_ROOT, check=True,
                          capture_output=True, text=True).stdout
     return env, json.loads(out.split("SEED=", 1)[1])
