@@ -224,6 +224,10 @@ class HeadLoop:
             return  # belongs to the pipeline before a reset
         if frame.type == "tokens":
             self.on_tokens(h["mb"], h["seq_ids"], h["tokens"])
+        elif h.get("link") is True and isinstance(h.get("stage_index"), int) and self.healthy:
+            # The next stage is unreachable from there: every request in flight is lost with it, and
+            # the gateway resumes them elsewhere (PipelineBroken) once the pipeline is whole again.
+            self.break_pipeline(h["stage_index"] + 1, str(h.get("message")))
         else:
             self._fail(self.scheduler.on_failed(h["mb"]), PipelineError(str(h.get("message"))))
 

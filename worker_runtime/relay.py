@@ -149,12 +149,16 @@ class RelayLoop:
                 header, tensors = batch_message(self.epoch, mb, batch, params, out)
                 self.transport.send_next(header, tensors)
         except PeerUnavailable as exc:
-            self._report_failure(mb, batch.seq_ids, f"stage {self.spec.stage_index} cannot send on: {exc}")
+            self._report_failure(mb, batch.seq_ids, f"stage {self.spec.stage_index} cannot send on: {exc}",
+                                 link=True)
         self.worker.record(batch, compute_s, time.perf_counter() - sent)
 
-    def _report_failure(self, mb: object, seq_ids: list, message: str) -> None:
+    def _report_failure(self, mb: object, seq_ids: list, message: str, link: bool = False) -> None:
+        """Tell the head a micro-batch failed here; ``link``: because the link onward is down (the next
+        stage died or is being replaced), which breaks the pipeline, not just this micro-batch."""
         log.warning("micro-batch %s failed: %s", mb, message)
         try:
-            self.transport.send_head({"type": "failed", "epoch": self.epoch, "mb": mb, "seq_ids": seq_ids, "message": message})
+            self.transport.send_head({"type": "failed", "epoch": self.epoch, "mb": mb, "seq_ids": seq_ids,
+                                      "message": message, "stage_index": self.spec.stage_index, "link": link})
         except PeerUnavailable:
             pass

@@ -10,6 +10,7 @@ import io
 import json
 
 from worker_runtime.events import EventWriter
+from worker_runtime.frames import Frame
 from worker_runtime.head import HeadLoop
 from worker_runtime.stage import Stage
 from worker_runtime.stats import StageStats
@@ -59,3 +60,19 @@ def test_the_head_completes_the_pipeline_only_once_every_next_link_is_up(tiny_mo
     assert [m["type"] for m in transport.sent] == ["reset"] and transport.sent[0]["epoch"] == head.epoch
     health = [json.loads(line) for line in events.getvalue().splitlines()]
     assert health[-1]["event"] == "health" and health[-1]["ok"]
+
+
+def test_a_relay_that_cannot_send_on_breaks_the_pipeline_and_every_request_in_it(tiny_model):
+    """A micro-batch a relay could not pass on (its next stage restarting) loses every request in
+    flight with it: PipelineBroken, which the gateway resumes elsewhere, not a plain failure (seen in
+    replacement_bench's in-place drain: 3 requests failed with "stage 2 cannot send on")."""
+    spec = pipeline_specs(tiny_model, 6, 3)[0]
+    stage = Stage.load(spec.model_path, *spec.layers, kv_tokens=spec.kv_tokens)
+    head = HeadLoop(spec, StageWorker(stage, StageStats()), RecordingTransport(), EventWriter(io.StringIO()))
+    for index in (1, 2):
+        head.on_heartbeat(heartbeat(index, linked=True))
+    assert head.healthy
+    failure = Frame({"type": "failed", "epoch": head.epoch, "mb": 0, "seq_ids": [], "stage_index": 1, "link": True,
+                               "message": "stage 1 cannot send on: next stage is not connected"})
+    head.on_result(failure)
+    assert not head.healthy and head.broken_stage == 2 and "cannot send on" in head.reason
