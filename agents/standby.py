@@ -1,16 +1,17 @@
-"""The warm standby: one stage process per agent that has already imported Python and torch.
+"""The warm standbys: stage processes that have already imported Python and torch, one per device.
 
 A new stage process spends most of its start importing (3-6 s on a loaded machine), and during an
 in-place handover that is time without a completed request. So the supervisor keeps one
-``worker_runtime.serve --standby`` waiting: it has imported everything and blocks reading one line
+``worker_runtime.serve --standby`` waiting per device: it has imported everything, run a tiny stage
+once, written ``warm`` in its folder, and blocks reading one line
 on stdin, the path of a spec, then runs exactly as ``--spec PATH`` would (contracts §1). Starting a
 stage hands it the path; the next standby starts once no stage of the agent is starting any more, so
-its imports do not take CPU from the stages being loaded. One standby serves any stage: threads and
+its imports do not take CPU from the stages being loaded. Any standby serves any stage: threads and
 device come from the spec.
 
-Like a stage, the standby runs in its own session, dies with the supervisor's loop thread
-(PR_SET_PDEATHSIG) and has a pid record, under ``stages/_standby/`` (no stage key starts with ``_``),
-so a restarted agent's sweep kills one that survived anyway. Every method runs on the supervisor
+Like a stage, a standby runs in its own session, dies with the supervisor's loop thread
+(PR_SET_PDEATHSIG) and has a pid record, under ``stages/_standby/`` (``_standby-2/``… for the
+others; no stage key starts with ``_``), so a restarted agent's sweep kills one that survived anyway. Every method runs on the supervisor
 loop thread, the only one that forks.
 """
 
@@ -29,77 +30,91 @@ from agents.stage_process import start_process
 log = logging.getLogger(__name__)
 
 RETRY_S = 10.0  # after a standby died unused: do not spin on a command that cannot start
+WARM = "warm"  # the file a standby writes in its folder once it has imported and warmed up
 
 
 class Standby:
-    def __init__(self, stages_dir: Path, command: Sequence[str]):
-        self._dir = stages_dir / "_standby"
+    """Up to ``count`` warm stage processes (the agent keeps one per device: an in-place handover
+    restarts at most one stage a card, and each restart should find one warm). They are started one
+    at a time, each once the one before has warmed up, so their imports never share the CPU."""
+
+    def __init__(self, stages_dir: Path, command: Sequence[str], count: int = 1):
+        self._dirs = [stages_dir / ("_standby" if i == 0 else f"_standby-{i + 1}") for i in range(max(1, count))]
         self._command = [*command, "--standby"]
-        self._popen: subprocess.Popen | None = None
+        self._popens: list[subprocess.Popen | None] = [None] * len(self._dirs)
         self._retry_at = 0.0
 
-    @property
-    def pid(self) -> int | None:
-        return self._popen.pid if self._popen is not None else None
-
     def replenish(self, now: float) -> None:
-        """Start a standby if none waits; notice one that died unused (the next start spawns cold)."""
-        if self._popen is not None:
-            code = self._popen.poll()
-            if code is None:
-                return
-            log.warning("the standby stage process exited with code %s before use (see %s); retrying in %.0f s",
-                        code, self._dir / "stderr.log", RETRY_S)
-            self._discard()
-            self._retry_at = now + RETRY_S
-            return
+        """Notice a standby that died unused (the next start spawns cold); start one more when none is
+        still warming up and a place is free."""
+        for slot, popen in enumerate(self._popens):
+            if popen is not None and (code := popen.poll()) is not None:
+                log.warning("the standby stage process exited with code %s before use (see %s); retrying in "
+                            "%.0f s", code, self._dirs[slot] / "stderr.log", RETRY_S)
+                self._discard(slot)
+                self._retry_at = now + RETRY_S
         if now < self._retry_at:
             return
-        self._dir.mkdir(exist_ok=True, mode=0o700)
+        if any(popen is not None and not self._warm(slot) for slot, popen in enumerate(self._popens)):
+            return
+        slot = next((slot for slot, popen in enumerate(self._popens) if popen is None), None)
+        if slot is None:
+            return
+        folder = self._dirs[slot]
+        folder.mkdir(exist_ok=True, mode=0o700)
+        (folder / WARM).unlink(missing_ok=True)
         try:
-            self._popen = start_process(self._command, self._dir, subprocess.PIPE)
+            self._popens[slot] = start_process(self._command, folder, subprocess.PIPE)
         except OSError as exc:
             log.warning("cannot start a standby stage process: %s", exc)
             self._retry_at = now + RETRY_S
             return
-        write_pid_record(self._dir / "pid.json", self._popen.pid)
+        write_pid_record(folder / "pid.json", self._popens[slot].pid)
 
     def take(self, spec_path: Path) -> subprocess.Popen | None:
-        """Hand the standby a spec: it becomes that stage's process. None when no live standby
-        waits; the caller then starts the stage the ordinary way."""
-        popen = self._popen
-        if popen is None:
-            return None
-        if popen.poll() is None:
-            try:
-                assert popen.stdin is not None
-                popen.stdin.write(f"{spec_path}\n")
-                popen.stdin.close()
-            except OSError:  # it died between poll and write
-                pass
-            else:
-                self._popen = None
-                (self._dir / "pid.json").unlink(missing_ok=True)  # the caller records it as the stage's
-                return popen
-        log.warning("the standby stage process died before use; starting the stage the ordinary way")
-        self._discard()
-        self._retry_at = time.monotonic() + RETRY_S
+        """Hand a standby (a warm one first) a spec: it becomes that stage's process. None when no live
+        standby waits; the caller then starts the stage the ordinary way."""
+        waiting = [slot for slot, popen in enumerate(self._popens) if popen is not None]
+        for slot in sorted(waiting, key=lambda slot: not self._warm(slot)):
+            popen = self._popens[slot]
+            assert popen is not None
+            if popen.poll() is None:
+                try:
+                    assert popen.stdin is not None
+                    popen.stdin.write(f"{spec_path}\n")
+                    popen.stdin.close()
+                except OSError:  # it died between poll and write
+                    pass
+                else:
+                    self._popens[slot] = None
+                    (self._dirs[slot] / "pid.json").unlink(missing_ok=True)  # the caller records it as the stage's
+                    (self._dirs[slot] / WARM).unlink(missing_ok=True)
+                    return popen
+            log.warning("a standby stage process died before use")
+            self._discard(slot)
+            self._retry_at = time.monotonic() + RETRY_S
         return None
 
     def close(self) -> None:
-        """Kill the waiting standby (the agent is stopping)."""
-        if self._popen is not None:
-            self._discard()
+        """Kill the waiting standbys (the agent is stopping)."""
+        for slot, popen in enumerate(self._popens):
+            if popen is not None:
+                self._discard(slot)
 
-    def _discard(self) -> None:
-        assert self._popen is not None
-        signal_group(self._popen.pid, signal.SIGKILL)
+    def _warm(self, slot: int) -> bool:
+        return (self._dirs[slot] / WARM).exists()
+
+    def _discard(self, slot: int) -> None:
+        popen = self._popens[slot]
+        assert popen is not None
+        signal_group(popen.pid, signal.SIGKILL)
         try:
-            self._popen.wait(timeout=5)
+            popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            log.warning("standby stage process %s did not die", self._popen.pid)
-        for stream in (self._popen.stdin, self._popen.stdout):
+            log.warning("standby stage process %s did not die", popen.pid)
+        for stream in (popen.stdin, popen.stdout):
             if stream is not None:
                 stream.close()
-        self._popen = None
-        (self._dir / "pid.json").unlink(missing_ok=True)
+        self._popens[slot] = None
+        (self._dirs[slot] / "pid.json").unlink(missing_ok=True)
+        (self._dirs[slot] / WARM).unlink(missing_ok=True)

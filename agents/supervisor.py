@@ -108,8 +108,9 @@ class Supervisor:
         self._command = list(command)
         self._policy = policy
         self._stages: dict[str, _Stage] = {}
-        # The warm spare (agents/standby.py) is a worker_runtime.serve process: only for that command.
-        self._standby = Standby(self._dir, self._command) if tuple(command) == DEFAULT_COMMAND else None
+        # The warm spares (agents/standby.py) are worker_runtime.serve processes: only for that command.
+        self._standby = (Standby(self._dir, self._command, count=len(admission.devices))
+                         if tuple(command) == DEFAULT_COMMAND else None)
         self._inbox: queue.Queue = queue.Queue()
         self._closed = threading.Event()
         self._closing = threading.Lock()  # orders "closed?" + put against "close" + emptying the inbox

@@ -8,7 +8,7 @@ error prints an ``error`` event and exits 1.
 ``--standby`` is the agent's warm spare: importing Python and torch takes seconds, most of a stage's
 start, so the agent keeps one process that has done it and waits for one line on stdin, the path of a
 spec. It then runs exactly as ``--spec PATH``, in the spec's folder, its stderr appended to that
-folder's ``stderr.log`` (docs/agents.md, "Warm standby").
+folder's ``stderr.log`` (docs/agents.md, "Warm standbys").
 """
 
 from __future__ import annotations
@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.standby:
         warm_up()
+        open("warm", "w").close()  # in the standby's folder: the agent starts the next standby now
     spec_path = await_spec() if args.standby else args.spec
     if spec_path is None:
         return 0

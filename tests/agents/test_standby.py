@@ -4,6 +4,7 @@ along, and one that died before use leaves the next start to the ordinary spawn.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -68,12 +69,35 @@ def test_a_stage_starts_from_the_standby_runs_its_spec_and_a_new_standby_follows
 
     following = wait_until(lambda: [p for p in standbys(no_orphans) if p.pid != spare.pid], timeout_s=30,
                            what="the next standby")[0]
-    assert f'"pid": {following.pid}' in (tmp_path / "state/stages/_standby/pid.json").read_text()
+    records = (tmp_path / "state/stages").glob("_standby*/pid.json")
+    assert any(f'"pid": {following.pid}' in record.read_text() for record in records)
     stopped = supervisor.stop("d5-r0-s0")
     assert (stopped.state, stopped.exit_code) == ("exited", 0), stopped.message
     supervisor.close()
-    assert not standbys(no_orphans)  # the agent's stop kills the waiting standby
-    assert not (tmp_path / "state/stages/_standby/pid.json").exists()
+    assert not standbys(no_orphans)  # the agent's stop kills the waiting standbys
+    assert not list((tmp_path / "state/stages").glob("_standby*/pid.json"))
+
+
+def warm_standbys(stages_dir) -> set[int]:
+    """Pids of the standbys that say they are warm."""
+    return {json.loads((folder / "pid.json").read_text())["pid"] for folder in stages_dir.glob("_standby*")
+            if (folder / "warm").exists() and (folder / "pid.json").exists()}
+
+
+def test_each_device_has_a_warm_standby_and_two_starts_take_one_each(
+    tmp_path, supervisor, events, demo_model, no_orphans
+):
+    """An in-place handover restarts up to one stage a card at once: each should find a warm process
+    (on the demo fleet a node of three cards restarted its second stage cold: 3-5 s more pause)."""
+    stages_dir = tmp_path / "state/stages"
+    warm = wait_until(lambda: len(pids := warm_standbys(stages_dir)) == 2 and pids, timeout_s=90,
+                      what="one warm standby per device (box has two)")
+    first = supervisor.start("d5-r0-s0", one_stage_spec(demo_model), device_index=0)
+    second = supervisor.start("d6-r0-s0", {**one_stage_spec(demo_model), "pipeline_id": "d6-r0"}, device_index=1)
+    assert {first.pid, second.pid} == warm  # both became stages: no cold spawn
+    for key in ("d5-r0-s0", "d6-r0-s0"):
+        events.wait_for(lambda s, key=key: s.stage_key == key and s.state == "ready", timeout_s=60)
+        supervisor.stop(key)
 
 
 def test_a_standby_that_died_before_use_leaves_the_start_to_an_ordinary_spawn(
