@@ -284,6 +284,10 @@ def inject(system: SupervisedSystem, pk: int, clients: SteadyClients, fault: str
     wait_until(answered, timeout_s, f"{label}: READY and answering", poll_s=0.5)
     recovered = time.monotonic()
     time.sleep(settle_s)
+    # The window closes once the clients' own requests are answered again too (requests in flight
+    # through the fault may end seconds after a fresh probe: their stall is the window's longest gap).
+    wait_until(lambda: any(o.ok and o.ended > recovered for o in list(clients.outcomes)), timeout_s,
+               f"{label}: the clients answered again", poll_s=0.2)
     window = clients.window(started, time.monotonic())
     broken = sum(not o.ok and o.started < started <= o.ended for o in list(clients.outcomes))
     return {"fault": label, "ok": window.ok, "failed": window.failed, "broken_in_flight": broken,
