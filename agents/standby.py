@@ -11,8 +11,8 @@ device come from the spec.
 
 Like a stage, a standby runs in its own session, dies with the supervisor's loop thread
 (PR_SET_PDEATHSIG) and has a pid record, under ``stages/_standby/`` (``_standby-2/``… for the
-others; no stage key starts with ``_``), so a restarted agent's sweep kills one that survived anyway. Every method runs on the supervisor
-loop thread, the only one that forks.
+others; no stage key starts with ``_``), so a restarted agent's sweep kills one that survived
+anyway. Every method runs on the supervisor loop thread, the only one that forks.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from pathlib import Path
 
 from agents.processes import signal_group, write_pid_record
 from agents.stage_process import start_process
+from contracts.names import STANDBY_WARM_FILE
 
 log = logging.getLogger(__name__)
 
 RETRY_S = 10.0  # after a standby died unused: do not spin on a command that cannot start
-WARM = "warm"  # the file a standby writes in its folder once it has imported and warmed up
 
 
 class Standby:
@@ -62,7 +62,7 @@ class Standby:
             return
         folder = self._dirs[slot]
         folder.mkdir(exist_ok=True, mode=0o700)
-        (folder / WARM).unlink(missing_ok=True)
+        (folder / STANDBY_WARM_FILE).unlink(missing_ok=True)  # a used or crashed standby's: not this one's
         try:
             self._popens[slot] = start_process(self._command, folder, subprocess.PIPE)
         except OSError as exc:
@@ -88,7 +88,6 @@ class Standby:
                 else:
                     self._popens[slot] = None
                     (self._dirs[slot] / "pid.json").unlink(missing_ok=True)  # the caller records it as the stage's
-                    (self._dirs[slot] / WARM).unlink(missing_ok=True)
                     return popen
             log.warning("a standby stage process died before use")
             self._discard(slot)
@@ -102,7 +101,7 @@ class Standby:
                 self._discard(slot)
 
     def _warm(self, slot: int) -> bool:
-        return (self._dirs[slot] / WARM).exists()
+        return (self._dirs[slot] / STANDBY_WARM_FILE).exists()
 
     def _discard(self, slot: int) -> None:
         popen = self._popens[slot]
@@ -117,4 +116,3 @@ class Standby:
                 stream.close()
         self._popens[slot] = None
         (self._dirs[slot] / "pid.json").unlink(missing_ok=True)
-        (self._dirs[slot] / WARM).unlink(missing_ok=True)

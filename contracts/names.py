@@ -9,6 +9,10 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+# A warm standby stage process (``worker_runtime.serve --standby``) writes this file in its folder once
+# it has imported and warmed up; the agent starts its next standby only then (agents/standby.py).
+STANDBY_WARM_FILE = "warm"
+
 _STAGE_KEY = re.compile(r"^d(\d+)-r(\d+)-s(\d+)$")
 _PIPELINE_ID = re.compile(r"^d(\d+)-r(\d+)$")
 

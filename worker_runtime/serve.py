@@ -25,6 +25,7 @@ import uuid
 import torch
 
 from contracts.model_config import ModelConfig
+from contracts.names import STANDBY_WARM_FILE
 from contracts.stage_spec import StageSpec
 
 from .events import EventWriter
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.standby:
         warm_up()
-        open("warm", "w").close()  # in the standby's folder: the agent starts the next standby now
+        open(STANDBY_WARM_FILE, "w").close()  # in the standby's folder: the agent starts the next one now
     spec_path = await_spec() if args.standby else args.spec
     if spec_path is None:
         return 0

@@ -15,6 +15,7 @@ import pytest
 from agents.admission import Admission
 from agents.discovery.emulated import emulated_devices
 from agents.supervisor import Supervisor
+from contracts.names import STANDBY_WARM_FILE
 from tests.agents.helpers import Events, tagged_processes, wait_until
 from tests.support.processes import REPO_ROOT, free_port
 
@@ -81,7 +82,7 @@ def test_a_stage_starts_from_the_standby_runs_its_spec_and_a_new_standby_follows
 def warm_standbys(stages_dir) -> set[int]:
     """Pids of the standbys that say they are warm."""
     return {json.loads((folder / "pid.json").read_text())["pid"] for folder in stages_dir.glob("_standby*")
-            if (folder / "warm").exists() and (folder / "pid.json").exists()}
+            if (folder / STANDBY_WARM_FILE).exists() and (folder / "pid.json").exists()}
 
 
 def test_each_device_has_a_warm_standby_and_two_starts_take_one_each(
