@@ -8,11 +8,13 @@ deployment's stages (``desired_state.py`` writes them from a ``CheckedPlan``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import ValidationError
 
+from contracts.hardware import FleetSpec
 from contracts.model_profile import ModelProfile
 from controlplane.deployments.models import Deployment, PlanRevision
 from controlplane.deployments.plan_request_form import plan_request_from_dict
@@ -63,7 +65,10 @@ def plan_revision_check(
     devices, problems = plan_devices(revision.plan, busy=busy, exclude_nodes=exclude_nodes)
     if problems:
         raise ValidationError({"plan": problems})
-    request = _plan_request(revision=revision, busy=busy, exclude_nodes=exclude_nodes)
+    try:
+        request = plan_request_now(revision=revision, busy=busy, exclude_nodes=exclude_nodes)
+    except PlanningError as exc:
+        raise ValidationError({"request": str(exc)}) from None
     report = validate(revision.plan, request)
     if not report.ok:
         raise ValidationError({"plan": [p.message for p in report.problems]})
@@ -82,27 +87,30 @@ def replan_revision_create(
 ) -> PlanRevision:
     """A draft revision answering the deployment's current question again, on the fleet as it is now
     (without ``exclude_nodes`` and other deployments' devices); PlanningError when nothing fits."""
-    request = _plan_request(revision=deployment.revision, busy=devices_in_use(deployment=deployment),
-                            exclude_nodes=exclude_nodes)
+    request = plan_request_now(revision=deployment.revision, busy=devices_in_use(deployment=deployment),
+                               exclude_nodes=exclude_nodes)
     return plan_revision_create(
         model=deployment.model, plan=plan_to_dict(plan(request)), request=deployment.revision.request,
         source=source, deployment=deployment,
     )
 
 
-def _plan_request(
-    *, revision: PlanRevision, busy: dict[str, str], exclude_nodes: tuple[Node, ...] = ()
-) -> PlanRequest:
-    """The revision's request on the fleet of registered nodes as it is now (lost, cordoned and
-    draining ones down: ``Node.is_down``), without
-    the ``busy`` devices (``devices_in_use``: those other deployments use)."""
+def registered_fleet(*, name: str = "inventory") -> FleetSpec:
+    """The fleet of nodes an agent ever registered, as the planner sees it now: lost, cordoned and
+    draining nodes and unhealthy devices down (``fleet_spec_from_inventory``)."""
     registered = Node.objects.filter(incarnation__gt=0).values_list("pk", flat=True)
-    fleet = fleet_spec_from_inventory(node_ids=registered)
-    try:
-        return plan_request_from_dict(
-            revision.request, fleet=fleet, profile=ModelProfile.from_dict(revision.model.profile),
-            exclude_nodes=tuple(n.name for n in exclude_nodes),
-            exclude_devices=tuple(busy),
-        )
-    except PlanningError as exc:
-        raise ValidationError({"request": str(exc)}) from None
+    return fleet_spec_from_inventory(node_ids=registered, name=name)
+
+
+def plan_request_now(
+    *, revision: PlanRevision, busy: Iterable[str], fleet: FleetSpec | None = None,
+    exclude_nodes: tuple[Node, ...] = (),
+) -> PlanRequest:
+    """The revision's request on ``fleet`` (default: ``registered_fleet()``) without the ``busy``
+    devices (``devices_in_use``: those other deployments use) and ``exclude_nodes``; PlanningError
+    when the request does not fit that fleet at all."""
+    return plan_request_from_dict(
+        revision.request, fleet=fleet or registered_fleet(),
+        profile=ModelProfile.from_dict(revision.model.profile),
+        exclude_nodes=tuple(n.name for n in exclude_nodes), exclude_devices=tuple(busy),
+    )

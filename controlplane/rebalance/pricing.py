@@ -2,8 +2,8 @@
 planner's plan serve than the applied one?
 
 "Now" means what the planner would be told by a re-plan (registered nodes; lost, cordoned, draining
-nodes and unhealthy devices down; calibration; other deployments' devices left out, as
-``deployments.revisions.replan_revision_create`` does) plus what only telemetry knows: a card
+nodes and unhealthy devices down; calibration; other deployments' devices left out: the very
+request ``deployments.revisions.replan_revision_create`` plans) plus what only telemetry knows: a card
 reporting a slowdown runs at ``sm_clock / sm_clock_max`` of its speed (``DeviceSpec.throttle_factor``),
 so a sustained throttle prices both plans as they would really run. The request is the applied
 revision's own, so the answer is to the question the deployment was planned for.
@@ -19,12 +19,9 @@ from typing import Any
 from contracts.hardware import FleetSpec
 from contracts.metrics import SLOWDOWN_REASONS
 from controlplane.deployments.models import Deployment
-from controlplane.deployments.plan_request_form import plan_request_from_dict
+from controlplane.deployments.revisions import plan_request_now, registered_fleet
 from controlplane.deployments.selectors import devices_in_use
-from controlplane.inventory.models import Node
-from controlplane.inventory.selectors import fleet_spec_from_inventory
-from controlplane.models_catalog.selectors import model_profile
-from controlplane.planning import PlanningError, PlanRequest, plan_to_dict, validate
+from controlplane.planning import PlanningError, plan_to_dict, validate
 from controlplane.telemetry.selectors import device_samples
 
 MIN_THROTTLE_FACTOR = 0.05  # a clock reading of ~0 is a sensor glitch, not a stopped card
@@ -45,8 +42,7 @@ def throttled_devices() -> dict[str, float]:
 
 def fleet_now(*, throttle: dict[str, float]) -> FleetSpec:
     """The registered fleet as the planner sees it, each throttled card at its measured speed."""
-    registered = Node.objects.filter(incarnation__gt=0).values_list("pk", flat=True)
-    fleet = fleet_spec_from_inventory(node_ids=registered, name="rebalance")
+    fleet = registered_fleet(name="rebalance")
     nodes = tuple(dataclasses.replace(node, devices=tuple(
         dataclasses.replace(d, throttle_factor=throttle[d.name]) if d.name in throttle else d
         for d in node.devices)) for node in fleet.nodes)
@@ -57,14 +53,6 @@ def plannable_devices(*, deployment: Deployment, fleet: FleetSpec) -> list[str]:
     """The devices a re-plan of ``deployment`` could use now: up, and no other deployment's."""
     busy = devices_in_use(deployment=deployment)
     return sorted(d.name for d in fleet.devices if not d.down and d.name not in busy)
-
-
-def request_now(*, deployment: Deployment, fleet: FleetSpec) -> PlanRequest:
-    """The applied revision's request on ``fleet``, other deployments' devices left out."""
-    return plan_request_from_dict(
-        deployment.revision.request, fleet=fleet, profile=model_profile(model=deployment.model),
-        exclude_devices=tuple(devices_in_use(deployment=deployment)),
-    )
 
 
 @dataclass(frozen=True)
@@ -92,7 +80,8 @@ def price(*, deployment: Deployment, fleet: FleetSpec) -> Pricing:
     applied = deployment.revision.plan
     stored = float(applied.get("predicted", {}).get("decode_tokens_per_s") or 0.0)
     try:
-        request = request_now(deployment=deployment, fleet=fleet)
+        request = plan_request_now(revision=deployment.revision, fleet=fleet,
+                                   busy=devices_in_use(deployment=deployment))
     except PlanningError as exc:
         return Pricing(stored, False, None, 0.0, str(exc))
     report = validate(applied, request)

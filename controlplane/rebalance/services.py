@@ -46,39 +46,64 @@ HANDLED_KEEP = 50  # occurrence keys remembered per deployment (a revision appli
 
 def rebalance_evaluate(*, deployment_id: int, now: float | None = None) -> str | None:
     """One pass of the policy over one deployment; returns what it decided (``proposed``,
-    ``applied``, ``kept``, ``held``, ``refused``) or None when nothing triggered."""
+    ``applied``, ``kept``, ``held``, ``refused``) or None when nothing triggered.
+
+    The plans are priced between two short transactions, not under the deployment's row lock: a
+    re-plan is a planner run, and operators' applies and the controller's reconciles wait on that
+    row. The decision is taken only if the revision the triggers saw is still the applied one."""
     now = time.time() if now is None else now
     with transaction.atomic():
-        # of=("self",): PostgreSQL cannot lock the nullable side (revision) of the outer join.
-        locked = Deployment.objects.select_for_update(of=("self",))
-        deployment = locked.select_related("revision", "model").get(pk=deployment_id)
-        if (deployment.rebalance_policy == Deployment.RebalancePolicy.OFF or deployment.revision is None
-                or change_in_flight(deployment=deployment)):
+        found = _watched(deployment_id=deployment_id)
+        if found is None:
             return None
-        state, _ = RebalanceState.objects.select_for_update().get_or_create(deployment=deployment)
+        deployment, state = found
         throttle = throttled_devices()
         fleet = fleet_now(throttle=throttle)
         if state.revision_id != deployment.revision_id:
             triggers.baseline_take(state=state, deployment=deployment, fleet=fleet, now=now)
             _expire_open(deployment=deployment)
-        found = [triggers.fleet_changed(state=state, deployment=deployment, fleet=fleet),
-                 triggers.throttled(state=state, deployment=deployment, throttle=throttle, now=now),
-                 triggers.drift(state=state, deployment=deployment, now=now)]
-        occurrence = next((o for o in found if o is not None and o.key not in state.handled), None)
-        pricing = None
-        if occurrence is None and now - (state.better_checked_at or 0) >= settings.MOTLEY_REBALANCE_CHECK_S:
+        occurring = [triggers.fleet_changed(state=state, deployment=deployment, fleet=fleet),
+                     triggers.throttled(state=state, deployment=deployment, throttle=throttle, now=now),
+                     triggers.drift(state=state, deployment=deployment, now=now)]
+        occurrence = next((o for o in occurring if o is not None and o.key not in state.handled), None)
+        since_checked = now - (state.better_checked_at or 0)
+        better_due = occurrence is None and since_checked >= settings.MOTLEY_REBALANCE_CHECK_S
+        if better_due:
             state.better_checked_at = now
-            pricing = price(deployment=deployment, fleet=fleet)
-            if pricing.proposed is not None and pricing.gain >= settings.MOTLEY_REBALANCE_MIN_GAIN:
-                occurrence = triggers.Occurrence(
-                    RebalanceProposal.Trigger.BETTER_PLAN, f"better_plan@{now:.0f}",
-                    f"the planner finds a plan {pricing.gain:+.0%} faster on the fleet as it is now")
-        outcome = None
-        if occurrence is not None:
-            outcome = _decide(deployment=deployment, state=state, occurrence=occurrence,
-                              pricing=pricing or price(deployment=deployment, fleet=fleet), now=now)
+        state.save()
+    if occurrence is None and not better_due:
+        return None
+    pricing = price(deployment=deployment, fleet=fleet)
+    if occurrence is None:
+        if pricing.proposed is None or pricing.gain < settings.MOTLEY_REBALANCE_MIN_GAIN:
+            return None
+        occurrence = triggers.Occurrence(
+            RebalanceProposal.Trigger.BETTER_PLAN, f"better_plan@{now:.0f}",
+            f"the planner finds a plan {pricing.gain:+.0%} faster on the fleet as it is now")
+    with transaction.atomic():
+        found = _watched(deployment_id=deployment_id)
+        priced_revision = deployment.revision_id
+        if found is None:
+            return None
+        deployment, state = found
+        if deployment.revision_id != priced_revision or occurrence.key in state.handled:
+            return None  # changed while it was priced: the next pass decides on what is applied then
+        outcome = _decide(deployment=deployment, state=state, occurrence=occurrence, pricing=pricing, now=now)
         state.save()
         return outcome
+
+
+def _watched(*, deployment_id: int) -> tuple[Deployment, RebalanceState] | None:
+    """The deployment and its policy state, both locked, when the policy watches it now: policy not
+    off, a revision applied, no change in flight."""
+    # of=("self",): PostgreSQL cannot lock the nullable side (revision) of the outer join.
+    locked = Deployment.objects.select_for_update(of=("self",))
+    deployment = locked.select_related("revision", "model").get(pk=deployment_id)
+    if (deployment.rebalance_policy == Deployment.RebalancePolicy.OFF or deployment.revision is None
+            or change_in_flight(deployment=deployment)):
+        return None
+    state, _ = RebalanceState.objects.select_for_update().get_or_create(deployment=deployment)
+    return deployment, state
 
 
 def _decide(*, deployment: Deployment, state: RebalanceState, occurrence: Occurrence, pricing: Pricing,

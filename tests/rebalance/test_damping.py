@@ -125,6 +125,33 @@ def test_another_applied_revision_expires_the_open_proposal(deployment, t0):
     assert proposal.status == RebalanceProposal.Status.EXPIRED
 
 
+def test_a_revision_applied_while_the_plans_are_priced_wins(deployment, t0, monkeypatch, settings):
+    """The plans are priced outside the deployment's row lock, so an operator may apply meanwhile:
+    the policy then decides nothing on its stale pricing (the next pass looks at the new plan)."""
+    from controlplane.rebalance import services
+
+    evaluate(deployment, t0)
+    uncordon("node-a")
+    priced = services.price
+
+    def price_while_an_operator_applies(**kwargs):
+        found = priced(**kwargs)
+        newer = PlanRevision.objects.create(
+            model=deployment.model, deployment=deployment, number=2, plan=deployment.revision.plan,
+            request=deployment.revision.request, source=PlanRevision.Source.EDITED,
+            status=PlanRevision.Status.APPLIED, applied_at=timezone.now() - timedelta(hours=1))
+        Deployment.objects.filter(pk=deployment.pk).update(revision=newer)
+        return found
+
+    monkeypatch.setattr(services, "price", price_while_an_operator_applies)
+    assert evaluate(deployment, t0 + 10) is None
+    assert not proposals(deployment) and not policy_events(deployment)
+    monkeypatch.setattr(services, "price", priced)
+    assert evaluate(deployment, t0 + 20) is None  # the new revision's baseline: node-a is in it
+    assert evaluate(deployment, t0 + 20 + settings.MOTLEY_REBALANCE_CHECK_S) == "proposed"
+    assert [p.trigger for p in proposals(deployment)] == ["better_plan"]
+
+
 def test_the_beat_runs_the_policy_on_every_watched_deployment(deployment, t0, settings):
     from contracts.tasks import REBALANCE_EVALUATE
     from controlplane.celery import app
