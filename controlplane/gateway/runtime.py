@@ -101,9 +101,14 @@ class Gateway:
                 return
             served = await sync_to_async(self._source, thread_sensitive=True)()
             new = [self._sync(model) for model in served]
-            self.routes = {route.served.name: route for route in new}
+            routes = {route.served.name: route for route in new}
+            for name in set(self.routes) - set(routes):  # a model no longer served at all
+                for client in self.routes[name].clients.values():
+                    self._close_soon(client)
+            self.routes = routes
             served_ids = {r.replica_id for _, r in self._replicas()}
             self._asked &= served_ids
+            self._polls = {pid: task for pid, task in self._polls.items() if pid in served_ids}
             self.live.forget(served_ids)
             self._refreshed = time.monotonic()
             await self._read_telemetry()
@@ -115,7 +120,8 @@ class Gateway:
                                  asyncio.create_task(self._health_forever())]
 
     def _sync(self, served: ServedModel) -> ModelRoute:
-        """Carry the live state (in-flight bookkeeping, clients) of replicas that are still served."""
+        """Carry the live state (in-flight bookkeeping, clients) of replicas that are still served;
+        the clients of those no longer served are closed once their requests had time to end."""
         old = self.routes.get(served.name)
         tokenizer = ModelTokenizer.load(served.tokenizer_path)
         states = {r.replica_id: r for r in old.router.replicas} if old else {}
@@ -146,6 +152,9 @@ class Gateway:
                 state.kv_capacity = endpoint.kv_tokens
             self.live.apply(state, endpoint)
             replicas.append(state)
+        for gone in set(clients) - {e.pipeline_id for e in served.replicas}:
+            self._close_soon(clients.pop(gone))  # stopped (replaced beside, scaled in): its requests end
+            heads.pop(gone, None)
         if old and old.router.strategy == served.strategy:
             router = old.router
             router.replicas = replicas
@@ -154,8 +163,8 @@ class Gateway:
         return ModelRoute(served, tokenizer, router, clients, heads, self.live)
 
     def _close_soon(self, client: Any) -> None:
-        """Close a replaced client once the requests it still carries have ended (they fail against
-        the dead head within the client's timeout and migrate)."""
+        """Close a replaced or retired client once the requests it still carries have ended (they
+        finish, or fail against a dead head within the client's timeout and migrate)."""
         async def close_later() -> None:
             try:
                 await asyncio.sleep(2 * gateway_setting("CLIENT_TIMEOUT_S"))

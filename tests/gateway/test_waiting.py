@@ -163,3 +163,23 @@ async def test_a_replica_re_planned_with_its_head_elsewhere_is_served_through_a_
     assert (await gateway().route("demo")).clients["d1-r0"].head_address == "tcp://elsewhere/d1-r0"
     assert len(fake.submitted) == 2
     await until(lambda: fake.closed == ["tcp://fake/d1-r0"])  # once its requests had time to end
+
+
+async def test_the_clients_of_pipelines_no_longer_served_are_closed(fake_pipeline, api_key, waits):
+    """A pipeline replaced beside, or a model no longer deployed, leaves no client (and its sockets)
+    behind; one still served keeps its own."""
+    from controlplane.gateway.runtime import gateway
+
+    fake = fake_pipeline({"d1-r0": Script(tokens=[5]), "d1-r1": Script(tokens=[6])})
+    waits(CLIENT_TIMEOUT_S=0.05)
+    assert (await timed_post(key=api_key))[0].status_code == 200
+    assert set((await gateway().route("demo")).clients) == {"d1-r0", "d1-r1"}
+    del fake.scripts["d1-r0"]  # the old pipeline of a handover beside, stopped
+    await asyncio.sleep(0.1)
+    assert set((await gateway().route("demo")).clients) == {"d1-r1"}
+    await until(lambda: fake.closed == ["tcp://fake/d1-r0"])
+    fake.scripts.clear()
+    fake.reason = "stopped"  # the model's deployment stopped: a route without replicas
+    await asyncio.sleep(0.1)
+    assert (await gateway().route("demo")).clients == {}
+    await until(lambda: sorted(fake.closed) == ["tcp://fake/d1-r0", "tcp://fake/d1-r1"])
