@@ -1,8 +1,9 @@
 """The head: stage 0's loop, where requests enter, micro-batches start and sampled tokens come back.
 
 It owns all request state (the :class:`~worker_runtime.scheduler.Scheduler`) and the pipeline's health:
-every other stage heartbeats here, so one place decides that a stage is dead (silent for
-``peer_timeout_s``, or restarted with a new incarnation), fails every request in flight with
+every other stage heartbeats here, so one place decides that a stage is dead (its previous stage's
+link to it went down, as when its process dies and its sockets close; silent for ``peer_timeout_s``;
+or restarted with a new incarnation), fails every request in flight with
 :class:`~worker_runtime.errors.PipelineBroken`, and once all stages answer again starts a new epoch
 with a ``reset`` that wipes their caches: a restarted stage rejoins without anyone restarting the rest.
 """
@@ -143,6 +144,8 @@ class HeadLoop:
         silent = [i for i, p in self.peers.items() if now - p.last_seen > self.spec.peer_timeout_s]
         if self.healthy and silent:
             self.break_pipeline(silent[0], f"stage {silent[0]} silent for over {self.spec.peer_timeout_s} s")
+        elif self.healthy and not self.transport.next_linked():  # stage 1 died: its socket closed
+            self.break_pipeline(1, "the head lost its link to stage 1")
         elif not self.healthy and not missing and all(p.last_seen > self.broken_at and p.linked
                                                       for p in self.peers.values()):
             try:
@@ -175,10 +178,15 @@ class HeadLoop:
             log.warning("heartbeat from an unknown stage %r", index)
             return
         known = self.peers.get(index)
+        linked = header.get("linked", True) is not False
         if known is not None and known.incarnation != incarnation and self.healthy:
             self.break_pipeline(index, f"stage {index} restarted and lost its state")
-        self.peers[index] = Peer(str(incarnation), time.monotonic(), dict(header.get("stats") or {}),
-                                 header.get("linked", True) is not False)
+        elif not linked and self.healthy:
+            # Its link onward went down: the next stage died (its socket closed) or is restarting.
+            # What that stage held is lost now; waiting for its silence would stall every request
+            # in flight for peer_timeout_s.
+            self.break_pipeline(index + 1, f"stage {index} lost its link to stage {index + 1}")
+        self.peers[index] = Peer(str(incarnation), time.monotonic(), dict(header.get("stats") or {}), linked)
         self.ledger.set_stage(index, int(header["kv_capacity"]), int(header["block_size"]))
         if not self.healthy:  # the last stage heard again completes the pipeline now, not at the next check
             self.check_peers(time.monotonic())

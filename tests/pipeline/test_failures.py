@@ -57,3 +57,25 @@ async def test_kill_9_fails_everything_in_time_a_restart_rejoins_and_a_dead_head
             assert time.monotonic() - started < 2.5
             health = await fast.health()
             assert not health["ok"] and health["broken_stage"] == 0
+
+
+@pytest.mark.parametrize("killed", [1, 2])
+async def test_a_killed_stage_breaks_the_pipeline_long_before_its_silence_would(start_pipeline, killed):
+    """One request, its micro-batch inside the killed stage (the slow one): no other micro-batch will
+    try the dead link, so only the link itself can tell. Its sockets close with the process, the link
+    to it goes down and the head breaks the pipeline within a heartbeat or two: the request is
+    resumed (PipelineBroken) at once instead of stalling for peer_timeout_s (10 s here)."""
+    slow = {**SLOW, "time_scale": 2500.0}  # ~1 s a step on the tiny model
+    pipeline = start_pipeline(3, peer_timeout_s=10.0, per_stage={killed: {"emulation": slow}})
+    async with PipelineClient(pipeline.head, TOKEN, "p0", timeout_s=15.0) as client:
+        assert (await wait_healthy(client))["ok"]
+        stream = asyncio.create_task(collect(client, [1, 2, 3, 4], 200))
+        await asyncio.sleep(1.5)
+        os.kill(pipeline.stages[killed].popen.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        with pytest.raises(PipelineBroken):
+            await asyncio.wait_for(stream, timeout=12)
+        took = time.monotonic() - killed_at
+        assert took < 2.0, f"the request failed only after {took:.1f}s"
+        health = await client.health()
+        assert not health["ok"] and health["broken_stage"] == killed, health

@@ -32,6 +32,9 @@ class RecordingTransport:
         self.sent.append(header)
         return 1
 
+    def next_linked(self) -> bool:
+        return self.up
+
 
 def heartbeat(index: int, linked: bool) -> dict:
     return {"type": "heartbeat", "stage_index": index, "incarnation": f"i{index}", "linked": linked,
@@ -76,3 +79,25 @@ def test_a_relay_that_cannot_send_on_breaks_the_pipeline_and_every_request_in_it
                                "message": "stage 1 cannot send on: next stage is not connected"})
     head.on_result(failure)
     assert not head.healthy and head.broken_stage == 2 and "cannot send on" in head.reason
+
+
+def test_a_link_that_goes_down_breaks_the_pipeline_at_once(tiny_model):
+    """A stage whose process dies closes its sockets: its previous stage's link to it goes down (a
+    relay's heartbeat says so; the head sees its own). The pipeline breaks then, not after the dead
+    stage's peer_timeout_s of silence, which stalled every request in flight through it."""
+    spec = pipeline_specs(tiny_model, 6, 3)[0]
+    stage = Stage.load(spec.model_path, *spec.layers, kv_tokens=spec.kv_tokens)
+    transport = RecordingTransport()
+    head = HeadLoop(spec, StageWorker(stage, StageStats()), transport, EventWriter(io.StringIO()))
+    for index in (1, 2):
+        head.on_heartbeat(heartbeat(index, linked=True))
+    assert head.healthy
+    head.on_heartbeat(heartbeat(1, linked=False))  # stage 2 died
+    assert not head.healthy and head.broken_stage == 2 and head.reason == "stage 1 lost its link to stage 2"
+
+    for index in (1, 2):  # stage 2 restarted: every link is up again
+        head.on_heartbeat(heartbeat(index, linked=True))
+    assert head.healthy
+    transport.up = False  # stage 1 died
+    head.check_peers(now=0.0)
+    assert not head.healthy and head.broken_stage == 1 and head.reason == "the head lost its link to stage 1"
