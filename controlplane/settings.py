@@ -243,6 +243,10 @@ MOTLEY_AGENT_REGISTRATIONS_PER_MINUTE = int(os.environ.get("MOTLEY_AGENT_REGISTR
 MOTLEY_AGENT_HEARTBEAT_INTERVAL_S = float(os.environ.get("MOTLEY_AGENT_HEARTBEAT_INTERVAL_S", "1.0"))
 MOTLEY_NODE_SUSPECT_MISSED_HEARTBEATS = int(os.environ.get("MOTLEY_NODE_SUSPECT_MISSED_HEARTBEATS", "3"))
 MOTLEY_NODE_LOST_AFTER_S = float(os.environ.get("MOTLEY_NODE_LOST_AFTER_S", "15"))
+# A node whose agent's websocket closed abnormally (the agent died: the kernel closed its socket) and
+# that was not heard from since is LOST after this, while other agents are heard after the close
+# (docs/deployments.md, "Node liveness"); 0 turns this off.
+MOTLEY_NODE_LOST_AFTER_CLOSE_S = float(os.environ.get("MOTLEY_NODE_LOST_AFTER_CLOSE_S", "4"))
 MOTLEY_NODE_HEALTH_CHECK_INTERVAL_S = float(os.environ.get("MOTLEY_NODE_HEALTH_CHECK_INTERVAL_S", "1.0"))
 MOTLEY_RECONCILE_INTERVAL_S = float(os.environ.get("MOTLEY_RECONCILE_INTERVAL_S", "10"))
 # A start (or stop) not confirmed by the agent within this time is sent again (loading takes a while).

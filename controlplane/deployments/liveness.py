@@ -158,9 +158,34 @@ def _node_sync(*, node: Node) -> None:
         dispatch.reconcile_on_commit(deployment_id=deployment_id)
 
 
+def node_connection_closed(*, node_id: int, incarnation: int) -> None:
+    """The agents' websocket of this incarnation closed abnormally: remembered for
+    ``node_health_check`` (an older incarnation's socket closing says nothing of the node now)."""
+    Node.objects.filter(pk=node_id, incarnation=incarnation).update(connection_closed_at=timezone.now())
+
+
+def _closed_and_unheard(node: Node, now: datetime) -> float | None:
+    """Seconds since the node's agent's connection closed, when that is past
+    ``MOTLEY_NODE_LOST_AFTER_CLOSE_S``, nothing was heard from it since, and another agent was.
+
+    A socket the kernel closed means the agent process is gone (a live agent reconnects within a
+    second and heartbeats, which ends this); the stage processes died with it (PDEATHSIG), so waiting
+    out ``MOTLEY_NODE_LOST_AFTER_S`` only stalls the requests of its pipelines. Another agent heard
+    since the close tells this apart from the control plane's own server going away, which closes
+    every socket at once: then no node is lost sooner than the heartbeat timeout."""
+    closed, after = node.connection_closed_at, settings.MOTLEY_NODE_LOST_AFTER_CLOSE_S
+    if closed is None or after <= 0 or node.last_heartbeat >= closed:
+        return None
+    if now - closed < timedelta(seconds=after):
+        return None
+    others = Node.objects.filter(incarnation__gt=0, last_heartbeat__gt=closed).exclude(pk=node.pk)
+    return (now - closed).total_seconds() if others.exists() else None
+
+
 @transaction.atomic
 def node_health_check() -> list[tuple[Node, str]]:
-    """Mark nodes whose heartbeats stopped: SUSPECT after a few missed, LOST after a timeout.
+    """Mark nodes whose heartbeats stopped: SUSPECT after a few missed, LOST after a timeout, or
+    sooner when the agent's connection closed (``_closed_and_unheard``).
 
     Only nodes an agent registered are watched (declared nodes have no heartbeat to miss). A LOST
     node's deployments are reconciled at once: they turn DEGRADED and may be re-planned.
@@ -173,8 +198,12 @@ def node_health_check() -> list[tuple[Node, str]]:
     watched = Node.objects.select_for_update().filter(incarnation__gt=0, last_heartbeat__isnull=False)
     changes = []
     for node in watched.filter(last_heartbeat__lt=suspect_before).exclude(status=Node.Status.LOST):
+        silent_s = round((now - node.last_heartbeat).total_seconds(), 1)
+        why = f"no heartbeat for {silent_s} s"
         if node.last_heartbeat < lost_before:
             new = Node.Status.LOST
+        elif (closed := _closed_and_unheard(node, now)) is not None:
+            new, why = Node.Status.LOST, f"its agent's connection closed {closed:.1f} s ago, {why}"
         elif node.status == Node.Status.READY:
             new = Node.Status.SUSPECT
         else:
@@ -182,10 +211,8 @@ def node_health_check() -> list[tuple[Node, str]]:
         node.status = new
         node.save(update_fields=["status", "last_updated"])
         changes.append((node, new))
-        logger.warning("node %s is %s: last heartbeat %s", node.name, new, node.last_heartbeat)
-        silent_s = round((now - node.last_heartbeat).total_seconds(), 1)
-        event_record(kind=_LIVENESS_KINDS[new], node=node,
-                     message=f"node {node.name} is {new}: no heartbeat for {silent_s} s",
+        logger.warning("node %s is %s: %s", node.name, new, why)
+        event_record(kind=_LIVENESS_KINDS[new], node=node, message=f"node {node.name} is {new}: {why}",
                      detail={"last_heartbeat": node.last_heartbeat.isoformat(), "silent_s": silent_s})
         if new == Node.Status.LOST:
             for deployment_id in (

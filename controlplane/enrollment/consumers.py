@@ -24,6 +24,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from controlplane.common.ws_limits import MessageLimits
+from controlplane.deployments.liveness import node_connection_closed
 from controlplane.enrollment.heartbeats import running_flusher
 from controlplane.enrollment.selectors import node_for_credential
 from controlplane.enrollment.services import agent_message_receive
@@ -31,6 +32,7 @@ from controlplane.inventory.health import DeviceHealthWatch
 from controlplane.telemetry.keeper import running_keeper
 from controlplane.telemetry.services import telemetry_publish, telemetry_sample
 
+CLOSE_ABNORMAL = 1006  # RFC 6455: closed without a closing handshake
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_REFUSED = 4409
 _STAGE_FIELDS = ("stage_key", "state", "pid", "exit_code", "restarts", "message")
@@ -62,6 +64,16 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         self.limits = MessageLimits(max_bytes=settings.MOTLEY_AGENT_WS_MAX_MESSAGE_BYTES,
                                     per_s=settings.MOTLEY_AGENT_WS_MESSAGES_PER_S, setting="MOTLEY_AGENT_WS")
         await self.accept()
+
+    async def disconnect(self, code):
+        """An abnormal close (1006: no closing handshake, as when the agent's process dies and the
+        kernel closes its socket) is told to liveness, which may then declare the node lost sooner."""
+        if getattr(self, "node_id", None) is None or self.refused:
+            return
+        self.flusher.forget(self)
+        if code == CLOSE_ABNORMAL:
+            await database_sync_to_async(node_connection_closed)(node_id=self.node_id,
+                                                                 incarnation=self.incarnation)
 
     async def refuse(self, reason: str) -> None:
         """Tell the agent why it is no longer the node's and close (once)."""

@@ -37,7 +37,7 @@ def agent_exit_message(child: Child, code: int, *, lost_after_s: float, restart_
     then = (f"restarting it in {restart_in_s:.0f}s (--restart-agents)" if restart_in_s is not None
             else "it is not restarted (pass --restart-agents to run_local for that)")
     return (f"{child.name} exited with code {code}; the control plane stays up: the node turns LOST after "
-            f"{lost_after_s:.0f}s without heartbeats and its stages are re-planned on the other nodes; "
+            f"{lost_after_s:.0f}s without its agent and its stages are re-planned on the other nodes; "
             f"{then}")
 
 

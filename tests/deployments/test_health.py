@@ -14,7 +14,7 @@ from controlplane.deployments.liveness import (
     node_heartbeat_record,
     node_heartbeats_flush,
 )
-from controlplane.deployments.models import Deployment, DeploymentStage, PlanRevision
+from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentStage, PlanRevision
 from controlplane.deployments.reconcile import deployment_reconcile
 from controlplane.deployments.services import deployment_create
 from controlplane.deployments.stage_reports import stage_status_record
@@ -56,6 +56,46 @@ def test_suspect_after_three_missed_heartbeats_lost_after_the_timeout_ready_agai
     assert status(node) == Node.Status.READY
     # Back from LOST: told to keep only what is wanted on it (nothing here).
     assert sent.take() == [(f"node.{node.pk}", "motley.agent.sync", {"wanted_stage_keys": []})]
+
+
+def closed(node: Node, ago_s: float) -> None:
+    Node.objects.filter(pk=node.pk).update(connection_closed_at=timezone.now() - timedelta(seconds=ago_s))
+
+
+def test_a_node_whose_agent_connection_closed_is_lost_sooner_while_other_agents_are_heard(nodes, sent, settings):
+    """LOST after MOTLEY_NODE_LOST_AFTER_CLOSE_S (4 s) of silence since its agent's socket closed
+    abnormally, not the 10 s heartbeat timeout; never while it heartbeats after the close (it
+    reconnected), and not when no agent was heard since (the control plane's server went away and
+    closed every socket: then only the timeout counts)."""
+    settings.MOTLEY_NODE_LOST_AFTER_CLOSE_S = 4.0
+    node, other = nodes[0], nodes[1]
+    for n in nodes:
+        silent_for(n, 0.5)
+    silent_for(node, 5)
+    closed(node, 3.5)  # 3.5 s since the close: SUSPECT, not yet LOST
+    assert [(n.name, s) for n, s in node_health_check()] == [("n0", Node.Status.SUSPECT)]
+    closed(node, 4.5)
+    assert [(n.name, s) for n, s in node_health_check()] == [("n0", Node.Status.LOST)]
+    lost = DeploymentEvent.objects.filter(kind=DeploymentEvent.Kind.NODE_LOST, node="n0").latest("at")
+    assert "its agent's connection closed 4.5 s ago, no heartbeat for 5.0 s" in lost.message, lost.message
+
+    node_heartbeat_record(node=node, heartbeat={"stages": []})  # back (a reconnected agent)
+    assert status(node) == Node.Status.READY
+    silent_for(node, 5)
+    Node.objects.filter(pk=node.pk).update(connection_closed_at=timezone.now() - timedelta(seconds=6))
+    node_health_check()  # its last heartbeat is newer than the close: only the timeout counts
+    assert status(node) == Node.Status.SUSPECT
+
+    for n in nodes:  # every agent silent since the close: the control plane's server went away
+        silent_for(n, 5)
+    closed(node, 4.5)
+    node_health_check()
+    assert status(node) == Node.Status.SUSPECT and status(other) == Node.Status.SUSPECT
+
+    settings.MOTLEY_NODE_LOST_AFTER_CLOSE_S = 0  # off
+    silent_for(other, 0.5)
+    node_health_check()
+    assert status(node) == Node.Status.SUSPECT
 
 
 def seen(node: Node, ago_s: float, stages=(), incarnation=None) -> HeartbeatSeen:

@@ -221,3 +221,30 @@ async def test_a_socket_of_a_re_registered_node_is_refused_on_the_coalesced_path
     assert (await communicator.receive_output())["type"] == "websocket.close"
     after = (await database_sync_to_async(Node.objects.get)(pk=old.node.pk)).last_heartbeat
     assert after == before and new.incarnation != old.incarnation
+
+
+async def test_an_abnormal_close_is_remembered_for_liveness_a_clean_one_or_an_old_ones_is_not(join_token):
+    """A socket closed without a handshake (1006: the agent process died) is noted on its node, with
+    its time, for node_health_check; a clean close (an agent stopping or reconnecting) and the close
+    of a socket from an older incarnation change nothing."""
+    a = await database_sync_to_async(register)(join_token, "node-a")
+
+    async def closed_at():
+        return (await database_sync_to_async(Node.objects.get)(pk=a.node.pk)).connection_closed_at
+
+    communicator = await connect(f"Node {a.node.pk}:{a.credential}")
+    assert (await communicator.connect())[0]
+    await communicator.disconnect(code=1000)
+    assert await closed_at() is None
+
+    communicator = await connect(f"Node {a.node.pk}:{a.credential}")
+    assert (await communicator.connect())[0]
+    await communicator.disconnect(code=1006)
+    noted = await closed_at()
+    assert noted is not None
+
+    old = await connect(f"Node {a.node.pk}:{a.credential}")
+    assert (await old.connect())[0]
+    await database_sync_to_async(register)(join_token, "node-a")  # a new incarnation registered
+    await old.disconnect(code=1006)
+    assert await closed_at() == noted

@@ -99,8 +99,9 @@ class Command(BaseCommand):
                               f"metrics {base}/metrics")
             if not no_demo:
                 self._start_demo(group, base, demo_model, None if no_emulate else demo_fleet)
-            name, code = supervise(group, restart_agents=restart_agents,
-                                   lost_after_s=settings.MOTLEY_NODE_LOST_AFTER_S, report=self.stderr.write)
+            lost_after_s = settings.MOTLEY_NODE_LOST_AFTER_CLOSE_S or settings.MOTLEY_NODE_LOST_AFTER_S
+            name, code = supervise(group, restart_agents=restart_agents, lost_after_s=lost_after_s,
+                                   report=self.stderr.write)
             self.stderr.write(f"{name} exited with code {code}; stopping everything")
         except KeyboardInterrupt:
             self.stdout.write("stopping")
