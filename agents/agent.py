@@ -145,7 +145,7 @@ class Agent:
 
     def _start_consumer(self, registration: Registration) -> QueueConsumer:
         app = build_app(registration.broker_url, registration.broker_transport_options, registration.queue,
-                        self._supervisor, self._throttles)
+                        self._supervisor, self._throttles, incarnation=lambda: self.registration.incarnation)
         hostname = f"agent-{self.config.name}@{socket.gethostname()}"
         consumer = QueueConsumer(app, registration.queue, hostname=hostname)
         consumer.start()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
@@ -27,10 +28,27 @@ from contracts.tasks import SET_THROTTLE, START_STAGE, STOP_STAGE, SYNC
 log = logging.getLogger(__name__)
 
 
+class StaleTask(RuntimeError):
+    """A task sent to an earlier incarnation of this node's agent: not run."""
+
+
 def build_app(
     broker_url: str, transport_options: dict[str, Any], queue: str, supervisor: Supervisor,
-    throttles: Throttles | None = None,
+    throttles: Throttles | None = None, *, incarnation: Callable[[], int],
 ) -> Celery:
+    """``incarnation()``: this agent's incarnation now (it changes when the agent registers again).
+    Every task names the incarnation it was sent to; one sent to an older incarnation was queued
+    before the registration whose ``sync`` superseded it (a replay, or a start the control plane
+    decided for the agent's previous life) and is refused. A newer one is run: the control plane
+    sends the registration's ``sync`` before this agent has read its own registration's answer."""
+
+    def current(task: str, sent_to: object) -> None:
+        if isinstance(sent_to, bool) or not isinstance(sent_to, int):
+            raise TypeError(f"{task}: incarnation must be an integer, got {sent_to!r:.100}")
+        if sent_to < (mine := incarnation()):
+            raise StaleTask(f"{task} was sent to incarnation {sent_to} of this node's agent, this is "
+                            f"incarnation {mine}: not run (its registration's sync superseded it)")
+
     # fixups=[]: no Django fixup even where DJANGO_SETTINGS_MODULE is set; the agent is not Django.
     app = Celery("motley-agent", broker=broker_url, set_as_current=False, fixups=[])
     app.conf.update(
@@ -57,26 +75,31 @@ def build_app(
     )
 
     @app.task(name=START_STAGE, shared=False)
-    def start_stage(stage_key: str, spec: dict[str, Any], device_index: int | None = None) -> dict[str, Any]:
+    def start_stage(stage_key: str, spec: dict[str, Any], device_index: int | None = None, *,
+                    incarnation: int) -> dict[str, Any]:
+        current(START_STAGE, incarnation)
         if not isinstance(spec, dict):
             raise TypeError(f"start_stage {stage_key}: spec must be a JSON object")
         return supervisor.start(stage_key, spec, device_index).to_json()
 
     @app.task(name=STOP_STAGE, shared=False)
-    def stop_stage(stage_key: str) -> dict[str, Any] | None:
+    def stop_stage(stage_key: str, *, incarnation: int) -> dict[str, Any] | None:
+        current(STOP_STAGE, incarnation)
         if not isinstance(stage_key, str):
             raise TypeError(f"stop_stage: stage_key must be a string, got {stage_key!r:.100}")
         status = supervisor.stop(stage_key)
         return status.to_json() if status else None
 
     @app.task(name=SYNC, shared=False)
-    def sync(wanted_stage_keys: list[str]) -> list[str]:
+    def sync(wanted_stage_keys: list[str], *, incarnation: int) -> list[str]:
+        current(SYNC, incarnation)
         if not isinstance(wanted_stage_keys, list) or not all(isinstance(k, str) for k in wanted_stage_keys):
             raise TypeError(f"sync: wanted_stage_keys must be a list of stage keys, got {wanted_stage_keys!r:.100}")
         return supervisor.sync(wanted_stage_keys)
 
     @app.task(name=SET_THROTTLE, shared=False)
-    def set_throttle(device_index: int, factor: float) -> dict[str, Any]:
+    def set_throttle(device_index: int, factor: float, *, incarnation: int) -> dict[str, Any]:
+        current(SET_THROTTLE, incarnation)
         if throttles is None:
             raise ThrottleRefused("this agent runs no emulated device to throttle")
         return {"device_index": device_index, "factor": throttles.set(device_index, factor)}

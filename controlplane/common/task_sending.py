@@ -13,6 +13,7 @@ commit is repeated by the next periodic reconcile.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
@@ -21,20 +22,33 @@ from contracts.names import node_queue
 from controlplane.celery import app as celery_app
 
 
-def agent_task_send_on_commit(*, node_id: int, name: str, kwargs: dict[str, Any]) -> str:
+def agent_task_send_on_commit(
+    *, node_id: int, name: str, kwargs: dict[str, Any], incarnation: Callable[[], int]
+) -> str:
     """Queue a JSON task on the node's own queue (contracts §3) once the current transaction commits;
-    returns the queue's name."""
+    returns the queue's name.
+
+    The task carries the incarnation of the node's agent as it is when it leaves (``incarnation()``,
+    asked after the commit): an agent runs no task of an incarnation older than its own, so a task
+    queued before the agent registered again (superseded by the registration's sync) is not run."""
     queue = node_queue(node_id)
-    task_send_on_commit(name=name, kwargs=kwargs, queue=queue)
+    task_send_on_commit(name=name, kwargs=lambda: {**kwargs, "incarnation": incarnation()}, queue=queue)
     return queue
 
 
 def task_send_on_commit(
-    *, name: str, kwargs: dict[str, Any], queue: str | None = None, countdown: float | None = None
+    *, name: str, kwargs: dict[str, Any] | Callable[[], dict[str, Any]], queue: str | None = None,
+    countdown: float | None = None,
 ) -> None:
-    """Send task ``name`` with JSON keyword arguments once the current transaction commits
-    (``queue`` None: the control plane's default queue; ``countdown``: run it that many seconds later)."""
+    """Send task ``name`` with JSON keyword arguments (or what ``kwargs()`` gives then) once the
+    current transaction commits (``queue`` None: the control plane's default queue; ``countdown``:
+    run it that many seconds later)."""
     options: dict[str, Any] = {} if queue is None else {"queue": queue}
     if countdown is not None:
         options["countdown"] = countdown
-    transaction.on_commit(lambda: celery_app.send_task(name, kwargs=kwargs, serializer="json", **options))
+
+    def send() -> None:
+        arguments = kwargs() if callable(kwargs) else kwargs
+        celery_app.send_task(name, kwargs=arguments, serializer="json", **options)
+
+    transaction.on_commit(send)

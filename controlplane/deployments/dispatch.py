@@ -12,11 +12,13 @@ from typing import Any
 from contracts.tasks import RECONCILE
 from controlplane.common import task_sending
 from controlplane.inventory.models import Node
+from controlplane.inventory.selectors import node_incarnation
 
 
 def agent_task_send_on_commit(*, node: Node, name: str, kwargs: dict[str, Any]) -> None:
     """Queue a JSON task on the node's own queue (contracts §3) once the current transaction commits."""
-    task_sending.agent_task_send_on_commit(node_id=node.pk, name=name, kwargs=kwargs)
+    task_sending.agent_task_send_on_commit(node_id=node.pk, name=name, kwargs=kwargs,
+                                           incarnation=lambda: node_incarnation(node_id=node.pk))
 
 
 def reconcile_on_commit(*, deployment_id: int) -> None:

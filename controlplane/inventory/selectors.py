@@ -78,3 +78,8 @@ def _link_spec(link: Link) -> LinkSpec:
     return LinkSpec(
         a=a.name, b=b.name, kind=link.kind, bandwidth_gbs=link.bandwidth_gbs, latency_us=link.latency_us
     )
+
+
+def node_incarnation(*, node_id: int) -> int:
+    """The incarnation of the node's agent now (0: no agent ever registered it)."""
+    return Node.objects.values_list("incarnation", flat=True).get(pk=node_id)

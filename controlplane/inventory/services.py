@@ -16,6 +16,7 @@ from contracts.tasks import SET_THROTTLE
 from controlplane.audit.services import SYSTEM, Actor, audit_record
 from controlplane.common.task_sending import agent_task_send_on_commit
 from controlplane.inventory.models import Device, Link, Node
+from controlplane.inventory.selectors import node_incarnation
 
 
 @dataclass(frozen=True)
@@ -133,4 +134,5 @@ def device_emulate_throttle(*, device: Device, factor: float, actor: Actor = SYS
         raise ValidationError({"device": f"{device.name}: no agent has registered node {node.name}"})
     kwargs = {"device_index": device.index, "factor": float(factor)}
     audit_record(actor=actor, action="device.throttle", target=device, detail={"factor": float(factor)})
-    return agent_task_send_on_commit(node_id=node.pk, name=SET_THROTTLE, kwargs=kwargs)
+    return agent_task_send_on_commit(node_id=node.pk, name=SET_THROTTLE, kwargs=kwargs,
+                                     incarnation=lambda: node_incarnation(node_id=node.pk))

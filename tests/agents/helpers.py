@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from celery import Celery
 
 from contracts.stage_status import StageStatus
 from tests.support.processes import REPO_ROOT, free_port, stop_process, wait_for_http
 
+INCARNATION = 3  # the agent's incarnation in tests that build its queue consumer themselves
 STAND_IN_COMMAND = [sys.executable, str(Path(__file__).with_name("stand_in_stage.py"))]
 ORPHAN_TAG = "MOTLEY_AGENT_TEST_TAG"
 MIB = 1024**2
@@ -118,3 +120,17 @@ def daphne(env: dict[str, str]) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         stop_process(server, timeout_s=3)  # daphne waits on its websocket tasks; the test is over
+
+
+class ControllerApp(Celery):
+    """The sending side as the control plane's dispatch: tasks by name, JSON, each stamped with the
+    incarnation of the agent it is for (``INCARNATION`` unless the kwargs name one)."""
+
+    def __init__(self, main: str, broker: str, options: dict, incarnation: int = INCARNATION):
+        super().__init__(main, broker=broker, set_as_current=False, fixups=[])
+        self.conf.broker_transport_options = options
+        self.incarnation = incarnation
+
+    def send_task(self, name, args=None, kwargs=None, **options):
+        return super().send_task(name, args=args, kwargs={"incarnation": self.incarnation, **(kwargs or {})},
+                                 **options)

@@ -67,6 +67,10 @@ def _log(state, name="box") -> str:
 
 
 def _send(var, name: str, **kwargs) -> None:
+    """A task as the control plane sends it: JSON, stamped with the node's incarnation now."""
+    with sqlite3.connect(var / "motley.sqlite3") as db:
+        kwargs["incarnation"] = db.execute("SELECT incarnation FROM inventory_node WHERE id = ?",
+                                           (int(kwargs["queue"].removeprefix("node.")),)).fetchone()[0]
     app = Celery("test-controller", broker="filesystem://", set_as_current=False, fixups=[])
     app.conf.broker_transport_options = {
         "data_folder_in": str(var / "broker"), "data_folder_out": str(var / "broker"),

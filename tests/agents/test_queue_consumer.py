@@ -11,7 +11,6 @@ from contextlib import contextmanager
 
 import kombu
 import pytest
-from celery import Celery
 
 from agents.admission import Admission
 from agents.discovery.emulated import EmulatedMetrics, emulated_devices
@@ -19,7 +18,15 @@ from agents.queue_consumer import QueueConsumer, build_app
 from agents.supervisor import RestartPolicy, Supervisor
 from agents.throttle import Throttles
 from contracts.tasks import SET_THROTTLE, START_STAGE, STOP_STAGE, SYNC
-from tests.agents.helpers import STAND_IN_COMMAND, Events, stage_spec, tiny_model, wait_until
+from tests.agents.helpers import (
+    INCARNATION,
+    STAND_IN_COMMAND,
+    ControllerApp,
+    Events,
+    stage_spec,
+    tiny_model,
+    wait_until,
+)
 from tests.support.processes import filesystem_broker_options, redis_up
 
 REDIS_URL = "redis://127.0.0.1:6379/7"
@@ -38,7 +45,7 @@ def consuming(url: str, options: dict, queue: str, supervisor: Supervisor, throt
               hostname: str | None = None) -> Iterator[QueueConsumer]:
     """``supervisor``'s queue consumer on ``queue``, started for the block; then it stops, the
     supervisor closes and a Redis queue is deleted."""
-    app = build_app(url, options, queue, supervisor, throttles)
+    app = build_app(url, options, queue, supervisor, throttles, incarnation=lambda: INCARNATION)
     consumer = QueueConsumer(app, queue, hostname=hostname or f"agent@{queue}")
     consumer.start()
     try:
@@ -76,8 +83,7 @@ def agent_side(broker, tmp_path, tiny_fleet):
 def controller(broker):
     """The sending side, as plain as the control plane's dispatch: a Celery app and send_task."""
     url, options = broker
-    app = Celery("controller", broker=url, set_as_current=False, fixups=[])
-    app.conf.broker_transport_options = options
+    app = ControllerApp("controller", url, options)
     yield app
     app.close()
 
@@ -136,8 +142,7 @@ def test_a_pickled_task_is_refused_without_being_unpickled(agent_side, broker, t
     assert not canary.exists()
     assert supervisor.snapshot() == [] and events.seen == []
     # The consumer goes on with JSON work.
-    controller = Celery("controller", broker=url, set_as_current=False, fixups=[])
-    controller.conf.broker_transport_options = options
+    controller = ControllerApp("controller", url, options)
     controller.send_task(START_STAGE, args=["d7-r0-s1", spec], queue=queue, serializer="json")
     events.wait_for(lambda s: s.state == "ready")
     controller.close()
@@ -151,8 +156,8 @@ def test_the_embedded_broker_consumer_waits_for_a_message_being_written(tmp_path
     supervisor = Supervisor(tmp_path / "state", Admission(emulated_devices(tiny_fleet, "box")), events,
                             command=STAND_IN_COMMAND)
     with consuming(url, options, queue, supervisor, hostname="agent@half") as consumer:
-        controller = Celery("controller", broker=url, set_as_current=False, fixups=[])
-        controller.conf.broker_transport_options = {**options, "data_folder_out": str(tmp_path / "outbox")}
+        outbox = {**options, "data_folder_out": str(tmp_path / "outbox")}
+        controller = ControllerApp("controller", url, outbox)
         (tmp_path / "outbox").mkdir()
         spec = stage_spec(tiny_model(tmp_path / "model"), device="cuda:0")
         controller.send_task(START_STAGE, args=["d7-r0-s1", spec], queue=queue, serializer="json")

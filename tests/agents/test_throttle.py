@@ -85,15 +85,15 @@ def test_the_set_throttle_task_reaches_the_metrics(tmp_path, tiny_fleet):
     devices = emulated_devices(tiny_fleet, "box")
     throttles = Throttles(tmp_path / "throttle", devices)
     metrics = EmulatedMetrics(devices, throttles)
-    app = build_app("memory://", {}, "node.t", supervisor=None, throttles=throttles)
+    app = build_app("memory://", {}, "node.t", supervisor=None, throttles=throttles, incarnation=lambda: 2)
     task = app.tasks[SET_THROTTLE]
-    assert task(device_index=0, factor=0.5) == {"device_index": 0, "factor": 0.5}
+    assert task(device_index=0, factor=0.5, incarnation=2) == {"device_index": 0, "factor": 0.5}
     assert metrics.sample([])[0].throttle_reasons == ("sw_thermal",)
     with pytest.raises(ThrottleRefused):
-        task(device_index=0, factor=2)
-    without = build_app("memory://", {}, "node.t", supervisor=None)
+        task(device_index=0, factor=2, incarnation=2)
+    without = build_app("memory://", {}, "node.t", supervisor=None, incarnation=lambda: 2)
     with pytest.raises(ThrottleRefused, match="no emulated device"):
-        without.tasks[SET_THROTTLE](device_index=0, factor=0.5)
+        without.tasks[SET_THROTTLE](device_index=0, factor=0.5, incarnation=2)
 
 
 def test_admission_gives_an_emulated_stage_its_cards_speed_factor_and_throttle_file(tmp_path, island_fleet):

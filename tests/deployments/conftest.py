@@ -45,7 +45,8 @@ class Sent:
 class RecordingApp:
     """Stands in for the Celery app at ``send_task``, where a send leaves the process: it checks each
     message is what a broker would carry (a task name from contracts/tasks.py, JSON keyword
-    arguments) and records it instead of sending it."""
+    arguments; an agent's task stamped with its node's incarnation then) and records it, without the
+    incarnation, instead of sending it."""
 
     def __init__(self, record: Sent):
         self.record = record
@@ -64,6 +65,9 @@ class RecordingApp:
                 self.record.later.append((kwargs["deployment_id"], countdown))
         else:
             assert queue is not None and queue.startswith("node.") and countdown is None, (queue, countdown)
+            kwargs = dict(kwargs)
+            node = Node.objects.get(pk=int(queue.removeprefix("node.")))
+            assert kwargs.pop("incarnation") == node.incarnation, (name, kwargs)  # stamped when it leaves
             self.record.tasks.append((queue, name, kwargs))
 
 

@@ -3,10 +3,10 @@ fields, wrong types, missing fields and bad values for start_stage, stop_stage, 
 
 The consumer stays up, logs each refusal with what is wrong, starts nothing from a malformed spec,
 and still runs the good task sent after them. A redelivered start (the same task twice) starts one
-process. (Tasks carry no incarnation, so a task queued for a previous incarnation of the agent is
-indistinguishable from a redelivery: what protects the agent is that a start is idempotent and the
-control plane's sync after a registration stops whatever is not wanted; docs/contracts.md §3. An
-unknown field inside a spec is refused by the stage process itself, StageSpec.from_dict, not here.)
+process. A task sent to an earlier incarnation of the agent (queued before it registered again: a
+replay, or a start decided for its previous life) is refused naming both incarnations, as is one
+without an incarnation (docs/contracts.md §3). An unknown field inside a spec is refused by the
+stage process itself, StageSpec.from_dict, not here.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 
 import pytest
-from celery import Celery
 
 from agents.admission import Admission
 from agents.discovery.emulated import emulated_devices
@@ -22,7 +21,8 @@ from agents.supervisor import RestartPolicy, Supervisor
 from agents.throttle import Throttles
 from contracts.tasks import SET_THROTTLE, START_STAGE, STOP_STAGE, SYNC
 from tests.agents.conftest import brokers_named_by_the_test, tiny_fleet  # noqa: F401  (fixtures)
-from tests.agents.helpers import STAND_IN_COMMAND, Events, stage_spec, tiny_model, wait_until
+from tests.agents.helpers import INCARNATION, STAND_IN_COMMAND, ControllerApp, Events, stage_spec
+from tests.agents.helpers import tiny_model, wait_until
 from tests.agents.test_queue_consumer import _filesystem, _queue, consuming
 
 # CI exports CELERY_BROKER_URL, which would send the controller's tasks to Redis, not this test's broker.
@@ -44,6 +44,12 @@ def hostile_tasks(spec: dict) -> list[tuple[str, dict, str]]:
         (SET_THROTTLE, {"device_index": "gpu0", "factor": 0.5}, "device"),
         (SET_THROTTLE, {"device_index": 0, "factor": -1}, "factor"),
         (SET_THROTTLE, {"device_index": 0, "factor": 0.5, "extra": True}, "extra"),
+        (START_STAGE, {"stage_key": "old-1", "spec": spec, "incarnation": INCARNATION - 1},
+         f"sent to incarnation {INCARNATION - 1} of this node's agent, this is incarnation {INCARNATION}"),
+        (SYNC, {"wanted_stage_keys": [], "incarnation": INCARNATION - 2}, f"incarnation {INCARNATION - 2}"),
+        (STOP_STAGE, {"stage_key": "good", "incarnation": INCARNATION - 1}, f"incarnation {INCARNATION - 1}"),
+        (START_STAGE, {"stage_key": "old-2", "spec": spec, "incarnation": None},
+         "incarnation must be an integer"),
     ]
 
 
@@ -55,8 +61,7 @@ def test_hostile_tasks_are_refused_with_a_clear_error_and_start_nothing(tmp_path
                             policy=RestartPolicy(stop_grace_s=1.0))
     throttles = Throttles(tmp_path / "throttle", devices)
     spec = stage_spec(tiny_model(tmp_path / "model"), device="cuda:0")
-    controller = Celery("controller", broker=url, set_as_current=False, fixups=[])
-    controller.conf.broker_transport_options = options
+    controller = ControllerApp("controller", url, options)
     caplog.handler.setLevel(logging.INFO)
     trace = logging.getLogger("celery.app.trace")  # its own handler: Django's LOGGING may stop propagation
     trace.addHandler(caplog.handler)
