@@ -1,10 +1,11 @@
-"""Run the schema and frame fuzz tests with more examples than CI does.
+"""Run the schema, frame and task fuzz tests with more examples than CI does.
 
     .venv/bin/python benchmarks/fuzz_api.py --examples 200
 
 Sets ``MOTLEY_FUZZ_EXAMPLES`` (examples per API operation and role; above 10 it also turns on
-schemathesis' coverage phase and random seeds, tests/fuzz/support.py) and runs tests/fuzz/ with
-pytest, in file order; pytest's exit code is this script's.
+schemathesis' coverage phase and random seeds, tests/fuzz/support.py) and runs tests/fuzz/ and the
+gateway's /v1/ schema test (tests/gateway/test_schema_fuzz.py) with pytest, in file order; pytest's
+exit code is this script's.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.examples < 1:
         parser.error("--examples must be at least 1")
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "tests/fuzz/"]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "tests/fuzz/",
+               "tests/gateway/test_schema_fuzz.py"]
     if args.k:
         command += ["-k", args.k]
     env = {**os.environ, "MOTLEY_FUZZ_EXAMPLES": str(args.examples)}

@@ -91,3 +91,10 @@ def deadline_exceeded(deadline_s: float) -> OpenAIError:
         504, f"The request did not finish within its deadline of {deadline_s:g} s.",
         type="server_error", code="deadline_exceeded",
     )
+
+
+def method_not_allowed(method: str, allowed: tuple[str, ...]) -> OpenAIError:
+    """A method the route does not take (405 with ``Allow``), in OpenAI's shape like every error here."""
+    return OpenAIError(405, f"{method} is not allowed here; use {', '.join(allowed)}.",
+                       type="invalid_request_error", code="method_not_allowed",
+                       headers={"Allow": ", ".join(allowed)})

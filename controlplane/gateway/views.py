@@ -10,19 +10,19 @@ use, requests and tokens per minute, its token budget) and is added to the key's
 
 from __future__ import annotations
 
+import functools
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET, require_POST
 
 from controlplane.gateway.accounting import RequestAccount, request_admit
 from controlplane.gateway.admission import model_unserved
 from controlplane.gateway.conf import gateway_setting
-from controlplane.gateway.errors import OpenAIError, bad_request, invalid_api_key
+from controlplane.gateway.errors import OpenAIError, bad_request, invalid_api_key, method_not_allowed
 from controlplane.gateway.generation import Delta, Generation, generation_start
 from controlplane.gateway.models import ApiKey
 from controlplane.gateway.protocol import GenerationRequest, generation_request, parse_body
@@ -40,7 +40,20 @@ async def _authenticate(request: HttpRequest) -> ApiKey:
     return api_key
 
 
-@require_GET
+def allow(*methods: str) -> Callable:
+    """Django's ``require_http_methods`` for these async views, its 405 in OpenAI's shape."""
+    def decorate(view: Callable) -> Callable:
+        @functools.wraps(view)
+        async def checked(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+            if request.method not in methods:
+                return method_not_allowed(request.method, methods).response()
+            return await view(request, *args, **kwargs)
+        return checked
+    return decorate
+
+
+@csrf_exempt  # a key in a header, no cookie: nothing for a forged cross-site request to ride on
+@allow("GET")
 async def models_view(request: HttpRequest) -> HttpResponse:
     try:
         api_key = await _authenticate(request)
@@ -97,7 +110,8 @@ def _prompt_ids(route: ModelRoute, body: GenerationRequest) -> list[int]:
     if isinstance(body.prompt, list):
         vocab = tokenizer.tokenizer.get_vocab_size()
         if max(body.prompt) >= vocab:
-            raise bad_request(f"token ids must be below the vocabulary size {vocab}", param="prompt")
+            raise bad_request(f"token ids must be below the vocabulary size {vocab}", param="prompt",
+                              code="invalid_value")
         return list(body.prompt)
     return tokenizer.encode_prompt(body.prompt)
 
@@ -187,12 +201,12 @@ async def _respond(request: HttpRequest, *, chat: bool) -> HttpResponse:
 
 
 @csrf_exempt
-@require_POST
+@allow("POST")
 async def completions_view(request: HttpRequest) -> HttpResponse:
     return await _respond(request, chat=False)
 
 
 @csrf_exempt
-@require_POST
+@allow("POST")
 async def chat_completions_view(request: HttpRequest) -> HttpResponse:
     return await _respond(request, chat=True)
