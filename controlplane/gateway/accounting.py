@@ -19,12 +19,12 @@ from datetime import UTC, datetime
 
 from asgiref.sync import sync_to_async
 
-from controlplane.gateway import limits, quotas
+from controlplane.gateway import limits, quotas, usage_backlog
 from controlplane.gateway.errors import OpenAIError
 from controlplane.gateway.generation import Delta, Generation
 from controlplane.gateway.models import ApiKey
 from controlplane.gateway.quotas import Admission, quota_admit, quota_settle
-from controlplane.gateway.usage import usage_record
+from controlplane.gateway.usage_backlog import usage_keep
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +60,11 @@ class RequestAccount:
             await sync_to_async(self._end, thread_sensitive=True)(prompt_tokens, completion_tokens, error)
         except Exception:  # accounting never fails a request that was served
             log.exception("recording the usage of a request of key %s failed", self.api_key.pk)
+        usage_backlog.retry_soon()  # what the database could not take now is written once it can
 
     def _end(self, prompt_tokens: int, completion_tokens: int, error: bool) -> None:
         quota_settle(self.admission, used_tokens=prompt_tokens + completion_tokens)
-        usage_record(
+        usage_keep(
             api_key_id=self.api_key.pk, user_id=self.api_key.user_id, model=self.model,
             at=datetime.fromtimestamp(self.admission.at, UTC), requests=1, prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens, errors=int(error),
@@ -74,7 +75,7 @@ def _admit_sync(api_key: ApiKey, model: str, prompt_tokens: int, max_tokens: int
     try:
         return quota_admit(api_key=api_key, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
     except OpenAIError:
-        usage_record(api_key_id=api_key.pk, user_id=api_key.user_id, model=model,
+        usage_keep(api_key_id=api_key.pk, user_id=api_key.user_id, model=model,
                      at=datetime.fromtimestamp(quotas.clock(), UTC), refused=1)
         raise
 
@@ -92,5 +93,6 @@ async def request_admit(*, api_key: ApiKey, model: str, prompt_tokens: int, max_
             admission = Admission(quotas.clock())
     except BaseException:
         limits.concurrency_release(api_key.pk)
+        usage_backlog.retry_soon()  # a refusal's record may be waiting for the database
         raise
     return RequestAccount(api_key, model, admission)

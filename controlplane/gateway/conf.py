@@ -16,7 +16,9 @@ it). ``WAIT_S``: how long a request waits for a routable replica of a model that
 (waiting.py); ``MAX_WAITING``: how many requests of one model may wait; ``WAIT_POLL_S``: how often
 the served models and heads are re-read while requests wait; ``RETRY_AFTER_S``: the ``Retry-After``
 of a 503 after a wait; ``MAX_MIGRATIONS``: how many times a request whose pipeline broke is resumed on
-another replica (generation.py) before it fails.
+another replica (generation.py) before it fails. ``KEY_GRACE_S``: how long a key read active may
+be used while the database cannot be read (selectors.py); a request that needs the database past
+that gets a 503.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "WAIT_POLL_S": 0.1,
     "RETRY_AFTER_S": 5,
     "MAX_MIGRATIONS": 3,
+    "KEY_GRACE_S": 300.0,
 }
 
 

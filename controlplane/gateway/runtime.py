@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.db import DatabaseError
 from django.utils.module_loading import import_string
 
 from controlplane.gateway.conf import gateway_setting
@@ -99,7 +100,14 @@ class Gateway:
         async with self._lock:
             if time.monotonic() - self._refreshed < self._refresh_s():
                 return
-            served = await sync_to_async(self._source, thread_sensitive=True)()
+            try:
+                served = await sync_to_async(self._source, thread_sensitive=True)()
+            except DatabaseError as exc:  # a restart, a failover: serve on what was read last
+                if not self.routes:
+                    raise
+                log.warning("the served models could not be re-read, serving on the last read: %s", exc)
+                self._refreshed = time.monotonic()
+                return
             new = [self._sync(model) for model in served]
             routes = {route.served.name: route for route in new}
             for name in set(self.routes) - set(routes):  # a model no longer served at all

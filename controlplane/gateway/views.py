@@ -12,17 +12,25 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from controlplane.gateway.accounting import RequestAccount, request_admit
 from controlplane.gateway.admission import model_unserved
 from controlplane.gateway.conf import gateway_setting
-from controlplane.gateway.errors import OpenAIError, bad_request, invalid_api_key, method_not_allowed
+from controlplane.gateway.errors import (
+    OpenAIError,
+    bad_request,
+    invalid_api_key,
+    method_not_allowed,
+    unavailable,
+)
 from controlplane.gateway.generation import Delta, Generation, generation_start
 from controlplane.gateway.models import ApiKey
 from controlplane.gateway.protocol import GenerationRequest, generation_request, parse_body
@@ -30,6 +38,8 @@ from controlplane.gateway.quotas import check_model, model_visible
 from controlplane.gateway.runtime import ModelRoute, gateway
 from controlplane.gateway.selectors import api_key_active
 from controlplane.gateway.tokenization import ChatTemplateError
+
+log = logging.getLogger(__name__)
 
 
 async def _authenticate(request: HttpRequest) -> ApiKey:
@@ -40,20 +50,27 @@ async def _authenticate(request: HttpRequest) -> ApiKey:
     return api_key
 
 
-def allow(*methods: str) -> Callable:
-    """Django's ``require_http_methods`` for these async views, its 405 in OpenAI's shape."""
+def endpoint(*methods: str) -> Callable:
+    """The boundary of every /v1/ view: a method it does not take is a 405 and a database it cannot
+    reach a 503 with ``Retry-After``, both in OpenAI's shape (Django would answer an empty 405 and
+    an HTML 500)."""
     def decorate(view: Callable) -> Callable:
         @functools.wraps(view)
         async def checked(request: HttpRequest, *args, **kwargs) -> HttpResponse:
             if request.method not in methods:
                 return method_not_allowed(request.method, methods).response()
-            return await view(request, *args, **kwargs)
+            try:
+                return await view(request, *args, **kwargs)
+            except DatabaseError as exc:
+                log.warning("%s %s: the database is unreachable: %s", request.method, request.path, exc)
+                return unavailable("The control plane's database cannot be reached; retry shortly.",
+                                   retry_after_s=gateway_setting("RETRY_AFTER_S")).response()
         return checked
     return decorate
 
 
 @csrf_exempt  # a key in a header, no cookie: nothing for a forged cross-site request to ride on
-@allow("GET")
+@endpoint("GET")
 async def models_view(request: HttpRequest) -> HttpResponse:
     try:
         api_key = await _authenticate(request)
@@ -201,12 +218,12 @@ async def _respond(request: HttpRequest, *, chat: bool) -> HttpResponse:
 
 
 @csrf_exempt
-@allow("POST")
+@endpoint("POST")
 async def completions_view(request: HttpRequest) -> HttpResponse:
     return await _respond(request, chat=False)
 
 
 @csrf_exempt
-@allow("POST")
+@endpoint("POST")
 async def chat_completions_view(request: HttpRequest) -> HttpResponse:
     return await _respond(request, chat=True)

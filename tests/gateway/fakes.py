@@ -40,6 +40,7 @@ class FakePipelineClient:
     reason: ClassVar[str] = ""  # the served model's reason (why it has no replica)
     heads: ClassVar[dict[str, str]] = {}  # pipeline_id -> its head's address, when not the default
     closed: ClassVar[list[str]] = []  # head addresses of the clients closed
+    source_error: ClassVar[Exception | None] = None  # what reading the served models raises, if set
 
     def __init__(self, head_address: str, auth_token: str, pipeline_id: str, timeout_s: float = 5.0):
         self.pipeline_id, self.head_address = pipeline_id, head_address
@@ -48,6 +49,7 @@ class FakePipelineClient:
     def reset(cls, model_path: str, scripts: dict[str, Script]) -> None:
         cls.model_path, cls.scripts, cls.reason = model_path, scripts, ""
         cls.submitted, cls.cancelled, cls.heads, cls.closed = [], [], {}, []
+        cls.source_error = None
 
     async def submit(
         self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams(), *, max_tokens: int = 16,
@@ -100,6 +102,8 @@ def _resumed_at(prompt_ids: Sequence[int], tokens: list[int]) -> int:
 
 
 def served_models() -> list[ServedModel]:
+    if FakePipelineClient.source_error is not None:
+        raise FakePipelineClient.source_error
     replicas = tuple(
         ReplicaEndpoint(pipeline_id=pid, head_address=FakePipelineClient.heads.get(pid, f"tcp://fake/{pid}"),
                         auth_token="t",
