@@ -52,8 +52,9 @@ def pending() -> int:
 def retry_soon() -> None:
     """Start the retry task on the running loop when records wait and none runs (async callers)."""
     global _retrying
-    if _pending and (_retrying is None or _retrying.done()):
-        _retrying = asyncio.get_running_loop().create_task(_retry())
+    loop = asyncio.get_running_loop()
+    if _pending and (_retrying is None or _retrying.done() or _retrying.get_loop() is not loop):
+        _retrying = loop.create_task(_retry())
 
 
 def flush() -> bool:
