@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from contracts.hardware import FleetSpec
@@ -22,7 +23,7 @@ from controlplane.deployments.selectors import devices_in_use, plan_devices, pla
 from controlplane.inventory.models import Device, Node
 from controlplane.inventory.selectors import fleet_spec_from_inventory
 from controlplane.models_catalog.models import LlmModel
-from controlplane.planning import PlanningError, PlanRequest, plan, plan_to_dict, validate
+from controlplane.planning import PlanningError, PlanRequest, least_change_plan, plan_to_dict, validate
 
 
 def plan_revision_create(
@@ -86,11 +87,17 @@ def replan_revision_create(
     *, deployment: Deployment, source: str, exclude_nodes: tuple[Node, ...] = ()
 ) -> PlanRevision:
     """A draft revision answering the deployment's current question again, on the fleet as it is now
-    (without ``exclude_nodes`` and other deployments' devices); PlanningError when nothing fits."""
+    (without ``exclude_nodes`` and other deployments' devices); PlanningError when nothing fits.
+
+    The applied plan with only its stranded stages moved is preferred to a fresh plan when it serves
+    within ``MOTLEY_REPLAN_KEEP_WITHIN`` of it (``planning.least_change_plan``): a fresh plan usually
+    moves every boundary, which restarts every stage and pauses the pipeline for all of them."""
     request = plan_request_now(revision=deployment.revision, busy=devices_in_use(deployment=deployment),
                                exclude_nodes=exclude_nodes)
+    chosen = least_change_plan(deployment.revision.plan, request,
+                               keep_within=settings.MOTLEY_REPLAN_KEEP_WITHIN)
     return plan_revision_create(
-        model=deployment.model, plan=plan_to_dict(plan(request)), request=deployment.revision.request,
+        model=deployment.model, plan=plan_to_dict(chosen), request=deployment.revision.request,
         source=source, deployment=deployment,
     )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-PlanKind = Literal["planner", "even", "memory", "edited"]
+PlanKind = Literal["planner", "even", "memory", "edited", "repaired"]
 
 
 class StagePrecision:

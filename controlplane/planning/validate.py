@@ -57,13 +57,19 @@ class ValidationReport:
 
 
 def validate(edited: Plan | Mapping[str, Any], request: PlanRequest) -> ValidationReport:
+    return _with_planner(request, *check(edited, request))
+
+
+def check(edited: Plan | Mapping[str, Any], request: PlanRequest) -> tuple[list[Problem], Plan | None]:
+    """``validate`` without the planner's own plan: the edited plan's problems and the plan priced
+    (None when its structure is broken). For callers that price many variants of one plan."""
     if isinstance(edited, Plan):
         replicas = tuple((tuple(s.placement for s in r.stages), r.micro_batches) for r in edited.replicas)
     else:
         try:
             replicas = placements_from_dict(edited)
         except PlanningError as exc:
-            return _with_planner(request, (Problem("malformed", str(exc)),), None)
+            return [Problem("malformed", str(exc))], None
     problems = _problems(request, replicas)
     priced = None
     known_bits = all({p.bits, p.last_bits} <= {16, 8, 4} for stages, _ in replicas for p in stages)
@@ -73,7 +79,7 @@ def validate(edited: Plan | Mapping[str, Any], request: PlanRequest) -> Validati
                      for i, (stages, m) in enumerate(replicas)]
         priced = assemble(request, cost, "edited", evaluated, explain(request, cost, evaluated),
                           unused_devices(request, evaluated))
-    return _with_planner(request, problems, priced)
+    return problems, priced
 
 
 def _with_planner(request: PlanRequest, problems, priced: Plan | None) -> ValidationReport:

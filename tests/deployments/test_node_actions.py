@@ -145,6 +145,27 @@ def test_drain_moves_the_stages_and_undrain_moves_nothing_back_but_lets_new_ones
     assert placed(try_new_deployment(llm, "n1/gpu0")) != []  # scheduling is back
 
 
+@pytest.mark.parametrize("keep_within", [1.0, 0.0])
+def test_a_drain_moves_only_the_drained_nodes_stage_when_that_serves_nearly_as_well(
+    nodes, real_gpus, llm, revision, sent, settings, keep_within
+):
+    """The applied plan with n1's stage moved to the free n3 (``planning.least_change_plan``) restarts
+    that stage and its neighbours, where a fresh plan would restart every stage: it is taken while it
+    serves within ``MOTLEY_REPLAN_KEEP_WITHIN`` of the fresh plan, the fresh plan otherwise."""
+    settings.MOTLEY_REPLAN_KEEP_WITHIN = keep_within
+    deployment = deploy_ready(revision)
+    before = deployment.revision.plan["replicas"][0]["stages"]
+    node_drain(node=nodes[1])
+    after = Deployment.objects.get(pk=deployment.pk).revision.plan
+    if keep_within == 1.0:
+        assert after["kind"] == "repaired"
+        assert [(s["device"], s["layers"], s["bits"]) for s in after["replicas"][0]["stages"]] == [
+            ("n3/gpu0" if s["device"] == "n1/gpu0" else s["device"], s["layers"], s["bits"]) for s in before]
+        assert "moved replica 0 stage 1 (layers 2-3) from n1/gpu0 to n3/gpu0" in after["explanation"][0]
+    else:  # a fresh plan serves faster (here: the six layers on one card, no hop), so it is taken
+        assert after["kind"] == "planner"
+
+
 def test_uncordon_lets_new_stages_on_again(nodes, llm, sent):
     node_cordon(node=nodes[3])
     assert "n3/gpu0" in {d.name for d in fleet_spec_from_inventory().devices if d.down}

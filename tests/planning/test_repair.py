@@ -1,0 +1,85 @@
+"""A re-plan after a loss or for a drain that moves only the stranded stages (``repaired_plan``) and
+the choice between it and the planner's fresh plan (``least_change_plan``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.planning import (
+    PlanningError,
+    PlanRequest,
+    Workload,
+    least_change_plan,
+    plan,
+    plan_from_dict,
+    plan_to_dict,
+)
+from controlplane.planning.repair import repaired_plan
+from tests.planning.factories import fleet, profile
+
+LAYOUT = {"a": ["A100", "3090"], "b": ["3090"], "c": ["3090"]}
+
+
+def request(layout=LAYOUT, **changes) -> PlanRequest:
+    return PlanRequest(**{"fleet": fleet(layout), "model": profile(32), "workload": Workload(8, 2048),
+                          "replicas": 1, **changes})
+
+
+def applied(*stages) -> dict:
+    return {"replicas": [{"stages": [{"device": d, "layers": [s, e], "bits": 16} for d, s, e in stages]}]}
+
+
+def placements(p) -> list[tuple[str, tuple[int, int], int]]:
+    return [(s.placement.device, (s.placement.start, s.placement.end), s.placement.bits)
+            for r in p.replicas for s in r.stages]
+
+
+def test_only_the_stranded_stage_moves_to_the_fastest_free_device():
+    balanced = applied(("a/gpu0", 0, 20), ("b/gpu0", 20, 32))
+    kept = repaired_plan(balanced, request(exclude_nodes=("b",)))
+    assert kept.kind == "repaired"
+    [(head, head_layers, _), (moved, layers, bits)] = placements(kept)
+    assert (head, head_layers) == ("a/gpu0", (0, 20)) and (layers, bits) == ((20, 32), 16)
+    assert moved == "a/gpu1"  # a 3090 like c/gpu0, but on the head's node: no network hop
+    assert kept.explanation[0].startswith("repaired the applied plan: moved replica 0 stage 1 (layers 20-31) "
+                                          "from b/gpu0 to a/gpu1")
+
+
+def test_nothing_stranded_or_nowhere_to_go_is_no_repair():
+    assert repaired_plan(applied(("a/gpu0", 0, 20), ("b/gpu0", 20, 32)), request()) is None
+    full = {"a": ["A100"], "b": ["3090"]}
+    assert repaired_plan(applied(("a/gpu0", 0, 20), ("b/gpu0", 20, 32)),
+                         request(full, exclude_nodes=("b",))) is None
+
+
+def test_the_repair_is_kept_within_the_tolerance_and_the_fresh_plan_taken_beyond_it():
+    layout = {**LAYOUT, "spare": ["3090"]}
+    before = plan(request(layout, exclude_nodes=("spare",)))  # the planner's plan, the spare unused
+    stranded = next(d for d, _, _ in placements(before) if d in ("b/gpu0", "c/gpu0"))
+    req = request(layout, exclude_nodes=(stranded.split("/")[0],))
+    after = least_change_plan(plan_to_dict(before), req, keep_within=0.1)
+    assert after.kind == "repaired"  # the spare is the same card: as fast as a fresh plan
+    assert placements(after) == [("spare/gpu0" if d == stranded else d, layers, bits)
+                                 for d, layers, bits in placements(before)]
+    assert after.predicted.decode_tokens_per_s == pytest.approx(plan(req).predicted.decode_tokens_per_s)
+    assert "(100% of a fresh plan's decode throughput, which would restart every stage)" \
+        in after.explanation[0]
+
+    req = request(exclude_nodes=("b",))
+    lopsided = applied(("a/gpu0", 0, 2), ("b/gpu0", 2, 32))  # the slow card carries almost everything
+    fresh = plan(req).predicted.decode_tokens_per_s
+    assert repaired_plan(lopsided, req).predicted.decode_tokens_per_s < 0.9 * fresh
+    assert least_change_plan(lopsided, req, keep_within=0.1).kind == "planner"
+    assert least_change_plan(lopsided, req, keep_within=1.0).kind == "repaired"
+
+
+def test_without_any_plan_the_planners_error_is_raised():
+    tiny = {"a": ["T4"], "b": ["T4"]}
+    with pytest.raises(PlanningError):
+        least_change_plan(applied(("a/gpu0", 0, 16), ("b/gpu0", 16, 32)),
+                          request(tiny, exclude_nodes=("b",), bits=(16,)), keep_within=0.1)
+
+
+def test_a_repaired_plan_round_trips_through_its_json():
+    kept = repaired_plan(applied(("a/gpu0", 0, 20), ("b/gpu0", 20, 32)), request(exclude_nodes=("b",)))
+    assert plan_to_dict(kept)["kind"] == "repaired" and plan_from_dict(plan_to_dict(kept)) == kept
