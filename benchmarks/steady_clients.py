@@ -72,7 +72,9 @@ class SteadyClients:
     """``clients`` threads streaming requests through ``base_url`` until ``stop()``.
 
     ``interval_s``: the least time between the starts of one client's requests (0: back to back),
-    which sets a steady offered rate independent of how fast the system answers.
+    which sets a steady offered rate independent of how fast the system answers. Paced clients start
+    staggered (client i after i/clients of an interval): started together they would arrive in bursts
+    and leave a whole interval without a completion even in the steady state.
     """
 
     def __init__(self, *, base_url: str, api_key: str, model: str, clients: int = 4, max_tokens: int = 12,
@@ -126,6 +128,7 @@ class SteadyClients:
 
     def _run(self, client: int) -> None:
         prompt = client % len(PROMPTS)
+        self._stopping.wait(client * self.interval_s / self._count)
         while not self._stopping.is_set():
             outcome = self.one(prompt, client)
             with self._lock:
