@@ -222,7 +222,7 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
             for error in sorted(set(window.errors)):
                 print(f"    failed: {error[:300]}", flush=True)
             if window.errors:  # the router's inputs and recent decisions, refusals included, to explain them
-                saved = args.work / room / f"router-{name.replace(' ', '-')}.json"
+                saved = work / f"router-{name.replace(' ', '-')}.json"
                 saved.write_text(json.dumps(api.get("/api/v1/gateway/router/"), indent=1))
                 print(f"    the router's view then: {saved}", flush=True)
         outcomes = clients.stop()
