@@ -154,7 +154,8 @@ def test_a_card_slower_than_its_catalog_is_calibrated_and_planned_by_it(paced_sy
         (stage,) = body["replicas"][0]["stages"]
         assert stage["device"] == name
         assert stage["calibration"]["source"] == "measured"
-        assert stage["calibration"]["factor"] == pytest.approx(factor[name])
+        # The beat fits again every 2 s while the test reads: the factor it saw moves by a hair.
+        assert stage["calibration"]["factor"] == pytest.approx(factor[name], rel=0.05)
         assert stage["predicted"]["compute_ms"] == pytest.approx(
             stage["predicted_raw"]["compute_ms"] * stage["calibration"]["factor"])
     speeds = {name: body["predicted"]["decode_tokens_per_s"] for name, body in after.items()}
