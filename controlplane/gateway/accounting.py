@@ -76,7 +76,7 @@ def _admit_sync(api_key: ApiKey, model: str, prompt_tokens: int, max_tokens: int
         return quota_admit(api_key=api_key, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
     except OpenAIError:
         usage_keep(api_key_id=api_key.pk, user_id=api_key.user_id, model=model,
-                     at=datetime.fromtimestamp(quotas.clock(), UTC), refused=1)
+                   at=datetime.fromtimestamp(quotas.clock(), UTC), refused=1)
         raise
 
 

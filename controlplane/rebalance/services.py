@@ -80,9 +80,9 @@ def rebalance_evaluate(*, deployment_id: int, now: float | None = None) -> str |
         occurrence = triggers.Occurrence(
             RebalanceProposal.Trigger.BETTER_PLAN, f"better_plan@{now:.0f}",
             f"the planner finds a plan {pricing.gain:+.0%} faster on the fleet as it is now")
+    priced_revision = deployment.revision_id
     with transaction.atomic():
         found = _watched(deployment_id=deployment_id)
-        priced_revision = deployment.revision_id
         if found is None:
             return None
         deployment, state = found
