@@ -148,7 +148,15 @@ async def test_bad_frames_are_rejected_logged_and_the_stage_keeps_serving(shared
 
 
 def test_a_clients_tokens_of_one_micro_batch_arrive_in_one_frame(shared_pipeline, tiny_model):
-    """Six requests of one client on 3 micro-batches: some step carries several of them, in one frame."""
+    """Six requests of one client on 3 micro-batches: some step carries several of them, in one frame.
+    The shared pipeline is waited for first: run before the module's other tests (random order), the
+    submits reached a head whose pipeline was not whole yet and were refused."""
+
+    async def healthy() -> dict:
+        async with PipelineClient(shared_pipeline.head, TOKEN, "p0") as client:
+            return await wait_healthy(client)
+
+    assert asyncio.run(healthy())["ok"]
     codec, context = FrameCodec("p0", TOKEN), zmq.Context()
     try:
         sock = context.socket(zmq.DEALER)
