@@ -32,8 +32,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 
@@ -103,6 +105,21 @@ def serving_alone(api: Api, pk: int, revision: int, timeout_s: float = 180) -> f
             return time.monotonic()
         time.sleep(0.2)
     raise RuntimeError(f"revision {revision} did not serve alone within {timeout_s:.0f}s")
+
+
+def handover_timeline(api: Api, pk: int, since: str) -> str:
+    """The handover's steps since ``since`` (ISO time) as the controller recorded them, seconds after
+    the apply, to read beside a window's longest gap: where the switch, the drain and the end fell."""
+    events = api.get(f"/api/v1/events/?{urlencode({'deployment': pk, 'since': since, 'limit': 50})}")
+    steps = []
+    for event in reversed(events.get("results", events) if isinstance(events, dict) else events):
+        if event["kind"].startswith("handover_"):
+            detail = event.get("detail") or {}
+            at = detail.get("since_apply_s", detail.get("total_s"))
+            pause = f" pause {detail['pause_s']} s" if detail.get("pause_s") else ""
+            steps.append(f"{event['kind'].removeprefix('handover_')}"
+                         f"{f' +{at} s' if at is not None else ''}{pause}")
+    return ", ".join(steps) or "no handover events"
 
 
 def boundary_moved(plan: dict) -> dict:
@@ -210,7 +227,7 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
             if prepare is not None:
                 prepare()
             revision = api.deployment()["revision_number"]
-            started = time.monotonic()
+            started, started_at = time.monotonic(), datetime.now(timezone.utc).isoformat()
             change()
             served = serving_alone(api, pk, revision + 1)
             time.sleep(args.settle_s)
@@ -219,6 +236,7 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
                      "p99_vs_steady": window.p99_s / steady.p99_s if window.p99_s and steady.p99_s else None}
             result["changes"].append(entry)
             print(f"[{room}] {name}: {window.line()}, serves after {served - started:.1f} s", flush=True)
+            print(f"    handover: {handover_timeline(api, pk, started_at)}", flush=True)
             for error in sorted(set(window.errors)):
                 print(f"    failed: {error[:300]}", flush=True)
             if window.errors:  # the router's inputs and recent decisions, refusals included, to explain them

@@ -51,14 +51,15 @@ class Window:
     failed: int
     errors: tuple[str, ...]
     longest_gap_s: float  # the longest time without a completed request, the window's edges included
+    gap_from_s: float  # where that gap began, in seconds after the window's start (to read beside events)
     p50_s: float | None
     p99_s: float | None
 
     def line(self) -> str:
         def ms(v: float | None) -> str:
             return "-" if v is None else f"{v * 1000:.0f} ms"
-        return (f"ok {self.ok}, failed {self.failed}, longest gap {self.longest_gap_s * 1000:.0f} ms, "
-                f"p50 {ms(self.p50_s)}, p99 {ms(self.p99_s)}")
+        return (f"ok {self.ok}, failed {self.failed}, longest gap {self.longest_gap_s * 1000:.0f} ms "
+                f"(from +{self.gap_from_s:.1f} s), p50 {ms(self.p50_s)}, p99 {ms(self.p99_s)}")
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -146,10 +147,11 @@ class SteadyClients:
         done = sorted(o.ended for o in inside if o.ok)
         edges = [start, *done, end]
         latencies = [o.ended - o.started for o in inside if o.ok]
+        gap, gap_from = max((b - a, a) for a, b in zip(edges, edges[1:]))
         return Window(
             ok=len(done), failed=sum(not o.ok for o in inside),
             errors=tuple(o.error for o in inside if not o.ok),
-            longest_gap_s=max(b - a for a, b in zip(edges, edges[1:])),
+            longest_gap_s=gap, gap_from_s=round(gap_from - start, 2),
             p50_s=percentile(latencies, 0.5), p99_s=percentile(latencies, 0.99),
         )
 
