@@ -53,7 +53,10 @@ class ReplicaHead:
     ``slot`` is the plan replica it serves (``plan["replicas"][slot]``: its predicted costs and KV);
     ``serving`` is False while the controller hands the replica over (a newer pipeline of the same
     slot takes its place, or its changed stages reload in place): the gateway then admits nothing new
-    to it, and a request it still runs that breaks is resumed elsewhere.
+    to it, and a request it still runs that breaks is resumed elsewhere. ``kv_tokens``: the smallest
+    KV budget its stages were started with (their specs), which is what its head holds; the slot's
+    plan may say otherwise (an emulated stage gets the workload's KV, and during a handover the slot
+    already has the new plan).
     """
 
     replica: int
@@ -64,6 +67,7 @@ class ReplicaHead:
     stages: tuple[StagePlace, ...] = ()
     slot: int = 0
     serving: bool = True
+    kv_tokens: int | None = None
 
 
 def deployment_endpoints(*, deployment: Deployment) -> list[ReplicaHead]:
@@ -88,6 +92,7 @@ def deployment_endpoints(*, deployment: Deployment) -> list[ReplicaHead]:
             ),
             slot=replica.slot,
             serving=replica.phase == DeploymentReplica.Phase.SERVING,
+            kv_tokens=min((s.spec["kv_tokens"] for s in own if s.spec.get("kv_tokens")), default=None),
         ))
     return endpoints
 

@@ -15,8 +15,8 @@ A replica's costs are its plan's predictions: the predicted per-token latency as
 (at the planned batch, so it already holds the batch's share) and the predicted prefill over the
 planned prompt as ``prefill_s_per_token``; a replica whose plan predicts no latency gets
 ``ASSUMED_COSTS``. The gateway scales them by measured / predicted once the stages report step
-times (live_health.py). A replica's KV capacity is its smallest stage's planned ``kv_tokens``; its
-``stages`` say where each stage runs (stage key, device, planned step time), for the telemetry.
+times (live_health.py). A replica's KV capacity is the smallest ``kv_tokens`` its stages were started
+with (what its head holds), else its plan's; its ``stages`` say where each stage runs (stage key, device, planned step time), for the telemetry.
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ def served_models_from_deployments() -> list[ServedModel]:
             )
             replicas.append(ReplicaEndpoint(
                 pipeline_id=endpoint.pipeline_id, head_address=endpoint.head_address,
-                auth_token=endpoint.auth_token, kv_tokens=kv, costs=costs or ASSUMED_COSTS,
+                auth_token=endpoint.auth_token, kv_tokens=endpoint.kv_tokens or kv,
+                costs=costs or ASSUMED_COSTS,
                 costs_source="planned" if costs else "assumed", stages=stages,
                 health=ReplicaHealth() if endpoint.serving else _handover_health(deployment),
             ))

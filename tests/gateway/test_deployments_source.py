@@ -80,15 +80,29 @@ def test_a_deployment_that_cannot_serve_now_is_listed_without_replicas_and_says_
     assert served_models_from_deployments() == []  # being stopped: nothing is coming
 
 
+def test_a_replicas_kv_capacity_is_what_its_stages_were_started_with(deployment):
+    """Not the plan's figure: an emulated stage gets the workload's KV, and while a replica is handed
+    over its slot already has the new plan. The smallest stage's budget is what the head holds."""
+    for stage in DeploymentStage.objects.filter(deployment=deployment, replica=0):
+        stage.spec = {**stage.spec, "kv_tokens": 4096 + 16 * stage.stage_index}
+        stage.save(update_fields=["spec"])
+    (served,) = served_models_from_deployments()
+    by_id = {r.pipeline_id: r for r in served.replicas}
+    planned = deployment.revision.plan["replicas"]
+    assert by_id[f"d{deployment.pk}-r0"].kv_tokens == 4096 != min(s["kv_tokens"] for s in planned[0]["stages"])
+    assert by_id[f"d{deployment.pk}-r1"].kv_tokens == min(s["kv_tokens"] for s in planned[1]["stages"])
+
+
 def test_a_replica_being_handed_over_stays_listed_but_unroutable_with_its_slots_plan(deployment, monkeypatch):
     """``serving`` False: its running requests keep their client; nothing new goes to it. A replica's
-    costs and KV come from the plan replica it serves (``slot``), not from its own index."""
+    costs come from the plan replica it serves (``slot``), not from its own index; its KV from its
+    stages (the next test), else that plan replica."""
     from dataclasses import replace
 
     from controlplane.gateway import deployments_source
 
     heads = deployments_source.deployment_endpoints(deployment=deployment)
-    handed_over = [replace(heads[0], serving=False), replace(heads[1], replica=7, slot=0)]
+    handed_over = [replace(heads[0], serving=False), replace(heads[1], replica=7, slot=0, kv_tokens=None)]
     monkeypatch.setattr(deployments_source, "deployment_endpoints", lambda deployment: handed_over)
     (served,) = served_models_from_deployments()
     old, new = served.replicas

@@ -125,6 +125,23 @@ def test_telemetry_free_kv_counts_space_used_by_others_once():
     assert r.kv_free == 708
 
 
+def test_a_new_capacity_keeps_what_the_head_said_is_free():
+    """A plan's KV figure can be far from what the head holds (an emulated stage's KV is the workload's,
+    the plan's its card's), and it changes when a new plan is applied. The head's free figure must keep
+    holding against the new capacity: it was frozen against the old one, and a replica that had just
+    become the only one read -1808559 free and refused three requests as saturated (replacement_bench,
+    a drain beside)."""
+    (r,) = replicas(1.0, kv=1_841_327)  # the plan's capacity for the card
+    r.observe(kv_tokens_free=32_768)  # what the emulated head really has, all free
+    assert r.kv_free == 32_768
+    r.kv_capacity = 40_000  # the next plan's figure for the same head
+    assert r.kv_free == 32_768
+    r.start("mine", RequestShape(16, 16))
+    assert r.kv_free == 32_768 - 32
+    r.kv_capacity = 20_000  # less than the head has: the smaller figure wins
+    assert r.kv_free == 20_000 - 32
+
+
 def test_unknown_strategy_and_bad_shapes_are_refused():
     with pytest.raises(ValueError, match="unknown routing strategy"):
         Router([], "random")

@@ -60,7 +60,10 @@ class ReplicaState:
     kv_block_tokens: int = 16
     costs_source: str = "assumed"  # where ``costs`` come from: measured | planned | stated | assumed
     _in_flight: dict[str, _InFlight] = field(default_factory=dict, repr=False)
-    _external_kv: int = field(default=0, repr=False)
+    # The head's last free-KV figure and our reservations when it was read: what the head lacks beyond
+    # those is someone else's, against whatever the capacity is now (it changes with a new plan).
+    _head_kv_free: int | None = field(default=None, repr=False)
+    _reserved_when_heard: int = field(default=0, repr=False)
     _external_queued: int = field(default=0, repr=False)
 
     # -- load figures -------------------------------------------------------------------------------
@@ -70,7 +73,14 @@ class ReplicaState:
 
     @property
     def kv_free(self) -> int:
-        return self.kv_capacity - self.kv_reserved - self._external_kv
+        return self.kv_capacity - self.kv_reserved - self.external_kv
+
+    @property
+    def external_kv(self) -> int:
+        """KV tokens in use at the head that this router did not reserve (another gateway's)."""
+        if self._head_kv_free is None:
+            return 0
+        return max(0, self.kv_capacity - self._head_kv_free - self._reserved_when_heard)
 
     @property
     def queued_tokens(self) -> int:
@@ -145,7 +155,7 @@ class ReplicaState:
         if health is not None:
             self.health = health
         if kv_tokens_free is not None:
-            self._external_kv = max(0, self.kv_capacity - kv_tokens_free - self.kv_reserved)
+            self._head_kv_free, self._reserved_when_heard = kv_tokens_free, self.kv_reserved
         if queue_depth is not None:
             ours = sum(1 for r in self._in_flight.values() if r.prefill_left)
             self._external_queued = max(0, queue_depth - ours)
