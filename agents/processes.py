@@ -23,14 +23,17 @@ import psutil
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+_CAP_SYS_NICE = 23
 _libc = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: the child only makes the call
 
 
-def die_with_parent() -> Callable[[], None]:
+def die_with_parent(idle: bool = False) -> Callable[[], None]:
     """A ``preexec_fn`` that asks the kernel to SIGKILL the child when its parent goes away.
 
     It also closes the race where the parent dies between fork and prctl: the child then already
-    has a different parent and exits at once instead of running unsupervised.
+    has a different parent and exits at once instead of running unsupervised. ``idle``: the child
+    starts under SCHED_IDLE (before exec, so every thread it ever makes inherits it), see
+    :func:`cpu_idle_reversible`.
     """
     parent = os.getpid()
 
@@ -38,8 +41,45 @@ def die_with_parent() -> Callable[[], None]:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:
             os._exit(1)
+        if idle:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
     return preexec
+
+
+def cpu_idle_reversible() -> bool:
+    """Whether this process may move a child from SCHED_IDLE back to normal scheduling: Linux lets
+    that only with CAP_SYS_NICE (root has it), so without it nothing is ever made idle."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return False
+    caps = next((line.split()[1] for line in status.splitlines() if line.startswith("CapEff:")), "0")
+    return bool(int(caps, 16) >> _CAP_SYS_NICE & 1)
+
+
+def cpu_normal(pid: int) -> None:
+    """Every thread of ``pid`` back to normal scheduling (SCHED_OTHER), the main thread first so the
+    threads it starts from now on inherit that; a thread or process that is gone is fine."""
+    _schedule_threads(pid, os.SCHED_OTHER)
+
+
+def cpu_idle(pid: int) -> None:
+    """Every thread of ``pid`` (and those it starts later) under SCHED_IDLE: it runs only on CPU time
+    nothing else wants. Undo with :func:`cpu_normal`, which needs :func:`cpu_idle_reversible`."""
+    _schedule_threads(pid, os.SCHED_IDLE)
+
+
+def _schedule_threads(pid: int, policy: int) -> None:
+    try:
+        tids = sorted(map(int, os.listdir(f"/proc/{pid}/task")), key=lambda tid: tid != pid)
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            os.sched_setscheduler(tid, policy, os.sched_param(0))
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def signal_group(pid: int, sig: int) -> None:

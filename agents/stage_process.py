@@ -77,9 +77,10 @@ def spawn(command: Sequence[str], stage_dir: Path, spec: dict[str, Any], on_mess
     return run
 
 
-def start_process(argv: list[str], cwd: Path, stdin: int) -> subprocess.Popen:
+def start_process(argv: list[str], cwd: Path, stdin: int, idle: bool = False) -> subprocess.Popen:
     """A stage process as contracts §1 wants it, wherever it is started from: its own session, killed
-    with the agent's loop thread, stdout a pipe of JSON lines, stderr appended to ``cwd/stderr.log``."""
+    with the agent's loop thread, stdout a pipe of JSON lines, stderr appended to ``cwd/stderr.log``;
+    ``idle``: under SCHED_IDLE (a standby warming up, agents/standby.py)."""
     with open(cwd / "stderr.log", "ab") as stderr:
         return subprocess.Popen(
             argv,
@@ -88,7 +89,7 @@ def start_process(argv: list[str], cwd: Path, stdin: int) -> subprocess.Popen:
             stderr=stderr,
             text=True,
             start_new_session=True,
-            preexec_fn=die_with_parent(),
+            preexec_fn=die_with_parent(idle),
             env=_stage_env(),
             cwd=cwd,
         )

@@ -9,6 +9,14 @@ stage hands it the path; the next standby starts once no stage of the agent is s
 its imports do not take CPU from the stages being loaded. Any standby serves any stage: threads and
 device come from the spec.
 
+A standby warms up under SCHED_IDLE where the agent can undo that (CAP_SYS_NICE, as root): it then
+takes only CPU time nothing else wants. Without it, the seconds of imports that follow every handover
+(each agent whose standby became a stage starts the next one as soon as its stages are loaded, which
+is when the new pipeline begins to serve or the resumed requests run) are taken from the stages
+serving them wherever stages share CPUs, as emulated ones do. A standby is moved back to normal
+scheduling when it is taken, or when it has not warmed up within ``IDLE_WARM_UP_S`` (a host whose CPUs
+never idle would otherwise never get one).
+
 Like a stage, a standby runs in its own session, dies with the supervisor's loop thread
 (PR_SET_PDEATHSIG) and has a pid record, under ``stages/_standby/`` (``_standby-2/``… for the
 others; no stage key starts with ``_``), so a restarted agent's sweep kills one that survived
@@ -24,13 +32,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from agents.processes import signal_group, write_pid_record
+from agents.processes import cpu_idle_reversible, cpu_normal, signal_group, write_pid_record
 from agents.stage_process import start_process
 from contracts.names import STANDBY_WARM_FILE
 
 log = logging.getLogger(__name__)
 
 RETRY_S = 10.0  # after a standby died unused: do not spin on a command that cannot start
+IDLE_WARM_UP_S = 20.0  # a standby still cold after this long under SCHED_IDLE is scheduled normally
 
 
 class Standby:
@@ -42,6 +51,8 @@ class Standby:
         self._dirs = [stages_dir / ("_standby" if i == 0 else f"_standby-{i + 1}") for i in range(max(1, count))]
         self._command = [*command, "--standby"]
         self._popens: list[subprocess.Popen | None] = [None] * len(self._dirs)
+        self._idle_until: list[float | None] = [None] * len(self._dirs)  # when an idle one turns normal
+        self._idle = cpu_idle_reversible()
         self._retry_at = 0.0
 
     def replenish(self, now: float) -> None:
@@ -53,6 +64,8 @@ class Standby:
                             "%.0f s", code, self._dirs[slot] / "stderr.log", RETRY_S)
                 self._discard(slot)
                 self._retry_at = now + RETRY_S
+            elif (until := self._idle_until[slot]) is not None and (self._warm(slot) or now >= until):
+                self._scheduled_normally(slot)
         if now < self._retry_at:
             return
         if any(popen is not None and not self._warm(slot) for slot, popen in enumerate(self._popens)):
@@ -64,11 +77,12 @@ class Standby:
         folder.mkdir(exist_ok=True, mode=0o700)
         (folder / STANDBY_WARM_FILE).unlink(missing_ok=True)  # a used or crashed standby's: not this one's
         try:
-            self._popens[slot] = start_process(self._command, folder, subprocess.PIPE)
+            self._popens[slot] = start_process(self._command, folder, subprocess.PIPE, idle=self._idle)
         except OSError as exc:
             log.warning("cannot start a standby stage process: %s", exc)
             self._retry_at = now + RETRY_S
             return
+        self._idle_until[slot] = now + IDLE_WARM_UP_S if self._idle else None
         write_pid_record(folder / "pid.json", self._popens[slot].pid)
 
     def take(self, spec_path: Path) -> subprocess.Popen | None:
@@ -79,6 +93,7 @@ class Standby:
             popen = self._popens[slot]
             assert popen is not None
             if popen.poll() is None:
+                self._scheduled_normally(slot)  # before it has the spec: the stage must not run idle
                 try:
                     assert popen.stdin is not None
                     popen.stdin.write(f"{spec_path}\n")
@@ -100,6 +115,12 @@ class Standby:
             if popen is not None:
                 self._discard(slot)
 
+    def _scheduled_normally(self, slot: int) -> None:
+        popen = self._popens[slot]
+        if self._idle_until[slot] is not None and popen is not None:
+            cpu_normal(popen.pid)
+        self._idle_until[slot] = None
+
     def _warm(self, slot: int) -> bool:
         return (self._dirs[slot] / STANDBY_WARM_FILE).exists()
 
@@ -115,4 +136,5 @@ class Standby:
             if stream is not None:
                 stream.close()
         self._popens[slot] = None
+        self._idle_until[slot] = None
         (self._dirs[slot] / "pid.json").unlink(missing_ok=True)

@@ -31,7 +31,7 @@ from typing import Any
 
 from agents.admission import Admission, Admitted
 from agents.memory_budget import StageRefused
-from agents.processes import signal_group, sweep_pid_records
+from agents.processes import cpu_idle, cpu_idle_reversible, cpu_normal, signal_group, sweep_pid_records
 from agents.stage_load import StageLoad
 from agents.standby import Standby
 from agents.stage_process import (
@@ -48,6 +48,9 @@ from contracts.stage_status import StageStatus, identity_of
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1
+# A stage loads under SCHED_IDLE where the agent can undo it (agents/standby.py says when): serving
+# stages sharing its CPUs go first. Made normal at "ready", or after this long at the latest.
+LOAD_IDLE_S = 10.0
 _STAGE_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -86,6 +89,7 @@ class _Stage:
     waiters: list[Future] = field(default_factory=list)
     last_stats: tuple[float, dict[str, Any]] | None = None
     load: tuple[float, float, float] = (0.0, 0.0, 0.0)  # busy fraction, tx/s, rx/s
+    loads_idle_until: float | None = None  # while it loads under SCHED_IDLE: when it is made normal anyway
 
     @property
     def alive(self) -> bool:
@@ -108,6 +112,7 @@ class Supervisor:
         self._command = list(command)
         self._policy = policy
         self._stages: dict[str, _Stage] = {}
+        self._load_idle = cpu_idle_reversible()
         # The warm spares (agents/standby.py) are worker_runtime.serve processes: only for that command.
         self._standby = (Standby(self._dir, self._command, count=len(admission.devices))
                          if tuple(command) == DEFAULT_COMMAND else None)
@@ -216,6 +221,8 @@ class Supervisor:
                 stage.kill_at = None
             elif stage.crashes and now - run.started > self._policy.stable_after_s:
                 stage.crashes = 0
+            if stage.loads_idle_until is not None and now >= stage.loads_idle_until:
+                self._loaded(stage)
         loading = any(s.alive and s.status.state == "starting" for s in self._stages.values())
         if self._standby is not None and not loading:
             self._standby.replenish(now)  # not while stages load: its imports would slow them down
@@ -266,7 +273,16 @@ class Supervisor:
             return
         stage.run, stage.last_stats, stage.load = run, None, (0.0, 0.0, 0.0)
         stage.status.state, stage.status.pid = "starting", run.pid
+        if self._load_idle:
+            cpu_idle(run.pid)
+            stage.loads_idle_until = time.monotonic() + LOAD_IDLE_S
         self._emit(stage)
+
+    def _loaded(self, stage: _Stage) -> None:
+        """Loading is over (ready, or LOAD_IDLE_S passed): the stage is scheduled normally again."""
+        if stage.loads_idle_until is not None and stage.run is not None:
+            cpu_normal(stage.run.pid)
+        stage.loads_idle_until = None
 
     def _on_message(self, key: str, run: StageRun, message: dict[str, Any], at: float) -> None:
         stage = self._stages.get(key)
@@ -274,6 +290,7 @@ class Supervisor:
             return  # a line from a process that has since been replaced
         event = message.get("event")
         if event == "ready" and stage.status.state == "starting":
+            self._loaded(stage)
             stage.status.state, stage.status.message = "ready", ""
             self._emit(stage)
         elif event == "stats":

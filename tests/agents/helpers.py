@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -84,6 +85,11 @@ class Events:
                     seen = [(s.stage_key, s.state) for s in self.seen]
                     raise AssertionError(f"no matching event in {timeout_s}s; saw {seen}")
                 self._changed.wait(left)
+
+
+def policies(pid: int) -> set[int]:
+    """The scheduling policy of every thread of ``pid`` (SCHED_IDLE while a stage loads or warms up)."""
+    return {os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
 
 
 def tagged_processes(tag: str) -> list[psutil.Process]:

@@ -4,7 +4,8 @@ It reads the spec, prints ``ready`` and then ``stats`` lines on stdout, drains a
 stops and exits 0 on SIGUSR1 (replaced).
 The spec's extra ``stand_in`` block scripts misbehaviour for supervision tests:
 ``crash_after_s`` + ``exit_code`` (+ ``error``: an error event first), ``ignore_sigterm``,
-``spawn_child`` (a grandchild in the same process group), ``steps_per_s`` and ``step_ms``.
+``spawn_child`` (a grandchild in the same process group), ``steps_per_s`` and ``step_ms``,
+``ready_when`` (a path: "loads" until it exists, then prints ``ready``).
 """
 
 import argparse
@@ -33,6 +34,8 @@ def main() -> int:
     signal.signal(signal.SIGUSR1, lambda *_: stopping.append(True))
     if script.get("spawn_child"):
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    while script.get("ready_when") and not os.path.exists(script["ready_when"]) and not stopping:
+        time.sleep(0.05)
     emit(event="ready", pipeline_id=spec["pipeline_id"], stage_index=spec["stage_index"], pid=os.getpid(),
          weight_bytes=1000, kv_bytes=2000, kv_tokens=spec.get("kv_tokens", 0))
     print(f"stand-in stage {spec['pipeline_id']}/{spec['stage_index']} on {spec['device']}", file=sys.stderr)

@@ -13,10 +13,12 @@ import psutil
 import pytest
 
 from agents.admission import Admission
+from agents.processes import cpu_idle_reversible
+from agents.standby import IDLE_WARM_UP_S, Standby
 from agents.discovery.emulated import emulated_devices
 from agents.supervisor import Supervisor
 from contracts.names import STANDBY_WARM_FILE
-from tests.agents.helpers import Events, tagged_processes, wait_until
+from tests.agents.helpers import Events, policies, tagged_processes, wait_until
 from tests.support.processes import REPO_ROOT, free_port
 
 pytestmark = pytest.mark.slow
@@ -117,6 +119,8 @@ def test_the_standby_dies_with_a_sigkilled_agent(tmp_path, tiny_fleet, no_orphan
     script = f"""
 import time
 from agents.admission import Admission
+from agents.processes import cpu_idle_reversible
+from agents.standby import IDLE_WARM_UP_S, Standby
 from agents.discovery.emulated import emulated_devices
 from agents.supervisor import Supervisor
 sup = Supervisor({str(tmp_path / 'state')!r}, Admission(emulated_devices({str(tiny_fleet)!r}, "box")),
@@ -131,3 +135,42 @@ time.sleep(600)
         agent.wait()
     wait_until(lambda: not psutil.pid_exists(spare.pid) or spare.status() == psutil.STATUS_ZOMBIE,
                timeout_s=5, what="the standby gone with its agent")
+
+
+# A standby that never warms up: a second thread, then it blocks on stdin, as the real one does.
+COLD_STANDBY = """
+import sys, threading, time
+threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+sys.stdin.readline()
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not cpu_idle_reversible(), reason="needs CAP_SYS_NICE (root): without it a standby "
+                    "is never made idle, since nothing could make it normal again")
+def test_a_standby_warms_up_idle_and_runs_its_stage_scheduled_normally(tmp_path, monkeypatch, no_orphans):
+    """Its imports must not take CPU from serving stages (every handover is followed by them), and the
+    stage it becomes must not stay idle: taken, or still cold after IDLE_WARM_UP_S, it is normal."""
+    standby = Standby(tmp_path, [sys.executable, "-c", COLD_STANDBY])
+    try:
+        standby.replenish(now=100.0)
+        spare = wait_until(lambda: standbys(no_orphans), timeout_s=10, what="a standby")[0]
+        wait_until(lambda: len(os.listdir(f"/proc/{spare.pid}/task")) == 2, what="its second thread")
+        assert policies(spare.pid) == {os.SCHED_IDLE}
+        standby.replenish(now=100.0 + IDLE_WARM_UP_S - 1)
+        assert policies(spare.pid) == {os.SCHED_IDLE}  # cold, but not for long yet
+        taken = standby.take(tmp_path / "spec.json")
+        assert taken is not None and taken.pid == spare.pid
+        assert policies(spare.pid) == {os.SCHED_OTHER}
+
+        standby.replenish(now=200.0)  # the next one: never warm, so normal once its time is up
+        following = wait_until(lambda: [p for p in standbys(no_orphans) if p.pid != spare.pid], timeout_s=10,
+                               what="the next standby")[0]
+        assert os.sched_getscheduler(following.pid) == os.SCHED_IDLE
+        standby.replenish(now=200.0 + IDLE_WARM_UP_S)
+        assert policies(following.pid) == {os.SCHED_OTHER}
+    finally:
+        standby.close()
+        taken_process = psutil.Process(spare.pid)
+        taken_process.kill()
+        taken_process.wait(timeout=5)

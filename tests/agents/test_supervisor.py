@@ -14,11 +14,14 @@ import pytest
 
 from agents.admission import Admission
 from agents.discovery.emulated import emulated_devices
+from agents import supervisor as supervisor_module
+from agents.processes import cpu_idle_reversible
 from agents.supervisor import RestartPolicy, Supervisor
 from tests.agents.helpers import (
     STAND_IN_COMMAND,
     TINY_LAYER_BYTES,
     Events,
+    policies,
     stage_spec,
     tiny_model,
     wait_until,
@@ -44,6 +47,27 @@ def supervisor(tmp_path, tiny_fleet, events):
                      command=STAND_IN_COMMAND, policy=FAST)
     yield sup
     sup.close()
+
+
+@pytest.mark.skipif(not cpu_idle_reversible(), reason="needs CAP_SYS_NICE (root): without it no stage "
+                    "loads idle, since nothing could make it normal again")
+def test_a_stage_loads_idle_and_is_scheduled_normally_once_ready_or_when_its_time_is_up(
+    supervisor, events, spec, tmp_path, monkeypatch
+):
+    """Loading (reading, quantizing weights) yields to the stages already serving on the same CPUs, as
+    during a handover beside the old pipeline; the stage serves at normal priority."""
+    go = tmp_path / "go"
+    loading = supervisor.start("d7-r0-s0", spec(ready_when=str(go)))
+    wait_until(lambda: policies(loading.pid) == {os.SCHED_IDLE}, what="the loading stage idle")
+    go.touch()
+    events.wait_for(lambda s: s.stage_key == "d7-r0-s0" and s.state == "ready")
+    assert policies(loading.pid) == {os.SCHED_OTHER}
+
+    monkeypatch.setattr(supervisor_module, "LOAD_IDLE_S", 0.5)
+    slow = supervisor.start("d7-r0-s2", spec(pipeline_id="d7-r0", stage_index=2, ready_when=str(tmp_path / "never")))
+    wait_until(lambda: policies(slow.pid) == {os.SCHED_IDLE}, what="the slow stage idle")
+    wait_until(lambda: policies(slow.pid) == {os.SCHED_OTHER}, timeout_s=5, what="normal once its time is up")
+    assert {s.state for s in events.seen if s.stage_key == "d7-r0-s2"} == {"starting"}  # loading still
 
 
 def test_start_reports_ready_and_stats_and_runs_on_the_cpu_paced_like_the_device(
