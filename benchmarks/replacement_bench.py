@@ -239,9 +239,11 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
             print(f"    handover: {handover_timeline(api, pk, started_at)}", flush=True)
             for error in sorted(set(window.errors)):
                 print(f"    failed: {error[:300]}", flush=True)
-            if window.errors:  # the router's inputs and recent decisions, refusals included, to explain them
-                saved = work / f"router-{name.replace(' ', '-')}.json"
-                saved.write_text(json.dumps(api.get("/api/v1/gateway/router/"), indent=1))
+            # The router's inputs and recent decisions (refusals included, with each replica's figures),
+            # to explain failures and where a gap's requests waited or ran.
+            saved = work / f"router-{name.replace(' ', '-')}.json"
+            saved.write_text(json.dumps(api.get("/api/v1/gateway/router/"), indent=1))
+            if window.errors:
                 print(f"    the router's view then: {saved}", flush=True)
         outcomes = clients.stop()
         result["mismatches"] = mismatches(outcomes, expected)

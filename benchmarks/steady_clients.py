@@ -18,6 +18,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+# Paced: unanswered requests at once, at most two a client and 12 in all (under the gateway's 16 a key
+# by default); an arrival that finds them all out (a stall) is skipped, not sent late in a burst.
+MAX_IN_FLIGHT_PER_CLIENT, MAX_IN_FLIGHT = 2, 12
 PROMPTS = (
     "Name three colours.",
     "What is two plus two?",
@@ -70,12 +73,15 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 class SteadyClients:
-    """``clients`` threads streaming requests through ``base_url`` until ``stop()``.
+    """``clients`` clients streaming requests through ``base_url`` until ``stop()``.
 
-    ``interval_s``: the least time between the starts of one client's requests (0: back to back),
-    which sets a steady offered rate independent of how fast the system answers. Paced clients start
-    staggered (client i after i/clients of an interval): started together they would arrive in bursts
-    and leave a whole interval without a completion even in the steady state.
+    ``interval_s`` 0: each client sends its next request as soon as its last one ended (back to back).
+    Otherwise arrivals follow a fixed schedule, one every ``interval_s / clients`` (each client's every
+    ``interval_s``, the clients staggered over one interval), whether or not the earlier requests ended
+    (open loop, within ``MAX_IN_FLIGHT``): a steady offered rate independent of how fast the system
+    answers. Clients that wait for their last request before the
+    next would line up behind any stall and stay bunched after it, so every later interval would hold
+    one burst of completions and a gap the system did not cause.
     """
 
     def __init__(self, *, base_url: str, api_key: str, model: str, clients: int = 4, max_tokens: int = 12,
@@ -93,17 +99,28 @@ class SteadyClients:
         self.outcomes: list[Outcome] = []
 
     def start(self) -> SteadyClients:
-        for client in range(self._count):
-            thread = threading.Thread(target=self._run, args=(client,), daemon=True, name=f"client-{client}")
-            thread.start()
-            self._threads.append(thread)
+        if self.interval_s > 0:
+            self._spawn(self._dispatch, "dispatcher")
+        else:
+            for client in range(self._count):
+                self._spawn(self._back_to_back, f"client-{client}", client)
         return self
+
+    def _spawn(self, target, name: str, *args) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True, name=name)
+        thread.start()
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
 
     def stop(self) -> list[Outcome]:
         self._stopping.set()
-        for thread in self._threads:
-            thread.join(timeout=180)
-        return self.outcomes
+        for _ in range(2):  # the dispatcher is among the first pass; the second has what it started last
+            with self._lock:
+                threads = list(self._threads)
+            for thread in threads:
+                thread.join(timeout=180)
+        with self._lock:
+            return list(self.outcomes)
 
     def one(self, prompt: int, client: int = -1) -> Outcome:
         """One request now, in the calling thread."""
@@ -127,17 +144,34 @@ class SteadyClients:
         outcome.ended = time.monotonic()
         return outcome
 
-    def _run(self, client: int) -> None:
+    def _back_to_back(self, client: int) -> None:
         prompt = client % len(PROMPTS)
-        self._stopping.wait(client * self.interval_s / self._count)
         while not self._stopping.is_set():
-            outcome = self.one(prompt, client)
-            with self._lock:
-                self.outcomes.append(outcome)
+            self._record(self.one(prompt, client))
             prompt = (prompt + 1) % len(PROMPTS)
-            rest = self.interval_s - (outcome.ended - outcome.started)
-            if rest > 0:
-                self._stopping.wait(rest)
+
+    def _dispatch(self) -> None:
+        step = self.interval_s / self._count
+        in_flight = threading.BoundedSemaphore(min(MAX_IN_FLIGHT, self._count * MAX_IN_FLIGHT_PER_CLIENT))
+        prompts = [client % len(PROMPTS) for client in range(self._count)]
+        began, k = time.monotonic(), 0
+        while not self._stopping.wait(max(0.0, began + k * step - time.monotonic())):
+            if not in_flight.acquire(blocking=False):
+                k += 1
+                continue
+            client, k = k % self._count, k + 1
+            prompt, prompts[client] = prompts[client], (prompts[client] + 1) % len(PROMPTS)
+            self._spawn(self._paced_one, f"client-{client}", prompt, client, in_flight)
+
+    def _paced_one(self, prompt: int, client: int, in_flight: threading.BoundedSemaphore) -> None:
+        try:
+            self._record(self.one(prompt, client))
+        finally:
+            in_flight.release()
+
+    def _record(self, outcome: Outcome) -> None:
+        with self._lock:
+            self.outcomes.append(outcome)
 
     def window(self, start: float, end: float) -> Window:
         """Requests that ended in [start, end]; the gap counts from ``start`` to the first completion
