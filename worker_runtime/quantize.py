@@ -1,13 +1,14 @@
-"""Weight-only int8 (per output channel) and int4 (group-wise) linear layers on torch's packed kernels.
+"""Weight-only int8 (per output channel) and int4 (group-wise) linear layers.
 
 Decode is memory-bound, so the point is to read fewer weight bytes per token. The layers fill
 themselves row block by row block while a stage loads (:meth:`load_rows`), so a full-precision copy
-of a whole matrix never exists. torch's packed kernels run on bfloat16 activations: on CPU that is the
-only fast path torch has (fp32 inputs hit a scalar fallback several times slower than a dense fp32
-matmul), and on CUDA the int4 kernel accepts nothing else. On CPU, fp32 int8 layers run on this
-package's own kernel instead (``kernels.int8_matmul``: fp32 activations, weights read at close to
-memory bandwidth at decode, faster than torch's at every batch size measured), and fall back to
-torch's where it cannot be built. Inputs and outputs keep the stage's dtype.
+of a whole matrix never exists. On CPU they run this package's own kernels, which keep activations
+fp32 and read the weights faster than torch's kernels at decode: ``kernels.int8_matmul`` for the
+int8 layers of fp32 stages, ``kernels.int4_matmul`` for int4 layers at every stage dtype; they fall
+back to torch's packed kernels where ours cannot be built or are switched off. torch's kernels run
+on bfloat16 activations: on CPU that is the only fast path torch has (fp32 inputs hit a scalar
+fallback several times slower than a dense fp32 matmul), and on CUDA, where they always serve, the
+int4 kernel accepts nothing else. Inputs and outputs keep the stage's dtype.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch import nn
 
 from contracts.profiler import DEFAULT_GROUP_SIZE
 
+from .kernels import int4_matmul as int4_kernel
 from .kernels.int8_matmul import GROUP as GROUPED_INT8
 from .kernels.int8_matmul import int8_matmul, kernel_enabled
 
@@ -143,6 +145,11 @@ class Int8Linear(nn.Module):
 
 
 class Int4Linear(nn.Module):
+    """Asymmetric int4 weights, a bf16 scale and zero per ``group_size`` weights of a row. On CPU they run
+    on our kernel (``kernels.int4_matmul``) in its tile layout, activations cast to fp32 for it where the
+    stage's dtype is not; where that kernel is switched off or cannot be built, and on CUDA, on torch's
+    packed kernels in theirs."""
+
     def __init__(
         self,
         in_features: int,
@@ -158,40 +165,59 @@ class Int4Linear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.group_size = pick_group_size(in_features, group_size)
         self.on_cpu = device.type == "cpu"
-        if self.on_cpu:
+        self.cpu_kernel = self.on_cpu and int4_kernel.kernel_enabled()
+        groups = in_features // self.group_size
+        scales_shape = (groups, out_features, 2)
+        if self.cpu_kernel:
+            tiles = out_features // int4_kernel.TILE
+            packed = torch.empty(tiles, in_features // 8, int4_kernel.TILE, dtype=torch.int32, device=device)
+            scales_shape = (tiles, groups, int4_kernel.TILE)  # an int32 per (scale, zero) pair
+        elif self.on_cpu:
             packed = torch.empty(out_features, in_features // 2, dtype=torch.uint8, device=device)
         else:
             if in_features % (16 * _CUDA_INNER_K_TILES):
                 raise QuantizationError(f"int4 on cuda: in_features {in_features} is not a multiple of 128")
             packed = torch.empty(0, dtype=torch.int32, device=device)  # shape known after packing
         self.register_buffer("weight", packed)
-        groups = in_features // self.group_size
-        scales_and_zeros = torch.empty(groups, out_features, 2, dtype=KERNEL_DTYPE, device=device)
-        self.register_buffer("scales_and_zeros", scales_and_zeros)
+        scales_dtype = torch.int32 if self.cpu_kernel else KERNEL_DTYPE
+        self.register_buffer("scales_and_zeros", torch.empty(scales_shape, dtype=scales_dtype, device=device))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
-        self._pending: list[torch.Tensor] = []
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (values, scales_and_zeros) of rows
         self._packed_rows = 0
 
     def load_rows(self, row0: int, w: torch.Tensor) -> None:
         """Quantize rows ``row0..``; rows must arrive in order, since packing works on whole row blocks."""
-        pending_rows = sum(p.shape[0] for p in self._pending)
+        pending_rows = sum(q.shape[0] for q, _ in self._pending)
         if row0 != self._packed_rows + pending_rows:
             raise ValueError("int4 rows must be loaded in order")
-        q, scales_and_zeros = quantize_int4_rows(w.to(self.scales_and_zeros.device), self.group_size)
-        self.scales_and_zeros[:, row0 : row0 + q.shape[0]] = scales_and_zeros
-        self._pending.append(q)
+        self._pending.append(quantize_int4_rows(w.to(self.scales_and_zeros.device), self.group_size))
         if self.on_cpu:
             self._pack_cpu(final=False)
 
+    def _staged(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if len(self._pending) == 1:
+            return self._pending[0]
+        return torch.cat([q for q, _ in self._pending]), torch.cat([sz for _, sz in self._pending], dim=1)
+
     def _pack_cpu(self, final: bool) -> None:
-        pending = torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]
-        ready = pending.shape[0] if final else pending.shape[0] // _CPU_PACK_ROWS * _CPU_PACK_ROWS
-        for start in range(0, ready, _CPU_PACK_ROWS):  # the packer wants int32: one block at a time
-            block = pending[start : min(start + _CPU_PACK_ROWS, ready)].to(torch.int32)
-            r = self._packed_rows
-            self.weight[r : r + block.shape[0]] = torch._convert_weight_to_int4pack_for_cpu(block, 1)
-            self._packed_rows += block.shape[0]
-        self._pending = [pending[ready:]] if ready < pending.shape[0] else []
+        """Pack the staged rows that fill whole blocks (``final``: all of them): tiles of 16 rows for our
+        kernel, blocks of 64 for torch's."""
+        q, scales_and_zeros = self._staged()
+        block = int4_kernel.TILE if self.cpu_kernel else _CPU_PACK_ROWS
+        ready = q.shape[0] if final else q.shape[0] // block * block
+        r = self._packed_rows
+        if self.cpu_kernel and ready:
+            weight, scales = int4_kernel.tile_layout(q[:ready], scales_and_zeros[:, :ready])
+            self.weight[r // int4_kernel.TILE : (r + ready) // int4_kernel.TILE] = weight
+            self.scales_and_zeros[r // int4_kernel.TILE : (r + ready) // int4_kernel.TILE] = scales
+        elif ready:
+            self.scales_and_zeros[:, r : r + ready] = scales_and_zeros[:, :ready]
+            for start in range(0, ready, block):  # the packer wants int32: one block at a time
+                rows = q[start : min(start + block, ready)].to(torch.int32)
+                packed = torch._convert_weight_to_int4pack_for_cpu(rows, 1)
+                self.weight[r + start : r + start + rows.shape[0]] = packed
+        self._packed_rows += ready
+        self._pending = [(q[ready:], scales_and_zeros[:, ready:])] if ready < q.shape[0] else []
 
     def finish(self) -> None:
         """Pack the rows still staged (on CUDA: the whole matrix, one byte a weight, packed on the device)."""
@@ -200,13 +226,21 @@ class Int4Linear(nn.Module):
         if self.on_cpu:
             self._pack_cpu(final=True)
             return
-        q = torch.cat(self._pending)
+        q, scales_and_zeros = self._staged()
+        self.scales_and_zeros.copy_(scales_and_zeros)
         self._pending = []
         nibbles = (q[:, ::2] << 4 | q[:, 1::2]).contiguous()
         self.weight = torch._convert_weight_to_int4pack(nibbles, _CUDA_INNER_K_TILES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        if self.cpu_kernel:
+            fp32 = x.dtype == torch.float32  # no dispatched no-op casts: ~1 us each, hundreds a step
+            bias = self.bias if self.bias is None or fp32 else self.bias.float()
+            x2 = x2 if fp32 else x2.float()
+            y = int4_kernel.int4_matmul(x2, self.weight, self.scales_and_zeros, self.group_size, bias)
+            y = y if fp32 else y.to(x.dtype)
+            return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
         x2 = x2 if x2.dtype == KERNEL_DTYPE else x2.to(KERNEL_DTYPE)
         if self.on_cpu:
             y = torch._weight_int4pack_mm_for_cpu(x2, self.weight, self.group_size, self.scales_and_zeros)

@@ -1,4 +1,4 @@
-"""Both CPU kernels' build and loading (worker_runtime/kernels: build.py, loader.py): where a kernel cannot
+"""The CPU kernels' build and loading (worker_runtime/kernels: build.py, loader.py): where a kernel cannot
 be had, one warning names why and torch's kernel serves; the cache; torch's OpenMP runtime only."""
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import torch
 import torch.nn.functional as F
 
 from worker_runtime.dense import dense_linear
-from worker_runtime.kernels import build, dense_matmul, int8_matmul, loader
-from worker_runtime.quantize import Int8Linear
+from worker_runtime.kernels import build, dense_matmul, int4_matmul, int8_matmul, loader
+from worker_runtime.quantize import Int4Linear, Int8Linear
 
 CPU = torch.device("cpu")
 
-BUILDABLE = int8_matmul.kernel_enabled() and dense_matmul.kernel_enabled()
+BUILDABLE = int8_matmul.kernel_enabled() and dense_matmul.kernel_enabled() and int4_matmul.kernel_enabled()
 pytestmark = pytest.mark.skipif(not BUILDABLE, reason="CPU kernels not buildable here")
 
 
@@ -35,6 +35,17 @@ def int8_layers_fall_back() -> None:
     x = torch.randn(1, 64)
     expected = torch._weight_int8pack_mm(x.bfloat16(), layer.weight, layer.scales).float()
     torch.testing.assert_close(layer(x), expected)
+
+
+def int4_layers_fall_back() -> None:
+    layers = [Int4Linear(64, 32, False, CPU, torch.float32) for _ in range(3)]
+    assert not any(layer.cpu_kernel for layer in layers)
+    layer = layers[0]
+    layer.load_rows(0, torch.randn(32, 64))
+    layer.finish()
+    x = torch.randn(1, 64)
+    expected = torch._weight_int4pack_mm_for_cpu(x.bfloat16(), layer.weight, 32, layer.scales_and_zeros)
+    torch.testing.assert_close(layer(x), expected.float())
 
 
 def dense_calls_fall_back() -> None:
@@ -51,7 +62,11 @@ class KernelUnderTest:
     cache: Path
 
 
-FALLBACKS = {"int8": (int8_matmul, int8_layers_fall_back), "fp32": (dense_matmul, dense_calls_fall_back)}
+FALLBACKS = {
+    "int8": (int8_matmul, int8_layers_fall_back),
+    "int4": (int4_matmul, int4_layers_fall_back),
+    "fp32": (dense_matmul, dense_calls_fall_back),
+}
 
 
 @pytest.fixture(params=sorted(FALLBACKS))
@@ -110,7 +125,7 @@ def test_an_edited_header_builds_a_new_library(monkeypatch, tmp_path):
     cache, sources = tmp_path / "cache", tmp_path / "kernels"
     monkeypatch.setenv("MOTLEY_KERNEL_CACHE", str(cache))
     sources.mkdir()
-    for name in ("dense_matmul.c", "tiled_matmul.h"):
+    for name in ("dense_matmul.c", "tiled_matmul.h", "cpu_support.h"):
         shutil.copy(dense_matmul.KERNEL.source.with_name(name), sources)
     build.shared_library(sources / "dense_matmul.c")
     with (sources / "tiled_matmul.h").open("a") as header:
@@ -124,10 +139,13 @@ OPENMP_RUNTIMES_AFTER_MATMULS = """
 import torch
 from pathlib import Path
 from worker_runtime.kernels.dense_matmul import dense_matmul
+from worker_runtime.kernels.int4_matmul import int4_matmul
 from worker_runtime.kernels.int8_matmul import int8_matmul
 torch.set_num_threads(2)
 int8_matmul(torch.randn(4, 1000), torch.ones(301, 1000, dtype=torch.int8), torch.ones(301).bfloat16(), None)
 dense_matmul(torch.randn(4, 1000), torch.ones(301, 1000), None)
+int4_weight, int4_scales = torch.ones(20, 128, 16, dtype=torch.int32), torch.ones(20, 32, 16, dtype=torch.int32)
+int4_matmul(torch.randn(4, 1024), int4_weight, int4_scales, 32, None)
 mapped = {Path(line.split()[-1]).resolve() for line in Path("/proc/self/maps").read_text().splitlines()}
 print(*sorted({str(p) for p in mapped if p.name.startswith(("libgomp", "libomp", "libiomp"))}))
 """
@@ -139,7 +157,7 @@ def test_only_torch_openmp_runtime_is_loaded():
     script = [sys.executable, "-c", OPENMP_RUNTIMES_AFTER_MATMULS]
     done = subprocess.run(script, cwd=repo, capture_output=True, text=True, check=True, timeout=120)
     assert done.stdout.split() == [str(build.torch_libgomp().resolve())]
-    for module in (int8_matmul, dense_matmul):
+    for module in (int8_matmul, dense_matmul, int4_matmul):
         library = build.shared_library(module.KERNEL.source)._name
         ldd = subprocess.run(["ldd", library], capture_output=True, text=True, check=True).stdout
         assert f"libgomp.so.1 => {build.torch_libgomp()}" in ldd

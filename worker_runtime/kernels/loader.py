@@ -37,6 +37,7 @@ class Kernel:
     name: str  # for the warning, e.g. "fp32 CPU kernel"
     fallback: str  # what is used instead, for the warning
     switch: str  # the environment variable that can ask for torch's kernel
+    restype: type | None = None  # what the function returns (ctypes), if anything
 
     @functools.cached_property
     def function(self) -> ctypes._CFuncPtr | None:
@@ -48,7 +49,7 @@ class Kernel:
         else:
             if library.motley_cpu_supported():
                 fn = getattr(library, self.symbol)
-                fn.restype = None
+                fn.restype = self.restype
                 fn.argtypes = self.argtypes
                 return fn
             reason = "this CPU lacks AVX2/FMA"

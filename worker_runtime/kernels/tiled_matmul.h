@@ -19,17 +19,14 @@
  *                        const epilogue_t *e (a group-scaled format scales them there);
  *   LOAD1(p, e)          one weight at p as a float (for a row's last k % 8 weights);
  *   FINISH(dot, j, e)    output channel j from its dot product and e.
- * It gets motley_cpu_supported() and tiled_matmul(); its own exported function calls the latter.
+ * It gets motley_cpu_supported() (cpu_support.h) and tiled_matmul(); its own exported function calls
+ * the latter.
  */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
 
-/* 1 if this CPU (and the OS) can run the AVX2/FMA code below. Compiled without AVX so any CPU may call it. */
-int motley_cpu_supported(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
+#include "cpu_support.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
