@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from agents.processes import cpu_idle_reversible, cpu_normal, signal_group, write_pid_record
+from agents.processes import cpu_normal, signal_group, write_pid_record
 from agents.stage_process import start_process
 from contracts.names import STANDBY_WARM_FILE
 
@@ -47,12 +47,13 @@ class Standby:
     restarts at most one stage a card, and each restart should find one warm). They are started one
     at a time, each once the one before has warmed up, so their imports never share the CPU."""
 
-    def __init__(self, stages_dir: Path, command: Sequence[str], count: int = 1):
+    def __init__(self, stages_dir: Path, command: Sequence[str], count: int = 1, idle: bool = False):
+        """``idle``: warm up under SCHED_IDLE; only where the caller can undo it (``cpu_idle_reversible``)."""
         self._dirs = [stages_dir / ("_standby" if i == 0 else f"_standby-{i + 1}") for i in range(max(1, count))]
         self._command = [*command, "--standby"]
         self._popens: list[subprocess.Popen | None] = [None] * len(self._dirs)
         self._idle_until: list[float | None] = [None] * len(self._dirs)  # when an idle one turns normal
-        self._idle = cpu_idle_reversible()
+        self._idle = idle
         self._retry_at = 0.0
 
     def replenish(self, now: float) -> None:

@@ -114,7 +114,7 @@ class Supervisor:
         self._stages: dict[str, _Stage] = {}
         self._load_idle = cpu_idle_reversible()
         # The warm spares (agents/standby.py) are worker_runtime.serve processes: only for that command.
-        self._standby = (Standby(self._dir, self._command, count=len(admission.devices))
+        self._standby = (Standby(self._dir, self._command, count=len(admission.devices), idle=self._load_idle)
                          if tuple(command) == DEFAULT_COMMAND else None)
         self._inbox: queue.Queue = queue.Queue()
         self._closed = threading.Event()

@@ -79,9 +79,9 @@ class SteadyClients:
     Otherwise arrivals follow a fixed schedule, one every ``interval_s / clients`` (each client's every
     ``interval_s``, the clients staggered over one interval), whether or not the earlier requests ended
     (open loop, within ``MAX_IN_FLIGHT``): a steady offered rate independent of how fast the system
-    answers. Clients that wait for their last request before the
-    next would line up behind any stall and stay bunched after it, so every later interval would hold
-    one burst of completions and a gap the system did not cause.
+    answers. Clients that wait for their last request before the next would line up behind any stall
+    and stay bunched after it, so every later interval would hold one burst of completions and a gap
+    the system did not cause.
     """
 
     def __init__(self, *, base_url: str, api_key: str, model: str, clients: int = 4, max_tokens: int = 12,

@@ -16,7 +16,8 @@ A replica's costs are its plan's predictions: the predicted per-token latency as
 planned prompt as ``prefill_s_per_token``; a replica whose plan predicts no latency gets
 ``ASSUMED_COSTS``. The gateway scales them by measured / predicted once the stages report step
 times (live_health.py). A replica's KV capacity is the smallest ``kv_tokens`` its stages were started
-with (what its head holds), else its plan's; its ``stages`` say where each stage runs (stage key, device, planned step time), for the telemetry.
+with (what its head holds), else its plan's; its ``stages`` say where each stage runs (stage key,
+device, planned step time), for the telemetry.
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ import psutil
 import pytest
 
 from agents.admission import Admission
+from agents.discovery.emulated import emulated_devices
 from agents.processes import cpu_idle_reversible
 from agents.standby import IDLE_WARM_UP_S, Standby
-from agents.discovery.emulated import emulated_devices
 from agents.supervisor import Supervisor
 from contracts.names import STANDBY_WARM_FILE
 from tests.agents.helpers import Events, policies, tagged_processes, wait_until
@@ -119,8 +119,6 @@ def test_the_standby_dies_with_a_sigkilled_agent(tmp_path, tiny_fleet, no_orphan
     script = f"""
 import time
 from agents.admission import Admission
-from agents.processes import cpu_idle_reversible
-from agents.standby import IDLE_WARM_UP_S, Standby
 from agents.discovery.emulated import emulated_devices
 from agents.supervisor import Supervisor
 sup = Supervisor({str(tmp_path / 'state')!r}, Admission(emulated_devices({str(tiny_fleet)!r}, "box")),
@@ -148,10 +146,10 @@ time.sleep(600)
 
 @pytest.mark.skipif(not cpu_idle_reversible(), reason="needs CAP_SYS_NICE (root): without it a standby "
                     "is never made idle, since nothing could make it normal again")
-def test_a_standby_warms_up_idle_and_runs_its_stage_scheduled_normally(tmp_path, monkeypatch, no_orphans):
+def test_a_standby_warms_up_idle_and_runs_its_stage_scheduled_normally(tmp_path, no_orphans):
     """Its imports must not take CPU from serving stages (every handover is followed by them), and the
     stage it becomes must not stay idle: taken, or still cold after IDLE_WARM_UP_S, it is normal."""
-    standby = Standby(tmp_path, [sys.executable, "-c", COLD_STANDBY])
+    standby = Standby(tmp_path, [sys.executable, "-c", COLD_STANDBY], idle=True)
     try:
         standby.replenish(now=100.0)
         spare = wait_until(lambda: standbys(no_orphans), timeout_s=10, what="a standby")[0]

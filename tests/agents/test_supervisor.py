@@ -12,9 +12,9 @@ import time
 import psutil
 import pytest
 
+from agents import supervisor as supervisor_module
 from agents.admission import Admission
 from agents.discovery.emulated import emulated_devices
-from agents import supervisor as supervisor_module
 from agents.processes import cpu_idle_reversible
 from agents.supervisor import RestartPolicy, Supervisor
 from tests.agents.helpers import (
@@ -64,7 +64,7 @@ def test_a_stage_loads_idle_and_is_scheduled_normally_once_ready_or_when_its_tim
     assert policies(loading.pid) == {os.SCHED_OTHER}
 
     monkeypatch.setattr(supervisor_module, "LOAD_IDLE_S", 0.5)
-    slow = supervisor.start("d7-r0-s2", spec(pipeline_id="d7-r0", stage_index=2, ready_when=str(tmp_path / "never")))
+    slow = supervisor.start("d7-r0-s2", spec(stage_index=2, ready_when=str(tmp_path / "never")))
     wait_until(lambda: policies(slow.pid) == {os.SCHED_IDLE}, what="the slow stage idle")
     wait_until(lambda: policies(slow.pid) == {os.SCHED_OTHER}, timeout_s=5, what="normal once its time is up")
     assert {s.state for s in events.seen if s.stage_key == "d7-r0-s2"} == {"starting"}  # loading still

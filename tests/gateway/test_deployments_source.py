@@ -89,7 +89,8 @@ def test_a_replicas_kv_capacity_is_what_its_stages_were_started_with(deployment)
     (served,) = served_models_from_deployments()
     by_id = {r.pipeline_id: r for r in served.replicas}
     planned = deployment.revision.plan["replicas"]
-    assert by_id[f"d{deployment.pk}-r0"].kv_tokens == 4096 != min(s["kv_tokens"] for s in planned[0]["stages"])
+    assert by_id[f"d{deployment.pk}-r0"].kv_tokens == 4096
+    assert min(s["kv_tokens"] for s in planned[0]["stages"]) != 4096
     assert by_id[f"d{deployment.pk}-r1"].kv_tokens == min(s["kv_tokens"] for s in planned[1]["stages"])
 
 
