@@ -19,6 +19,8 @@ from contracts.precision import layer_precisions
 from contracts.profiler import DEFAULT_GROUP_SIZE, head_int8_group
 
 from .dense import Linear
+from .fused_decode import fused_layers, takes_step
+from .kernels.decode_layers import LayerSpecs
 from .kv_cache import KVCache
 from .loading import CheckpointReader, copy_rows_into, load_concatenated
 from .model import DecoderLayer, RMSNorm, hf_tensor_names
@@ -139,6 +141,8 @@ class Stage(nn.Module):
             dtype=self.dtype,
             sliding_window=config.sliding_window,
         )
+        # Decode steps as one C call (fused_decode.py), where the stage qualifies: set once loaded.
+        self.fused: LayerSpecs | None = None
 
     @property
     def head_bits(self) -> int:
@@ -189,6 +193,7 @@ class Stage(nn.Module):
         with torch.inference_mode(), CheckpointReader(model_dir) as reader:
             stage._load_weights(reader)
         stage.eval()
+        stage.fused = fused_layers(stage)
         return stage
 
     def _load_weights(self, reader: CheckpointReader) -> None:
@@ -243,8 +248,12 @@ class Stage(nn.Module):
         else:
             x = tokens.to(device=self.device, dtype=self.dtype)
         cos, sin = self.rope.cos_sin(plan.positions, plan.seq_ends, x.dtype)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, plan, cos, sin, self.kv.k[i], self.kv.v[i])
+        if self.fused is not None and takes_step(x, plan):
+            x = self.fused.run(x, cos.view(x.shape[0], -1), sin.view(x.shape[0], -1), plan.write_slots,
+                               plan.gather_slots)
+        else:
+            for i, layer in enumerate(self.layers):
+                x = layer(x, plan, cos, sin, self.kv.k[i], self.kv.v[i])
         if not self.is_last:
             return x.contiguous()
         if not all_logits:

@@ -1,0 +1,86 @@
+"""Which stages run their decode steps as one fused call (``kernels.decode_layers``), and the descriptors of
+their layers for it.
+
+A stage qualifies when the C path computes exactly what its torch ops would: an fp32 stage on CPU whose
+every linear layer already runs on one of this package's CPU kernels (fp32, int8 per row, int4), and a
+model without a sliding window (whose decode steps need a mask). A step qualifies when every sequence adds
+one token and all are equally long (the attention plan has no mask and no padding): every batch-1 decode
+step, and batched decode of sequences in step. Everything else (prefill, ragged batches, bf16/fp16
+stages, CUDA) runs on torch ops as before.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from .dense import Linear
+from .kernels import decode_layers, dense_matmul
+from .kernels import int4_matmul as int4_kernel
+from .kernels import int8_matmul as int8_kernel
+from .kv_cache import AttentionPlan
+from .quantize import Int4Linear, Int8Linear
+
+if TYPE_CHECKING:
+    from .stage import Stage
+
+
+def fused_layers(stage: Stage) -> decode_layers.LayerSpecs | None:
+    """The descriptors of ``stage``'s layers (its weights loaded), or None where it does not qualify."""
+    config = stage.config
+    if (
+        stage.device.type != "cpu"
+        or stage.dtype != torch.float32
+        or config.sliding_window is not None
+        or config.head_dim > decode_layers.MAX_HEAD_DIM
+        or config.head_dim % 2
+        or not decode_layers.kernel_enabled()
+    ):
+        return None
+    specs, tensors = [], []
+    for layer in stage.layers:
+        attention, ffn = layer.attention, layer.feed_forward
+        linears = [_linear_spec(m, tensors) for m in (attention.wqkv, attention.wo, ffn.w13, ffn.w2)]
+        norms = (layer.attention_norm.weight, layer.ffn_norm.weight)
+        if any(spec is None for spec in linears) or any(w.dtype != torch.float32 for w in norms):
+            return None
+        tensors.extend(norms)
+        k_cache, v_cache = stage.kv.k[len(specs)], stage.kv.v[len(specs)]
+        specs.append(decode_layers.LayerSpec(norms[0].data_ptr(), norms[1].data_ptr(), *linears,
+                                             k_cache.data_ptr(), v_cache.data_ptr()))
+    shape = decode_layers.ShapeSpec(config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
+                                    config.intermediate_size, config.rms_norm_eps, 1)
+    layers = (decode_layers.LayerSpec * len(specs))(*specs)
+    return decode_layers.LayerSpecs(layers, shape, [*tensors, stage.kv.k, stage.kv.v])
+
+
+def takes_step(x: torch.Tensor, plan: AttentionPlan) -> bool:
+    """Whether this forward is a decode step the fused path serves: one token per sequence, no mask."""
+    return plan.mask is None and plan.query_index is None and x.dtype == torch.float32
+
+
+def _linear_spec(module: nn.Module, tensors: list[torch.Tensor]) -> decode_layers.LinearSpec | None:
+    """``module`` as a descriptor for the kernel it already runs on, or None where it runs on torch's."""
+    k, n = module.in_features, module.out_features
+    if isinstance(module, Int4Linear):
+        if not module.cpu_kernel:
+            return None
+        found = [module.weight, module.scales_and_zeros, module.bias]
+        spec = decode_layers.linear_spec(decode_layers.INT4, int4_kernel.KERNEL.function, *found, k, n,
+                                         module.group_size, int4_kernel.avx512_available())
+    elif isinstance(module, Int8Linear):
+        if not module.cpu_kernel or module.group is not None:
+            return None
+        found = [module.weight, module.scales, module.bias]
+        spec = decode_layers.linear_spec(decode_layers.INT8, int8_kernel.KERNEL.function, *found, k, n)
+    elif isinstance(module, Linear):
+        if module.weight.dtype != torch.float32 or not dense_matmul.kernel_enabled():
+            return None
+        found = [module.weight, None, module.bias]
+        spec = decode_layers.linear_spec(decode_layers.DENSE, dense_matmul.KERNEL.function, *found, k, n)
+    else:
+        return None
+    tensors.extend(t for t in found if t is not None)
+    return spec
