@@ -248,8 +248,9 @@ MOTLEY_NODE_LOST_AFTER_S = float(os.environ.get("MOTLEY_NODE_LOST_AFTER_S", "15"
 # (docs/deployments.md, "Node liveness"); 0 turns this off.
 MOTLEY_NODE_LOST_AFTER_CLOSE_S = float(os.environ.get("MOTLEY_NODE_LOST_AFTER_CLOSE_S", "4"))
 # A re-plan after a loss or for a drain keeps the applied plan with only its stranded stages moved when
-# that predicts at least (1 - this) of a fresh plan's throughput (docs/deployments.md, "Re-plan").
-MOTLEY_REPLAN_KEEP_WITHIN = float(os.environ.get("MOTLEY_REPLAN_KEEP_WITHIN", "0.1"))
+# that predicts at least (1 - this x the share of stages a fresh plan changes beyond it) of the fresh
+# plan's throughput: the fresh plan pays for the stages it restarts (docs/deployments.md, "Re-plan").
+MOTLEY_REPLAN_KEEP_WITHIN = float(os.environ.get("MOTLEY_REPLAN_KEEP_WITHIN", "0.5"))
 MOTLEY_NODE_HEALTH_CHECK_INTERVAL_S = float(os.environ.get("MOTLEY_NODE_HEALTH_CHECK_INTERVAL_S", "1.0"))
 MOTLEY_RECONCILE_INTERVAL_S = float(os.environ.get("MOTLEY_RECONCILE_INTERVAL_S", "10"))
 # A start (or stop) not confirmed by the agent within this time is sent again (loading takes a while).

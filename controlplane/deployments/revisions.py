@@ -89,9 +89,10 @@ def replan_revision_create(
     """A draft revision answering the deployment's current question again, on the fleet as it is now
     (without ``exclude_nodes`` and other deployments' devices); PlanningError when nothing fits.
 
-    The applied plan with only its stranded stages moved is preferred to a fresh plan when it serves
-    within ``MOTLEY_REPLAN_KEEP_WITHIN`` of it (``planning.least_change_plan``): a fresh plan usually
-    moves every boundary, which restarts every stage and pauses the pipeline for all of them."""
+    The applied plan with only its stranded stages moved is preferred to a fresh plan unless the fresh
+    one serves enough better to pay for the stages it changes beyond the repair
+    (``planning.least_change_plan`` with ``MOTLEY_REPLAN_KEEP_WITHIN``): a fresh plan usually moves
+    every boundary, which restarts every stage and pauses the pipeline for all of them."""
     request = plan_request_now(revision=deployment.revision, busy=devices_in_use(deployment=deployment),
                                exclude_nodes=exclude_nodes)
     chosen = least_change_plan(deployment.revision.plan, request,

@@ -4,8 +4,8 @@ rebalancer. Entry points:
 - ``plan(request) -> Plan``: the best plan for a fleet, a model and a workload;
 - ``baseline_plan(request, kind)``: even or memory-proportional split, for comparison;
 - ``validate(edited, request) -> ValidationReport``: what-if check of an operator-edited plan;
-- ``least_change_plan(applied, request, keep_within)``: a re-plan that moves only what it must when
-  that serves nearly as well (after a loss or for a drain);
+- ``least_change_plan(applied, request, keep_within)``: a re-plan that moves only what it must unless
+  a fresh plan serves enough better to pay for the stages it restarts (after a loss or for a drain);
 - ``plan_to_dict`` / ``plan_from_dict``: the JSON form (schema in docs/planner.md).
 """
 
