@@ -272,7 +272,7 @@ class Supervisor:
             self._emit(stage)
             return
         stage.run, stage.last_stats, stage.load = run, None, (0.0, 0.0, 0.0)
-        stage.status.state, stage.status.pid = "starting", run.pid
+        stage.status.state, stage.status.pid, stage.status.broken_stage = "starting", run.pid, None
         if self._load_idle:
             cpu_idle(run.pid)
             stage.loads_idle_until = time.monotonic() + LOAD_IDLE_S
@@ -293,6 +293,12 @@ class Supervisor:
             self._loaded(stage)
             stage.status.state, stage.status.message = "ready", ""
             self._emit(stage)
+        elif event == "health":
+            broken = message.get("broken_stage")
+            broken = broken if type(broken) is int and message.get("ok") is False else None
+            if broken != stage.status.broken_stage:  # told at once: it may say another node's agent died
+                stage.status.broken_stage = broken
+                self._emit(stage)
         elif event == "stats":
             stats = {k: v for k, v in message.items() if k != "event"}
             if stage.last_stats is not None:

@@ -22,6 +22,9 @@ class StageStatus:
     restarts: int = 0
     message: str = ""
     stats: dict[str, Any] = field(default_factory=dict)
+    # A head's only: the stage its pipeline lost (its ``health`` event), None while whole. Sent at once:
+    # a stage's link breaking as its node's agent's socket closes says that agent died (liveness.py).
+    broken_stage: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -12,11 +12,16 @@ A heartbeat arrives one of two ways (docs/deployments.md, "The agents' websocket
 once (``node_heartbeat_record``) or noted and flushed with others (``node_heartbeats_flush``). Both
 apply the same rule, written once in ``_heard_from``: a SUSPECT or LOST node is READY again, and a
 LOST one (its stages were planned away) is sent ``sync`` so its agent kills what is no longer wanted.
+
+A node falls LOST when its heartbeats stop (``node_health_check``, the beat's), sooner when its agent's
+socket closed abnormally, and at once when that close meets a head's report of a broken link to one
+of its stages (``node_connection_closed``, ``node_link_broken_record``: whichever comes second acts).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -25,6 +30,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from contracts.names import parse_stage_key
 from contracts.tasks import SYNC
 from controlplane.deployments import dispatch
 from controlplane.deployments.events import event_record
@@ -35,6 +41,10 @@ from controlplane.inventory.models import Node
 logger = logging.getLogger(__name__)
 
 SEEN_AGAIN = (Node.Status.SUSPECT, Node.Status.LOST)  # what a heartbeat turns READY
+# A broken link reported this long before the agent's socket closed still tells of its death: which
+# of the two reaches the control plane first depends on the loops in between (the relay's heartbeat,
+# the head, its agent, two sockets). An older break was something else, such as a stage restarted.
+BREAK_BEFORE_CLOSE_S = 2.0
 _LIVENESS_KINDS = {Node.Status.SUSPECT: DeploymentEvent.Kind.NODE_SUSPECT,
                    Node.Status.LOST: DeploymentEvent.Kind.NODE_LOST}
 
@@ -158,10 +168,59 @@ def _node_sync(*, node: Node) -> None:
         dispatch.reconcile_on_commit(deployment_id=deployment_id)
 
 
+@transaction.atomic
 def node_connection_closed(*, node_id: int, incarnation: int) -> None:
     """The agents' websocket of this incarnation closed abnormally: remembered for
-    ``node_health_check`` (an older incarnation's socket closing says nothing of the node now)."""
-    Node.objects.filter(pk=node_id, incarnation=incarnation).update(connection_closed_at=timezone.now())
+    ``node_health_check`` (an older incarnation's socket closing says nothing of the node now), and
+    the node is LOST at once when a broken link to one of its stages was reported too
+    (``_agent_died``)."""
+    now = timezone.now()
+    if Node.objects.filter(pk=node_id, incarnation=incarnation).update(connection_closed_at=now):
+        _lost_if_agent_died(Node.objects.select_for_update().get(pk=node_id), now)
+
+
+@transaction.atomic
+def node_link_broken_record(*, reporter: Node, status: Mapping[str, Any]) -> None:
+    """A head's report (``StageStatus.broken_stage``, contracts §3) that its pipeline lost stage k:
+    the node of that stage, when it is another node than the head's, is noted (``link_broken_at``)
+    and LOST at once when its agent's socket closed abnormally too (``_agent_died``)."""
+    key, broken = parse_stage_key(str(status.get("stage_key", ""))), status.get("broken_stage")
+    if key is None or key.stage_index != 0 or type(broken) is not int:
+        return
+    pipeline = {"deployment_id": key.deployment_id, "replica": key.replica}
+    if not DeploymentStage.objects.filter(node=reporter, stage_index=0, **pipeline).exists():
+        return  # only a head placed on the reporting node speaks for its pipeline
+    lost_nodes = DeploymentStage.objects.filter(stage_index=broken, **pipeline).exclude(node=reporter)
+    now = timezone.now()
+    for node in Node.objects.select_for_update().filter(pk__in=lost_nodes.values("node_id")):
+        node.link_broken_at = now
+        node.save(update_fields=["link_broken_at"])
+        _lost_if_agent_died(node, now)
+
+
+def _agent_died(node: Node) -> bool:
+    """Whether the node's agent is known dead: its socket closed abnormally, nothing was heard from it
+    since, and a head elsewhere saw its link to one of the node's stages break at most
+    ``BREAK_BEFORE_CLOSE_S`` before the close or any time after it.
+
+    Each alone says little: a socket also drops with the network (the agent reconnects within a
+    second and heartbeats), and a link also breaks when a stage restarts. Together they are the one
+    death seen two ways: the agent's stages die with it (PDEATHSIG), so their neighbours' links
+    break as its socket closes. A partition that cuts both is only waited out by the heartbeat
+    timeout; this only ends the waiting of ``MOTLEY_NODE_LOST_AFTER_CLOSE_S`` (0 turns both off)."""
+    closed, broken = node.connection_closed_at, node.link_broken_at
+    if closed is None or broken is None or settings.MOTLEY_NODE_LOST_AFTER_CLOSE_S <= 0:
+        return False
+    heard = node.last_heartbeat is not None and node.last_heartbeat >= closed
+    return not heard and broken >= closed - timedelta(seconds=BREAK_BEFORE_CLOSE_S)
+
+
+def _lost_if_agent_died(node: Node, now: datetime) -> None:
+    """Mark a node read under lock LOST at once when ``_agent_died`` says so."""
+    if node.status != Node.Status.LOST and node.incarnation > 0 and _agent_died(node):
+        closed_s = (now - node.connection_closed_at).total_seconds()
+        _mark(node, Node.Status.LOST, now, f"its agent's connection closed {closed_s:.1f} s ago and a "
+                                          "pipeline lost its link to a stage on it")
 
 
 def _closed_and_unheard(node: Node, now: datetime) -> float | None:
@@ -185,7 +244,8 @@ def _closed_and_unheard(node: Node, now: datetime) -> float | None:
 @transaction.atomic
 def node_health_check() -> list[tuple[Node, str]]:
     """Mark nodes whose heartbeats stopped: SUSPECT after a few missed, LOST after a timeout, or
-    sooner when the agent's connection closed (``_closed_and_unheard``).
+    sooner when the agent's connection closed (``_closed_and_unheard``; at once, without this check,
+    when a broken link to one of its stages says its agent died: ``_agent_died``).
 
     Only nodes an agent registered are watched (declared nodes have no heartbeat to miss). A LOST
     node's deployments are reconciled at once: they turn DEGRADED and may be re-planned.
@@ -208,15 +268,23 @@ def node_health_check() -> list[tuple[Node, str]]:
             new = Node.Status.SUSPECT
         else:
             continue
-        node.status = new
-        node.save(update_fields=["status", "last_updated"])
+        _mark(node, new, now, why)
         changes.append((node, new))
-        logger.warning("node %s is %s: %s", node.name, new, why)
-        event_record(kind=_LIVENESS_KINDS[new], node=node, message=f"node {node.name} is {new}: {why}",
-                     detail={"last_heartbeat": node.last_heartbeat.isoformat(), "silent_s": silent_s})
-        if new == Node.Status.LOST:
-            for deployment_id in (
-                DeploymentStage.objects.filter(node=node).values_list("deployment_id", flat=True).distinct()
-            ):
-                dispatch.reconcile_on_commit(deployment_id=deployment_id)
     return changes
+
+
+def _mark(node: Node, new: str, now: datetime, why: str) -> None:
+    """Write a node's new liveness status, say why (log, event); a LOST node's deployments are
+    reconciled at once."""
+    node.status = new
+    node.save(update_fields=["status", "last_updated"])
+    silent_s = round((now - node.last_heartbeat).total_seconds(), 1) if node.last_heartbeat else None
+    logger.warning("node %s is %s: %s", node.name, new, why)
+    event_record(kind=_LIVENESS_KINDS[new], node=node, message=f"node {node.name} is {new}: {why}",
+                 detail={"last_heartbeat": node.last_heartbeat and node.last_heartbeat.isoformat(),
+                         "silent_s": silent_s})
+    if new == Node.Status.LOST:
+        for deployment_id in (
+            DeploymentStage.objects.filter(node=node).values_list("deployment_id", flat=True).distinct()
+        ):
+            dispatch.reconcile_on_commit(deployment_id=deployment_id)

@@ -16,7 +16,11 @@ from django.utils import timezone
 from contracts.hardware import DeviceSpec, FleetSpec, NodeSpec
 from contracts.names import device_name
 from controlplane.audit.services import SYSTEM, Actor, audit_record
-from controlplane.deployments.liveness import node_agent_restarted, node_heartbeat_record
+from controlplane.deployments.liveness import (
+    node_agent_restarted,
+    node_heartbeat_record,
+    node_link_broken_record,
+)
 from controlplane.deployments.stage_reports import stage_status_record
 from controlplane.enrollment.models import JoinToken, NodeCredential
 from controlplane.inventory.models import Node
@@ -148,7 +152,8 @@ def agent_message_receive(*, node_id: int, incarnation: int, message: dict[str, 
 
     The agents' socket sends a heartbeat here only when its stages' states changed (or it is the
     connection's first); the others are recorded in batches by ``node_heartbeats_flush``. A
-    heartbeat's telemetry is published by the socket itself, from its event loop.
+    heartbeat's telemetry is published by the socket itself, from its event loop. A head's stage
+    event naming a stage its pipeline lost may tell liveness that stage's node died.
     """
     node = Node.objects.filter(pk=node_id).first()
     if node is None:
@@ -164,4 +169,5 @@ def agent_message_receive(*, node_id: int, incarnation: int, message: dict[str, 
         node_heartbeat_record(node=node, heartbeat=message)
     elif kind == "stage_event" and isinstance(message.get("stage"), dict):
         stage_status_record(node=node, status=message["stage"])
+        node_link_broken_record(reporter=node, status=message["stage"])
     return None

@@ -55,6 +55,9 @@ class Node(TimestampedModel):
     # When the current agent's websocket last closed abnormally (its process died, or the connection
     # was cut): with no heartbeat since, liveness declares the node LOST sooner (deployments/liveness.py).
     connection_closed_at = models.DateTimeField(null=True, blank=True)
+    # When a pipeline's head (on another node) last reported its link to a stage on this node broken:
+    # with the close above, the agent died with its stages and the node is LOST at once (liveness.py).
+    link_broken_at = models.DateTimeField(null=True, blank=True)
     # Bumped each time the node's agent (re)registers, so messages from an older life are ignored.
     incarnation = models.PositiveIntegerField(default=0)
     fleet = models.CharField(max_length=100, blank=True, help_text="Fleet file the node was imported from.")

@@ -5,7 +5,8 @@ stops and exits 0 on SIGUSR1 (replaced).
 The spec's extra ``stand_in`` block scripts misbehaviour for supervision tests:
 ``crash_after_s`` + ``exit_code`` (+ ``error``: an error event first), ``ignore_sigterm``,
 ``spawn_child`` (a grandchild in the same process group), ``steps_per_s`` and ``step_ms``,
-``ready_when`` (a path: "loads" until it exists, then prints ``ready``).
+``ready_when`` (a path: "loads" until it exists, then prints ``ready``), ``health`` (a head's health
+events, each ``{"after_s", "ok", "broken_stage"}``, printed that long after ``ready``).
 """
 
 import argparse
@@ -40,8 +41,13 @@ def main() -> int:
          weight_bytes=1000, kv_bytes=2000, kv_tokens=spec.get("kv_tokens", 0))
     print(f"stand-in stage {spec['pipeline_id']}/{spec['stage_index']} on {spec['device']}", file=sys.stderr)
     started, steps, interval = time.monotonic(), 0, 0.2
+    health = list(script.get("health", ()))
     while not stopping:
         time.sleep(interval)
+        while health and time.monotonic() - started >= health[0]["after_s"]:
+            change = health.pop(0)
+            emit(event="health", pipeline_id=spec["pipeline_id"], ok=change["ok"],
+                 broken_stage=change.get("broken_stage"), reason="scripted")
         if "crash_after_s" in script and time.monotonic() - started >= script["crash_after_s"]:
             if "error" in script:
                 emit(event="error", message=script["error"])

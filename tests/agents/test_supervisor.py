@@ -90,6 +90,19 @@ def test_start_reports_ready_and_stats_and_runs_on_the_cpu_paced_like_the_device
     assert load.device_index == 0 and load.tx_bytes_per_s > 0
 
 
+def test_a_heads_broken_pipeline_is_told_at_once_with_the_stage_it_lost(supervisor, events, spec):
+    """The head's ``health`` event names the stage its pipeline lost: sent as the status's
+    ``broken_stage`` in a stage event of its own (liveness may learn from it that the node of that
+    stage died), and cleared when the pipeline is whole again."""
+    supervisor.start("d7-r0-s0", spec(health=[{"after_s": 0.3, "ok": False, "broken_stage": 2},
+                                              {"after_s": 0.7, "ok": True}]))
+    broken = events.wait_for(lambda s: s.broken_stage == 2)
+    assert broken.state == "ready" and broken.stage_key == "d7-r0-s0"
+    after = len(events.seen)
+    events.wait_for(lambda s: s.broken_stage is None and any(s is later for later in events.seen[after:]))
+    assert [status.broken_stage for status, _ in supervisor.snapshot()] == [None]
+
+
 def test_the_same_start_twice_runs_one_process_and_a_new_spec_replaces_it(supervisor, events, spec):
     first = supervisor.start("k", spec())
     again = supervisor.start("k", spec())

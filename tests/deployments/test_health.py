@@ -10,6 +10,7 @@ from django.utils import timezone
 from controlplane.deployments.liveness import (
     HeartbeatSeen,
     node_agent_restarted,
+    node_connection_closed,
     node_health_check,
     node_heartbeat_record,
     node_heartbeats_flush,
@@ -18,6 +19,7 @@ from controlplane.deployments.models import Deployment, DeploymentEvent, Deploym
 from controlplane.deployments.reconcile import deployment_reconcile
 from controlplane.deployments.services import deployment_create
 from controlplane.deployments.stage_reports import stage_status_record
+from controlplane.enrollment.services import agent_message_receive
 from controlplane.inventory.models import Node
 from tests.deployments.conftest import report
 
@@ -96,6 +98,72 @@ def test_a_node_whose_agent_connection_closed_is_lost_sooner_while_other_agents_
     silent_for(other, 0.5)
     node_health_check()
     assert status(node) == Node.Status.SUSPECT
+
+
+def head_reports(deployment: Deployment, broken_stage: int | None, *, node: Node | None = None) -> None:
+    """The head's agent (or ``node``'s) sends its stage event: its pipeline lost ``broken_stage``."""
+    head = deployment.stages.get(stage_index=0, wanted=True)
+    node = Node.objects.get(pk=(node or head.node).pk)
+    message = {"type": "stage_event", "incarnation": node.incarnation,
+               "stage": report(head, "ready", 100, broken_stage=broken_stage)}
+    assert agent_message_receive(node_id=node.pk, incarnation=node.incarnation, message=message) is None
+
+
+def socket_closed(node: Node) -> None:
+    node_connection_closed(node_id=node.pk, incarnation=Node.objects.get(pk=node.pk).incarnation)
+
+
+def test_a_closed_socket_and_a_broken_link_to_a_stage_on_the_node_say_its_agent_died_lost_at_once(
+    nodes, revision, sent, settings
+):
+    """kill -9 of an agent: its socket closes abnormally and its stages die with it (PDEATHSIG), so the
+    head reports the link to the node's stage broken. Both together: LOST at once, whichever comes
+    first, and the deployment is reconciled (re-planned). Either alone waits for the 4 s rule or the
+    heartbeat timeout (a network blip, a stage restarted)."""
+    settings.MOTLEY_NODE_LOST_AFTER_CLOSE_S = 4.0
+    deployment = deploy_ready(revision)  # stages on n0 (head), n1, n2
+    n0, n1, n2, n3 = nodes
+    sent.reconciles.clear()
+
+    socket_closed(n1)  # a close alone: a dropped connection looks the same
+    assert status(n1) == Node.Status.READY and node_health_check() == []
+    head_reports(deployment, 1)  # then the head's link to stage 1 broke: the agent died
+    assert status(n1) == Node.Status.LOST and sent.reconciles == [deployment.pk]
+    lost = DeploymentEvent.objects.filter(kind=DeploymentEvent.Kind.NODE_LOST, node="n1").latest("at")
+    assert "closed 0.0 s ago and a pipeline lost its link to a stage on it" in lost.message, lost.message
+
+    head_reports(deployment, 2)  # the break first (stage 1 lost its link to stage 2), then the close
+    assert status(n2) == Node.Status.READY
+    socket_closed(n2)
+    assert status(n2) == Node.Status.LOST
+
+
+def test_a_broken_link_or_a_closed_socket_alone_or_apart_loses_no_node(nodes, revision, sent, settings):
+    settings.MOTLEY_NODE_LOST_AFTER_CLOSE_S = 4.0
+    deployment = deploy_ready(revision)
+    n0, n1, n2, n3 = nodes
+    head_reports(deployment, 1)  # a stage restarted, its agent alive: nothing
+    assert status(n1) == Node.Status.READY
+    Node.objects.filter(pk=n1.pk).update(link_broken_at=timezone.now() - timedelta(seconds=2.5))
+    socket_closed(n1)  # a blip 2.5 s after that break: another story
+    assert status(n1) == Node.Status.READY
+
+    node_heartbeat_record(node=n2, heartbeat={"stages": []})
+    closed(n2, 0.5)
+    node_heartbeat_record(node=n2, heartbeat={"stages": []})  # heard since the close: it reconnected
+    head_reports(deployment, 2)
+    assert status(n2) == Node.Status.READY
+
+    socket_closed(n0)  # the head's own node: no other node's head speaks for its stage 0
+    head_reports(deployment, 0, node=n1)  # n1 carries no head of this pipeline: not heard
+    head_reports(deployment, 0)
+    assert status(n0) == Node.Status.READY
+
+    settings.MOTLEY_NODE_LOST_AFTER_CLOSE_S = 0  # off, this rule with it
+    socket_closed(n2)
+    head_reports(deployment, 2)
+    assert status(n2) == Node.Status.READY
+    assert not DeploymentEvent.objects.filter(kind=DeploymentEvent.Kind.NODE_LOST).exists()
 
 
 def seen(node: Node, ago_s: float, stages=(), incarnation=None) -> HeartbeatSeen:
