@@ -3,9 +3,10 @@
  *
  * The output head's int8 format: with per-row scales (int8_matmul.c) SmolLM2's tied head alone took
  * whole-model int8 past 1 % of fp32 perplexity; groups of 32 (as llama.cpp's Q8_0) lose almost nothing
- * there, for 1/16 more bytes (docs/benchmarks.md, "Quantization quality"). Each 8 weights are widened to fp32 and multiplied by
- * their group's scale (bf16 bits, widened exactly) in registers; a group's scale is found from the
- * weight's offset in the matrix, since rows are contiguous and k is a multiple of the group.
+ * there, for 1/16 more bytes (docs/benchmarks.md, "Quantization quality"). Each 8 weights are widened to fp32
+ * in registers; a group's products are summed apart and then multiplied by its scale (bf16 bits, widened
+ * exactly: tiled_matmul.h's GROUP_SCALE), found from the weight's offset in the matrix, since rows are
+ * contiguous and k is a multiple of the group.
  */
 #include <stdint.h>
 
@@ -23,11 +24,9 @@ static inline float bf16_to_float(uint16_t bits) {
     return v.f;
 }
 
-#define SCALE(p, e) bf16_to_float((e)->scales[((p) - (e)->w) / GROUP])
-#define LOAD8(p, e)                                                                              \
-    _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p)))), \
-                  _mm256_set1_ps(SCALE(p, e)))
-#define LOAD1(p, e) ((float)*(p) * SCALE(p, e))
+#define GROUP_SCALE(p, e) bf16_to_float((e)->scales[(size_t)((p) - (e)->w) / GROUP])
+#define LOAD8(p, e) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#define LOAD1(p, e) ((float)*(p) * GROUP_SCALE(p, e))
 #define FINISH(dot, j, e) ((dot) + ((e)->bias ? (e)->bias[j] : 0.0f))
 
 #include "tiled_matmul.h"
