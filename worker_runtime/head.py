@@ -186,6 +186,12 @@ class HeadLoop:
             # What that stage held is lost now; waiting for its silence would stall every request
             # in flight for peer_timeout_s.
             self.break_pipeline(index + 1, f"stage {index} lost its link to stage {index + 1}")
+        elif not linked and known is not None and known.linked and known.incarnation == incarnation:
+            # Broken already (re-forming after a restart), and a link that was up went down: nothing
+            # is in flight to fail, but the stage is named, so that the control plane can still tell
+            # a dead agent from a dropped connection at once (its node's liveness rule, contracts §3).
+            # A relay whose link was never up yet (its next stage still starting) names nobody.
+            self._set_health(False, f"stage {index} lost its link to stage {index + 1}", index + 1)
         self.peers[index] = Peer(str(incarnation), time.monotonic(), dict(header.get("stats") or {}), linked)
         self.ledger.set_stage(index, int(header["kv_capacity"]), int(header["block_size"]))
         if not self.healthy:  # the last stage heard again completes the pipeline now, not at the next check

@@ -101,3 +101,28 @@ def test_a_link_that_goes_down_breaks_the_pipeline_at_once(tiny_model):
     transport.up = False  # stage 1 died
     head.check_peers(now=0.0)
     assert not head.healthy and head.broken_stage == 1 and head.reason == "the head lost its link to stage 1"
+
+
+def test_a_broken_head_still_names_a_stage_whose_link_went_down(tiny_model):
+    """An agent killed while its pipeline re-forms after a restart: the head is broken already, so
+    it did not break again and never named the dead stage, and the control plane waited 4 s to call
+    the node lost (replacement_bench, kill -9 in place: a 7.6 s gap). A link that was up and went
+    down is named even while broken; a relay whose link never came up (its next stage still
+    starting) names nobody."""
+    spec = pipeline_specs(tiny_model, 6, 3)[0]
+    stage = Stage.load(spec.model_path, *spec.layers, kv_tokens=spec.kv_tokens)
+    events = io.StringIO()
+    head = HeadLoop(spec, StageWorker(stage, StageStats()), RecordingTransport(), EventWriter(events))
+    for index in (1, 2):
+        head.on_heartbeat(heartbeat(index, linked=True))
+    head.on_leaving({"stage_index": 1, "incarnation": "i1"})  # stage 1 is being replaced
+    assert not head.healthy and head.broken_stage == 1
+
+    restarted = {**heartbeat(1, linked=False), "incarnation": "i1-new"}
+    head.on_heartbeat(restarted)  # the new stage 1 has not reached stage 2 yet: nobody is named
+    assert head.broken_stage == 1
+    head.on_heartbeat({**restarted, "linked": True})
+    head.on_heartbeat({**restarted, "linked": False})  # stage 2 died while the pipeline re-formed
+    assert not head.healthy and head.broken_stage == 2 and head.reason == "stage 1 lost its link to stage 2"
+    last = json.loads(events.getvalue().splitlines()[-1])
+    assert last["event"] == "health" and last["ok"] is False and last["broken_stage"] == 2
