@@ -42,9 +42,14 @@ log = logging.getLogger("worker_runtime.serve")
 
 
 def load_stage(spec: StageSpec) -> Stage:
+    """The spec's stage, computing in the spec's dtype; without one, in fp32 on a CPU (an emulated card, or a
+    stage the plan put on a host's CPU) and in the checkpoint's dtype elsewhere. A CPU's 16-bit matmuls are
+    several times slower than its fp32 ones, and the CPU kernels (int8, int4, the fused decode step) are
+    fp32: 16-bit weights are widened as they load, as llama.cpp does on a CPU (docs/worker_runtime.md)."""
     torch.set_num_threads(spec.threads)
     start, end = spec.layers
-    dtype = DTYPES[spec.dtype] if spec.dtype else None
+    on_cpu = torch.device(spec.device).type == "cpu"
+    dtype = DTYPES[spec.dtype] if spec.dtype else (torch.float32 if on_cpu else None)
     return Stage.load(spec.model_path, start, end, device=spec.device, dtype=dtype, bits=spec.bits,
                       low_bits=spec.low_bits, low_from=spec.low_from, kv_tokens=spec.kv_tokens)
 
@@ -125,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     spec_path = await_spec() if args.standby else args.spec
     if spec_path is None:
         return 0
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
     events = EventWriter()
     stop, replaced = threading.Event(), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

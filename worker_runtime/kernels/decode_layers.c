@@ -117,42 +117,54 @@ static void rotate(float *x, int64_t heads, int64_t d, const float *cos, const f
     }
 }
 
-/* One query head of one sequence: out = softmax(q . keys / sqrt(d)) . values over `length` cached slots;
- * scores: room for `length` floats. */
-static void attend(const float *q, const float *k_cache, const float *v_cache, const int64_t *slots,
-                   int64_t length, int64_t stride, int64_t d, float *scores, float *out) {
-    float scale = 1.0f / sqrtf((float)d), top = -INFINITY, total = 0.0f;
+static inline void axpy(float *restrict y, float a, const float *restrict x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+/* The `group` query heads (q: group x d) that read one kv head, for one sequence: out = softmax(q . keys /
+ * sqrt(d)) . values over its `length` cached slots. Each key and value row is read once for all of them
+ * (GQA), which at long contexts is most of a step's attention time. scores: room for group x length. */
+static void attend(const float *q, int64_t group, const float *k_cache, const float *v_cache,
+                   const int64_t *slots, int64_t length, int64_t stride, int64_t d, float *scores,
+                   float *out) {
+    float scale = 1.0f / sqrtf((float)d);
     for (int64_t j = 0; j < length; j++) {
-        scores[j] = dot(q, k_cache + slots[j] * stride, d) * scale;
-        top = scores[j] > top ? scores[j] : top;
+        const float *k = k_cache + slots[j] * stride;
+        for (int64_t h = 0; h < group; h++) scores[h * length + j] = dot(q + h * d, k, d) * scale;
     }
-    for (int64_t j = 0; j < length; j++) total += scores[j] = expf(scores[j] - top);
-    memset(out, 0, sizeof(float) * d);
+    for (int64_t h = 0; h < group; h++) {
+        float *s = scores + h * length, top = -INFINITY, total = 0.0f;
+        for (int64_t j = 0; j < length; j++) top = s[j] > top ? s[j] : top;
+        for (int64_t j = 0; j < length; j++) total += s[j] = expf(s[j] - top);
+        for (int64_t j = 0; j < length; j++) s[j] /= total;
+    }
+    memset(out, 0, sizeof(float) * group * d);
     for (int64_t j = 0; j < length; j++) {
         const float *v = v_cache + slots[j] * stride;
-        float p = scores[j] / total;
-        for (int64_t i = 0; i < d; i++) out[i] += p * v[i];
+        for (int64_t h = 0; h < group; h++) axpy(out + h * d, scores[h * length + j], v, d);
     }
 }
 
-/* Every query head of every row: `qkv` rows hold q (heads x d) then k and v; `out` rows heads x d. */
+/* Every query head of every row: `qkv` rows hold q (heads x d) then k and v; `out` rows heads x d. One job
+ * per row and kv head. */
 static int attention(const layer_t *l, const shape_t *s, const float *qkv, float *out, int64_t m,
                      const int64_t *gather_slots, int64_t length) {
     int64_t d = s->head_dim, qkv_n = l->qkv.n, stride = s->kv_heads * d, group = s->heads / s->kv_heads;
-    int64_t jobs = m * s->heads;
-    int team = s->threads > 1 && jobs * length * d * 2 >= PARALLEL_ATTENTION_WORK ? s->threads : 1;
+    int64_t jobs = m * s->kv_heads;
+    int team = s->threads > 1 && m * s->heads * length * d * 2 >= PARALLEL_ATTENTION_WORK ? s->threads : 1;
     int failed = 0;
 #pragma omp parallel num_threads(team) reduction(| : failed)
     {
-        float *scores = malloc(sizeof(float) * length);
+        float *scores = malloc(sizeof(float) * group * length);
         if (!scores) {
             failed = 1;
         } else {
 #pragma omp for schedule(static)
             for (int64_t job = 0; job < jobs; job++) {
-                int64_t i = job / s->heads, h = job % s->heads, g = h / group;
-                attend(qkv + i * qkv_n + h * d, l->k_cache + g * d, l->v_cache + g * d,
-                       gather_slots + i * length, length, stride, d, scores, out + i * s->heads * d + h * d);
+                int64_t i = job / s->kv_heads, g = job % s->kv_heads;
+                float *heads_out = out + (i * s->heads + g * group) * d;
+                attend(qkv + i * qkv_n + g * group * d, group, l->k_cache + g * d, l->v_cache + g * d,
+                       gather_slots + i * length, length, stride, d, scores, heads_out);
             }
         }
         free(scores);
