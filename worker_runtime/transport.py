@@ -22,6 +22,7 @@ import zmq
 from .frames import Frame, FrameCodec, FrameError
 
 log = logging.getLogger(__name__)
+RECONNECT_MS = 50  # how often an outbound link to a peer that is not there tries again
 
 
 class PeerUnavailable(ConnectionError):
@@ -95,8 +96,12 @@ class ZmqTransport(Transport):
             return None
         sock = self._socket(zmq.DEALER)
         sock.setsockopt(zmq.IMMEDIATE, 1)
-        sock.setsockopt(zmq.RECONNECT_IVL, 100)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        # Retry every RECONNECT_MS, never backing off: a peer restarted in place (a handover) binds
+        # again within a second or two, and with zmq's doubling backoff (up to 1 s) the link came
+        # up as much as half a second after it did, all of it part of the handover's pause. A
+        # failed connect to a dead peer every 50 ms costs nothing worth saving.
+        sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_MS)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_MS)
         sock.connect(address)
         return sock
 
