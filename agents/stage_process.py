@@ -26,10 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from agents.processes import die_with_parent, signal_group, write_pid_record
+from contracts.names import WEIGHT_CACHE_ENV
 
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# Beside the stage folders (every stage and standby runs in stages/<key>/), named so no stage key can be it.
+WEIGHT_CACHE_DIR = "_weights"
 DEFAULT_COMMAND = (sys.executable, "-m", "worker_runtime.serve")
 
 # Called on the reader thread with each JSON object the stage prints, and the time it was read.
@@ -90,7 +93,7 @@ def start_process(argv: list[str], cwd: Path, stdin: int, idle: bool = False) ->
             text=True,
             start_new_session=True,
             preexec_fn=die_with_parent(idle),
-            env=_stage_env(),
+            env=_stage_env(cwd.parent / WEIGHT_CACHE_DIR),
             cwd=cwd,
         )
 
@@ -151,8 +154,9 @@ def _read_stdout(key: str, run: StageRun, on_message: OnMessage) -> None:
     run.popen.stdout.close()
 
 
-def _stage_env() -> dict[str, str]:
+def _stage_env(weight_cache: Path) -> dict[str, str]:
     env = dict(os.environ)
+    env[WEIGHT_CACHE_ENV] = str(weight_cache)  # quantized layers kept for the next stage (weight_cache.py)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"  # one stdout line per event, as it happens
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # cuda:N is NVML's device N

@@ -12,6 +12,9 @@ from typing import NamedTuple
 # A warm standby stage process (``worker_runtime.serve --standby``) writes this file in its folder once
 # it has imported and warmed up; the agent starts its next standby only then (agents/standby.py).
 STANDBY_WARM_FILE = "warm"
+# The environment variable an agent sets for its stage processes: the folder where quantized layers are
+# kept for the next process that loads them (worker_runtime/weight_cache.py).
+WEIGHT_CACHE_ENV = "MOTLEY_WEIGHT_CACHE"
 
 _STAGE_KEY = re.compile(r"^d(\d+)-r(\d+)-s(\d+)$")
 _PIPELINE_ID = re.compile(r"^d(\d+)-r(\d+)$")

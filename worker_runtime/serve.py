@@ -25,7 +25,7 @@ import uuid
 import torch
 
 from contracts.model_config import ModelConfig
-from contracts.names import STANDBY_WARM_FILE
+from contracts.names import STANDBY_WARM_FILE, WEIGHT_CACHE_ENV
 from contracts.stage_spec import StageSpec
 
 from .events import EventWriter
@@ -51,7 +51,8 @@ def load_stage(spec: StageSpec) -> Stage:
     on_cpu = torch.device(spec.device).type == "cpu"
     dtype = DTYPES[spec.dtype] if spec.dtype else (torch.float32 if on_cpu else None)
     return Stage.load(spec.model_path, start, end, device=spec.device, dtype=dtype, bits=spec.bits,
-                      low_bits=spec.low_bits, low_from=spec.low_from, kv_tokens=spec.kv_tokens)
+                      low_bits=spec.low_bits, low_from=spec.low_from, kv_tokens=spec.kv_tokens,
+                      weight_cache=os.environ.get(WEIGHT_CACHE_ENV))
 
 
 def serve(spec: StageSpec, events: EventWriter, stop: threading.Event, replaced: threading.Event) -> None:

@@ -26,6 +26,7 @@ from .loading import CheckpointReader, copy_rows_into, load_concatenated
 from .model import DecoderLayer, RMSNorm, hf_tensor_names
 from .quantize import Int4Linear, Int8Linear, quantized_linear
 from .rope import RotaryEmbedding
+from .weight_cache import WeightCache
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -168,13 +169,15 @@ class Stage(nn.Module):
         kv_tokens: int = 4096,
         block_size: int = 16,
         group_size: int = DEFAULT_GROUP_SIZE,
+        weight_cache: str | Path | None = None,
     ) -> "Stage":
         """Load layers [start, end) of the checkpoint in ``model_dir``, reading only this stage's tensors.
 
         ``dtype`` defaults to the checkpoint's; ``bits`` 8 or 4 quantizes every linear layer of the
         stage (the lm_head included, the embedding lookup not); with ``low_bits`` and ``low_from``,
         layers [low_from, end) and the lm_head run at ``low_bits`` instead (a plan's stage that mixes
-        two precisions); ``kv_tokens`` is the cache budget.
+        two precisions); ``kv_tokens`` is the cache budget; ``weight_cache``: a folder where quantized
+        layers of a CPU stage are kept for the next process that loads them (weight_cache.py).
         """
         config = ModelConfig.from_file(model_dir)
         stage = cls(
@@ -190,18 +193,24 @@ class Stage(nn.Module):
             block_size=block_size,
             group_size=group_size,
         )
+        cache = WeightCache(weight_cache, model_dir) if weight_cache and stage.device.type == "cpu" else None
         with torch.inference_mode(), CheckpointReader(model_dir) as reader:
-            stage._load_weights(reader)
+            stage._load_weights(reader, cache)
         stage.eval()
         stage.fused = fused_layers(stage)
         return stage
 
-    def _load_weights(self, reader: CheckpointReader) -> None:
+    def _load_weights(self, reader: CheckpointReader, cache: WeightCache | None = None) -> None:
         for i, layer in enumerate(self.layers):
+            name, quantized = f"model.layers.{self.start + i}", self.layer_bits[i] != 16
+            if quantized and cache is not None and cache.restore(name, layer):
+                continue
             modules = dict(layer.named_modules())
             for ours, theirs in hf_tensor_names(self.start + i).items():
                 module_name, attr = ours.rsplit(".", 1)
                 self._load_into(reader, modules[module_name], attr, theirs)
+            if quantized and cache is not None:
+                cache.store(name, layer)
         if self.embed is not None:
             self._load_into(reader, self.embed, "weight", ["model.embed_tokens.weight"])
         if self.is_last:
@@ -209,9 +218,11 @@ class Stage(nn.Module):
             untied = reader.has("lm_head.weight") and not self.config.tie_word_embeddings
             if not untied and self.embed is not None and self.head_bits == 16:
                 self.lm_head.weight = self.embed.weight  # tied: one tensor serves both
-            else:
+            elif not (self.head_bits != 16 and cache is not None and cache.restore("lm_head", self.lm_head)):
                 head = "lm_head.weight" if untied else "model.embed_tokens.weight"
                 self._load_into(reader, self.lm_head, "weight", [head])
+                if self.head_bits != 16 and cache is not None:
+                    cache.store("lm_head", self.lm_head)
 
     @staticmethod
     def _load_into(reader: CheckpointReader, module: nn.Module, attr: str, names: list[str]) -> None:
