@@ -36,6 +36,7 @@ class RelayLoop:
         self.incarnation = incarnation
         self.epoch = 0
         self._heartbeat = Every(heartbeat_interval(spec))
+        self._linked: bool | None = None  # the link onward as last told to the head
         self._stats_line = Every(1.0)
 
     def run(self, stopping: Callable[[], bool], replaced: Callable[[], bool] = lambda: False) -> None:
@@ -65,14 +66,19 @@ class RelayLoop:
             pass  # the head is gone or being replaced too
 
     def tick(self) -> None:
-        if self._heartbeat.due():
+        # A change of the link onward is told at once, not at the next period: the head completes a
+        # re-forming pipeline on the heartbeat that says the last link is up (part of an in-place
+        # handover's pause), and a link that goes down names a dead next stage.
+        linked = self.transport.next_linked()
+        changed, self._linked = linked != self._linked, linked
+        if self._heartbeat.due() or changed:
             try:
                 self.transport.send_head(
                     {
                         "type": "heartbeat",
                         "stage_index": self.spec.stage_index,
                         "incarnation": self.incarnation,
-                        "linked": self.transport.next_linked(),
+                        "linked": linked,
                         "kv_capacity": self.worker.stage.kv.capacity_tokens,
                         "block_size": self.worker.stage.kv.block_size,
                         "stats": self.snapshot(),

@@ -12,6 +12,7 @@ import json
 from worker_runtime.events import EventWriter
 from worker_runtime.frames import Frame
 from worker_runtime.head import HeadLoop
+from worker_runtime.relay import RelayLoop
 from worker_runtime.stage import Stage
 from worker_runtime.stats import StageStats
 from worker_runtime.transport import PeerUnavailable
@@ -126,3 +127,31 @@ def test_a_broken_head_still_names_a_stage_whose_link_went_down(tiny_model):
     assert not head.healthy and head.broken_stage == 2 and head.reason == "stage 1 lost its link to stage 2"
     last = json.loads(events.getvalue().splitlines()[-1])
     assert last["event"] == "health" and last["ok"] is False and last["broken_stage"] == 2
+
+
+class RelayTransport(RecordingTransport):
+    """A relay's links: what it sent the head; ``up`` is its link to the next stage."""
+
+    bytes_sent = bytes_received = rejected = 0
+
+    def send_head(self, header, tensors=()):
+        self.sent.append(header)
+        return 1
+
+
+def test_a_relay_tells_the_head_at_once_when_its_link_onward_comes_up_or_goes_down(tiny_model):
+    """Not at its next heartbeat, up to 0.25 s later: the head completes a re-forming pipeline on the
+    heartbeat that says the last link is up, which is part of an in-place handover's pause."""
+    spec = pipeline_specs(tiny_model, 6, 3)[1]
+    stage = Stage.load(spec.model_path, *spec.layers, kv_tokens=spec.kv_tokens)
+    transport = RelayTransport()
+    transport.up = False
+    relay = RelayLoop(spec, StageWorker(stage, StageStats()), transport, EventWriter(io.StringIO()), "i1")
+    relay.tick()
+    relay.tick()  # nothing changed, the period not over: no second heartbeat
+    assert [h["linked"] for h in transport.sent] == [False]
+    transport.up = True
+    relay.tick()
+    transport.up = False
+    relay.tick()
+    assert [h["linked"] for h in transport.sent] == [False, True, False]
