@@ -43,6 +43,21 @@ ALWAYS_INLINE float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* The products of the 8 weights at p of weight rows w[0..NR) with activation rows x[0..MR), added into acc,
+ * while the next tile's rows are prefetched at the rate this one is consumed (see tile()). */
+ALWAYS_INLINE void step8(const float *x, const weight_t *const *w, const weight_t *next, const epilogue_t *e,
+                         int64_t k, int64_t p, int MR, int NR, __m256 acc[4][MAX_NR]) {
+#pragma GCC unroll 8
+    for (int c = 0; c < NR * 8 * (int)sizeof(weight_t); c += 64)
+        _mm_prefetch((const char *)(next + p * NR) + c, _MM_HINT_T0);
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; j++) {
+        __m256 wv = LOAD8(w[j] + p, e);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; i++) acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + p), wv, acc[i][j]);
+    }
+}
+
 /* One tile: activation rows x[0..MR) against weight rows w[0..NR) (both with row stride k), dot products
  * into out[i * NR + j]. MR and NR are compile-time constants at every call, so the accumulators live in
  * registers (MR * NR of the 16 ymm registers, the rest for the operands).
@@ -67,18 +82,7 @@ ALWAYS_INLINE void tile(const float *x, const weight_t *const *w, const weight_t
         for (int i = 0; i < MR; i++)
 #pragma GCC unroll 8
             for (int j = 0; j < NR; j++) part[i][j] = _mm256_setzero_ps();
-        for (int64_t q = p; q < p + GROUP; q += 8) {
-#pragma GCC unroll 8
-            for (int c = 0; c < NR * 8 * (int)sizeof(weight_t); c += 64)
-                _mm_prefetch((const char *)(next + q * NR) + c, _MM_HINT_T0);
-#pragma GCC unroll 8
-            for (int j = 0; j < NR; j++) {
-                __m256 wv = LOAD8(w[j] + q, e);
-#pragma GCC unroll 4
-                for (int i = 0; i < MR; i++)
-                    part[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + q), wv, part[i][j]);
-            }
-        }
+        for (int64_t q = p; q < p + GROUP; q += 8) step8(x, w, next, e, k, q, MR, NR, part);
 #pragma GCC unroll 8
         for (int j = 0; j < NR; j++) {
             __m256 scale = _mm256_set1_ps(GROUP_SCALE(w[j] + p, e));
@@ -87,18 +91,7 @@ ALWAYS_INLINE void tile(const float *x, const weight_t *const *w, const weight_t
         }
     }
 #endif
-    for (; p + 8 <= k; p += 8) {
-#pragma GCC unroll 8
-        for (int c = 0; c < NR * 8 * (int)sizeof(weight_t); c += 64)
-            _mm_prefetch((const char *)(next + p * NR) + c, _MM_HINT_T0);
-#pragma GCC unroll 8
-        for (int j = 0; j < NR; j++) {
-            __m256 wv = LOAD8(w[j] + p, e);
-#pragma GCC unroll 4
-            for (int i = 0; i < MR; i++)
-                acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + p), wv, acc[i][j]);
-        }
-    }
+    for (; p + 8 <= k; p += 8) step8(x, w, next, e, k, p, MR, NR, acc);
 #pragma GCC unroll 4
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 8
