@@ -2,11 +2,10 @@
 their layers for it.
 
 A stage qualifies when the C path computes exactly what its torch ops would: an fp32 stage on CPU whose
-every linear layer already runs on one of this package's CPU kernels (fp32, int8 per row, int4), and a
-model without a sliding window (whose decode steps need a mask). A step qualifies when every sequence adds
-one token and all are equally long (the attention plan has no mask and no padding): every batch-1 decode
-step, and batched decode of sequences in step. Everything else (prefill, ragged batches, bf16/fp16
-stages, CUDA) runs on torch ops as before.
+every linear layer already runs on one of this package's CPU kernels (fp32, int8 per row, int4). A step
+qualifies when every sequence of the batch adds one token (decode), whatever their lengths and sliding
+window. Everything else (prefill, a batch mixing prefill and decode, bf16/fp16 stages, CUDA) runs on torch
+ops as before.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ def fused_layers(stage: Stage) -> decode_layers.LayerSpecs | None:
     if (
         stage.device.type != "cpu"
         or stage.dtype != torch.float32
-        or config.sliding_window is not None
         or config.head_dim > decode_layers.MAX_HEAD_DIM
         or config.head_dim % 2
         or not decode_layers.kernel_enabled()
@@ -50,15 +48,17 @@ def fused_layers(stage: Stage) -> decode_layers.LayerSpecs | None:
         k_cache, v_cache = stage.kv.k[len(specs)], stage.kv.v[len(specs)]
         specs.append(decode_layers.LayerSpec(norms[0].data_ptr(), norms[1].data_ptr(), *linears,
                                              k_cache.data_ptr(), v_cache.data_ptr()))
-    shape = decode_layers.ShapeSpec(config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
-                                    config.intermediate_size, config.rms_norm_eps, 1)
+    shape = decode_layers.ShapeSpec(hidden=config.hidden_size, heads=config.num_heads,
+                                    kv_heads=config.num_kv_heads, head_dim=config.head_dim,
+                                    intermediate=config.intermediate_size, eps=config.rms_norm_eps, threads=1,
+                                    window=config.sliding_window or 0)
     layers = (decode_layers.LayerSpec * len(specs))(*specs)
     return decode_layers.LayerSpecs(layers, shape, [*tensors, stage.kv.k, stage.kv.v])
 
 
 def takes_step(x: torch.Tensor, plan: AttentionPlan) -> bool:
-    """Whether this forward is a decode step the fused path serves: one token per sequence, no mask."""
-    return plan.mask is None and plan.query_index is None and x.dtype == torch.float32
+    """Whether this forward is a decode step the fused path serves: one token per sequence."""
+    return plan.max_new == 1 and plan.query_index is None and x.dtype == torch.float32
 
 
 def _linear_spec(module: nn.Module, tensors: list[torch.Tensor]) -> decode_layers.LinearSpec | None:

@@ -261,7 +261,7 @@ class Stage(nn.Module):
         cos, sin = self.rope.cos_sin(plan.positions, plan.seq_ends, x.dtype)
         if self.fused is not None and takes_step(x, plan):
             x = self.fused.run(x, cos.view(x.shape[0], -1), sin.view(x.shape[0], -1), plan.write_slots,
-                               plan.gather_slots)
+                               plan.gather_slots, plan.seq_ends)
         else:
             for i, layer in enumerate(self.layers):
                 x = layer(x, plan, cos, sin, self.kv.k[i], self.kv.v[i])

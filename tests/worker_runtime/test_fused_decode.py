@@ -1,6 +1,7 @@
 """The fused decode step (worker_runtime/kernels/decode_layers.c through fused_decode.py): the same logits and
-the same KV cache as the stage's torch ops, for every precision, model variant and thread count, for batch-1
-and batched decode; which stages and steps it takes; and its switch.
+the same KV cache as the stage's torch ops, for every precision, model variant and thread count, for batch-1,
+batched and ragged decode and a sliding window (against transformers); which stages and steps it takes; and
+its switch.
 
 Its agreement with transformers is test_parity.py's (fp32 stages decode on it there), and with the
 quantized references test_quantization.py's; here the reference is the torch-op path of the very same
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from transformers import MistralConfig, MistralForCausalLM
 
 from contracts.model_config import ModelConfig
 from worker_runtime import Batch, Stage
@@ -84,18 +87,37 @@ def test_a_middle_stage_takes_hidden_states_and_leaves_its_input_alone(checkpoin
     assert torch.equal(hidden, given)
 
 
-def test_ragged_steps_and_prefill_run_on_torch_ops_with_the_same_cache(checkpoints):
-    """Sequences of different lengths need a mask: the fused path declines them, and the torch ops that run
-    instead read the K/V the fused steps wrote."""
+def test_ragged_decode_is_fused_and_a_mixed_batch_reads_what_it_wrote(checkpoints, threads):
+    """Sequences of different lengths each adding a token: fused (each attends to its own length); a batch
+    mixing a prompt with a decode step runs on torch ops and reads the K/V the fused steps wrote."""
     path = checkpoints["llama_gqa_llama3"]
     fused, reference = Stage.load(path, 0, 4), torch_ops(Stage.load(path, 0, 4))
     outputs = []
     for stage in (fused, reference):
-        stage(Batch.of_tokens([0], [[5, 6, 7]], [0]))
-        stage(Batch.of_tokens([0], [[8]], [3]))  # fused on `fused`
-        stage(Batch.of_tokens([1], [[9, 10]], [0]))
-        outputs.append(stage(Batch.of_tokens([0, 1], [[11], [12]], [4, 2])))  # ragged: torch ops
-    assert_same(*outputs)
+        stage(Batch.of_tokens([0, 1], [[5, 6, 7, 8, 9], [10, 11]], [0, 0]))
+        steps = [stage(Batch.of_tokens([0, 1], [[12 + t], [20 + t]], [5 + t, 2 + t])) for t in range(4)]
+        steps.append(stage(Batch.of_tokens([0, 2], [[30], [31, 32, 33]], [9, 0])))  # prefill + decode
+        steps.append(stage(Batch.of_tokens([2, 0, 1], [[34], [35], [36]], [3, 10, 6])))
+        outputs.append(steps)
+    for got, expected in zip(*outputs):
+        assert_same(got, expected)
+
+
+def test_a_sliding_window_model_against_transformers(tmp_path, threads):
+    """Mistral with a window of 6: each fused decode step attends to its last 6 positions only, as
+    transformers' forward over the whole sequence does at every position."""
+    torch.manual_seed(0)
+    config = MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=256, sliding_window=6, initializer_range=0.1)
+    MistralForCausalLM(config).save_pretrained(tmp_path)
+    ids = [(7 * i + 3) % 250 + 1 for i in range(20)]
+    expected = MistralForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()(
+        torch.tensor([ids])).logits[0].detach()
+    stage = Stage.load(tmp_path, 0, 2)
+    assert stage.fused is not None and stage.config.sliding_window == 6
+    got = [stage(Batch.of_tokens([0], [ids[:4]], [0]))[0]]
+    got += [stage(Batch.of_tokens([0], [[token]], [4 + t]))[0] for t, token in enumerate(ids[4:])]
+    torch.testing.assert_close(torch.stack(got), expected[3:], atol=1e-4, rtol=1e-4)
 
 
 def test_stages_it_cannot_serve_keep_torch_ops(checkpoints, monkeypatch):

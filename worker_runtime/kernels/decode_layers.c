@@ -1,6 +1,6 @@
-/* All decoder layers of a stage for one decode step (every sequence adds one token, all equally long), in
- * one call: RMSNorm, the q/k/v matmul, RoPE, the KV cache write, attention, o_proj and its residual,
- * RMSNorm, the gate/up matmul, SwiGLU, down_proj and its residual, layer after layer.
+/* All decoder layers of a stage for one decode step (every sequence adds one token), in one call: RMSNorm,
+ * the q/k/v matmul, RoPE, the KV cache write, attention, o_proj and its residual, RMSNorm, the gate/up
+ * matmul, SwiGLU, down_proj and its residual, layer after layer.
  *
  * Why: at batch 1 a small model's step is mostly not its matmuls. SmolLM2 (30 layers, hidden 576) spent
  * about half of a 10 ms int4 step on 35 dispatched torch ops a layer around the four matmuls, each 1-3 us
@@ -16,8 +16,9 @@
  * head reading its kv head (GQA), silu(gate) * up.
  *
  * Layouts (kernels/decode_layers.py builds the descriptors): x [m, hidden]; a layer's k and v caches
- * [slots, kv_heads, head_dim]; cos and sin [m, head_dim]; write_slots [m]; gather_slots [m, length], the
- * cache slots of each sequence's keys in order, the new token's last.
+ * [slots, kv_heads, head_dim]; cos and sin [m, head_dim]; write_slots [m]; gather_slots [m, width], the
+ * cache slots of each sequence's keys in order, the new token's at lengths[i] - 1 (the rest of a row is
+ * padding); with a sliding window a sequence attends to its last `window` positions only (Mistral).
  */
 #include <math.h>
 #include <omp.h>
@@ -56,6 +57,7 @@ typedef struct {
     int64_t hidden, heads, kv_heads, head_dim, intermediate;
     float eps;
     int32_t threads; /* the thread team's size (torch.get_num_threads()) */
+    int64_t window;  /* the sliding window in positions, 0 for none */
 } shape_t;
 
 /* Multiply-adds of attention below which a second thread costs more than it saves. */
@@ -148,23 +150,28 @@ static void attend(const float *q, int64_t group, const float *k_cache, const fl
 /* Every query head of every row: `qkv` rows hold q (heads x d) then k and v; `out` rows heads x d. One job
  * per row and kv head. */
 static int attention(const layer_t *l, const shape_t *s, const float *qkv, float *out, int64_t m,
-                     const int64_t *gather_slots, int64_t length) {
+                     const int64_t *gather_slots, const int64_t *lengths, int64_t width) {
     int64_t d = s->head_dim, qkv_n = l->qkv.n, stride = s->kv_heads * d, group = s->heads / s->kv_heads;
-    int64_t jobs = m * s->kv_heads;
-    int team = s->threads > 1 && m * s->heads * length * d * 2 >= PARALLEL_ATTENTION_WORK ? s->threads : 1;
+    int64_t jobs = m * s->kv_heads, longest = 0, work = 0;
+    for (int64_t i = 0; i < m; i++) {
+        longest = lengths[i] > longest ? lengths[i] : longest;
+        work += lengths[i] * s->heads * d * 2;
+    }
+    int team = s->threads > 1 && work >= PARALLEL_ATTENTION_WORK ? s->threads : 1;
     int failed = 0;
 #pragma omp parallel num_threads(team) reduction(| : failed)
     {
-        float *scores = malloc(sizeof(float) * group * length);
+        float *scores = malloc(sizeof(float) * group * longest);
         if (!scores) {
             failed = 1;
         } else {
 #pragma omp for schedule(static)
             for (int64_t job = 0; job < jobs; job++) {
                 int64_t i = job / s->kv_heads, g = job % s->kv_heads;
+                int64_t first = s->window && lengths[i] > s->window ? lengths[i] - s->window : 0;
                 float *heads_out = out + (i * s->heads + g * group) * d;
                 attend(qkv + i * qkv_n + g * group * d, group, l->k_cache + g * d, l->v_cache + g * d,
-                       gather_slots + i * length, length, stride, d, scores, heads_out);
+                       gather_slots + i * width + first, lengths[i] - first, stride, d, scores, heads_out);
             }
         }
         free(scores);
@@ -188,7 +195,7 @@ static void add(float *x, const float *y, int64_t n) {
  * -1 where scratch memory could not be had or a kernel failed (x is then partly computed). */
 int motley_decode_layers(const layer_t *layers, int64_t n_layers, const shape_t *s, float *x, int64_t m,
                          const float *cos, const float *sin, const int64_t *write_slots,
-                         const int64_t *gather_slots, int64_t length) {
+                         const int64_t *gather_slots, const int64_t *lengths, int64_t width) {
     int64_t hidden = s->hidden, d = s->head_dim, q_size = s->heads * d, kv_size = s->kv_heads * d;
     if (n_layers == 0 || m == 0) return 0;
     if (d > 512) return -1;
@@ -210,7 +217,7 @@ int motley_decode_layers(const layer_t *layers, int64_t n_layers, const shape_t 
             memcpy(l->k_cache + write_slots[i] * kv_size, row + q_size, sizeof(float) * kv_size);
             memcpy(l->v_cache + write_slots[i] * kv_size, row + q_size + kv_size, sizeof(float) * kv_size);
         }
-        if ((status = attention(l, s, qkv, attn, m, gather_slots, length))) break;
+        if ((status = attention(l, s, qkv, attn, m, gather_slots, lengths, width))) break;
         if ((status = linear(&l->o, s, attn, proj, m))) break;
         add(x, proj, m * hidden);
         for (int64_t i = 0; i < m; i++)

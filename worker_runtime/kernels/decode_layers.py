@@ -58,7 +58,8 @@ class LayerSpec(ctypes.Structure):
 
 
 class ShapeSpec(ctypes.Structure):
-    """The model's sizes as ``shape_t``, and the thread team's size for this call."""
+    """The model's sizes and sliding window (0: none) as ``shape_t``, and the thread team's size for this
+    call."""
 
     _fields_ = [
         ("hidden", ctypes.c_int64),
@@ -68,6 +69,7 @@ class ShapeSpec(ctypes.Structure):
         ("intermediate", ctypes.c_int64),
         ("eps", ctypes.c_float),
         ("threads", ctypes.c_int32),
+        ("window", ctypes.c_int64),
     ]
 
 
@@ -75,7 +77,7 @@ KERNEL = Kernel(
     source=Path(__file__).with_name("decode_layers.c"),
     symbol="motley_decode_layers",
     argtypes=[ctypes.POINTER(LayerSpec), ctypes.c_int64, ctypes.POINTER(ShapeSpec), ctypes.c_void_p,
-              ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int64],
+              ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int64],
     name="fused decode step",
     fallback="torch ops",
     switch="MOTLEY_DECODE_KERNEL",
@@ -135,19 +137,19 @@ class LayerSpecs:
         sin: torch.Tensor,
         write_slots: torch.Tensor,
         gather_slots: torch.Tensor,
+        lengths: torch.Tensor,
     ) -> torch.Tensor:
         """Every layer over fp32 ``x`` [m, hidden], one new token per sequence: ``cos``/``sin`` [m, head_dim]
-        fp32, ``write_slots`` [m] and ``gather_slots`` [m * length] int64 (each sequence's key slots, the
-        new one last). Writes each layer's new K/V into its cache; returns the new hidden states."""
+        fp32; int64 ``write_slots`` [m], ``lengths`` [m] (each sequence's length with the new token) and
+        ``gather_slots`` [m * width] (row i: sequence i's key slots in order, padded past ``lengths[i]``).
+        Writes each layer's new K/V into its cache; returns the new hidden states."""
         m = x.shape[0]
-        length = gather_slots.numel() // m
+        width = gather_slots.numel() // m
         out = x.contiguous().clone()
-        cos, sin = cos.contiguous(), sin.contiguous()
-        write_slots, gather_slots = write_slots.contiguous(), gather_slots.contiguous()
+        tensors = [t.contiguous() for t in (cos, sin, write_slots, gather_slots, lengths)]
         self.shape.threads = torch.get_num_threads()
         status = KERNEL.function(self.layers, len(self.layers), ctypes.byref(self.shape), out.data_ptr(), m,
-                                 cos.data_ptr(), sin.data_ptr(), write_slots.data_ptr(), gather_slots.data_ptr(),
-                                 length)
+                                 *(t.data_ptr() for t in tensors), width)
         if status:
-            raise MemoryError(f"fused decode step: no scratch memory for {m} rows of {length} positions")
+            raise MemoryError(f"fused decode step: no scratch memory for {m} rows of {width} positions")
         return out
