@@ -48,6 +48,9 @@ from contracts.stage_status import StageStatus, identity_of
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1
+# While a stop waits for its process to exit: a replaced stage's successor starts only then, so in an
+# in-place handover each replaced stage of an agent waited out up to a whole POLL_S (they go one by one).
+EXIT_POLL_S = 0.01
 # A stage loads under SCHED_IDLE where the agent can undo it (agents/standby.py says when): serving
 # stages sharing its CPUs go first. Made normal at "ready", or after this long at the latest.
 LOAD_IDLE_S = 10.0
@@ -179,7 +182,8 @@ class Supervisor:
     def _loop(self) -> None:
         while not self._closed.is_set():
             try:
-                fn, args, future = self._inbox.get(timeout=POLL_S)
+                stopping = any(s.alive and s.stop_requested for s in self._stages.values())
+                fn, args, future = self._inbox.get(timeout=EXIT_POLL_S if stopping else POLL_S)
             except queue.Empty:
                 pass
             else:

@@ -1,7 +1,7 @@
 """A stand-in for ``python -m worker_runtime.serve`` that follows contracts §1 without a model.
 
 It reads the spec, prints ``ready`` and then ``stats`` lines on stdout, drains and exits 0 on SIGTERM,
-stops and exits 0 on SIGUSR1 (replaced).
+exits 0 at once on SIGUSR1 (replaced).
 The spec's extra ``stand_in`` block scripts misbehaviour for supervision tests:
 ``crash_after_s`` + ``exit_code`` (+ ``error``: an error event first), ``ignore_sigterm``,
 ``spawn_child`` (a grandchild in the same process group), ``steps_per_s`` and ``step_ms``,
@@ -32,7 +32,7 @@ def main() -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
         signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    signal.signal(signal.SIGUSR1, lambda *_: stopping.append(True))
+    signal.signal(signal.SIGUSR1, lambda *_: os._exit(0))  # replaced: at once, as a real stage (serve.py)
     if script.get("spawn_child"):
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     while script.get("ready_when") and not os.path.exists(script["ready_when"]) and not stopping:

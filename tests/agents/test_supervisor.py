@@ -124,6 +124,21 @@ def test_a_replaced_stage_is_told_so_with_sigusr1_and_stops_at_once(supervisor, 
     assert old.exit_code == 0 and old.message == "stopped on request"
 
 
+def test_a_replaced_stage_is_followed_by_its_new_process_within_a_few_hundredths_of_a_second(
+        supervisor, events, spec):
+    """The new spec's process starts as soon as the old one exited, not at the supervisor's next
+    0.1 s poll: an in-place handover replaces an agent's stages one after another, each waiting."""
+    supervisor.start("k", spec())
+    events.wait_for(lambda s: s.state == "ready")
+    took = []
+    for note in ("a", "b", "c"):
+        started = time.monotonic()
+        supervisor.start("k", spec(note=note))
+        took.append(time.monotonic() - started)
+        time.sleep(0.3)  # the new one is up (the stand-in has no imports to speak of)
+    assert sorted(took)[1] < 0.08, took
+
+
 def test_a_crash_is_reported_within_two_seconds_restarted_with_backoff_then_given_up(
     supervisor, events, spec
 ):
