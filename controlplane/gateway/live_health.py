@@ -131,6 +131,17 @@ def compose(*, stated: ReplicaHealth, head: HeadView | None, reading: Reading | 
     )
 
 
+def _states_since(stages: dict[str, StageSample], head_ok_at: float, now: float) -> dict[str, StageSample]:
+    """The stage samples with each state the head's later "ok" supersedes left out: the head says so only
+    once every stage answered since the pipeline broke and each link is up, so a stage reported
+    ``starting`` before that is up now. The state comes with the agent's heartbeat (every second, read
+    here every ``HEALTH_REFRESH_S``), so after an in-place handover the replica stayed unroutable for
+    up to 1.5 s after its head served again (replacement_bench: 0.9 s). A state sampled after the
+    answer still counts, as do the figures and the age of every sample."""
+    return {key: replace(sample, state=None) if now - sample.age_s < head_ok_at else sample
+            for key, sample in stages.items()}
+
+
 class LiveHealth:
     """What the gateway knows of each replica beyond its own bookkeeping; one per ``Gateway``."""
 
@@ -159,16 +170,18 @@ class LiveHealth:
         moment (read later, they would count requests finished since as someone else's)."""
         replica_id, now = state.replica_id, time.time()
         reading = None
+        head = self.heads.get(replica_id)
         if self.enabled() and endpoint.stages:
             view = self.telemetry or TelemetryView({}, {}, now)  # none read yet: nothing is known
             devices, stages = view.of(endpoint.stages, now=now)  # read up to HEALTH_REFRESH_S ago
+            if head is not None and head.ok:
+                stages = _states_since(stages, head.at, now)
             reading = replica_reading(endpoint.stages, devices, stages, stale_s=stale_after_s())
             self.readings[replica_id] = reading
             if reading.age_s is not None:
                 self.measured.add(replica_id, endpoint.costs, at=now - reading.age_s, reading=reading)
         else:
             self.readings.pop(replica_id, None)
-        head = self.heads.get(replica_id)
         health = compose(stated=endpoint.health, head=head, reading=reading,
                          error_rate=recorder.error_rate(replica_id))
         fresh = head_answer and head is not None and head.ok

@@ -188,3 +188,27 @@ def test_the_heads_free_kv_is_compared_with_the_bookkeeping_of_the_moment_it_ans
     state.finish("a")
     live.apply(state, endpoint)  # the telemetry refresh, later: the head's figure is old
     assert state.kv_free == 900
+
+
+def test_a_stage_state_sampled_before_the_heads_ok_does_not_hold_the_replica_back():
+    """After an in-place handover the head serves again before the agent's next heartbeat says its
+    restarted stages are ready: a "starting" sampled before the head's "ok" is superseded (it kept the
+    replica unroutable up to 1.5 s, replacement_bench: 0.9 s); one sampled after it still counts."""
+    from controlplane.gateway.directory import ReplicaEndpoint
+    from controlplane.gateway.live_health import HeadView, LiveHealth, TelemetryView
+    from controlplane.gateway.routing import DeviceSample, ReplicaCosts, ReplicaState, StageSample
+
+    endpoint = ReplicaEndpoint("d1-r0", "tcp://head", "t", kv_tokens=1000,
+                               stages=(StageLink("d1-r0-s0", "n0/gpu0"),))
+    state = ReplicaState("d1-r0", ReplicaCosts(0.001, 0.0, 0.02), 1000)
+
+    def health_with_stage_sampled(age_s: float) -> str:
+        live, now = LiveHealth(), time.time()
+        live.telemetry = TelemetryView({"n0/gpu0": DeviceSample("n0/gpu0", 0.1, GB, 16 * GB)},
+                                       {"d1-r0-s0": StageSample("d1-r0-s0", age_s, "starting")}, now)
+        live.heads["d1-r0"] = HeadView(True, "", now - 0.3, {"ok": True})  # answered 0.3 s ago
+        live.apply(state, endpoint)
+        return "ok" if state.health.ok else state.health.reason
+
+    assert health_with_stage_sampled(0.8) == "ok"
+    assert health_with_stage_sampled(0.1) == "stage d1-r0-s0 is starting"
