@@ -198,11 +198,17 @@ class HeadLoop:
             self.check_peers(time.monotonic())
 
     def on_leaving(self, header: dict[str, Any]) -> None:
-        """A relay replaced by a new spec said goodbye: what it held is lost, fail it now."""
+        """A relay replaced by a new spec or drained said goodbye: what it held is lost, fail it now;
+        and forget it, so a re-forming pipeline waits for the stage that takes its place. (A stage
+        moved to another device drains where it was: heard after the break, it completed the pipeline
+        before the new one was heard, whose first heartbeat then broke it again.)"""
         index = header.get("stage_index")
         known = self.peers.get(index) if isinstance(index, int) else None
-        if known is not None and known.incarnation == header.get("incarnation") and self.healthy:
+        if known is None or known.incarnation != header.get("incarnation"):
+            return
+        if self.healthy:
             self.break_pipeline(index, f"stage {index} is being replaced")
+        del self.peers[index]
 
     # ----- messages
 

@@ -53,12 +53,13 @@ class RelayLoop:
                 self.handle(message)
             self.tick()
             if drain_until is not None and (not incoming or time.monotonic() > drain_until):
-                return
+                break
         self._say_leaving()
 
     def _say_leaving(self) -> None:
-        """Tell the head at once that this stage is gone, so it fails the micro-batches this stage
-        held now rather than after ``peer_timeout_s`` of silence."""
+        """Tell the head at once that this stage is gone (replaced, or drained), so it fails the
+        micro-batches this stage held now rather than after ``peer_timeout_s`` of silence, and a
+        re-forming pipeline waits for the stage that takes its place rather than counting this one."""
         try:
             self.transport.send_head({"type": "leaving", "stage_index": self.spec.stage_index,
                                       "incarnation": self.incarnation})
@@ -70,8 +71,7 @@ class RelayLoop:
         # re-forming pipeline on the heartbeat that says the last link is up (part of an in-place
         # handover's pause), and a link that goes down names a dead next stage.
         linked = self.transport.next_linked()
-        changed, self._linked = linked != self._linked, linked
-        if self._heartbeat.due() or changed:
+        if self._heartbeat.due() or linked != self._linked:
             try:
                 self.transport.send_head(
                     {
@@ -84,8 +84,12 @@ class RelayLoop:
                         "stats": self.snapshot(),
                     }
                 )
+                self._linked = linked
             except PeerUnavailable:
-                pass  # the head is down or restarting; it learns we are alive once it is back
+                # The head is down or restarting, or a new relay's link to it is not up yet: try
+                # again at the next turn of the loop, not a period later (a restarted stage's first
+                # heartbeat is what the head waits for to complete the pipeline).
+                self._linked = None
         if self._stats_line.due():
             self.events.emit("stats", pipeline_id=self.spec.pipeline_id, stage_index=self.spec.stage_index, **self.snapshot())
 

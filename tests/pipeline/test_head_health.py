@@ -133,20 +133,31 @@ class RelayTransport(RecordingTransport):
     """A relay's links: what it sent the head; ``up`` is its link to the next stage."""
 
     bytes_sent = bytes_received = rejected = 0
+    head_up = True
 
     def send_head(self, header, tensors=()):
+        if not self.head_up:
+            raise PeerUnavailable("head is not connected")
         self.sent.append(header)
         return 1
+
+    def receive(self, timeout_s):
+        return []
+
+
+def stage_1_relay(tiny_model) -> tuple[RelayLoop, RelayTransport]:
+    spec = pipeline_specs(tiny_model, 6, 3)[1]
+    stage = Stage.load(spec.model_path, *spec.layers, kv_tokens=spec.kv_tokens)
+    transport = RelayTransport()
+    relay = RelayLoop(spec, StageWorker(stage, StageStats()), transport, EventWriter(io.StringIO()), "i1")
+    return relay, transport
 
 
 def test_a_relay_tells_the_head_at_once_when_its_link_onward_comes_up_or_goes_down(tiny_model):
     """Not at its next heartbeat, up to 0.25 s later: the head completes a re-forming pipeline on the
     heartbeat that says the last link is up, which is part of an in-place handover's pause."""
-    spec = pipeline_specs(tiny_model, 6, 3)[1]
-    stage = Stage.load(spec.model_path, *spec.layers, kv_tokens=spec.kv_tokens)
-    transport = RelayTransport()
+    relay, transport = stage_1_relay(tiny_model)
     transport.up = False
-    relay = RelayLoop(spec, StageWorker(stage, StageStats()), transport, EventWriter(io.StringIO()), "i1")
     relay.tick()
     relay.tick()  # nothing changed, the period not over: no second heartbeat
     assert [h["linked"] for h in transport.sent] == [False]
@@ -155,3 +166,39 @@ def test_a_relay_tells_the_head_at_once_when_its_link_onward_comes_up_or_goes_do
     transport.up = False
     relay.tick()
     assert [h["linked"] for h in transport.sent] == [False, True, False]
+
+
+def test_a_relay_that_drained_says_it_leaves_and_the_head_waits_for_the_stage_taking_its_place(tiny_model):
+    """A stage moved to another device in place drains where it was: it heartbeated after the break,
+    so the head completed the pipeline on it before the new stage was heard, whose first heartbeat
+    then broke the pipeline again (replacement_bench, stage moved: a second break 0.2 s later)."""
+    specs = pipeline_specs(tiny_model, 6, 3)
+    stage = Stage.load(specs[2].model_path, *specs[2].layers, kv_tokens=specs[2].kv_tokens)
+    transport = RelayTransport()
+    RelayLoop(specs[2], StageWorker(stage, StageStats()), transport, EventWriter(io.StringIO()), "i2").run(
+        stopping=lambda: True)  # SIGTERM: drained, nothing in flight
+    assert transport.sent[-1] == {"type": "leaving", "stage_index": 2, "incarnation": "i2"}
+
+    head_stage = Stage.load(specs[0].model_path, *specs[0].layers, kv_tokens=specs[0].kv_tokens)
+    head = HeadLoop(specs[0], StageWorker(head_stage, StageStats()), RecordingTransport(),
+                    EventWriter(io.StringIO()))
+    for index in (1, 2):
+        head.on_heartbeat(heartbeat(index, linked=True))
+    head.on_leaving({"stage_index": 1, "incarnation": "i1"})  # stage 1 replaced: the pipeline re-forms
+    head.on_heartbeat(heartbeat(2, linked=True))  # the old stage 2, still draining where it was
+    head.on_leaving({"stage_index": 2, "incarnation": "i2"})  # ... and gone
+    head.on_heartbeat({**heartbeat(1, linked=True), "incarnation": "i1-new"})
+    assert not head.healthy  # not on the stage that left
+    head.on_heartbeat({**heartbeat(2, linked=True), "incarnation": "i2-new"})
+    assert head.healthy
+
+
+def test_a_relay_whose_heartbeat_could_not_go_out_tries_again_at_once(tiny_model):
+    """A new relay's link to the head comes up just after it starts: its first heartbeat, the one the
+    head waits for, goes out at the next turn of the loop rather than a period later."""
+    relay, transport = stage_1_relay(tiny_model)
+    transport.head_up = False
+    relay.tick()
+    transport.head_up = True
+    relay.tick()
+    assert [h["type"] for h in transport.sent] == ["heartbeat"]
