@@ -16,15 +16,19 @@ from tests.support.processes import free_port
 pytestmark = pytest.mark.slow
 
 
+def one_stage_spec(demo_model, bits: int = 16) -> dict:
+    address = f"tcp://127.0.0.1:{free_port()}"
+    return {"pipeline_id": "d5-r0", "auth_token": "secret", "model_path": str(demo_model), "stage_index": 0,
+            "num_stages": 1, "layers": [0, 2], "bits": bits, "dtype": None, "device": "cpu", "threads": 1,
+            "kv_tokens": 256, "listen": address, "next": None, "head": address, "peer_timeout_s": 2.0,
+            "emulation": None}
+
+
 def test_a_real_stage_starts_reports_and_drains(tmp_path, tiny_fleet, demo_model):
     events = Events()
     admission = Admission(emulated_devices(tiny_fleet, "box"), time_scale=2.0)
     supervisor = Supervisor(tmp_path / "state", admission, events)
-    address = f"tcp://127.0.0.1:{free_port()}"
-    spec = {"pipeline_id": "d5-r0", "auth_token": "secret", "model_path": str(demo_model), "stage_index": 0,
-            "num_stages": 1, "layers": [0, 2], "bits": 16, "dtype": None, "device": "cpu", "threads": 1,
-            "kv_tokens": 256, "listen": address, "next": None, "head": address, "peer_timeout_s": 2.0,
-            "emulation": None}
+    spec = one_stage_spec(demo_model)
     try:
         status = supervisor.start("d5-r0-s0", spec, device_index=0)
         assert status.state == "starting", status.message
@@ -38,3 +42,16 @@ def test_a_real_stage_starts_reports_and_drains(tmp_path, tiny_fleet, demo_model
         stopped = supervisor.stop("d5-r0-s0")
         supervisor.close()
     assert (stopped.state, stopped.exit_code) == ("exited", 0), stopped.message
+
+
+def test_a_quantized_stage_keeps_its_layers_in_the_agents_weight_cache(tmp_path, tiny_fleet, demo_model):
+    """The agent hands its stage processes ``stages/_weights/`` (``MOTLEY_WEIGHT_CACHE``): a quantized
+    CPU stage leaves its layers and lm_head there for the next process that loads them."""
+    events = Events()
+    supervisor = Supervisor(tmp_path / "state", Admission(emulated_devices(tiny_fleet, "box")), events)
+    try:
+        supervisor.start("d5-r0-s0", one_stage_spec(demo_model, bits=8), device_index=0)
+        events.wait_for(lambda s: s.state == "ready", timeout_s=60)
+    finally:
+        supervisor.close()
+    assert len(list((tmp_path / "state/stages/_weights").glob("*.safetensors"))) == 3  # 2 layers, lm_head
