@@ -124,19 +124,23 @@ def test_a_replaced_stage_is_told_so_with_sigusr1_and_stops_at_once(supervisor, 
     assert old.exit_code == 0 and old.message == "stopped on request"
 
 
-def test_a_replaced_stage_is_followed_by_its_new_process_within_a_few_hundredths_of_a_second(
-        supervisor, events, spec):
-    """The new spec's process starts as soon as the old one exited, not at the supervisor's next
-    0.1 s poll: an in-place handover replaces an agent's stages one after another, each waiting."""
+def test_a_replaced_stage_is_followed_by_its_new_process_without_waiting_for_the_next_poll(
+        supervisor, events, spec, monkeypatch):
+    """The new spec's process starts as soon as the old one exited (EXIT_POLL_S), not at the supervisor's
+    next poll: an in-place handover replaces an agent's stages one after another, each waiting. The poll
+    is stretched to 3 s so that the bound is loose enough for a loaded machine and still fails if a
+    replacement waits for it."""
+    monkeypatch.setattr(supervisor_module, "POLL_S", 3.0)
     supervisor.start("k", spec())
     events.wait_for(lambda s: s.state == "ready")
+    time.sleep(3.1)  # the loop now waits on the stretched poll
     took = []
-    for note in ("a", "b", "c"):
+    for note in ("a", "b"):
         started = time.monotonic()
-        supervisor.start("k", spec(note=note))
+        new = supervisor.start("k", spec(note=note))
         took.append(time.monotonic() - started)
-        time.sleep(0.3)  # the new one is up (the stand-in has no imports to speak of)
-    assert sorted(took)[1] < 0.08, took
+        events.wait_for(lambda s, pid=new.pid: s.state == "ready" and s.pid == pid)
+    assert max(took) < 1.5, took
 
 
 def test_a_crash_is_reported_within_two_seconds_restarted_with_backoff_then_given_up(

@@ -17,7 +17,9 @@ def free_address() -> str:
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
-def test_a_link_comes_up_within_a_tenth_of_a_second_of_a_late_bind():
+def test_a_link_comes_up_well_before_a_backed_off_retry_after_a_late_bind():
+    """50 ms retries link within ~0.05 s of the bind; zmq's doubling backoff would have waited until ~2.5 s,
+    0.9 s after it. The bound leaves room for a loaded machine and still tells the two apart."""
     codec = FrameCodec("p0", "secret")
     address = free_address()
     head = ZmqTransport(codec, None, address, None)
@@ -29,7 +31,7 @@ def test_a_link_comes_up_within_a_tenth_of_a_second_of_a_late_bind():
         try:
             while not head.next_linked() and time.monotonic() - bound < 2.0:
                 time.sleep(0.005)
-            assert time.monotonic() - bound < 0.15
+            assert time.monotonic() - bound < 0.5
         finally:
             relay.close()
     finally:
