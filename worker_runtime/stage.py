@@ -26,7 +26,7 @@ from .loading import CheckpointReader, copy_rows_into, load_concatenated
 from .model import DecoderLayer, RMSNorm, hf_tensor_names
 from .quantize import Int4Linear, Int8Linear, quantized_linear
 from .rope import RotaryEmbedding
-from .weight_cache import WeightCache
+from .weight_cache import WeightCache, load_through
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -202,15 +202,8 @@ class Stage(nn.Module):
 
     def _load_weights(self, reader: CheckpointReader, cache: WeightCache | None = None) -> None:
         for i, layer in enumerate(self.layers):
-            name, quantized = f"model.layers.{self.start + i}", self.layer_bits[i] != 16
-            if quantized and cache is not None and cache.restore(name, layer):
-                continue
-            modules = dict(layer.named_modules())
-            for ours, theirs in hf_tensor_names(self.start + i).items():
-                module_name, attr = ours.rsplit(".", 1)
-                self._load_into(reader, modules[module_name], attr, theirs)
-            if quantized and cache is not None:
-                cache.store(name, layer)
+            load_through(cache if self.layer_bits[i] != 16 else None, f"model.layers.{self.start + i}", layer,
+                         lambda i=i, layer=layer: self._load_layer(reader, i, layer))
         if self.embed is not None:
             self._load_into(reader, self.embed, "weight", ["model.embed_tokens.weight"])
         if self.is_last:
@@ -218,11 +211,16 @@ class Stage(nn.Module):
             untied = reader.has("lm_head.weight") and not self.config.tie_word_embeddings
             if not untied and self.embed is not None and self.head_bits == 16:
                 self.lm_head.weight = self.embed.weight  # tied: one tensor serves both
-            elif not (self.head_bits != 16 and cache is not None and cache.restore("lm_head", self.lm_head)):
+            else:
                 head = "lm_head.weight" if untied else "model.embed_tokens.weight"
-                self._load_into(reader, self.lm_head, "weight", [head])
-                if self.head_bits != 16 and cache is not None:
-                    cache.store("lm_head", self.lm_head)
+                load_through(cache if self.head_bits != 16 else None, "lm_head", self.lm_head,
+                             lambda: self._load_into(reader, self.lm_head, "weight", [head]))
+
+    def _load_layer(self, reader: CheckpointReader, i: int, layer: DecoderLayer) -> None:
+        modules = dict(layer.named_modules())
+        for ours, theirs in hf_tensor_names(self.start + i).items():
+            module_name, attr = ours.rsplit(".", 1)
+            self._load_into(reader, modules[module_name], attr, theirs)
 
     @staticmethod
     def _load_into(reader: CheckpointReader, module: nn.Module, attr: str, names: list[str]) -> None:

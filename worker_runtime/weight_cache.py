@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -71,3 +72,13 @@ class WeightCache:
         shapes = [(k, tuple(t.shape), str(t.dtype)) for k, t in module.state_dict().items()]
         digest = hashlib.sha256(repr((self._checkpoint, name, shapes)).encode()).hexdigest()[:32]
         return self.folder / f"{digest}.safetensors"
+
+
+def load_through(cache: WeightCache | None, name: str, module: nn.Module, load: Callable[[], None]) -> None:
+    """Fill ``module``: from ``cache`` where it holds it, else by ``load()``, then kept there for the next
+    process (``cache`` None: only ``load()``; a stage passes None for what it does not quantize)."""
+    if cache is not None and cache.restore(name, module):
+        return
+    load()
+    if cache is not None:
+        cache.store(name, module)

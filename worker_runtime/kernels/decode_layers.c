@@ -60,6 +60,8 @@ typedef struct {
     int64_t window;  /* the sliding window in positions, 0 for none */
 } shape_t;
 
+/* The longest head the rotation buffer holds (kernels/decode_layers.py says the same to its callers). */
+#define MAX_HEAD_DIM 512
 /* Multiply-adds of attention below which a second thread costs more than it saves. */
 #define PARALLEL_ATTENTION_WORK (1 << 18)
 
@@ -110,7 +112,7 @@ static void rms_norm(const float *x, const float *weight, float *out, int64_t n,
 
 /* Rotate each of `heads` vectors of d in place: x * cos + [x2, x1] * signed_sin (rope.py, apply_rotary). */
 static void rotate(float *x, int64_t heads, int64_t d, const float *cos, const float *sin) {
-    float rolled[512];
+    float rolled[MAX_HEAD_DIM];
     int64_t half = d / 2;
     for (int64_t h = 0; h < heads; h++, x += d) {
         memcpy(rolled, x + half, sizeof(float) * half);
@@ -198,7 +200,7 @@ int motley_decode_layers(const layer_t *layers, int64_t n_layers, const shape_t 
                          const int64_t *gather_slots, const int64_t *lengths, int64_t width) {
     int64_t hidden = s->hidden, d = s->head_dim, q_size = s->heads * d, kv_size = s->kv_heads * d;
     if (n_layers == 0 || m == 0) return 0;
-    if (d > 512) return -1;
+    if (d > MAX_HEAD_DIM) return -1;
     int64_t qkv_n = layers[0].qkv.n, inter = s->intermediate;
     float eps = s->eps;
     float *scratch = malloc(sizeof(float) * m * (hidden + qkv_n + q_size + hidden + 3 * inter));
