@@ -58,18 +58,18 @@ class SpawnFailed(Exception):
 
 
 def spawn(command: Sequence[str], stage_dir: Path, spec: dict[str, Any], on_message: OnMessage,
-          standby: Callable[[Path], subprocess.Popen | None] | None = None) -> StageRun:
+          standby: Callable[[Path], subprocess.Popen | None] | None = None, inbox: bool = False) -> StageRun:
     """Write the spec and run it: handed to ``standby`` (the warm spare, agents/standby.py) when it
     takes it, else ``command --spec SPEC`` started in ``stage_dir``; its stdout goes to
-    ``on_message`` line by line. Raises SpawnFailed when the process cannot be started."""
+    ``on_message`` line by line. ``inbox``: the process takes new specs on stdin (``respec``), as a
+    standby always does. Raises SpawnFailed when the process cannot be started."""
     stage_dir.mkdir(exist_ok=True, mode=0o700)
-    spec_path = stage_dir / "spec.json"
-    spec_path.touch(mode=0o600)  # the spec carries the pipeline's auth_token
-    spec_path.write_text(json.dumps(spec, indent=1))
+    spec_path = _spec_write(stage_dir, spec)
     popen = standby(spec_path) if standby is not None else None
     if popen is None:
+        argv = [*command, "--spec", str(spec_path), *(["--spec-inbox"] if inbox else [])]
         try:
-            popen = start_process([*command, "--spec", str(spec_path)], stage_dir, subprocess.DEVNULL)
+            popen = start_process(argv, stage_dir, subprocess.PIPE if inbox else subprocess.DEVNULL)
         except OSError as exc:
             raise SpawnFailed(f"cannot start the stage process: {exc}") from exc
     write_pid_record(stage_dir / "pid.json", popen.pid)
@@ -78,6 +78,33 @@ def spawn(command: Sequence[str], stage_dir: Path, spec: dict[str, Any], on_mess
                                   name=f"stage-{stage_dir.name}-stdout")
     run.reader.start()
     return run
+
+
+def respec(run: StageRun, stage_dir: Path, spec: dict[str, Any]) -> bool:
+    """Hand the running process a new spec in place (worker_runtime/spec_inbox.py); False when it cannot
+    be told (no stdin to it, or it is exiting): then it must be replaced the ordinary way."""
+    stdin = run.popen.stdin
+    if stdin is None or run.popen.poll() is not None:
+        return False
+    try:
+        stdin.write(f"{_spec_write(stage_dir, spec)}\n")
+        stdin.flush()
+    except (OSError, ValueError):  # a broken pipe, or a stream closed as it exited
+        return False
+    return True
+
+
+def _spec_write(stage_dir: Path, spec: dict[str, Any]) -> Path:
+    """The spec as the process reads it, replaced whole (a process reading it never sees half a file)."""
+    spec_path = stage_dir / "spec.json"
+    fresh = stage_dir / "spec.json.part"
+    fresh.unlink(missing_ok=True)
+    # 0600: the spec carries the pipeline's auth_token.
+    fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(spec, indent=1))
+    os.replace(fresh, spec_path)
+    return spec_path
 
 
 def start_process(argv: list[str], cwd: Path, stdin: int, idle: bool = False) -> subprocess.Popen:
@@ -102,6 +129,11 @@ def reap(run: StageRun, stage_dir: Path) -> None:
     """After the process exited: kill what it left in its group, let the reader take the last lines,
     drop the pid record."""
     signal_group(run.pid, signal.SIGKILL)
+    if run.popen.stdin is not None:
+        try:
+            run.popen.stdin.close()
+        except OSError:  # what was buffered for a process that is gone
+            pass
     if run.reader is not None:
         run.reader.join(timeout=0.5)  # so a last {"event": "error"} is read
     (stage_dir / "pid.json").unlink(missing_ok=True)

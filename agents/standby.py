@@ -98,7 +98,7 @@ class Standby:
                 try:
                     assert popen.stdin is not None
                     popen.stdin.write(f"{spec_path}\n")
-                    popen.stdin.close()
+                    popen.stdin.flush()  # kept open: later specs go the same way (stage_process.respec)
                 except OSError:  # it died between poll and write
                     pass
                 else:

@@ -25,13 +25,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from agents.admission import Admission, Admitted
 from agents.memory_budget import StageRefused
 from agents.processes import cpu_idle, cpu_idle_reversible, cpu_normal, signal_group, sweep_pid_records
+from agents.restart_policy import RestartPolicy
 from agents.stage_load import StageLoad
 from agents.standby import Standby
 from agents.stage_process import (
@@ -41,8 +42,11 @@ from agents.stage_process import (
     crash_reason,
     load_between,
     reap,
+    respec,
     spawn,
 )
+from agents.stage_record import StageRecord
+from contracts.stage_spec import respec_blocker, spec_digest
 from contracts.stage_status import StageStatus, identity_of
 
 log = logging.getLogger(__name__)
@@ -61,44 +65,6 @@ class SupervisorClosed(RuntimeError):
     """The agent is shutting down: no stage is started, stopped or listed any more."""
 
 
-@dataclass(frozen=True)
-class RestartPolicy:
-    max_restarts: int = 5
-    backoff_s: float = 1.0  # first delay; doubles per consecutive crash
-    max_backoff_s: float = 30.0
-    stable_after_s: float = 60.0  # a run this long forgets earlier crashes
-    stop_grace_s: float | None = None  # SIGTERM → SIGKILL; None: the spec's peer_timeout_s + 2 s
-
-    def delay(self, crashes: int) -> float:
-        return min(self.max_backoff_s, self.backoff_s * 2 ** (crashes - 1))
-
-    def grace(self, spec: dict[str, Any]) -> float:
-        if self.stop_grace_s is not None:
-            return self.stop_grace_s
-        return float(spec.get("peer_timeout_s", 5.0)) + 2.0
-
-
-@dataclass
-class _Stage:
-    key: str
-    requested: tuple[dict[str, Any], int | None]  # spec and device index as sent (idempotence compares this)
-    admitted: Admitted
-    status: StageStatus
-    run: StageRun | None = None
-    crashes: int = 0  # consecutive
-    restart_at: float | None = None
-    kill_at: float | None = None
-    stop_requested: bool = False
-    waiters: list[Future] = field(default_factory=list)
-    last_stats: tuple[float, dict[str, Any]] | None = None
-    load: tuple[float, float, float] = (0.0, 0.0, 0.0)  # busy fraction, tx/s, rx/s
-    loads_idle_until: float | None = None  # while it loads under SCHED_IDLE: when it is made normal anyway
-
-    @property
-    def alive(self) -> bool:
-        return self.run is not None
-
-
 class Supervisor:
     def __init__(
         self,
@@ -114,11 +80,13 @@ class Supervisor:
         self._on_event = on_event
         self._command = list(command)
         self._policy = policy
-        self._stages: dict[str, _Stage] = {}
+        self._stages: dict[str, StageRecord] = {}
         self._load_idle = cpu_idle_reversible()
-        # The warm spares (agents/standby.py) are worker_runtime.serve processes: only for that command.
+        # The warm spares (agents/standby.py) and new specs in place (worker_runtime/spec_inbox.py) are
+        # worker_runtime.serve's: only for that command.
+        self._serve_command = tuple(command) == DEFAULT_COMMAND
         self._standby = (Standby(self._dir, self._command, count=len(admission.devices), idle=self._load_idle)
-                         if tuple(command) == DEFAULT_COMMAND else None)
+                         if self._serve_command else None)
         self._inbox: queue.Queue = queue.Queue()
         self._closed = threading.Event()
         self._closing = threading.Lock()  # orders "closed?" + put against "close" + emptying the inbox
@@ -129,12 +97,16 @@ class Supervisor:
     # --- interface for other threads -------------------------------------------------------------
 
     def start(self, stage_key: str, spec: dict[str, Any], device_index: int | None = None) -> StageStatus:
-        """Run the spec under this key. The same spec again changes nothing; a different one (or a
-        start while the stage drains) stops the running process first, with SIGUSR1: a replaced
+        """Run the spec under this key. The same spec again changes nothing; a different one is handed
+        to the running process when it can take it in place (``respec_blocker``: same pipeline, place,
+        address and device; the stage reloads only what changed, in the same process), else (or a
+        start while the stage drains) the running process is stopped first, with SIGUSR1: a replaced
         stage stops at once instead of draining requests its replaced neighbours cannot finish."""
         if not _STAGE_KEY.match(stage_key):
             raise ValueError(f"stage_key {stage_key!r}: use letters, digits, '.', '_' or '-' (max 128)")
         requested = (spec, device_index)
+        if (status := self._call(self._respec, stage_key, requested)) is not None:
+            return status
         if self._call(self._needs_replacing, stage_key, requested):
             self._call(self._request_stop, stage_key, signal.SIGUSR1).result(timeout=self._max_wait(stage_key))
         return self._call(self._start, stage_key, requested)
@@ -237,6 +209,32 @@ class Supervisor:
         stage = self._stages.get(key)
         return bool(stage and stage.alive and (stage.requested != requested or stage.stop_requested))
 
+    def _respec(self, key: str, requested: tuple[dict[str, Any], int | None]) -> StageStatus | None:
+        """Hand a running stage a new spec in place, when it can take it and its device holds it with the
+        new spec (checked as a start is); None when not: the caller replaces the process instead."""
+        stage = self._stages.get(key)
+        spec, device_index = requested
+        if not (self._serve_command and stage is not None and stage.run is not None
+                and not stage.stop_requested and stage.status.state in ("starting", "ready")
+                and stage.requested != requested and stage.requested[1] == device_index
+                and respec_blocker(stage.requested[0], spec) is None):
+            return None
+        others = [s.admitted for s in self._stages.values()
+                  if s is not stage and (s.alive or s.restart_at is not None)]
+        try:
+            admitted = self._admission.admit(spec, others, device_index)
+        except StageRefused:
+            return None  # replaced the ordinary way, which says why it is refused
+        if admitted.device_index != stage.admitted.device_index or not respec(stage.run, self._dir / key,
+                                                                              admitted.spec):
+            return None
+        stage.requested, stage.admitted = requested, admitted
+        stage.loading_digest = spec_digest(admitted.spec)
+        stage.status.state, stage.status.message, stage.status.broken_stage = "starting", "", None
+        stage.status.spec_digest = spec_digest(spec)
+        self._emit(stage)
+        return _copy(stage.status)
+
     def _start(self, key: str, requested: tuple[dict[str, Any], int | None]) -> StageStatus:
         spec, device_index = requested
         stage = self._stages.get(key)
@@ -247,22 +245,22 @@ class Supervisor:
                 raise RuntimeError(f"stage {key} is still running another spec")
             del self._stages[key]  # exited, failed or waiting to restart: start afresh
         deployment, replica, index = identity_of(spec)
-        status = StageStatus(key, deployment, replica, index, "starting")
+        status = StageStatus(key, deployment, replica, index, "starting", spec_digest=spec_digest(spec))
         # Memory is held by running stages and by crashed ones about to restart, not by failed or exited ones.
         others = [s.admitted for s in self._stages.values() if s.alive or s.restart_at is not None]
         try:
             admitted = self._admission.admit(spec, others, device_index)
         except StageRefused as exc:
             status.state, status.message = "failed", f"refused: {exc}"
-            self._stages[key] = _Stage(key, requested, Admitted(spec, None, 0), status)
+            self._stages[key] = StageRecord(key, requested, Admitted(spec, None, 0), status)
             self._emit(self._stages[key])
             return _copy(status)
-        stage = _Stage(key, requested, admitted, status)
+        stage = StageRecord(key, requested, admitted, status)
         self._stages[key] = stage
         self._spawn(stage)
         return _copy(stage.status)
 
-    def _spawn(self, stage: _Stage) -> None:
+    def _spawn(self, stage: StageRecord) -> None:
         key = stage.key
 
         def on_message(run: StageRun, message: dict[str, Any], at: float) -> None:  # on the reader thread
@@ -270,19 +268,20 @@ class Supervisor:
 
         try:
             run = spawn(self._command, self._dir / key, stage.admitted.spec, on_message,
-                        self._standby.take if self._standby is not None else None)
+                        self._standby.take if self._standby is not None else None, inbox=self._serve_command)
         except SpawnFailed as exc:
             stage.status.state, stage.status.message = "failed", str(exc)
             self._emit(stage)
             return
         stage.run, stage.last_stats, stage.load = run, None, (0.0, 0.0, 0.0)
+        stage.loading_digest = spec_digest(stage.admitted.spec)
         stage.status.state, stage.status.pid, stage.status.broken_stage = "starting", run.pid, None
         if self._load_idle:
             cpu_idle(run.pid)
             stage.loads_idle_until = time.monotonic() + LOAD_IDLE_S
         self._emit(stage)
 
-    def _loaded(self, stage: _Stage) -> None:
+    def _loaded(self, stage: StageRecord) -> None:
         """Loading is over (ready, or LOAD_IDLE_S passed): the stage is scheduled normally again."""
         if stage.loads_idle_until is not None and stage.run is not None:
             cpu_normal(stage.run.pid)
@@ -293,7 +292,9 @@ class Supervisor:
         if stage is None or stage.run is not run:
             return  # a line from a process that has since been replaced
         event = message.get("event")
-        if event == "ready" and stage.status.state == "starting":
+        # A "ready" of the spec the process ran before it was handed the current one says nothing of this one.
+        current = message.get("spec_digest", stage.loading_digest) == stage.loading_digest
+        if event == "ready" and stage.status.state == "starting" and current:
             self._loaded(stage)
             stage.status.state, stage.status.message = "ready", ""
             self._emit(stage)
@@ -310,7 +311,7 @@ class Supervisor:
             stage.last_stats = (at, stats)
             stage.status.stats = stats
 
-    def _on_exit(self, stage: _Stage, run: StageRun, code: int) -> None:
+    def _on_exit(self, stage: StageRecord, run: StageRun, code: int) -> None:
         reap(run, self._dir / stage.key)
         stage.run, stage.kill_at, stage.load = None, None, (0.0, 0.0, 0.0)
         status = stage.status
@@ -362,7 +363,7 @@ class Supervisor:
         stage.waiters.append(done)
         return done
 
-    def _finish_stop(self, stage: _Stage) -> None:
+    def _finish_stop(self, stage: StageRecord) -> None:
         self._stages.pop(stage.key, None)
         (self._dir / stage.key / "spec.json").unlink(missing_ok=True)
         self._emit(stage)
@@ -384,7 +385,7 @@ class Supervisor:
             for s in self._stages.values()
         ]
 
-    def _emit(self, stage: _Stage) -> None:
+    def _emit(self, stage: StageRecord) -> None:
         try:
             self._on_event(_copy(stage.status))
         except Exception:  # a broken listener must not stop supervision

@@ -6,6 +6,7 @@ very same object the process will run, and a bad spec fails with a message namin
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -92,13 +93,7 @@ class StageSpec:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "StageSpec":
-        try:
-            raw = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise SpecError(f"cannot read stage spec {path}: {exc}") from exc
-        if not isinstance(raw, dict):
-            raise SpecError("a stage spec is a JSON object")
-        return cls.from_dict(raw)
+        return cls.from_dict(spec_file_read(path))
 
     def validate(self) -> None:
         start, end = self.layers
@@ -120,3 +115,35 @@ class StageSpec:
         for ok, message in checks:
             if not ok:
                 raise SpecError(f"stage spec of {self.pipeline_id!r} stage {self.stage_index}: {message}")
+
+
+def spec_file_read(path: str | Path) -> dict[str, Any]:
+    """The JSON object of a spec file, not yet checked as a spec (``StageSpec.from_dict`` does that)."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SpecError(f"cannot read stage spec {path}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise SpecError("a stage spec is a JSON object")
+    return raw
+
+
+# What a running stage process cannot change without becoming another process: its pipeline and its
+# credentials, the checkpoint, its place in the pipeline, the address it listens on and what it computes on.
+RESPEC_FIXED = ("pipeline_id", "auth_token", "model_path", "stage_index", "listen", "device", "dtype",
+                "threads")
+
+
+def respec_blocker(running: dict[str, Any], wanted: dict[str, Any]) -> str | None:
+    """Why a process running the spec ``running`` cannot take ``wanted`` in place (contracts §1,
+    "respec"), or None when it can: everything else (layers, precision, KV pool, its neighbours'
+    addresses, the pipeline's length, pacing) a stage changes without a new process."""
+    changed = [name for name in RESPEC_FIXED if running.get(name) != wanted.get(name)]
+    return f"{', '.join(changed)} changed" if changed else None
+
+
+def spec_digest(spec: dict[str, Any]) -> str:
+    """A short name of a spec's content, the same wherever the same JSON object is read: the control
+    plane, an agent and a stage process use it to tell reports about one spec from another's."""
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]

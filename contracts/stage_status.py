@@ -25,6 +25,9 @@ class StageStatus:
     # A head's only: the stage its pipeline lost (its ``health`` event), None while whole. Sent at once:
     # a stage's link breaking as its node's agent's socket closes says that agent died (liveness.py).
     broken_stage: int | None = None
+    # The spec (``contracts.stage_spec.spec_digest`` of it as the control plane sent it) the report is
+    # about: a process given a new spec in place keeps its pid, so the pid cannot tell old from new.
+    spec_digest: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -3,7 +3,8 @@
 Loads the stage named by the spec, binds its endpoint, prints ``ready``, then serves: stage 0 as the
 head (:mod:`worker_runtime.head`), the others as relays (:mod:`worker_runtime.relay`). SIGTERM drains
 and exits 0; SIGUSR1 (the stage is being replaced by a new spec) stops at once and exits 0; a fatal
-error prints an ``error`` event and exits 1.
+error prints an ``error`` event and exits 1. A spec path written on stdin is a new spec taken in place
+(spec_inbox.py): the stage leaves its pipeline as a replaced one does, then serves the new spec.
 
 ``--standby`` is the agent's warm spare: importing Python and torch takes seconds, most of a stage's
 start, so the agent keeps one process that has done it and waits for one line on stdin, the path of a
@@ -26,13 +27,14 @@ import torch
 
 from contracts.model_config import ModelConfig
 from contracts.names import STANDBY_WARM_FILE, WEIGHT_CACHE_ENV
-from contracts.stage_spec import StageSpec
+from contracts.stage_spec import SpecError, StageSpec, respec_blocker, spec_digest, spec_file_read
 
 from .events import EventWriter
 from .frames import FrameCodec
 from .head import HeadLoop
 from .pacing import Pacer
 from .relay import RelayLoop
+from .spec_inbox import SpecInbox
 from .stage import DTYPES, Batch, Stage
 from .stats import StageStats
 from .transport import ZmqTransport
@@ -41,55 +43,82 @@ from .worker import StageWorker
 log = logging.getLogger("worker_runtime.serve")
 
 
-def load_stage(spec: StageSpec) -> Stage:
+def load_stage(spec: StageSpec, reuse: Stage | None = None) -> Stage:
     """The spec's stage, computing in the spec's dtype; without one, in fp32 on a CPU (an emulated card, or a
     stage the plan put on a host's CPU) and in the checkpoint's dtype elsewhere. A CPU's 16-bit matmuls are
     several times slower than its fp32 ones, and the CPU kernels (int8, int4, the fused decode step) are
-    fp32: 16-bit weights are widened as they load, as llama.cpp does on a CPU (docs/worker_runtime.md)."""
+    fp32: 16-bit weights are widened as they load, as llama.cpp does on a CPU (docs/worker_runtime.md).
+    ``reuse``: the stage this process served until a new spec came (its modules are taken over)."""
     torch.set_num_threads(spec.threads)
     start, end = spec.layers
     on_cpu = torch.device(spec.device).type == "cpu"
     dtype = DTYPES[spec.dtype] if spec.dtype else (torch.float32 if on_cpu else None)
     return Stage.load(spec.model_path, start, end, device=spec.device, dtype=dtype, bits=spec.bits,
                       low_bits=spec.low_bits, low_from=spec.low_from, kv_tokens=spec.kv_tokens,
-                      weight_cache=os.environ.get(WEIGHT_CACHE_ENV))
+                      weight_cache=os.environ.get(WEIGHT_CACHE_ENV), reuse=reuse)
 
 
-def serve(spec: StageSpec, events: EventWriter, stop: threading.Event, replaced: threading.Event) -> None:
-    """Load, bind, announce ``ready`` and serve until ``stop`` is set (then drain, unless ``replaced``)."""
-    began = time.monotonic()
-    stage = load_stage(spec)
-    if stage.is_first != spec.is_head or stage.is_last != spec.is_last:
-        raise ValueError(
-            f"layers {list(spec.layers)} of a {stage.config.num_layers}-layer model do not fit stage "
-            f"{spec.stage_index} of {spec.num_stages}"
-        )
-    worker = StageWorker(stage, StageStats(), Pacer(stage, spec.emulation) if spec.emulation else None)
-    transport = ZmqTransport(
-        FrameCodec(spec.pipeline_id, spec.auth_token),
-        spec.listen,
-        spec.next,
-        None if spec.is_head else spec.head,
-    )
+def serve(raw: dict, events: EventWriter, stop: threading.Event, replaced: threading.Event,
+          inbox: SpecInbox) -> None:
+    """Load, bind, announce ``ready`` and serve the spec ``raw`` until ``stop`` is set (then drain, unless
+    ``replaced``); a new spec in ``inbox`` is taken in place (spec_inbox.py) and served the same way."""
+    stage: Stage | None = None
+    transport: ZmqTransport | None = None
     try:
-        memory = stage.memory()
-        log.info("stage %s of %s: layers %s loaded and bound in %.2f s", spec.stage_index, spec.pipeline_id,
-                 list(spec.layers), time.monotonic() - began)
-        events.emit(
-            "ready",
-            pipeline_id=spec.pipeline_id,
-            stage_index=spec.stage_index,
-            pid=os.getpid(),
-            weight_bytes=memory.weight_bytes,
-            kv_bytes=memory.kv_cache_bytes,
-            kv_tokens=memory.kv_tokens,
-        )
-        if spec.is_head:
-            HeadLoop(spec, worker, transport, events).run(stop.is_set, replaced.is_set)
-        else:
-            RelayLoop(spec, worker, transport, events, uuid.uuid4().hex).run(stop.is_set, replaced.is_set)
+        while True:
+            spec, began = StageSpec.from_dict(raw), time.monotonic()
+            stage = load_stage(spec, reuse=stage)
+            if stage.is_first != spec.is_head or stage.is_last != spec.is_last:
+                raise ValueError(
+                    f"layers {list(spec.layers)} of a {stage.config.num_layers}-layer model do not fit stage "
+                    f"{spec.stage_index} of {spec.num_stages}"
+                )
+            pacer = Pacer(stage, spec.emulation) if spec.emulation else None
+            worker = StageWorker(stage, StageStats(), pacer)
+            head = None if spec.is_head else spec.head
+            if transport is None:
+                codec = FrameCodec(spec.pipeline_id, spec.auth_token)
+                transport = ZmqTransport(codec, spec.listen, spec.next, head)
+            else:
+                transport.relink(spec.next, head)
+            _announce(spec, stage, events, raw, began)
+            stopping, leaving = (lambda: stop.is_set() or inbox.pending()), (
+                lambda: replaced.is_set() or inbox.pending())
+            if spec.is_head:
+                HeadLoop(spec, worker, transport, events).run(stopping, leaving)
+            else:
+                RelayLoop(spec, worker, transport, events, uuid.uuid4().hex).run(stopping, leaving)
+            path = inbox.take()
+            if path is None or stop.is_set():
+                return
+            raw = _respec(raw, path)
     finally:
-        transport.close()
+        if transport is not None:
+            transport.close()
+
+
+def _announce(spec: StageSpec, stage: Stage, events: EventWriter, raw: dict, began: float) -> None:
+    memory = stage.memory()
+    log.info("stage %s of %s: layers %s loaded and bound in %.2f s", spec.stage_index, spec.pipeline_id,
+             list(spec.layers), time.monotonic() - began)
+    events.emit(
+        "ready",
+        pipeline_id=spec.pipeline_id,
+        stage_index=spec.stage_index,
+        pid=os.getpid(),
+        weight_bytes=memory.weight_bytes,
+        kv_bytes=memory.kv_cache_bytes,
+        kv_tokens=memory.kv_tokens,
+        spec_digest=spec_digest(raw),
+    )
+
+
+def _respec(running: dict, path: str) -> dict:
+    """The new spec at ``path``, if this process can take it in place (the agent asks only then)."""
+    wanted = spec_file_read(path)
+    if blocker := respec_blocker(running, wanted):
+        raise SpecError(f"cannot take the spec {path} in place: {blocker}")
+    return wanted
 
 
 def warm_up() -> None:
@@ -124,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--spec", help="stage spec JSON file (docs/contracts.md §1)")
     source.add_argument("--standby", action="store_true", help="wait for a spec path on stdin, then run it")
+    parser.add_argument("--spec-inbox", action="store_true",
+                        help="take new specs in place from stdin, one path a line (a standby always does)")
     args = parser.parse_args(argv)
     if args.standby:
         warm_up()
@@ -134,13 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     events = EventWriter()
-    stop, replaced = threading.Event(), threading.Event()
+    stop, replaced, inbox = threading.Event(), threading.Event(), SpecInbox()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGUSR1, lambda *_: (replaced.set(), stop.set()))
+    if args.standby or args.spec_inbox:
+        inbox.listen(sys.stdin)
     try:
-        spec = StageSpec.from_file(spec_path)
-        serve(spec, events, stop, replaced)
+        serve(spec_file_read(spec_path), events, stop, replaced, inbox)
     except Exception as exc:  # the agent must learn why: print it as an event, then crash
         log.exception("stage failed")
         events.emit("error", message=f"{type(exc).__name__}: {exc}")

@@ -170,6 +170,7 @@ class Stage(nn.Module):
         block_size: int = 16,
         group_size: int = DEFAULT_GROUP_SIZE,
         weight_cache: str | Path | None = None,
+        reuse: "Stage | None" = None,
     ) -> "Stage":
         """Load layers [start, end) of the checkpoint in ``model_dir``, reading only this stage's tensors.
 
@@ -177,7 +178,9 @@ class Stage(nn.Module):
         stage (the lm_head included, the embedding lookup not); with ``low_bits`` and ``low_from``,
         layers [low_from, end) and the lm_head run at ``low_bits`` instead (a plan's stage that mixes
         two precisions); ``kv_tokens`` is the cache budget; ``weight_cache``: a folder where quantized
-        layers of a CPU stage are kept for the next process that loads them (weight_cache.py).
+        layers of a CPU stage are kept for the next process that loads them (weight_cache.py); ``reuse``:
+        the stage this process ran until now (given a new spec in place, contracts §1), whose loaded
+        modules are taken over where this stage would load them the same way, and which is unusable after.
         """
         config = ModelConfig.from_file(model_dir)
         stage = cls(
@@ -194,19 +197,49 @@ class Stage(nn.Module):
             group_size=group_size,
         )
         cache = WeightCache(weight_cache, model_dir) if weight_cache and stage.device.type == "cpu" else None
+        kept = stage._adopt(reuse)
         with torch.inference_mode(), CheckpointReader(model_dir) as reader:
-            stage._load_weights(reader, cache)
+            stage._load_weights(reader, cache, kept)
         stage.eval()
         stage.fused = fused_layers(stage)
         return stage
 
-    def _load_weights(self, reader: CheckpointReader, cache: WeightCache | None = None) -> None:
+    def _adopt(self, old: "Stage | None") -> set[str]:
+        """Take over ``old``'s loaded modules that this stage would load the same way: a layer at the same
+        precision, the embedding, the final norm and lm_head at the same precision; ``old``'s KV cache
+        is dropped first (its sequences end with the old spec). Returns what was taken ("layer3" for
+        this stage's layer 3, "embed", "head"): a boundary move reloads one layer, not the stage."""
+        if old is None:
+            return set()
+        old.kv = None
+        same = (old.config, old.device, old.dtype, old.group_size) == (
+            self.config, self.device, self.dtype, self.group_size)
+        if not same:
+            return set()
+        kept = set()
+        for i in range(len(self.layers)):
+            j = self.start + i - old.start
+            if 0 <= j < len(old.layers) and old.layer_bits[j] == self.layer_bits[i]:
+                self.layers[i] = old.layers[j]
+                kept.add(f"layer{i}")
+        if self.is_first and old.is_first:
+            self.embed = old.embed
+            kept.add("embed")
+        if self.is_last and old.is_last and old.head_bits == self.head_bits:
+            self.norm, self.lm_head = old.norm, old.lm_head
+            kept.add("head")
+        return kept
+
+    def _load_weights(self, reader: CheckpointReader, cache: WeightCache | None = None,
+                      kept: set[str] = frozenset()) -> None:
         for i, layer in enumerate(self.layers):
+            if f"layer{i}" in kept:
+                continue
             load_through(cache if self.layer_bits[i] != 16 else None, f"model.layers.{self.start + i}", layer,
                          lambda i=i, layer=layer: self._load_layer(reader, i, layer))
-        if self.embed is not None:
+        if self.embed is not None and "embed" not in kept:
             self._load_into(reader, self.embed, "weight", ["model.embed_tokens.weight"])
-        if self.is_last:
+        if self.is_last and "head" not in kept:
             self._load_into(reader, self.norm, "weight", ["model.norm.weight"])
             untied = reader.has("lm_head.weight") and not self.config.tie_word_embeddings
             if not untied and self.embed is not None and self.head_bits == 16:
@@ -222,16 +255,20 @@ class Stage(nn.Module):
             module_name, attr = ours.rsplit(".", 1)
             self._load_into(reader, modules[module_name], attr, theirs)
 
-    @staticmethod
-    def _load_into(reader: CheckpointReader, module: nn.Module, attr: str, names: list[str]) -> None:
+    def _load_into(self, reader: CheckpointReader, module: nn.Module, attr: str, names: list[str]) -> None:
         target = getattr(module, attr)
         if attr == "bias" and target is None:
             return
         if isinstance(module, (Int8Linear, Int4Linear)) and attr == "weight":
             load_concatenated(reader, names, module.load_rows)
             module.finish()
-        else:
-            load_concatenated(reader, names, copy_rows_into(target))
+            return
+        if target.dtype == self.weight_dtype != self.dtype and reader.dtype(names[0]) != target.dtype:
+            # Stored wider (or in the other 16-bit format) than the config's torch_dtype says: widened to
+            # self.dtype as it loads, as every tensor was before, rather than rounded to weight_dtype.
+            target = nn.Parameter(torch.empty_like(target, dtype=self.dtype), requires_grad=False)
+            setattr(module, attr, target)
+        load_concatenated(reader, names, copy_rows_into(target))
 
     @property
     def hidden_dtype(self) -> torch.dtype:
@@ -253,7 +290,7 @@ class Stage(nn.Module):
             raise ValueError(f"stage [{self.start}, {self.end}) needs {batch.num_tokens} rows of {kind}")
         plan = self.kv.plan(batch.seq_ids, batch.start_positions, batch.lengths)
         if self.is_first:
-            x = self.embed(tokens.to(self.device))
+            x = self.embed(tokens.to(self.device)).to(self.dtype)
         else:
             x = tokens.to(device=self.device, dtype=self.dtype)
         cos, sin = self.rope.cos_sin(plan.positions, plan.seq_ends, x.dtype)

@@ -67,6 +67,11 @@ class Transport(ABC):
         """Whatever valid frames arrived, waiting up to ``timeout_s`` for the first; bad ones are dropped."""
 
     @abstractmethod
+    def relink(self, next_address: str | None, head: str | None) -> None:
+        """Point the outbound links at these peers (a stage given a new spec in place); a link whose
+        address is unchanged stays as it is, up or not."""
+
+    @abstractmethod
     def close(self) -> None: ...
 
 
@@ -81,6 +86,7 @@ class ZmqTransport(Transport):
         self._listen = self._socket(zmq.ROUTER)
         if listen is not None:
             self._listen.bind(listen)
+        self._addresses = (next_address, head)
         self._next = self._outbound(next_address)
         self._head = self._outbound(head)
         self._poller = zmq.Poller()
@@ -148,6 +154,17 @@ class ZmqTransport(Transport):
                 self.rejected += 1
                 log.warning("rejected a frame on %s: %s", self.codec.pipeline_id, exc)
         return out
+
+    def relink(self, next_address: str | None, head: str | None) -> None:
+        if next_address != self._addresses[0]:
+            if self._next is not None:
+                self._next.close()
+            self._next = self._outbound(next_address)
+        if head != self._addresses[1]:
+            if self._head is not None:
+                self._head.close()
+            self._head = self._outbound(head)
+        self._addresses = (next_address, head)
 
     def close(self) -> None:
         """Give frames still queued (a stopping head's errors, a replaced relay's ``leaving``) up to

@@ -153,7 +153,7 @@ def node_agent_restarted(*, node: Node) -> None:
                  detail={"incarnation": node.incarnation, "was": was})
     DeploymentStage.objects.filter(node=node, wanted=False).delete()
     DeploymentStage.objects.filter(node=node, wanted=True).update(
-        state=DeploymentStage.State.PENDING, sent_spec=None, pid=None, superseded_pid=None
+        state=DeploymentStage.State.PENDING, sent_spec=None, pid=None
     )
     _node_sync(node=node)
 

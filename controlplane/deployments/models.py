@@ -180,10 +180,6 @@ class DeploymentStage(models.Model):
     # Observed, from the agent's StageStatus.
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     pid = models.PositiveIntegerField(null=True, blank=True)
-    superseded_pid = models.PositiveIntegerField(
-        null=True, blank=True,
-        help_text="Process replaced by the last start: its reports are not the new one's.",
-    )
     exit_code = models.IntegerField(null=True, blank=True)
     restarts = models.PositiveIntegerField(default=0)
     message = models.TextField(blank=True)

@@ -78,7 +78,7 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
                     _stage_stop(row=row, now=now)
                 _stage_wait(row=row, message=f"waiting for {', '.join(blocking)} to leave {row.device}")
                 continue
-            _stage_start(row=row, now=now, restart=changed and row.sent_spec is not None)
+            _stage_start(row=row, now=now)
     if deployment.stop_requested:
         remaining = deployment.stages.count()
         _status_set(deployment, Deployment.Status.STOPPED if not remaining else deployment.status,
@@ -160,19 +160,18 @@ def _stage_wait(*, row: DeploymentStage, message: str) -> None:
         row.save(update_fields=["message"])
 
 
-def _stage_start(*, row: DeploymentStage, now: datetime, restart: bool) -> None:
+def _stage_start(*, row: DeploymentStage, now: datetime) -> None:
     dispatch.agent_task_send_on_commit(
         node=row.node, name=START_STAGE,
         kwargs={"stage_key": row.stage_key, "spec": row.spec, "device_index": row.device.index},
     )
-    # Until the new process reports, reports of the one it replaces say nothing about the new spec.
-    row.superseded_pid = row.pid if restart else None
+    # Reports about the spec it ran before say nothing about this one (stage_reports.py tells them apart).
     row.state = row.State.PENDING
     row.sent_spec = row.spec
     row.sent_incarnation = row.node.incarnation
     row.sent_at, row.sent_device, row.stop_sent_at = now, row.device, None
-    row.save(update_fields=["superseded_pid", "state", "sent_spec", "sent_incarnation", "sent_at",
-                            "sent_device", "stop_sent_at"])
+    row.save(update_fields=["state", "sent_spec", "sent_incarnation", "sent_at", "sent_device",
+                            "stop_sent_at"])
 
 
 def _stage_stop(*, row: DeploymentStage, now: datetime) -> None:

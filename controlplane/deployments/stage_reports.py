@@ -3,7 +3,8 @@
 The only writer of a stage row's observed half (state, pid, exit code, restarts, message), whether
 the report came as a stage event or inside a heartbeat, one at a time or coalesced. Two rules keep
 reports honest and live here once: a node's agent can only speak of stages placed on that node, and
-a report from a process that a restart replaced says nothing about the new one. A third keeps the
+a report about the spec a stage ran before its last start (``spec_digest``: the process may be the
+same one, given the new spec in place) says nothing about the new one. A third keeps the
 coalesced path from going back in time: a report received before the row was last observed (a
 heartbeat noted while the stage was starting, flushed after its "ready" stage event) is skipped.
 """
@@ -17,6 +18,7 @@ from typing import Any
 from django.utils import timezone
 
 from contracts.names import StageKey, parse_stage_key
+from contracts.stage_spec import spec_digest
 from controlplane.deployments import dispatch
 from controlplane.deployments.models import DeploymentStage
 from controlplane.inventory.models import Node
@@ -46,8 +48,9 @@ def stage_report_is_news(
 ) -> bool:
     """Whether ``stage_status_record`` would change ``row`` for this report (received at ``received_at``;
     None: now)."""
-    if row.superseded_pid is not None and status.get("pid") == row.superseded_pid:
-        return False
+    digest = status.get("spec_digest")
+    if digest is not None and row.sent_spec is not None and digest != spec_digest(row.sent_spec):
+        return False  # about the spec the stage ran before the last start (its process may be the same)
     if received_at is not None and row.observed_at is not None and received_at < row.observed_at:
         return False  # older than what the row already says
     return any(getattr(row, field) != value for field, value in observed.items())
@@ -59,9 +62,9 @@ def stage_status_record(
     """Store what a node's agent says about one of its stages (contracts §3 StageStatus).
 
     Only stages placed on ``node`` are looked up, so one node's agent can never change the state of
-    another node's stage. A report from a process a restart replaced is ignored, and so is one
-    received (``received_at``, None: now) before the row's ``observed_at``. Reconcile is asked to
-    run when the state changed.
+    another node's stage. A report about the spec the stage ran before its last start is ignored, and
+    so is one received (``received_at``, None: now) before the row's ``observed_at``. Reconcile is
+    asked to run when the state changed.
     """
     parsed = stage_report_parse(status)
     if parsed is None:
@@ -77,9 +80,8 @@ def stage_status_record(
     state_changed = row.state != observed["state"]
     for field, value in observed.items():
         setattr(row, field, value)
-    row.superseded_pid = None if row.pid is not None else row.superseded_pid
     row.observed_at = received_at or timezone.now()
-    row.save(update_fields=[*observed, "superseded_pid", "observed_at"])
+    row.save(update_fields=[*observed, "observed_at"])
     if state_changed:
         dispatch.reconcile_on_commit(deployment_id=key.deployment_id)
 

@@ -10,6 +10,7 @@ import pytest
 from agents.admission import Admission
 from agents.discovery.emulated import emulated_devices
 from agents.supervisor import Supervisor
+from contracts.stage_spec import spec_digest
 from tests.agents.helpers import Events, wait_until
 from tests.support.processes import free_port
 
@@ -55,3 +56,31 @@ def test_a_quantized_stage_keeps_its_layers_in_the_agents_weight_cache(tmp_path,
     finally:
         supervisor.close()
     assert len(list((tmp_path / "state/stages/_weights").glob("*.safetensors"))) == 3  # 2 layers, lm_head
+
+
+def test_a_new_spec_the_process_can_take_is_taken_in_place_and_another_address_needs_a_new_one(
+        tmp_path, tiny_fleet, demo_model):
+    """A changed precision and KV pool go to the running process (same pid, ``ready`` again for the new
+    spec, which the report names); a new address cannot, so that start replaces the process."""
+    events = Events()
+    supervisor = Supervisor(tmp_path / "state", Admission(emulated_devices(tiny_fleet, "box")), events)
+    spec = one_stage_spec(demo_model)
+    try:
+        first = supervisor.start("d5-r0-s0", spec, device_index=0)
+        events.wait_for(lambda s: s.state == "ready", timeout_s=60)
+        pid = supervisor.snapshot()[0][0].pid
+        quantized = {**spec, "bits": 8, "kv_tokens": 128}
+        status = supervisor.start("d5-r0-s0", quantized, device_index=0)
+        assert (status.state, status.pid) == ("starting", pid)
+        assert status.spec_digest == spec_digest(quantized) != first.spec_digest
+        ready = events.wait_for(lambda s: s.state == "ready" and s.spec_digest == status.spec_digest,
+                                timeout_s=60)
+        assert ready.pid == pid
+        address = f"tcp://127.0.0.1:{free_port()}"
+        moved = {**quantized, "listen": address, "head": address}
+        supervisor.start("d5-r0-s0", moved, device_index=0)
+        ready = events.wait_for(lambda s: s.state == "ready" and s.spec_digest == spec_digest(moved),
+                                timeout_s=60)
+        assert ready.pid != pid
+    finally:
+        supervisor.close()

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from contracts import tasks
+from contracts.stage_spec import spec_digest
 from controlplane.common import task_sending
 from controlplane.deployments.revisions import plan_revision_create
 from controlplane.enrollment.services import agent_register, join_token_create
@@ -126,7 +127,8 @@ def revision(llm):
 
 
 def report(stage, state: str, pid: int | None = None, **extra) -> dict[str, Any]:
-    """A StageStatus (contracts §3) for a stage row."""
+    """A StageStatus (contracts §3) for a stage row, about the spec last sent to it (as an agent says)."""
+    digest = spec_digest(stage.sent_spec) if stage.sent_spec is not None else None
     return {"stage_key": stage.stage_key, "deployment_id": stage.deployment_id, "replica": stage.replica,
             "stage_index": stage.stage_index, "state": state, "pid": pid, "exit_code": None, "restarts": 0,
-            "message": "", "stats": {}, **extra}
+            "message": "", "stats": {}, "spec_digest": digest, **extra}

@@ -220,11 +220,15 @@ def test_a_coalesced_heartbeat_records_a_stage_whose_stored_state_differs(nodes,
     node_heartbeats_flush(seen=[seen(stage.node, 0, [ready])])
     assert DeploymentStage.objects.get(pk=stage.pk).state == DeploymentStage.State.READY
     assert sent.reconciles == [deployment.pk]
-    # A report of a process a restart replaced still changes nothing.
+    # A report about the spec the stage ran before its last start changes nothing, whatever its pid
+    # (a stage given a new spec in place keeps its process).
     DeploymentStage.objects.filter(pk=stage.pk).update(state=DeploymentStage.State.PENDING,
-                                                       superseded_pid=100 + stage.stage_index, pid=None)
+                                                       sent_spec={**stage.sent_spec, "kv_tokens": 64})
     node_heartbeats_flush(seen=[seen(stage.node, 0, [ready])])
     assert DeploymentStage.objects.get(pk=stage.pk).state == DeploymentStage.State.PENDING
+    node_heartbeats_flush(seen=[seen(stage.node, 0, [report(DeploymentStage.objects.get(pk=stage.pk), "ready",
+                                                                100 + stage.stage_index)])])
+    assert DeploymentStage.objects.get(pk=stage.pk).state == DeploymentStage.State.READY
 
 
 def test_a_coalesced_report_older_than_the_rows_observation_is_skipped(nodes, revision, sent):

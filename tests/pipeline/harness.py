@@ -99,7 +99,9 @@ class Pipeline:
         path.write_text(json.dumps(spec.to_json()))
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": str(spec.threads)}
         popen = subprocess.Popen(
-            [*self.launcher(index), sys.executable, "-m", "worker_runtime.serve", "--spec", str(path)],
+            [*self.launcher(index), sys.executable, "-m", "worker_runtime.serve", "--spec", str(path),
+             "--spec-inbox"],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -126,6 +128,16 @@ class Pipeline:
 
     def wait_ready(self, timeout_s: float = 60.0) -> list[dict]:
         return [stage.wait_event("ready", timeout_s) for stage in self.stages]
+
+    def respec(self, index: int, spec: StageSpec) -> None:
+        """Hand stage ``index``'s running process a new spec in place (worker_runtime/spec_inbox.py)."""
+        self.specs[index] = spec
+        self.stages[index].spec = spec
+        path = self.workdir / f"stage{index}-{time.monotonic_ns()}.json"
+        path.write_text(json.dumps(spec.to_json()))
+        stdin = self.stages[index].popen.stdin
+        stdin.write(f"{path}\n")
+        stdin.flush()
 
     def restart(self, index: int) -> StageProcess:
         self.stages[index] = self.start(index)
