@@ -2,7 +2,8 @@
 their layers for it.
 
 A stage qualifies when the C path computes exactly what its torch ops would: an fp32 stage on CPU whose
-every linear layer already runs on one of this package's CPU kernels (fp32, int8 per row, int4). A step
+every linear layer already runs on one of this package's CPU kernels (fp32 weights, or fp16/bf16 weights
+kept 16-bit for an fp32 stage, int8 per row, int4). A step
 qualifies when every sequence of the batch adds one token (decode), whatever their lengths and sliding
 window. Everything else (prefill, a batch mixing prefill and decode, bf16/fp16 stages, CUDA) runs on torch
 ops as before.
@@ -76,10 +77,11 @@ def _linear_spec(module: nn.Module, tensors: list[torch.Tensor]) -> decode_layer
         found = [module.weight, module.scales, module.bias]
         spec = decode_layers.linear_spec(decode_layers.INT8, int8_kernel.KERNEL.function, *found, k, n)
     elif isinstance(module, Linear):
-        if module.weight.dtype != torch.float32 or not dense_matmul.kernel_enabled():
+        if not dense_matmul.kernel_enabled(module.weight.dtype):
             return None
         found = [module.weight, None, module.bias]
-        spec = decode_layers.linear_spec(decode_layers.DENSE, dense_matmul.KERNEL.function, *found, k, n)
+        function = dense_matmul.kernel_for(module.weight.dtype).function
+        spec = decode_layers.linear_spec(decode_layers.DENSE, function, *found, k, n)
     else:
         return None
     tensors.extend(t for t in found if t is not None)

@@ -61,6 +61,9 @@ class CheckpointReader:
     def shape(self, name: str) -> list[int]:
         return list(self._handle(name).get_slice(name).get_shape())
 
+    def dtype(self, name: str) -> torch.dtype:
+        return self._handle(name).get_slice(name)[:0].dtype  # an empty slice: no bytes read
+
     def row_blocks(self, name: str) -> Iterator[tuple[int, torch.Tensor]]:
         """Yield (first row, rows) of tensor ``name`` in blocks of about ``CHUNK_BYTES`` (as fp32)."""
         tensor = self._handle(name).get_slice(name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -87,7 +88,10 @@ VARIANTS: dict[str, tuple[type, type, dict]] = {
 }
 
 
-def make_checkpoint(variant: str, out: Path, seed: int = 0) -> Path:
+def make_checkpoint(variant: str, out: Path, seed: int = 0, dtype: torch.dtype = torch.float32,
+                    config_dtype: str | None = None) -> Path:
+    """``variant``'s random weights saved in ``dtype``; config.json's torch_dtype says ``config_dtype``
+    (by default ``dtype``'s name)."""
     config_cls, model_cls, extra = VARIANTS[variant]
     torch.manual_seed(seed)
     model = model_cls(config_cls(**{**COMMON, **extra}))
@@ -96,7 +100,10 @@ def make_checkpoint(variant: str, out: Path, seed: int = 0) -> Path:
             for name, p in model.named_parameters():
                 if name.endswith("bias"):
                     p.normal_(0, 0.1)
-    model.save_pretrained(out, safe_serialization=True)
+    model.to(dtype).save_pretrained(out, safe_serialization=True)
+    config = json.loads((out / "config.json").read_text())
+    config["torch_dtype"] = config_dtype or str(dtype).removeprefix("torch.")
+    (out / "config.json").write_text(json.dumps(config))
     return out
 
 

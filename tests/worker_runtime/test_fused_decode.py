@@ -61,6 +61,22 @@ def test_fused_steps_equal_the_torch_ops(checkpoints, threads, variant, bits):
         assert_same(got, expected)
 
 
+@pytest.mark.parametrize("variant", ["llama_dynamic_tied-float16", "qwen2_bias-bfloat16", "llama_wide-float16",
+                                     "llama_wide-bfloat16"])
+def test_fused_steps_over_16bit_weights_equal_the_torch_ops(checkpoints_16bit, threads, variant):
+    """An fp32 CPU stage over a 16-bit checkpoint keeps its weights 16-bit and still decodes in one call,
+    its 16-bit layers on the fp16 / bf16-weight kernels (a mixed stage's int8 layers beside them)."""
+    path = checkpoints_16bit[variant]
+    layers = ModelConfig.from_file(path).num_layers
+    for load in (dict(dtype=torch.float32), dict(dtype=torch.float32, low_bits=8, low_from=layers - 1)):
+        fused, reference = Stage.load(path, 0, layers, **load), torch_ops(Stage.load(path, 0, layers, **load))
+        assert fused.fused is not None and fused.layers[0].attention.wqkv.weight.dtype == fused.weight_dtype
+        assert fused.weight_dtype == getattr(torch, variant.split("-")[1])
+        prompts = [[3, 9, 27, 81, 5], [4, 8, 15, 16, 23]]
+        for got, expected in zip(decode(fused, prompts, 8), decode(reference, prompts, 8)):
+            assert_same(got, expected)
+
+
 @pytest.mark.parametrize("bits", [16, 4])
 def test_batched_decode_of_sequences_in_step_and_a_long_context(checkpoints, threads, bits):
     """Four sequences of 80 positions: several rows per matmul, and attention long enough to be shared

@@ -25,8 +25,9 @@ def partitions(num_layers: int) -> list[list[tuple[int, int]]]:
     return result
 
 
-def check_partition(ref, partition: list[tuple[int, int]]) -> None:
-    stages = [Stage.load(ref.path, start, end, kv_tokens=64, block_size=8) for start, end in partition]
+def check_partition(ref, partition: list[tuple[int, int]], **load) -> list[Stage]:
+    """The stages of ``partition`` (Stage.load's further keywords: ``load``) against ``ref``; returns them."""
+    stages = [Stage.load(ref.path, start, end, kv_tokens=64, block_size=8, **load) for start, end in partition]
     n = len(ref.prompt)
     logits = run_stages(stages, Batch.of_tokens([5], [ref.prompt], [0]), all_logits=True)
     torch.testing.assert_close(logits, ref.prefill_logits, atol=TOLERANCE, rtol=0)
@@ -38,6 +39,7 @@ def check_partition(ref, partition: list[tuple[int, int]]) -> None:
         if step < DECODE_STEPS:
             logits = run_stages(stages, Batch.of_tokens([5], [[tokens[-1]]], [n + step]))
     assert tokens == ref.greedy_tokens
+    return stages
 
 
 @pytest.mark.parametrize("partition", partitions(4), ids=str)

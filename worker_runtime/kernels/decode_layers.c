@@ -7,10 +7,11 @@
  * of dispatch for a few hundred floats of work (docs/benchmarks.md, "Where a batch-1 int4 step goes").
  * Here those ops are plain loops over the row, and the step costs one ctypes call for the whole stage.
  *
- * The matmuls stay the kernels this package already has (int8_matmul.c, int4_matmul.c,
- * dense_matmul.c): each layer's linear arrives as a linear_t naming its kernel function
- * (the address of the loaded library's symbol) and its tensors, so their code is written once. Everything
- * is fp32, as in those kernels and in the fp32 stages this serves; the arithmetic is transformers': RMSNorm
+ * The matmuls stay the kernels this package already has (int8_matmul.c, int4_matmul.c, dense_matmul.c,
+ * and f16_matmul.c / bf16_matmul.c for 16-bit weights, as DENSE: the same arguments): each layer's linear
+ * arrives as a linear_t naming its kernel function (the address of the loaded library's symbol) and its
+ * tensors, so their code is written once. Every activation is fp32, as in those kernels and in the fp32
+ * stages this serves; the arithmetic is transformers': RMSNorm
  * as x * rsqrt(mean(x^2) + eps) * weight, RoPE in the rotate-half layout from the caller's cos and signed
  * sin (rope.py: every scaling variant is in those tables), softmax(q k / sqrt(head_dim)) v with each query
  * head reading its kv head (GQA), silu(gate) * up.
@@ -39,7 +40,7 @@ typedef int (*int4_fn)(const float *, const void *, const void *, const float *,
 typedef struct {
     int32_t kind;      /* DENSE, INT8 (a scale per row) or INT4 */
     int32_t wide;      /* INT4: run its AVX-512 code */
-    const void *fn;    /* the kernel: motley_dense_matmul, motley_int8_matmul, ... */
+    const void *fn;    /* the kernel: motley_dense_matmul, motley_bf16_matmul, motley_int8_matmul, ... */
     const void *weight;
     const void *scales; /* NULL for DENSE */
     const float *bias;  /* or NULL */

@@ -19,11 +19,6 @@ typedef struct {
     const float *bias;       /* or NULL */
 } epilogue_t;
 
-static inline float bf16_to_float(uint16_t bits) {
-    union { uint32_t u; float f; } v = {.u = (uint32_t)bits << 16};
-    return v.f;
-}
-
 #define GROUP_SCALE(p, e) bf16_to_float((e)->scales[(size_t)((p) - (e)->w) / GROUP])
 #define LOAD8(p, e) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
 #define LOAD1(p, e) ((float)*(p) * GROUP_SCALE(p, e))

@@ -38,6 +38,7 @@ class Kernel:
     fallback: str  # what is used instead, for the warning
     switch: str  # the environment variable that can ask for torch's kernel
     restype: type | None = None  # what the function returns (ctypes), if anything
+    needs: str = "AVX2/FMA"  # the CPU features motley_cpu_supported checks, for the warning
 
     @functools.cached_property
     def function(self) -> ctypes._CFuncPtr | None:
@@ -52,7 +53,7 @@ class Kernel:
                 fn.restype = self.restype
                 fn.argtypes = self.argtypes
                 return fn
-            reason = "this CPU lacks AVX2/FMA"
+            reason = f"this CPU lacks {self.needs}"
         log.warning("%s unavailable, using %s: %s", self.name, self.fallback, reason)
         return None
 

@@ -21,8 +21,10 @@
  *   FINISH(dot, j, e)    output channel j from its dot product and e;
  * and, for a format with a scale per GROUP weights of a row (k a multiple of GROUP, of 8):
  *   GROUP_SCALE(p, e)    the scale of the group that starts at p, LOAD8 then leaving the weights unscaled.
- * It gets motley_cpu_supported() (cpu_support.h) and tiled_matmul(); its own exported function calls
- * the latter.
+ * A kernel of fp16 weights defines NEEDS_F16C (for vcvtph2ps: the code below is built for it, and
+ * motley_cpu_supported() asks for it).
+ * It gets motley_cpu_supported() (cpu_support.h), bf16_to_float() for its macros, and tiled_matmul(); its
+ * own exported function calls the latter.
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -32,9 +34,18 @@
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#ifdef NEEDS_F16C
+#pragma GCC target("f16c")
+#endif
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define MAX_NR 8
+
+/* bf16 bits widened to the fp32 they stand for (exact: a bf16 is an fp32's upper half). */
+ALWAYS_INLINE float bf16_to_float(uint16_t bits) {
+    union { uint32_t u; float f; } v = {.u = (uint32_t)bits << 16};
+    return v.f;
+}
 
 ALWAYS_INLINE float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -97,7 +108,10 @@ ALWAYS_INLINE void tile(const float *x, const weight_t *const *w, const weight_t
 #pragma GCC unroll 8
         for (int j = 0; j < NR; j++) {
             float s = hsum(acc[i][j]);
-            for (int64_t q = p; q < k; q++) s += x[i * k + q] * LOAD1(w[j] + q, e);
+            /* fmaf, not s += x * w: gcc contracts that into an FMA or not depending on the weight format
+             * (a 4-7 long tail of fp32 weights is multiplied as a vector, then added), and every format
+             * must sum as the fp32 kernel does (f16_matmul.c, bf16_matmul.c are bit-exact to it). */
+            for (int64_t q = p; q < k; q++) s = __builtin_fmaf(x[i * k + q], LOAD1(w[j] + q, e), s);
             out[i * NR + j] = s;
         }
 }
