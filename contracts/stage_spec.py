@@ -60,6 +60,9 @@ class StageSpec:
     micro_batches: int | None = None  # micro-batches in flight; default num_stages + 1
     max_batch_tokens: int = 4096  # tokens per micro-batch (a longer prompt still goes alone)
     max_queue: int = 256  # requests waiting for KV space before new ones are refused
+    # Started beside its pipeline ahead of an in-place handover: load, bind and say ready, then wait for
+    # the spec that lets it join (the same without ``hold``, given in place). No heartbeat meanwhile.
+    hold: bool = False
 
     @property
     def is_head(self) -> bool:

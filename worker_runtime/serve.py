@@ -63,11 +63,13 @@ def serve(raw: dict, events: EventWriter, stop: threading.Event, replaced: threa
     """Load, bind, announce ``ready`` and serve the spec ``raw`` until ``stop`` is set (then drain, unless
     ``replaced``); a new spec in ``inbox`` is taken in place (spec_inbox.py) and served the same way."""
     stage: Stage | None = None
+    loaded: dict = raw
     transport: ZmqTransport | None = None
     try:
         while True:
             spec, began = StageSpec.from_dict(raw), time.monotonic()
-            stage = load_stage(spec, reuse=stage)
+            stage = _stage_for(spec, stage, loaded)
+            loaded = raw
             if stage.is_first != spec.is_head or stage.is_last != spec.is_last:
                 raise ValueError(
                     f"layers {list(spec.layers)} of a {stage.config.num_layers}-layer model do not fit stage "
@@ -82,6 +84,8 @@ def serve(raw: dict, events: EventWriter, stop: threading.Event, replaced: threa
             else:
                 transport.relink(spec.next, head)
             _announce(spec, stage, events, raw, began)
+            if spec.hold and not inbox.wait(stop):  # started beside, joins when its spec comes (contracts §1)
+                return
             stopping, leaving = (lambda: stop.is_set() or inbox.pending()), (
                 lambda: replaced.is_set() or inbox.pending())
             if spec.is_head:
@@ -95,6 +99,19 @@ def serve(raw: dict, events: EventWriter, stop: threading.Event, replaced: threa
     finally:
         if transport is not None:
             transport.close()
+
+
+def _stage_for(spec: StageSpec, running: Stage | None, running_raw: dict) -> Stage:
+    """The stage to serve ``spec`` with: the running one as it is when the new spec changes nothing it
+    loaded (its neighbours moved, or it was held), its sequences dropped (they end with the old spec);
+    else loaded, taking over what the running one holds."""
+    unchanged = ("bits", "low_bits", "low_from", "kv_tokens")
+    if running is not None and tuple(running_raw["layers"]) == spec.layers and all(
+            running_raw.get(name) == getattr(spec, name) for name in unchanged):
+        for seq_id in running.kv.sequences:
+            running.kv.free(seq_id)
+        return running
+    return load_stage(spec, reuse=running)
 
 
 def _announce(spec: StageSpec, stage: Stage, events: EventWriter, raw: dict, began: float) -> None:

@@ -23,6 +23,7 @@ class SpecInbox:
     def __init__(self) -> None:
         self._path: str | None = None
         self._lock = threading.Lock()
+        self._arrived = threading.Event()
 
     def listen(self, stream: TextIO) -> None:
         """Read spec paths from ``stream`` (one a line) on a daemon thread."""
@@ -30,12 +31,20 @@ class SpecInbox:
 
     def pending(self) -> bool:
         """Whether a new spec waits: the serving loop ends as for a replaced stage."""
-        return self._path is not None
+        return self._arrived.is_set()
+
+    def wait(self, stop: threading.Event) -> bool:
+        """Block until a new spec waits (True) or ``stop`` is set (False): a held stage (contracts §1)."""
+        while not stop.is_set():
+            if self._arrived.wait(0.05):
+                return True
+        return False
 
     def take(self) -> str | None:
         """The newest spec path sent since the last take, or None."""
         with self._lock:
             path, self._path = self._path, None
+            self._arrived.clear()
         return path
 
     def _read(self, stream: TextIO) -> None:
@@ -43,3 +52,4 @@ class SpecInbox:
             if path := line.strip():
                 with self._lock:
                     self._path = path
+                    self._arrived.set()

@@ -101,10 +101,13 @@ def _slot_apply(
         return
     for replica in incoming:
         handover.pipeline_abandon(replica=replica)
+    if current is not None and _matches(replica=current, stages=stages, checked=checked):
+        return  # it runs this plan already, or a prepared handover in flight goes there
+    if current is not None and handover.prepared_abandon(replica=current) and _matches(
+            replica=current, stages=stages, checked=checked):
+        return  # the plan is the pipeline as it runs: dropping the prepared change was all
     if current is None:  # a slot no pipeline serves yet (a new deployment, or one more replica)
         _pipeline_start(deployment=deployment, checked=checked, slot=slot, stages=stages, now=now)
-        return
-    if _matches(replica=current, stages=stages, checked=checked):
         return
     old = list(current.stages())
     lost = [row.stage_key for row in old if row.lost]
@@ -112,8 +115,11 @@ def _slot_apply(
     shortfalls = [] if lost else room_shortfalls(profile=profile, new=[
         (device, {**stage, "kv_tokens": _kv_tokens(stage, device, checked), "batch": checked.batch})
         for device, stage in stages])
+    reason = f"on a lost node: {', '.join(lost)}" if lost else f"no room beside: {'; '.join(shortfalls)}"
+    if shortfalls and not lost and _prepare_beside(replica=current, checked=checked, stages=stages,
+                                                   profile=profile, reason=reason):
+        return
     if lost or shortfalls:
-        reason = f"on a lost node: {', '.join(lost)}" if lost else f"no room beside: {'; '.join(shortfalls)}"
         was = {row.stage_index: row.spec for row in old}
         rows = _stages_write(replica=current, checked=checked, stages=stages)
         starting = [row.stage_key for row in rows if row.spec != was.get(row.stage_index)]
@@ -124,15 +130,65 @@ def _slot_apply(
 
 
 def _matches(*, replica: DeploymentReplica, stages: Stages, checked: CheckedPlan) -> bool:
-    """The pipeline runs exactly these stages already (same devices, hence same ports, and same specs)."""
-    rows = list(replica.stages())
+    """The pipeline runs exactly these stages already (same devices, hence same ports, and same specs),
+    or will once its prepared handover is released (its held rows and next specs)."""
+    held = {row.stage_index: row for row in replica.held_stages()}
+    rows = [held.get(row.stage_index, row) for row in replica.stages()]
     if [row.device_id for row in rows] != [device.pk for device, _ in stages]:
         return False
     addresses = [_address(row) for row in rows]
     return all(
-        row.spec == _stage_spec(replica=replica, stage=stage, stage_index=i, device=device,
-                                addresses=addresses, checked=checked).to_json()
+        (row.next_spec or row.spec) == _stage_spec(replica=replica, stage=stage, stage_index=i, device=device,
+                                                   addresses=addresses, checked=checked).to_json()
         for i, (row, (device, stage)) in enumerate(zip(rows, stages))
+    )
+
+
+def _prepare_beside(
+    *, replica: DeploymentReplica, checked: CheckedPlan, stages: Stages, profile: ModelProfile, reason: str
+) -> bool:
+    """Start the stages an in-place handover moves to another node beside the serving pipeline, held
+    (contracts §1 ``hold``), when each fits on its new card now; the pipeline keeps serving while they
+    load, and the handover's pause (``handover.prepared_release``) is only the rewiring. False, with
+    nothing written, when the change does not qualify: no stage moves to another node, one does not
+    fit beside, the pipeline's length changes, or a stage that stays on its node changes device."""
+    rows = list(replica.stages())
+    if len(rows) != len(stages):
+        return False
+    moving = [i for i, (device, _) in enumerate(stages) if device.node_id != rows[i].node_id]
+    staying = [i for i in range(len(stages)) if i not in moving]
+    if not moving or any(stages[i][0].pk != rows[i].device_id for i in staying):
+        return False
+    if room_shortfalls(profile=profile, new=[
+            (stages[i][0], {**stages[i][1], "kv_tokens": _kv_tokens(stages[i][1], stages[i][0], checked),
+                            "batch": checked.batch}) for i in moving]):
+        return False
+    final = list(rows)
+    for i in moving:
+        final[i] = _held_row(replica=replica, stage_index=i, device=stages[i][0])
+    addresses = [_address(row) for row in final]
+    for i, (row, (device, stage)) in enumerate(zip(final, stages)):
+        spec = _stage_spec(replica=replica, stage=stage, stage_index=i, device=device, addresses=addresses,
+                           checked=checked).to_json()
+        if i in moving:
+            row.spec, row.next_spec = {**spec, "hold": True}, spec
+            row.save(update_fields=["spec", "next_spec"])
+        elif spec != row.spec:
+            row.next_spec = spec
+            row.save(update_fields=["next_spec"])
+    handover.prepared_started(replica=replica, held=[final[i] for i in moving],
+                              changed=[row for row in final if row.next_spec is not None], reason=reason)
+    return True
+
+
+def _held_row(*, replica: DeploymentReplica, stage_index: int, device: Device) -> DeploymentStage:
+    """A stage of ``replica`` started on ``device``'s node beside the pipeline (not wanted by it yet)."""
+    replica.deployment.stages.filter(
+        wanted=False, replica=replica.index, stage_index=stage_index, node=device.node
+    ).delete()  # a retired row of the same key on this node: the new start supersedes that process
+    return DeploymentStage.objects.create(
+        deployment=replica.deployment, replica=replica.index, slot=replica.slot, stage_index=stage_index,
+        wanted=False, held=True, node=device.node, device=device, port=_free_port(node=device.node), spec={},
     )
 
 

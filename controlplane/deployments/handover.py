@@ -13,6 +13,11 @@ pass itself when the next step falls due, rather than waiting for the beat (docs
   ``MOTLEY_HANDOVER_DRAIN_S`` passed, so no relay leaves under a request; then its row goes.
 - **in place**: the slot's pipeline is RELOADING (not served) while its changed stages restart, and
   SERVING again once all its stages are ready; that time is the pause.
+- **prepared** (in place, when the stages that move to another node fit on their new cards now):
+  those start there first, *held* (``DeploymentStage.held``, spec ``hold``: loaded, not joined),
+  while the pipeline serves on; once every held one is ready (or one failed), ``prepared_release``
+  makes them the pipeline's, retires the rows they replace, gives every other changed stage its
+  next spec, and the pipeline is RELOADING as above: the pause is only the rewiring.
 
 Each step is an event, once: ``handover_started``, ``handover_switched``, ``handover_drained``,
 ``handover_done``.
@@ -69,6 +74,51 @@ def reload_started(*, replica: DeploymentReplica, starting: list[str], reason: s
     )
 
 
+def prepared_started(
+    *, replica: DeploymentReplica, held: list[DeploymentStage], changed: list[DeploymentStage], reason: str
+) -> None:
+    """``held`` start beside ``replica``, which serves on; ``changed`` (held ones included) take their
+    next spec at the release (``reason``: why the rest is in place, not beside)."""
+    where = ", ".join(f"{row.stage_key} on {row.device.name}" for row in held)
+    event_record(
+        kind=Kind.HANDOVER_STARTED, deployment=replica.deployment,
+        message=f"replica r{replica.slot}: starting {where} beside {replica.pipeline_id}, which serves on; "
+                f"then reloading in place ({reason})",
+        detail={"mode": "in_place", "slot": replica.slot, "from": replica.pipeline_id,
+                "to": replica.pipeline_id, "held": [row.stage_key for row in held],
+                "starting": sorted({row.stage_key for row in changed}),
+                "changed": sorted({row.stage_index for row in changed}), "reason": reason},
+    )
+
+
+def prepared_abandon(*, replica: DeploymentReplica) -> bool:
+    """Drop a prepared handover a newer plan does not want: its held stages are retired (reconcile stops
+    them), the next specs forgotten; the pipeline serves on as it is. False when none was in flight."""
+    rows = DeploymentStage.objects.filter(deployment_id=replica.deployment_id, replica=replica.index)
+    held = rows.filter(held=True).update(held=False, next_spec=None)
+    return bool(held + rows.filter(next_spec__isnull=False).update(next_spec=None))
+
+
+def prepared_release(*, replica: DeploymentReplica, rows: list[DeploymentStage], now: datetime) -> None:
+    """The held stages are ready (or one failed): they join ``replica`` in place of the rows they replace,
+    which are retired, every changed stage takes its next spec, and the pipeline reloads in place."""
+    held = [row for row in rows if row.held]
+    moved = {row.stage_index for row in held}
+    _unwant([row for row in rows if row.wanted and row.stage_index in moved])
+    for row in rows:
+        if row.held or (row.wanted and row.next_spec is not None):
+            row.wanted, row.held, row.spec, row.next_spec = True, False, row.next_spec, None
+            row.save(update_fields=["wanted", "held", "spec", "next_spec"])
+    held_s = max((_seconds(now - row.sent_at) for row in held if row.sent_at), default=0.0)
+    replica.phase, replica.phase_since = Phase.RELOADING, now
+    replica.save(update_fields=["phase", "phase_since"])
+    event_record(kind=Kind.HANDOVER_SWITCHED, deployment=replica.deployment,
+                 message=f"replica r{replica.slot}: {', '.join(row.stage_key for row in held)} ready beside "
+                         f"{replica.pipeline_id} after {held_s} s; rewiring it in place",
+                 detail={"slot": replica.slot, "from": [replica.pipeline_id], "to": replica.pipeline_id,
+                         "held": [row.stage_key for row in held], "held_s": held_s})
+
+
 def pipeline_abandon(*, replica: DeploymentReplica) -> None:
     """Drop an incoming pipeline a newer plan does not want: its stages are stopped, its row goes."""
     rows = DeploymentStage.objects.filter(deployment_id=replica.deployment_id, replica=replica.index)
@@ -94,10 +144,12 @@ def handovers_advance(*, deployment: Deployment, now: datetime) -> None:
     rows = _rows_by_pipeline(deployment)
     for replica in replicas:
         wanted = [row for row in rows[replica.index] if row.wanted]
-        # Ready with the spec it is meant to run: a stage rewritten in place still reports its old process.
-        ready = bool(wanted) and all(row.state == row.State.READY and row.sent_spec == row.spec
-                                     and not row.lost for row in wanted)
-        if replica.phase == Phase.INCOMING and ready:
+        ready = bool(wanted) and all(_ready(row) for row in wanted)
+        held = [row for row in rows[replica.index] if row.held]
+        if replica.phase == Phase.SERVING and held and all(
+                row.state in _GONE or row.lost or _ready(row) for row in held):
+            prepared_release(replica=replica, rows=rows[replica.index], now=now)
+        elif replica.phase == Phase.INCOMING and ready:
             old = [r for r in replicas if r.slot == replica.slot and r.phase in HOLDS_SLOT]
             _switch(new=replica, old=old, now=now)
         elif replica.phase == Phase.RELOADING and ready:
@@ -207,6 +259,11 @@ def _drain_step(replica: DeploymentReplica, own: list[DeploymentStage], now: dat
                  message=f"replica r{replica.slot}: {replica.pipeline_id} stopped, {why} ({drain_s} s drain)",
                  detail={"slot": replica.slot, "pipeline": replica.pipeline_id, "drain_s": drain_s,
                          "head_exited": head_exited, "lost": lost})
+
+
+def _ready(row: DeploymentStage) -> bool:
+    """Ready with the spec it is meant to run: a stage rewritten in place still reports its old spec."""
+    return row.state == row.State.READY and row.sent_spec == row.spec and not row.lost
 
 
 def _unwant(rows: list[DeploymentStage]) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from contracts.names import parse_stage_key
@@ -151,16 +152,17 @@ def node_agent_restarted(*, node: Node) -> None:
     event_record(kind=DeploymentEvent.Kind.NODE_REGISTERED, node=node,
                  message=f"agent of node {node.name} registered (incarnation {node.incarnation}{note})",
                  detail={"incarnation": node.incarnation, "was": was})
-    DeploymentStage.objects.filter(node=node, wanted=False).delete()
-    DeploymentStage.objects.filter(node=node, wanted=True).update(
+    DeploymentStage.objects.filter(node=node, wanted=False, held=False).delete()
+    DeploymentStage.objects.filter(Q(wanted=True) | Q(held=True), node=node).update(
         state=DeploymentStage.State.PENDING, sent_spec=None, pid=None
     )
     _node_sync(node=node)
 
 
 def _node_sync(*, node: Node) -> None:
-    """Send the node's agent the stage keys still wanted on it, and reconcile their deployments."""
-    wanted = list(DeploymentStage.objects.filter(node=node, wanted=True))
+    """Send the node's agent the stage keys still wanted on it (held ones too), and reconcile their
+    deployments."""
+    wanted = list(DeploymentStage.objects.filter(Q(wanted=True) | Q(held=True), node=node))
     dispatch.agent_task_send_on_commit(
         node=node, name=SYNC, kwargs={"wanted_stage_keys": sorted(row.stage_key for row in wanted)}
     )

@@ -142,12 +142,21 @@ class DeploymentReplica(models.Model):
         return DeploymentStage.objects.filter(deployment_id=self.deployment_id, replica=self.index,
                                               wanted=True).select_related("node").order_by("stage_index")
 
+    def held_stages(self) -> models.QuerySet[DeploymentStage]:
+        """Its stages started beside it ahead of a prepared in-place handover (``DeploymentStage.held``)."""
+        return DeploymentStage.objects.filter(deployment_id=self.deployment_id, replica=self.index,
+                                              held=True).select_related("node").order_by("stage_index")
+
 
 class DeploymentStage(models.Model):
     """One stage process: where it must run with what spec (desired) and what its agent reports.
 
     A stage that moves to another node leaves its old row behind with ``wanted=False`` until the old
-    node confirms it stopped (or is lost), so nothing keeps running unseen.
+    node confirms it stopped (or is lost), so nothing keeps running unseen. A ``held`` row is the
+    other way round: a stage started on its new node beside the pipeline it will join, ahead of an
+    in-place handover (handover.py, "prepared"), not wanted by the pipeline yet; its spec says
+    ``hold`` and ``next_spec`` is what it runs once the handover releases it. A wanted row's
+    ``next_spec`` is the spec it takes at that release.
     """
 
     class State(models.TextChoices):
@@ -165,6 +174,8 @@ class DeploymentStage(models.Model):
     slot = models.PositiveSmallIntegerField(default=0)
     stage_index = models.PositiveSmallIntegerField()
     wanted = models.BooleanField(default=True)
+    held = models.BooleanField(default=False)
+    next_spec = models.JSONField(null=True, blank=True)
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="stages")
     device = models.ForeignKey(Device, null=True, on_delete=models.SET_NULL, related_name="stages")
     port = models.PositiveIntegerField()

@@ -55,7 +55,7 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
     leaving = _leaving_by_device(rows)
     for row in rows:
         lost = row.lost
-        if not row.wanted:
+        if not row.wanted and not (row.held and not deployment.stop_requested):
             if lost or row.sent_at is None or row.state in (row.State.EXITED, row.State.FAILED):
                 row.delete()
             elif row.stop_sent_at is None or row.stop_sent_at < now - start_timeout:
@@ -145,7 +145,7 @@ def _leaving_by_device(rows: list[DeploymentStage]) -> dict[int, list[str]]:
     admission (room.py, the same test)."""
     leaving: dict[int, list[str]] = {}
     for row in rows:
-        if row.lost or row.sent_at is None or row.state in (row.State.EXITED, row.State.FAILED):
+        if row.lost or row.held or row.sent_at is None or row.state in (row.State.EXITED, row.State.FAILED):
             continue
         if not row.wanted and row.device_id is not None:
             leaving.setdefault(row.device_id, []).append(row.stage_key)

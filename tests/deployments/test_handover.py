@@ -18,7 +18,7 @@ from controlplane.deployments.selectors import deployment_endpoints
 from controlplane.deployments.services import deployment_apply, deployment_create
 from controlplane.deployments.stage_reports import stage_status_record
 from controlplane.inventory.models import Node
-from tests.deployments.conftest import REQUEST, edited_plan, report
+from tests.deployments.conftest import REQUEST, THREE_STAGES, edited_plan, report
 
 pytestmark = pytest.mark.django_db(transaction=True)  # sends happen on commit, as in production
 
@@ -301,3 +301,73 @@ def test_two_stages_swapping_the_cards_of_one_node_in_place_stop_first_then_star
     report_all(deployment, 0, "ready", 300)
     deployment = deployment_reconcile(deployment_id=d)
     assert deployment.status == Deployment.Status.READY and phases(deployment) == {0: (0, "serving")}
+
+
+STAGE_MOVED = edited_plan(("n0/gpu0", 0, 2), ("n1/gpu0", 2, 4), ("n3/gpu0", 4, 6))
+
+
+def started_specs(tasks) -> dict[str, dict]:
+    return {kw["stage_key"]: kw["spec"] for _, name, kw in tasks if name == START}
+
+
+def test_a_stage_moving_to_a_free_card_loads_there_held_while_the_pipeline_serves_then_rewires(
+    nodes, real_gpus, llm, revision, sent
+):
+    """In place (no room for a whole second pipeline), but the moved stage's new card is free: it
+    starts there first, held, and the pipeline serves on; the pause begins once it is ready."""
+    deployment = serving_ready(revision, sent)
+    d = deployment.pk
+    deployment = apply(deployment, llm, STAGE_MOVED)
+    tasks = sent.take()
+    assert [name for _, name, _ in tasks] == [START]  # nothing of the serving pipeline is touched
+    assert started_specs(tasks)[f"d{d}-r0-s2"]["hold"] is True
+    held = deployment.stages.get(held=True)
+    assert (held.node, held.wanted) == (nodes[3], False)
+    assert phases(deployment) == {0: (0, "serving")} and heads(deployment) == [("r0", 0, True, True)]
+    assert deployment.status == Deployment.Status.READY
+    started = DeploymentEvent.objects.get(deployment=deployment, kind="handover_started")
+    assert started.detail["held"] == [f"d{d}-r0-s2"] and started.detail["changed"] == [1, 2]
+    apply(deployment, llm, STAGE_MOVED)  # the same plan again: the prepared handover already goes there
+    assert sent.take() == [] and deployment.stages.get(held=True).pk == held.pk
+
+    stage_status_record(node=nodes[3], status=report(deployment.stages.get(held=True), "ready", 300))
+    deployment = deployment_reconcile(deployment_id=d)
+    tasks = sent.take()
+    specs = started_specs(tasks)
+    assert sorted(specs) == [f"d{d}-r0-s1", f"d{d}-r0-s2"]
+    assert specs[f"d{d}-r0-s2"]["hold"] is False
+    assert specs[f"d{d}-r0-s1"]["next"] == specs[f"d{d}-r0-s2"]["listen"]
+    assert [(kw["stage_key"], task[0]) for task in tasks if task[1] == STOP for kw in [task[2]]] == [
+        (f"d{d}-r0-s2", f"node.{nodes[2].pk}")]
+    assert phases(deployment) == {0: (0, "reloading")}
+    assert kinds(deployment) == ["handover_started", "handover_switched"]
+    report_all(deployment, 0, "ready", 400)
+    deployment = deployment_reconcile(deployment_id=d)
+    assert phases(deployment) == {0: (0, "serving")} and deployment.status == Deployment.Status.READY
+    assert [s.node for s in deployment.stages.filter(wanted=True).order_by("stage_index")] == [
+        nodes[0], nodes[1], nodes[3]]
+    assert kinds(deployment) == ["handover_started", "handover_switched", "handover_done"]
+
+
+def test_a_newer_plan_drops_a_prepared_handover_and_its_held_stage(nodes, real_gpus, llm, revision, sent):
+    deployment = serving_ready(revision, sent)
+    d = deployment.pk
+    apply(deployment, llm, STAGE_MOVED)
+    sent.take()
+    deployment = apply(deployment, llm, THREE_STAGES)  # back to the plan it runs: nothing else moves
+    assert [(name, kw["stage_key"]) for _, name, kw in sent.take()] == [(STOP, f"d{d}-r0-s2")]
+    assert not deployment.stages.filter(held=True).exists()
+    assert not deployment.stages.filter(next_spec__isnull=False).exists()
+    assert phases(deployment) == {0: (0, "serving")} and deployment.status == Deployment.Status.READY
+
+
+def test_a_held_stage_that_fails_releases_the_handover_in_place(nodes, real_gpus, llm, revision, sent):
+    deployment = serving_ready(revision, sent)
+    d = deployment.pk
+    apply(deployment, llm, STAGE_MOVED)
+    sent.take()
+    stage_status_record(node=nodes[3], status=report(deployment.stages.get(held=True), "failed", 300,
+                                                     message="refused: out of memory"))
+    deployment = deployment_reconcile(deployment_id=d)
+    assert phases(deployment) == {0: (0, "reloading")}
+    assert sorted(started_specs(sent.take())) == [f"d{d}-r0-s1", f"d{d}-r0-s2"]  # the failed one restarts

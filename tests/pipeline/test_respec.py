@@ -76,3 +76,26 @@ async def test_a_spec_that_needs_another_process_is_refused_by_the_running_one(s
     error = pipeline.stages[1].wait_event("error")
     assert "listen changed" in error["message"]
     assert await asyncio.to_thread(pipeline.stages[1].popen.wait, 10) == 1
+
+
+async def test_a_held_stage_loads_beside_and_joins_only_when_its_spec_comes(start_pipeline):
+    """A stage started with ``hold`` (ahead of an in-place handover) says ready but stays out of the
+    pipeline; given the same spec without ``hold`` it joins without loading again."""
+    pipeline = start_pipeline(2)
+    before = await generate(pipeline)
+    old = pipeline.stages[1]
+    final = changed(pipeline.specs[1], listen=f"tcp://127.0.0.1:{free_port()}")
+    pipeline.specs[1] = changed(final, hold=True)
+    held = pipeline.start(1)
+    held.wait_event("ready")
+    async with PipelineClient(pipeline.head, TOKEN, "p0", timeout_s=10.0) as client:
+        await asyncio.sleep(0.6)  # a heartbeat of the held stage would break the pipeline by now
+        assert (await client.health())["ok"]
+        assert await collect(client, PROMPT, 12) == before  # still through the old stage 1
+    old.popen.send_signal(signal.SIGUSR1)
+    assert old.popen.wait(timeout=10) == 0
+    pipeline.stages[1] = held
+    pipeline.respec(0, changed(pipeline.specs[0], next=final.listen))
+    pipeline.respec(1, final)
+    held.wait_event("ready")
+    assert await generate(pipeline) == before
