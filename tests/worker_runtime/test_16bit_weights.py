@@ -16,7 +16,7 @@ from worker_runtime import Batch, Stage
 from worker_runtime.kernels.dense_matmul import kernel_enabled
 
 from .checkpoints import make_checkpoint
-from .conftest import reference
+from .conftest import VARIANTS_16BIT, reference
 from .test_parity import check_partition
 
 pytestmark = pytest.mark.skipif(not (kernel_enabled(torch.float16) and kernel_enabled(torch.bfloat16)),
@@ -38,11 +38,13 @@ def steps(stage: Stage, prompt_length: int, count: int = 6) -> list[torch.Tensor
     prompts = [[(7 * j + i) % vocab for j in range(prompt_length)] for i in range(2)]
     out = [stage(Batch.of_tokens([0, 1], prompts, [0, 0]))]
     for t in range(count):
-        out.append(stage(Batch.of_tokens([0, 1], [[(3 + t) % vocab], [(5 + t) % vocab]], [prompt_length + t] * 2)))
+        tokens = [[(3 + t) % vocab], [(5 + t) % vocab]]
+        out.append(stage(Batch.of_tokens([0, 1], tokens, [prompt_length + t] * 2)))
     return out
 
 
-@pytest.mark.parametrize("variant", ["llama_dynamic_tied-float16", "qwen2_bias-bfloat16", "llama_wide-bfloat16"])
+@pytest.mark.parametrize("variant",
+                         ["llama_dynamic_tied-float16", "qwen2_bias-bfloat16", "llama_wide-bfloat16"])
 def test_kept_16bit_stages_reproduce_transformers(checkpoints_16bit, variant):
     ref = reference(checkpoints_16bit[variant])
     layers = ref.num_layers
@@ -55,8 +57,7 @@ def test_kept_16bit_stages_reproduce_transformers(checkpoints_16bit, variant):
         assert stages[0].layers[0].attention_norm.weight.dtype == torch.float32 == stages[0].kv.k.dtype
 
 
-@pytest.mark.parametrize("variant", sorted(f"{v}-{d}" for v in ("llama_dynamic_tied", "qwen2_bias", "llama_wide")
-                                           for d in ("float16", "bfloat16")))
+@pytest.mark.parametrize("variant", [f"{v}-{d}" for v in VARIANTS_16BIT for d in ("float16", "bfloat16")])
 @pytest.mark.parametrize("prompt_length", [11, 40])
 def test_kept_16bit_stages_compute_what_the_widened_ones_did(checkpoints_16bit, monkeypatch, variant,
                                                              prompt_length):

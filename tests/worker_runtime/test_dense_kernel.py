@@ -55,7 +55,7 @@ def test_16bit_kernels_equal_the_fp32_kernel_on_the_widened_weights_bit_for_bit(
     for rows in ROWS:
         x = torch.randn(rows, k, generator=generator)
         for bias in (None, b):
-            assert torch.equal(dense_matmul(x, w, bias), dense_matmul(x, w.float(), bias)), (rows, bias is None)
+            assert torch.equal(dense_matmul(x, w, bias), dense_matmul(x, w.float(), bias)), rows
 
 
 def test_strided_activations_are_read_right_and_shapes_that_do_not_fit_are_refused():
@@ -123,8 +123,9 @@ def test_forced_torch_switch_takes_onednn_or_mkl(monkeypatch, kernel_rows):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_dense_linear_takes_the_16bit_kernels_for_any_weight_up_to_their_rows_then_widens(kernel_rows, dtype):
-    """Below KERNEL_16BIT_MAX_ROWS rows the result is the fp32 kernel's on the widened weight (what a stage
-    that widened at load computed for up to KERNEL_MAX_ROWS rows), past it the widened weight's MKL product."""
+    """Up to KERNEL_16BIT_MAX_ROWS rows the result is the fp32 kernel's on the widened weight (what a stage
+    that widened at load computed for up to KERNEL_MAX_ROWS rows), past them the widened weight's MKL
+    product."""
     if not kernel_enabled(dtype):
         pytest.skip(f"{dtype} kernel not buildable here")
     small = (torch.randn(40, 24) / 24**0.5).to(dtype)  # far below ONEDNN_MIN_WEIGHT_BYTES: still ours

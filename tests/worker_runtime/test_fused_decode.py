@@ -61,8 +61,8 @@ def test_fused_steps_equal_the_torch_ops(checkpoints, threads, variant, bits):
         assert_same(got, expected)
 
 
-@pytest.mark.parametrize("variant", ["llama_dynamic_tied-float16", "qwen2_bias-bfloat16", "llama_wide-float16",
-                                     "llama_wide-bfloat16"])
+@pytest.mark.parametrize("variant", ["llama_dynamic_tied-float16", "qwen2_bias-bfloat16",
+                                     "llama_wide-float16", "llama_wide-bfloat16"])
 def test_fused_steps_over_16bit_weights_equal_the_torch_ops(checkpoints_16bit, threads, variant):
     """An fp32 CPU stage over a 16-bit checkpoint keeps its weights 16-bit and still decodes in one call,
     its 16-bit layers on the fp16 / bf16-weight kernels (a mixed stage's int8 layers beside them)."""

@@ -23,8 +23,9 @@ from worker_runtime.quantize import Int4Linear, Int8Linear
 
 CPU = torch.device("cpu")
 
+DENSE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BUILDABLE = all((int8_matmul.kernel_enabled(), int4_matmul.kernel_enabled(),
-                 *(dense_matmul.kernel_enabled(dtype) for dtype in (torch.float32, torch.float16, torch.bfloat16))))
+                 *(dense_matmul.kernel_enabled(dtype) for dtype in DENSE_DTYPES)))
 pytestmark = pytest.mark.skipif(not BUILDABLE, reason="CPU kernels not buildable here")
 
 

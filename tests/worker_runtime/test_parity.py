@@ -27,7 +27,7 @@ def partitions(num_layers: int) -> list[list[tuple[int, int]]]:
 
 def check_partition(ref, partition: list[tuple[int, int]], **load) -> list[Stage]:
     """The stages of ``partition`` (Stage.load's further keywords: ``load``) against ``ref``; returns them."""
-    stages = [Stage.load(ref.path, start, end, kv_tokens=64, block_size=8, **load) for start, end in partition]
+    stages = [Stage.load(ref.path, a, b, kv_tokens=64, block_size=8, **load) for a, b in partition]
     n = len(ref.prompt)
     logits = run_stages(stages, Batch.of_tokens([5], [ref.prompt], [0]), all_logits=True)
     torch.testing.assert_close(logits, ref.prefill_logits, atol=TOLERANCE, rtol=0)

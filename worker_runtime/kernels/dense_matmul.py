@@ -30,8 +30,8 @@ from .loader import Kernel, team_size
 
 ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
 WIDENED = "16-bit weights widened to fp32 as they load"
-KERNEL = Kernel(Path(__file__).with_name("dense_matmul.c"), "motley_dense_matmul", ARGTYPES, "fp32 CPU kernel",
-                "oneDNN/MKL", "MOTLEY_DENSE_KERNEL")
+KERNEL = Kernel(Path(__file__).with_name("dense_matmul.c"), "motley_dense_matmul", ARGTYPES,
+                "fp32 CPU kernel", "oneDNN/MKL", "MOTLEY_DENSE_KERNEL")
 F16_KERNEL = Kernel(Path(__file__).with_name("f16_matmul.c"), "motley_f16_matmul", ARGTYPES,
                     "fp16-weight CPU kernel", WIDENED, "MOTLEY_16BIT_KERNEL", needs="AVX2/FMA/F16C")
 BF16_KERNEL = Kernel(Path(__file__).with_name("bf16_matmul.c"), "motley_bf16_matmul", ARGTYPES,
@@ -44,7 +44,7 @@ def kernel_for(dtype: torch.dtype) -> Kernel | None:
 
 
 def kernel_enabled(dtype: torch.dtype = torch.float32) -> bool:
-    """Whether linears with weights of ``dtype`` on CPU may use our kernel now (builds it on the first call)."""
+    """Whether linears with weights of ``dtype`` on CPU may use our kernel now (builds it on first call)."""
     kernel = kernel_for(dtype)
     return kernel is not None and kernel.enabled()
 
