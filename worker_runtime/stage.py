@@ -18,7 +18,7 @@ from contracts.model_config import ModelConfig
 from contracts.precision import layer_precisions
 from contracts.profiler import DEFAULT_GROUP_SIZE, head_int8_group
 
-from .dense import Linear
+from .dense import Linear, weight_dtype
 from .fused_decode import fused_layers, takes_step
 from .kernels.decode_layers import LayerSpecs
 from .kv_cache import KVCache
@@ -107,6 +107,9 @@ class Stage(nn.Module):
         self.config, self.start, self.end, self.bits = config, start, end, bits
         self.device = torch.device(device)
         self.dtype = dtype or DTYPES[config.torch_dtype]
+        # Where the embedding and the 16-bit layers' linear weights are kept: the checkpoint's own 16 bits on
+        # a CPU stage computing in fp32 (dense.weight_dtype); norms, biases, the KV cache stay in self.dtype.
+        self.weight_dtype = weight_dtype(DTYPES[config.torch_dtype], self.device, self.dtype)
         self.is_first, self.is_last = start == 0, end == config.num_layers
         self.group_size = group_size
         hidden, vocab = config.hidden_size, config.vocab_size
@@ -130,6 +133,9 @@ class Stage(nn.Module):
                 setattr(parent, name, self._quantized(getattr(parent, name), layer_bits))
         if self.lm_head is not None and self.head_bits != 16:
             self.lm_head = self._quantized(self.lm_head, self.head_bits, head_int8_group(hidden))
+        for module in self.modules() if self.weight_dtype != self.dtype else ():
+            if isinstance(module, (Linear, nn.Embedding)):  # quantized linears are neither
+                module.weight = nn.Parameter(module.weight.to(self.weight_dtype), requires_grad=False)
         self.to_empty(device=self.device)
         self.rope = RotaryEmbedding(config, self.device)
         self.kv = KVCache(
