@@ -189,8 +189,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = (
         "control_folder": str(VAR_DIR / "broker-control"),
         "store_processed": False,
         # kombu polls the folder every 1 s by default: up to 1 s per hop (reconcile to the worker,
-        # start_stage to an agent). Listing a near-empty folder 10 times a second costs little.
-        "polling_interval": 0.1,
+        # start_stage to an agent), and an in-place handover's pause holds one such hop. Every 0.02 s
+        # costs make run's idle system (16 processes) 10.9 % of one core against 9.1 % at 0.1 s
+        # (2-core VM, 30 s each) and takes ~0.04 s off each hop.
+        "polling_interval": float(os.environ.get("MOTLEY_EMBEDDED_BROKER_POLL_S", "0.02")),
     }
     if CELERY_BROKER_URL.startswith("filesystem")
     else {}
