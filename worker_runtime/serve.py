@@ -47,7 +47,8 @@ def load_stage(spec: StageSpec, reuse: Stage | None = None) -> Stage:
     """The spec's stage, computing in the spec's dtype; without one, in fp32 on a CPU (an emulated card, or a
     stage the plan put on a host's CPU) and in the checkpoint's dtype elsewhere. A CPU's 16-bit matmuls are
     several times slower than its fp32 ones, and the CPU kernels (int8, int4, the fused decode step) are
-    fp32: 16-bit weights are widened as they load, as llama.cpp does on a CPU (docs/worker_runtime.md).
+    fp32: 16-bit weights stay 16-bit in memory and are widened in the matmul kernel's registers
+    (docs/worker_runtime.md).
     ``reuse``: the stage this process served until a new spec came (its modules are taken over)."""
     torch.set_num_threads(spec.threads)
     start, end = spec.layers

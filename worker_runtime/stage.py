@@ -218,8 +218,8 @@ class Stage(nn.Module):
         if old is None:
             return set()
         old.kv = None
-        same = (old.config, old.device, old.dtype, old.group_size) == (
-            self.config, self.device, self.dtype, self.group_size)
+        same = (old.config, old.device, old.dtype, old.weight_dtype, old.group_size) == (
+            self.config, self.device, self.dtype, self.weight_dtype, self.group_size)
         if not same:
             return set()
         kept = set()
