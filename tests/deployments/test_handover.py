@@ -9,6 +9,7 @@ import pytest
 
 from agents.memory_budget import spec_footprint
 from contracts.model_profile import ModelProfile
+from controlplane.deployments.liveness import node_agent_restarted
 from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentReplica
 from controlplane.deployments.node_actions import node_drain
 from controlplane.deployments.reconcile import deployment_reconcile
@@ -371,3 +372,19 @@ def test_a_held_stage_that_fails_releases_the_handover_in_place(nodes, real_gpus
     deployment = deployment_reconcile(deployment_id=d)
     assert phases(deployment) == {0: (0, "reloading")}
     assert sorted(started_specs(sent.take())) == [f"d{d}-r0-s1", f"d{d}-r0-s2"]  # the failed one restarts
+
+
+def test_a_restarted_agent_keeps_and_restarts_its_held_stage(nodes, real_gpus, llm, revision, sent):
+    """A node's agent that registers again forgets its retired stages, not a held one: it is listed in
+    the sync and started again, so the prepared handover can still complete."""
+    deployment = serving_ready(revision, sent)
+    d = deployment.pk
+    apply(deployment, llm, STAGE_MOVED)
+    sent.take()
+    node_agent_restarted(node=Node.objects.get(pk=nodes[3].pk))
+    held = deployment.stages.get(held=True)
+    assert (held.state, held.sent_spec) == ("pending", None)
+    tasks = sent.take()
+    assert (f"node.{nodes[3].pk}", "motley.agent.sync", {"wanted_stage_keys": [f"d{d}-r0-s2"]}) in tasks
+    deployment_reconcile(deployment_id=d)
+    assert started_specs(sent.take())[f"d{d}-r0-s2"]["hold"] is True
