@@ -76,11 +76,11 @@ def build_app(
 
     @app.task(name=START_STAGE, shared=False)
     def start_stage(stage_key: str, spec: dict[str, Any], device_index: int | None = None, *,
-                    incarnation: int) -> dict[str, Any]:
+                    incarnation: int, background: bool = False) -> dict[str, Any]:
         current(START_STAGE, incarnation)
         if not isinstance(spec, dict):
             raise TypeError(f"start_stage {stage_key}: spec must be a JSON object")
-        return supervisor.start(stage_key, spec, device_index).to_json()
+        return supervisor.start(stage_key, spec, device_index, background=bool(background)).to_json()
 
     @app.task(name=STOP_STAGE, shared=False)
     def stop_stage(stage_key: str, *, incarnation: int) -> dict[str, Any] | None:

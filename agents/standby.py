@@ -10,7 +10,9 @@ its imports do not take CPU from the stages being loaded. Any standby serves any
 device come from the spec.
 
 A standby warms up under SCHED_IDLE where the agent can undo that (CAP_SYS_NICE, as root): it then
-takes only CPU time nothing else wants. Without it, the seconds of imports that follow every handover
+takes only CPU time nothing else wants; and in a cgroup of at most ``WARM_UP_CPUS`` CPUs where the
+agent can make one (agents/cpu_quota.py), since SCHED_IDLE alone still let its imports double the
+serving stages' latency on a 2-core host. Without it, the seconds of imports that follow every handover
 (each agent whose standby became a stage starts the next one as soon as its stages are loaded, which
 is when the new pipeline begins to serve or the resumed requests run) are taken from the stages
 serving them wherever stages share CPUs, as emulated ones do. A standby is moved back to normal
@@ -32,6 +34,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from agents.cpu_quota import CpuQuota
 from agents.processes import cpu_normal, signal_group, write_pid_record
 from agents.stage_process import start_process
 from contracts.names import STANDBY_WARM_FILE
@@ -40,6 +43,7 @@ log = logging.getLogger(__name__)
 
 RETRY_S = 10.0  # after a standby died unused: do not spin on a command that cannot start
 IDLE_WARM_UP_S = 20.0  # a standby still cold after this long under SCHED_IDLE is scheduled normally
+WARM_UP_CPUS = 0.25  # the CPU every warming standby of an agent may take together (~8 s to warm up)
 
 
 class Standby:
@@ -55,6 +59,7 @@ class Standby:
         self._idle_until: list[float | None] = [None] * len(self._dirs)  # when an idle one turns normal
         self._idle = idle
         self._retry_at = 0.0
+        self._quota = CpuQuota("motley-standby", WARM_UP_CPUS)
 
     def replenish(self, now: float) -> None:
         """Notice a standby that died unused (the next start spawns cold); start one more when none is
@@ -84,6 +89,7 @@ class Standby:
             self._retry_at = now + RETRY_S
             return
         self._idle_until[slot] = now + IDLE_WARM_UP_S if self._idle else None
+        self._quota.add(self._popens[slot].pid)
         write_pid_record(folder / "pid.json", self._popens[slot].pid)
 
     def take(self, spec_path: Path) -> subprocess.Popen | None:
@@ -115,11 +121,15 @@ class Standby:
         for slot, popen in enumerate(self._popens):
             if popen is not None:
                 self._discard(slot)
+        self._quota.close()
 
     def _scheduled_normally(self, slot: int) -> None:
+        """Warm, taken, or cold for too long: normal scheduling, out of the warm-up quota."""
         popen = self._popens[slot]
         if self._idle_until[slot] is not None and popen is not None:
             cpu_normal(popen.pid)
+        if popen is not None:
+            self._quota.remove(popen.pid)
         self._idle_until[slot] = None
 
     def _warm(self, slot: int) -> bool:

@@ -31,7 +31,8 @@ from typing import Any
 
 from agents.admission import Admission, Admitted
 from agents.memory_budget import StageRefused
-from agents.processes import cpu_idle, cpu_idle_reversible, cpu_normal, signal_group, sweep_pid_records
+from agents.load_priority import LoadPriority
+from agents.processes import signal_group, sweep_pid_records
 from agents.restart_policy import RestartPolicy
 from agents.stage_load import StageLoad
 from agents.standby import Standby
@@ -55,9 +56,6 @@ POLL_S = 0.1
 # While a stop waits for its process to exit: a replaced stage's successor starts only then, so in an
 # in-place handover each replaced stage of an agent waited out up to a whole POLL_S (they go one by one).
 EXIT_POLL_S = 0.01
-# A stage loads under SCHED_IDLE where the agent can undo it (agents/standby.py says when): serving
-# stages sharing its CPUs go first. Made normal at "ready", or after this long at the latest.
-LOAD_IDLE_S = 10.0
 _STAGE_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -81,11 +79,12 @@ class Supervisor:
         self._command = list(command)
         self._policy = policy
         self._stages: dict[str, StageRecord] = {}
-        self._load_idle = cpu_idle_reversible()
+        self._priority = LoadPriority()
         # The warm spares (agents/standby.py) and new specs in place (worker_runtime/spec_inbox.py) are
         # worker_runtime.serve's: only for that command.
         self._serve_command = tuple(command) == DEFAULT_COMMAND
-        self._standby = (Standby(self._dir, self._command, count=len(admission.devices), idle=self._load_idle)
+        self._standby = (Standby(self._dir, self._command, count=len(admission.devices),
+                                 idle=self._priority.idle)
                          if self._serve_command else None)
         self._inbox: queue.Queue = queue.Queue()
         self._closed = threading.Event()
@@ -96,7 +95,8 @@ class Supervisor:
 
     # --- interface for other threads -------------------------------------------------------------
 
-    def start(self, stage_key: str, spec: dict[str, Any], device_index: int | None = None) -> StageStatus:
+    def start(self, stage_key: str, spec: dict[str, Any], device_index: int | None = None,
+              background: bool = False) -> StageStatus:
         """Run the spec under this key. The same spec again changes nothing; a different one is handed
         to the running process when it can take it in place (``respec_blocker``: same pipeline, place,
         address and device; the stage reloads only what changed, in the same process), else (or a
@@ -109,7 +109,7 @@ class Supervisor:
             return status
         if self._call(self._needs_replacing, stage_key, requested):
             self._call(self._request_stop, stage_key, signal.SIGUSR1).result(timeout=self._max_wait(stage_key))
-        return self._call(self._start, stage_key, requested)
+        return self._call(self._start, stage_key, requested, background)
 
     def stop(self, stage_key: str) -> StageStatus | None:
         """SIGTERM, SIGKILL after the grace period; returns once the process is gone."""
@@ -175,6 +175,7 @@ class Supervisor:
                 log.exception("supervisor tick failed")
         if self._standby is not None:
             self._standby.close()
+        self._priority.close()
         while not self._inbox.empty():  # calls that raced with close: answer them, never leave them hanging
             _, _, future = self._inbox.get_nowait()
             if future is not None:
@@ -235,7 +236,8 @@ class Supervisor:
         self._emit(stage)
         return _copy(stage.status)
 
-    def _start(self, key: str, requested: tuple[dict[str, Any], int | None]) -> StageStatus:
+    def _start(self, key: str, requested: tuple[dict[str, Any], int | None],
+               background: bool = False) -> StageStatus:
         spec, device_index = requested
         stage = self._stages.get(key)
         if stage is not None:
@@ -255,7 +257,7 @@ class Supervisor:
             self._stages[key] = StageRecord(key, requested, Admitted(spec, None, 0), status)
             self._emit(self._stages[key])
             return _copy(status)
-        stage = StageRecord(key, requested, admitted, status)
+        stage = StageRecord(key, requested, admitted, status, background=background)
         self._stages[key] = stage
         self._spawn(stage)
         return _copy(stage.status)
@@ -276,15 +278,13 @@ class Supervisor:
         stage.run, stage.last_stats, stage.load = run, None, (0.0, 0.0, 0.0)
         stage.loading_digest = spec_digest(stage.admitted.spec)
         stage.status.state, stage.status.pid, stage.status.broken_stage = "starting", run.pid, None
-        if self._load_idle:
-            cpu_idle(run.pid)
-            stage.loads_idle_until = time.monotonic() + LOAD_IDLE_S
+        stage.loads_idle_until = self._priority.lowered(run.pid, stage.background)
         self._emit(stage)
 
     def _loaded(self, stage: StageRecord) -> None:
         """Loading is over (ready, or LOAD_IDLE_S passed): the stage is scheduled normally again."""
         if stage.loads_idle_until is not None and stage.run is not None:
-            cpu_normal(stage.run.pid)
+            self._priority.restored(stage.run.pid)
         stage.loads_idle_until = None
 
     def _on_message(self, key: str, run: StageRun, message: dict[str, Any], at: float) -> None:

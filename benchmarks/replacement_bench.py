@@ -133,13 +133,16 @@ def boundary_moved(plan: dict) -> dict:
 
 
 def two_stages(plan: dict, devices: list[str]) -> dict:
-    """A one-stage plan split in halves, the second on another device (a boundary to move)."""
+    """A one-stage plan split in halves, the second on another device (a boundary to move), with two
+    micro-batches in flight as the planner gives a two-stage pipeline (one would leave each stage idle
+    while the other works: the plan's explanation names that bottleneck)."""
     (stage,) = plan["replicas"][0]["stages"]
     start, end = stage["layers"]
     middle = (start + end) // 2
     other = next(d for d in devices if d != stage["device"])
     plan["replicas"][0]["stages"] = [{**stage, "layers": [start, middle]},
                                      {**stage, "layers": [middle, end], "device": other}]
+    plan["replicas"][0]["micro_batches"] = 2
     return plan
 
 

@@ -53,6 +53,10 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
         handover.handovers_advance(deployment=deployment, now=now)
     rows = list(deployment.stages.select_related("node", "device"))
     leaving = _leaving_by_device(rows)
+    # Loads nobody waits for (a pipeline beside a serving one, a held stage) yield the CPU
+    # (agents/load_priority.py); one in an in-place handover's pause does not.
+    beside = set(deployment.replicas.filter(phase=DeploymentReplica.Phase.INCOMING)
+                 .values_list("index", flat=True))
     for row in rows:
         lost = row.lost
         if not row.wanted and not (row.held and not deployment.stop_requested):
@@ -78,7 +82,7 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
                     _stage_stop(row=row, now=now)
                 _stage_wait(row=row, message=f"waiting for {', '.join(blocking)} to leave {row.device}")
                 continue
-            _stage_start(row=row, now=now)
+            _stage_start(row=row, now=now, background=row.held or row.replica in beside)
     if deployment.stop_requested:
         remaining = deployment.stages.count()
         _status_set(deployment, Deployment.Status.STOPPED if not remaining else deployment.status,
@@ -160,10 +164,11 @@ def _stage_wait(*, row: DeploymentStage, message: str) -> None:
         row.save(update_fields=["message"])
 
 
-def _stage_start(*, row: DeploymentStage, now: datetime) -> None:
+def _stage_start(*, row: DeploymentStage, now: datetime, background: bool) -> None:
     dispatch.agent_task_send_on_commit(
         node=row.node, name=START_STAGE,
-        kwargs={"stage_key": row.stage_key, "spec": row.spec, "device_index": row.device.index},
+        kwargs={"stage_key": row.stage_key, "spec": row.spec, "device_index": row.device.index,
+                "background": background},
     )
     # Reports about the spec it ran before say nothing about this one (stage_reports.py tells them apart).
     row.state = row.State.PENDING

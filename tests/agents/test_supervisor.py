@@ -12,6 +12,7 @@ import time
 import psutil
 import pytest
 
+from agents import load_priority
 from agents import supervisor as supervisor_module
 from agents.admission import Admission
 from agents.discovery.emulated import emulated_devices
@@ -63,7 +64,7 @@ def test_a_stage_loads_idle_and_is_scheduled_normally_once_ready_or_when_its_tim
     events.wait_for(lambda s: s.stage_key == "d7-r0-s0" and s.state == "ready")
     assert policies(loading.pid) == {os.SCHED_OTHER}
 
-    monkeypatch.setattr(supervisor_module, "LOAD_IDLE_S", 0.5)
+    monkeypatch.setattr(load_priority, "LOAD_IDLE_S", 0.5)
     slow = supervisor.start("d7-r0-s2", spec(stage_index=2, ready_when=str(tmp_path / "never")))
     wait_until(lambda: policies(slow.pid) == {os.SCHED_IDLE}, what="the slow stage idle")
     wait_until(lambda: policies(slow.pid) == {os.SCHED_OTHER}, timeout_s=5, what="normal once its time is up")

@@ -76,8 +76,11 @@ def test_a_boundary_move_with_room_starts_beside_switches_then_stops_the_head_fi
     deployment = serving_ready(revision, sent)
     d = deployment.pk
     deployment = apply(deployment, llm, MOVED)
-    # Beside: a whole new pipeline r1 for slot 0 on fresh ports; r0 untouched and still serving.
-    assert sent_keys(sent, START) == [f"d{d}-r1-s{i}" for i in range(3)]
+    # Beside: a whole new pipeline r1 for slot 0 on fresh ports; r0 untouched and still serving. Its
+    # stages load in the background (nobody waits for them: agents/load_priority.py).
+    starts = [kw for _, name, kw in sent.take() if name == START]
+    assert sorted(kw["stage_key"] for kw in starts) == [f"d{d}-r1-s{i}" for i in range(3)]
+    assert {kw["background"] for kw in starts} == {True}
     assert phases(deployment) == {0: (0, "serving"), 1: (0, "incoming")}
     assert heads(deployment) == [("r0", 0, True, True), ("r1", 0, False, False)]
     assert deployment.status == Deployment.Status.READY
@@ -321,7 +324,7 @@ def test_a_stage_moving_to_a_free_card_loads_there_held_while_the_pipeline_serve
     deployment = apply(deployment, llm, STAGE_MOVED)
     tasks = sent.take()
     assert [name for _, name, _ in tasks] == [START]  # nothing of the serving pipeline is touched
-    assert started_specs(tasks)[f"d{d}-r0-s2"]["hold"] is True
+    assert started_specs(tasks)[f"d{d}-r0-s2"]["hold"] is True and tasks[0][2]["background"] is True
     held = deployment.stages.get(held=True)
     assert (held.node, held.wanted) == (nodes[3], False)
     assert phases(deployment) == {0: (0, "serving")} and heads(deployment) == [("r0", 0, True, True)]
@@ -336,6 +339,7 @@ def test_a_stage_moving_to_a_free_card_loads_there_held_while_the_pipeline_serve
     tasks = sent.take()
     specs = started_specs(tasks)
     assert sorted(specs) == [f"d{d}-r0-s1", f"d{d}-r0-s2"]
+    assert {kw["background"] for _, name, kw in tasks if name == START} == {False}  # the pause waits for them
     assert specs[f"d{d}-r0-s2"]["hold"] is False
     assert specs[f"d{d}-r0-s1"]["next"] == specs[f"d{d}-r0-s2"]["listen"]
     assert [(kw["stage_key"], task[0]) for task in tasks if task[1] == STOP for kw in [task[2]]] == [
