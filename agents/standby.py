@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 RETRY_S = 10.0  # after a standby died unused: do not spin on a command that cannot start
 IDLE_WARM_UP_S = 20.0  # a standby still cold after this long under SCHED_IDLE is scheduled normally
-WARM_UP_CPUS = 0.25  # the CPU every warming standby of an agent may take together (~8 s to warm up)
+WARM_UP_CPUS = 0.5  # the CPU the warming standbys of a host may take together (~4 s to warm up)
 
 
 class Standby:
@@ -61,9 +61,10 @@ class Standby:
         self._retry_at = 0.0
         self._quota = CpuQuota("motley-standby", WARM_UP_CPUS)
 
-    def replenish(self, now: float) -> None:
+    def replenish(self, now: float, capped: bool = True) -> None:
         """Notice a standby that died unused (the next start spawns cold); start one more when none is
-        still warming up and a place is free."""
+        still warming up and a place is free, held to ``WARM_UP_CPUS`` when ``capped`` (the agent's
+        stages serve: an agent that serves nothing yet has no one to take the CPU from)."""
         for slot, popen in enumerate(self._popens):
             if popen is not None and (code := popen.poll()) is not None:
                 log.warning("the standby stage process exited with code %s before use (see %s); retrying in "
@@ -89,7 +90,8 @@ class Standby:
             self._retry_at = now + RETRY_S
             return
         self._idle_until[slot] = now + IDLE_WARM_UP_S if self._idle else None
-        self._quota.add(self._popens[slot].pid)
+        if capped:
+            self._quota.add(self._popens[slot].pid)
         write_pid_record(folder / "pid.json", self._popens[slot].pid)
 
     def take(self, spec_path: Path) -> subprocess.Popen | None:

@@ -202,7 +202,8 @@ class Supervisor:
                 self._loaded(stage)
         loading = any(s.alive and s.status.state == "starting" for s in self._stages.values())
         if self._standby is not None and not loading:
-            self._standby.replenish(now)  # not while stages load: its imports would slow them down
+            # Not while stages load: its imports would slow them down; capped while stages serve.
+            self._standby.replenish(now, capped=any(s.status.state == "ready" for s in self._stages.values()))
 
     # --- handlers, run on the loop thread ------------------------------------------------------
 

@@ -89,3 +89,13 @@ def test_a_background_start_loads_under_the_quota_and_serves_out_of_it(tmp_path,
         assert "motley-loading" not in cpu_cgroup(beside.pid)
     finally:
         supervisor.close()
+
+
+def test_a_standby_of_an_agent_serving_nothing_warms_up_uncapped(tmp_path, no_orphans):
+    standby = Standby(tmp_path, [sys.executable, "-c", COLD_STANDBY])
+    try:
+        standby.replenish(now=100.0, capped=False)
+        spare = wait_until(lambda: standbys(no_orphans), timeout_s=10, what="a standby")[0]
+        assert "motley-standby" not in cpu_cgroup(spare.pid)
+    finally:
+        standby.close()
