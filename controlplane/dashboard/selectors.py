@@ -140,6 +140,7 @@ def _deployment(deployment: Deployment, figures: dict[str, dict] | None = None) 
                        "bottleneck": (r.plan.get("bottleneck") or {}).get("device")} for r in revisions],
         "stages": [{
             "stage_key": s.stage_key, "replica": s.replica, "stage_index": s.stage_index, "wanted": s.wanted,
+            "held": s.held,
             "node": s.node.name, "device": s.device.name if s.device else None,
             "layers": s.spec.get("layers"), "bits": s.spec.get("bits"), "low_bits": s.spec.get("low_bits"),
             "low_from": s.spec.get("low_from"), "state": s.state,
