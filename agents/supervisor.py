@@ -221,10 +221,8 @@ class Supervisor:
                 and stage.requested != requested and stage.requested[1] == device_index
                 and respec_blocker(stage.requested[0], spec) is None):
             return None
-        others = [s.admitted for s in self._stages.values()
-                  if s is not stage and (s.alive or s.restart_at is not None)]
         try:
-            admitted = self._admission.admit(spec, others, device_index)
+            admitted = self._admission.admit(spec, self._holding_memory(besides=stage), device_index)
         except StageRefused:
             return None  # replaced the ordinary way, which says why it is refused
         if admitted.device_index != stage.admitted.device_index or not respec(stage.run, self._dir / key,
@@ -249,10 +247,8 @@ class Supervisor:
             del self._stages[key]  # exited, failed or waiting to restart: start afresh
         deployment, replica, index = identity_of(spec)
         status = StageStatus(key, deployment, replica, index, "starting", spec_digest=spec_digest(spec))
-        # Memory is held by running stages and by crashed ones about to restart, not by failed or exited ones.
-        others = [s.admitted for s in self._stages.values() if s.alive or s.restart_at is not None]
         try:
-            admitted = self._admission.admit(spec, others, device_index)
+            admitted = self._admission.admit(spec, self._holding_memory(), device_index)
         except StageRefused as exc:
             status.state, status.message = "failed", f"refused: {exc}"
             self._stages[key] = StageRecord(key, requested, Admitted(spec, None, 0), status)
@@ -262,6 +258,12 @@ class Supervisor:
         self._stages[key] = stage
         self._spawn(stage)
         return _copy(stage.status)
+
+    def _holding_memory(self, besides: StageRecord | None = None) -> list[Admitted]:
+        """What the stages other than ``besides`` hold: running ones and crashed ones about to restart, not
+        failed or exited ones."""
+        return [s.admitted for s in self._stages.values()
+                if s is not besides and (s.alive or s.restart_at is not None)]
 
     def _spawn(self, stage: StageRecord) -> None:
         key = stage.key

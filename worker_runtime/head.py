@@ -162,9 +162,7 @@ class HeadLoop:
         self.broken_at = time.monotonic()
         self.epoch += 1
         self._fail(self.scheduler.clear(), PipelineBroken(f"pipeline {self.spec.pipeline_id} broken: {reason}"))
-        kv = self.worker.stage.kv
-        for seq_id in kv.sequences:
-            kv.free(seq_id)
+        self.worker.stage.kv.clear()
         self._pending_free.clear()
 
     def _set_health(self, healthy: bool, reason: str, broken_stage: int | None) -> None:

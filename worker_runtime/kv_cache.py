@@ -134,6 +134,11 @@ class KVCache:
         self._free_blocks.extend(reversed(self._blocks.pop(seq_id, [])))
         self._lengths.pop(seq_id, None)
 
+    def clear(self) -> None:
+        """Forget every sequence (a pipeline's new epoch, a stage given a new spec)."""
+        for seq_id in self.sequences:
+            self.free(seq_id)
+
     def plan(self, seq_ids: list[int], starts: list[int], lengths: list[int]) -> AttentionPlan:
         """Reserve room for a ragged batch, advance each sequence's length, and build the index tensors.
 

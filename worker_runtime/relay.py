@@ -101,9 +101,7 @@ class RelayLoop:
         if epoch < self.epoch:
             return False
         if epoch > self.epoch:
-            kv = self.worker.stage.kv
-            for seq_id in kv.sequences:
-                kv.free(seq_id)
+            self.worker.stage.kv.clear()
             self.epoch = epoch
         return True
 

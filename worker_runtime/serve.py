@@ -109,8 +109,7 @@ def _stage_for(spec: StageSpec, running: Stage | None, running_raw: dict) -> Sta
     unchanged = ("bits", "low_bits", "low_from", "kv_tokens")
     if running is not None and tuple(running_raw["layers"]) == spec.layers and all(
             running_raw.get(name) == getattr(spec, name) for name in unchanged):
-        for seq_id in running.kv.sequences:
-            running.kv.free(seq_id)
+        running.kv.clear()
         return running
     return load_stage(spec, reuse=running)
 

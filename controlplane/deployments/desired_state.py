@@ -113,8 +113,7 @@ def _slot_apply(
     lost = [row.stage_key for row in old if row.lost]
     profile = ModelProfile.from_dict(deployment.model.profile)
     shortfalls = [] if lost else room_shortfalls(profile=profile, new=[
-        (device, {**stage, "kv_tokens": _kv_tokens(stage, device, checked), "batch": checked.batch})
-        for device, stage in stages])
+        (device, _footprint_spec(stage, device, checked)) for device, stage in stages])
     reason = f"on a lost node: {', '.join(lost)}" if lost else f"no room beside: {'; '.join(shortfalls)}"
     if shortfalls and not lost and _prepare_beside(replica=current, checked=checked, stages=stages,
                                                    profile=profile, reason=reason):
@@ -160,8 +159,7 @@ def _prepare_beside(
     if not moving or any(stages[i][0].pk != rows[i].device_id for i in staying):
         return False
     if room_shortfalls(profile=profile, new=[
-            (stages[i][0], {**stages[i][1], "kv_tokens": _kv_tokens(stages[i][1], stages[i][0], checked),
-                            "batch": checked.batch}) for i in moving]):
+            (stages[i][0], _footprint_spec(stages[i][1], stages[i][0], checked)) for i in moving]):
         return False
     final = list(rows)
     for i in moving:
@@ -306,6 +304,11 @@ def _stage_spec(
     except SpecError as exc:
         raise ValidationError({"plan": str(exc)}) from None
     return spec
+
+
+def _footprint_spec(stage: dict[str, Any], device: Device, checked: CheckedPlan) -> dict[str, Any]:
+    """A plan stage with what its footprint also depends on (room.py's test): its KV pool and batch."""
+    return {**stage, "kv_tokens": _kv_tokens(stage, device, checked), "batch": checked.batch}
 
 
 def _kv_tokens(stage: dict[str, Any], device: Device, checked: CheckedPlan) -> int:

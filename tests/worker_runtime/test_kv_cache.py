@@ -34,6 +34,14 @@ def test_allocate_refuses_past_the_budget_and_reserves_nothing():
     assert cache.free_tokens == 0
 
 
+def test_clear_forgets_every_sequence():
+    cache = KVCache(2, 2, 8, kv_tokens=64, block_size=16)
+    cache.allocate(1, 20)
+    cache.allocate(2, 30)
+    cache.clear()
+    assert cache.free_tokens == 64 and cache.sequences == [] and cache.length(1) == 0
+
+
 def test_forward_past_the_budget_raises_before_touching_the_cache(model_path):
     stage = Stage.load(model_path, 0, 4, kv_tokens=32, block_size=8)
     stage.forward(Batch.of_tokens([1], [list(range(3, 23))], [0]))  # 20 tokens -> 3 blocks

@@ -28,9 +28,9 @@ class StageSerializer(serializers.ModelSerializer):
     class Meta:
         model = DeploymentStage
         fields = [
-            "stage_key", "replica", "slot", "stage_index", "wanted", "held", "node", "node_name", "device", "device_name",
-            "address", "layers", "bits", "low_bits", "low_from", "state", "pid", "exit_code", "restarts", "message",
-            "observed_at",
+            "stage_key", "replica", "slot", "stage_index", "wanted", "held", "node", "node_name", "device",
+            "device_name", "address", "layers", "bits", "low_bits", "low_from", "state", "pid", "exit_code",
+            "restarts", "message", "observed_at",
         ]
 
 
