@@ -3,7 +3,8 @@
 Three mechanisms together keep "never leaves orphans" true:
 - every stage runs in its own session (process group), so a signal reaches the stage's children too;
 - PR_SET_PDEATHSIG makes the kernel SIGKILL a stage when the agent thread that forked it dies, even
-  when the agent itself is SIGKILLed (hence all spawning happens on one long-lived thread);
+  when the agent itself is SIGKILLed (hence all spawning happens on one long-lived thread; a stage
+  forked by the fork server asks for it once adopted by the agent: agents/adopted.py);
 - a pid record (pid + start time, so a recycled pid is never mistaken for ours) per running stage
   lets a restarted agent find and kill whatever survived anyway (another host-level accident).
 """

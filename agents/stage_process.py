@@ -25,15 +25,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agents.adopted import AdoptedProcess
 from agents.processes import die_with_parent, signal_group, write_pid_record
 from contracts.names import WEIGHT_CACHE_ENV
 
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-# Beside the stage folders (every stage and standby runs in stages/<key>/), named so no stage key can be it.
+# Beside the stage folders (every stage runs in stages/<key>/), named so no stage key can be it.
 WEIGHT_CACHE_DIR = "_weights"
 DEFAULT_COMMAND = (sys.executable, "-m", "worker_runtime.serve")
+FORK_SERVER_COMMAND = (sys.executable, "-m", "worker_runtime.fork_server")  # forks DEFAULT_COMMAND's stages
 
 # Called on the reader thread with each JSON object the stage prints, and the time it was read.
 OnMessage = Callable[["StageRun", dict[str, Any], float], None]
@@ -43,7 +45,7 @@ OnMessage = Callable[["StageRun", dict[str, Any], float], None]
 class StageRun:
     """One process of a stage."""
 
-    popen: subprocess.Popen
+    popen: subprocess.Popen | AdoptedProcess
     started: float
     reader: threading.Thread | None = None
     last_error: str = ""  # the stage's last {"event": "error"} message, set by the reader thread
@@ -58,14 +60,14 @@ class SpawnFailed(Exception):
 
 
 def spawn(command: Sequence[str], stage_dir: Path, spec: dict[str, Any], on_message: OnMessage,
-          standby: Callable[[Path], subprocess.Popen | None] | None = None, inbox: bool = False) -> StageRun:
-    """Write the spec and run it: handed to ``standby`` (the warm spare, agents/standby.py) when it
-    takes it, else ``command --spec SPEC`` started in ``stage_dir``; its stdout goes to
-    ``on_message`` line by line. ``inbox``: the process takes new specs on stdin (``respec``), as a
-    standby always does. Raises SpawnFailed when the process cannot be started."""
+          fork: Callable[[Path], AdoptedProcess | None] | None = None, inbox: bool = False) -> StageRun:
+    """Write the spec and run it: forked by ``fork`` (the fork server, agents/fork_server.py) when it
+    can, else ``command --spec SPEC`` started in ``stage_dir``; its stdout goes to ``on_message`` line
+    by line. ``inbox``: the process takes new specs on stdin (``respec``), as a forked one always does.
+    Raises SpawnFailed when the process cannot be started."""
     stage_dir.mkdir(exist_ok=True, mode=0o700)
     spec_path = _spec_write(stage_dir, spec)
-    popen = standby(spec_path) if standby is not None else None
+    popen = fork(spec_path) if fork is not None else None
     if popen is None:
         argv = [*command, "--spec", str(spec_path), *(["--spec-inbox"] if inbox else [])]
         try:
@@ -107,10 +109,12 @@ def _spec_write(stage_dir: Path, spec: dict[str, Any]) -> Path:
     return spec_path
 
 
-def start_process(argv: list[str], cwd: Path, stdin: int, idle: bool = False) -> subprocess.Popen:
+def start_process(argv: list[str], cwd: Path, stdin: int, idle: bool = False,
+                  pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
     """A stage process as contracts §1 wants it, wherever it is started from: its own session, killed
     with the agent's loop thread, stdout a pipe of JSON lines, stderr appended to ``cwd/stderr.log``;
-    ``idle``: under SCHED_IDLE (a standby warming up, agents/standby.py)."""
+    ``idle``: under SCHED_IDLE (the fork server warming up, agents/fork_server.py); ``pass_fds``: kept
+    open in it (the fork server's socket)."""
     with open(cwd / "stderr.log", "ab") as stderr:
         return subprocess.Popen(
             argv,
@@ -120,6 +124,7 @@ def start_process(argv: list[str], cwd: Path, stdin: int, idle: bool = False) ->
             text=True,
             start_new_session=True,
             preexec_fn=die_with_parent(idle),
+            pass_fds=pass_fds,
             env=_stage_env(cwd.parent / WEIGHT_CACHE_DIR),
             cwd=cwd,
         )

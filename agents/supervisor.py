@@ -31,13 +31,14 @@ from typing import Any
 
 from agents.admission import Admission, Admitted
 from agents.memory_budget import StageRefused
+from agents.fork_server import ForkServer
 from agents.load_priority import LoadPriority
 from agents.processes import signal_group, sweep_pid_records
 from agents.restart_policy import RestartPolicy
 from agents.stage_load import StageLoad
-from agents.standby import Standby
 from agents.stage_process import (
     DEFAULT_COMMAND,
+    FORK_SERVER_COMMAND,
     SpawnFailed,
     StageRun,
     crash_reason,
@@ -80,12 +81,11 @@ class Supervisor:
         self._policy = policy
         self._stages: dict[str, StageRecord] = {}
         self._priority = LoadPriority()
-        # The warm spares (agents/standby.py) and new specs in place (worker_runtime/spec_inbox.py) are
-        # worker_runtime.serve's: only for that command.
+        # The fork server (agents/fork_server.py) and new specs in place (worker_runtime/spec_inbox.py)
+        # are worker_runtime.serve's: only for that command.
         self._serve_command = tuple(command) == DEFAULT_COMMAND
-        self._standby = (Standby(self._dir, self._command, count=len(admission.devices),
-                                 idle=self._priority.idle)
-                         if self._serve_command else None)
+        self._forks = (ForkServer(self._dir, FORK_SERVER_COMMAND, idle=self._priority.idle)
+                       if self._serve_command else None)
         self._inbox: queue.Queue = queue.Queue()
         self._closed = threading.Event()
         self._closing = threading.Lock()  # orders "closed?" + put against "close" + emptying the inbox
@@ -173,8 +173,8 @@ class Supervisor:
                 self._tick(time.monotonic())
             except Exception:  # keep supervising the other stages; the next tick tries again
                 log.exception("supervisor tick failed")
-        if self._standby is not None:
-            self._standby.close()
+        if self._forks is not None:
+            self._forks.close()
         self._priority.close()
         while not self._inbox.empty():  # calls that raced with close: answer them, never leave them hanging
             _, _, future = self._inbox.get_nowait()
@@ -201,9 +201,9 @@ class Supervisor:
             if stage.loads_idle_until is not None and now >= stage.loads_idle_until:
                 self._loaded(stage)
         loading = any(s.alive and s.status.state == "starting" for s in self._stages.values())
-        if self._standby is not None and not loading:
+        if self._forks is not None and not loading:
             # Not while stages load: its imports would slow them down; capped while stages serve.
-            self._standby.replenish(now, capped=any(s.status.state == "ready" for s in self._stages.values()))
+            self._forks.replenish(now, capped=any(s.status.state == "ready" for s in self._stages.values()))
 
     # --- handlers, run on the loop thread ------------------------------------------------------
 
@@ -273,7 +273,7 @@ class Supervisor:
 
         try:
             run = spawn(self._command, self._dir / key, stage.admitted.spec, on_message,
-                        self._standby.take if self._standby is not None else None, inbox=self._serve_command)
+                        self._forks.take if self._forks is not None else None, inbox=self._serve_command)
         except SpawnFailed as exc:
             stage.status.state, stage.status.message = "failed", str(exc)
             self._emit(stage)

@@ -214,7 +214,7 @@ def orphans(system: SupervisedSystem) -> list[int]:
 # --- faults: each does its harm and returns a predicate that holds once what it killed runs again ---
 
 def serving_stages(system: SupervisedSystem) -> list[int]:
-    """Pids of the stages the agents run (their pid records; ``_standby``, the warm spare, excluded)."""
+    """Pids of the stages the agents run (their pid records; ``_fork_server`` excluded)."""
     pids = []
     for path in system.workdir.glob("agents/*/stages/[!_]*/pid.json"):
         try:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-# A warm standby stage process (``worker_runtime.serve --standby``) writes this file in its folder once
-# it has imported and warmed up; the agent starts its next standby only then (agents/standby.py).
-STANDBY_WARM_FILE = "warm"
+# The stage fork server (worker_runtime/fork_server.py) writes this file in its folder once it has
+# imported and warmed up; the agent forks stages from it only then (agents/fork_server.py).
+FORK_SERVER_WARM_FILE = "warm"
 # The environment variable an agent sets for its stage processes: the folder where quantized layers are
 # kept for the next process that loads them (worker_runtime/weight_cache.py).
 WEIGHT_CACHE_ENV = "MOTLEY_WEIGHT_CACHE"

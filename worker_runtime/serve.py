@@ -6,10 +6,9 @@ and exits 0; SIGUSR1 (the stage is being replaced by a new spec) stops at once a
 error prints an ``error`` event and exits 1. A spec path written on stdin is a new spec taken in place
 (spec_inbox.py): the stage leaves its pipeline as a replaced one does, then serves the new spec.
 
-``--standby`` is the agent's warm spare: importing Python and torch takes seconds, most of a stage's
-start, so the agent keeps one process that has done it and waits for one line on stdin, the path of a
-spec. It then runs exactly as ``--spec PATH``, in the spec's folder, its stderr appended to that
-folder's ``stderr.log`` (docs/agents.md, "Warm standbys").
+Most stages do not start through this command line but are forked from the agent's fork server
+(worker_runtime/fork_server.py), which has imported everything once and calls ``main`` with the same
+arguments (docs/agents.md, "The stage fork server").
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import uuid
 import torch
 
 from contracts.model_config import ModelConfig
-from contracts.names import STANDBY_WARM_FILE, WEIGHT_CACHE_ENV
+from contracts.names import WEIGHT_CACHE_ENV
 from contracts.stage_spec import SpecError, StageSpec, respec_blocker, spec_digest, spec_file_read
 
 from .events import EventWriter
@@ -139,9 +138,9 @@ def _respec(running: dict, path: str) -> dict:
 
 
 def warm_up() -> None:
-    """Standby: build and run a two-layer stage of a made-up tiny model once, so what torch does on
+    """The fork server's (fork_server.py): build and run a two-layer stage of a made-up tiny model once, so what torch does on
     first use (lazy imports: sympy through a meta tensor's first ``to_empty``, 0.6-1 s; first kernels)
-    is done before a spec comes, not during a handover's pause."""
+    is done once, before any stage is forked, not during a handover's pause."""
     config = ModelConfig(model_type="llama", hidden_size=8, num_layers=2, num_heads=2, num_kv_heads=1,
                          head_dim=4, intermediate_size=16, vocab_size=16)
     with torch.inference_mode():
@@ -150,35 +149,12 @@ def warm_up() -> None:
         stage.kv.free(0)
 
 
-def await_spec() -> str | None:
-    """Standby: block until the agent sends a spec's path; take on its folder and its stderr.log.
-    None when stdin closes first (the agent went away without using us)."""
-    path = sys.stdin.readline().strip()
-    if not path:
-        return None
-    stage_dir = os.path.dirname(os.path.abspath(path))
-    os.chdir(stage_dir)
-    sys.stderr.flush()
-    log_fd = os.open(os.path.join(stage_dir, "stderr.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    os.dup2(log_fd, sys.stderr.fileno())
-    os.close(log_fd)
-    return path
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--spec", help="stage spec JSON file (docs/contracts.md §1)")
-    source.add_argument("--standby", action="store_true", help="wait for a spec path on stdin, then run it")
+    parser.add_argument("--spec", required=True, help="stage spec JSON file (docs/contracts.md §1)")
     parser.add_argument("--spec-inbox", action="store_true",
-                        help="take new specs in place from stdin, one path a line (a standby always does)")
+                        help="take new specs in place from stdin, one path a line")
     args = parser.parse_args(argv)
-    if args.standby:
-        warm_up()
-        open(STANDBY_WARM_FILE, "w").close()  # in the standby's folder: the agent starts the next one now
-    spec_path = await_spec() if args.standby else args.spec
-    if spec_path is None:
-        return 0
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     events = EventWriter()
@@ -186,10 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGUSR1, lambda *_: (replaced.set(), stop.set()))
-    if args.standby or args.spec_inbox:
+    if args.spec_inbox:
         inbox.listen(sys.stdin)
     try:
-        serve(spec_file_read(spec_path), events, stop, replaced, inbox)
+        serve(spec_file_read(args.spec), events, stop, replaced, inbox)
     except Exception as exc:  # the agent must learn why: print it as an event, then crash
         log.exception("stage failed")
         events.emit("error", message=f"{type(exc).__name__}: {exc}")

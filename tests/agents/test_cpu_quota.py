@@ -1,5 +1,5 @@
 """The warm-up CPU quota (agents/cpu_quota.py): a cgroup that caps what its processes take together,
-and the standbys held to it until they are taken (agents/standby.py)."""
+and the fork server held to it until warm (agents/fork_server.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ import pytest
 from agents.admission import Admission
 from agents.cpu_quota import CpuQuota
 from agents.discovery.emulated import emulated_devices
-from agents.standby import Standby
+from agents.fork_server import FOLDER, ForkServer
 from agents.supervisor import Supervisor
+from contracts.names import FORK_SERVER_WARM_FILE
 from tests.agents.helpers import STAND_IN_COMMAND, Events, stage_spec, tiny_model, wait_until
-from tests.agents.test_standby import COLD_STANDBY, standbys
+from tests.agents.test_fork_server import COLD_SERVER, servers
 
 
 def quota_available() -> bool:
@@ -54,19 +55,17 @@ def test_a_busy_process_in_the_group_takes_no_more_than_its_quota():
         quota.close()
 
 
-def test_a_warming_standby_is_held_to_the_quota_until_taken(tmp_path, no_orphans):
-    standby = Standby(tmp_path, [sys.executable, "-c", COLD_STANDBY])
+def test_a_warming_fork_server_is_held_to_the_quota_until_warm(tmp_path, no_orphans):
+    forks = ForkServer(tmp_path, [sys.executable, "-c", COLD_SERVER])
     try:
-        standby.replenish(now=100.0)
-        spare = wait_until(lambda: standbys(no_orphans), timeout_s=10, what="a standby")[0]
-        assert cpu_cgroup(spare.pid).endswith("/motley-standby")
-        taken = standby.take(tmp_path / "spec.json")
-        assert taken is not None and "motley-standby" not in cpu_cgroup(spare.pid)
+        forks.replenish(now=100.0)
+        server = wait_until(lambda: servers(no_orphans), timeout_s=10, what="a fork server")[0]
+        assert cpu_cgroup(server.pid).endswith("/motley-fork-server")
+        (tmp_path / FOLDER / FORK_SERVER_WARM_FILE).touch()  # as the real one writes it once imported
+        forks.replenish(now=101.0)
+        assert "motley-fork-server" not in cpu_cgroup(server.pid)  # before it forks: its stages inherit it
     finally:
-        standby.close()
-        process = psutil.Process(spare.pid)
-        process.kill()
-        process.wait(timeout=5)
+        forks.close()
 
 
 def test_a_background_start_loads_under_the_quota_and_serves_out_of_it(tmp_path, tiny_fleet):
@@ -91,11 +90,11 @@ def test_a_background_start_loads_under_the_quota_and_serves_out_of_it(tmp_path,
         supervisor.close()
 
 
-def test_a_standby_of_an_agent_serving_nothing_warms_up_uncapped(tmp_path, no_orphans):
-    standby = Standby(tmp_path, [sys.executable, "-c", COLD_STANDBY])
+def test_the_fork_server_of_an_agent_serving_nothing_warms_up_uncapped(tmp_path, no_orphans):
+    forks = ForkServer(tmp_path, [sys.executable, "-c", COLD_SERVER])
     try:
-        standby.replenish(now=100.0, capped=False)
-        spare = wait_until(lambda: standbys(no_orphans), timeout_s=10, what="a standby")[0]
-        assert "motley-standby" not in cpu_cgroup(spare.pid)
+        forks.replenish(now=100.0, capped=False)
+        server = wait_until(lambda: servers(no_orphans), timeout_s=10, what="a fork server")[0]
+        assert "motley-fork-server" not in cpu_cgroup(server.pid)
     finally:
-        standby.close()
+        forks.close()

@@ -202,13 +202,15 @@ class System:
 
 
 def stage_processes(workdir: Path) -> list[psutil.Process]:
-    """Live stage worker processes started for this system: they run in their agent's stages folder
-    under workdir (a warm standby's command line names no path: agents/standby.py)."""
+    """Live stage worker processes started for this system, and its agents' fork servers: they run in
+    their agent's stages folder under workdir (a stage forked by the fork server has the server's
+    command line: agents/fork_server.py)."""
     found = []
     for process in psutil.process_iter(["cmdline", "cwd"]):
         try:
             cmdline = process.info["cmdline"] or []
-            if "worker_runtime.serve" in cmdline and str(workdir) in (process.info["cwd"] or ""):
+            runtime = {"worker_runtime.serve", "worker_runtime.fork_server"} & set(cmdline)
+            if runtime and str(workdir) in (process.info["cwd"] or ""):
                 if process.status() != psutil.STATUS_ZOMBIE:
                     found.append(process)
         except psutil.Error:

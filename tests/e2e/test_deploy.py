@@ -105,10 +105,10 @@ def test_service_deploy_move_a_boundary_and_survive_a_lost_node(service_system, 
     assert tokens_through(system, pk) == expected
 
     # SIGKILL the agent of node n1: LOST, DEGRADED, re-planned on n0 and n2, serving again, no orphans.
-    # n1's stage process, found by its working folder (one started from the warm standby names no path
-    # on its command line), not n1's standby.
+    # n1's stage process, found by its working folder (one forked by the fork server has the server's
+    # command line), not n1's fork server.
     victims = [p for p in stage_processes(system.workdir)
-               if "/agents/n1/" in p.cwd() and "_standby" not in p.cwd()]
+               if "/agents/n1/" in p.cwd() and "_fork_server" not in p.cwd()]
     assert len(victims) == 1
     system.kill("agent-n1")
     wait_until(lambda: node_status(system, "n1") == "lost", 20, "n1 lost")
