@@ -1,15 +1,17 @@
-"""How a loading stage yields the CPU to the stages that serve: SCHED_IDLE while it loads, and a CPU
-quota when it loads beside a pipeline that serves.
+"""How a loading stage yields the CPU to the stages that serve, when nobody waits for its load:
+SCHED_IDLE and a CPU quota while it loads beside a pipeline that serves.
 
 Loading (reading, quantizing weights) is seconds of CPU, and stages that serve share the host's
-CPUs with it, as emulated stages do. So a stage process loads under SCHED_IDLE where the agent can
-undo that (``cpu_idle_reversible``) and is scheduled normally at ``ready``, or after
-``LOAD_IDLE_S`` at the latest. SCHED_IDLE alone still let the loads of a new pipeline beside the
+CPUs with it, as emulated stages do. SCHED_IDLE alone still let the loads of a new pipeline beside the
 old one double the old one's latency on a 2-core host (docs/benchmarks.md, "Beside, session 10"), so
 a start marked ``background`` (the control plane sends it for a pipeline started beside a serving
-one and for a stage held ahead of an in-place handover, whose loads nobody waits for) also joins a
-cgroup of at most ``BACKGROUND_LOAD_CPUS`` (agents/cpu_quota.py) until then. A stage loading inside
-an in-place handover's pause is not background: the pause waits for it.
+one and for a stage held ahead of an in-place handover, whose loads nobody waits for) loads under
+SCHED_IDLE where the agent can undo that (``cpu_idle_reversible``) and in a cgroup of at most
+``BACKGROUND_LOAD_CPUS`` (agents/cpu_quota.py), until ``ready`` or ``LOAD_IDLE_S`` at the latest.
+Every other start is waited for (an in-place handover's pause, a lost node's replacement, a first
+deploy, a crash's restart) and is not lowered: under SCHED_IDLE the replacement of a kill -9'd
+stage, a 0.15 s load alone, took 0.6 s among the control plane's and the gateway's work of that
+moment (docs/benchmarks.md, "Fork server, session 11").
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ class LoadPriority:
         self._quota = CpuQuota("motley-loading", BACKGROUND_LOAD_CPUS)
 
     def lowered(self, pid: int, background: bool) -> float | None:
-        """Lower the stage process ``pid`` that starts loading; when to restore it at the latest (None:
-        nothing was lowered)."""
+        """Lower the stage process ``pid`` that starts loading when nobody waits for it (``background``);
+        when to restore it at the latest (None: nothing was lowered)."""
+        if not background:
+            return None
         if self.idle:
             cpu_idle(pid)
-        if background:
-            self._quota.add(pid)
-        return time.monotonic() + LOAD_IDLE_S if self.idle or background else None
+        self._quota.add(pid)
+        return time.monotonic() + LOAD_IDLE_S
 
     def restored(self, pid: int) -> None:
         """Loaded (or loading too long): scheduled normally, out of the quota."""

@@ -229,6 +229,7 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
         for name, prepare, change in changes:
             if prepare is not None:
                 prepare()
+                time.sleep(args.settle_s)  # as after each measured change: its requests end before the window
             revision = api.deployment()["revision_number"]
             started, started_at = time.monotonic(), datetime.now(timezone.utc).isoformat()
             change()

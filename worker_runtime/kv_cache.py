@@ -13,6 +13,7 @@ a stage keeps; :meth:`KVCache.plan` turns a ragged batch into the few index tens
 from __future__ import annotations
 
 import math
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -63,8 +64,8 @@ class KVCache:
         self.device = torch.device(device)
         shape = (num_layers, self.num_blocks * block_size, num_kv_heads, head_dim)
         # Zeros, not empty: padded gathers read unused slots, and 0 * NaN would poison real rows.
-        self.k = torch.zeros(shape, device=self.device, dtype=dtype)
-        self.v = torch.zeros(shape, device=self.device, dtype=dtype)
+        self.k = _lazy_zeros(shape, self.device, dtype)
+        self.v = _lazy_zeros(shape, self.device, dtype)
         self._free_blocks = list(range(self.num_blocks - 1, -1, -1))
         self._blocks: dict[int, list[int]] = {}
         self._lengths: dict[int, int] = {}
@@ -208,3 +209,16 @@ class KVCache:
             batch=batch,
             max_new=max_new,
         )
+
+
+def _lazy_zeros(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor that, on the CPU, costs nothing until used: its pages come from an anonymous
+    mapping, which the kernel zeroes on first touch, so the pool's memory is committed only as
+    sequences fill it. ``torch.zeros`` wrote every page up front: a stage's pool at the demo plan's
+    budgets is about a GB, 0.4 s of the 0.6 s load of the stage replacing a kill -9'd one, a pause
+    every request of the pipeline waited out (docs/benchmarks.md, "Fork server, session 11")."""
+    count = math.prod(shape)
+    if device.type != "cpu" or count == 0:
+        return torch.zeros(shape, device=device, dtype=dtype)
+    pages = mmap.mmap(-1, count * dtype.itemsize)  # anonymous, private, read-write; freed with the tensor
+    return torch.frombuffer(pages, dtype=dtype, count=count).view(shape)

@@ -80,8 +80,7 @@ def test_stages_are_forked_warm_as_the_agents_own_children_and_run_their_specs(
         assert os.getpgid(status.pid) == status.pid  # its own process group, as every stage
         assert f'"pid": {status.pid}' in (stages_dir / key / "pid.json").read_text()
         events.wait_for(lambda s, key=key: s.stage_key == key and s.state == "ready", timeout_s=60)
-    stats = wait_until(lambda: all(s.stats for s, _ in supervisor.snapshot()), timeout_s=10, what="stats lines")
-    assert stats
+    wait_until(lambda: all(s.stats for s, _ in supervisor.snapshot()), timeout_s=10, what="stats lines")
     assert psutil.Process(server).is_running()  # one server forks them all
     for key in ("d5-r0-s0", "d6-r0-s0"):
         stopped = supervisor.stop(key)
@@ -102,7 +101,8 @@ def test_a_forked_stage_that_fails_reports_its_exit_code_and_reason(
     status = supervisor.start("d5-r0-s0", one_stage_spec(broken), device_index=0)
     assert "--spec" not in psutil.Process(status.pid).cmdline()
     failed = events.wait_for(lambda s: s.exit_code is not None, timeout_s=60)
-    assert failed.exit_code == 1 and "exited with code 1" in failed.message and "SafetensorError" in failed.message
+    assert failed.exit_code == 1
+    assert "exited with code 1" in failed.message and "SafetensorError" in failed.message
 
 
 def test_a_dead_server_leaves_the_start_to_an_ordinary_spawn(

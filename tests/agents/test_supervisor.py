@@ -52,20 +52,24 @@ def supervisor(tmp_path, tiny_fleet, events):
 
 @pytest.mark.skipif(not cpu_idle_reversible(), reason="needs CAP_SYS_NICE (root): without it no stage "
                     "loads idle, since nothing could make it normal again")
-def test_a_stage_loads_idle_and_is_scheduled_normally_once_ready_or_when_its_time_is_up(
+def test_a_background_stage_loads_idle_and_is_scheduled_normally_once_ready_or_when_its_time_is_up(
     supervisor, events, spec, tmp_path, monkeypatch
 ):
-    """Loading (reading, quantizing weights) yields to the stages already serving on the same CPUs, as
-    during a handover beside the old pipeline; the stage serves at normal priority."""
+    """Loading (reading, quantizing weights) nobody waits for yields to the stages already serving on
+    the same CPUs, as during a handover beside the old pipeline; the stage serves at normal priority.
+    A start someone waits for (an in-place pause) loads at normal priority."""
     go = tmp_path / "go"
-    loading = supervisor.start("d7-r0-s0", spec(ready_when=str(go)))
+    loading = supervisor.start("d7-r0-s0", spec(ready_when=str(go)), background=True)
     wait_until(lambda: policies(loading.pid) == {os.SCHED_IDLE}, what="the loading stage idle")
+    urgent = supervisor.start("d7-r0-s1", spec(stage_index=1, ready_when=str(go)))
+    assert policies(urgent.pid) == {os.SCHED_OTHER}
     go.touch()
     events.wait_for(lambda s: s.stage_key == "d7-r0-s0" and s.state == "ready")
     assert policies(loading.pid) == {os.SCHED_OTHER}
 
     monkeypatch.setattr(load_priority, "LOAD_IDLE_S", 0.5)
-    slow = supervisor.start("d7-r0-s2", spec(stage_index=2, ready_when=str(tmp_path / "never")))
+    slow = supervisor.start("d7-r0-s2", spec(stage_index=2, ready_when=str(tmp_path / "never")),
+                            background=True)
     wait_until(lambda: policies(slow.pid) == {os.SCHED_IDLE}, what="the slow stage idle")
     wait_until(lambda: policies(slow.pid) == {os.SCHED_OTHER}, timeout_s=5, what="normal once its time is up")
     assert {s.state for s in events.seen if s.stage_key == "d7-r0-s2"} == {"starting"}  # loading still

@@ -3,6 +3,8 @@ ragged batches give exactly the tokens each sequence gets alone."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -117,3 +119,22 @@ def test_memory_report_counts_the_cache(model_path):
     # 4 layers x K and V x 112 slots (7 blocks) x 2 kv heads x 16 dims x 4 bytes
     assert report.kv_tokens == 112 and report.kv_cache_bytes == 4 * 2 * 112 * 2 * 16 * 4
     assert report.kv_bytes_per_token == 4 * 2 * 2 * 16 * 4
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_large_cpu_pool_commits_memory_only_as_it_is_used_and_reads_zero_where_unwritten():
+    """A stage's pool at a plan's budget is about a GB: allocating it must not write every page (that
+    was most of a replacement stage's load), yet unused slots must read as zeros (padded gathers)."""
+    before = _rss_bytes()
+    cache = KVCache(8, 4, 64, 131072)  # 2 x 1 GiB of fp32
+    assert _rss_bytes() - before < 64 * 2**20
+    assert cache.k.shape == (8, 131072, 4, 64) and cache.k.dtype == torch.float32
+    cache.k[3, 1000] = 1.5
+    cache.v[7, 131071] = -2.0
+    assert cache.k[3, 1000].eq(1.5).all() and cache.v[7, 131071].eq(-2.0).all()
+    assert cache.k[3, 999].abs().sum() == 0 and cache.v[0, :4096].abs().sum() == 0
+    assert _rss_bytes() - before < 64 * 2**20
