@@ -122,13 +122,24 @@ def handover_timeline(api: Api, pk: int, since: str) -> str:
     return ", ".join(steps) or "no handover events"
 
 
+def with_layers(stage: dict, start: int, end: int) -> dict:
+    """``stage`` holding [start, end), its precisions kept per layer: a ``low_from`` no longer strictly
+    inside the range either makes the whole stage ``low_bits`` (at or before ``start``) or goes."""
+    moved = {**stage, "layers": [start, end]}
+    low_bits, low_from = moved.pop("low_bits", None), moved.pop("low_from", None)
+    if low_bits is not None and low_from <= start:
+        moved["bits"] = low_bits
+    elif low_bits is not None and low_from < end:
+        moved.update(low_bits=low_bits, low_from=low_from)
+    return moved
+
+
 def boundary_moved(plan: dict) -> dict:
     """The plan with its first boundary moved by one layer (toward the larger side)."""
     stages = plan["replicas"][0]["stages"]
-    first, second = stages[0], stages[1]
-    step = 1 if second["layers"][1] - second["layers"][0] > first["layers"][1] - first["layers"][0] else -1
-    first["layers"][1] += step
-    second["layers"][0] += step
+    (start, boundary), (_, end) = stages[0]["layers"], stages[1]["layers"]
+    boundary += 1 if end - boundary > boundary - start else -1
+    stages[:2] = [with_layers(stages[0], start, boundary), with_layers(stages[1], boundary, end)]
     return plan
 
 
@@ -140,8 +151,8 @@ def two_stages(plan: dict, devices: list[str]) -> dict:
     start, end = stage["layers"]
     middle = (start + end) // 2
     other = next(d for d in devices if d != stage["device"])
-    plan["replicas"][0]["stages"] = [{**stage, "layers": [start, middle]},
-                                     {**stage, "layers": [middle, end], "device": other}]
+    plan["replicas"][0]["stages"] = [with_layers(stage, start, middle),
+                                     {**with_layers(stage, middle, end), "device": other}]
     plan["replicas"][0]["micro_batches"] = 2
     return plan
 
