@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gpu_check_serve import REPO, Launcher, embedded_env, free_port, wait_ready  # noqa: E402
 from benchmarks.steady_clients import PROMPTS, SteadyClients, Window, mismatches  # noqa: E402
+from contracts.precision import layer_precisions  # noqa: E402
 
 DEMO_FLEET = REPO / "examples" / "fleets" / "demo.yaml"
 SPARE = ("name: spare\nnodes:\n  - name: demo-spare\n    network_gbps: 25\n    gpus:\n"
@@ -122,6 +123,14 @@ def handover_timeline(api: Api, pk: int, since: str) -> str:
     return ", ".join(steps) or "no handover events"
 
 
+def layer_bits(stage: dict) -> tuple[int, ...]:
+    return layer_precisions(*stage["layers"], stage["bits"], stage.get("low_bits"), stage.get("low_from"))
+
+
+def layers_below_16(stages: list[dict]) -> int:
+    return sum(bits < 16 for stage in stages for bits in layer_bits(stage))
+
+
 def with_layers(stage: dict, start: int, end: int) -> dict:
     """``stage`` holding [start, end), its precisions kept per layer: a ``low_from`` no longer strictly
     inside the range either makes the whole stage ``low_bits`` (at or before ``start``) or goes."""
@@ -135,11 +144,16 @@ def with_layers(stage: dict, start: int, end: int) -> dict:
 
 
 def boundary_moved(plan: dict) -> dict:
-    """The plan with its first boundary moved by one layer (toward the larger side)."""
+    """The plan with its first boundary moved by one layer: toward the larger side, unless the layer
+    would then run below 16 bits where it did not (the moved layer takes its new stage's precision,
+    and the plan's quality budget caps the layers below 16 bits)."""
     stages = plan["replicas"][0]["stages"]
     (start, boundary), (_, end) = stages[0]["layers"], stages[1]["layers"]
-    boundary += 1 if end - boundary > boundary - start else -1
-    stages[:2] = [with_layers(stages[0], start, boundary), with_layers(stages[1], boundary, end)]
+    for step in (1, -1) if end - boundary > boundary - start else (-1, 1):
+        moved = [with_layers(stages[0], start, boundary + step), with_layers(stages[1], boundary + step, end)]
+        if layers_below_16(moved) <= layers_below_16(stages[:2]):
+            break
+    stages[:2] = moved
     return plan
 
 

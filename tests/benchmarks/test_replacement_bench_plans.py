@@ -40,3 +40,12 @@ def test_boundary_moved_toward_the_larger_side_stays_valid() -> None:
     first, second = boundary_moved({"replicas": [{"stages": stages}]})["replicas"][0]["stages"]
     assert (first["layers"], second["layers"]) == ([0, 6], [6, 16])
     assert precisions(first) + precisions(second) == (16,) * 4 + (4, 4) + (8,) * 10  # layer 5 joins the low tail
+
+
+def test_boundary_moved_the_other_way_when_the_layer_would_drop_below_16_bits() -> None:
+    """The larger side's first layer would join a 4-bit tail: one layer more below 16 bits than the
+    plan's quality budget allowed (the apply was refused), so the boundary moves the other way."""
+    stages = [{**MIXED, "layers": [0, 5], "low_from": 4}, {"device": "b/gpu0", "layers": [5, 16], "bits": 16}]
+    first, second = boundary_moved({"replicas": [{"stages": stages}]})["replicas"][0]["stages"]
+    assert (first["layers"], second["layers"]) == ([0, 4], [4, 16])
+    assert precisions(first) + precisions(second) == (16,) * 16
