@@ -3,12 +3,22 @@
 Two kinds of websocket clients: agents, authenticated by the node credential in a header (a web
 page cannot set one, and agents send no Origin), and browsers, authenticated by their session and
 held to the site's allowed hosts so another site's page cannot open a socket in a user's name.
+
+The gateway's event loop shares this process with Django's sync views, which run in threads and
+may compute for a while (the planner behind a plan request, a drain's re-plans, a what-if). Under
+CPython's default 5 ms GIL switch interval the loop waits up to 5 ms for the GIL at each wake-up
+while such a thread computes, and a streamed token takes several wake-ups; at 1 ms it gets the GIL
+back within a millisecond (benchmarks/switch_interval_bench.py: a socket round trip on the loop
+with a thread computing, 5.0 ms at 5 ms against 0.9 ms at 1 ms).
 """
 
 import os
+import sys
 
 from django.core.asgi import get_asgi_application
 
+GIL_SWITCH_INTERVAL_S = 0.001
+sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 django_asgi_app = get_asgi_application()
 
