@@ -13,6 +13,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from controlplane.gateway import usage_backlog
 from controlplane.gateway.usage import usage_buckets, usage_report
 
 FIRST_SPAN = timedelta(days=1)
@@ -20,6 +21,7 @@ FIRST_SPAN = timedelta(days=1)
 
 @login_required
 def usage(request: HttpRequest) -> HttpResponse:
+    usage_backlog.flush()  # what this process served and has not written yet counts
     until = datetime.now(UTC)
     since = until - FIRST_SPAN
     rows = usage_buckets(since=since, until=until, user_id=None if request.user.is_staff else request.user.pk)

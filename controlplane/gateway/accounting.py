@@ -4,8 +4,9 @@
 (quotas.py) and, when they refuse, records the refusal and raises the 429. The ``RequestAccount`` it
 returns is settled exactly once: ``track(generation)`` wraps the text deltas and, whatever ends them
 (the last token, a stop string, an error, a deadline, a client that went away), corrects the quota
-reservation to the tokens served and adds the request to its usage bucket (usage.py) before the
-response's last bytes go out; ``end`` does the same for a request the router refused. Tokens served:
+reservation to the tokens served before the response's last bytes go out and queues the request's
+usage record, which the usage writer adds to its bucket right after (usage_backlog.py: the response
+does not wait for the database); ``end`` does the same for a request the router refused. Tokens served:
 the completion tokens the replica sent and, once it sent one, the prompt (a request that failed or
 was cancelled before its first token served nothing).
 """
@@ -60,7 +61,7 @@ class RequestAccount:
             await sync_to_async(self._end, thread_sensitive=True)(prompt_tokens, completion_tokens, error)
         except Exception:  # accounting never fails a request that was served
             log.exception("recording the usage of a request of key %s failed", self.api_key.pk)
-        usage_backlog.retry_soon()  # what the database could not take now is written once it can
+        usage_backlog.write_soon()
 
     def _end(self, prompt_tokens: int, completion_tokens: int, error: bool) -> None:
         quota_settle(self.admission, used_tokens=prompt_tokens + completion_tokens)
@@ -93,6 +94,6 @@ async def request_admit(*, api_key: ApiKey, model: str, prompt_tokens: int, max_
             admission = Admission(quotas.clock())
     except BaseException:
         limits.concurrency_release(api_key.pk)
-        usage_backlog.retry_soon()  # a refusal's record may be waiting for the database
+        usage_backlog.write_soon()  # a refusal's record
         raise
     return RequestAccount(api_key, model, admission)

@@ -18,6 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.gateway import usage_backlog
 from controlplane.gateway.usage import BUCKETS, COUNTS, GROUPS, usage_buckets, usage_report
 
 BUCKET_S = {"minute": 60, "hour": 3600, "day": 86400}
@@ -104,6 +105,7 @@ class UsageView(APIView):
         and per bucket and group (docs/api.md, "Usage")."""
         query = UsageQuery(data=request.query_params)
         query.is_valid(raise_exception=True)
+        usage_backlog.flush()  # what this process served and has not written yet counts
         q = query.validated_data
         user_id = None if request.user.is_staff else request.user.pk
         if q.get("user"):

@@ -1,16 +1,24 @@
-"""Usage the database could not take (unreachable: a PostgreSQL restart, a failover), kept in this
-process and written once it can be, so that a request served during the outage is still counted.
+"""Usage records on their way to the database: queued in this process and written, in the order they
+were served, by one writer task on the server's event loop.
 
-``usage_keep`` is how the gateway records usage: written at once when the database answers, else
-queued behind what is already waiting (rows are written in the order they were served) and retried
-every ``RETRY_S`` by a task on the server's event loop until the queue is empty. Bounded: past
-``MAX_PENDING`` records the oldest is dropped, and said so. A process that dies with records queued
-loses them (the figures live only here until written); the log names each record dropped.
+Why not written by the request itself before its last bytes go out: on the embedded default (SQLite:
+one writer at a time, IMMEDIATE transactions) every request that ended while the control plane wrote
+(a plan applied, a reconcile, the agents' stage reports) waited for that write before its client saw
+the end; replacement_bench beside saw no request complete for 0.5-0.7 s after each change's apply
+against 0.3 s in the steady state, 0.3 s once the record was written after (docs/benchmarks.md,
+"Session 12"). A usage read of this process (the usage API, the dashboard) first writes what waits
+here (``flush``), so a client that reads its usage after a response still finds it counted.
+
+When the database cannot take a record (unreachable: a PostgreSQL restart, a failover) it waits and
+the writer retries every ``RETRY_S`` until the queue is empty. Bounded: past ``MAX_PENDING`` records
+the oldest is dropped, and said so. A process that dies with records queued loses them (the figures
+live only here until written); the log names each record dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 from collections import deque
@@ -27,56 +35,61 @@ RETRY_S = 1.0
 MAX_PENDING = 10_000
 
 _pending: deque[dict[str, Any]] = deque()
-_lock = threading.Lock()
-_retrying: asyncio.Task | None = None
+_lock = threading.Lock()  # the queue itself: held only to look at or change it, never across a write
+_flushing = threading.Lock()  # one writer at a time, so the oldest record is written once
+_writer: asyncio.Task | None = None
 
 
 def usage_keep(**figures: Any) -> None:
-    """``usage_record(**figures)`` now, or later if the database cannot take it now (synchronous: the
-    caller is on a thread that may use the database)."""
+    """Queue ``usage_record(**figures)`` (any thread); ``write_soon`` on the loop has it written."""
     with _lock:
-        if _pending:  # behind what waits: a row is written in the order it was served
-            _queue(figures)
-            return
-        try:
-            usage_record(**figures)
-        except DatabaseError as exc:
-            log.warning("usage kept for later, the database is unreachable: %s", exc)
-            _queue(figures)
+        if len(_pending) >= MAX_PENDING:
+            log.error("usage backlog full (%d records): dropped %s", MAX_PENDING, _pending.popleft())
+        _pending.append(figures)
 
 
 def pending() -> int:
     return len(_pending)
 
 
-def retry_soon() -> None:
-    """Start the retry task on the running loop when records wait and none runs (async callers)."""
-    global _retrying
+def write_soon() -> None:
+    """Start the writer on the running loop when records wait and none runs (async callers). In a
+    context of its own (one inherited from the request that started it would outlive that request's
+    thread-sensitive context), writing from a pool thread: a write that waits for the database holds
+    up no thread-sensitive work of the gateway."""
+    global _writer
     loop = asyncio.get_running_loop()
-    if _pending and (_retrying is None or _retrying.done() or _retrying.get_loop() is not loop):
-        _retrying = loop.create_task(_retry())
+    if _pending and (_writer is None or _writer.done() or _writer.get_loop() is not loop):
+        _writer = loop.create_task(_write(), context=contextvars.Context())
 
 
 def flush() -> bool:
     """Write what waits, oldest first, until the database refuses; True when nothing waits."""
-    with _lock:
-        close_old_connections()  # the connection the outage broke is replaced, not reused
-        while _pending:
+    with _flushing:
+        close_old_connections()  # a connection an outage broke is replaced, not reused
+        while True:
+            with _lock:
+                if not _pending:
+                    return True
+                figures = _pending[0]
             try:
-                usage_record(**_pending[0])
-            except DatabaseError:
+                usage_record(**figures)
+            except DatabaseError as exc:
+                log.debug("usage not written, the database cannot take it now: %s", exc)
                 return False
-            _pending.popleft()
-        return True
+            with _lock:
+                _pending.popleft()
 
 
-def _queue(figures: dict[str, Any]) -> None:
-    if len(_pending) >= MAX_PENDING:
-        log.error("usage backlog full (%d records): dropped %s", MAX_PENDING, _pending.popleft())
-    _pending.append(figures)
-
-
-async def _retry() -> None:
-    while not await sync_to_async(flush, thread_sensitive=True)():
+async def _write() -> None:
+    """Until nothing waits: a record queued while a flush finished is seen by the next turn."""
+    failed = False
+    while _pending:
+        if await sync_to_async(flush, thread_sensitive=False)():
+            continue
+        if not failed:
+            log.warning("usage kept for later, the database cannot take it now (%d records)", len(_pending))
+        failed = True
         await asyncio.sleep(RETRY_S)
-    log.info("usage kept during the database's outage is written")
+    if failed:
+        log.info("usage kept while the database could not take it is written")

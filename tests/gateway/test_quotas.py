@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 
-from controlplane.gateway import quotas
+from controlplane.gateway import quotas, usage_backlog
 from controlplane.gateway.models import ApiKey, UsageBucket
 from controlplane.gateway.services import api_key_create
 from tests.gateway.fakes import Script
@@ -67,13 +68,12 @@ async def test_requests_per_minute_refuse_the_next_with_retry_after_and_recover(
     assert (await complete(raw)).status_code == 429
     clock.now = T0 + 60  # the next window
     assert (await complete(raw)).status_code == 200
+    assert await sync_to_async(usage_backlog.flush)()
     rows = [row async for row in UsageBucket.objects.order_by("bucket_start")]
     assert [(r.requests, r.refused) for r in rows] == [(3, 2), (1, 0)]
 
 
 async def _make(limited, **limits):
-    from asgiref.sync import sync_to_async
-
     return await sync_to_async(limited)(**limits)
 
 
@@ -162,6 +162,7 @@ async def test_a_request_the_router_refuses_releases_its_reservation(fake_pipeli
     api_key, raw = await _make(limited, tokens_per_minute=30)
     for _ in range(3):
         assert (await complete(raw, max_tokens=20, prompt=[1, 2, 3])).status_code == 503
+    assert await sync_to_async(usage_backlog.flush)()
     row = await UsageBucket.objects.aget(api_key=api_key)
     assert (row.requests, row.errors, row.prompt_tokens, row.completion_tokens) == (3, 3, 0, 0)
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import pytest
 from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 
+from controlplane.gateway import usage_backlog
 from controlplane.gateway.models import UsageBucket
 from controlplane.gateway.services import api_key_create
 from controlplane.gateway.telemetry import recorder
@@ -23,6 +25,8 @@ async def post(path: str, body: dict, key: str):
 
 
 async def stored(api_key) -> dict:
+    """The figures stored for the key, once this process wrote what it queued (as the usage API does)."""
+    assert await sync_to_async(usage_backlog.flush)()
     rows = [row async for row in UsageBucket.objects.filter(api_key=api_key)]
     return {name: sum(getattr(r, name) for r in rows)
             for name in ("requests", "prompt_tokens", "completion_tokens", "errors", "refused")}
@@ -99,3 +103,24 @@ async def test_concurrent_requests_all_count(fake_pipeline, keys):
     assert {r.status_code for r in responses} == {200}
     assert await stored(api_key) == {"requests": 12, "prompt_tokens": 24, "completion_tokens": 36,
                                      "errors": 0, "refused": 0}
+
+
+async def test_a_response_does_not_wait_for_its_usage_to_be_written(fake_pipeline, keys, monkeypatch):
+    """On SQLite a write waits for whatever transaction the control plane holds (an apply, a reconcile);
+    the response used to wait with it, and no request completed for 0.5-0.7 s after each change of
+    placement (usage_backlog.py). The record is written once the database takes it."""
+    release, record = threading.Event(), usage_backlog.usage_record
+
+    def blocked_record(**figures):
+        release.wait(30)
+        return record(**figures)
+
+    monkeypatch.setattr(usage_backlog, "usage_record", blocked_record)
+    fake_pipeline({"r0": Script(tokens=[5, 6, 7])})
+    (answered, raw), _ = await keys()
+    response = await asyncio.wait_for(post("/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 3},
+                                           raw), timeout=10)
+    assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 3
+    assert usage_backlog.pending() == 1  # queued, its write blocked
+    release.set()
+    assert (await stored(answered))["requests"] == 1 and usage_backlog.pending() == 0

@@ -36,9 +36,12 @@ def test_stored_usage_equals_what_the_pipeline_served(live):  # noqa: F811
                                             stream=True, stream_options={"include_usage": True})
     answered.append([chunk for chunk in stream][-1].usage)
     env = embedded_env(live["pipeline"].workdir)
-    out = subprocess.run(manage_argv("shell", "-c", STORED), env=env, cwd=REPO_ROOT, check=True,
-                         capture_output=True, text=True).stdout
-    stored = json.loads(out.split("USAGE=", 1)[1])
+    for _ in range(20):  # the server writes each request's usage just after its response (usage_backlog.py)
+        out = subprocess.run(manage_argv("shell", "-c", STORED), env=env, cwd=REPO_ROOT, check=True,
+                             capture_output=True, text=True).stdout
+        stored = json.loads(out.split("USAGE=", 1)[1])
+        if stored["requests"] == len(answered):
+            break
     assert stored == {"requests": 5, "errors": 0, "prompt": sum(u.prompt_tokens for u in answered),
                       "completion": sum(u.completion_tokens for u in answered)}
     assert stored["completion"] > 0
