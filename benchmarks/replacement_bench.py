@@ -26,6 +26,7 @@ beside; p99 at most 3x the steady state.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import signal
 import subprocess
@@ -43,7 +44,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gpu_check_serve import REPO, Launcher, embedded_env, free_port, wait_ready  # noqa: E402
 from benchmarks.steady_clients import PROMPTS, SteadyClients, Window, mismatches  # noqa: E402
-from contracts.precision import layer_precisions  # noqa: E402
 
 DEMO_FLEET = REPO / "examples" / "fleets" / "demo.yaml"
 SPARE = ("name: spare\nnodes:\n  - name: demo-spare\n    network_gbps: 25\n    gpus:\n"
@@ -70,6 +70,12 @@ def spare_agent(base: str, fleet: Path, env: dict[str, str], log: Path) -> subpr
                             stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
+class Refused(RuntimeError):
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class Api:
     def __init__(self, base: str, token: str) -> None:
         self.client = httpx.Client(base_url=base, headers={"Authorization": f"Token {token}"}, timeout=60)
@@ -82,7 +88,7 @@ class Api:
     def post(self, path: str, body: dict | None = None) -> dict:
         response = self.client.post(path, json=body or {})
         if response.status_code >= 400:
-            raise RuntimeError(f"POST {path}: {response.status_code} {response.text[:500]}")
+            raise Refused(f"POST {path}: {response.status_code} {response.text[:500]}", response.status_code)
         return response.json()
 
     def deployment(self) -> dict:
@@ -123,14 +129,6 @@ def handover_timeline(api: Api, pk: int, since: str) -> str:
     return ", ".join(steps) or "no handover events"
 
 
-def layer_bits(stage: dict) -> tuple[int, ...]:
-    return layer_precisions(*stage["layers"], stage["bits"], stage.get("low_bits"), stage.get("low_from"))
-
-
-def layers_below_16(stages: list[dict]) -> int:
-    return sum(bits < 16 for stage in stages for bits in layer_bits(stage))
-
-
 def with_layers(stage: dict, start: int, end: int) -> dict:
     """``stage`` holding [start, end), its precisions kept per layer: a ``low_from`` no longer strictly
     inside the range either makes the whole stage ``low_bits`` (at or before ``start``) or goes."""
@@ -143,18 +141,19 @@ def with_layers(stage: dict, start: int, end: int) -> dict:
     return moved
 
 
-def boundary_moved(plan: dict) -> dict:
-    """The plan with its first boundary moved by one layer: toward the larger side, unless the layer
-    would then run below 16 bits where it did not (the moved layer takes its new stage's precision,
-    and the plan's quality budget caps the layers below 16 bits)."""
+def boundary_moves(plan: dict) -> list[dict]:
+    """The plan with its first boundary moved by one layer, each way, toward the larger side first. A
+    move can be refused (the layer joins a stage whose precision or memory it does not fit: a low-bit
+    tail past the plan's quality budget, a card too small): the next one is tried."""
     stages = plan["replicas"][0]["stages"]
     (start, boundary), (_, end) = stages[0]["layers"], stages[1]["layers"]
+    moves = []
     for step in (1, -1) if end - boundary > boundary - start else (-1, 1):
-        moved = [with_layers(stages[0], start, boundary + step), with_layers(stages[1], boundary + step, end)]
-        if layers_below_16(moved) <= layers_below_16(stages[:2]):
-            break
-    stages[:2] = moved
-    return plan
+        moved = copy.deepcopy(plan)
+        moved["replicas"][0]["stages"][:2] = [with_layers(stages[0], start, boundary + step),
+                                              with_layers(stages[1], boundary + step, end)]
+        moves.append(moved)
+    return moves
 
 
 def two_stages(plan: dict, devices: list[str]) -> dict:
@@ -207,6 +206,17 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
             api.post(f"/api/v1/deployments/{pk}/apply/", {"plan": plan, "request": api.applied(pk)["request"],
                                                           "source": "edited"})
 
+        def apply_first(plans: list[dict]) -> None:
+            """The first of ``plans`` the deployment takes (a 400 names why one is not)."""
+            for plan in plans[:-1]:
+                try:
+                    return apply(plan)
+                except Refused as refused:
+                    if refused.status != 400:
+                        raise
+                    print(f"    not applied: {refused}", flush=True)
+            apply(plans[-1])
+
         if len(api.applied(pk)["plan"]["replicas"][0]["stages"]) < 2:  # the planner fit it on one card
             devices = [d["name"] for d in api.get("/api/v1/devices/")["results"] if "spare" not in d["name"]]
             apply(two_stages(api.applied(pk)["plan"], devices))
@@ -246,7 +256,7 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
             spare.send_signal(signal.SIGKILL)
 
         changes: list[tuple[str, Callable[[], None] | None, Callable[[], None]]] = [
-            ("boundary move", None, lambda: apply(boundary_moved(api.applied(pk)["plan"]))),
+            ("boundary move", None, lambda: apply_first(boundary_moves(api.applied(pk)["plan"]))),
             ("stage to another device", None, move),
             ("drain a node", None, drain),
             ("kill -9 an agent", spare_carries_a_stage_again, kill),
@@ -257,7 +267,12 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
                 time.sleep(args.settle_s)  # as after each measured change: its requests end before the window
             revision = api.deployment()["revision_number"]
             started, started_at = time.monotonic(), datetime.now(timezone.utc).isoformat()
-            change()
+            try:
+                change()
+            except Refused as refused:  # the plan the planner chose leaves no room for this edit
+                print(f"[{room}] {name}: not done, the deployment refused it: {refused}", flush=True)
+                result.setdefault("not_done", []).append(name)
+                continue
             served = serving_alone(api, pk, revision + 1)
             time.sleep(args.settle_s)
             window = clients.window(started, time.monotonic())
@@ -304,7 +319,8 @@ def report(results: list[dict]) -> None:
         print(f"{result['room']}: failed {failed} (goal 0); longest handover gap "
               f"{max(c['longest_gap_s'] for c in handovers):.2f} s (goal < {goal} s); worst p99 vs steady "
               f"{max((c['p99_vs_steady'] or 0) for c in handovers):.2f}x (goal <= 3x); seeded answers that "
-              f"differ: {len(result['mismatches'])}; processes left: {len(result['left_running'])}")
+              f"differ: {len(result['mismatches'])}; processes left: {len(result['left_running'])}"
+              + "".join(f"; not done: {name}" for name in result.get("not_done", ())))
 
 
 def main() -> int:
