@@ -1,4 +1,4 @@
-"""Fixtures of every test: a cache of its own.
+"""Fixtures of every test: a cache of its own, and no usage record left queued by the one before.
 
 The control plane's cache is shared by every process (Redis in service mode, files under var/ in the
 embedded default: settings.CACHES), so tests running in this process would otherwise see each
@@ -20,3 +20,14 @@ def _own_cache():
     with override_settings(CACHES={"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
                                                "LOCATION": location}}):
         yield
+
+
+@pytest.fixture(autouse=True)
+def _no_usage_left_queued():
+    """A request's usage record is written just after its response by a task on the test's event loop
+    (controlplane/gateway/usage_backlog.py); one a test ended before is not the next test's to write
+    (its key and rows were rolled back)."""
+    yield
+    from controlplane.gateway import usage_backlog
+
+    usage_backlog.discard()

@@ -63,10 +63,16 @@ def write_soon() -> None:
         _writer = loop.create_task(_write(), context=contextvars.Context())
 
 
+def discard() -> None:
+    """Drop what waits without writing it (a test's records, once its database is rolled back)."""
+    with _lock:
+        _pending.clear()
+
+
 def flush() -> bool:
-    """Write what waits, oldest first, until the database refuses; True when nothing waits."""
+    """Write what waits, oldest first, until the database refuses; True when nothing waits. Also on a
+    request's thread (a usage read), in its transaction: the connection is the caller's."""
     with _flushing:
-        close_old_connections()  # a connection an outage broke is replaced, not reused
         while True:
             with _lock:
                 if not _pending:
@@ -81,11 +87,18 @@ def flush() -> bool:
                 _pending.popleft()
 
 
+def _flush_on_a_sound_connection() -> bool:
+    """``flush`` from the writer's pool thread, whose connection lives on between runs: one an outage
+    broke (or past its age) is replaced first, not reused."""
+    close_old_connections()
+    return flush()
+
+
 async def _write() -> None:
     """Until nothing waits: a record queued while a flush finished is seen by the next turn."""
     failed = False
     while _pending:
-        if await sync_to_async(flush, thread_sensitive=False)():
+        if await sync_to_async(_flush_on_a_sound_connection, thread_sensitive=False)():
             continue
         if not failed:
             log.warning("usage kept for later, the database cannot take it now (%d records)", len(_pending))
