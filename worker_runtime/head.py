@@ -6,6 +6,12 @@ link to it went down, as when its process dies and its sockets close; silent for
 or restarted with a new incarnation), fails every request in flight with
 :class:`~worker_runtime.errors.PipelineBroken`, and once all stages answer again starts a new epoch
 with a ``reset`` that wipes their caches: a restarted stage rejoins without anyone restarting the rest.
+
+A pipeline that just became complete runs one short request of its own (the *warm-up*) before its
+health says ok: the first micro-batch through freshly started stages pays for what torch and the
+kernels do on first use and for the cache pages touched first (a 2-stage demo pipeline: time to first
+token 0.53 s against 0.16 s for the next request). Paid by that request, not a client's: the gateway
+routes to a pipeline only once it is ok, so in a handover beside the old pipeline serves meanwhile.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from .worker import StageWorker
 
 log = logging.getLogger(__name__)
 KEEPALIVE_S = 0.5
+WARM_UP = b""  # the client id of the head's own warm-up request: nothing is sent to it
+WARM_UP_PROMPT_TOKENS, WARM_UP_MAX_TOKENS = 32, 2
 
 
 @dataclass
@@ -58,10 +66,13 @@ class HeadLoop:
         self.broken_stage: int | None = None
         self.broken_at = time.monotonic()
         self.draining = False
+        self.warming: str | None = None  # the warm-up request's id while it runs
         self._pending_free: list[int] = []
         self._keepalive = Every(KEEPALIVE_S)
         self._stats_line = Every(1.0)
         self._check = Every(heartbeat_interval(spec))
+        if self.healthy:
+            self._warm_up()
 
     # ----- the loop
 
@@ -131,7 +142,7 @@ class HeadLoop:
             for mb_id in self.scheduler.overdue(now, self.spec.peer_timeout_s):
                 self._fail(self.scheduler.on_failed(mb_id), PipelineBroken(f"micro-batch {mb_id} was lost in the pipeline"))
         if self._keepalive.due():
-            for client in {r.client for r in self.scheduler.requests.values()}:
+            for client in {r.client for r in self.scheduler.requests.values()} - {WARM_UP}:
                 self.transport.reply(client, {"type": "alive"})
         self.worker.stats.queue_depth = len(self.scheduler.waiting)
         if self._stats_line.due():
@@ -153,6 +164,26 @@ class HeadLoop:
             except PeerUnavailable:
                 return  # stage 1 heartbeats but our link to it is not up yet: try again next check
             log.info("pipeline %s complete: epoch %d", self.spec.pipeline_id, self.epoch)
+            self.healthy, self.broken_stage = True, None
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Start the warm-up request (module docstring); health turns ok when it ends, however it ends
+        (``_warmed``): it only spares clients a slow first request."""
+        tokens = max(1, min(WARM_UP_PROMPT_TOKENS, self.ledger.largest() - WARM_UP_MAX_TOKENS,
+                            self.spec.max_batch_tokens))
+        vocab = self.worker.stage.config.vocab_size
+        request = Request(f"warm-up-{self.epoch}", WARM_UP, [i % vocab for i in range(tokens)], SamplingParams(),
+                          WARM_UP_MAX_TOKENS, deadline=time.monotonic() + self.spec.peer_timeout_s)
+        self.warming, self.reason = request.request_id, "warming up: one request through the pipeline"
+        try:
+            self.scheduler.submit(request)
+        except RequestRejected:
+            self._warmed()
+
+    def _warmed(self) -> None:
+        self.warming = None
+        if self.healthy:
             self._set_health(True, "", None)
 
     def break_pipeline(self, stage: int, reason: str) -> None:
@@ -257,9 +288,12 @@ class HeadLoop:
         """
         by_client: dict[bytes, list[list]] = {}
         for request, token, reason in self.scheduler.on_tokens(mb_id, seq_ids, tokens):
-            by_client.setdefault(request.client, []).append([request.request_id, token, reason])
+            if request.client != WARM_UP:
+                by_client.setdefault(request.client, []).append([request.request_id, token, reason])
             if reason is not None:
                 self._release(request)
+                if request.request_id == self.warming:
+                    self._warmed()
         for client, items in by_client.items():
             self.transport.reply(client, {"type": "tokens", "items": items})
 
@@ -307,7 +341,8 @@ class HeadLoop:
     # ----- figures
 
     def health(self) -> dict[str, Any]:
-        return {"ok": self.healthy and not self.draining, "broken_stage": self.broken_stage, "reason": self.reason}
+        ok = self.healthy and not self.draining and self.warming is None
+        return {"ok": ok, "broken_stage": self.broken_stage, "reason": self.reason}
 
     def own_stats(self) -> dict[str, Any]:
         return self.worker.snapshot(self.transport)
@@ -356,5 +391,9 @@ class HeadLoop:
             self._send_error(request.client, request.request_id, error)
 
     def _send_error(self, client: bytes, request_id: str, error: PipelineError) -> None:
+        if request_id == self.warming:
+            self._warmed()  # broken (health is not ok anyway), past its deadline or cancelled
+        if client == WARM_UP:
+            return
         self.transport.reply(client, {"type": "error", "request_id": request_id, "kind": error.kind, "message": str(error)})
 

@@ -56,7 +56,8 @@ class ReplicaHead:
     to it, and a request it still runs that breaks is resumed elsewhere. ``kv_tokens``: the smallest
     KV budget its stages were started with (their specs), which is what its head holds; the slot's
     plan may say otherwise (an emulated stage gets the workload's KV, and during a handover the slot
-    already has the new plan).
+    already has the new plan). ``successor``: of an outgoing pipeline, the one that serves its slot
+    now; the gateway keeps routing to the outgoing one until it has heard that one say it is ok.
     """
 
     replica: int
@@ -68,6 +69,7 @@ class ReplicaHead:
     slot: int = 0
     serving: bool = True
     kv_tokens: int | None = None
+    successor: str | None = None
 
 
 def deployment_endpoints(*, deployment: Deployment) -> list[ReplicaHead]:
@@ -77,7 +79,9 @@ def deployment_endpoints(*, deployment: Deployment) -> list[ReplicaHead]:
     stages = list(deployment.stages.filter(wanted=True).select_related("device__node")
                   .order_by("replica", "stage_index"))
     endpoints = []
-    for replica in DeploymentReplica.objects.filter(deployment=deployment).order_by("index"):
+    replicas = list(DeploymentReplica.objects.filter(deployment=deployment).order_by("index"))
+    serving = {r.slot: r.pipeline_id for r in replicas if r.phase == DeploymentReplica.Phase.SERVING}
+    for replica in replicas:
         own = [s for s in stages if s.replica == replica.index]
         if not own or own[0].stage_index != 0:  # none, or an outgoing pipeline whose head was stopped
             continue
@@ -93,6 +97,7 @@ def deployment_endpoints(*, deployment: Deployment) -> list[ReplicaHead]:
             slot=replica.slot,
             serving=replica.phase == DeploymentReplica.Phase.SERVING,
             kv_tokens=min((s.spec["kv_tokens"] for s in own if s.spec.get("kv_tokens")), default=None),
+            successor=serving.get(replica.slot) if replica.phase == DeploymentReplica.Phase.OUTGOING else None,
         ))
     return endpoints
 

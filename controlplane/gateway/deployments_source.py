@@ -7,7 +7,8 @@ A model whose deployments have no routable replica (ready, and ``serving``: not 
 the controller) is still served, with no replica and a ``reason`` ("deployment d1 is deploying plan
 revision 3"): its requests wait for one instead of getting a 404 (waiting.py). A replica the
 controller is handing over (``ReplicaHead.serving`` False) stays listed, stated unhealthy, so the
-requests it still runs keep their client and booking while nothing new is admitted to it.
+requests it still runs keep their client and booking while nothing new is admitted to it; one handed
+over beside names its ``successor``, and takes requests until the gateway heard that one say ok.
 
 A model is served under its catalog name; replicas of several deployments of one model are routed
 together, with the routing strategy of the oldest of them (``Deployment.routing_strategy``).
@@ -101,6 +102,7 @@ def served_models_from_deployments() -> list[ServedModel]:
                 costs=costs or ASSUMED_COSTS,
                 costs_source="planned" if costs else "assumed", stages=stages,
                 health=ReplicaHealth() if endpoint.serving else _handover_health(deployment),
+                successor=endpoint.successor,
             ))
         routable = any(r.health.ok for r in replicas)
         reason = "" if routable else _no_replica_reason(deployment, handing_over=bool(replicas))

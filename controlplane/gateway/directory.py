@@ -44,7 +44,9 @@ class ReplicaEndpoint:
     measured ones once the stages' telemetry allows); ``health``: throttling, memory pressure and
     errors as the source states them (a models file may; the deployments source leaves the default);
     ``stages``: where the replica's stages run (the deployments source fills it), whose telemetry
-    the gateway reads.
+    the gateway reads; ``successor``: of a replica being handed over beside (stated unhealthy), the
+    replica that takes its place: until the gateway has heard that one's head say ok, this one is
+    routed to as if it were healthy (live_health.py).
     """
 
     pipeline_id: str
@@ -55,6 +57,7 @@ class ReplicaEndpoint:
     health: ReplicaHealth = field(default_factory=ReplicaHealth)
     costs_source: str = "assumed"
     stages: tuple[StageLink, ...] = ()
+    successor: str | None = None
 
 
 @dataclass(frozen=True)

@@ -247,6 +247,9 @@ class Gateway:
                 state.kv_capacity = int(stats["max_request_tokens"])
             self.live.head_answered(state.replica_id, stats)
         self.live.apply(state, route.endpoint(state.replica_id), head_answer=True)
+        for other in route.router.replicas:  # the replica it takes over from serves on until it is ok
+            if route.endpoint(other.replica_id).successor == state.replica_id:
+                self.live.apply(other, route.endpoint(other.replica_id))
         self.waiting.notify_all()
 
     async def close(self) -> None:

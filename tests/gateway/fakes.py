@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from controlplane.gateway.directory import ReplicaEndpoint, ServedModel
-from controlplane.gateway.routing import StageLink
+from controlplane.gateway.routing import ReplicaHealth, StageLink
 from worker_runtime.client import TokenEvent
 from worker_runtime.errors import PipelineBroken
 from worker_runtime.sampling import SamplingParams
@@ -30,6 +30,7 @@ class Script:
     stages: tuple[StageLink, ...] = ()  # where its stages run (the gateway then reads their telemetry)
     queue_depth: int = 0  # the head's queue, as its statistics report it
     break_after: list[int] = field(default_factory=list)  # n-th submission: PipelineBroken after so many tokens
+    successor: str | None = None  # handed over beside to this replica (the directory states it unhealthy)
 
 
 class FakePipelineClient:
@@ -107,7 +108,8 @@ def served_models() -> list[ServedModel]:
     replicas = tuple(
         ReplicaEndpoint(pipeline_id=pid, head_address=FakePipelineClient.heads.get(pid, f"tcp://fake/{pid}"),
                         auth_token="t",
-                        kv_tokens=script.planned_kv_tokens, stages=script.stages)
+                        kv_tokens=script.planned_kv_tokens, stages=script.stages, successor=script.successor,
+                        health=ReplicaHealth(ok=script.successor is None, reason="handing this replica over"))
         for pid, script in FakePipelineClient.scripts.items()
     )
     return [ServedModel("demo", FakePipelineClient.model_path, replicas, reason=FakePipelineClient.reason)]

@@ -212,3 +212,21 @@ def test_a_stage_state_sampled_before_the_heads_ok_does_not_hold_the_replica_bac
 
     assert health_with_stage_sampled(0.8) == "ok"
     assert health_with_stage_sampled(0.1) == "stage d1-r0-s0 is starting"
+
+
+async def test_a_replica_handed_over_beside_serves_until_the_gateway_heard_its_successor_say_ok(
+        fake_pipeline, demo_model, api_key):
+    """At the switch the controller states the old pipeline unhealthy at once, but its successor's head
+    says ok only once its warm-up request came back (worker_runtime/head.py), and the gateway hears it
+    only at its next poll: meanwhile the old one, still admitting, takes the requests."""
+    from controlplane.gateway.tokenization import ModelTokenizer
+
+    tokens = ModelTokenizer.load(demo_model).encode_prompt("hello world")
+    fake = fake_pipeline({"old": Script(tokens=tokens, successor="new"), "new": Script(tokens=tokens, healthy=False)})
+    assert await chosen(api_key, 2) == ["old", "old"]
+    assert replica("old").health.ok and not replica("new").health.ok
+
+    fake.scripts["new"].healthy = True  # warmed up
+    await settle(lambda: replica("new").health.ok)
+    assert not replica("old").health.ok and "handing this replica over" in replica("old").health.reason
+    assert await chosen(api_key, 2) == ["new", "new"]

@@ -11,7 +11,7 @@ import json
 
 from worker_runtime.events import EventWriter
 from worker_runtime.frames import Frame
-from worker_runtime.head import HeadLoop
+from worker_runtime.head import WARM_UP_MAX_TOKENS, HeadLoop
 from worker_runtime.relay import RelayLoop
 from worker_runtime.stage import Stage
 from worker_runtime.stats import StageStats
@@ -23,6 +23,8 @@ from .harness import pipeline_specs
 
 class RecordingTransport:
     """Stands in for the head's links: what it sent down the pipeline, or refuses while ``up`` is False."""
+
+    bytes_sent = bytes_received = rejected = 0
 
     def __init__(self) -> None:
         self.up, self.sent = True, []
@@ -62,8 +64,59 @@ def test_the_head_completes_the_pipeline_only_once_every_next_link_is_up(tiny_mo
     head.on_heartbeat(heartbeat(2, linked=True))  # complete on this heartbeat, not at the next check
     assert head.healthy
     assert [m["type"] for m in transport.sent] == ["reset"] and transport.sent[0]["epoch"] == head.epoch
-    health = [json.loads(line) for line in events.getvalue().splitlines()]
-    assert health[-1]["event"] == "health" and health[-1]["ok"]
+
+
+def test_a_complete_pipeline_says_ok_only_once_its_warm_up_request_came_back(tiny_model):
+    """The first micro-batch through new stages is slow (first use of torch's kernels, cache pages
+    touched first): the head runs one request of its own through them before it says ok, and no
+    client hears of it. Its tokens back, the pipeline is ok, and the agent is told."""
+    spec = pipeline_specs(tiny_model, 6, 3)[0]
+    stage = Stage.load(spec.model_path, *spec.layers, kv_tokens=spec.kv_tokens)
+    events = io.StringIO()
+    transport = RecordingTransport()
+    transport.reply = lambda client, header, tensors=(): transport.sent.append({"to": client, **header})
+    head = HeadLoop(spec, StageWorker(stage, StageStats()), transport, EventWriter(events))
+    for index in (1, 2):
+        head.on_heartbeat(heartbeat(index, linked=True))
+    assert head.healthy and head.health() == {
+        "ok": False, "broken_stage": None, "reason": "warming up: one request through the pipeline"}
+
+    head.step()  # stage 0's layers run here; the micro-batch goes on to stage 1
+    batch = transport.sent[-1]
+    assert batch["type"] == "batch" and len(batch["seq_ids"]) == 1
+    for _ in range(WARM_UP_MAX_TOKENS):
+        head.on_result(Frame({"type": "tokens", "epoch": head.epoch, "mb": transport.sent[-1]["mb"],
+                              "seq_ids": batch["seq_ids"], "tokens": [3]}))
+        head.step()
+    assert head.health() == {"ok": True, "broken_stage": None, "reason": ""}
+    assert not [m for m in transport.sent if "to" in m]  # nothing was sent to any client
+    health = [json.loads(line) for line in events.getvalue().splitlines() if '"health"' in line]
+    assert health[-1]["ok"] is True
+
+
+def test_a_warm_up_lost_with_a_broken_pipeline_runs_again_when_it_is_whole(tiny_model):
+    """The warm-up's micro-batch lost (a stage died): the pipeline is not ok for the break, and the
+    next complete pipeline warms up anew; a warm-up that cannot end (past its deadline) lets the
+    pipeline be ok all the same: it only spares clients a slow first request."""
+    spec = pipeline_specs(tiny_model, 6, 3)[0]
+    stage = Stage.load(spec.model_path, *spec.layers, kv_tokens=spec.kv_tokens)
+    transport = RecordingTransport()
+    head = HeadLoop(spec, StageWorker(stage, StageStats()), transport, EventWriter(io.StringIO()))
+    for index in (1, 2):
+        head.on_heartbeat(heartbeat(index, linked=True))
+    first = head.warming
+    head.step()
+    head.on_heartbeat(heartbeat(1, linked=False))  # stage 2 died with the warm-up in it
+    assert not head.healthy and head.warming is None and not head.scheduler.requests
+    for index in (1, 2):
+        head.on_heartbeat(heartbeat(index, linked=True))
+    assert head.warming not in (None, first) and not head.health()["ok"]
+
+    head.step()
+    for request in head.scheduler.requests.values():
+        request.deadline = 0.0  # its tokens never come back
+    head.tick()
+    assert head.warming is None and head.health()["ok"]
 
 
 def test_a_relay_that_cannot_send_on_breaks_the_pipeline_and_every_request_in_it(tiny_model):
@@ -132,7 +185,6 @@ def test_a_broken_head_still_names_a_stage_whose_link_went_down(tiny_model):
 class RelayTransport(RecordingTransport):
     """A relay's links: what it sent the head; ``up`` is its link to the next stage."""
 
-    bytes_sent = bytes_received = rejected = 0
     head_up = True
 
     def send_head(self, header, tensors=()):
