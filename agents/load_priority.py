@@ -22,7 +22,7 @@ from agents.cpu_quota import CpuQuota
 from agents.processes import cpu_idle, cpu_idle_reversible, cpu_normal
 
 LOAD_IDLE_S = 10.0
-BACKGROUND_LOAD_CPUS = 0.5
+BACKGROUND_LOAD_CPUS = 0.2
 
 
 class LoadPriority:

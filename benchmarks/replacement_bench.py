@@ -142,17 +142,22 @@ def with_layers(stage: dict, start: int, end: int) -> dict:
 
 
 def boundary_moves(plan: dict) -> list[dict]:
-    """The plan with its first boundary moved by one layer, each way, toward the larger side first. A
-    move can be refused (the layer joins a stage whose precision or memory it does not fit: a low-bit
-    tail past the plan's quality budget, a card too small): the next one is tried."""
+    """The plan with one boundary moved by one layer: the first boundary each way, toward the larger
+    side first, then the next boundary likewise. A move can be refused (the layer joins a stage whose
+    precision or memory it does not fit: a low-bit tail past the plan's quality budget, a card too
+    small): the next one is tried, so that every run moves a boundary whatever plan the planner chose
+    (the calibration of the moment decides it)."""
     stages = plan["replicas"][0]["stages"]
-    (start, boundary), (_, end) = stages[0]["layers"], stages[1]["layers"]
     moves = []
-    for step in (1, -1) if end - boundary > boundary - start else (-1, 1):
-        moved = copy.deepcopy(plan)
-        moved["replicas"][0]["stages"][:2] = [with_layers(stages[0], start, boundary + step),
-                                              with_layers(stages[1], boundary + step, end)]
-        moves.append(moved)
+    for i in range(len(stages) - 1):
+        (start, boundary), (_, end) = stages[i]["layers"], stages[i + 1]["layers"]
+        for step in (1, -1) if end - boundary > boundary - start else (-1, 1):
+            if not start < boundary + step < end:
+                continue
+            moved = copy.deepcopy(plan)
+            moved["replicas"][0]["stages"][i:i + 2] = [with_layers(stages[i], start, boundary + step),
+                                                       with_layers(stages[i + 1], boundary + step, end)]
+            moves.append(moved)
     return moves
 
 
@@ -277,10 +282,12 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
             time.sleep(args.settle_s)
             window = clients.window(started, time.monotonic())
             entry = {"change": name, **window.__dict__, "serves_after_s": round(served - started, 2),
+                     "window": (started, time.monotonic()),
                      "p99_vs_steady": window.p99_s / steady.p99_s if window.p99_s and steady.p99_s else None}
             result["changes"].append(entry)
             print(f"[{room}] {name}: {window.line()}, serves after {served - started:.1f} s", flush=True)
-            print(f"    handover: {handover_timeline(api, pk, started_at)}", flush=True)
+            print(f"    handover: {handover_timeline(api, pk, started_at)} (applied {started_at[11:23]} UTC)",
+                  flush=True)
             for error in sorted(set(window.errors)):
                 print(f"    failed: {error[:300]}", flush=True)
             # The router's inputs and recent decisions (refusals included, with each replica's figures),
@@ -291,6 +298,9 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
                 print(f"    the router's view then: {saved}", flush=True)
         outcomes = clients.stop()
         result["mismatches"] = mismatches(outcomes, expected)
+        for entry in result["changes"]:  # which change's requests they were
+            start, end = entry.pop("window")
+            entry["mismatches"] = len(mismatches([o for o in outcomes if start <= o.ended <= end], expected))
         result["requests"] = len(outcomes)
     finally:
         if spare is not None:
@@ -319,7 +329,9 @@ def report(results: list[dict]) -> None:
         print(f"{result['room']}: failed {failed} (goal 0); longest handover gap "
               f"{max(c['longest_gap_s'] for c in handovers):.2f} s (goal < {goal} s); worst p99 vs steady "
               f"{max((c['p99_vs_steady'] or 0) for c in handovers):.2f}x (goal <= 3x); seeded answers that "
-              f"differ: {len(result['mismatches'])}; processes left: {len(result['left_running'])}"
+              f"differ: {len(result['mismatches'])} ("
+              + ", ".join(f"{c['change']} {c['mismatches']}" for c in result["changes"])
+              + f"); processes left: {len(result['left_running'])}"
               + "".join(f"; not done: {name}" for name in result.get("not_done", ())))
 
 

@@ -7,11 +7,14 @@ or restarted with a new incarnation), fails every request in flight with
 :class:`~worker_runtime.errors.PipelineBroken`, and once all stages answer again starts a new epoch
 with a ``reset`` that wipes their caches: a restarted stage rejoins without anyone restarting the rest.
 
-A pipeline that just became complete runs one short request of its own (the *warm-up*) before its
-health says ok: the first micro-batch through freshly started stages pays for what torch and the
-kernels do on first use and for the cache pages touched first (a 2-stage demo pipeline: time to first
-token 0.53 s against 0.16 s for the next request). Paid by that request, not a client's: the gateway
-routes to a pipeline only once it is ok, so in a handover beside the old pipeline serves meanwhile.
+A new head's pipeline, the first time it is complete, runs one short request of its own (the
+*warm-up*) before its health says ok: the first micro-batch through freshly started stages pays for
+what torch and the kernels do on first use and for the cache pages touched first (a 2-stage demo
+pipeline: time to first token 0.53 s against 0.16 s for the next request). Paid by that request, not
+a client's: the gateway routes to a pipeline only once it is ok, and in a handover beside the old
+pipeline serves meanwhile. A pipeline that re-forms around a surviving head (a stage restarted or
+reloaded in place) does not warm up: clients wait for it then, and their own first micro-batch warms
+it as soon (replacement_bench in place: a warm-up there lengthened the pause by its own length).
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class HeadLoop:
         self.broken_at = time.monotonic()
         self.draining = False
         self.warming: str | None = None  # the warm-up request's id while it runs
+        self._warm_up_due = True  # until a warm-up ran through this head's pipeline
         self._pending_free: list[int] = []
         self._keepalive = Every(KEEPALIVE_S)
         self._stats_line = Every(1.0)
@@ -164,8 +168,11 @@ class HeadLoop:
             except PeerUnavailable:
                 return  # stage 1 heartbeats but our link to it is not up yet: try again next check
             log.info("pipeline %s complete: epoch %d", self.spec.pipeline_id, self.epoch)
-            self.healthy, self.broken_stage = True, None
-            self._warm_up()
+            if self._warm_up_due:
+                self.healthy, self.broken_stage = True, None
+                self._warm_up()
+            else:
+                self._set_health(True, "", None)
 
     def _warm_up(self) -> None:
         """Start the warm-up request (module docstring); health turns ok when it ends, however it ends
@@ -182,8 +189,10 @@ class HeadLoop:
             self._warmed()
 
     def _warmed(self) -> None:
+        """The warm-up ended: done, unless the pipeline broke under it (the next one then warms up)."""
         self.warming = None
         if self.healthy:
+            self._warm_up_due = False
             self._set_health(True, "", None)
 
     def break_pipeline(self, stage: int, reason: str) -> None:

@@ -23,7 +23,7 @@ from controlplane.deployments.selectors import devices_in_use, plan_devices, pla
 from controlplane.inventory.models import Device, Node
 from controlplane.inventory.selectors import fleet_spec_from_inventory
 from controlplane.models_catalog.models import LlmModel
-from controlplane.planning import PlanningError, PlanRequest, least_change_plan, plan_to_dict, validate
+from controlplane.planning import PlanningError, PlanRequest, check, least_change_plan, plan_to_dict
 
 
 def plan_revision_create(
@@ -70,10 +70,10 @@ def plan_revision_check(
         request = plan_request_now(revision=revision, busy=busy, exclude_nodes=exclude_nodes)
     except PlanningError as exc:
         raise ValidationError({"request": str(exc)}) from None
-    report = validate(revision.plan, request)
-    if not report.ok:
-        raise ValidationError({"plan": [p.message for p in report.problems]})
-    priced = plan_to_dict(report.edited)
+    problems, edited = check(revision.plan, request)  # not validate: the planner's own plan is not needed
+    if problems:
+        raise ValidationError({"plan": [p.message for p in problems]})
+    priced = plan_to_dict(edited)
     return CheckedPlan(
         revision=revision,
         replicas=[[(devices[s["device"]], s) for s in replica["stages"]] for replica in priced["replicas"]],

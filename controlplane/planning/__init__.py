@@ -4,6 +4,8 @@ rebalancer. Entry points:
 - ``plan(request) -> Plan``: the best plan for a fleet, a model and a workload;
 - ``baseline_plan(request, kind)``: even or memory-proportional split, for comparison;
 - ``validate(edited, request) -> ValidationReport``: what-if check of an operator-edited plan;
+- ``check(edited, request)``: its problems and the plan priced, without the planner's own plan to
+  compare with (what deploying needs; the planner's search is most of a what-if's time);
 - ``least_change_plan(applied, request, keep_within)``: a re-plan that moves only what it must unless
   a fresh plan serves enough better to pay for the stages it restarts (after a loss or for a drain);
 - ``plan_to_dict`` / ``plan_from_dict``: the JSON form (schema in docs/planner.md).
@@ -16,10 +18,10 @@ from controlplane.planning.planner import plan
 from controlplane.planning.repair import least_change_plan
 from controlplane.planning.request import Pin, PlanningError, PlanRequest, Workload
 from controlplane.planning.serialize import plan_from_dict, plan_to_dict
-from controlplane.planning.validate import Problem, ValidationReport, validate
+from controlplane.planning.validate import Problem, ValidationReport, check, validate
 
 __all__ = [
     "Bottleneck", "Figures", "MemoryBreakdown", "Pin", "Placement", "Plan", "PlanRequest", "PlanningError",
-    "Problem", "ReplicaPlan", "StagePlan", "ValidationReport", "Workload", "baseline_plan", "least_change_plan",
-    "plan", "plan_from_dict", "plan_to_dict", "validate",
+    "Problem", "ReplicaPlan", "StagePlan", "ValidationReport", "Workload", "baseline_plan", "check",
+    "least_change_plan", "plan", "plan_from_dict", "plan_to_dict", "validate",
 ]

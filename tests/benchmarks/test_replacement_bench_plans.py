@@ -40,7 +40,7 @@ def test_the_boundary_moves_toward_the_larger_side_first_then_the_other_way() ->
     the deployment takes (quality budget, memory) the API says, so both are offered."""
     stages = [{**MIXED, "layers": [0, 5], "low_from": 4}, {"device": "b/gpu0", "layers": [5, 16], "bits": 8}]
     plan = {"replicas": [{"stages": stages}]}
-    larger, other = boundary_moves(plan)
+    larger, other = boundary_moves(plan)[:2]
     first, second = larger["replicas"][0]["stages"]
     assert (first["layers"], second["layers"]) == ([0, 6], [6, 16])
     assert precisions(first) + precisions(second) == (16,) * 4 + (4, 4) + (8,) * 10  # layer 5 joins the low tail
@@ -49,3 +49,15 @@ def test_the_boundary_moves_toward_the_larger_side_first_then_the_other_way() ->
     assert precisions(first) + precisions(second) == (16,) * 4 + (8,) * 12  # the low tail left with layer 4
     assert plan["replicas"][0]["stages"] == stages  # the applied plan itself is left as it was
 
+
+
+def test_every_boundary_is_offered_in_turn_and_no_stage_is_left_empty() -> None:
+    """A plan whose first boundary cannot move (the planner's plan of the run fills a card) still gets
+    a boundary move: the next boundary's follow, and a one-layer stage is never emptied."""
+    stages = [{"device": "a/gpu0", "layers": [0, 1], "bits": 16}, {"device": "b/gpu0", "layers": [1, 9], "bits": 16},
+              {"device": "c/gpu0", "layers": [9, 16], "bits": 8}]
+    moves = boundary_moves({"replicas": [{"stages": stages}]})
+    assert [[s["layers"] for s in m["replicas"][0]["stages"]] for m in moves] == [
+        [[0, 2], [2, 9], [9, 16]],
+        [[0, 1], [1, 8], [8, 16]], [[0, 1], [1, 10], [10, 16]],
+    ]

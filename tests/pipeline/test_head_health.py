@@ -97,7 +97,8 @@ def test_a_complete_pipeline_says_ok_only_once_its_warm_up_request_came_back(tin
 def test_a_warm_up_lost_with_a_broken_pipeline_runs_again_when_it_is_whole(tiny_model):
     """The warm-up's micro-batch lost (a stage died): the pipeline is not ok for the break, and the
     next complete pipeline warms up anew; a warm-up that cannot end (past its deadline) lets the
-    pipeline be ok all the same: it only spares clients a slow first request."""
+    pipeline be ok all the same: it only spares clients a slow first request. Once one ended, a
+    pipeline re-formed around the same head is ok at once."""
     spec = pipeline_specs(tiny_model, 6, 3)[0]
     stage = Stage.load(spec.model_path, *spec.layers, kv_tokens=spec.kv_tokens)
     transport = RecordingTransport()
@@ -117,6 +118,11 @@ def test_a_warm_up_lost_with_a_broken_pipeline_runs_again_when_it_is_whole(tiny_
         request.deadline = 0.0  # its tokens never come back
     head.tick()
     assert head.warming is None and head.health()["ok"]
+
+    head.on_heartbeat(heartbeat(1, linked=False))  # a stage restarted (or reloaded in place) ...
+    for index in (1, 2):
+        head.on_heartbeat(heartbeat(index, linked=True))
+    assert head.health()["ok"] and head.warming is None  # ... clients wait now: no warm-up before them
 
 
 def test_a_relay_that_cannot_send_on_breaks_the_pipeline_and_every_request_in_it(tiny_model):
