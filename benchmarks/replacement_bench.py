@@ -274,6 +274,7 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
             started, started_at = time.monotonic(), datetime.now(timezone.utc).isoformat()
             try:
                 change()
+                change_s = time.monotonic() - started
             except Refused as refused:  # the plan the planner chose leaves no room for this edit
                 print(f"[{room}] {name}: not done, the deployment refused it: {refused}", flush=True)
                 result.setdefault("not_done", []).append(name)
@@ -286,8 +287,8 @@ def run_room(args: argparse.Namespace, room: str) -> dict:
                      "p99_vs_steady": window.p99_s / steady.p99_s if window.p99_s and steady.p99_s else None}
             result["changes"].append(entry)
             print(f"[{room}] {name}: {window.line()}, serves after {served - started:.1f} s", flush=True)
-            print(f"    handover: {handover_timeline(api, pk, started_at)} (applied {started_at[11:23]} UTC)",
-                  flush=True)
+            print(f"    handover: {handover_timeline(api, pk, started_at)} (applied {started_at[11:23]} UTC, "
+                  f"the API calls of the change took {change_s:.2f} s)", flush=True)
             for error in sorted(set(window.errors)):
                 print(f"    failed: {error[:300]}", flush=True)
             # The router's inputs and recent decisions (refusals included, with each replica's figures),

@@ -169,7 +169,6 @@ class HeadLoop:
                 return  # stage 1 heartbeats but our link to it is not up yet: try again next check
             log.info("pipeline %s complete: epoch %d", self.spec.pipeline_id, self.epoch)
             if self._warm_up_due:
-                self.healthy, self.broken_stage = True, None
                 self._warm_up()
             else:
                 self._set_health(True, "", None)
@@ -182,7 +181,8 @@ class HeadLoop:
         vocab = self.worker.stage.config.vocab_size
         request = Request(f"warm-up-{self.epoch}", WARM_UP, [i % vocab for i in range(tokens)], SamplingParams(),
                           WARM_UP_MAX_TOKENS, deadline=time.monotonic() + self.spec.peer_timeout_s)
-        self.warming, self.reason = request.request_id, "warming up: one request through the pipeline"
+        self.warming = request.request_id
+        self._set_health(True, "warming up: one request through the pipeline", None)  # says not ok, no stage broken
         try:
             self.scheduler.submit(request)
         except RequestRejected:
