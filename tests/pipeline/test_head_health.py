@@ -44,6 +44,16 @@ def heartbeat(index: int, linked: bool) -> dict:
             "kv_capacity": 2048, "block_size": 16, "stats": {}}
 
 
+def complete_head(tiny_model, transport: "RecordingTransport", events: io.StringIO | None = None) -> HeadLoop:
+    """A head of a 3-stage pipeline whose other stages both heartbeated with their links up."""
+    spec = pipeline_specs(tiny_model, 6, 3)[0]
+    stage = Stage.load(spec.model_path, *spec.layers, kv_tokens=spec.kv_tokens)
+    head = HeadLoop(spec, StageWorker(stage, StageStats()), transport, EventWriter(events or io.StringIO()))
+    for index in (1, 2):
+        head.on_heartbeat(heartbeat(index, linked=True))
+    return head
+
+
 def test_the_head_completes_the_pipeline_only_once_every_next_link_is_up(tiny_model):
     spec = pipeline_specs(tiny_model, 6, 3)[0]
     stage = Stage.load(spec.model_path, *spec.layers, kv_tokens=spec.kv_tokens)
@@ -70,14 +80,10 @@ def test_a_complete_pipeline_says_ok_only_once_its_warm_up_request_came_back(tin
     """The first micro-batch through new stages is slow (first use of torch's kernels, cache pages
     touched first): the head runs one request of its own through them before it says ok, and no
     client hears of it. Its tokens back, the pipeline is ok, and the agent is told."""
-    spec = pipeline_specs(tiny_model, 6, 3)[0]
-    stage = Stage.load(spec.model_path, *spec.layers, kv_tokens=spec.kv_tokens)
     events = io.StringIO()
     transport = RecordingTransport()
     transport.reply = lambda client, header, tensors=(): transport.sent.append({"to": client, **header})
-    head = HeadLoop(spec, StageWorker(stage, StageStats()), transport, EventWriter(events))
-    for index in (1, 2):
-        head.on_heartbeat(heartbeat(index, linked=True))
+    head = complete_head(tiny_model, transport, events)
     assert head.healthy and head.health() == {
         "ok": False, "broken_stage": None, "reason": "warming up: one request through the pipeline"}
 
@@ -99,12 +105,7 @@ def test_a_warm_up_lost_with_a_broken_pipeline_runs_again_when_it_is_whole(tiny_
     next complete pipeline warms up anew; a warm-up that cannot end (past its deadline) lets the
     pipeline be ok all the same: it only spares clients a slow first request. Once one ended, a
     pipeline re-formed around the same head is ok at once."""
-    spec = pipeline_specs(tiny_model, 6, 3)[0]
-    stage = Stage.load(spec.model_path, *spec.layers, kv_tokens=spec.kv_tokens)
-    transport = RecordingTransport()
-    head = HeadLoop(spec, StageWorker(stage, StageStats()), transport, EventWriter(io.StringIO()))
-    for index in (1, 2):
-        head.on_heartbeat(heartbeat(index, linked=True))
+    head = complete_head(tiny_model, RecordingTransport())
     first = head.warming
     head.step()
     head.on_heartbeat(heartbeat(1, linked=False))  # stage 2 died with the warm-up in it
@@ -145,12 +146,8 @@ def test_a_link_that_goes_down_breaks_the_pipeline_at_once(tiny_model):
     """A stage whose process dies closes its sockets: its previous stage's link to it goes down (a
     relay's heartbeat says so; the head sees its own). The pipeline breaks then, not after the dead
     stage's peer_timeout_s of silence, which stalled every request in flight through it."""
-    spec = pipeline_specs(tiny_model, 6, 3)[0]
-    stage = Stage.load(spec.model_path, *spec.layers, kv_tokens=spec.kv_tokens)
     transport = RecordingTransport()
-    head = HeadLoop(spec, StageWorker(stage, StageStats()), transport, EventWriter(io.StringIO()))
-    for index in (1, 2):
-        head.on_heartbeat(heartbeat(index, linked=True))
+    head = complete_head(tiny_model, transport)
     assert head.healthy
     head.on_heartbeat(heartbeat(1, linked=False))  # stage 2 died
     assert not head.healthy and head.broken_stage == 2 and head.reason == "stage 1 lost its link to stage 2"
