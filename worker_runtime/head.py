@@ -8,13 +8,8 @@ or restarted with a new incarnation), fails every request in flight with
 with a ``reset`` that wipes their caches: a restarted stage rejoins without anyone restarting the rest.
 
 A new head's pipeline, the first time it is complete, runs one short request of its own (the
-*warm-up*) before its health says ok: the first micro-batch through freshly started stages pays for
-what torch and the kernels do on first use and for the cache pages touched first (a 2-stage demo
-pipeline: time to first token 0.53 s against 0.16 s for the next request). Paid by that request, not
-a client's: the gateway routes to a pipeline only once it is ok, and in a handover beside the old
-pipeline serves meanwhile. A pipeline that re-forms around a surviving head (a stage restarted or
-reloaded in place) does not warm up: clients wait for it then, and their own first micro-batch warms
-it as soon (replacement_bench in place: a warm-up there lengthened the pause by its own length).
+*warm-up*: first use of new stages is slow) before its health says ok; a pipeline re-formed around
+a surviving head does not, clients wait for it then (docs/contracts.md §2, docs/deployments.md).
 """
 
 from __future__ import annotations
@@ -168,21 +163,17 @@ class HeadLoop:
             except PeerUnavailable:
                 return  # stage 1 heartbeats but our link to it is not up yet: try again next check
             log.info("pipeline %s complete: epoch %d", self.spec.pipeline_id, self.epoch)
-            if self._warm_up_due:
-                self._warm_up()
-            else:
-                self._set_health(True, "", None)
+            self._warm_up() if self._warm_up_due else self._set_health(True, "", None)
 
     def _warm_up(self) -> None:
         """Start the warm-up request (module docstring); health turns ok when it ends, however it ends
         (``_warmed``): it only spares clients a slow first request."""
-        tokens = max(1, min(WARM_UP_PROMPT_TOKENS, self.ledger.largest() - WARM_UP_MAX_TOKENS,
-                            self.spec.max_batch_tokens))
-        vocab = self.worker.stage.config.vocab_size
-        request = Request(f"warm-up-{self.epoch}", WARM_UP, [i % vocab for i in range(tokens)], SamplingParams(),
-                          WARM_UP_MAX_TOKENS, deadline=time.monotonic() + self.spec.peer_timeout_s)
+        vocab, room = self.worker.stage.config.vocab_size, self.ledger.largest() - WARM_UP_MAX_TOKENS
+        prompt = [i % vocab for i in range(max(1, min(WARM_UP_PROMPT_TOKENS, room, self.spec.max_batch_tokens)))]
+        request = Request(f"warm-up-{self.epoch}", WARM_UP, prompt, SamplingParams(), WARM_UP_MAX_TOKENS,
+                          deadline=time.monotonic() + self.spec.peer_timeout_s)
         self.warming = request.request_id
-        self._set_health(True, "warming up: one request through the pipeline", None)  # says not ok, no stage broken
+        self._set_health(True, "warming up: one request through the pipeline", None)  # not ok, none broken
         try:
             self.scheduler.submit(request)
         except RequestRejected:
@@ -402,7 +393,7 @@ class HeadLoop:
     def _send_error(self, client: bytes, request_id: str, error: PipelineError) -> None:
         if request_id == self.warming:
             self._warmed()  # broken (health is not ok anyway), past its deadline or cancelled
-        if client == WARM_UP:
-            return
-        self.transport.reply(client, {"type": "error", "request_id": request_id, "kind": error.kind, "message": str(error)})
+        if client != WARM_UP:
+            self.transport.reply(client, {"type": "error", "request_id": request_id, "kind": error.kind,
+                                          "message": str(error)})
 
