@@ -7,9 +7,8 @@ or restarted with a new incarnation), fails every request in flight with
 :class:`~worker_runtime.errors.PipelineBroken`, and once all stages answer again starts a new epoch
 with a ``reset`` that wipes their caches: a restarted stage rejoins without anyone restarting the rest.
 
-A new head's pipeline, the first time it is complete, runs one short request of its own (the
-*warm-up*: first use of new stages is slow) before its health says ok; a pipeline re-formed around
-a surviving head does not, clients wait for it then (docs/contracts.md §2, docs/deployments.md).
+A new head's pipeline, the first time it is complete, runs one short request of its own before its
+health says ok (warm_up.py); a pipeline re-formed around a surviving head does not.
 """
 
 from __future__ import annotations
@@ -32,12 +31,12 @@ from .sampling import SamplingParams
 from .scheduler import KVLedger, Request, Scheduler
 from .stage import Batch
 from .transport import Incoming, PeerUnavailable, Transport
+from .warm_up import CLIENT as WARM_UP
+from .warm_up import warm_up_request
 from .worker import StageWorker
 
 log = logging.getLogger(__name__)
 KEEPALIVE_S = 0.5
-WARM_UP = b""  # the client id of the head's own warm-up request: nothing is sent to it
-WARM_UP_PROMPT_TOKENS, WARM_UP_MAX_TOKENS = 32, 2
 
 
 @dataclass
@@ -70,8 +69,8 @@ class HeadLoop:
         self._keepalive = Every(KEEPALIVE_S)
         self._stats_line = Every(1.0)
         self._check = Every(heartbeat_interval(spec))
-        if self.healthy:
-            self._warm_up()
+        if self.healthy:  # one stage: whole from the start
+            self._complete()
 
     # ----- the loop
 
@@ -141,8 +140,8 @@ class HeadLoop:
             for mb_id in self.scheduler.overdue(now, self.spec.peer_timeout_s):
                 self._fail(self.scheduler.on_failed(mb_id), PipelineBroken(f"micro-batch {mb_id} was lost in the pipeline"))
         if self._keepalive.due():
-            for client in {r.client for r in self.scheduler.requests.values()} - {WARM_UP}:
-                self.transport.reply(client, {"type": "alive"})
+            for client in {r.client for r in self.scheduler.requests.values()}:
+                self._tell(client, {"type": "alive"})
         self.worker.stats.queue_depth = len(self.scheduler.waiting)
         if self._stats_line.due():
             self.events.emit("stats", pipeline_id=self.spec.pipeline_id, stage_index=0, **self.own_stats())
@@ -163,15 +162,17 @@ class HeadLoop:
             except PeerUnavailable:
                 return  # stage 1 heartbeats but our link to it is not up yet: try again next check
             log.info("pipeline %s complete: epoch %d", self.spec.pipeline_id, self.epoch)
-            self._warm_up() if self._warm_up_due else self._set_health(True, "", None)
+            self._complete()
 
-    def _warm_up(self) -> None:
-        """Start the warm-up request (module docstring); health turns ok when it ends, however it ends
-        (``_warmed``): it only spares clients a slow first request."""
-        vocab, room = self.worker.stage.config.vocab_size, self.ledger.largest() - WARM_UP_MAX_TOKENS
-        prompt = [i % vocab for i in range(max(1, min(WARM_UP_PROMPT_TOKENS, room, self.spec.max_batch_tokens)))]
-        request = Request(f"warm-up-{self.epoch}", WARM_UP, prompt, SamplingParams(), WARM_UP_MAX_TOKENS,
-                          deadline=time.monotonic() + self.spec.peer_timeout_s)
+    def _complete(self) -> None:
+        """The pipeline is whole: ok now if a warm-up already ran through it, else start one (warm_up.py);
+        health turns ok when it ends, however it ends: it only spares clients a slow first request."""
+        if not self._warm_up_due:
+            self._set_health(True, "", None)
+            return
+        request = warm_up_request(epoch=self.epoch, vocab_size=self.worker.stage.config.vocab_size,
+                                  largest=self.ledger.largest(), max_batch_tokens=self.spec.max_batch_tokens,
+                                  timeout_s=self.spec.peer_timeout_s)
         self.warming = request.request_id
         self._set_health(True, "warming up: one request through the pipeline", None)  # not ok, none broken
         try:
@@ -180,7 +181,7 @@ class HeadLoop:
             self._warmed()
 
     def _warmed(self) -> None:
-        """The warm-up ended: done, unless the pipeline broke under it (the next one then warms up)."""
+        """The warm-up ended, however it did: ok, unless the pipeline broke under it (the next warms up)."""
         self.warming = None
         if self.healthy:
             self._warm_up_due = False
@@ -288,14 +289,11 @@ class HeadLoop:
         """
         by_client: dict[bytes, list[list]] = {}
         for request, token, reason in self.scheduler.on_tokens(mb_id, seq_ids, tokens):
-            if request.client != WARM_UP:
-                by_client.setdefault(request.client, []).append([request.request_id, token, reason])
+            by_client.setdefault(request.client, []).append([request.request_id, token, reason])
             if reason is not None:
                 self._release(request)
-                if request.request_id == self.warming:
-                    self._warmed()
         for client, items in by_client.items():
-            self.transport.reply(client, {"type": "tokens", "items": items})
+            self._tell(client, {"type": "tokens", "items": items})
 
     def on_submit(self, client: bytes, h: dict[str, Any]) -> None:
         request_id = str(h.get("request_id"))
@@ -328,7 +326,7 @@ class HeadLoop:
         request = self.scheduler.remove(str(h.get("request_id")))
         if request is not None:
             self._release(request)
-            self.transport.reply(
+            self._tell(
                 request.client,
                 {"type": "error", "request_id": request.request_id, "kind": "cancelled", "message": "cancelled"},
             )
@@ -371,6 +369,8 @@ class HeadLoop:
         """Free a sequence's KV here now and on the other stages with the next ``free`` frame."""
         self.worker.stage.kv.free(request.seq_id)
         self._pending_free.append(request.seq_id)
+        if request.request_id == self.warming:  # every request that ends, ends here
+            self._warmed()
 
     def _flush_frees(self) -> None:
         if self._pending_free and self.spec.num_stages > 1:
@@ -391,9 +391,10 @@ class HeadLoop:
             self._send_error(request.client, request.request_id, error)
 
     def _send_error(self, client: bytes, request_id: str, error: PipelineError) -> None:
-        if request_id == self.warming:
-            self._warmed()  # broken (health is not ok anyway), past its deadline or cancelled
+        self._tell(client, {"type": "error", "request_id": request_id, "kind": error.kind, "message": str(error)})
+
+    def _tell(self, client: bytes, body: dict[str, Any]) -> None:
+        """Send to the client of a request; the head's own warm-up request has none."""
         if client != WARM_UP:
-            self.transport.reply(client, {"type": "error", "request_id": request_id, "kind": error.kind,
-                                          "message": str(error)})
+            self.transport.reply(client, body)
 

@@ -97,7 +97,8 @@ def deployment_endpoints(*, deployment: Deployment) -> list[ReplicaHead]:
             slot=replica.slot,
             serving=replica.phase == DeploymentReplica.Phase.SERVING,
             kv_tokens=min((s.spec["kv_tokens"] for s in own if s.spec.get("kv_tokens")), default=None),
-            successor=serving.get(replica.slot) if replica.phase == DeploymentReplica.Phase.OUTGOING else None,
+            successor=(serving.get(replica.slot)
+                       if replica.phase == DeploymentReplica.Phase.OUTGOING else None),
         ))
     return endpoints
 

@@ -197,13 +197,12 @@ class LiveHealth:
 
     def _stated(self, endpoint: ReplicaEndpoint) -> ReplicaHealth:
         """The source's health, except for a replica handed over beside whose successor's head has not
-        said ok here yet (it warms up first, worker_runtime/head.py): that one serves on meanwhile, or
-        each gateway would have no replica from the switch until its next poll of the successor
-        (replacement_bench, boundary move beside: no request completed for 0.48-0.57 s)."""
+        said ok here yet (it warms up first, worker_runtime/warm_up.py): that one serves on meanwhile,
+        or each gateway would have no replica from the switch until its next poll of the successor."""
         successor = self.heads.get(endpoint.successor) if endpoint.successor else None
-        if endpoint.successor and not (successor is not None and successor.ok):
-            return replace(endpoint.health, ok=True, reason="")
-        return endpoint.health
+        if endpoint.successor is None or (successor is not None and successor.ok):
+            return endpoint.health
+        return replace(endpoint.health, ok=True, reason="")
 
     def forget(self, keep_ids: set[str]) -> None:
         for table in (self.heads, self.readings):

@@ -109,7 +109,8 @@ def served_models() -> list[ServedModel]:
         ReplicaEndpoint(pipeline_id=pid, head_address=FakePipelineClient.heads.get(pid, f"tcp://fake/{pid}"),
                         auth_token="t",
                         kv_tokens=script.planned_kv_tokens, stages=script.stages, successor=script.successor,
-                        health=ReplicaHealth(ok=script.successor is None, reason="handing this replica over"))
+                        health=ReplicaHealth() if script.successor is None
+                        else ReplicaHealth(ok=False, reason="handing this replica over"))
         for pid, script in FakePipelineClient.scripts.items()
     )
     return [ServedModel("demo", FakePipelineClient.model_path, replicas, reason=FakePipelineClient.reason)]

@@ -217,7 +217,7 @@ def test_a_stage_state_sampled_before_the_heads_ok_does_not_hold_the_replica_bac
 async def test_a_replica_handed_over_beside_serves_until_the_gateway_heard_its_successor_say_ok(
         fake_pipeline, demo_model, api_key):
     """At the switch the controller states the old pipeline unhealthy at once, but its successor's head
-    says ok only once its warm-up request came back (worker_runtime/head.py), and the gateway hears it
+    says ok only once its warm-up request came back (worker_runtime/warm_up.py), and the gateway hears it
     only at its next poll: meanwhile the old one, still admitting, takes the requests."""
     from controlplane.gateway.tokenization import ModelTokenizer
 

@@ -11,11 +11,12 @@ import json
 
 from worker_runtime.events import EventWriter
 from worker_runtime.frames import Frame
-from worker_runtime.head import WARM_UP_MAX_TOKENS, HeadLoop
+from worker_runtime.head import HeadLoop
 from worker_runtime.relay import RelayLoop
 from worker_runtime.stage import Stage
 from worker_runtime.stats import StageStats
 from worker_runtime.transport import PeerUnavailable
+from worker_runtime.warm_up import MAX_TOKENS as WARM_UP_MAX_TOKENS
 from worker_runtime.worker import StageWorker
 
 from .harness import pipeline_specs
@@ -257,3 +258,15 @@ def test_a_relay_whose_heartbeat_could_not_go_out_tries_again_at_once(tiny_model
     transport.head_up = True
     relay.tick()
     assert [h["type"] for h in transport.sent] == ["heartbeat"]
+
+
+def test_a_cancelled_warm_up_lets_the_pipeline_be_ok(tiny_model):
+    """Every request that ends goes through the head's release, the warm-up too: cancelled by its id,
+    it no longer holds the pipeline back (health stayed not ok for good when only its tokens and its
+    errors ended it)."""
+    transport = RecordingTransport()
+    transport.reply = lambda client, header, tensors=(): transport.sent.append({"to": client, **header})
+    head = complete_head(tiny_model, transport)
+    head.on_cancel(b"gateway", {"request_id": head.warming, "call_id": 1})
+    assert head.warming is None and head.health()["ok"]
+    assert [m["body"] for m in transport.sent if m.get("to") == b"gateway"] == [{"cancelled": True}]
