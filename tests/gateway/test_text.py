@@ -86,3 +86,22 @@ def test_templates_run_sandboxed_and_their_errors_are_refusals(demo_model, tmp_p
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": bad}))
     with pytest.raises(ChatTemplateError, match="unsafe|roles must alternate"):
         ModelTokenizer.load(tmp_path).encode_chat([{"role": "user", "content": "x"}])
+
+
+def test_a_template_is_compiled_once_and_a_broken_one_refuses_every_time(demo_model, tmp_path):
+    """The compiled template is kept per template text (the gateway renders on its event loop); a
+    template that does not compile is refused at every request, not once."""
+    from controlplane.gateway import tokenization
+
+    tokenizer = ModelTokenizer.load(demo_model)
+    tokenizer.encode_chat([{"role": "user", "content": "Hi"}])
+    compiled = tokenization._compiled.cache_info().currsize
+    assert tokenizer.encode_chat([{"role": "user", "content": "Ho"}])
+    assert tokenization._compiled.cache_info().currsize == compiled
+    for name in ("tokenizer.json", "config.json"):
+        (tmp_path / name).write_text((demo_model / name).read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{% for m in messages %}"}))
+    broken = ModelTokenizer.load(tmp_path)
+    for _ in range(2):
+        with pytest.raises(ChatTemplateError, match="refused"):
+            broken.encode_chat([{"role": "user", "content": "x"}])
