@@ -57,3 +57,15 @@ def test_sends_leave_through_the_control_planes_own_celery_app(monkeypatch):
     monkeypatch.undo()  # the recorder set aside
     assert task_sending.celery_app is celery.app
     assert task_sending.celery_app.conf.broker_url == settings.CELERY_BROKER_URL
+
+
+def test_every_thread_sends_through_one_result_backend():
+    """ASGI runs each request in a thread of its own: a backend per thread would be built again (every
+    installed package's entry points scanned) at every request that sends a task."""
+    import threading
+
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(celery.app.backend))
+    thread.start()
+    thread.join()
+    assert seen == [celery.app.backend]
