@@ -14,7 +14,9 @@ with steps needed before a replica's measured costs replace its planned ones;
 left); ``QUOTA_WINDOW_S``: the length of the keys' rate-limit windows ("per minute": 60; tests shorten
 it). ``WAIT_S``: how long a request waits for a routable replica of a model that has none now
 (waiting.py); ``MAX_WAITING``: how many requests of one model may wait; ``WAIT_POLL_S``: how often
-the served models and heads are re-read while requests wait; ``RETRY_AFTER_S``: the ``Retry-After``
+the served models and heads are re-read while requests wait; ``WAIT_HEAD_POLL_S``: how often, while
+requests wait, a head that has not said ok is asked again (its pipeline serving again is what they
+wait for: a handover's pause as clients see it ends within this of the head's ok); ``RETRY_AFTER_S``: the ``Retry-After``
 of a 503 after a wait; ``MAX_MIGRATIONS``: how many times a request whose pipeline broke is resumed on
 another replica (generation.py) before it fails. ``KEY_GRACE_S``: how long a key read active may
 be used while the database cannot be read (selectors.py); a request that needs the database past
@@ -46,6 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "WAIT_S": 60.0,
     "MAX_WAITING": 256,
     "WAIT_POLL_S": 0.1,
+    "WAIT_HEAD_POLL_S": 0.02,
     "RETRY_AFTER_S": 5,
     "MAX_MIGRATIONS": 3,
     "KEY_GRACE_S": 300.0,

@@ -159,6 +159,11 @@ class LiveHealth:
         reason = "" if stats.get("ok") else (stats.get("reason") or "its pipeline is not serving")
         self.heads[replica_id] = HeadView(bool(stats.get("ok")), reason, time.time(), stats)
 
+    def head_ok(self, replica_id: str) -> bool:
+        """Whether the replica's head said ok when last asked."""
+        head = self.heads.get(replica_id)
+        return head is not None and head.ok
+
     def head_failed(self, replica_id: str, reason: str) -> None:
         """No answer, or a request found the pipeline broken: unhealthy until the head answers ok."""
         previous = self.heads.get(replica_id)

@@ -13,8 +13,14 @@ routed to it; one that is not serving yet (or does not answer) stays out until a
 poll finds it healthy; meanwhile requests wait for it (waiting.py, admission.py).
 
 While any request waits, the served models and every head are re-read every ``WAIT_POLL_S`` instead
-of ``REFRESH_S`` (a waiting request wakes the poller at once), and each re-read wakes the waiters:
-a handover's pause lasts as long as the new pipeline takes to answer, not a polling period more.
+of ``REFRESH_S`` (a waiting request wakes the poller at once), the heads that have not said ok every
+``WAIT_HEAD_POLL_S`` (a question to a head costs it microseconds; a re-read of the served models costs
+the database), and each re-read wakes the waiters: a handover's pause lasts as long as the new
+pipeline takes to answer, not a polling period more. A head that turns ok has the agents' telemetry
+read again at once: its restarted or moved stages' samples (the telemetry must know them) are
+otherwise taken in only within ``HEALTH_REFRESH_S``. In place, on two cores, the waiting requests
+went 0.11-0.25 s after the controller's "serving again" with polls every ``WAIT_POLL_S`` alone
+(docs/benchmarks.md, "Session 14").
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ class Gateway:
         self._client_class = import_string(gateway_setting("CLIENT"))
         self._source = import_string(gateway_setting("SERVED_MODELS"))
         self._refreshed = float("-inf")
+        self._polled_all = float("-inf")  # when every head was last asked (time.monotonic())
         self._lock = asyncio.Lock()
         self._pollers: list[asyncio.Task] = []
         self._polls: dict[str, asyncio.Task] = {}  # pipeline id -> its head's statistics call in flight
@@ -93,6 +100,9 @@ class Gateway:
 
     def _refresh_s(self) -> float:
         return gateway_setting("WAIT_POLL_S" if self.waiting.active() else "REFRESH_S")
+
+    def _poll_interval_s(self) -> float:
+        return gateway_setting("WAIT_HEAD_POLL_S" if self.waiting.active() else "REFRESH_S")
 
     async def _maybe_refresh(self) -> None:
         if time.monotonic() - self._refreshed < self._refresh_s():
@@ -194,21 +204,28 @@ class Gateway:
     async def _poll_forever(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(self._hurry.wait(), self._refresh_s())
+                await asyncio.wait_for(self._hurry.wait(), self._poll_interval_s())
             except TimeoutError:
                 pass
+            hurried = self._hurry.is_set()
             self._hurry.clear()
+            every = hurried or time.monotonic() - self._polled_all >= self._refresh_s()
             try:
                 await self._maybe_refresh()
-                self._poll_all()
+                self._poll_all(unready_only=not every)
             except Exception:  # a failed refresh (e.g. the database) must not stop telemetry for good
                 log.exception("refreshing the served models failed")
-            self.waiting.notify_all()
+            if every:
+                self._polled_all = time.monotonic()
+                self.waiting.notify_all()
 
-    def _poll_all(self) -> None:
-        """Ask every head, each in its own task: a dead head, silent until ``CLIENT_TIMEOUT_S``, must not
-        hold back the answers of the others (a waiting request needs the new pipeline's at once)."""
+    def _poll_all(self, *, unready_only: bool = False) -> None:
+        """Ask every head (``unready_only``: those that have not said ok), each in its own task: a dead
+        head, silent until ``CLIENT_TIMEOUT_S``, must not hold back the answers of the others (a
+        waiting request needs the new pipeline's at once)."""
         for route, state in self._replicas():
+            if unready_only and self.live.head_ok(state.replica_id):
+                continue
             task = self._polls.get(state.replica_id)
             if task is None or task.done():
                 self._polls[state.replica_id] = asyncio.create_task(self._poll(route, state))
@@ -245,7 +262,10 @@ class Gateway:
         else:
             if not state.kv_capacity and stats.get("max_request_tokens"):
                 state.kv_capacity = int(stats["max_request_tokens"])
+            turned_ok = bool(stats.get("ok")) and not self.live.head_ok(state.replica_id)
             self.live.head_answered(state.replica_id, stats)
+            if turned_ok:  # its new stages' samples, now rather than within HEALTH_REFRESH_S
+                await self._read_telemetry()
         self.live.apply(state, route.endpoint(state.replica_id), head_answer=True)
         for other in route.router.replicas:  # the replica it takes over from serves on until it is ok
             if route.endpoint(other.replica_id).successor == state.replica_id:

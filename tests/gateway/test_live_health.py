@@ -230,3 +230,27 @@ async def test_a_replica_handed_over_beside_serves_until_the_gateway_heard_its_s
     await settle(lambda: replica("new").health.ok)
     assert not replica("old").health.ok and "handing this replica over" in replica("old").health.reason
     assert await chosen(api_key, 2) == ["new", "new"]
+
+
+async def test_a_head_that_turns_ok_has_its_new_stages_telemetry_read_at_once(fake_pipeline, demo_model, api_key,
+                                                                              settings):
+    """A restarted or moved stage has no sample until its agent's next heartbeat: its replica is held
+    back until the telemetry is read again, which a head turning ok does at once (not within
+    HEALTH_REFRESH_S, nor at the next re-read of the served models)."""
+    from controlplane.gateway.tokenization import ModelTokenizer
+
+    tokens = ModelTokenizer.load(demo_model).encode_prompt("hello world")
+    fake = fake_pipeline({"r0": Script(tokens=tokens, healthy=False, stages=(StageLink("d1-r0-s0", "n0/gpu0"),))})
+    settings.MOTLEY_GATEWAY = {**settings.MOTLEY_GATEWAY, "HEALTH_REFRESH_S": 30, "REFRESH_S": 30,
+                               "WAIT_POLL_S": 30, "WAIT_HEAD_POLL_S": 0.02, "WAIT_S": 20}
+    body = json.dumps({"model": "demo", "prompt": "x", "max_tokens": 2})
+    waiting = asyncio.ensure_future(AsyncClient().post(
+        "/v1/completions", body, content_type="application/json", headers={"Authorization": f"Bearer {api_key}"}))
+    await asyncio.sleep(0.5)  # it waits: the head is not ok and its stage has no sample yet
+    assert not waiting.done()
+    report("n0", "d1-r0-s0")  # the stage's first sample, then its head completes the pipeline
+    fake.scripts["r0"].healthy = True
+    flipped = time.monotonic()
+    response = await asyncio.wait_for(waiting, 10)
+    assert response.status_code == 200, response.content
+    assert time.monotonic() - flipped < 5

@@ -183,3 +183,18 @@ async def test_the_clients_of_pipelines_no_longer_served_are_closed(fake_pipelin
     await asyncio.sleep(0.1)
     assert (await gateway().route("demo")).clients == {}
     await until(lambda: sorted(fake.closed) == ["tcp://fake/d1-r0", "tcp://fake/d1-r1"])
+
+
+async def test_a_waiting_request_goes_within_a_head_poll_of_its_head_saying_ok(fake_pipeline, api_key, waits):
+    """While requests wait, a head that has not said ok is asked every WAIT_HEAD_POLL_S, not only at
+    each re-read of the served models (WAIT_POLL_S, here far longer than the wait)."""
+    fake = fake_pipeline({"r0": Script(tokens=[5, 6, 7], healthy=False)})
+    waits(WAIT_S=10, REFRESH_S=5, WAIT_POLL_S=4, WAIT_HEAD_POLL_S=0.02)
+    waiting = asyncio.ensure_future(timed_post(key=api_key))
+    await until(lambda: depth() == 1)
+    await asyncio.sleep(0.3)
+    fake.scripts["r0"].healthy = True
+    flipped = time.monotonic()
+    response, _ = await waiting
+    assert response.status_code == 200, response.content
+    assert time.monotonic() - flipped < 2  # a re-read of the served models would come 4 s after the first
