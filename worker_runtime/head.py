@@ -7,8 +7,8 @@ or restarted with a new incarnation), fails every request in flight with
 :class:`~worker_runtime.errors.PipelineBroken`, and once all stages answer again starts a new epoch
 with a ``reset`` that wipes their caches: a restarted stage rejoins without anyone restarting the rest.
 
-A new head's pipeline, the first time it is complete, runs one short request of its own before its
-health says ok (warm_up.py); a pipeline re-formed around a surviving head does not.
+A new pipeline, complete for the first time, runs one request of its own before its health says ok
+(warm_up.py); one re-formed around its head, or whose head took a new spec in place (``warmed``), not.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ class Peer:
 
 
 class HeadLoop:
-    def __init__(self, spec: StageSpec, worker: StageWorker, transport: Transport, events: EventWriter):
+    def __init__(self, spec: StageSpec, worker: StageWorker, transport: Transport, events: EventWriter,
+                 warmed: bool = False):
         self.spec, self.worker, self.transport, self.events = spec, worker, transport, events
         kv = worker.stage.kv
         self.ledger = KVLedger()
@@ -64,7 +65,7 @@ class HeadLoop:
         self.broken_at = time.monotonic()
         self.draining = False
         self.warming: str | None = None  # the warm-up request's id while it runs
-        self._warm_up_due = True  # until a warm-up ran through this head's pipeline
+        self.warm_up_due = not warmed  # until a warm-up ran through this pipeline
         self._pending_free: list[int] = []
         self._keepalive = Every(KEEPALIVE_S)
         self._stats_line = Every(1.0)
@@ -167,7 +168,7 @@ class HeadLoop:
     def _complete(self) -> None:
         """The pipeline is whole: ok now if a warm-up already ran through it, else start one (warm_up.py);
         health turns ok when it ends, however it ends: it only spares clients a slow first request."""
-        if not self._warm_up_due:
+        if not self.warm_up_due:
             self._set_health(True, "", None)
             return
         request = warm_up_request(epoch=self.epoch, vocab_size=self.worker.stage.config.vocab_size,
@@ -184,7 +185,7 @@ class HeadLoop:
         """The warm-up ended, however it did: ok, unless the pipeline broke under it (the next warms up)."""
         self.warming = None
         if self.healthy:
-            self._warm_up_due = False
+            self.warm_up_due = False
             self._set_health(True, "", None)
 
     def break_pipeline(self, stage: int, reason: str) -> None:
@@ -394,7 +395,6 @@ class HeadLoop:
         self._tell(client, {"type": "error", "request_id": request_id, "kind": error.kind, "message": str(error)})
 
     def _tell(self, client: bytes, body: dict[str, Any]) -> None:
-        """Send to the client of a request; the head's own warm-up request has none."""
-        if client != WARM_UP:
+        if client != WARM_UP:  # the head's own warm-up request has no client
             self.transport.reply(client, body)
 

@@ -65,6 +65,7 @@ def serve(raw: dict, events: EventWriter, stop: threading.Event, replaced: threa
     stage: Stage | None = None
     loaded: dict = raw
     transport: ZmqTransport | None = None
+    warmed: str | None = None  # the pipeline this process headed through a warm-up: in place, no second one
     try:
         while True:
             spec, began = StageSpec.from_dict(raw), time.monotonic()
@@ -89,7 +90,9 @@ def serve(raw: dict, events: EventWriter, stop: threading.Event, replaced: threa
             stopping, leaving = (lambda: stop.is_set() or inbox.pending()), (
                 lambda: replaced.is_set() or inbox.pending())
             if spec.is_head:
-                HeadLoop(spec, worker, transport, events).run(stopping, leaving)
+                head_loop = HeadLoop(spec, worker, transport, events, warmed=warmed == spec.pipeline_id)
+                head_loop.run(stopping, leaving)
+                warmed = None if head_loop.warm_up_due else spec.pipeline_id
             else:
                 RelayLoop(spec, worker, transport, events, uuid.uuid4().hex).run(stopping, leaving)
             path = inbox.take()
