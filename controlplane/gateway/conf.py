@@ -16,8 +16,8 @@ it). ``WAIT_S``: how long a request waits for a routable replica of a model that
 (waiting.py); ``MAX_WAITING``: how many requests of one model may wait; ``WAIT_POLL_S``: how often
 the served models and heads are re-read while requests wait; ``WAIT_HEAD_POLL_S``: how often, while
 requests wait, a head that has not said ok is asked again (its pipeline serving again is what they
-wait for: a handover's pause as clients see it ends within this of the head's ok); ``RETRY_AFTER_S``: the ``Retry-After``
-of a 503 after a wait; ``MAX_MIGRATIONS``: how many times a request whose pipeline broke is resumed on
+wait for: a handover's pause as clients see it ends within this of the head's ok);
+``RETRY_AFTER_S``: the ``Retry-After`` of a 503 after a wait; ``MAX_MIGRATIONS``: how many times a request whose pipeline broke is resumed on
 another replica (generation.py) before it fails. ``KEY_GRACE_S``: how long a key read active may
 be used while the database cannot be read (selectors.py); a request that needs the database past
 that gets a 503.
