@@ -204,8 +204,7 @@ class LiveHealth:
         """The source's health, except for a replica handed over beside whose successor's head has not
         said ok here yet (it warms up first, worker_runtime/warm_up.py): that one serves on meanwhile,
         or each gateway would have no replica from the switch until its next poll of the successor."""
-        successor = self.heads.get(endpoint.successor) if endpoint.successor else None
-        if endpoint.successor is None or (successor is not None and successor.ok):
+        if endpoint.successor is None or self.head_ok(endpoint.successor):
             return endpoint.health
         return replace(endpoint.health, ok=True, reason="")
 
