@@ -1,0 +1,88 @@
+"""Per-request work the ASGI server does outside the pipeline, each against its baseline in one run.
+
+    .venv/bin/python benchmarks/request_overhead_bench.py [--model var/models/SmolLM2-135M-Instruct]
+        [--repeat 300]
+
+- **Chat template**: a chat request's prompt is rendered from the model's Jinja2 template on the
+  server's event loop. Baseline: compiled at every request (the uncached ``tokenization._compiled``);
+  now: compiled once per template and rendered. ChatML always, and the template of ``--model`` (a
+  checkpoint directory, e.g. the SmolLM2 that ``make run`` imports) when it exists.
+- **Celery's result backend**: an API request that sends a task (an apply, a drain) runs in a thread
+  of its own under ASGI. Baseline: the backend built for that thread (what Celery does for a backend
+  it may not share: ``app._get_backend()``); now: the one backend every thread shares
+  (``CELERY_RESULT_BACKEND_THREAD_SAFE``), read from a new thread.
+
+Prints the median time of each, side by side, and baseline over now. Not in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from controlplane.celery import app  # noqa: E402
+from controlplane.gateway import tokenization  # noqa: E402
+from controlplane.gateway.tokenization import DEFAULT_CHAT_TEMPLATE, ModelTokenizer  # noqa: E402
+
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def median_s(work: Callable[[], object], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def in_a_new_thread(work: Callable[[], object]) -> Callable[[], None]:
+    """``work`` run in a thread started for it, as ASGI runs each request's sync code."""
+    def run() -> None:
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+    return run
+
+
+def row(name: str, baseline_s: float, now_s: float) -> None:
+    print(f"| {name} | {baseline_s * 1e3:.3f} ms | {now_s * 1e3:.3f} ms | {baseline_s / now_s:.1f}x |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=Path("var/models/SmolLM2-135M-Instruct"))
+    parser.add_argument("--repeat", type=int, default=300)
+    args = parser.parse_args()
+    templates = {"ChatML": DEFAULT_CHAT_TEMPLATE}
+    if (args.model / "tokenizer.json").exists():
+        templates[args.model.name] = ModelTokenizer.load(args.model).chat_template
+    print("| work | baseline | now | baseline / now |")
+    print("| --- | ---: | ---: | ---: |")
+    for name, template in templates.items():
+        def render(compiled: Callable[[str], object]) -> Callable[[], object]:
+            return lambda: compiled(template).render(messages=MESSAGES, add_generation_prompt=True,
+                                                     bos_token="", eos_token="")
+        row(f"chat template, {name}", median_s(render(tokenization._compiled.__wrapped__), args.repeat),
+            median_s(render(tokenization._compiled), args.repeat))
+    row("Celery result backend, a request's thread",
+        median_s(in_a_new_thread(app._get_backend), args.repeat // 10),
+        median_s(in_a_new_thread(lambda: app.backend), args.repeat // 10))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
