@@ -12,17 +12,17 @@
   it may not share: ``app._get_backend()``); now: the one backend every thread shares
   (``CELERY_RESULT_BACKEND_THREAD_SAFE``), read from a new thread.
 
-Prints the median time of each, side by side, and baseline over now. Not in CI.
+Baseline and now run in turn, round after round (``kernel_bench.interleaved_seconds``), so load from
+other processes falls on both alike. Prints the median time of each, side by side, and baseline over
+now. Not in CI.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,20 +33,12 @@ import django  # noqa: E402
 
 django.setup()
 
+from benchmarks.kernel_bench import interleaved_seconds  # noqa: E402
 from controlplane.celery import app  # noqa: E402
 from controlplane.gateway import tokenization  # noqa: E402
 from controlplane.gateway.tokenization import DEFAULT_CHAT_TEMPLATE, ModelTokenizer  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def median_s(work: Callable[[], object], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def in_a_new_thread(work: Callable[[], object]) -> Callable[[], None]:
@@ -76,11 +68,10 @@ def main() -> int:
         def render(compiled: Callable[[str], object]) -> Callable[[], object]:
             return lambda: compiled(template).render(messages=MESSAGES, add_generation_prompt=True,
                                                      bos_token="", eos_token="")
-        row(f"chat template, {name}", median_s(render(tokenization._compiled.__wrapped__), args.repeat),
-            median_s(render(tokenization._compiled), args.repeat))
-    row("Celery result backend, a request's thread",
-        median_s(in_a_new_thread(app._get_backend), args.repeat // 10),
-        median_s(in_a_new_thread(lambda: app.backend), args.repeat // 10))
+        row(f"chat template, {name}", *interleaved_seconds(
+            [render(tokenization._compiled.__wrapped__), render(tokenization._compiled)], args.repeat))
+    row("Celery result backend, a request's thread", *interleaved_seconds(
+        [in_a_new_thread(app._get_backend), in_a_new_thread(lambda: app.backend)], args.repeat // 10))
     return 0
 
 

@@ -220,7 +220,7 @@ CELERY_TASK_DEFAULT_QUEUE = "control"
 # No result backend (nothing reads a task's result; tasks report through the agents' socket): Celery's
 # DisabledBackend, stateless, so one instance serves every thread. Left per thread, every request
 # that sends a task (an apply, a drain) built it again in its own thread (ASGI gives each request
-# one), scanning every installed package's entry points: 4-8 ms of the server's time each
+# one), scanning every installed package's entry points: 3.7-7.5 ms of the server's time each
 # (benchmarks/request_overhead_bench.py).
 CELERY_RESULT_BACKEND_THREAD_SAFE = True
 CELERY_TASK_ALWAYS_EAGER = _env_bool("MOTLEY_CELERY_EAGER", False)
