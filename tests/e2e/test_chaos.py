@@ -62,6 +62,6 @@ def test_stage_agent_and_worker_killed_under_load_fail_no_request(supervised_sys
     time.sleep(1)  # the last requests' usage rows are written before their [DONE]; one poll of slack
     rows = rows_check(system, outcomes)
     assert rows["deployments"] == 1 and rows["revisions_lost_or_repeated"] == 0, rows
-    assert rows["client_failed"] == 0, rows
+    assert rows["client_failed"] == 0, (rows, [(o.started, o.error) for o in outcomes if not o.ok])
     assert (rows["usage_requests"], rows["usage_tokens"], rows["usage_errors"]) == (
         len(outcomes), rows["client_tokens"], 0), rows
