@@ -270,7 +270,7 @@ def inject(system: SupervisedSystem, pk: int, clients: SteadyClients, fault: str
            settle_s: float = 2.0, timeout_s: float = 180.0) -> dict:
     """One fault under load, then wait until it is healed, READY, and a fresh request is answered."""
     label, action = FAULTS[fault]
-    started = time.monotonic()
+    started, probes_before = time.monotonic(), len(probes)
     healed = action(system, pk)
     wait_until(healed, timeout_s, f"{label}: healed", poll_s=0.2)
     time.sleep(1.0)  # let the control plane notice what went
@@ -290,8 +290,11 @@ def inject(system: SupervisedSystem, pk: int, clients: SteadyClients, fault: str
                f"{label}: the clients answered again", poll_s=0.2)
     window = clients.window(started, time.monotonic())
     broken = sum(not o.ok and o.started < started <= o.ended for o in list(clients.outcomes))
-    return {"fault": label, "ok": window.ok, "failed": window.failed, "broken_in_flight": broken,
-            "errors": sorted(set(window.errors))[:5],
+    # A probe is a client request too: one refused once the deployment said READY is a failure.
+    refused = [o.error for o in probes[probes_before:] if not o.ok]
+    return {"fault": label, "ok": window.ok, "failed": window.failed + len(refused),
+            "broken_in_flight": broken,
+            "errors": sorted(set(window.errors) | set(refused))[:5],
             "longest_gap_s": round(window.longest_gap_s, 2), "recover_s": round(recovered - started, 2),
             "orphans": len(orphans(system)), "p99_s": window.p99_s}
 
