@@ -61,7 +61,8 @@ def from_args(args: argparse.Namespace) -> AgentConfig:
         join_token=args.join_token,
         name=name,
         address=args.address,
-        state_dir=args.state_dir or var_dir / "agents" / name,
+        # Absolute: stage processes run in folders of their own and are given paths under it.
+        state_dir=(args.state_dir or var_dir / "agents" / name).resolve(),
         emulate=args.emulate,
         node=args.node,
         stage_command=tuple(shlex.split(args.stage_command)),

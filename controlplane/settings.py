@@ -16,7 +16,7 @@ import dj_database_url
 from contracts.tasks import CALIBRATE, NODE_HEALTH_CHECK, REBALANCE_EVALUATE, RECONCILE_ALL
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(os.environ.get("MOTLEY_VAR_DIR", BASE_DIR / "var"))
+VAR_DIR = Path(os.environ.get("MOTLEY_VAR_DIR", BASE_DIR / "var")).resolve()
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 

@@ -65,3 +65,12 @@ def test_the_join_token_can_come_from_the_environment(monkeypatch):
 def test_the_state_dir_follows_the_installation_var_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("MOTLEY_VAR_DIR", str(tmp_path))
     assert _config("--name", "n1").state_dir == tmp_path / "agents" / "n1"
+
+
+def test_a_relative_var_dir_is_made_absolute_where_the_agent_starts(monkeypatch, tmp_path):
+    """Stage processes run in folders of their own: a spec path relative to the agent's folder would
+    not be found from there (every stage failed with 'cannot read stage spec')."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MOTLEY_VAR_DIR", "var")
+    assert _config("--name", "n1").state_dir == tmp_path / "var" / "agents" / "n1"
+    assert _config("--name", "n1", "--state-dir", "here").state_dir == tmp_path / "here"
