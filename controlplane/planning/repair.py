@@ -5,15 +5,20 @@ After a node is lost or drained, the planner's fresh plan usually moves every bo
 of the deployment restarts, and its pipeline stops serving while they do. The repair keeps the
 applied plan and moves only the stages whose device the request can no longer use (a lost, cordoned,
 draining or excluded node, a device gone down) to eligible devices the plan does not use, each to
-the one that serves fastest; the rest of the pipeline keeps its layers, precisions and devices.
+the one that serves fastest; where no free device can take one (every device in use), the stages
+beside it in its pipeline take its layers, split where the pipeline serves fastest, each at the
+precision of its own layers beside them. The rest of the pipeline keeps its layers, precisions and
+devices: a surviving stage that takes layers loads only those (worker_runtime.serve takes over the
+layers it holds).
 
-``least_change_plan`` prices the handover itself: a changed stage restarts, which pauses its
-pipeline (longer the more stages restart, all loading at once) and drops what it held warm (KV,
-loaded weights). The fresh plan must win by more than the throughput its extra restarts are worth:
-``keep_within`` of it for changing the whole pipeline beyond what the repair changes, in proportion
-for less. The repair is taken when it predicts at least ``1 - keep_within x (share of stages the
-fresh plan changes - share the repair changes)`` of the fresh plan's decode throughput. A much
-better fresh plan still wins; a better one that does not pay for its restarts now is left to the
+``least_change_plan`` prices the handover itself: a stage that loads in place pauses its pipeline
+(longer the more stages load, all at once) and drops what it held warm (KV, loaded weights), while
+one moved to a free device of another node is prepared beside and costs the pipeline no pause
+(``stages_reloaded``). The fresh plan must win by more than the throughput its extra reloads are
+worth: ``keep_within`` of it for reloading the whole pipeline beyond what the repair reloads, in
+proportion for less. The repair is taken when it predicts at least ``1 - keep_within x (share of
+stages the fresh plan reloads - share the repair reloads)`` of the fresh plan's decode throughput. A
+much better fresh plan still wins; a better one that does not pay for its reloads now is left to the
 rebalance policy, which proposes it (or applies it, ``auto``) after its cooldown when it gains its
 threshold, at a time the operator can choose.
 """
@@ -33,57 +38,117 @@ from controlplane.planning.validate import check
 
 
 def repaired_plan(applied: Mapping[str, Any], request: PlanRequest) -> Plan | None:
-    """``applied`` (a plan's JSON) with its stages on devices ``request`` cannot use moved to unused
-    eligible ones; None when nothing needs moving or no such move passes the plan's check."""
+    """``applied`` (a plan's JSON) with each stage on a device ``request`` cannot use moved to the unused
+    eligible device that serves fastest or, where none can take it (every device in use), its layers
+    taken by its pipeline neighbours; None when nothing needs repairing or some stage cannot be."""
     eligible = {d.name for d in request.eligible_devices()}
     edited = copy.deepcopy(dict(applied))
-    stages = [(r, s, stage) for r, replica in enumerate(edited.get("replicas", []))
-              for s, stage in enumerate(replica.get("stages", []))]
-    displaced = [(r, s, stage) for r, s, stage in stages if stage.get("device") not in eligible]
+    displaced = [(r, s) for r, replica in enumerate(edited.get("replicas", []))
+                 for s, stage in enumerate(replica.get("stages", [])) if stage.get("device") not in eligible]
     if not displaced:
         return None
-    moves = []
-    for r, s, stage in displaced:
-        free = sorted(eligible - {other["device"] for _, _, other in stages})
-        was, best = stage["device"], None
-        for name in free:
-            stage["device"] = name
-            problems, priced = check(edited, request)
-            if priced is None or any((p.replica, p.stage) == (r, s) for p in problems):
-                continue
-            if best is None or priced.predicted.decode_tokens_per_s > best[1]:
-                best = (name, priced.predicted.decode_tokens_per_s)
-        if best is None:
+    repairs = []
+    # Last position first: a stage absorbed by its neighbours shifts only the positions after it.
+    for r, s in reversed(displaced):
+        pending = {position for position in displaced if position < (r, s)}
+        repair = _moved(edited, r, s, eligible, request, pending) or _absorbed(edited, r, s, request, pending)
+        if repair is None:
             return None
-        stage["device"] = best[0]
-        moves.append(f"replica {r} stage {s} (layers {stage['layers'][0]}-{stage['layers'][1] - 1}) "
-                     f"from {was} to {best[0]}")
+        edited, what = repair
+        repairs.append(what)
     problems, priced = check(edited, request)
     if problems or priced is None:
         return None
-    why = f"repaired the applied plan: moved {'; '.join(moves)}; every other stage kept"
+    why = f"repaired the applied plan: {'; '.join(reversed(repairs))}; every other stage kept"
     return dataclasses.replace(priced, kind="repaired", explanation=(why, *priced.explanation))
 
 
-def stages_changed(applied: Mapping[str, Any], candidate: Plan) -> tuple[int, int]:
-    """(changed, positions): of the pipeline positions (replica, stage) of either plan, those whose
-    placement (device, layers, precision) ``candidate`` changes from ``applied``. Those stages restart
-    in a handover to it; a neighbour restarted because its link changed is not counted, as both
-    choices share most of those."""
+def _moved(edited: dict, r: int, s: int, eligible: set[str], request: PlanRequest,
+           pending: set[tuple[int, int]]) -> tuple[dict, str] | None:
+    """``edited`` with stage ``s`` of replica ``r`` on the unused eligible device that serves fastest."""
+    used = {stage["device"] for replica in edited["replicas"] for stage in replica["stages"]}
+    stage = edited["replicas"][r]["stages"][s]
+    candidates = []
+    for name in sorted(eligible - used):
+        candidate = copy.deepcopy(edited)
+        candidate["replicas"][r]["stages"][s]["device"] = name
+        candidates.append((candidate, f"moved replica {r} stage {s} (layers {_span(stage)}) from "
+                                      f"{stage['device']} to {name}"))
+    return _fastest(candidates, request, pending)
+
+
+def _absorbed(edited: dict, r: int, s: int, request: PlanRequest,
+              pending: set[tuple[int, int]]) -> tuple[dict, str] | None:
+    """``edited`` without stage ``s`` of replica ``r``, its layers [a, b) split at the best layer m between
+    the stage before it (which takes [a, m) at the precision of its own last layer) and the stage after
+    it (which takes [m, b) at that of its first layer). Only the neighbours reload; the pipeline keeps
+    every other stage, the number of stages one fewer."""
+    stages = edited["replicas"][r]["stages"]
+    (a, b), before, after = stages[s]["layers"], s > 0, s + 1 < len(stages)
+    splits = range(a if after else b, (b if before else a) + 1)
+    candidates = []
+    for m in splits:
+        candidate = copy.deepcopy(edited)
+        kept = candidate["replicas"][r]["stages"]
+        if m > a:
+            kept[s - 1]["layers"][1] = m
+        if m < b:
+            kept[s + 1]["layers"][0] = m
+        del kept[s]
+        taken = " and ".join(f"layers {lo}-{hi - 1} by {stage['device']}"
+                             for lo, hi, stage in ((a, m, stages[s - 1] if before else None),
+                                                   (m, b, stages[s + 1] if after else None)) if lo < hi)
+        candidates.append((candidate, f"replica {r} stage {s} (layers {_span(stages[s])}, on "
+                                      f"{stages[s]['device']}) taken by its neighbours: {taken}"))
+    return _fastest(candidates, request, pending)
+
+
+def _fastest(candidates: list[tuple[dict, str]], request: PlanRequest,
+             pending: set[tuple[int, int]]) -> tuple[dict, str] | None:
+    """The candidate plan that serves fastest among those whose only problems are at ``pending``
+    positions (stranded stages still to repair)."""
+    best = None
+    for candidate, what in candidates:
+        problems, priced = check(candidate, request)
+        if priced is None or any((p.replica, p.stage) not in pending for p in problems):
+            continue
+        if best is None or priced.predicted.decode_tokens_per_s > best[0]:
+            best = (priced.predicted.decode_tokens_per_s, candidate, what)
+    return None if best is None else best[1:]
+
+
+def _span(stage: Mapping[str, Any]) -> str:
+    return f"{stage['layers'][0]}-{stage['layers'][1] - 1}"
+
+
+def stages_reloaded(applied: Mapping[str, Any], candidate: Plan, request: PlanRequest) -> tuple[int, int]:
+    """(reloaded, positions): of the pipeline positions (replica, stage) of either plan, those where
+    ``candidate`` puts a stage that loads during its pipeline's pause in an in-place handover: its
+    placement (device, layers, precision) differs from the applied one's there, and it cannot be
+    prepared beside first. A replica whose stages keep their devices except some that move to devices
+    of other nodes the applied plan leaves free is handed over prepared (``desired_state``): those
+    load while it serves, its pause is the rewiring. A stage that goes, and a neighbour restarted only
+    because its link changed, load nothing new and are not counted."""
     before = [list(stages) for stages, _ in placements_from_dict(applied)]
     after = [[stage.placement for stage in replica.stages] for replica in candidate.replicas]
-    positions = changed = 0
+    node_of = {d.name: d.node for d in request.fleet.devices}
+    used = {p.device for stages in before for p in stages}
+    positions = reloaded = 0
     for r in range(max(len(before), len(after))):
         old, new = before[r] if r < len(before) else [], after[r] if r < len(after) else []
+        prepared = len(old) == len(new) and all(
+            o.device == n.device or (n.device not in used and node_of.get(n.device) != node_of.get(o.device))
+            for o, n in zip(old, new))
         for s in range(max(len(old), len(new))):
             positions += 1
-            changed += (old[s] if s < len(old) else None) != (new[s] if s < len(new) else None)
-    return changed, positions
+            if s < len(new) and (s >= len(old) or old[s] != new[s]):
+                reloaded += not (prepared and new[s].device != old[s].device)
+    return reloaded, positions
 
 
 def least_change_plan(applied: Mapping[str, Any], request: PlanRequest, *, keep_within: float) -> Plan:
     """The repair of ``applied`` when it predicts at least ``1 - keep_within x`` (the share of stages
-    the planner's plan changes beyond the repair's) of the planner's plan's decode throughput (or the
+    the planner's plan reloads in the pause beyond the repair's) of the planner's plan's decode throughput (or the
     planner finds none), else the planner's plan; PlanningError when neither exists."""
     try:
         fresh, error = make_plan(request), None
@@ -97,10 +162,11 @@ def least_change_plan(applied: Mapping[str, Any], request: PlanRequest, *, keep_
     if fresh is None:
         return kept
     share = kept.predicted.decode_tokens_per_s / fresh.predicted.decode_tokens_per_s
-    (fresh_changes, positions), (kept_changes, kept_positions) = (
-        stages_changed(applied, fresh), stages_changed(applied, kept))
-    if share < 1 - keep_within * (fresh_changes / positions - kept_changes / kept_positions):
+    (fresh_reloads, positions), (kept_reloads, kept_positions) = (
+        stages_reloaded(applied, fresh, request), stages_reloaded(applied, kept, request))
+    if share < 1 - keep_within * (fresh_reloads / positions - kept_reloads / kept_positions):
         return fresh
     return dataclasses.replace(kept, explanation=(
-        kept.explanation[0] + f" ({share:.0%} of a fresh plan's decode throughput, which would change "
-        f"{fresh_changes} of {positions} stages)", *kept.explanation[1:]))
+        kept.explanation[0] + f" ({share:.0%} of a fresh plan's decode throughput, which would reload "
+        f"{fresh_reloads} of {positions} stages in the pause, against {kept_reloads})",
+        *kept.explanation[1:]))
