@@ -11,14 +11,14 @@ precision of its own layers beside them. The rest of the pipeline keeps its laye
 devices: a surviving stage that takes layers loads only those (worker_runtime.serve takes over the
 layers it holds).
 
-``least_change_plan`` prices the handover itself: a stage that loads in place pauses its pipeline
-(longer the more stages load, all at once) and drops what it held warm (KV, loaded weights), while
-one moved to a free device of another node is prepared beside and costs the pipeline no pause
-(``stages_reloaded``). The fresh plan must win by more than the throughput its extra reloads are
-worth: ``keep_within`` of it for reloading the whole pipeline beyond what the repair reloads, in
-proportion for less. The repair is taken when it predicts at least ``1 - keep_within x (share of
-stages the fresh plan reloads - share the repair reloads)`` of the fresh plan's decode throughput. A
-much better fresh plan still wins; a better one that does not pay for its reloads now is left to the
+``least_change_plan`` prices the handover itself: the layers stages load in place pause their
+pipeline (longer the more they load, all at once) and drop what they held warm (KV), while a stage
+moved to a free device of another node is prepared beside and costs the pipeline no pause
+(``layers_reloaded``). The fresh plan must win by more than the throughput its extra loads are
+worth: ``keep_within`` of it for loading the whole model beyond what the repair loads, in proportion
+for less. The repair is taken when it predicts at least ``1 - keep_within x (share of layers the
+fresh plan loads in the pause - share the repair loads)`` of the fresh plan's decode throughput. A
+much better fresh plan still wins; a better one that does not pay for its loads now is left to the
 rebalance policy, which proposes it (or applies it, ``auto``) after its cooldown when it gains its
 threshold, at a time the operator can choose.
 """
@@ -121,35 +121,42 @@ def _span(stage: Mapping[str, Any]) -> str:
     return f"{stage['layers'][0]}-{stage['layers'][1] - 1}"
 
 
-def stages_reloaded(applied: Mapping[str, Any], candidate: Plan, request: PlanRequest) -> tuple[int, int]:
-    """(reloaded, positions): of the pipeline positions (replica, stage) of either plan, those where
-    ``candidate`` puts a stage that loads during its pipeline's pause in an in-place handover: its
-    placement (device, layers, precision) differs from the applied one's there, and it cannot be
-    prepared beside first. A replica whose stages keep their devices except some that move to devices
-    of other nodes the applied plan leaves free is handed over prepared (``desired_state``): those
-    load while it serves, its pause is the rewiring. A stage that goes, and a neighbour restarted only
-    because its link changed, load nothing new and are not counted."""
+def layers_reloaded(applied: Mapping[str, Any], candidate: Plan, request: PlanRequest) -> tuple[int, int]:
+    """(loaded, layers): of the model's layers in each replica of either plan, those ``candidate`` has
+    a stage load during its pipeline's pause in an in-place handover. A stage given a new spec in place
+    takes over the layers it holds (worker_runtime/serve.py), so a stage that stays on its device loads
+    only the layers it did not hold at that precision; one that changes device loads all of its own,
+    unless it is prepared beside: a replica whose stages keep their devices except some that move to
+    devices of other nodes the applied plan leaves free is handed over prepared (``desired_state``):
+    those load while it serves, its pause is the rewiring. A stage that goes loads nothing."""
     before = [list(stages) for stages, _ in placements_from_dict(applied)]
     after = [[stage.placement for stage in replica.stages] for replica in candidate.replicas]
     node_of = {d.name: d.node for d in request.fleet.devices}
     used = {p.device for stages in before for p in stages}
-    positions = reloaded = 0
+    loaded = total = 0
     for r in range(max(len(before), len(after))):
         old, new = before[r] if r < len(before) else [], after[r] if r < len(after) else []
+        total += request.model.num_layers
         prepared = len(old) == len(new) and all(
             o.device == n.device or (n.device not in used and node_of.get(n.device) != node_of.get(o.device))
             for o, n in zip(old, new))
-        for s in range(max(len(old), len(new))):
-            positions += 1
-            if s < len(new) and (s >= len(old) or old[s] != new[s]):
-                reloaded += not (prepared and new[s].device != old[s].device)
-    return reloaded, positions
+        for s, placement in enumerate(new):
+            held = old[s] if s < len(old) and old[s].device == placement.device else None
+            if held is None and prepared:
+                continue
+            loaded += len(_layer_precisions(placement) - (_layer_precisions(held) if held else set()))
+    return loaded, total
+
+
+def _layer_precisions(placement) -> set[tuple[int, int]]:
+    return {(layer, bits) for start, end, bits in placement.segments for layer in range(start, end)}
 
 
 def least_change_plan(applied: Mapping[str, Any], request: PlanRequest, *, keep_within: float) -> Plan:
-    """The repair of ``applied`` when it predicts at least ``1 - keep_within x`` (the share of stages
-    the planner's plan reloads in the pause beyond the repair's) of the planner's plan's decode throughput (or the
-    planner finds none), else the planner's plan; PlanningError when neither exists."""
+    """The repair of ``applied`` when it predicts at least ``1 - keep_within x`` (the share of layers
+    the planner's plan loads in the pause beyond the repair's) of the planner's plan's decode
+    throughput (or the planner finds none), else the planner's plan; PlanningError when neither
+    exists."""
     try:
         fresh, error = make_plan(request), None
     except PlanningError as exc:
@@ -162,11 +169,10 @@ def least_change_plan(applied: Mapping[str, Any], request: PlanRequest, *, keep_
     if fresh is None:
         return kept
     share = kept.predicted.decode_tokens_per_s / fresh.predicted.decode_tokens_per_s
-    (fresh_reloads, positions), (kept_reloads, kept_positions) = (
-        stages_reloaded(applied, fresh, request), stages_reloaded(applied, kept, request))
-    if share < 1 - keep_within * (fresh_reloads / positions - kept_reloads / kept_positions):
+    (fresh_loads, layers), (kept_loads, kept_layers) = (
+        layers_reloaded(applied, fresh, request), layers_reloaded(applied, kept, request))
+    if share < 1 - keep_within * (fresh_loads / layers - kept_loads / kept_layers):
         return fresh
     return dataclasses.replace(kept, explanation=(
-        kept.explanation[0] + f" ({share:.0%} of a fresh plan's decode throughput, which would reload "
-        f"{fresh_reloads} of {positions} stages in the pause, against {kept_reloads})",
-        *kept.explanation[1:]))
+        kept.explanation[0] + f" ({share:.0%} of a fresh plan's decode throughput, which would load "
+        f"{fresh_loads} of {layers} layers in the pause, against {kept_loads})", *kept.explanation[1:]))

@@ -150,11 +150,11 @@ def test_a_drain_moves_only_the_drained_nodes_stage_unless_a_fresh_plan_pays_for
     nodes, real_gpus, llm, revision, sent, settings, keep_within
 ):
     """The applied plan with n1's stage moved to the free n3 (``planning.least_change_plan``) is handed
-    over prepared (n3 loads it while the pipeline serves): no stage reloads in the pause. The fresh plan
-    (the six layers on one card in use, no hop: 1.7x the repair's throughput) reloads one of three
-    stages. Priced at ``MOTLEY_REPLAN_KEEP_WITHIN`` x 1/3 of the fresh plan's throughput, that reload is
-    worth its gain at the default 0.5 (a much better plan still wins; docs/deployments.md, "Re-plan"),
-    not at 1.5 (the repair is taken)."""
+    over prepared (n3 loads it while the pipeline serves): nothing loads in the pause. The fresh plan
+    (the six layers on the head's card, no hop: 1.7x the repair's throughput) loads the four layers
+    that card did not hold. Priced at ``MOTLEY_REPLAN_KEEP_WITHIN`` x 4/6 of the fresh plan's
+    throughput, those loads are worth its gain at the default 0.5 (a much better plan still wins;
+    docs/deployments.md, "Re-plan"), not at 1.5 (the repair is taken)."""
     if keep_within is not None:
         settings.MOTLEY_REPLAN_KEEP_WITHIN = keep_within
     deployment = deploy_ready(revision)
@@ -166,7 +166,7 @@ def test_a_drain_moves_only_the_drained_nodes_stage_unless_a_fresh_plan_pays_for
         assert [(s["device"], s["layers"], s["bits"]) for s in after["replicas"][0]["stages"]] == [
             ("n3/gpu0" if s["device"] == "n1/gpu0" else s["device"], s["layers"], s["bits"]) for s in before]
         assert "moved replica 0 stage 1 (layers 2-3) from n1/gpu0 to n3/gpu0" in after["explanation"][0]
-        assert "(58% of a fresh plan's decode throughput, which would reload 1 of 3 stages in the pause, " \
+        assert "(58% of a fresh plan's decode throughput, which would load 4 of 6 layers in the pause, " \
                "against 0)" \
             in after["explanation"][0]
     else:

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from benchmarks.steady_clients import PROMPTS, SteadyClients, mismatches
-from tests.e2e.harness import System, wait_until
+from tests.e2e.harness import System, embedded_system_at, running, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 REQUEST = {"batch": 4, "context": 256, "replicas": 1}
@@ -27,10 +27,10 @@ def plan(devices: list[str], bounds: tuple[int, int]) -> dict:
                                      for i, d in enumerate(devices)]}]}
 
 
-def deploy(system: System, demo_model, overrides: str) -> int:
+def deploy(system: System, demo_model, overrides: str, nodes: list[str] = NODES) -> int:
     system.manage("register_model", str(demo_model), "--name", "demo")
     model = system.get("/api/v1/models/?name=demo")["results"][0]["id"]
-    system.start_agents(NODES, overrides=overrides)
+    system.start_agents(nodes, overrides=overrides)
     body = {"name": "demo", "model": model, "plan": plan(["n0", "n1", "n2"], (2, 4)), "request": REQUEST,
             "source": "edited"}
     response = system.post("/api/v1/deployments/", body)
@@ -61,14 +61,20 @@ def api_key(system: System) -> str:
     return system.manage("create_api_key", "admin", "--name", "handover").strip().split()[-1]
 
 
-def run_changes(system: System, demo_model, overrides: str) -> None:
-    pk = deploy(system, demo_model, overrides)
-    clients = SteadyClients(base_url=system.url, api_key=api_key(system), model="demo", clients=3)
+def seeded_answers(clients: SteadyClients) -> dict[int, str]:
+    """Each prompt's seeded answer once, with nothing changing."""
     expected = {}
-    for prompt in range(len(PROMPTS)):  # each seeded answer once, with nothing changing
+    for prompt in range(len(PROMPTS)):
         outcome = clients.one(prompt)
         assert outcome.ok, outcome.error
         expected[prompt] = outcome.text
+    return expected
+
+
+def run_changes(system: System, demo_model, overrides: str) -> None:
+    pk = deploy(system, demo_model, overrides)
+    clients = SteadyClients(base_url=system.url, api_key=api_key(system), model="demo", clients=3)
+    expected = seeded_answers(clients)
     clients.start()
     marks: list[tuple[str, float]] = []
     try:
@@ -116,3 +122,35 @@ def test_embedded_in_place_changes_under_load_fail_no_request(embedded_system, d
     # room for the whole demo-6 model as one stage (2.0 MiB at this workload) but not for a changed
     # stage beside the one it replaces (1.1 + 1.3 MiB), so each handover is in place.
     run_changes(embedded_system, demo_model, overrides="{memory_gib: 0.397}")
+
+
+def test_embedded_lost_stage_with_no_free_card_is_taken_by_its_neighbour(tmp_path, demo_model):
+    """Every card in use (three nodes, three stages): the last stage's agent is SIGKILLed and its layers
+    go to the stage before it, which loads only those in place (planning.repair): no failed request,
+    the same seeded answers, two stages after. At the default MOTLEY_REPLAN_KEEP_WITHIN the planner's
+    fresh plan wins here (the whole tiny model on one card: a hop costs more than its layers), so the
+    operator's setting that keeps placements unless a fresh plan is far better is used."""
+    with running(embedded_system_at(tmp_path, MOTLEY_REPLAN_KEEP_WITHIN="2")) as system:
+        repaired_under_load(system, demo_model)
+
+
+def repaired_under_load(system: System, demo_model) -> None:
+    pk = deploy(system, demo_model, "{memory_gib: 0.397}", nodes=NODES[:3])
+    clients = SteadyClients(base_url=system.url, api_key=api_key(system), model="demo", clients=3)
+    expected = seeded_answers(clients)
+    clients.start()
+    try:
+        time.sleep(2)
+        system.kill("agent-n2")
+        final = settled(system, pk, 2)
+        time.sleep(2)
+    finally:
+        outcomes = clients.stop()
+    revisions = system.get(f"/api/v1/deployments/{pk}/revisions/")
+    explanation = next(r for r in revisions if r["status"] == "applied")["plan"]["explanation"][0]
+    assert explanation.startswith("repaired the applied plan: replica 0 stage 2 (layers 4-5, on n2/gpu0) "
+                                  "taken by its neighbours: layers 4-5 by n1/gpu0"), explanation
+    assert sorted((s["node_name"], s["stage_index"]) for s in final["stages"]) == [("n0", 0), ("n1", 1)]
+    failed = [o.error for o in outcomes if not o.ok]
+    assert not failed and len(outcomes) > 10, f"{failed[:5]} of {len(outcomes)}\n{system.logs()}"
+    assert not mismatches(outcomes, expected)

@@ -18,7 +18,7 @@ from controlplane.planning import (
     plan_from_dict,
     plan_to_dict,
 )
-from controlplane.planning.repair import repaired_plan, stages_reloaded
+from controlplane.planning.repair import repaired_plan, layers_reloaded
 from tests.planning.factories import fleet, profile
 
 LAYOUT = {"a": ["A100", "3090"], "b": ["3090"], "c": ["3090"]}
@@ -76,21 +76,23 @@ def test_with_no_free_device_the_stranded_stages_layers_go_to_its_neighbours_spl
     assert kept.explanation[0] == (f"repaired the applied plan: replica 0 stage 1 (layers 10-19, on b/gpu0) "
                                    f"taken by its neighbours: layers 10-{m - 1} by c/gpu0 and layers "
                                    f"{m}-19 by a/gpu0; every other stage kept")
-    assert stages_reloaded(before, kept, req) == (2, 3)  # the neighbours load layers; the stage that went
-    # nothing
+    # c loads the layers it takes; a, now stage 1, is a new process (a stage keeps its index) and loads
+    # all of its own
+    assert layers_reloaded(before, kept, req) == ((m - 10) + (32 - m), 32)
 
 
-def test_a_stage_moved_to_another_nodes_free_card_is_prepared_beside_and_reloads_nothing_in_the_pause():
+def test_the_pause_loads_what_a_stage_did_not_hold_on_its_card_and_nothing_prepared_beside():
     before = applied(("a/gpu0", 0, 20), ("b/gpu0", 20, 32))
     req = request()
 
     def reloads(*stages) -> tuple[int, int]:
-        return stages_reloaded(before, check(applied(*stages), req)[1], req)
-    assert reloads(("a/gpu0", 0, 20), ("c/gpu0", 20, 32)) == (0, 2)  # c is free and another node
-    assert reloads(("a/gpu0", 0, 18), ("c/gpu0", 18, 32)) == (1, 2)  # a loads two layers fewer in place
-    assert reloads(("a/gpu1", 0, 20), ("b/gpu0", 20, 32)) == (1, 2)  # to a free card of its own node
-    assert reloads(("b/gpu0", 0, 20), ("a/gpu0", 20, 32)) == (2, 2)  # swapped: both cards are in use
-    assert reloads(("c/gpu0", 0, 32),) == (1, 2)  # one stage fewer: the pipeline's length changes
+        return layers_reloaded(before, check(applied(*stages), req)[1], req)
+    assert reloads(("a/gpu0", 0, 20), ("c/gpu0", 20, 32)) == (0, 32)  # c is free and another node
+    assert reloads(("a/gpu0", 0, 22), ("c/gpu0", 22, 32)) == (2, 32)  # a loads layers 20-21 in place
+    assert reloads(("a/gpu0", 0, 18), ("b/gpu0", 18, 32)) == (2, 32)  # b loads 18-19, a drops two
+    assert reloads(("a/gpu1", 0, 20), ("b/gpu0", 20, 32)) == (20, 32)  # to a free card of its own node
+    assert reloads(("b/gpu0", 0, 20), ("a/gpu0", 20, 32)) == (32, 32)  # swapped: both cards are in use
+    assert reloads(("c/gpu0", 0, 32),) == (32, 32)  # one stage fewer: the pipeline's length changes
 
 
 def test_absorbed_layers_take_the_precision_beside_them_in_each_neighbour():
@@ -127,7 +129,7 @@ def test_the_repair_is_kept_within_the_tolerance_and_the_fresh_plan_taken_beyond
     assert placements(after) == [("spare/gpu0" if d == stranded else d, layers, bits)
                                  for d, layers, bits in placements(before)]
     assert after.predicted.decode_tokens_per_s == pytest.approx(plan(req).predicted.decode_tokens_per_s)
-    assert "(100% of a fresh plan's decode throughput, which would reload" in after.explanation[0]
+    assert "(100% of a fresh plan's decode throughput, which would load" in after.explanation[0]
 
     req = request(exclude_nodes=("b",))
     lopsided = applied(("a/gpu0", 0, 2), ("b/gpu0", 2, 32))  # the slow card carries almost everything
@@ -137,11 +139,10 @@ def test_the_repair_is_kept_within_the_tolerance_and_the_fresh_plan_taken_beyond
 
 
 def test_the_fresh_plan_pays_for_the_stages_it_restarts_beyond_the_repair():
-    """Two drains whose repairs both predict ~82 % of the fresh plan and reload nothing in the pause
-    (the stranded stage moves to the spare, a free card of another node: prepared beside). Where the
-    fresh plan would reload every stage, the repair is kept; where it would reload only one stage (it
-    moves the stranded stage to the spare too, and one boundary), its gain is worth that reload and it
-    is taken."""
+    """Two drains whose repairs both predict ~82 % of the fresh plan and load nothing in the pause (the
+    stranded stage moves to the spare, a free card of another node: prepared beside). Where the fresh
+    plan would load 19 of 32 layers in place, the repair is kept; where it loads none either (it moves
+    the stranded stage to the spare too, and shrinks a neighbour), it is taken for its gain."""
     layout = {**LAYOUT, "spare": ["3090"]}
     before = plan_to_dict(plan(request(layout, exclude_nodes=("spare",))))
     assert [d for d, _, _ in placements(plan_from_dict(before))] == ["c/gpu0", "b/gpu0", "a/gpu0", "a/gpu1"]
@@ -150,20 +151,20 @@ def test_the_fresh_plan_pays_for_the_stages_it_restarts_beyond_the_repair():
         req = request(layout, exclude_nodes=(drained,))
         kept, fresh = repaired_plan(applied, req), plan(req)
         share = kept.predicted.decode_tokens_per_s / fresh.predicted.decode_tokens_per_s
-        return share, stages_reloaded(applied, kept, req), stages_reloaded(applied, fresh, req), req
+        return share, layers_reloaded(applied, kept, req), layers_reloaded(applied, fresh, req), req
 
     last_boundary_off = shifted(before, 2, -1)  # an operator's edit the fresh plan would undo
     share, kept, fresh, req = compared(last_boundary_off, "b")
-    assert share == pytest.approx(0.82, abs=0.01) and kept == (0, 4) and fresh == (4, 4)
-    chosen = least_change_plan(last_boundary_off, req, keep_within=0.5)  # tolerance 0.5 x 4/4
+    assert share == pytest.approx(0.82, abs=0.01) and kept == (0, 32) and fresh == (19, 32)
+    chosen = least_change_plan(last_boundary_off, req, keep_within=0.5)  # tolerance 0.5 x 19/32
     assert chosen.kind == "repaired"
-    assert "which would reload 4 of 4 stages in the pause, against 0)" in chosen.explanation[0]
-    assert least_change_plan(last_boundary_off, req, keep_within=0.1).kind == "planner"  # tolerance 0.1
+    assert "which would load 19 of 32 layers in the pause, against 0)" in chosen.explanation[0]
+    assert least_change_plan(last_boundary_off, req, keep_within=0.1).kind == "planner"  # 0.1 x 19/32
 
     first_boundary_off = shifted(before, 0, -1)
     share, kept, fresh, req = compared(first_boundary_off, "c")
-    assert share == pytest.approx(0.82, abs=0.01) and kept == (0, 4) and fresh == (1, 4)
-    assert least_change_plan(first_boundary_off, req, keep_within=0.5).kind == "planner"  # 0.5 x 1/4
+    assert share == pytest.approx(0.82, abs=0.01) and kept == (0, 32) and fresh == (0, 32)
+    assert least_change_plan(first_boundary_off, req, keep_within=1.0).kind == "planner"  # no tolerance
 
 
 def test_without_any_plan_the_planners_error_is_raised():
