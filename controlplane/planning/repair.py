@@ -81,8 +81,9 @@ def _absorbed(edited: dict, r: int, s: int, request: PlanRequest,
               pending: set[tuple[int, int]]) -> tuple[dict, str] | None:
     """``edited`` without stage ``s`` of replica ``r``, its layers [a, b) split at the best layer m between
     the stage before it (which takes [a, m) at the precision of its own last layer) and the stage after
-    it (which takes [m, b) at that of its first layer). Only the neighbours reload; the pipeline keeps
-    every other stage, the number of stages one fewer."""
+    it (which takes [m, b) at that of its first layer). The neighbours load only the layers they take;
+    the stages after it keep their layers and devices but, one place earlier in the pipeline, start
+    as new processes (a stage keeps its index)."""
     stages = edited["replicas"][r]["stages"]
     (a, b), before, after = stages[s]["layers"], s > 0, s + 1 < len(stages)
     splits = range(a if after else b, (b if before else a) + 1)
