@@ -2,8 +2,11 @@
 
 The gateway and the tests talk to a pipeline's head only through this class. One DEALER socket
 carries every request of the client; a reader task routes incoming frames to each request's queue
-or call's future. Nothing waits forever: the head sends ``alive`` while it has requests of ours, and
-a stream or call that hears nothing from the head for ``timeout_s`` raises :class:`PipelineBroken`.
+or call's future. Nothing waits forever: the head sends ``alive`` with the ids of the requests of
+ours it holds, and a stream whose request the head neither answered nor named for ``timeout_s``
+raises :class:`PipelineBroken`, as does a call unanswered for as long. Per request, not per head: a
+head restarted at the same address (ZeroMQ reconnects to it unseen) answers calls and names its own
+requests, but never the ones its predecessor took with it.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ class PipelineClient:
         self._streams: dict[str, asyncio.Queue] = {}
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count(1)
-        self._last_heard = 0.0
+        self._heard: dict[str, float] = {}  # request id -> when the head last sent or named it
 
     async def __aenter__(self) -> "PipelineClient":
         return self
@@ -84,8 +87,7 @@ class PipelineClient:
             except FrameError as exc:
                 log.warning("dropped a frame from the head: %s", exc)
                 continue
-            self._last_heard = time.monotonic()
-            h = frame.header
+            now, h = time.monotonic(), frame.header
             if h["type"] == "reply":
                 future = self._calls.pop(h.get("call_id"), None)
                 if future is not None and not future.done():
@@ -99,7 +101,12 @@ class PipelineClient:
                 for event in events:
                     queue = self._streams.get(event.request_id)
                     if queue is not None:
+                        self._heard[event.request_id] = now
                         queue.put_nowait(event)
+            elif h["type"] == "alive":
+                for request_id in h.get("requests", ()):
+                    if request_id in self._streams:
+                        self._heard[request_id] = now
             elif h["type"] == "error":
                 queue = self._streams.get(h.get("request_id"))
                 if queue is not None:
@@ -123,6 +130,7 @@ class PipelineClient:
         request_id = request_id or uuid.uuid4().hex
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue
+        self._heard[request_id] = time.monotonic()
         finished = False
         try:
             await self._send(
@@ -136,15 +144,15 @@ class PipelineClient:
                     "deadline_s": deadline_s,
                 }
             )
-            heard = time.monotonic()
             while True:
                 if queue.empty():  # wait_for costs a task per call: only pay it when we must wait
                     try:
                         item = await asyncio.wait_for(queue.get(), timeout=min(0.25, self.timeout_s))
                     except asyncio.TimeoutError:
-                        if time.monotonic() - max(heard, self._last_heard) > self.timeout_s:
+                        if time.monotonic() - self._heard[request_id] > self.timeout_s:
                             raise PipelineBroken(
-                                f"the head at {self.head_address} was silent for {self.timeout_s} s"
+                                f"the head at {self.head_address} said nothing of request {request_id} "
+                                f"for {self.timeout_s} s"
                             ) from None
                         continue
                 else:
@@ -161,6 +169,7 @@ class PipelineClient:
                 raise ERRORS_BY_KIND.get(item.get("kind"), PipelineError)(str(item.get("message")))
         finally:
             self._streams.pop(request_id, None)
+            self._heard.pop(request_id, None)
             if not finished and self._socket is not None:
                 with contextlib.suppress(zmq.ZMQError):
                     self._socket.send_multipart(self._codec.encode({"type": "cancel", "request_id": request_id}))

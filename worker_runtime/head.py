@@ -140,9 +140,9 @@ class HeadLoop:
             self.check_peers(now)
             for mb_id in self.scheduler.overdue(now, self.spec.peer_timeout_s):
                 self._fail(self.scheduler.on_failed(mb_id), PipelineBroken(f"micro-batch {mb_id} was lost in the pipeline"))
-        if self._keepalive.due():
-            for client in {r.client for r in self.scheduler.requests.values()}:
-                self._tell(client, {"type": "alive"})
+        if self._keepalive.due():  # each client hears which of its requests the head holds (contracts §2)
+            for client, ids in self.scheduler.held_by_client().items():
+                self._tell(client, {"type": "alive", "requests": ids})
         self.worker.stats.queue_depth = len(self.scheduler.waiting)
         if self._stats_line.due():
             self.events.emit("stats", pipeline_id=self.spec.pipeline_id, stage_index=0, **self.own_stats())

@@ -188,6 +188,13 @@ class Scheduler:
             self.admit()
         return request
 
+    def held_by_client(self) -> dict[bytes, list[str]]:
+        """The ids of the requests not yet finished, by the client that sent them."""
+        held: dict[bytes, list[str]] = {}
+        for request in self.requests.values():
+            held.setdefault(request.client, []).append(request.request_id)
+        return held
+
     def expired(self, now: float) -> list[Request]:
         return [r for r in self.requests.values() if r.deadline is not None and now > r.deadline]
 
