@@ -30,7 +30,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from controlplane.planning.plan import Plan
+from controlplane.planning.plan import Placement, Plan
 from controlplane.planning.planner import plan as make_plan
 from controlplane.planning.request import PlanningError, PlanRequest
 from controlplane.planning.serialize import placements_from_dict
@@ -86,21 +86,18 @@ def _absorbed(edited: dict, r: int, s: int, request: PlanRequest,
     as new processes (a stage keeps its index)."""
     stages = edited["replicas"][r]["stages"]
     (a, b), before, after = stages[s]["layers"], s > 0, s + 1 < len(stages)
-    splits = range(a if after else b, (b if before else a) + 1)
-    candidates = []
-    for m in splits:
+    lost, candidates = f"replica {r} stage {s} (layers {_span(stages[s])}, on {stages[s]['device']})", []
+    for m in range(a if after else b, (b if before else a) + 1):
         candidate = copy.deepcopy(edited)
-        kept = candidate["replicas"][r]["stages"]
+        kept, taken = candidate["replicas"][r]["stages"], []
         if m > a:
             kept[s - 1]["layers"][1] = m
+            taken.append(f"layers {a}-{m - 1} by {kept[s - 1]['device']}")
         if m < b:
             kept[s + 1]["layers"][0] = m
+            taken.append(f"layers {m}-{b - 1} by {kept[s + 1]['device']}")
         del kept[s]
-        taken = " and ".join(f"layers {lo}-{hi - 1} by {stage['device']}"
-                             for lo, hi, stage in ((a, m, stages[s - 1] if before else None),
-                                                   (m, b, stages[s + 1] if after else None)) if lo < hi)
-        candidates.append((candidate, f"replica {r} stage {s} (layers {_span(stages[s])}, on "
-                                      f"{stages[s]['device']}) taken by its neighbours: {taken}"))
+        candidates.append((candidate, f"{lost} taken by its neighbours: {' and '.join(taken)}"))
     return _fastest(candidates, request, pending)
 
 
@@ -149,7 +146,7 @@ def layers_reloaded(applied: Mapping[str, Any], candidate: Plan, request: PlanRe
     return loaded, total
 
 
-def _layer_precisions(placement) -> set[tuple[int, int]]:
+def _layer_precisions(placement: Placement) -> set[tuple[int, int]]:
     return {(layer, bits) for start, end, bits in placement.segments for layer in range(start, end)}
 
 
