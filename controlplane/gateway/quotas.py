@@ -14,7 +14,8 @@ Called by the OpenAI views after the request is parsed and tokenized and before 
 The counters live in the cache every gateway process shares (counters.py: Redis in service mode, the
 file cache in the embedded default); a check and its increments are one atomic step, and a refused
 request counts nowhere. A budget counter missing from the cache (first use in a period, a cache that
-lost it) is seeded from the stored usage (usage.py) before it counts. A cache that cannot be reached
+lost it) is seeded from the stored usage (usage.py) before it counts, once this process's usage still
+queued for the database (usage_backlog.py) is written: a request that ended just before is counted. A cache that cannot be reached
 lets the request through (logged): the limits fail open rather than stop serving.
 """
 
@@ -31,6 +32,7 @@ from controlplane.gateway.counters import Check, CounterStore
 from controlplane.gateway.errors import OpenAIError, model_not_allowed, quota_exhausted, rate_limited
 from controlplane.gateway.models import ApiKey, BudgetPeriod
 from controlplane.gateway.usage import usage_tokens
+from controlplane.gateway.usage_backlog import flush as flush_usage
 
 log = logging.getLogger(__name__)
 clock = time.time  # tests replace it to step through windows without sleeping
@@ -116,6 +118,7 @@ def quota_admit(
         outcome = store.admit(checks)
         if outcome.missing is not None:  # the budget's counter: start it from what was served
             missing = checks[outcome.missing]
+            flush_usage()
             store.seed(missing.key, usage_tokens(api_key_id=api_key.pk, since=period_start), missing.ttl_s)
             outcome = store.admit(checks)
     except Exception:  # the cache is down: serve rather than refuse everything

@@ -117,13 +117,20 @@ async def test_a_token_budget_counts_served_tokens_and_resets_with_its_period(fa
     assert (await complete(raw, max_tokens=4, prompt=[1, 2, 3])).status_code == 200
 
 
-async def test_a_lost_budget_counter_is_seeded_from_the_stored_usage(fake_pipeline, limited, clock):
+@pytest.mark.parametrize("written", [True, False], ids=["usage-written", "usage-still-queued"])
+async def test_a_lost_budget_counter_is_seeded_from_the_stored_usage(fake_pipeline, limited, clock, monkeypatch,
+                                                                      written):
+    """Also when the usage of the requests just served still waits for its writer (usage_backlog)."""
     from django.core.cache import cache
 
+    if not written:
+        monkeypatch.setattr(usage_backlog, "write_soon", lambda: None)
     fake_pipeline({"r0": Script(tokens=[5, 6, 7, 8])})
     _, raw = await _make(limited, token_budget=20, budget_period="month")
     for _ in range(2):  # 14 served this month
         assert (await complete(raw, max_tokens=4, prompt=[1, 2, 3])).status_code == 200
+    if written:
+        assert await sync_to_async(usage_backlog.flush)()
     await cache.aclear()  # the cache lost every counter (a restart, an eviction)
     assert (await complete(raw, max_tokens=4, prompt=[1, 2, 3])).status_code == 429  # 14 + 7 > 20
 
