@@ -334,6 +334,18 @@ def report(results: list[dict]) -> None:
               + ", ".join(f"{c['change']} {c['mismatches']}" for c in result["changes"])
               + f"); processes left: {len(result['left_running'])}"
               + "".join(f"; not done: {name}" for name in result.get("not_done", ())))
+        if (note := headroom_note(Window(**result["steady"]), goal)) is not None:
+            print(f"  {note}")
+
+
+def headroom_note(steady: Window, goal_gap_s: float) -> str | None:
+    """Why a handover's gap cannot be read against the goal at this load, when the clients already
+    waited as long with nothing changing (the machine is slower than the load assumes)."""
+    if steady.longest_gap_s < goal_gap_s:
+        return None
+    return (f"note: with nothing changing the clients already went {steady.longest_gap_s:.2f} s without a "
+            f"completed request (p50 {steady.p50_s or 0:.2f} s), not under the {goal_gap_s} s goal: this load "
+            f"leaves this machine no headroom; lower the load (--max-tokens, --clients) to measure the handovers themselves")
 
 
 def main() -> int:
