@@ -343,9 +343,10 @@ def headroom_note(steady: Window, goal_gap_s: float) -> str | None:
     waited as long with nothing changing (the machine is slower than the load assumes)."""
     if steady.longest_gap_s < goal_gap_s:
         return None
-    return (f"note: with nothing changing the clients already went {steady.longest_gap_s:.2f} s without a "
-            f"completed request (p50 {steady.p50_s or 0:.2f} s), not under the {goal_gap_s} s goal: this load "
-            f"leaves this machine no headroom; lower the load (--max-tokens, --clients) to measure the handovers themselves")
+    return (f"note: with nothing changing the clients already went {steady.longest_gap_s:.2f} s without "
+            f"a completed request (p50 {steady.p50_s or 0:.2f} s), not under the {goal_gap_s} s goal: "
+            f"this load leaves this machine no headroom; lower the load (--max-tokens, --clients) to "
+            f"measure the handovers themselves")
 
 
 def main() -> int:

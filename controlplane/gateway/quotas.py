@@ -15,8 +15,9 @@ The counters live in the cache every gateway process shares (counters.py: Redis 
 file cache in the embedded default); a check and its increments are one atomic step, and a refused
 request counts nowhere. A budget counter missing from the cache (first use in a period, a cache that
 lost it) is seeded from the stored usage (usage.py) before it counts, once this process's usage still
-queued for the database (usage_backlog.py) is written: a request that ended just before is counted. A cache that cannot be reached
-lets the request through (logged): the limits fail open rather than stop serving.
+queued for the database (usage_backlog.py) is written: a request that ended just before is counted. A
+cache that cannot be reached lets the request through (logged): the limits fail open rather than stop
+serving.
 """
 
 from __future__ import annotations

@@ -118,8 +118,9 @@ async def test_a_token_budget_counts_served_tokens_and_resets_with_its_period(fa
 
 
 @pytest.mark.parametrize("written", [True, False], ids=["usage-written", "usage-still-queued"])
-async def test_a_lost_budget_counter_is_seeded_from_the_stored_usage(fake_pipeline, limited, clock, monkeypatch,
-                                                                      written):
+async def test_a_lost_budget_counter_is_seeded_from_the_stored_usage(
+    fake_pipeline, limited, clock, monkeypatch, written
+):
     """Also when the usage of the requests just served still waits for its writer (usage_backlog)."""
     from django.core.cache import cache
 

@@ -66,7 +66,8 @@ async def forgetful_head(head: zmq.asyncio.Socket, codec: FrameCodec, held: set[
         if peer is not None:
             await head.send_multipart([peer, *codec.encode({"type": "alive", "requests": sorted(held)})])
     for request_id in held:
-        await head.send_multipart([peer, *codec.encode({"type": "tokens", "items": [[request_id, 5, "stop"]]})])
+        ended = {"type": "tokens", "items": [[request_id, 5, "stop"]]}
+        await head.send_multipart([peer, *codec.encode(ended)])
 
 
 async def test_a_request_the_head_no_longer_names_breaks_though_the_head_answers_calls():
