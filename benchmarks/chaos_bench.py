@@ -121,9 +121,11 @@ class SupervisedSystem(System):
 
 
 @contextmanager
-def service_env(workdir: Path, database_url: str, redis_db: int) -> Iterator[dict[str, str]]:
+def service_env(workdir: Path, database_url: str, redis_db: int,
+                redis_address: str = "127.0.0.1:6379") -> Iterator[dict[str, str]]:
     """The environment of a service-mode system: a PostgreSQL database of its own (dropped afterwards)
-    and Redis db ``redis_db`` (flushed) as the broker, ``redis_db - 1`` as the channel layer."""
+    and db ``redis_db`` (flushed) of the Redis at ``redis_address`` as the broker, ``redis_db - 1`` as
+    the channel layer."""
     import psycopg
     import redis
 
@@ -131,13 +133,13 @@ def service_env(workdir: Path, database_url: str, redis_db: int) -> Iterator[dic
     admin = urlunsplit(urlsplit(database_url)._replace(path="/postgres"))
     with psycopg.connect(admin, autocommit=True) as connection:
         connection.execute(f'CREATE DATABASE "{name}"')
-    broker = f"redis://127.0.0.1:6379/{redis_db}"
+    broker = f"redis://{redis_address}/{redis_db}"
     redis.Redis.from_url(broker).flushdb()
     env = {**os.environ, **TIMING, "MOTLEY_VAR_DIR": str(workdir / "var"),
            "MOTLEY_STAGE_PORTS": stage_ports(),
            "PROMETHEUS_MULTIPROC_DIR": str(workdir / "prometheus"),
            "DATABASE_URL": urlunsplit(urlsplit(database_url)._replace(path=f"/{name}")),
-           "CELERY_BROKER_URL": broker, "CHANNEL_REDIS_URL": f"redis://127.0.0.1:6379/{redis_db - 1}"}
+           "CELERY_BROKER_URL": broker, "CHANNEL_REDIS_URL": f"redis://{redis_address}/{redis_db - 1}"}
     env.pop("DJANGO_SETTINGS_MODULE", None)
     (workdir / "prometheus").mkdir(parents=True, exist_ok=True)
     try:

@@ -27,9 +27,9 @@ from tests.agents.helpers import (
     tiny_model,
     wait_until,
 )
-from tests.support.processes import filesystem_broker_options, redis_up
+from tests.support.processes import filesystem_broker_options, redis_up, redis_url
 
-REDIS_URL = "redis://127.0.0.1:6379/7"
+REDIS_URL = redis_url(7)
 
 
 def _filesystem(tmp_path):
@@ -62,7 +62,7 @@ def consuming(url: str, options: dict, queue: str, supervisor: Supervisor, throt
 def broker(request, tmp_path):
     if request.param == "redis":
         if not redis_up():
-            pytest.skip("no Redis on 127.0.0.1:6379")
+            pytest.skip("no a Redis server")
         return REDIS_URL, {}
     return _filesystem(tmp_path)
 

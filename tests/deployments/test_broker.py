@@ -20,7 +20,7 @@ from django.conf import settings
 from controlplane.common import task_sending
 from controlplane.deployments.reconcile import deployment_reconcile
 from controlplane.deployments.services import deployment_create
-from tests.support.processes import REPO_ROOT, embedded_env, filesystem_broker_options, redis_up
+from tests.support.processes import REPO_ROOT, embedded_env, filesystem_broker_options, redis_up, redis_url
 
 pytestmark = pytest.mark.django_db(transaction=True)  # sends happen on commit, as in production
 CONTROL = settings.CELERY_TASK_DEFAULT_QUEUE  # where the control worker listens ("control")
@@ -31,8 +31,8 @@ def broker_app(request, tmp_path, monkeypatch, nodes):
     """The controller's sends, from now on, go to a real broker (the recorder is set aside)."""
     if request.param == "redis":
         if not redis_up():
-            pytest.skip("no Redis on 127.0.0.1:6379")
-        url, options = "redis://127.0.0.1:6379/8", {}
+            pytest.skip("no a Redis server")
+        url, options = redis_url(8), {}
     else:
         url, options = "filesystem://", filesystem_broker_options(tmp_path / "broker")
     monkeypatch.delenv("CELERY_BROKER_URL", raising=False)  # Celery prefers it to the app's own broker

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from tests.e2e.harness import TIMING, System, embedded_system_at, running, stage_ports
-from tests.support.processes import REPO_ROOT, redis_up
+from tests.support.processes import REPO_ROOT, redis_up, redis_url
 
 
 @pytest.fixture(scope="session")
@@ -39,7 +39,7 @@ def _service_urls() -> tuple[str, str] | None:
     if not redis_up():
         return None
     return database, os.environ.get("CELERY_BROKER_URL", "").startswith("redis://") and os.environ[
-        "CELERY_BROKER_URL"] or "redis://127.0.0.1:6379/14"
+        "CELERY_BROKER_URL"] or redis_url(14)
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def service_system(tmp_path) -> Iterator[System]:
     """PostgreSQL (a database of its own) and Redis as the broker and channel layer."""
     urls = _service_urls()
     if urls is None:
-        pytest.skip("service mode: needs DATABASE_URL=postgres://… and Redis on 127.0.0.1:6379")
+        pytest.skip("service mode: needs DATABASE_URL=postgres://… and a Redis server")
     import psycopg
     import redis
 

@@ -28,6 +28,7 @@ from tests.support.processes import (
     read_credentials,
     wait_for_http,
 )
+from tests.worker_services import stage_port_share
 
 FLEET = """
 name: e2e
@@ -219,10 +220,12 @@ def stage_processes(workdir: Path) -> list[psutil.Process]:
 
 
 def stage_ports() -> str:
-    """``MOTLEY_STAGE_PORTS`` of a system of its own: 100 ports from a block picked at random among 120,
-    all below Linux's ephemeral range (32768-60999), where an outgoing connection's local port could
-    already hold a stage's port ("Address already in use", seen with handovers' fresh ports)."""
-    base = 20000 + (uuid.uuid4().int % 120) * 100
+    """``MOTLEY_STAGE_PORTS`` of a system of its own: 100 ports from a block picked at random in this
+    test process's share of the stage ports (tests/worker_services.py), all below Linux's ephemeral
+    range (32768-60999), where an outgoing connection's local port could already hold a stage's port
+    ("Address already in use", seen with handovers' fresh ports)."""
+    low, high = stage_port_share()
+    base = low + (uuid.uuid4().int % ((high - low + 1) // 100)) * 100
     return f"{base}-{base + 99}"
 
 

@@ -11,9 +11,9 @@ from django.core.cache.backends.filebased import FileBasedCache
 from django.core.cache.backends.locmem import LocMemCache
 
 from controlplane.gateway.counters import Check, CounterStore
-from tests.support.processes import redis_up
+from tests.support.processes import redis_up, redis_url
 
-REDIS_URL = "redis://127.0.0.1:6379/11"  # a database no other test uses
+REDIS_URL = redis_url(11)  # a database no other test uses
 
 
 def stores(tmp_path) -> dict[str, CounterStore]:
@@ -27,7 +27,7 @@ def store(request, tmp_path):
         yield stores(tmp_path)[request.param]
         return
     if not redis_up():
-        pytest.skip("needs Redis on 127.0.0.1:6379")
+        pytest.skip("needs a Redis server")
     from django.core.cache.backends.redis import RedisCache
 
     from controlplane.common.cache import JsonSerializer  # noqa: F401 (the settings' serializer)

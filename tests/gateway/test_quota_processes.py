@@ -14,11 +14,11 @@ import httpx
 import openai
 import pytest
 
-from tests.support.processes import REPO_ROOT, database_migrate, manage_argv, redis_up
+from tests.support.processes import REPO_ROOT, database_migrate, manage_argv, redis_up, redis_url
 from tests.telemetry.test_shared_state import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
-REDIS_URL = "redis://127.0.0.1:6379/12"  # a database no other test uses
+REDIS_URL = redis_url(12)  # a database no other test uses
 WINDOW_S = 3.0
 
 SEED = """
@@ -64,7 +64,7 @@ def next_window() -> None:
 def servers(request, tmp_path, demo_model):
     service = request.param == "service"
     if service and not redis_up():
-        pytest.skip("service mode: needs Redis on 127.0.0.1:6379")
+        pytest.skip("service mode: needs a Redis server")
     env, seed = install(tmp_path / "var", demo_model, service)
     first = Server(env, tmp_path / "first.log")
     try:

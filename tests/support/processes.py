@@ -16,6 +16,9 @@ import httpx
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVICE_VARIABLES = ("DATABASE_URL", "CELERY_BROKER_URL", "CHANNEL_REDIS_URL", "MOTLEY_CACHE_URL")
+# The Redis server of this test process: a pytest-xdist worker's own (tests/worker_services.py), else
+# the machine's.
+REDIS_ADDRESS = os.environ.get("MOTLEY_TEST_REDIS", "127.0.0.1:6379")
 
 
 def free_port() -> int:
@@ -81,10 +84,16 @@ def database_migrate(env: dict[str, str]) -> None:
     shutil.copyfile(_migrated, var_dir / "motley.sqlite3")
 
 
-def redis_up(host: str = "127.0.0.1", port: int = 6379) -> bool:
-    """Whether a Redis server accepts connections (service-mode tests skip without one)."""
+def redis_url(db: int) -> str:
+    """Database ``db`` of this test process's Redis server (REDIS_ADDRESS)."""
+    return f"redis://{REDIS_ADDRESS}/{db}"
+
+
+def redis_up() -> bool:
+    """Whether this test process's Redis server accepts connections (service-mode tests skip without)."""
+    host, port = REDIS_ADDRESS.rsplit(":", 1)
     try:
-        socket.create_connection((host, port), timeout=0.5).close()
+        socket.create_connection((host, int(port)), timeout=0.5).close()
         return True
     except OSError:
         return False

@@ -2,7 +2,7 @@
 
 Real processes: daphne serving ``controlplane.asgi`` (twice, in service mode), an agent's websocket
 on the first, the API and the dashboard socket of the second, and a third process reading through
-the selectors as the Celery worker does (calibration). Service mode needs Redis on 127.0.0.1:6379
+the selectors as the Celery worker does (calibration). Service mode needs a Redis server
 (the channel layer and, by default, the cache); the embedded default shares its file cache.
 """
 
@@ -24,12 +24,13 @@ from tests.support.processes import (
     free_port,
     manage_argv,
     redis_up,
+    redis_url,
     stop_process,
     wait_for_http,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
-REDIS_URL = "redis://127.0.0.1:6379/10"  # a database no other test uses
+REDIS_URL = redis_url(10)  # a database no other test uses
 
 SEED = """
 import json, uuid
@@ -121,7 +122,7 @@ def read_in_another_process(env: dict, node: str) -> list:
 @pytest.mark.service
 def test_two_server_processes_on_one_redis_serve_the_same_telemetry(tmp_path):
     if not redis_up():
-        pytest.skip("service mode: needs Redis on 127.0.0.1:6379")
+        pytest.skip("service mode: needs a Redis server")
     env, seed = install(tmp_path / "var", service=True)
     first = Server(env, tmp_path / "first.log")
     try:
