@@ -2,10 +2,10 @@
 one call, on this package's matmul kernels; and the descriptors of the layers it runs.
 
 On torch ops a batch-1 step of a small model is half dispatch: dozens of ops a layer of a few hundred
-floats each (docs/benchmarks.md, "Where a batch-1 decode step goes"). The C code runs those ops as loops and calls
-the int8 / int4 / fp32 kernels directly, so a step is one call from Python. The descriptors hold raw
-pointers: they are built once, after a stage's weights are loaded, and stay valid while the tensors they
-point at live (:class:`LayerSpecs` keeps them).
+floats each (docs/benchmarks.md, "Where a batch-1 decode step goes"). The C code runs those ops as
+loops and calls the int8 / int4 / fp32 kernels directly, so a step is one call from Python. The
+descriptors hold raw pointers: they are built once, after a stage's weights are loaded, and stay valid
+while the tensors they point at live (:class:`LayerSpecs` keeps them).
 
 ``MOTLEY_DECODE_KERNEL=torch`` keeps decode on torch ops (for operators who suspect this path). Where the
 library cannot be built, one warning says why and decode runs on torch ops.
