@@ -1,12 +1,12 @@
 """A cap on the CPU a group of an agent's processes may take: a cgroup with a CFS quota.
 
 Why not SCHED_IDLE alone: a stage loading beside a serving pipeline, or a warming process importing
-Python and torch (a standby then, the fork server restarted after a crash now: agents/fork_server.py),
-takes seconds of CPU; under SCHED_IDLE it takes only CPU time the serving stages leave, yet on a 2-core
-host it still doubled their requests' latency for the 4-5 s it ran (reading and unpacking modules
-contends for the caches and memory bandwidth a decode step lives on: docs/benchmarks.md, "Beside,
-session 10"). A quota bounds the share it can take at all; the work takes longer, which costs nothing
-while nobody waits for it.
+Python and torch (the fork server restarted after a crash: agents/fork_server.py), takes seconds of
+CPU; under SCHED_IDLE it takes only CPU time the serving stages leave, yet on a 2-core host it still
+doubles their requests' latency for the 4-5 s it runs (reading and unpacking modules contends for the
+caches and memory bandwidth a decode step lives on: `benchmarks/replacement_bench.py --room beside`,
+docs/benchmarks.md "Live re-placement"). A quota bounds the share it can take at all; the work takes
+longer, which costs nothing while nobody waits for it.
 
 The group is made under the agent's own cgroup of the ``cpu`` controller: cgroup v1
 (``/sys/fs/cgroup/cpu``), or v2 where that controller is delegated to the agent's cgroup. Where

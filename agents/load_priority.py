@@ -2,16 +2,16 @@
 SCHED_IDLE and a CPU quota while it loads beside a pipeline that serves.
 
 Loading (reading, quantizing weights) is seconds of CPU, and stages that serve share the host's
-CPUs with it, as emulated stages do. SCHED_IDLE alone still let the loads of a new pipeline beside the
-old one double the old one's latency on a 2-core host (docs/benchmarks.md, "Beside, session 10"), so
+CPUs with it, as emulated stages do. SCHED_IDLE alone still lets the loads of a new pipeline beside the
+old one double the old one's latency on a 2-core host (`benchmarks/replacement_bench.py --room beside`), so
 a start marked ``background`` (the control plane sends it for a pipeline started beside a serving
 one and for a stage held ahead of an in-place handover, whose loads nobody waits for) loads under
 SCHED_IDLE where the agent can undo that (``cpu_idle_reversible``) and in a cgroup of at most
 ``BACKGROUND_LOAD_CPUS`` (agents/cpu_quota.py), until ``ready`` or ``LOAD_IDLE_S`` at the latest.
 Every other start is waited for (an in-place handover's pause, a lost node's replacement, a first
 deploy, a crash's restart) and is not lowered: under SCHED_IDLE the replacement of a kill -9'd
-stage, a 0.15 s load alone, took 0.6 s among the control plane's and the gateway's work of that
-moment (docs/benchmarks.md, "Fork server, session 11").
+stage, a 0.15 s load alone, takes 0.6 s among the control plane's and the gateway's work of that
+moment (`benchmarks/replacement_bench.py --room in-place`, docs/benchmarks.md "Live re-placement").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Chaos under load (issue 18): what clients see while the system's processes are killed one by one.
+"""Chaos under load: what clients see while the system's processes are killed one by one.
 
     python benchmarks/chaos_bench.py [--work var/bench/chaos] [--demo-model generated|smollm2|PATH]
         [--clients 3] [--interval 0.5] [--faults stage agent celery beat asgi] [--restart-services] [--json F]

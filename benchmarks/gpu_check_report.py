@@ -1,5 +1,5 @@
 """The GPU check's report: one line per step, the summary in Markdown (docs/benchmarks.md's GPU
-section), the goals of issue 19 judged on the figures, and the work folder's logs in one archive.
+section), the GPU goals judged on the figures, and the work folder's logs in one archive.
 Standard library only: it reads the steps' JSON, never torch."""
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def summary_markdown(summary: dict) -> str:
         f"| {s['name']} | {s['status']} | {s['seconds']} | {s['detail'].replace('|', '/')} |"
         for s in summary["steps"]
     ]
-    lines += ["", "Goals (issue 19):", *goals(summary), ""]
+    lines += ["", "Goals:", *goals(summary), ""]
     if parity := summary.get("parity"):
         lines += [
             (

@@ -1,4 +1,4 @@
-"""Kernel choices of the stage engine, each against the one it replaced, side by side in one run.
+"""Kernel choices of the stage engine, each against the alternative torch offers, side by side in one run.
 
     python benchmarks/kernel_bench.py [--threads 2] [--rows 1 2 4 8 16 32] [--int4-rows 1 4 16 128]
                                       [--sections dense gather int8 int4]
@@ -13,10 +13,10 @@ machine does not decide it.
    and ``worker_runtime.dense.dense_linear`` (which picks one of them by rows), reported as weight
    GB/s; a plain ``sum`` over the same weights is the read ceiling.
 2. The KV gather of one layer's attention: ``index_select`` on flat slots (what the engine does)
-   against advanced indexing with a [batch, length] slot tensor (what it did), in microseconds.
+   against advanced indexing with a [batch, length] slot tensor, in microseconds.
 3. Weight-only int8 matmul of the same row counts on the same matrices quantized (101 MB in int8):
    ``worker_runtime.kernels.int8_matmul`` (what ``Int8Linear`` runs on CPU) against
-   ``torch._weight_int8pack_mm`` with the bf16 casts around it (what it ran before), and the fp32
+   ``torch._weight_int8pack_mm`` with the bf16 casts around it (torch's own path), and the fp32
    matrices through ``dense_linear``. Weight GB/s is the bytes of each format read per second; the
    last column is how many times faster one pass over the model's matrices is in int8 on our kernel
    than in fp32.

@@ -1,4 +1,4 @@
-"""Pipeline data-plane benchmark (issue 4): throughput against one process, hop latency, transfer rate.
+"""Pipeline data-plane benchmark: throughput against one process, hop latency, transfer rate.
 
     python benchmarks/pipeline_bench.py [--layers 8 --hidden 768 --seqs 8 16 32 --steps 48]
 

@@ -1,4 +1,4 @@
-"""Live re-placement under load: what clients see while the placement changes (issue 14).
+"""Live re-placement under load: what clients see while the placement changes.
 
     python benchmarks/replacement_bench.py --work var/bench/replacement [--room in-place beside]
         [--demo-model smollm2|generated] [--clients 4] [--interval 1.0] [--steady-s 20]

@@ -12,7 +12,7 @@ Measures, with the same thread count for everything:
 - with ``--checkpoint-dtype`` a 16-bit checkpoint (the demo model written, or the GGUF imported, in that
   dtype) under a ``--dtype float32`` engine, which on CPU keeps its weights 16-bit (worker_runtime/dense.py);
   ``--widened-too`` adds that engine with the weights widened to fp32 as they load
-  (``MOTLEY_16BIT_KERNEL=torch``, the path before), interleaved, and prints kept over widened;
+  (``MOTLEY_16BIT_KERNEL=torch``), interleaved, and prints kept over widened;
 - the device's memory bandwidth (a large tensor copy on it, read + write bytes over time) and the
   weight bytes each decode step reads over its time, as a fraction of that bandwidth: decode at batch 1
   is memory-bound, so that fraction is what the engine is judged against.

@@ -1,4 +1,4 @@
-"""Soak (issue 18): a bounded run at 70 % of measured capacity through the gateway; does anything grow?
+"""Soak: a bounded run at 70 % of measured capacity through the gateway; does anything grow?
 
     python benchmarks/soak_bench.py [--minutes 20] [--work /tmp/soak] [--redis-db 5] [--json F]
 

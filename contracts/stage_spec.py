@@ -57,7 +57,7 @@ class StageSpec:
     peer_timeout_s: float = 5.0
     emulation: Emulation | None = None
     # Head (stage 0) only: scheduling knobs, optional in the spec.
-    micro_batches: int | None = None  # micro-batches in flight; default num_stages + 1
+    micro_batches: int | None = None  # micro-batches in flight; default num_stages
     max_batch_tokens: int = 4096  # tokens per micro-batch (a longer prompt still goes alone)
     max_queue: int = 256  # requests waiting for KV space before new ones are refused
     # Started beside its pipeline ahead of an in-place handover: load, bind and say ready, then wait for

@@ -213,8 +213,8 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # Late acks count a message against the prefetch limit until its task ends, and a countdown task
 # (a handover's ``reconcile_later``) holds its slot while it waits. Redis's event loop raises the
 # limit for those at once; the embedded broker's polling loop only every 2 s, so with 2 slots a
-# reconcile asked for by an apply waited there 5-6 s (an in-place handover's pause: 9-11 s, 2.7-3.5 s
-# with more slots). Several messages a process cost nothing on a local folder.
+# reconcile asked for by an apply would wait there 5-6 s, inside an in-place handover's pause.
+# Several messages a process cost nothing on a local folder.
 CELERY_WORKER_PREFETCH_MULTIPLIER = 16 if CELERY_BROKER_URL.startswith("filesystem") else 1
 CELERY_TASK_DEFAULT_QUEUE = "control"
 # No result backend (nothing reads a task's result; tasks report through the agents' socket): Celery's

@@ -2,11 +2,11 @@
 that has imported Python, torch and this runtime once and forks every stage process from itself.
 
 Why: a stage process spends most of its start importing (2-4 s of CPU). Warm standby processes (one
-per card, each taking one start) hid that from the first start after they warmed, but every used one
-was followed by a new one importing again: seconds of CPU taken from the serving stages right when a
-handover ends (on hosts where stages share CPUs, as emulated ones do), and a second change soon after
-(a kill -9 after a move) found the card's standby still cold. A fork costs milliseconds, copies
-nothing until written, and is warm for every start, however many come at once.
+per card, each taking one start) would hide that from the first start after they warmed, but every used
+one would be followed by a new one importing again: seconds of CPU taken from the serving stages right
+when a handover ends (on hosts where stages share CPUs, as emulated ones do), and a second change soon
+after (a kill -9 after a move) would find the card's standby still cold. A fork costs milliseconds,
+copies nothing until written, and is warm for every start, however many come at once.
 
 Protocol, over the SOCK_SEQPACKET socket inherited as fd N: the agent sends one JSON message
 ``{"argv": [...], "cwd": PATH, "reaper": PID}`` with two file descriptors, the new stage's stdin and

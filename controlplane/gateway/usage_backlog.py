@@ -3,12 +3,12 @@ were served, by one writer task on the server's event loop.
 
 Why not written by the request itself before its last bytes go out: on the embedded default (SQLite:
 one writer at a time, IMMEDIATE transactions) every request that ended while the control plane wrote
-(a plan applied, a reconcile, the agents' stage reports) waited for that write before its client saw
-the end; replacement_bench beside saw no request complete for 0.5-0.7 s after each change's apply
-against 0.3 s in the steady state, 0.3 s once the record was written after (docs/benchmarks.md,
-"Session 12"). A usage read of this process (the usage API, the dashboard, a token budget's counter
-seeded anew) first writes what waits here (``flush``), so a client that reads its usage after a
-response still finds it counted, and a budget counts it.
+(a plan applied, a reconcile, the agents' stage reports) would wait for that write before its client
+saw the end; written that way, `benchmarks/replacement_bench.py --room beside` sees no request complete
+for 0.5-0.7 s after each change's apply against 0.3 s in the steady state, and 0.3 s with the record
+written after the response. A usage read of this process (the usage API, the dashboard, a token
+budget's counter seeded anew) first writes what waits here (``flush``), so a client that reads its
+usage after a response still finds it counted, and a budget counts it.
 
 When the database cannot take a record (unreachable: a PostgreSQL restart, a failover) it waits and
 the writer retries every ``RETRY_S`` until the queue is empty. Bounded: past ``MAX_PENDING`` records

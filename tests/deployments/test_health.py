@@ -361,7 +361,7 @@ def test_a_registration_is_a_sign_of_life_whatever_the_node_was(nodes, sent):
 def test_an_agent_clock_an_hour_off_neither_keeps_a_silent_node_alive_nor_makes_a_live_one_suspect(
     nodes, sent, skew_s
 ):
-    """Hosts differ (issue 16): liveness reads the server's receive time, never the agent's ``sent_at``."""
+    """Hosts differ: liveness reads the server's receive time, never the agent's ``sent_at``."""
     node = nodes[0]
     skewed = {"sent_at": timezone.now().timestamp() + skew_s, "stages": []}
     node_heartbeat_record(node=node, heartbeat=skewed)

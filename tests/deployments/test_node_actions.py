@@ -1,4 +1,4 @@
-"""Node intent: cordon, uncordon, drain, undrain, kept apart from liveness (and the drain bug it fixes)."""
+"""Node intent: cordon, uncordon, drain, undrain, kept apart from liveness (a drain survives a loss)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Chaos under load, reduced (issue 18; the whole run is benchmarks/chaos_bench.py): while clients
+"""Chaos under load, reduced (the whole run is benchmarks/chaos_bench.py): while clients
 stream seeded chat requests, a stage process, an agent and the Celery worker are SIGKILLed in turn
 (the test restarts the agent and the worker as a process supervisor would). Clients see no failed
 request, the deployment is READY again each time without a human, no stage process outlives its

@@ -34,7 +34,7 @@ def reference(model) -> list[int]:
 
 
 def tokens_through(system: System, deployment_id: int) -> list[int]:
-    # READY means the replica's endpoint is ready: a coalesced heartbeat flush no longer applies a stage
+    # READY means the replica's endpoint is ready: a coalesced heartbeat flush does not apply a stage
     # report older than the stage's last observation (stage_reports.py).
     (endpoint,) = system.endpoints(deployment_id)
     assert endpoint["ready"], endpoint

@@ -1,7 +1,7 @@
 """Live re-placement with real processes: while clients stream seeded chat requests through the
 gateway without pause, a boundary move, a stage moved to another device, a node drain and a SIGKILL
 of one agent each end with zero failed requests, and every answer equals the one the same request got
-before anything changed (issue 14; docs/deployments.md "Handover", docs/gateway.md "Request migration").
+before anything changed (docs/deployments.md "Handover", docs/gateway.md "Request migration").
 
 Service mode runs on cards with room for the new stages beside the old (make before break); the
 embedded default on cards too small for both (the handover happens in place).

@@ -1,4 +1,4 @@
-"""The defects the schema fuzz tests found, each pinned by name (tests/fuzz/test_api_schema.py)."""
+"""Inputs the schema fuzz tests can draw whose answer matters, each pinned by name (test_api_schema.py)."""
 
 from __future__ import annotations
 

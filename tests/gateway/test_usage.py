@@ -107,8 +107,9 @@ async def test_concurrent_requests_all_count(fake_pipeline, keys):
 
 async def test_a_response_does_not_wait_for_its_usage_to_be_written(fake_pipeline, keys, monkeypatch):
     """On SQLite a write waits for whatever transaction the control plane holds (an apply, a reconcile);
-    the response used to wait with it, and no request completed for 0.5-0.7 s after each change of
-    placement (usage_backlog.py). The record is written once the database takes it."""
+    a response written before its usage record would wait with it, and no request would complete for
+    0.5-0.7 s after each change of placement (usage_backlog.py). The record is written once the database
+    takes it."""
     release, record = threading.Event(), usage_backlog.usage_record
 
     def blocked_record(**figures):

@@ -2,7 +2,7 @@
 over the network, stages listen and connect on their nodes' addresses, links are shaped to the fleet
 file's network_gbps (scaled down), and the system deploys, generates the single-process model's
 tokens, prices each hop as measured, and re-plans around a killed agent without failing a client's
-request (issue 16; docs/agents.md "Several hosts")."""
+request (docs/agents.md "Several hosts")."""
 
 from __future__ import annotations
 

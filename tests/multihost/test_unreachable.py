@@ -1,5 +1,5 @@
 """A stage address behind a closed port or on no host at all, across the namespaces' network: a client
-of the pipeline gets an error naming the address within its timeout, it does not hang (issue 16)."""
+of the pipeline gets an error naming the address within its timeout, it does not hang."""
 
 from __future__ import annotations
 

@@ -262,8 +262,8 @@ def test_a_relay_whose_heartbeat_could_not_go_out_tries_again_at_once(tiny_model
 
 def test_a_cancelled_warm_up_lets_the_pipeline_be_ok(tiny_model):
     """Every request that ends goes through the head's release, the warm-up too: cancelled by its id,
-    it no longer holds the pipeline back (health stayed not ok for good when only its tokens and its
-    errors ended it)."""
+    it does not hold the pipeline back (were only its tokens and its errors to end it, health would stay
+    not ok for good)."""
     transport = RecordingTransport()
     transport.reply = lambda client, header, tensors=(): transport.sent.append({"to": client, **header})
     head = complete_head(tiny_model, transport)

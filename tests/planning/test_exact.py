@@ -236,9 +236,9 @@ def test_chain_equals_brute_force_over_the_order(cards, layer_sizes, batch, two_
 
 def test_chain_spends_the_whole_budget():
     """A 13B-like model on two RTX 3090s, 8 sequences in one micro-batch: 20 of 40 layers at 4 bits,
-    exactly the budget, is the fastest chain (222 tokens/s). The Lagrange penalty the chain search
-    used to bisect found no value between more low-bit layers than allowed and none, and returned
-    [0, 17) + [17, 40) at 16 bits (165 tokens/s)."""
+    exactly the budget, is the fastest chain (222 tokens/s). A Lagrange penalty bisected over the chain
+    search finds no value between more low-bit layers than allowed and none, and returns
+    [0, 17) + [17, 40) at 16 bits (165 tokens/s): the exact search must not."""
     request = PlanRequest(fleet({"n": ["3090", "3090"]}),
                           profile(40, hidden=5120, layer_params=317_000_000, kv_bytes=2 * 2 * 5120),
                           Workload(batch=8, context=2048))

@@ -2,9 +2,10 @@
  * the q/k/v matmul, RoPE, the KV cache write, attention, o_proj and its residual, RMSNorm, the gate/up
  * matmul, SwiGLU, down_proj and its residual, layer after layer.
  *
- * Why: at batch 1 a small model's step is mostly not its matmuls. SmolLM2 (30 layers, hidden 576) spent
- * about half of a 10 ms int4 step on 35 dispatched torch ops a layer around the four matmuls, each 1-3 us
- * of dispatch for a few hundred floats of work (docs/benchmarks.md, "Where a batch-1 int4 step goes").
+ * Why: at batch 1 a small model's step is mostly not its matmuls. On torch ops SmolLM2 (30 layers, hidden
+ * 576) spends about half of a 10 ms int4 step on 35 dispatched ops a layer around the four matmuls, each
+ * 1-3 us of dispatch for a few hundred floats of work (docs/benchmarks.md, "Where a batch-1 decode step
+ * goes").
  * Here those ops are plain loops over the row, and the step costs one ctypes call for the whole stage.
  *
  * The matmuls stay the kernels this package already has (int8_matmul.c, int4_matmul.c, dense_matmul.c,

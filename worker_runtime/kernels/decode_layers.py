@@ -1,11 +1,11 @@
 """The decode step of ``decode_layers.c``: every decoder layer of a stage for one new token per sequence, in
 one call, on this package's matmul kernels; and the descriptors of the layers it runs.
 
-A batch-1 step of a small model was half torch dispatch: dozens of ops a layer of a few hundred floats
-each (docs/benchmarks.md, "Where a batch-1 int4 step goes"). The C code runs those ops as loops and calls
-the int8 / int4 / fp32 kernels directly, so a step is one call from Python. The descriptors hold raw
-pointers: they are built once, after a stage's weights are loaded, and stay valid while the tensors they
-point at live (:class:`LayerSpecs` keeps them).
+On torch ops a batch-1 step of a small model is half dispatch: dozens of ops a layer of a few hundred
+floats each (docs/benchmarks.md, "Where a batch-1 decode step goes"). The C code runs those ops as
+loops and calls the int8 / int4 / fp32 kernels directly, so a step is one call from Python. The
+descriptors hold raw pointers: they are built once, after a stage's weights are loaded, and stay valid
+while the tensors they point at live (:class:`LayerSpecs` keeps them).
 
 ``MOTLEY_DECODE_KERNEL=torch`` keeps decode on torch ops (for operators who suspect this path). Where the
 library cannot be built, one warning says why and decode runs on torch ops.

@@ -28,7 +28,7 @@
  *
  * The tile loops (int4_tiles.h) are compiled twice: for AVX2 + FMA (a tile is two ymm vectors) and for
  * AVX-512 (one zmm), which runs wherever the CPU has it: on the Zen 5 build machine 1.25x the AVX2
- * code's speed at batch 1 and 1.5-2x from 4 rows (docs/benchmarks.md).
+ * code's speed at batch 1 and 1.5-2x from 4 rows (docs/benchmarks.md, "Kernels").
  */
 #include <omp.h>
 #include <stdint.h>

@@ -4,8 +4,8 @@ it), the CPU int4 layers' kernel, and the weight layout it reads.
 torch's CPU int4 kernel, ``torch._weight_int4pack_mm_for_cpu``, takes bf16 activations and reads the
 weights at about 12 GB/s at batch 1 on the 2-core build machine, a third of what memory gives. Ours
 widens 8 (AVX-512: 16) weights with one AND and one convert and takes each group's scale and zero out of
-the inner loop, so at decode it reads the weights several times faster; activations, accumulation and
-output stay fp32 (figures in docs/benchmarks.md). The weights it computes with are exactly
+the inner loop, so at decode it reads the weights about 1.4x faster; activations, accumulation and
+output stay fp32 (docs/benchmarks.md, "Kernels"). The weights it computes with are exactly
 ``quantize_int4_rows``'s: ``(q - 8) * scale + zero``, bf16 scale and zero per group of a row.
 
 ``MOTLEY_INT4_KERNEL=torch`` makes layers built afterwards use torch's kernel (for operators who suspect
