@@ -31,19 +31,19 @@ from agents.fork_server import ForkServer
 from agents.load_priority import LoadPriority
 from agents.processes import signal_group, sweep_pid_records
 from agents.restart_policy import RestartPolicy
-from agents.stage_load import StageLoad
 from agents.stage_process import (
     DEFAULT_COMMAND,
     FORK_SERVER_COMMAND,
     SpawnFailed,
     StageRun,
     crash_reason,
-    load_between,
     reap,
     respec,
     spawn,
+    usage_between,
 )
 from agents.stage_record import StageRecord
+from agents.stage_usage import StageUsage
 from contracts.stage_spec import respec_blocker, spec_digest
 from contracts.stage_status import StageStatus, identity_of
 
@@ -118,8 +118,8 @@ class Supervisor:
             waiter.result(timeout=self._max_wait(key))
         return sorted(waits)
 
-    def snapshot(self) -> list[tuple[StageStatus, StageLoad]]:
-        """Every stage's status and load; empty once closed (nothing runs any more)."""
+    def snapshot(self) -> list[tuple[StageStatus, StageUsage]]:
+        """Every stage's status and usage of its device; empty once closed (nothing runs any more)."""
         try:
             return self._call(self._snapshot)
         except SupervisorClosed:
@@ -273,7 +273,7 @@ class Supervisor:
             stage_states.failed(stage.status, str(exc))
             self._emit(stage)
             return
-        stage.run, stage.last_stats, stage.load = run, None, (0.0, 0.0, 0.0)
+        stage.run, stage.last_stats, stage.usage = run, None, (0.0, 0.0, 0.0)
         stage.loading_digest = spec_digest(stage.admitted.spec)
         stage_states.spawned(stage.status, run.pid)
         stage.loads_idle_until = self._priority.lowered(run.pid, stage.background)
@@ -304,13 +304,13 @@ class Supervisor:
         elif event == "stats":
             stats = {k: v for k, v in message.items() if k != "event"}
             if stage.last_stats is not None:
-                stage.load = load_between(*stage.last_stats, at, stats)
+                stage.usage = usage_between(*stage.last_stats, at, stats)
             stage.last_stats = (at, stats)
             stage.status.stats = stats
 
     def _on_exit(self, stage: StageRecord, run: StageRun, code: int) -> None:
         reap(run, self._dir / stage.key)
-        stage.run, stage.kill_at, stage.load = None, None, (0.0, 0.0, 0.0)
+        stage.run, stage.kill_at, stage.usage = None, None, (0.0, 0.0, 0.0)
         stage_states.process_exited(stage, code, self._policy, time.monotonic(),
                                     why=lambda: crash_reason(run, code, self._dir / stage.key))
         if stage.stop_requested:
@@ -358,11 +358,11 @@ class Supervisor:
         stage = self._stages.get(key)
         return self._policy.grace(stage.admitted.spec) if stage else 0.0
 
-    def _snapshot(self) -> list[tuple[StageStatus, StageLoad]]:
+    def _snapshot(self) -> list[tuple[StageStatus, StageUsage]]:
         return [
             (_copy(s.status),
-             StageLoad(s.admitted.device_index, s.admitted.memory_bytes if s.alive else 0, *s.load,
-                       listen=s.admitted.spec.get("listen"), next=s.admitted.spec.get("next")))
+             StageUsage(s.admitted.device_index, s.admitted.memory_bytes if s.alive else 0, *s.usage,
+                        listen=s.admitted.spec.get("listen"), next=s.admitted.spec.get("next")))
             for s in self._stages.values()
         ]
 
