@@ -153,5 +153,5 @@ class Agent:
 
     def _snapshot(self) -> Snapshot:
         pairs = self._supervisor.snapshot()
-        devices = [asdict(sample) for sample in self._metrics.sample([load for _, load in pairs])]
+        devices = [asdict(sample) for sample in self._metrics.sample([usage for _, usage in pairs])]
         return devices, [status.to_json() for status, _ in pairs]

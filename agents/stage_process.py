@@ -149,7 +149,7 @@ def crash_reason(run: StageRun, code: int, stage_dir: Path) -> str:
     return f"{_describe_exit(code)}: {run.last_error or _stderr_tail(stage_dir)}"
 
 
-def load_between(
+def usage_between(
     t0: float, before: dict[str, Any], t1: float, after: dict[str, Any]
 ) -> tuple[float, float, float]:
     """Busy fraction and transfer rates of a stage between two stats lines."""

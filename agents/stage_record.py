@@ -24,7 +24,7 @@ class StageRecord:
     stop_requested: bool = False
     waiters: list[Future] = field(default_factory=list)
     last_stats: tuple[float, dict[str, Any]] | None = None
-    load: tuple[float, float, float] = (0.0, 0.0, 0.0)  # busy fraction, tx/s, rx/s
+    usage: tuple[float, float, float] = (0.0, 0.0, 0.0)  # of its device: busy fraction, tx/s, rx/s
     loads_idle_until: float | None = None  # while it loads lowered (load_priority.py): when restored anyway
     loading_digest: str | None = None  # the spec it was last handed as written: only its "ready" counts
     background: bool = False  # loads beside a serving pipeline: under the supervisor's CPU quota

@@ -6,13 +6,8 @@ short-lived threads (a Celery task, a timer) would kill stages at random. Other 
 loop through its inbox and wait on futures. The loop polls exits every 0.1 s, so an exit is reported
 well within the 2 s the protocol promises.
 
-States follow contracts §3: ``starting`` (spawned, or waiting out a restart backoff after a crash,
-with ``exit_code`` and ``message`` saying so), ``ready``, ``draining`` (SIGTERM sent), ``exited``
-(stopped on request or exit code 0), ``failed`` (refused, or crashed more than the restart limit).
-A stage stopped on request is forgotten once it has exited; a failed or self-exited one stays listed
-so the control plane sees it in every heartbeat until it stops, syncs or restarts it.
-
-How one process of a stage is started, read and told apart on exit is agents/stage_process.py.
+A stage's states and the moves between them are agents/stage_states.py; how one process of a stage
+is started, read and told apart on exit is agents/stage_process.py.
 """
 
 from __future__ import annotations
@@ -29,25 +24,26 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from agents import stage_states
 from agents.admission import Admission, Admitted
 from agents.memory_budget import StageRefused
 from agents.fork_server import ForkServer
 from agents.load_priority import LoadPriority
 from agents.processes import signal_group, sweep_pid_records
 from agents.restart_policy import RestartPolicy
-from agents.stage_load import StageLoad
 from agents.stage_process import (
     DEFAULT_COMMAND,
     FORK_SERVER_COMMAND,
     SpawnFailed,
     StageRun,
     crash_reason,
-    load_between,
     reap,
     respec,
     spawn,
+    usage_between,
 )
 from agents.stage_record import StageRecord
+from agents.stage_usage import StageUsage
 from contracts.stage_spec import respec_blocker, spec_digest
 from contracts.stage_status import StageStatus, identity_of
 
@@ -122,8 +118,8 @@ class Supervisor:
             waiter.result(timeout=self._max_wait(key))
         return sorted(waits)
 
-    def snapshot(self) -> list[tuple[StageStatus, StageLoad]]:
-        """Every stage's status and load; empty once closed (nothing runs any more)."""
+    def snapshot(self) -> list[tuple[StageStatus, StageUsage]]:
+        """Every stage's status and usage of its device; empty once closed (nothing runs any more)."""
         try:
             return self._call(self._snapshot)
         except SupervisorClosed:
@@ -230,8 +226,7 @@ class Supervisor:
             return None
         stage.requested, stage.admitted = requested, admitted
         stage.loading_digest = spec_digest(admitted.spec)
-        stage.status.state, stage.status.message, stage.status.broken_stage = "starting", "", None
-        stage.status.spec_digest = spec_digest(spec)
+        stage_states.respecced(stage.status, spec_digest(spec))
         self._emit(stage)
         return _copy(stage.status)
 
@@ -250,7 +245,7 @@ class Supervisor:
         try:
             admitted = self._admission.admit(spec, self._holding_memory(), device_index)
         except StageRefused as exc:
-            status.state, status.message = "failed", f"refused: {exc}"
+            stage_states.failed(status, f"refused: {exc}")
             self._stages[key] = StageRecord(key, requested, Admitted(spec, None, 0), status)
             self._emit(self._stages[key])
             return _copy(status)
@@ -275,12 +270,12 @@ class Supervisor:
             run = spawn(self._command, self._dir / key, stage.admitted.spec, on_message,
                         self._forks.take if self._forks is not None else None, inbox=self._serve_command)
         except SpawnFailed as exc:
-            stage.status.state, stage.status.message = "failed", str(exc)
+            stage_states.failed(stage.status, str(exc))
             self._emit(stage)
             return
-        stage.run, stage.last_stats, stage.load = run, None, (0.0, 0.0, 0.0)
+        stage.run, stage.last_stats, stage.usage = run, None, (0.0, 0.0, 0.0)
         stage.loading_digest = spec_digest(stage.admitted.spec)
-        stage.status.state, stage.status.pid, stage.status.broken_stage = "starting", run.pid, None
+        stage_states.spawned(stage.status, run.pid)
         stage.loads_idle_until = self._priority.lowered(run.pid, stage.background)
         self._emit(stage)
 
@@ -297,9 +292,8 @@ class Supervisor:
         event = message.get("event")
         # A "ready" of the spec the process ran before it was handed the current one says nothing of this one.
         current = message.get("spec_digest", stage.loading_digest) == stage.loading_digest
-        if event == "ready" and stage.status.state == "starting" and current:
+        if event == "ready" and current and stage_states.ready(stage.status):
             self._loaded(stage)
-            stage.status.state, stage.status.message = "ready", ""
             self._emit(stage)
         elif event == "health":
             broken = message.get("broken_stage")
@@ -310,35 +304,20 @@ class Supervisor:
         elif event == "stats":
             stats = {k: v for k, v in message.items() if k != "event"}
             if stage.last_stats is not None:
-                stage.load = load_between(*stage.last_stats, at, stats)
+                stage.usage = usage_between(*stage.last_stats, at, stats)
             stage.last_stats = (at, stats)
             stage.status.stats = stats
 
     def _on_exit(self, stage: StageRecord, run: StageRun, code: int) -> None:
         reap(run, self._dir / stage.key)
-        stage.run, stage.kill_at, stage.load = None, None, (0.0, 0.0, 0.0)
-        status = stage.status
-        status.pid, status.exit_code = None, code
+        stage.run, stage.kill_at, stage.usage = None, None, (0.0, 0.0, 0.0)
+        stage_states.process_exited(stage, code, self._policy, time.monotonic(),
+                                    why=lambda: crash_reason(run, code, self._dir / stage.key))
         if stage.stop_requested:
-            status.state, status.message = "exited", "stopped on request"
             self._finish_stop(stage)
             return
-        if code == 0:
-            status.state, status.message = "exited", "exited on its own with code 0"
-            self._emit(stage)
-            return
-        reason = crash_reason(run, code, self._dir / stage.key)
-        if stage.crashes >= self._policy.max_restarts:
-            status.state = "failed"
-            status.message = f"{reason}; gave up after {status.restarts} restarts"
-        else:
-            stage.crashes += 1
-            status.restarts += 1
-            delay = self._policy.delay(stage.crashes)
-            stage.restart_at = time.monotonic() + delay
-            status.state = "starting"
-            status.message = f"{reason}; restart {stage.crashes}/{self._policy.max_restarts} in {delay:.1f} s"
-        log.warning("stage %s: %s", stage.key, status.message)
+        if code != 0:
+            log.warning("stage %s: %s", stage.key, stage.status.message)
         self._emit(stage)
 
     def _request_stop(self, key: str, sig: int = signal.SIGTERM) -> Future:
@@ -352,15 +331,14 @@ class Supervisor:
         stage.stop_requested = True
         if not stage.alive:  # failed, exited or waiting out a backoff: nothing to signal
             stage.restart_at = None
-            stage.status.state = "exited" if stage.status.state != "failed" else "failed"
-            stage.status.message = stage.status.message or "stopped on request"
+            stage_states.stopped_without_process(stage.status)
             stage.waiters.append(done)
             self._finish_stop(stage)
             return done
         if stage.status.state != "draining" or sig != signal.SIGTERM:
             assert stage.run is not None
             signal_group(stage.run.popen.pid, sig)
-            stage.status.state = "draining"
+            stage_states.draining(stage.status)
             stage.kill_at = time.monotonic() + self._policy.grace(stage.admitted.spec)
             self._emit(stage)
         stage.waiters.append(done)
@@ -380,11 +358,11 @@ class Supervisor:
         stage = self._stages.get(key)
         return self._policy.grace(stage.admitted.spec) if stage else 0.0
 
-    def _snapshot(self) -> list[tuple[StageStatus, StageLoad]]:
+    def _snapshot(self) -> list[tuple[StageStatus, StageUsage]]:
         return [
             (_copy(s.status),
-             StageLoad(s.admitted.device_index, s.admitted.memory_bytes if s.alive else 0, *s.load,
-                       listen=s.admitted.spec.get("listen"), next=s.admitted.spec.get("next")))
+             StageUsage(s.admitted.device_index, s.admitted.memory_bytes if s.alive else 0, *s.usage,
+                        listen=s.admitted.spec.get("listen"), next=s.admitted.spec.get("next")))
             for s in self._stages.values()
         ]
 

@@ -27,10 +27,11 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
-from django.urls import path  # noqa: E402
+from django.urls import path, re_path  # noqa: E402
 
 from controlplane.dashboard.consumers import DashboardConsumer  # noqa: E402
 from controlplane.enrollment.consumers import AgentConsumer  # noqa: E402
+from controlplane.not_found import NoSuchSocket  # noqa: E402
 from controlplane.telemetry.runtime import WithTelemetryHub  # noqa: E402
 
 
@@ -47,5 +48,6 @@ application = ProtocolTypeRouter({
     "websocket": WithTelemetryHub(URLRouter([
         path("ws/agents/", AgentConsumer.as_asgi()),
         path("ws/dashboard/", browser(DashboardConsumer.as_asgi())),
+        re_path(r"", NoSuchSocket.as_asgi()),  # any other path: refused, not a 500
     ])),
 })

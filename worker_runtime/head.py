@@ -1,14 +1,10 @@
 """The head: stage 0's loop, where requests enter, micro-batches start and sampled tokens come back.
 
-It owns all request state (the :class:`~worker_runtime.scheduler.Scheduler`) and the pipeline's health:
-every other stage heartbeats here, so one place decides that a stage is dead (its previous stage's
-link to it went down, as when its process dies and its sockets close; silent for ``peer_timeout_s``;
-or restarted with a new incarnation), fails every request in flight with
-:class:`~worker_runtime.errors.PipelineBroken`, and once all stages answer again starts a new epoch
-with a ``reset`` that wipes their caches: a restarted stage rejoins without anyone restarting the rest.
-
-A new pipeline, complete for the first time, runs one request of its own before its health says ok
-(warm_up.py); one re-formed around its head, or whose head took a new spec in place (``warmed``), not.
+It owns all request state (the :class:`~worker_runtime.scheduler.Scheduler`) and acts on what its
+:class:`~worker_runtime.pipeline_membership.PipelineMembership` decides of the pipeline's stages:
+when the pipeline breaks it fails every request in flight with
+:class:`~worker_runtime.errors.PipelineBroken`; when it is whole again it sends the stages a ``reset``
+and, for a new pipeline, runs its warm-up request (warm_up.py) before its health says ok.
 """
 
 from __future__ import annotations
@@ -16,7 +12,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from contracts.stage_spec import StageSpec
@@ -25,6 +20,7 @@ from .errors import DeadlineExceeded, PipelineBroken, PipelineError, RequestReje
 from .events import EventWriter, Every
 from .frames import Frame
 from .kv_cache import KVBudgetExceeded
+from .pipeline_membership import PipelineMembership
 from .protocol import batch_message
 from .relay import heartbeat_interval
 from .sampling import SamplingParams
@@ -39,14 +35,6 @@ log = logging.getLogger(__name__)
 KEEPALIVE_S = 0.5
 
 
-@dataclass
-class Peer:
-    incarnation: str
-    last_seen: float
-    stats: dict
-    linked: bool  # its link to the next stage is up (a pipeline is complete only when every one is)
-
-
 class HeadLoop:
     def __init__(self, spec: StageSpec, worker: StageWorker, transport: Transport, events: EventWriter,
                  warmed: bool = False):
@@ -57,20 +45,15 @@ class HeadLoop:
         self.scheduler = Scheduler(
             self.ledger, spec.micro_batches or spec.num_stages, spec.max_batch_tokens, spec.max_queue
         )
-        self.peers: dict[int, Peer] = {}
-        self.epoch = time.time_ns()  # larger than any epoch of a previous head, so stages drop stale work
-        self.healthy = spec.num_stages == 1
-        self.reason = "" if self.healthy else "waiting for every stage to join"
-        self.broken_stage: int | None = None
-        self.broken_at = time.monotonic()
+        self.membership = PipelineMembership(spec.pipeline_id, spec.num_stages, spec.peer_timeout_s,
+                                             warmed=warmed, on_health=self._health_changed,
+                                             on_break=self._broken)
         self.draining = False
-        self.warming: str | None = None  # the warm-up request's id while it runs
-        self.warm_up_due = not warmed  # until a warm-up ran through this pipeline
         self._pending_free: list[int] = []
         self._keepalive = Every(KEEPALIVE_S)
         self._stats_line = Every(1.0)
         self._check = Every(heartbeat_interval(spec))
-        if self.healthy:  # one stage: whole from the start
+        if self.membership.healthy:  # one stage: whole from the start
             self._complete()
 
     # ----- the loop
@@ -93,7 +76,7 @@ class HeadLoop:
             if drain_until is not None and (not self.scheduler.requests or time.monotonic() > drain_until):
                 self._fail(self.scheduler.clear(), PipelineBroken("the head stage is shutting down"))
                 return
-            busy = self.healthy and self.scheduler.ready and len(self.scheduler.in_flight) < self.scheduler.micro_batches
+            busy = self.membership.healthy and self.scheduler.ready and len(self.scheduler.in_flight) < self.scheduler.micro_batches
             waited = time.perf_counter()
             incoming = self.transport.receive(0 if busy else 0.02)
             if not busy:
@@ -101,7 +84,7 @@ class HeadLoop:
             for message in incoming:
                 self.handle(message)
             self.tick()
-            if self.healthy:
+            if self.membership.healthy:
                 self.step()
 
     def step(self) -> None:
@@ -124,11 +107,11 @@ class HeadLoop:
             if self.spec.num_stages == 1:
                 self.on_tokens(mb.id, batch.seq_ids, out.tolist())
             else:
-                header, tensors = batch_message(self.epoch, mb.id, batch, params, out)
+                header, tensors = batch_message(self.membership.epoch, mb.id, batch, params, out)
                 try:
                     self.transport.send_next(header, tensors)
                 except PeerUnavailable as exc:
-                    self.break_pipeline(1, f"stage 1 is unreachable: {exc}")
+                    self.membership.break_pipeline(1, f"stage 1 is unreachable: {exc}")
                     return
             self.worker.record(batch, compute_s, time.perf_counter() - sent)
 
@@ -150,96 +133,59 @@ class HeadLoop:
     # ----- health
 
     def check_peers(self, now: float) -> None:
-        missing = [i for i in range(1, self.spec.num_stages) if i not in self.peers]
-        silent = [i for i, p in self.peers.items() if now - p.last_seen > self.spec.peer_timeout_s]
-        if self.healthy and silent:
-            self.break_pipeline(silent[0], f"stage {silent[0]} silent for over {self.spec.peer_timeout_s} s")
-        elif self.healthy and not self.transport.next_linked():  # stage 1 died: its socket closed
-            self.break_pipeline(1, "the head lost its link to stage 1")
-        elif not self.healthy and not missing and all(p.last_seen > self.broken_at and p.linked
-                                                      for p in self.peers.values()):
+        membership = self.membership
+        silent = membership.silent_stage(now)
+        if membership.healthy and silent is not None:
+            membership.break_pipeline(silent, f"stage {silent} silent for over {self.spec.peer_timeout_s} s")
+        elif membership.healthy and not self.transport.next_linked():  # stage 1 died: its socket closed
+            membership.break_pipeline(1, "the head lost its link to stage 1")
+        elif membership.whole():
             try:
-                self.transport.send_next({"type": "reset", "epoch": self.epoch})
+                self.transport.send_next({"type": "reset", "epoch": membership.epoch})
             except PeerUnavailable:
                 return  # stage 1 heartbeats but our link to it is not up yet: try again next check
-            log.info("pipeline %s complete: epoch %d", self.spec.pipeline_id, self.epoch)
+            log.info("pipeline %s complete: epoch %d", self.spec.pipeline_id, membership.epoch)
             self._complete()
 
     def _complete(self) -> None:
-        """The pipeline is whole: ok now if a warm-up already ran through it, else start one (warm_up.py);
-        health turns ok when it ends, however it ends: it only spares clients a slow first request."""
-        if not self.warm_up_due:
-            self._set_health(True, "", None)
+        """The pipeline is whole: ok now, or start its warm-up request first (pipeline_membership.py)."""
+        if not self.membership.completed():
             return
-        request = warm_up_request(epoch=self.epoch, vocab_size=self.worker.stage.config.vocab_size,
+        request = warm_up_request(epoch=self.membership.epoch, vocab_size=self.worker.stage.config.vocab_size,
                                   largest=self.ledger.largest(), max_batch_tokens=self.spec.max_batch_tokens,
                                   timeout_s=self.spec.peer_timeout_s)
-        self.warming = request.request_id
-        self._set_health(True, "warming up: one request through the pipeline", None)  # not ok, none broken
+        self.membership.warming_up(request.request_id)
         try:
             self.scheduler.submit(request)
         except RequestRejected:
-            self._warmed()
+            self.membership.warmed()
 
-    def _warmed(self) -> None:
-        """The warm-up ended, however it did: ok, unless the pipeline broke under it (the next warms up)."""
-        self.warming = None
-        if self.healthy:
-            self.warm_up_due = False
-            self._set_health(True, "", None)
-
-    def break_pipeline(self, stage: int, reason: str) -> None:
-        """Fail everything in flight, wipe stage 0's cache and wait for all stages to answer again."""
-        log.warning("pipeline %s broken: %s", self.spec.pipeline_id, reason)
-        self._set_health(False, reason, stage)
-        self.broken_at = time.monotonic()
-        self.epoch += 1
+    def _broken(self, reason: str) -> None:
+        """The pipeline broke (a new epoch began): fail everything in flight and wipe stage 0's cache."""
         self._fail(self.scheduler.clear(), PipelineBroken(f"pipeline {self.spec.pipeline_id} broken: {reason}"))
         self.worker.stage.kv.clear()
         self._pending_free.clear()
 
-    def _set_health(self, healthy: bool, reason: str, broken_stage: int | None) -> None:
-        """Change the pipeline's health and tell the agent at once (a ``health`` event on stdout)."""
-        self.healthy, self.reason, self.broken_stage = healthy, reason, broken_stage
+    def _health_changed(self) -> None:
+        """Tell the agent at once (a ``health`` event on stdout)."""
         self.events.emit("health", pipeline_id=self.spec.pipeline_id, **self.health())
 
     def on_heartbeat(self, header: dict[str, Any]) -> None:
-        index, incarnation = header.get("stage_index"), header.get("incarnation")
+        index = header.get("stage_index")
         if not isinstance(index, int) or not 0 < index < self.spec.num_stages:
             log.warning("heartbeat from an unknown stage %r", index)
             return
-        known = self.peers.get(index)
-        linked = header.get("linked", True) is not False
-        if known is not None and known.incarnation != incarnation and self.healthy:
-            self.break_pipeline(index, f"stage {index} restarted and lost its state")
-        elif not linked and self.healthy:
-            # Its link onward went down: the next stage died (its socket closed) or is restarting.
-            # What that stage held is lost now; waiting for its silence would stall every request
-            # in flight for peer_timeout_s.
-            self.break_pipeline(index + 1, f"stage {index} lost its link to stage {index + 1}")
-        elif not linked and known is not None and known.linked and known.incarnation == incarnation:
-            # Broken already (re-forming after a restart), and a link that was up went down: nothing
-            # is in flight to fail, but the stage is named, so that the control plane can still tell
-            # a dead agent from a dropped connection at once (its node's liveness rule, contracts §3).
-            # A relay whose link was never up yet (its next stage still starting) names nobody.
-            self._set_health(False, f"stage {index} lost its link to stage {index + 1}", index + 1)
-        self.peers[index] = Peer(str(incarnation), time.monotonic(), dict(header.get("stats") or {}), linked)
+        incarnation, linked = str(header.get("incarnation")), header.get("linked", True) is not False
+        self.membership.heartbeat(index, incarnation, linked, dict(header.get("stats") or {}))
         self.ledger.set_stage(index, int(header["kv_capacity"]), int(header["block_size"]))
-        if not self.healthy:  # the last stage heard again completes the pipeline now, not at the next check
+        if not self.membership.healthy:  # the last stage heard again completes it now, not at the next check
             self.check_peers(time.monotonic())
 
     def on_leaving(self, header: dict[str, Any]) -> None:
-        """A relay replaced by a new spec or drained said goodbye: what it held is lost, fail it now;
-        and forget it, so a re-forming pipeline waits for the stage that takes its place. (A stage
-        moved to another device drains where it was: heard after the break, it completed the pipeline
-        before the new one was heard, whose first heartbeat then broke it again.)"""
+        """A relay replaced by a new spec or drained said goodbye (PipelineMembership.leaving)."""
         index = header.get("stage_index")
-        known = self.peers.get(index) if isinstance(index, int) else None
-        if known is None or known.incarnation != header.get("incarnation"):
-            return
-        if self.healthy:
-            self.break_pipeline(index, f"stage {index} is being replaced")
-        del self.peers[index]
+        if isinstance(index, int):
+            self.membership.leaving(index, str(header.get("incarnation")))
 
     # ----- messages
 
@@ -271,14 +217,14 @@ class HeadLoop:
 
     def on_result(self, frame: Frame) -> None:
         h = frame.header
-        if h.get("epoch") != self.epoch:
+        if h.get("epoch") != self.membership.epoch:
             return  # belongs to the pipeline before a reset
         if frame.type == "tokens":
             self.on_tokens(h["mb"], h["seq_ids"], h["tokens"])
-        elif h.get("link") is True and isinstance(h.get("stage_index"), int) and self.healthy:
+        elif h.get("link") is True and isinstance(h.get("stage_index"), int) and self.membership.healthy:
             # The next stage is unreachable from there: every request in flight is lost with it, and
             # the gateway resumes them elsewhere (PipelineBroken) once the pipeline is whole again.
-            self.break_pipeline(h["stage_index"] + 1, str(h.get("message")))
+            self.membership.break_pipeline(h["stage_index"] + 1, str(h.get("message")))
         else:
             self._fail(self.scheduler.on_failed(h["mb"]), PipelineError(str(h.get("message"))))
 
@@ -299,8 +245,8 @@ class HeadLoop:
     def on_submit(self, client: bytes, h: dict[str, Any]) -> None:
         request_id = str(h.get("request_id"))
         try:
-            if not self.healthy:
-                raise PipelineBroken(f"pipeline {self.spec.pipeline_id} is not serving: {self.reason}")
+            if not (membership := self.membership).healthy:
+                raise PipelineBroken(f"pipeline {self.spec.pipeline_id} is not serving: {membership.reason}")
             if self.draining:
                 raise PipelineBroken(f"pipeline {self.spec.pipeline_id} is draining")
             request = self._parse_submit(client, request_id, h)
@@ -340,17 +286,16 @@ class HeadLoop:
     # ----- figures
 
     def health(self) -> dict[str, Any]:
-        ok = self.healthy and not self.draining and self.warming is None
-        return {"ok": ok, "broken_stage": self.broken_stage, "reason": self.reason}
+        membership = self.membership
+        ok = membership.serving and not self.draining
+        return {"ok": ok, "broken_stage": membership.broken_stage, "reason": membership.reason}
 
     def own_stats(self) -> dict[str, Any]:
         return self.worker.snapshot(self.transport)
 
     def stats(self) -> dict[str, Any]:
         s = self.scheduler
-        stages = [self.own_stats()] + [
-            self.peers[i].stats if i in self.peers else None for i in range(1, self.spec.num_stages)
-        ]
+        stages = [self.own_stats()] + [self.membership.stats_of(i) for i in range(1, self.spec.num_stages)]
         return {
             "pipeline_id": self.spec.pipeline_id,
             **self.health(),
@@ -370,15 +315,16 @@ class HeadLoop:
         """Free a sequence's KV here now and on the other stages with the next ``free`` frame."""
         self.worker.stage.kv.free(request.seq_id)
         self._pending_free.append(request.seq_id)
-        if request.request_id == self.warming:  # every request that ends, ends here
-            self._warmed()
+        if request.request_id == self.membership.warming:  # every request that ends, ends here
+            self.membership.warmed()
 
     def _flush_frees(self) -> None:
         if self._pending_free and self.spec.num_stages > 1:
             try:
-                self.transport.send_next({"type": "free", "epoch": self.epoch, "seq_ids": self._pending_free})
+                self.transport.send_next({"type": "free", "epoch": self.membership.epoch,
+                                          "seq_ids": self._pending_free})
             except PeerUnavailable as exc:
-                self.break_pipeline(1, f"stage 1 is unreachable: {exc}")
+                self.membership.break_pipeline(1, f"stage 1 is unreachable: {exc}")
         self._pending_free = []
 
     def _end(self, request: Request, error: PipelineError) -> None:

@@ -92,7 +92,7 @@ def serve(raw: dict, events: EventWriter, stop: threading.Event, replaced: threa
             if spec.is_head:
                 head_loop = HeadLoop(spec, worker, transport, events, warmed=warmed == spec.pipeline_id)
                 head_loop.run(stopping, leaving)
-                warmed = None if head_loop.warm_up_due else spec.pipeline_id
+                warmed = None if head_loop.membership.warm_up_due else spec.pipeline_id
             else:
                 RelayLoop(spec, worker, transport, events, uuid.uuid4().hex).run(stopping, leaving)
             path = inbox.take()

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from agents.stage_load import StageLoad
+from agents.stage_usage import StageUsage
 from agents.throttle import Throttles
 from contracts.fleet_file import load_fleet_file
 from contracts.hardware import DeviceSpec
@@ -33,7 +33,7 @@ from contracts.metrics import GpuMetrics
 from contracts.names import device_name
 
 IDLE_TEMPERATURE_C = 35.0
-FULL_LOAD_TEMPERATURE_C = 78.0
+FULL_USE_TEMPERATURE_C = 78.0
 MODELED_POWER_LIMIT_W = 250.0
 IDLE_POWER_FRACTION = 0.15
 MODELED_SM_CLOCK_MHZ = 1410  # the modeled card's max SM clock, which it runs at unless throttled
@@ -64,32 +64,32 @@ def emulated_devices(fleet_file: str | Path, node: str, name: str | None = None)
 
 
 class EmulatedMetrics:
-    """Per-second metrics of emulated devices, modeled from the load of the stages they run."""
+    """Per-second metrics of emulated devices, modeled from the usage of the stages they run."""
 
     def __init__(self, devices: Sequence[DeviceSpec], throttles: Throttles | None = None):
         self._devices = list(devices)
         self.throttles = throttles
 
-    def sample(self, loads: Sequence[StageLoad]) -> list[GpuMetrics]:
-        on_nvlink = _nvlink_hops(loads, {device.index: device for device in self._devices})
+    def sample(self, usages: Sequence[StageUsage]) -> list[GpuMetrics]:
+        on_nvlink = _nvlink_hops(usages, {device.index: device for device in self._devices})
         samples = []
         for device in self._devices:
-            mine = [(i, load) for i, load in enumerate(loads) if load.device_index == device.index]
-            utilization = min(1.0, sum(load.busy_fraction for _, load in mine))
+            mine = [(i, usage) for i, usage in enumerate(usages) if usage.device_index == device.index]
+            utilization = min(1.0, sum(usage.busy_fraction for _, usage in mine))
             factor = self.throttles.factor(device.index) if self.throttles else 1.0
-            temperature = IDLE_TEMPERATURE_C + (FULL_LOAD_TEMPERATURE_C - IDLE_TEMPERATURE_C) * utilization
+            temperature = IDLE_TEMPERATURE_C + (FULL_USE_TEMPERATURE_C - IDLE_TEMPERATURE_C) * utilization
             if factor < 1:
                 temperature = max(temperature, THROTTLED_TEMPERATURE_C)
             rates = {"tx": [0.0, 0.0], "rx": [0.0, 0.0]}  # [PCIe, NVLink] bytes/s
-            for i, load in mine:
-                rates["tx"][on_nvlink[i][0]] += load.tx_bytes_per_s
-                rates["rx"][on_nvlink[i][1]] += load.rx_bytes_per_s
+            for i, usage in mine:
+                rates["tx"][on_nvlink[i][0]] += usage.tx_bytes_per_s
+                rates["rx"][on_nvlink[i][1]] += usage.rx_bytes_per_s
             has_nvlink = bool(device.nvlink_island)
             samples.append(
                 GpuMetrics(
                     index=device.index,
                     utilization_pct=round(100.0 * utilization, 1),
-                    memory_used_bytes=device.memory_used_bytes + sum(load.memory_bytes for _, load in mine),
+                    memory_used_bytes=device.memory_used_bytes + sum(usage.memory_bytes for _, usage in mine),
                     memory_total_bytes=device.memory_bytes,
                     temperature_c=round(temperature, 1),
                     power_w=round(MODELED_POWER_LIMIT_W * (IDLE_POWER_FRACTION + (1 - IDLE_POWER_FRACTION)
@@ -111,18 +111,18 @@ class EmulatedMetrics:
         """Nothing to release; the same interface as NvmlMetrics."""
 
 
-def _nvlink_hops(loads: Sequence[StageLoad], devices: dict[int, DeviceSpec]) -> list[tuple[int, int]]:
-    """Per load, whether its sent and its received bytes crossed NVLink (1) or PCIe (0)."""
-    by_listen = {load.listen: load for load in loads if load.listen}
-    by_next = {load.next: load for load in loads if load.next}
+def _nvlink_hops(usages: Sequence[StageUsage], devices: dict[int, DeviceSpec]) -> list[tuple[int, int]]:
+    """Per stage's usage, whether its sent and its received bytes crossed NVLink (1) or PCIe (0)."""
+    by_listen = {usage.listen: usage for usage in usages if usage.listen}
+    by_next = {usage.next: usage for usage in usages if usage.next}
 
-    def over_nvlink(load: StageLoad, peer: StageLoad | None) -> int:
-        if peer is None or peer.device_index == load.device_index:
+    def over_nvlink(usage: StageUsage, peer: StageUsage | None) -> int:
+        if peer is None or peer.device_index == usage.device_index:
             return 0
-        mine, theirs = devices.get(load.device_index), devices.get(peer.device_index)
+        mine, theirs = devices.get(usage.device_index), devices.get(peer.device_index)
         if mine is None or theirs is None or not mine.nvlink_island:
             return 0
         return int(mine.nvlink_island == theirs.nvlink_island)
 
-    return [(over_nvlink(load, by_listen.get(load.next) if load.next else None),
-             over_nvlink(load, by_next.get(load.listen) if load.listen else None)) for load in loads]
+    return [(over_nvlink(usage, by_listen.get(usage.next) if usage.next else None),
+             over_nvlink(usage, by_next.get(usage.listen) if usage.listen else None)) for usage in usages]

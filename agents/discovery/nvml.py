@@ -47,7 +47,7 @@ def _text(value: bytes | str) -> str:
 
 
 def nvml_available(nvml: types.ModuleType | None = None) -> bool:
-    """True when NVML loads and sees at least one GPU (False on machines without the driver)."""
+    """True when NVML initializes and sees at least one GPU (False on machines without the driver)."""
     nvml = nvml or _real_nvml()
     try:
         nvml.nvmlInit()
@@ -201,8 +201,8 @@ class NvmlMetrics:
             self._nvlink.rates(index, handle)
         self._xids = XidWatch(self._nvml, handles)
 
-    def sample(self, loads: object = None) -> list[GpuMetrics]:
-        """NVML measures the cards itself; the stages' loads (used when emulating) are not needed."""
+    def sample(self, usages: object = None) -> list[GpuMetrics]:
+        """NVML measures the cards itself; the stages' usage (modeled when emulating) is not needed."""
         return sample_metrics(self._nvml, self._nvlink, self._xids)
 
     def close(self) -> None:

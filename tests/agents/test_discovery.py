@@ -9,7 +9,7 @@ import pytest
 
 from agents.agent import discover
 from agents.config import from_args, parser
-from agents.stage_load import StageLoad
+from agents.stage_usage import StageUsage
 from tests.agents.fake_nvml import FakeGpu, fake_nvml
 
 GIB = 1024**3
@@ -24,7 +24,7 @@ def test_an_emulated_node_is_renamed_marked_and_its_metrics_follow_its_stages(ti
     assert [(d.name, d.node, d.model, d.emulated) for d in devices] == [
         ("lab-1/gpu0", "lab-1", "T4", True), ("lab-1/gpu1", "lab-1", "A100-80GB-SXM", True)]
     assert devices[0].uuid == "EMULATED-lab-1-gpu0" and devices[0].memory_bytes == GIB
-    idle, busy = metrics.sample([StageLoad(1, 10 * GIB, 0.9, 5e6, 1e6), StageLoad(1, GIB, 0.3, 0, 0)])
+    idle, busy = metrics.sample([StageUsage(1, 10 * GIB, 0.9, 5e6, 1e6), StageUsage(1, GIB, 0.3, 0, 0)])
     assert (idle.utilization_pct, idle.memory_used_bytes, idle.temperature_c) == (0.0, 0, 35.0)
     assert busy.utilization_pct == 100.0 and busy.memory_used_bytes == 11 * GIB
     assert busy.temperature_c > idle.temperature_c and busy.power_w > idle.power_w

@@ -86,13 +86,13 @@ def test_start_reports_ready_and_stats_and_runs_on_the_cpu_paced_like_the_device
     written = json.loads(spec_file.read_text())
     assert written["device"] == "cpu"
     assert written["emulation"]["memory_bandwidth_gbs"] == 320 and written["emulation"]["time_scale"] > 1
-    (snapshot_status, load), = wait_until(
+    (snapshot_status, usage), = wait_until(
         lambda: [x for x in supervisor.snapshot() if x[1].busy_fraction > 0],
-        what="a load from two stats lines")
+        what="a device usage from two stats lines")
     assert snapshot_status.stats["steps"] > 0
-    assert 0.3 < load.busy_fraction <= 1.0  # 10 steps/s x 50 ms
-    assert load.memory_bytes == 100 * 1024**2 + TINY_LAYER_BYTES + 2_621_440  # + its prefill workspace
-    assert load.device_index == 0 and load.tx_bytes_per_s > 0
+    assert 0.3 < usage.busy_fraction <= 1.0  # 10 steps/s x 50 ms
+    assert usage.memory_bytes == 100 * 1024**2 + TINY_LAYER_BYTES + 2_621_440  # + its prefill workspace
+    assert usage.device_index == 0 and usage.tx_bytes_per_s > 0
 
 
 def test_a_heads_broken_pipeline_is_told_at_once_with_the_stage_it_lost(supervisor, events, spec):
@@ -133,7 +133,7 @@ def test_a_replaced_stage_is_followed_by_its_new_process_without_waiting_for_the
         supervisor, events, spec, monkeypatch):
     """The new spec's process starts as soon as the old one exited (EXIT_POLL_S), not at the supervisor's
     next poll: an in-place handover replaces an agent's stages one after another, each waiting. The poll
-    is stretched to 3 s so that the bound is loose enough for a loaded machine and still fails if a
+    is stretched to 3 s so that the bound is loose enough for a busy machine and still fails if a
     replacement waits for it."""
     monkeypatch.setattr(supervisor_module, "POLL_S", 3.0)
     supervisor.start("k", spec())
@@ -226,8 +226,8 @@ def test_an_emulated_cpu_spec_goes_to_the_first_device_of_its_model_with_room(
     assert refused.state == "failed" and "box/gpu0" in refused.message
     written = json.loads((tmp_path / "state/stages/d1-r0-s1/spec.json").read_text())
     assert written["emulation"] == {**t4, "speed_factor": 1.0}  # the control plane's figures are kept
-    loads = {s.stage_key: load.device_index for s, load in supervisor.snapshot()}
-    assert loads == {"d1-r0-s1": 0, "d1-r0-s2": None}
+    devices = {s.stage_key: usage.device_index for s, usage in supervisor.snapshot()}
+    assert devices == {"d1-r0-s1": 0, "d1-r0-s2": None}
 
 
 def test_a_new_supervisor_kills_stages_a_killed_agent_left_running(tmp_path, tiny_fleet):

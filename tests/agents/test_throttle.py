@@ -16,7 +16,7 @@ from agents.discovery.emulated import (
     emulated_devices,
 )
 from agents.queue_consumer import build_app
-from agents.stage_load import StageLoad
+from agents.stage_usage import StageUsage
 from agents.throttle import ThrottleRefused, Throttles
 from contracts.fleet_file import FleetFileError, parse_fleet
 from contracts.stage_spec import StageSpec
@@ -65,7 +65,7 @@ def test_a_throttled_card_reports_it_and_a_recovered_one_stops(tmp_path, tiny_fl
     devices = emulated_devices(tiny_fleet, "box")
     throttles = Throttles(tmp_path / "throttle", devices)
     metrics = EmulatedMetrics(devices, throttles)
-    busy = [StageLoad(1, GIB, 0.5, 0.0, 0.0)]
+    busy = [StageUsage(1, GIB, 0.5, 0.0, 0.0)]
     before = metrics.sample(busy)[1]
     assert before.throttle_reasons == ()
     assert before.sm_clock_mhz == before.sm_clock_max_mhz == MODELED_SM_CLOCK_MHZ
@@ -125,12 +125,12 @@ def test_a_hop_inside_an_nvlink_island_is_nvlink_and_any_other_is_pcie(island_fl
     """s0 on gpu0 -> s1 on gpu1 (the same island) -> s2 on the T4 (PCIe) -> the next node."""
     devices = emulated_devices(island_fleet, "box")
     address = "tcp://10.0.0.1:{}".format
-    loads = [
-        StageLoad(0, GIB, 0.5, 100.0, 1.0, listen=address(1), next=address(2)),
-        StageLoad(1, GIB, 0.5, 200.0, 100.0, listen=address(2), next=address(3)),
-        StageLoad(2, GIB, 0.5, 300.0, 200.0, listen=address(3), next="tcp://10.0.0.2:1"),
+    usages = [
+        StageUsage(0, GIB, 0.5, 100.0, 1.0, listen=address(1), next=address(2)),
+        StageUsage(1, GIB, 0.5, 200.0, 100.0, listen=address(2), next=address(3)),
+        StageUsage(2, GIB, 0.5, 300.0, 200.0, listen=address(3), next="tcp://10.0.0.2:1"),
     ]
-    gpu0, gpu1, t4 = EmulatedMetrics(devices).sample(loads)
+    gpu0, gpu1, t4 = EmulatedMetrics(devices).sample(usages)
     assert (gpu0.nvlink_tx_bytes_per_s, gpu0.nvlink_rx_bytes_per_s) == (100.0, 0.0)
     assert (gpu0.pcie_tx_bytes_per_s, gpu0.pcie_rx_bytes_per_s) == (0.0, 1.0)  # from the gateway
     assert (gpu1.nvlink_tx_bytes_per_s, gpu1.nvlink_rx_bytes_per_s) == (0.0, 100.0)
@@ -142,9 +142,9 @@ def test_a_hop_inside_an_nvlink_island_is_nvlink_and_any_other_is_pcie(island_fl
 
 def test_two_stages_on_one_card_exchange_through_pcie(island_fleet):
     devices = emulated_devices(island_fleet, "box")
-    loads = [StageLoad(0, GIB, 0.5, 50.0, 0.0, listen="tcp://h:1", next="tcp://h:2"),
-             StageLoad(0, GIB, 0.5, 0.0, 50.0, listen="tcp://h:2", next=None)]
-    gpu0 = EmulatedMetrics(devices).sample(loads)[0]
+    usages = [StageUsage(0, GIB, 0.5, 50.0, 0.0, listen="tcp://h:1", next="tcp://h:2"),
+              StageUsage(0, GIB, 0.5, 0.0, 50.0, listen="tcp://h:2", next=None)]
+    gpu0 = EmulatedMetrics(devices).sample(usages)[0]
     assert gpu0.nvlink_tx_bytes_per_s == gpu0.nvlink_rx_bytes_per_s == 0.0
     assert (gpu0.pcie_tx_bytes_per_s, gpu0.pcie_rx_bytes_per_s) == (50.0, 50.0)
 

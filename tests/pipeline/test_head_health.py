@@ -45,6 +45,11 @@ def heartbeat(index: int, linked: bool) -> dict:
             "kv_capacity": 2048, "block_size": 16, "stats": {}}
 
 
+def broken(head: HeadLoop) -> tuple[bool, int | None, str]:
+    membership = head.membership
+    return membership.healthy, membership.broken_stage, membership.reason
+
+
 def complete_head(tiny_model, transport: "RecordingTransport", events: io.StringIO | None = None) -> HeadLoop:
     """A head of a 3-stage pipeline whose other stages both heartbeated with their links up."""
     spec = pipeline_specs(tiny_model, 6, 3)[0]
@@ -61,20 +66,21 @@ def test_the_head_completes_the_pipeline_only_once_every_next_link_is_up(tiny_mo
     events = io.StringIO()
     transport = RecordingTransport()
     head = HeadLoop(spec, StageWorker(stage, StageStats()), transport, EventWriter(events))
-    assert not head.healthy
+    assert not head.membership.healthy
 
     head.on_heartbeat(heartbeat(1, linked=False))  # stage 1 cannot reach stage 2 yet
     head.on_heartbeat(heartbeat(2, linked=True))  # the last stage has no next link
-    assert not head.healthy and transport.sent == []
+    assert not head.membership.healthy and transport.sent == []
 
     transport.up = False  # stage 1 now says linked, but the head's own link to it is not up
     head.on_heartbeat(heartbeat(1, linked=True))
-    assert not head.healthy and transport.sent == []
+    assert not head.membership.healthy and transport.sent == []
 
     transport.up = True
     head.on_heartbeat(heartbeat(2, linked=True))  # complete on this heartbeat, not at the next check
-    assert head.healthy
-    assert [m["type"] for m in transport.sent] == ["reset"] and transport.sent[0]["epoch"] == head.epoch
+    assert head.membership.healthy
+    assert [m["type"] for m in transport.sent] == ["reset"]
+    assert transport.sent[0]["epoch"] == head.membership.epoch
 
 
 def test_a_complete_pipeline_says_ok_only_once_its_warm_up_request_came_back(tiny_model):
@@ -85,15 +91,15 @@ def test_a_complete_pipeline_says_ok_only_once_its_warm_up_request_came_back(tin
     transport = RecordingTransport()
     transport.reply = lambda client, header, tensors=(): transport.sent.append({"to": client, **header})
     head = complete_head(tiny_model, transport, events)
-    assert head.healthy and head.health() == {
+    assert head.membership.healthy and head.health() == {
         "ok": False, "broken_stage": None, "reason": "warming up: one request through the pipeline"}
 
     head.step()  # stage 0's layers run here; the micro-batch goes on to stage 1
     batch = transport.sent[-1]
     assert batch["type"] == "batch" and len(batch["seq_ids"]) == 1
     for _ in range(WARM_UP_MAX_TOKENS):
-        head.on_result(Frame({"type": "tokens", "epoch": head.epoch, "mb": transport.sent[-1]["mb"],
-                              "seq_ids": batch["seq_ids"], "tokens": [3]}))
+        head.on_result(Frame({"type": "tokens", "epoch": head.membership.epoch,
+                              "mb": transport.sent[-1]["mb"], "seq_ids": batch["seq_ids"], "tokens": [3]}))
         head.step()
     assert head.health() == {"ok": True, "broken_stage": None, "reason": ""}
     assert not [m for m in transport.sent if "to" in m]  # nothing was sent to any client
@@ -107,24 +113,24 @@ def test_a_warm_up_lost_with_a_broken_pipeline_runs_again_when_it_is_whole(tiny_
     pipeline be ok all the same: it only spares clients a slow first request. Once one ended, a
     pipeline re-formed around the same head is ok at once."""
     head = complete_head(tiny_model, RecordingTransport())
-    first = head.warming
+    first = head.membership.warming
     head.step()
     head.on_heartbeat(heartbeat(1, linked=False))  # stage 2 died with the warm-up in it
-    assert not head.healthy and head.warming is None and not head.scheduler.requests
+    assert not head.membership.healthy and head.membership.warming is None and not head.scheduler.requests
     for index in (1, 2):
         head.on_heartbeat(heartbeat(index, linked=True))
-    assert head.warming not in (None, first) and not head.health()["ok"]
+    assert head.membership.warming not in (None, first) and not head.health()["ok"]
 
     head.step()
     for request in head.scheduler.requests.values():
         request.deadline = 0.0  # its tokens never come back
     head.tick()
-    assert head.warming is None and head.health()["ok"]
+    assert head.membership.warming is None and head.health()["ok"]
 
     head.on_heartbeat(heartbeat(1, linked=False))  # a stage restarted (or reloaded in place) ...
     for index in (1, 2):
         head.on_heartbeat(heartbeat(index, linked=True))
-    assert head.health()["ok"] and head.warming is None  # ... clients wait now: no warm-up before them
+    assert head.health()["ok"] and head.membership.warming is None  # ... clients wait: no warm-up before them
 
 
 def test_a_relay_that_cannot_send_on_breaks_the_pipeline_and_every_request_in_it(tiny_model):
@@ -136,11 +142,13 @@ def test_a_relay_that_cannot_send_on_breaks_the_pipeline_and_every_request_in_it
     head = HeadLoop(spec, StageWorker(stage, StageStats()), RecordingTransport(), EventWriter(io.StringIO()))
     for index in (1, 2):
         head.on_heartbeat(heartbeat(index, linked=True))
-    assert head.healthy
-    failure = Frame({"type": "failed", "epoch": head.epoch, "mb": 0, "seq_ids": [], "stage_index": 1, "link": True,
-                               "message": "stage 1 cannot send on: next stage is not connected"})
+    assert head.membership.healthy
+    failure = Frame({"type": "failed", "epoch": head.membership.epoch, "mb": 0, "seq_ids": [],
+                     "stage_index": 1, "link": True,
+                     "message": "stage 1 cannot send on: next stage is not connected"})
     head.on_result(failure)
-    assert not head.healthy and head.broken_stage == 2 and "cannot send on" in head.reason
+    healthy, broken_stage, reason = broken(head)
+    assert not healthy and broken_stage == 2 and "cannot send on" in reason
 
 
 def test_a_link_that_goes_down_breaks_the_pipeline_at_once(tiny_model):
@@ -149,16 +157,16 @@ def test_a_link_that_goes_down_breaks_the_pipeline_at_once(tiny_model):
     stage's peer_timeout_s of silence, which stalled every request in flight through it."""
     transport = RecordingTransport()
     head = complete_head(tiny_model, transport)
-    assert head.healthy
+    assert head.membership.healthy
     head.on_heartbeat(heartbeat(1, linked=False))  # stage 2 died
-    assert not head.healthy and head.broken_stage == 2 and head.reason == "stage 1 lost its link to stage 2"
+    assert broken(head) == (False, 2, "stage 1 lost its link to stage 2")
 
     for index in (1, 2):  # stage 2 restarted: every link is up again
         head.on_heartbeat(heartbeat(index, linked=True))
-    assert head.healthy
+    assert head.membership.healthy
     transport.up = False  # stage 1 died
     head.check_peers(now=0.0)
-    assert not head.healthy and head.broken_stage == 1 and head.reason == "the head lost its link to stage 1"
+    assert broken(head) == (False, 1, "the head lost its link to stage 1")
 
 
 def test_a_broken_head_still_names_a_stage_whose_link_went_down(tiny_model):
@@ -174,14 +182,14 @@ def test_a_broken_head_still_names_a_stage_whose_link_went_down(tiny_model):
     for index in (1, 2):
         head.on_heartbeat(heartbeat(index, linked=True))
     head.on_leaving({"stage_index": 1, "incarnation": "i1"})  # stage 1 is being replaced
-    assert not head.healthy and head.broken_stage == 1
+    assert not head.membership.healthy and head.membership.broken_stage == 1
 
     restarted = {**heartbeat(1, linked=False), "incarnation": "i1-new"}
     head.on_heartbeat(restarted)  # the new stage 1 has not reached stage 2 yet: nobody is named
-    assert head.broken_stage == 1
+    assert head.membership.broken_stage == 1
     head.on_heartbeat({**restarted, "linked": True})
     head.on_heartbeat({**restarted, "linked": False})  # stage 2 died while the pipeline re-formed
-    assert not head.healthy and head.broken_stage == 2 and head.reason == "stage 1 lost its link to stage 2"
+    assert broken(head) == (False, 2, "stage 1 lost its link to stage 2")
     last = json.loads(events.getvalue().splitlines()[-1])
     assert last["event"] == "health" and last["ok"] is False and last["broken_stage"] == 2
 
@@ -244,9 +252,9 @@ def test_a_relay_that_drained_says_it_leaves_and_the_head_waits_for_the_stage_ta
     head.on_heartbeat(heartbeat(2, linked=True))  # the old stage 2, still draining where it was
     head.on_leaving({"stage_index": 2, "incarnation": "i2"})  # ... and gone
     head.on_heartbeat({**heartbeat(1, linked=True), "incarnation": "i1-new"})
-    assert not head.healthy  # not on the stage that left
+    assert not head.membership.healthy  # not on the stage that left
     head.on_heartbeat({**heartbeat(2, linked=True), "incarnation": "i2-new"})
-    assert head.healthy
+    assert head.membership.healthy
 
 
 def test_a_relay_whose_heartbeat_could_not_go_out_tries_again_at_once(tiny_model):
@@ -267,6 +275,6 @@ def test_a_cancelled_warm_up_lets_the_pipeline_be_ok(tiny_model):
     transport = RecordingTransport()
     transport.reply = lambda client, header, tensors=(): transport.sent.append({"to": client, **header})
     head = complete_head(tiny_model, transport)
-    head.on_cancel(b"gateway", {"request_id": head.warming, "call_id": 1})
-    assert head.warming is None and head.health()["ok"]
+    head.on_cancel(b"gateway", {"request_id": head.membership.warming, "call_id": 1})
+    assert head.membership.warming is None and head.health()["ok"]
     assert [m["body"] for m in transport.sent if m.get("to") == b"gateway"] == [{"cancelled": True}]

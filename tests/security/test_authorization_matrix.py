@@ -138,6 +138,7 @@ OWN_ORIGIN, FOREIGN_ORIGIN = "http://127.0.0.1:8000", "http://evil.example"
 WEBSOCKETS = {
     "/ws/agents/": {OWN_ORIGIN: AGENTS_SOCKET, FOREIGN_ORIGIN: AGENTS_SOCKET},
     "/ws/dashboard/": {OWN_ORIGIN: BROWSER_SOCKET, FOREIGN_ORIGIN: row(*["refuse"] * 6)},
+    "/": {OWN_ORIGIN: row(*["refuse"] * 6), FOREIGN_ORIGIN: row(*["refuse"] * 6)},  # every other path
 }
 
 

@@ -1,4 +1,4 @@
-"""How much of its device one stage occupies: what the supervisor tells emulated discovery each second."""
+"""How much of its device one stage uses: what the supervisor tells emulated discovery each second."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class StageLoad:
-    """How much of its device a stage occupies, for emulated device metrics."""
+class StageUsage:
+    """How much of its device a stage uses, for emulated device metrics."""
 
     device_index: int | None
     memory_bytes: int
