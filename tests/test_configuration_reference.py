@@ -1,8 +1,10 @@
-"""docs/configuration.md lists every setting the product code reads, and only those; each package reads
-the environment one way (its configuration module), and no setting has a default hidden at its reader."""
+"""docs/configuration.md lists every setting the product code reads, and only those, with the defaults the
+code has; each package reads the environment one way (its configuration module), and no setting has a
+default hidden at its reader."""
 
 from __future__ import annotations
 
+import ast
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -35,6 +37,42 @@ def _sources() -> dict[str, str]:
 
 def _listed() -> set[str]:
     return set(re.findall(r"^\| `([^`]+)` \|", PAGE.read_text(), re.MULTILINE))
+
+
+def _page_defaults() -> dict[str, str]:
+    """Each listed name -> its default cell (the first row naming it)."""
+    defaults: dict[str, str] = {}
+    for line in PAGE.read_text().splitlines():
+        if match := re.match(r"^\| `([^`]+)` \|", line):
+            defaults.setdefault(match.group(1), line.strip().strip("|").split("|")[2].strip())
+    return defaults
+
+
+def _agrees(value: object, cell: str) -> bool:
+    """Whether a default in the code and the page's cell say the same (a literal; other cells are prose)."""
+    if value is None or value == "":
+        return cell.startswith(("None", "empty", "unset", "none", "generated", "`"))
+    if isinstance(value, bool):
+        return cell.lower() == str(value).lower()
+    if isinstance(value, int | float):
+        try:
+            return float(cell) == float(value)
+        except ValueError:
+            return False
+    return cell.strip("`") == value
+
+
+def _literal_defaults() -> dict[str, object]:
+    """Every ``env_*("NAME", literal)`` of the product code -> the literal."""
+    found: dict[str, object] = {}
+    for text in _sources().values():
+        for node in ast.walk(ast.parse(text)):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+                continue
+            if node.func.id.startswith("env_") and len(node.args) >= 2 and all(
+                    isinstance(arg, ast.Constant) for arg in node.args[:2]):
+                found[node.args[0].value] = node.args[1].value
+    return found
 
 
 def _read_by_code() -> dict[str, set[str]]:
@@ -78,3 +116,12 @@ def test_the_environment_is_read_only_by_the_configuration_modules():
 def test_no_setting_has_a_default_hidden_at_its_reader():
     hidden = sorted(path for path, text in _sources().items() if re.search(r"getattr\(\s*settings\s*,", text))
     assert not hidden, f"getattr(settings, ..., default): define the setting once in settings.py: {hidden}"
+
+
+def test_the_page_gives_the_defaults_the_code_has():
+    page = _page_defaults()
+    gateway = {f'MOTLEY_GATEWAY["{key}"]': value for key, value in GATEWAY_DEFAULTS.items()}
+    code = {**_literal_defaults(), **gateway}
+    wrong = {name: (value, page[name]) for name, value in code.items()
+             if name in page and not _agrees(value, page[name])}
+    assert not wrong, f"defaults in the code (left) and in docs/configuration.md (right) differ: {wrong}"
