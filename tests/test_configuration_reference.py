@@ -22,6 +22,12 @@ ENVIRONMENT_READERS = {
     "controlplane/observability/multiproc.py": "PROMETHEUS_MULTIPROC_DIR, prometheus_client's own variable",
     "controlplane/ops/management/commands/run_local.py": "PROMETHEUS_MULTIPROC_DIR, for its processes",
 }
+# The one configuration module of each package, where its settings are defined (through contracts/env.py).
+CONFIGURATION_MODULES = {
+    "agents/config.py", "controlplane/settings.py", "worker_runtime/config.py",
+    # A secret read when the command runs, never kept among the settings.
+    "controlplane/ops/management/commands/ensure_admin.py",
+}
 
 MOTLEY_NAME = re.compile(r"\bMOTLEY_[A-Z0-9_]*[A-Z0-9]\b")
 SETTINGS_KEY = re.compile(r"\bsettings\.([A-Z][A-Z0-9_]*)\b")
@@ -111,6 +117,12 @@ def test_the_environment_is_read_only_by_the_configuration_modules():
     readers = {path for path, text in _sources().items() if ENV_READ.search(text)}
     others = sorted(readers - set(ENVIRONMENT_READERS))
     assert not others, f"read the environment through the package's configuration module: {others}"
+
+
+def test_settings_are_defined_only_in_the_configuration_modules():
+    definers = {path for path, text in _sources().items() if ENV_HELPER.search(text)}
+    others = sorted(definers - CONFIGURATION_MODULES)
+    assert not others, f"define settings in the package's configuration module: {others}"
 
 
 def test_no_setting_has_a_default_hidden_at_its_reader():
