@@ -1,9 +1,10 @@
-"""The agent's settings, from its command line (and MOTLEY_JOIN_TOKEN, to keep secrets out of ``ps``)."""
+"""The agent's settings, from its command line and two environment variables, each read here once with
+its default (docs/configuration.md): ``MOTLEY_JOIN_TOKEN`` (a secret kept out of ``ps``) and
+``MOTLEY_VAR_DIR``."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import socket
 from dataclasses import dataclass
@@ -11,6 +12,17 @@ from pathlib import Path
 
 from agents.admission import DEFAULT_TIME_SCALE
 from agents.stage_process import DEFAULT_COMMAND, PROJECT_ROOT
+from contracts.env import env_path, env_str
+
+
+def join_token_from_env() -> str | None:
+    """``MOTLEY_JOIN_TOKEN``: the join token when ``--join-token`` gives none."""
+    return env_str("MOTLEY_JOIN_TOKEN", "") or None
+
+
+def var_dir_from_env() -> Path:
+    """``MOTLEY_VAR_DIR``: where the agents' state folders are (``agents/NAME``), else the checkout's var/."""
+    return env_path("MOTLEY_VAR_DIR", PROJECT_ROOT / "var")
 
 
 @dataclass(frozen=True)
@@ -31,7 +43,7 @@ def parser() -> argparse.ArgumentParser:
     commands = root.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="register this node and run the stages the control plane asks for")
     run.add_argument("--server", required=True, help="control plane URL, e.g. http://10.0.0.1:8000")
-    run.add_argument("--join-token", default=os.environ.get("MOTLEY_JOIN_TOKEN"),
+    run.add_argument("--join-token", default=join_token_from_env(),
                      help="join token (default: $MOTLEY_JOIN_TOKEN)")
     run.add_argument("--name", help="node name (default: --node when emulating, else the host name)")
     run.add_argument("--address", help="address other nodes reach this one at (default: auto)")
@@ -55,7 +67,7 @@ def from_args(args: argparse.Namespace) -> AgentConfig:
     if (args.emulate is None) != (args.node is None):
         raise SystemExit("--emulate FLEET_FILE and --node NODE go together")
     name = args.name or args.node or socket.gethostname().split(".")[0]
-    var_dir = Path(os.environ.get("MOTLEY_VAR_DIR", PROJECT_ROOT / "var"))
+    var_dir = var_dir_from_env()
     return AgentConfig(
         server=args.server,
         join_token=args.join_token,

@@ -1,4 +1,6 @@
-"""Settings for the control plane, read from environment variables.
+"""Settings for the control plane, read from environment variables: each defined here once, typed, with
+its default (``contracts.env``), and listed in docs/configuration.md; the rest of the control plane
+reads ``django.conf.settings``, never the environment.
 
 Embedded default (nothing set): SQLite under var/, Celery over kombu's filesystem transport under
 var/broker, an in-process channel layer and a file cache under var/cache. Service mode: DATABASE_URL
@@ -10,23 +12,21 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 
+from contracts.env import env_bool, env_float, env_int, env_list, env_path, env_str
 from contracts.tasks import CALIBRATE, NODE_HEALTH_CHECK, REBALANCE_EVALUATE, RECONCILE_ALL
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(os.environ.get("MOTLEY_VAR_DIR", BASE_DIR / "var")).resolve()
+VAR_DIR = env_path("MOTLEY_VAR_DIR", BASE_DIR / "var").resolve()
 VAR_DIR.mkdir(parents=True, exist_ok=True)
-
-
-def _env_bool(name: str, default: bool) -> bool:
-    return os.environ.get(name, str(default)).lower() in ("1", "true", "yes", "on")
 
 
 def _secret_key() -> str:
     """An explicit MOTLEY_SECRET_KEY, else one generated once per install and kept under var/."""
-    if key := os.environ.get("MOTLEY_SECRET_KEY"):
+    if key := env_str("MOTLEY_SECRET_KEY", ""):
         return key
     path = VAR_DIR / "secret_key"
     if not path.exists():
@@ -38,9 +38,9 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
-DEBUG = _env_bool("MOTLEY_DEBUG", False)
-ALLOWED_HOSTS = os.environ.get("MOTLEY_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",")
-CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("MOTLEY_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+DEBUG = env_bool("MOTLEY_DEBUG", False)
+ALLOWED_HOSTS = env_str("MOTLEY_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",")
+CSRF_TRUSTED_ORIGINS = [o for o in env_str("MOTLEY_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 
 INSTALLED_APPS = [
     "daphne",
@@ -85,7 +85,7 @@ MIDDLEWARE = [
 
 # The API's request body limit (413 beyond; the gateway's /v1/ has MOTLEY_GATEWAY["MAX_BODY_BYTES"], which
 # must not be larger). Django's default, 2.5 MiB.
-DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("MOTLEY_API_MAX_BODY_BYTES", str(2621440)))
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MOTLEY_API_MAX_BODY_BYTES", 2621440)
 
 ROOT_URLCONF = "controlplane.urls"
 ASGI_APPLICATION = "controlplane.asgi.application"
@@ -108,7 +108,7 @@ TEMPLATES = [
 DATABASES = {
     "default": dj_database_url.config(
         default=f"sqlite:///{VAR_DIR / 'motley.sqlite3'}",
-        conn_max_age=int(os.environ.get("MOTLEY_DB_CONN_MAX_AGE", "0")),
+        conn_max_age=env_int("MOTLEY_DB_CONN_MAX_AGE", 0),
     )
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
@@ -180,7 +180,7 @@ SPECTACULAR_SETTINGS = {
 }
 
 # Celery: control tasks only; JSON only (nothing from the broker is ever unpickled).
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
 CELERY_BROKER_TRANSPORT_OPTIONS = (
     {
         "data_folder_in": str(VAR_DIR / "broker"),
@@ -192,7 +192,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = (
         # start_stage to an agent), and an in-place handover's pause holds one such hop. Every 0.02 s
         # costs make run's idle system (16 processes) 10.9 % of one core against 9.1 % at 0.1 s
         # (2-core VM, 30 s each) and takes ~0.04 s off each hop.
-        "polling_interval": float(os.environ.get("MOTLEY_EMBEDDED_BROKER_POLL_S", "0.02")),
+        "polling_interval": env_float("MOTLEY_EMBEDDED_BROKER_POLL_S", 0.02),
     }
     if CELERY_BROKER_URL.startswith("filesystem")
     else {}
@@ -223,7 +223,7 @@ CELERY_TASK_DEFAULT_QUEUE = "control"
 # one), scanning every installed package's entry points: 3.7-7.5 ms of the server's time each
 # (benchmarks/request_overhead_bench.py).
 CELERY_RESULT_BACKEND_THREAD_SAFE = True
-CELERY_TASK_ALWAYS_EAGER = _env_bool("MOTLEY_CELERY_EAGER", False)
+CELERY_TASK_ALWAYS_EAGER = env_bool("MOTLEY_CELERY_EAGER", False)
 
 # Agents and the deployment controller (docs/deployments.md).
 # The broker URL handed to agents at registration: the control plane's own unless agents on other
@@ -231,87 +231,85 @@ CELERY_TASK_ALWAYS_EAGER = _env_bool("MOTLEY_CELERY_EAGER", False)
 # Where registering a model by path may read (os.pathsep-separated directories); unset: anywhere the
 # control plane's user can read. Set it wherever API users are not all trusted with the filesystem.
 MOTLEY_MODEL_DIRS = tuple(
-    Path(d).expanduser().resolve() for d in os.environ.get("MOTLEY_MODEL_DIRS", "").split(os.pathsep) if d
+    Path(d).expanduser().resolve() for d in env_list("MOTLEY_MODEL_DIRS", "", sep=os.pathsep)
 )
 # Where registering a GGUF file writes the checkpoint it converts it into (<dir>/<model name>/;
 # docs/models.md), and the dtype it stores the weights in (float16 | bfloat16 | float32).
-MOTLEY_MODEL_IMPORT_DIR = Path(
-    os.environ.get("MOTLEY_MODEL_IMPORT_DIR", VAR_DIR / "models")
-).expanduser().resolve()
-MOTLEY_MODEL_IMPORT_DTYPE = os.environ.get("MOTLEY_MODEL_IMPORT_DTYPE", "float16")
-MOTLEY_AGENT_BROKER_URL = os.environ.get("MOTLEY_AGENT_BROKER_URL", CELERY_BROKER_URL)
+MOTLEY_MODEL_IMPORT_DIR = env_path("MOTLEY_MODEL_IMPORT_DIR", VAR_DIR / "models").expanduser().resolve()
+MOTLEY_MODEL_IMPORT_DTYPE = env_str("MOTLEY_MODEL_IMPORT_DTYPE", "float16")
+MOTLEY_AGENT_BROKER_URL = env_str("MOTLEY_AGENT_BROKER_URL", CELERY_BROKER_URL)
 # Websocket messages clients send (controlplane/common/ws_limits.py): the largest, and how many a
 # second (bursts of two seconds' worth); beyond, the socket is closed saying which limit.
-MOTLEY_AGENT_WS_MAX_MESSAGE_BYTES = int(os.environ.get("MOTLEY_AGENT_WS_MAX_MESSAGE_BYTES", str(1024 * 1024)))
-MOTLEY_AGENT_WS_MESSAGES_PER_S = float(os.environ.get("MOTLEY_AGENT_WS_MESSAGES_PER_S", "50"))
-MOTLEY_DASHBOARD_WS_MAX_MESSAGE_BYTES = int(os.environ.get("MOTLEY_DASHBOARD_WS_MAX_MESSAGE_BYTES", "4096"))
-MOTLEY_DASHBOARD_WS_MESSAGES_PER_S = float(os.environ.get("MOTLEY_DASHBOARD_WS_MESSAGES_PER_S", "20"))
+MOTLEY_AGENT_WS_MAX_MESSAGE_BYTES = env_int("MOTLEY_AGENT_WS_MAX_MESSAGE_BYTES", 1024 * 1024)
+MOTLEY_AGENT_WS_MESSAGES_PER_S = env_float("MOTLEY_AGENT_WS_MESSAGES_PER_S", 50)
+MOTLEY_DASHBOARD_WS_MAX_MESSAGE_BYTES = env_int("MOTLEY_DASHBOARD_WS_MAX_MESSAGE_BYTES", 4096)
+MOTLEY_DASHBOARD_WS_MESSAGES_PER_S = env_float("MOTLEY_DASHBOARD_WS_MESSAGES_PER_S", 20)
 # Registration attempts one address may make a minute (429 beyond; 0: no limit): join tokens are secrets.
-MOTLEY_AGENT_REGISTRATIONS_PER_MINUTE = int(os.environ.get("MOTLEY_AGENT_REGISTRATIONS_PER_MINUTE", "60"))
-MOTLEY_AGENT_HEARTBEAT_INTERVAL_S = float(os.environ.get("MOTLEY_AGENT_HEARTBEAT_INTERVAL_S", "1.0"))
-MOTLEY_NODE_SUSPECT_MISSED_HEARTBEATS = int(os.environ.get("MOTLEY_NODE_SUSPECT_MISSED_HEARTBEATS", "3"))
-MOTLEY_NODE_LOST_AFTER_S = float(os.environ.get("MOTLEY_NODE_LOST_AFTER_S", "15"))
+MOTLEY_AGENT_REGISTRATIONS_PER_MINUTE = env_int("MOTLEY_AGENT_REGISTRATIONS_PER_MINUTE", 60)
+MOTLEY_AGENT_HEARTBEAT_INTERVAL_S = env_float("MOTLEY_AGENT_HEARTBEAT_INTERVAL_S", 1.0)
+MOTLEY_NODE_SUSPECT_MISSED_HEARTBEATS = env_int("MOTLEY_NODE_SUSPECT_MISSED_HEARTBEATS", 3)
+MOTLEY_NODE_LOST_AFTER_S = env_float("MOTLEY_NODE_LOST_AFTER_S", 15)
 # A node whose agent's websocket closed abnormally (the agent died: the kernel closed its socket) and
 # that was not heard from since is LOST after this, while other agents are heard after the close
 # (docs/deployments.md, "Node liveness"); 0 turns this off.
-MOTLEY_NODE_LOST_AFTER_CLOSE_S = float(os.environ.get("MOTLEY_NODE_LOST_AFTER_CLOSE_S", "4"))
+MOTLEY_NODE_LOST_AFTER_CLOSE_S = env_float("MOTLEY_NODE_LOST_AFTER_CLOSE_S", 4)
 # A re-plan after a loss or for a drain keeps the applied plan with only its stranded stages moved when
 # that predicts at least (1 - this x the share of stages a fresh plan changes beyond it) of the fresh
 # plan's throughput: the fresh plan pays for the stages it restarts (docs/deployments.md, "Re-plan").
-MOTLEY_REPLAN_KEEP_WITHIN = float(os.environ.get("MOTLEY_REPLAN_KEEP_WITHIN", "0.5"))
-MOTLEY_NODE_HEALTH_CHECK_INTERVAL_S = float(os.environ.get("MOTLEY_NODE_HEALTH_CHECK_INTERVAL_S", "1.0"))
-MOTLEY_RECONCILE_INTERVAL_S = float(os.environ.get("MOTLEY_RECONCILE_INTERVAL_S", "10"))
+MOTLEY_REPLAN_KEEP_WITHIN = env_float("MOTLEY_REPLAN_KEEP_WITHIN", 0.5)
+MOTLEY_NODE_HEALTH_CHECK_INTERVAL_S = env_float("MOTLEY_NODE_HEALTH_CHECK_INTERVAL_S", 1.0)
+MOTLEY_RECONCILE_INTERVAL_S = env_float("MOTLEY_RECONCILE_INTERVAL_S", 10)
 # A start (or stop) not confirmed by the agent within this time is sent again (loading takes a while).
-MOTLEY_STAGE_START_TIMEOUT_S = float(os.environ.get("MOTLEY_STAGE_START_TIMEOUT_S", "120"))
-MOTLEY_STAGE_PORTS = tuple(int(p) for p in os.environ.get("MOTLEY_STAGE_PORTS", "5600-5999").split("-", 1))
-MOTLEY_STAGE_THREADS = int(os.environ.get("MOTLEY_STAGE_THREADS", "1"))
-MOTLEY_STAGE_PEER_TIMEOUT_S = float(os.environ.get("MOTLEY_STAGE_PEER_TIMEOUT_S", "5.0"))
+MOTLEY_STAGE_START_TIMEOUT_S = env_float("MOTLEY_STAGE_START_TIMEOUT_S", 120)
+MOTLEY_STAGE_PORTS = tuple(int(p) for p in env_str("MOTLEY_STAGE_PORTS", "5600-5999").split("-", 1))
+MOTLEY_STAGE_THREADS = env_int("MOTLEY_STAGE_THREADS", 1)
+MOTLEY_STAGE_PEER_TIMEOUT_S = env_float("MOTLEY_STAGE_PEER_TIMEOUT_S", 5.0)
 # Handover (docs/deployments.md, "Handover (make before break)"): how long a replaced pipeline keeps
 # admitting after the switch (2x the gateway's REFRESH_S, so every gateway process has seen the new
 # one), and how long after its head was stopped its other stages are stopped even if the head has not
 # exited (the head drains for up to its peer_timeout_s; the agent kills it 2 s after that).
-MOTLEY_HANDOVER_SWITCH_S = float(os.environ.get("MOTLEY_HANDOVER_SWITCH_S", "4.0"))
-MOTLEY_HANDOVER_DRAIN_S = float(os.environ.get("MOTLEY_HANDOVER_DRAIN_S", "10.0"))
-MOTLEY_EMULATION_TIME_SCALE = float(os.environ.get("MOTLEY_EMULATION_TIME_SCALE", "20"))
+MOTLEY_HANDOVER_SWITCH_S = env_float("MOTLEY_HANDOVER_SWITCH_S", 4.0)
+MOTLEY_HANDOVER_DRAIN_S = env_float("MOTLEY_HANDOVER_DRAIN_S", 10.0)
+MOTLEY_EMULATION_TIME_SCALE = env_float("MOTLEY_EMULATION_TIME_SCALE", 20)
+# How long a card must stay throttled before it is observed DEGRADED (controlplane/inventory/health.py).
+MOTLEY_DEVICE_THROTTLE_SUSTAINED_S = env_float("MOTLEY_DEVICE_THROTTLE_SUSTAINED_S", 10.0)
 # Latest telemetry (controlplane/telemetry/selectors.py): how long a node's latest sample stays in the
 # cache, and the age past which a reader should not trust it (default: the SUSPECT threshold).
-MOTLEY_TELEMETRY_SAMPLE_TTL_S = float(os.environ.get("MOTLEY_TELEMETRY_SAMPLE_TTL_S", "30"))
-# How often each server process writes the latest samples its agents' sockets received (off the loop).
-MOTLEY_TELEMETRY_KEEP_INTERVAL_S = float(os.environ.get("MOTLEY_TELEMETRY_KEEP_INTERVAL_S", "0.25"))
-MOTLEY_TELEMETRY_STALE_AFTER_S = float(os.environ.get(
+MOTLEY_TELEMETRY_SAMPLE_TTL_S = env_float("MOTLEY_TELEMETRY_SAMPLE_TTL_S", 30)
+MOTLEY_TELEMETRY_STALE_AFTER_S = env_float(
     "MOTLEY_TELEMETRY_STALE_AFTER_S",
-    str(MOTLEY_AGENT_HEARTBEAT_INTERVAL_S * MOTLEY_NODE_SUSPECT_MISSED_HEARTBEATS),
-))
+    MOTLEY_AGENT_HEARTBEAT_INTERVAL_S * MOTLEY_NODE_SUSPECT_MISSED_HEARTBEATS,
+)
 # Stored events (controlplane/deployments/events.py): kept per deployment (and fleet-wide, for events of
 # no deployment), and for at most this many days.
-MOTLEY_EVENTS_KEEP = int(os.environ.get("MOTLEY_EVENTS_KEEP", "500"))
-MOTLEY_EVENTS_RETENTION_DAYS = float(os.environ.get("MOTLEY_EVENTS_RETENTION_DAYS", "30"))
+MOTLEY_EVENTS_KEEP = env_int("MOTLEY_EVENTS_KEEP", 500)
+MOTLEY_EVENTS_RETENTION_DAYS = env_float("MOTLEY_EVENTS_RETENTION_DAYS", 30)
 # Dashboard telemetry (docs/dashboard.md): per-second history kept in memory for the live charts,
 # rollup bucket length, how long rollups stay in the database, and the browser snapshot interval.
-TELEMETRY_HISTORY_S = float(os.environ.get("MOTLEY_TELEMETRY_HISTORY_S", "300"))
-TELEMETRY_ROLLUP_S = int(os.environ.get("MOTLEY_TELEMETRY_ROLLUP_S", "10"))
-TELEMETRY_RETENTION_S = float(os.environ.get("MOTLEY_TELEMETRY_RETENTION_HOURS", "24")) * 3600
-DASHBOARD_SNAPSHOT_INTERVAL_S = float(os.environ.get("MOTLEY_DASHBOARD_SNAPSHOT_INTERVAL_S", "0.5"))
+MOTLEY_TELEMETRY_HISTORY_S = env_float("MOTLEY_TELEMETRY_HISTORY_S", 300)
+MOTLEY_TELEMETRY_ROLLUP_S = env_int("MOTLEY_TELEMETRY_ROLLUP_S", 10)
+MOTLEY_TELEMETRY_RETENTION_HOURS = env_float("MOTLEY_TELEMETRY_RETENTION_HOURS", 24)
+MOTLEY_DASHBOARD_SNAPSHOT_INTERVAL_S = env_float("MOTLEY_DASHBOARD_SNAPSHOT_INTERVAL_S", 0.5)
 # Calibration (docs/planner.md, "Calibration"): a pass every interval turns each fresh stage sample
 # into one observation (measured / predicted decode step) of its device and precision; a window keeps
 # the newest (at most WINDOW, none older than WINDOW_S), its median is the ratio, which the planner
 # uses from MIN_SAMPLES observations on; a change by more than EVENT_CHANGE is recorded as an event.
-MOTLEY_CALIBRATION_INTERVAL_S = float(os.environ.get("MOTLEY_CALIBRATION_INTERVAL_S", "2"))
-MOTLEY_CALIBRATION_WINDOW = int(os.environ.get("MOTLEY_CALIBRATION_WINDOW", "30"))
-MOTLEY_CALIBRATION_WINDOW_S = float(os.environ.get("MOTLEY_CALIBRATION_WINDOW_S", "600"))
-MOTLEY_CALIBRATION_MIN_SAMPLES = int(os.environ.get("MOTLEY_CALIBRATION_MIN_SAMPLES", "8"))
-MOTLEY_CALIBRATION_MIN_DECODE_STEPS = int(os.environ.get("MOTLEY_CALIBRATION_MIN_DECODE_STEPS", "3"))
-MOTLEY_CALIBRATION_EVENT_CHANGE = float(os.environ.get("MOTLEY_CALIBRATION_EVENT_CHANGE", "0.1"))
+MOTLEY_CALIBRATION_INTERVAL_S = env_float("MOTLEY_CALIBRATION_INTERVAL_S", 2)
+MOTLEY_CALIBRATION_WINDOW = env_int("MOTLEY_CALIBRATION_WINDOW", 30)
+MOTLEY_CALIBRATION_WINDOW_S = env_float("MOTLEY_CALIBRATION_WINDOW_S", 600)
+MOTLEY_CALIBRATION_MIN_SAMPLES = env_int("MOTLEY_CALIBRATION_MIN_SAMPLES", 8)
+MOTLEY_CALIBRATION_MIN_DECODE_STEPS = env_int("MOTLEY_CALIBRATION_MIN_DECODE_STEPS", 3)
+MOTLEY_CALIBRATION_EVENT_CHANGE = env_float("MOTLEY_CALIBRATION_EVENT_CHANGE", 0.1)
 # The rebalance policy (docs/deployments.md, "Rebalance policy"): a pass every INTERVAL_S over each READY
 # deployment whose policy is not off; a drift beyond DRIFT (a fraction) or a throttle lasting DRIFT_FOR_S
 # triggers it, the fleet changing too, and every CHECK_S the planner is asked for a better plan. It acts
 # only on a predicted gain of MIN_GAIN, never within COOLDOWN_S of the last applied change.
-MOTLEY_REBALANCE_INTERVAL_S = float(os.environ.get("MOTLEY_REBALANCE_INTERVAL_S", "10"))
-MOTLEY_REBALANCE_DRIFT = float(os.environ.get("MOTLEY_REBALANCE_DRIFT", "0.25"))
-MOTLEY_REBALANCE_DRIFT_FOR_S = float(os.environ.get("MOTLEY_REBALANCE_DRIFT_FOR_S", "60"))
-MOTLEY_REBALANCE_MIN_GAIN = float(os.environ.get("MOTLEY_REBALANCE_MIN_GAIN", "0.15"))
-MOTLEY_REBALANCE_COOLDOWN_S = float(os.environ.get("MOTLEY_REBALANCE_COOLDOWN_S", "300"))
-MOTLEY_REBALANCE_CHECK_S = float(os.environ.get("MOTLEY_REBALANCE_CHECK_S", "300"))
+MOTLEY_REBALANCE_INTERVAL_S = env_float("MOTLEY_REBALANCE_INTERVAL_S", 10)
+MOTLEY_REBALANCE_DRIFT = env_float("MOTLEY_REBALANCE_DRIFT", 0.25)
+MOTLEY_REBALANCE_DRIFT_FOR_S = env_float("MOTLEY_REBALANCE_DRIFT_FOR_S", 60)
+MOTLEY_REBALANCE_MIN_GAIN = env_float("MOTLEY_REBALANCE_MIN_GAIN", 0.15)
+MOTLEY_REBALANCE_COOLDOWN_S = env_float("MOTLEY_REBALANCE_COOLDOWN_S", 300)
+MOTLEY_REBALANCE_CHECK_S = env_float("MOTLEY_REBALANCE_CHECK_S", 300)
 CELERY_BEAT_SCHEDULE = {
     "node-health-check": {
         "task": NODE_HEALTH_CHECK,
@@ -340,7 +338,13 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
-CHANNEL_REDIS_URL = os.environ.get("CHANNEL_REDIS_URL", "")
+# The OpenAI-compatible gateway (docs/gateway.md): MOTLEY_GATEWAY overrides the defaults of
+# controlplane/gateway/conf.py (DEFAULTS, one per key: deadlines, limits, waits); a JSON file of served
+# models to use instead of the deployments (read when MOTLEY_GATEWAY sets no MODELS_FILE).
+MOTLEY_GATEWAY: dict[str, Any] = {}
+MOTLEY_GATEWAY_MODELS_FILE = env_str("MOTLEY_GATEWAY_MODELS_FILE", "")
+
+CHANNEL_REDIS_URL = env_str("CHANNEL_REDIS_URL", "")
 CHANNEL_LAYERS = {
     "default": (
         {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [CHANNEL_REDIS_URL]}}
@@ -356,7 +360,7 @@ CHANNEL_LAYERS = {
 # event loop). Embedded default: files under var/cache/, which the ASGI server and the Celery worker on
 # this machine both read. Never call cache.clear() on the Redis one: it flushes the whole database,
 # channel layer included.
-MOTLEY_CACHE_URL = os.environ.get("MOTLEY_CACHE_URL", CHANNEL_REDIS_URL)
+MOTLEY_CACHE_URL = env_str("MOTLEY_CACHE_URL", CHANNEL_REDIS_URL)
 CACHES = {
     "default": (
         {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": MOTLEY_CACHE_URL,
@@ -374,15 +378,13 @@ CACHES = {
 # MOTLEY_METRICS_ALLOW (networks, comma-separated; default loopback only; empty: none). With several
 # server processes, PROMETHEUS_MULTIPROC_DIR (prometheus_client's own variable, emptied at each start)
 # is where they keep their request metrics for any of them to serve (run_local sets it).
-MOTLEY_METRICS_TOKEN = os.environ.get("MOTLEY_METRICS_TOKEN", "")
-MOTLEY_METRICS_ALLOW = tuple(
-    n.strip() for n in os.environ.get("MOTLEY_METRICS_ALLOW", "127.0.0.1/8,::1/128").split(",") if n.strip()
-)
+MOTLEY_METRICS_TOKEN = env_str("MOTLEY_METRICS_TOKEN", "")
+MOTLEY_METRICS_ALLOW = env_list("MOTLEY_METRICS_ALLOW", "127.0.0.1/8,::1/128")
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("MOTLEY_LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": env_str("MOTLEY_LOG_LEVEL", "INFO")},
 }

@@ -25,9 +25,9 @@ import uuid
 import torch
 
 from contracts.model_config import ModelConfig
-from contracts.names import WEIGHT_CACHE_ENV
 from contracts.stage_spec import SpecError, StageSpec, respec_blocker, spec_digest, spec_file_read
 
+from .config import weight_cache_dir
 from .events import EventWriter
 from .frames import FrameCodec
 from .head import HeadLoop
@@ -55,7 +55,7 @@ def load_stage(spec: StageSpec, reuse: Stage | None = None) -> Stage:
     dtype = DTYPES[spec.dtype] if spec.dtype else (torch.float32 if on_cpu else None)
     return Stage.load(spec.model_path, start, end, device=spec.device, dtype=dtype, bits=spec.bits,
                       low_bits=spec.low_bits, low_from=spec.low_from, kv_tokens=spec.kv_tokens,
-                      weight_cache=os.environ.get(WEIGHT_CACHE_ENV), reuse=reuse)
+                      weight_cache=weight_cache_dir(), reuse=reuse)
 
 
 def serve(raw: dict, events: EventWriter, stop: threading.Event, replaced: threading.Event,

@@ -1,7 +1,7 @@
 """The browser socket ``/ws/dashboard/``: full snapshots on the hub's ticks, paced by the browser's acks.
 
 Telemetry to browsers is lossy by design (ARCHITECTURE invariants): the hub renders the current
-snapshot once per ``DASHBOARD_SNAPSHOT_INTERVAL_S`` tick (when something changed) and every socket
+snapshot once per ``MOTLEY_DASHBOARD_SNAPSHOT_INTERVAL_S`` tick (when something changed) and every socket
 whose browser acknowledged the previous snapshot is sent that same text. A slow or stalled browser
 therefore holds at most one snapshot in flight and simply sees fewer of them; nothing queues up in
 the server on its behalf, and the control plane's ingest never waits for a browser.
@@ -68,7 +68,7 @@ class DashboardConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=text)
 
     async def _pump(self):
-        interval = settings.DASHBOARD_SNAPSHOT_INTERVAL_S
+        interval = settings.MOTLEY_DASHBOARD_SNAPSHOT_INTERVAL_S
         loop = asyncio.get_running_loop()
         # The state at connect at once, then the hub's ticks.
         version, text = self.hub.version, self.hub.snapshot_text()

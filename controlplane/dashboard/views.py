@@ -66,7 +66,7 @@ def telemetry_series(request: HttpRequest) -> HttpResponse:
     except ValueError:
         return HttpResponseBadRequest("window: seconds")
     keys = request.GET.getlist("key") or None
-    if window <= settings.TELEMETRY_HISTORY_S:
+    if window <= settings.MOTLEY_TELEMETRY_HISTORY_S:
         hub = current_hub()
         series = hub.recent(kind, keys, window) if hub else {}
         source = "memory"

@@ -125,15 +125,18 @@ def _heard_from(node: Node) -> None:
         _node_sync(node=node)
 
 
+HEARTBEAT_FLUSH_MAX_S = 0.5
+
+
 def heartbeat_flush_interval_s() -> float:
-    """How often the agents' socket records coalesced heartbeats: half a heartbeat interval, at most 0.5 s.
+    """How often the agents' socket records coalesced heartbeats: half a heartbeat interval, at most
+    ``HEARTBEAT_FLUSH_MAX_S``.
 
     ``node_health_check`` compares ``last_heartbeat`` (the time the latest heartbeat was *received*)
     with ``now``: a live node's stored value is at most one heartbeat interval plus this old, well
     inside the SUSPECT threshold (3 intervals by default).
     """
-    return getattr(settings, "MOTLEY_NODE_HEARTBEAT_FLUSH_S",
-                   min(0.5, settings.MOTLEY_AGENT_HEARTBEAT_INTERVAL_S / 2))
+    return min(HEARTBEAT_FLUSH_MAX_S, settings.MOTLEY_AGENT_HEARTBEAT_INTERVAL_S / 2)
 
 
 @transaction.atomic

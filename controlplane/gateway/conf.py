@@ -1,9 +1,10 @@
-"""The gateway's settings: ``settings.MOTLEY_GATEWAY`` (a dict) over these defaults.
+"""The gateway's settings: ``settings.MOTLEY_GATEWAY`` (a dict) over these defaults, the only ones
+(docs/configuration.md lists them all).
 
 ``DEADLINE_S``: every request's deadline (504 past it); ``SERVED_MODELS``: dotted path of the
 callable listing the served models and their replica endpoints (see directory.py; the default
-serves the controller's deployments); ``MODELS_FILE``: a JSON file to serve instead (env
-MOTLEY_GATEWAY_MODELS_FILE);
+serves the controller's deployments); ``MODELS_FILE``: a JSON file to serve instead (None:
+``MOTLEY_GATEWAY_MODELS_FILE``);
 ``CLIENT``: dotted path of the pipeline client class (contracts §2); ``REFRESH_S``: how often
 the served models and the heads' statistics are re-read; ``HEALTH_REFRESH_S``: how often the agents'
 telemetry is re-read into each replica's health and costs; ``TELEMETRY_STALE_S``: a replica whose
@@ -17,15 +18,17 @@ it). ``WAIT_S``: how long a request waits for a routable replica of a model that
 the served models and heads are re-read while requests wait; ``WAIT_HEAD_POLL_S``: how often, while
 requests wait, a head that has not said ok is asked again (its pipeline serving again is what they
 wait for: a handover's pause as clients see it ends within this of the head's ok);
-``RETRY_AFTER_S``: the ``Retry-After`` of a 503 after a wait; ``MAX_MIGRATIONS``: how many times a request whose pipeline broke is resumed on
-another replica (generation.py) before it fails. ``KEY_GRACE_S``: how long a key read active may
-be used while the database cannot be read (selectors.py); a request that needs the database past
-that gets a 503.
+``RETRY_AFTER_S``: the ``Retry-After`` of a 503 after a wait; ``MAX_MIGRATIONS``: how many times a
+request whose pipeline broke is resumed on another replica (generation.py) before it fails.
+``KEY_GRACE_S``: how long a key read active may be used while the database cannot be read
+(selectors.py); a request that needs the database past that gets a 503. The limits (limits.py;
+``None`` lifts one): ``MAX_BODY_BYTES``, the largest ``/v1/`` request body; ``MAX_TOKENS``, the most
+output tokens a request may ask for; ``MAX_CONCURRENT_REQUESTS_PER_KEY``, one key's requests in flight at
+once in a gateway process.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from django.conf import settings
@@ -33,7 +36,7 @@ from django.conf import settings
 DEFAULTS: dict[str, Any] = {
     "DEADLINE_S": 120.0,
     "SERVED_MODELS": "controlplane.gateway.deployments_source.served_models",
-    "MODELS_FILE": os.environ.get("MOTLEY_GATEWAY_MODELS_FILE", ""),
+    "MODELS_FILE": None,
     "CLIENT": "worker_runtime.client.PipelineClient",
     "CLIENT_TIMEOUT_S": 5.0,
     "REFRESH_S": 2.0,
@@ -52,8 +55,14 @@ DEFAULTS: dict[str, Any] = {
     "RETRY_AFTER_S": 5,
     "MAX_MIGRATIONS": 3,
     "KEY_GRACE_S": 300.0,
+    "MAX_BODY_BYTES": 1024 * 1024,
+    "MAX_TOKENS": 32768,
+    "MAX_CONCURRENT_REQUESTS_PER_KEY": 16,
 }
 
 
 def gateway_setting(name: str) -> Any:
-    return {**DEFAULTS, **getattr(settings, "MOTLEY_GATEWAY", {})}[name]
+    value = {**DEFAULTS, **settings.MOTLEY_GATEWAY}[name]
+    if name == "MODELS_FILE" and value is None:
+        return settings.MOTLEY_GATEWAY_MODELS_FILE
+    return value

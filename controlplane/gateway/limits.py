@@ -1,4 +1,4 @@
-"""The gateway's limits by design, each a ``MOTLEY_GATEWAY`` setting with a default (``DEFAULTS``):
+"""The gateway's limits by design, each a ``MOTLEY_GATEWAY`` setting with its default in conf.py:
 
 - ``MAX_BODY_BYTES`` (1 MiB): a ``/v1/`` request body larger is refused with ``413`` before it is read
   (``GatewayBodyLimit``, a middleware; far above any prompt a context holds);
@@ -18,15 +18,14 @@ from collections import Counter
 from django.http import HttpRequest, HttpResponse
 
 from controlplane.common.body_limit import BodyLimitMiddleware
-from django.conf import settings
+from controlplane.gateway.conf import gateway_setting
 from controlplane.gateway.errors import OpenAIError, bad_request
 
-DEFAULTS = {"MAX_BODY_BYTES": 1024 * 1024, "MAX_TOKENS": 32768, "MAX_CONCURRENT_REQUESTS_PER_KEY": 16}
 _in_flight: Counter[int] = Counter()  # API key id -> requests admitted and not yet ended, in this process
 
 
 def limit_setting(name: str) -> int | None:
-    return getattr(settings, "MOTLEY_GATEWAY", {}).get(name, DEFAULTS[name])
+    return gateway_setting(name)
 
 
 def max_tokens_check(max_tokens: int) -> None:

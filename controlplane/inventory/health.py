@@ -23,7 +23,6 @@ What is observed never touches ``health_override`` (the operator's word), and th
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -39,16 +38,12 @@ from controlplane.inventory.models import Device, effective_health
 logger = logging.getLogger(__name__)
 
 Observation = tuple[str, str]  # (Device.Health value, reason)
-DEFAULT_THROTTLE_SUSTAINED_S = 10.0
 
 
 def throttle_sustained_s() -> float:
-    """How long a card must stay throttled before it is observed DEGRADED (setting or environment
-    ``MOTLEY_DEVICE_THROTTLE_SUSTAINED_S``)."""
-    configured = getattr(settings, "MOTLEY_DEVICE_THROTTLE_SUSTAINED_S", None)
-    if configured is None:
-        configured = os.environ.get("MOTLEY_DEVICE_THROTTLE_SUSTAINED_S", DEFAULT_THROTTLE_SUSTAINED_S)
-    return float(configured)
+    """How long a card must stay throttled before it is observed DEGRADED
+    (``MOTLEY_DEVICE_THROTTLE_SUSTAINED_S``)."""
+    return settings.MOTLEY_DEVICE_THROTTLE_SUSTAINED_S
 
 
 def _count(sample: Mapping[str, Any], field: str) -> int:

@@ -9,7 +9,7 @@ Browser sockets (``controlplane/dashboard/consumers.py``) each take the current 
 pace, so the cost of a heartbeat does not grow with the number of browsers and a slow browser only
 skips snapshots.
 
-Every ``TELEMETRY_ROLLUP_S`` the hub closes the rollup buckets that ended and hands them to the
+Every ``MOTLEY_TELEMETRY_ROLLUP_S`` the hub closes the rollup buckets that ended and hands them to the
 store it was started with (mean and peak per field); ``runtime.py`` starts this process's hub with
 ``rollups.rollups_store``, which keeps them in the database for the "last hour" views. This module
 imports neither Django nor the store: the shapes it shares with them are in ``schema.py``.

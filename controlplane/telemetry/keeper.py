@@ -3,7 +3,7 @@
 A cache write costs a Redis round trip (service mode) or a file written and renamed (the embedded
 default: about a millisecond); 125 agents' heartbeats a second on the event loop would be an eighth
 of a core there, and every Redis hiccup a stall of every socket. So the agents' sockets only note
-each sample here (a dict write), and every ``MOTLEY_TELEMETRY_KEEP_INTERVAL_S`` (0.25 s) the keeper
+each sample here (a dict write), and every ``KEEP_INTERVAL_S`` (0.25 s) the keeper
 writes the latest sample of every node noted since, in one ``services.telemetry_keep_many`` call on
 a worker thread: readers see a sample at most an interval after it arrived.
 """
@@ -15,11 +15,12 @@ import logging
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 
 from controlplane.telemetry.services import telemetry_keep_many
 
 logger = logging.getLogger(__name__)
+# Short against the SUSPECT threshold (3 heartbeats), long against a cache write: a constant, not a setting.
+KEEP_INTERVAL_S = 0.25
 
 
 class SampleKeeper:
@@ -42,7 +43,7 @@ class SampleKeeper:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(settings.MOTLEY_TELEMETRY_KEEP_INTERVAL_S)
+            await asyncio.sleep(KEEP_INTERVAL_S)
             try:
                 await self.write()
             except Exception:  # the next interval writes newer samples anyway

@@ -1,4 +1,4 @@
-"""Stored telemetry: 10-second rollups of every GPU and stage, kept ``TELEMETRY_RETENTION_S``.
+"""Stored telemetry: 10-second rollups of every GPU and stage, kept ``MOTLEY_TELEMETRY_RETENTION_HOURS``.
 
 Raw per-second samples stay in memory only (``hub.TelemetryHub``, the last few minutes); an hour
 of 1,000 GPUs at one row per 10 s is 360,000 small rows, which SQLite and PostgreSQL both handle.

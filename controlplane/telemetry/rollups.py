@@ -24,7 +24,7 @@ def rollups_save(*, rollups: Iterable[Rollup]) -> int:
         for r in rollups
     ]
     TelemetryRollup.objects.bulk_create(rows, batch_size=500, ignore_conflicts=True)
-    cutoff = dj_timezone.now() - timedelta(seconds=settings.TELEMETRY_RETENTION_S)
+    cutoff = dj_timezone.now() - timedelta(hours=settings.MOTLEY_TELEMETRY_RETENTION_HOURS)
     TelemetryRollup.objects.filter(bucket_start__lt=cutoff).delete()
     return len(rows)
 

@@ -32,7 +32,8 @@ def running_hub() -> TelemetryHub:
     global _hub
     loop = asyncio.get_running_loop()
     if _hub is None or _hub.loop is not loop or loop.is_closed():
-        _hub = TelemetryHub(history_s=settings.TELEMETRY_HISTORY_S, rollup_s=settings.TELEMETRY_ROLLUP_S)
+        _hub = TelemetryHub(history_s=settings.MOTLEY_TELEMETRY_HISTORY_S,
+                            rollup_s=settings.MOTLEY_TELEMETRY_ROLLUP_S)
         _hub.start(get_channel_layer(), rollups_store)
     return _hub
 

@@ -55,7 +55,7 @@ def telemetry_keep_many(samples: list[tuple[dict[str, Any], bool]]) -> None:
     """Keep each ``(sample, new_node)``'s sample as its node's latest, in one cache write.
 
     The agents' sockets hand their samples to this process's ``keeper.SampleKeeper``, which calls
-    this off the event loop every ``MOTLEY_TELEMETRY_KEEP_INTERVAL_S`` with the latest of each node.
+    this off the event loop every ``keeper.KEEP_INTERVAL_S`` with the latest of each node.
     A node's listing (``NODES_KEY``) and its stages' index (``stage_node_key`` → node) are written too
     when ``new_node`` (a connection's first heartbeat), when its stages changed, or every
     ``REFRESH_S``. A cache that cannot be reached loses the samples (logged at most once a minute),

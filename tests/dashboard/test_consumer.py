@@ -61,7 +61,7 @@ async def test_foreign_origin_is_refused_even_with_a_session(django_user_model):
 async def test_logged_in_socket_gets_snapshots_from_the_telemetry_group_paced_by_acks(
     django_user_model, settings
 ):
-    settings.DASHBOARD_SNAPSHOT_INTERVAL_S = 0.05
+    settings.MOTLEY_DASHBOARD_SNAPSHOT_INTERVAL_S = 0.05
     cookie = await _session_cookie(django_user_model)
     communicator = WebsocketCommunicator(application, "/ws/dashboard/", headers=[ORIGIN, (b"cookie", cookie)])
     connected, _ = await communicator.connect()

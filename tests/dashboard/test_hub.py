@@ -107,7 +107,7 @@ def test_history_keeps_only_the_window_and_rollups_close_per_bucket():
 
 @pytest.mark.django_db
 def test_rollups_are_stored_once_and_old_ones_dropped(settings):
-    settings.TELEMETRY_RETENTION_S = 3600
+    settings.MOTLEY_TELEMETRY_RETENTION_HOURS = 1
     clock = Clock(datetime.now(timezone.utc).timestamp())
     hub = TelemetryHub(rollup_s=10, clock=clock)
     for i in range(25):

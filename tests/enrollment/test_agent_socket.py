@@ -135,8 +135,8 @@ class Calls:
         monkeypatch.setattr(module, name, spy)
 
 
-async def test_unchanged_heartbeats_are_written_once_per_flush_not_once_each(join_token, settings, monkeypatch):
-    settings.MOTLEY_NODE_HEARTBEAT_FLUSH_S = 0.2
+async def test_unchanged_heartbeats_are_written_once_per_flush_not_once_each(join_token, monkeypatch):
+    monkeypatch.setattr(heartbeats, "heartbeat_flush_interval_s", lambda: 0.2)
     receives = Calls(monkeypatch, consumers, "agent_message_receive")
     flushes = Calls(monkeypatch, heartbeats, "node_heartbeats_flush")
     a = await database_sync_to_async(register)(join_token, "node-a")
@@ -181,8 +181,9 @@ async def test_unchanged_heartbeats_are_written_once_per_flush_not_once_each(joi
     await communicator.disconnect()
 
 
-async def test_a_stage_state_change_seen_in_a_heartbeat_is_recorded_at_once(join_token, llm, settings):
-    settings.MOTLEY_NODE_HEARTBEAT_FLUSH_S = 60.0  # no flush during the test: only the direct path writes
+async def test_a_stage_state_change_seen_in_a_heartbeat_is_recorded_at_once(join_token, llm, monkeypatch):
+    # No flush during the test: only the direct path writes.
+    monkeypatch.setattr(heartbeats, "heartbeat_flush_interval_s", lambda: 60.0)
     a = await database_sync_to_async(register)(join_token, "n0")
     revision = await database_sync_to_async(plan_revision_create)(
         model=llm, plan=edited_plan(("n0/gpu0", 0, 6),), request=REQUEST, source="edited")
@@ -206,8 +207,8 @@ async def test_a_stage_state_change_seen_in_a_heartbeat_is_recorded_at_once(join
     await communicator.disconnect()
 
 
-async def test_a_socket_of_a_re_registered_node_is_refused_on_the_coalesced_path_too(join_token, settings):
-    settings.MOTLEY_NODE_HEARTBEAT_FLUSH_S = 0.1
+async def test_a_socket_of_a_re_registered_node_is_refused_on_the_coalesced_path_too(join_token, monkeypatch):
+    monkeypatch.setattr(heartbeats, "heartbeat_flush_interval_s", lambda: 0.1)
     old = await database_sync_to_async(register)(join_token, "node-a")
     communicator = await connect(f"Node {old.node.pk}:{old.credential}")
     assert (await communicator.connect())[0]

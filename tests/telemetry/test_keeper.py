@@ -15,8 +15,8 @@ def sample(node: str, received_at: float) -> dict:
                             received_at=received_at)
 
 
-async def test_the_latest_of_each_node_is_written_once_per_interval_off_the_loop(settings, monkeypatch):
-    settings.MOTLEY_TELEMETRY_KEEP_INTERVAL_S = 0.1
+async def test_the_latest_of_each_node_is_written_once_per_interval_off_the_loop(monkeypatch):
+    monkeypatch.setattr(keeper, "KEEP_INTERVAL_S", 0.1)
     calls = []
     real = services.telemetry_keep_many
 

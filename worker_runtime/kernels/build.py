@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from ..config import kernel_cache_dir
+
 CFLAGS = ("-O3", "-std=gnu11", "-fPIC", "-fopenmp")
 COMPILE_TIMEOUT_S = 120
 
@@ -39,10 +41,7 @@ class KernelUnavailable(RuntimeError):
 
 
 def cache_dir() -> Path:
-    if configured := os.environ.get("MOTLEY_KERNEL_CACHE"):
-        return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "motley" / "kernels"
+    return kernel_cache_dir()
 
 
 def torch_libgomp() -> Path:

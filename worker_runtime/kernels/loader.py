@@ -11,12 +11,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..config import kernel_switch
 from .build import KernelUnavailable, shared_library
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class Kernel:
 
 def switched_to_torch(switch: str) -> bool:
     """Whether the environment variable ``switch`` asks for torch's kernel instead of ours."""
-    return _asks_for_torch(switch, os.environ.get(switch, ""))
+    return _asks_for_torch(switch, kernel_switch(switch))
 
 
 @functools.cache
