@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.defaults import page_not_found
 
-from controlplane.gateway.errors import OpenAIError
+from controlplane.gateway.openai.errors import OpenAIError
 
 
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:

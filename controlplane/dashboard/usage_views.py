@@ -13,8 +13,8 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from controlplane.gateway import usage_backlog
-from controlplane.gateway.usage import usage_buckets, usage_report
+from controlplane.gateway.accounts import usage_backlog
+from controlplane.gateway.accounts.usage import usage_buckets, usage_report
 
 FIRST_SPAN = timedelta(days=1)
 

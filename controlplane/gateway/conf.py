@@ -32,7 +32,7 @@ from django.conf import settings
 
 DEFAULTS: dict[str, Any] = {
     "DEADLINE_S": 120.0,
-    "SERVED_MODELS": "controlplane.gateway.deployments_source.served_models",
+    "SERVED_MODELS": "controlplane.gateway.serving.deployments_source.served_models",
     "MODELS_FILE": os.environ.get("MOTLEY_GATEWAY_MODELS_FILE", ""),
     "CLIENT": "worker_runtime.client.PipelineClient",
     "CLIENT_TIMEOUT_S": 5.0,

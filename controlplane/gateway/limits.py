@@ -19,7 +19,7 @@ from django.http import HttpRequest, HttpResponse
 
 from controlplane.common.body_limit import BodyLimitMiddleware
 from django.conf import settings
-from controlplane.gateway.errors import OpenAIError, bad_request
+from controlplane.gateway.openai.errors import OpenAIError, bad_request
 
 DEFAULTS = {"MAX_BODY_BYTES": 1024 * 1024, "MAX_TOKENS": 32768, "MAX_CONCURRENT_REQUESTS_PER_KEY": 16}
 _in_flight: Counter[int] = Counter()  # API key id -> requests admitted and not yet ended, in this process

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from controlplane.gateway.directory import ReplicaEndpoint, ServedModel
 from controlplane.gateway.routing import ReplicaHealth, StageLink
+from controlplane.gateway.serving.directory import ReplicaEndpoint, ServedModel
 from worker_runtime.client import TokenEvent
 from worker_runtime.errors import PipelineBroken
 from worker_runtime.sampling import SamplingParams

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from django.test import AsyncClient
 
-from controlplane.gateway.runtime import gateway_stats
-from controlplane.gateway.telemetry import recorder
-from controlplane.gateway.tokenization import ModelTokenizer
+from controlplane.gateway.openai.tokenization import ModelTokenizer
+from controlplane.gateway.serving.decision_log import recorder
+from controlplane.gateway.serving.runtime import gateway_stats
 from tests.gateway.fakes import Script
 from tests.gateway.test_views import TEXT, post, sse_events, tokens
 from tests.gateway.test_waiting import waits  # noqa: F401  (fixture)

@@ -10,7 +10,7 @@ import pytest
 from django.core.cache.backends.filebased import FileBasedCache
 from django.core.cache.backends.locmem import LocMemCache
 
-from controlplane.gateway.counters import Check, CounterStore
+from controlplane.gateway.accounts.counters import Check, CounterStore
 from tests.support.processes import redis_up
 
 REDIS_URL = "redis://127.0.0.1:6379/11"  # a database no other test uses

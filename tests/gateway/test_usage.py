@@ -10,10 +10,10 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 
-from controlplane.gateway import usage_backlog
+from controlplane.gateway.accounts import usage_backlog
+from controlplane.gateway.accounts.services import api_key_create
 from controlplane.gateway.models import UsageBucket
-from controlplane.gateway.services import api_key_create
-from controlplane.gateway.telemetry import recorder
+from controlplane.gateway.serving.decision_log import recorder
 from tests.gateway.fakes import Script
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,7 +43,7 @@ def keys(django_user_model):
 async def test_stored_usage_equals_the_tokens_served(fake_pipeline, keys, demo_model):
     """Every way a request can end: the stored figures are the ``usage`` the gateway answered with, and
     for requests whose client never saw a usage (cancelled, failed) the tokens the router recorded."""
-    from controlplane.gateway.tokenization import ModelTokenizer
+    from controlplane.gateway.openai.tokenization import ModelTokenizer
 
     text = ModelTokenizer.load(demo_model).encode_prompt("Héllo wörld — 世界 🎉 ok")
     fake = fake_pipeline({"r0": Script(tokens=text * 4, delay_s=0.01)})

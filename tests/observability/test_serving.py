@@ -9,7 +9,7 @@ import json
 import pytest
 from django.test import AsyncClient
 
-from controlplane.gateway.tokenization import ModelTokenizer
+from controlplane.gateway.openai.tokenization import ModelTokenizer
 from tests.gateway.fakes import Script
 from tests.observability.conftest import Scrape, parse
 

@@ -28,7 +28,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, close_old_connections
 
-from controlplane.gateway.usage import usage_record
+from controlplane.gateway.accounts.usage import usage_record
 
 log = logging.getLogger(__name__)
 
