@@ -4,7 +4,7 @@ It owns all request state (the :class:`~worker_runtime.scheduler.Scheduler`) and
 every other stage heartbeats here, so one place decides that a stage is dead (its previous stage's
 link to it went down, as when its process dies and its sockets close; silent for ``peer_timeout_s``;
 or restarted with a new incarnation), fails every request in flight with
-:class:`~worker_runtime.errors.PipelineBroken`, and once all stages answer again starts a new epoch
+:class:`~contracts.pipeline_errors.PipelineBroken`, and once all stages answer again starts a new epoch
 with a ``reset`` that wipes their caches: a restarted stage rejoins without anyone restarting the rest.
 
 A new pipeline, complete for the first time, runs one request of its own before its health says ok
@@ -19,15 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.pipeline_errors import DeadlineExceeded, PipelineBroken, PipelineError, RequestRejected
+from contracts.sampling import SamplingParams
 from contracts.stage_spec import StageSpec
 
-from .errors import DeadlineExceeded, PipelineBroken, PipelineError, RequestRejected
 from .events import EventWriter, Every
 from .frames import Frame
 from .kv_cache import KVBudgetExceeded
 from .protocol import batch_message
 from .relay import heartbeat_interval
-from .sampling import SamplingParams
 from .scheduler import KVLedger, Request, Scheduler
 from .stage import Batch
 from .transport import Incoming, PeerUnavailable, Transport

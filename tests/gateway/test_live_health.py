@@ -151,7 +151,7 @@ async def test_the_router_api_shows_the_inputs_of_every_replica_and_decision(two
 
 
 async def test_failed_requests_raise_the_replicas_error_rate(fake_pipeline, api_key, demo_model):
-    from worker_runtime.errors import PipelineError
+    from contracts.pipeline_errors import PipelineError
 
     fake_pipeline({"r0": Script(error=PipelineError("boom")), "r1": Script()})
     await chosen(api_key, 2)

@@ -10,6 +10,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 
+from contracts.pipeline_errors import PipelineBroken
 from controlplane.gateway.accounts import usage_backlog
 from controlplane.gateway.accounts.services import api_key_create
 from controlplane.gateway.models import UsageBucket
@@ -86,7 +87,7 @@ async def test_stored_usage_equals_the_tokens_served(fake_pipeline, keys, demo_m
     with pytest.raises(asyncio.CancelledError):
         await task
     assert len(fake.cancelled) == 2  # the stop string's request, and this one
-    fake.scripts["r0"].error = __import__("worker_runtime.errors").errors.PipelineBroken("stage 1 died")
+    fake.scripts["r0"].error = PipelineBroken("stage 1 died")
     assert (await post("/v1/completions", {"model": "demo", "prompt": "abc"}, raw_cut)).status_code == 503
     served = [r for r in recorder.recent if r.completion_tokens]
     assert len(served) == 1 and 3 <= served[0].completion_tokens < 40

@@ -219,9 +219,9 @@ async def test_a_replica_is_not_routed_to_until_its_pipeline_is_serving(fake_pip
     [("RequestRejected", 429), ("PipelineBroken", 503), ("DeadlineExceeded", 504)],
 )
 async def test_pipeline_errors_map_to_status_codes(fake_pipeline, api_key, error, status):
-    import worker_runtime.errors
+    import contracts.pipeline_errors
 
-    fake_pipeline({"r0": Script(error=getattr(worker_runtime.errors, error)("boom"))})
+    fake_pipeline({"r0": Script(error=getattr(contracts.pipeline_errors, error)("boom"))})
     response = await post(AsyncClient(), "/v1/completions", {"model": "demo", "prompt": "x"}, api_key)
     assert response.status_code == status
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}

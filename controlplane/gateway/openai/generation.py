@@ -27,6 +27,8 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import asdict, dataclass
 
+from contracts.pipeline_errors import DeadlineExceeded, PipelineBroken, PipelineError, RequestRejected
+from contracts.sampling import SamplingParams
 from controlplane.gateway.conf import gateway_setting
 from controlplane.gateway.openai.errors import OpenAIError, deadline_exceeded, saturated, unavailable
 from controlplane.gateway.openai.protocol import GenerationRequest
@@ -35,8 +37,6 @@ from controlplane.gateway.routing import Decision, RequestShape
 from controlplane.gateway.serving.admission import Refused, replica_admit
 from controlplane.gateway.serving.decision_log import RouteRecord, recorder
 from controlplane.gateway.serving.runtime import ModelRoute
-from worker_runtime.errors import DeadlineExceeded, PipelineBroken, PipelineError, RequestRejected
-from worker_runtime.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
