@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 
 from benchmarks.netns_hops import measure_hop, predicted_hop_s
+from controlplane.gateway.serving.pipeline_client import PipelineClient
 from tests.pipeline.harness import TOKEN, Pipeline, pipeline_specs, split_layers, wait_healthy
 from tests.support import netns
 from worker_runtime.chain import free_sequences, run_stages
-from worker_runtime.client import PipelineClient
 from worker_runtime.stage import Batch, Stage
 
 GBPS = [10.0, 25.0, 5.0]  # the three nodes' fleet network_gbps

@@ -35,8 +35,8 @@ django.setup()
 
 from benchmarks.kernel_bench import interleaved_seconds  # noqa: E402
 from controlplane.celery import app  # noqa: E402
-from controlplane.gateway import tokenization  # noqa: E402
-from controlplane.gateway.tokenization import DEFAULT_CHAT_TEMPLATE, ModelTokenizer  # noqa: E402
+from controlplane.gateway.openai import tokenization  # noqa: E402
+from controlplane.gateway.openai.tokenization import DEFAULT_CHAT_TEMPLATE, ModelTokenizer  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 from benchmarks.replica_sim import SimReplica, simulate
+from contracts.sampling import SamplingParams
 from controlplane.gateway.routing import Decision, ReplicaCosts, ReplicaState, RequestShape, Router
+from controlplane.gateway.serving.pipeline_client import PipelineClient, PipelineError, RequestRejected
 from tests.pipeline.harness import TOKEN, Pipeline, pipeline_specs
-from worker_runtime.client import PipelineClient, PipelineError, RequestRejected
 from worker_runtime.make_demo_model import parse_args, write_demo_model
-from worker_runtime.sampling import SamplingParams
 
 SPEEDS = (("fast-1x", 1.0, 2048), ("mid-0.5x", 0.5, 1024), ("slow-0.25x", 0.25, 512))
 DEADLINE_S = 30.0

@@ -32,7 +32,7 @@ from django.urls import path, re_path  # noqa: E402
 from controlplane.dashboard.consumers import DashboardConsumer  # noqa: E402
 from controlplane.enrollment.consumers import AgentConsumer  # noqa: E402
 from controlplane.not_found import NoSuchSocket  # noqa: E402
-from controlplane.telemetry.runtime import WithTelemetryHub  # noqa: E402
+from controlplane.process_services import WithProcessServices, lifespan  # noqa: E402
 
 
 def browser(consumer):
@@ -41,13 +41,15 @@ def browser(consumer):
 
 
 # Static files (the dashboard's CSS, JS and plotly.js) are served by the app itself, so the embedded
-# default needs no web server in front. The telemetry hub (dashboard snapshots, rollups) starts with
-# the first websocket, an agent's or a browser's.
+# default needs no web server in front. This process's services (the telemetry hub, keeper and
+# heartbeat flusher, the usage writer, the gateway's serving state) start before the first connection
+# is served, an agent's, a browser's or a client's (controlplane/process_services.py).
 application = ProtocolTypeRouter({
-    "http": ASGIStaticFilesHandler(django_asgi_app),
-    "websocket": WithTelemetryHub(URLRouter([
+    "http": WithProcessServices(ASGIStaticFilesHandler(django_asgi_app)),
+    "websocket": WithProcessServices(URLRouter([
         path("ws/agents/", AgentConsumer.as_asgi()),
         path("ws/dashboard/", browser(DashboardConsumer.as_asgi())),
         re_path(r"", NoSuchSocket.as_asgi()),  # any other path: refused, not a 500
     ])),
+    "lifespan": lifespan,
 })

@@ -15,7 +15,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.defaults import page_not_found
 
-from controlplane.gateway.errors import OpenAIError
+from controlplane.gateway.openai.errors import OpenAIError
 
 log = logging.getLogger(__name__)
 NO_SUCH_SOCKET = 4404  # the close code a test client sees; a server answers a refused handshake with 403

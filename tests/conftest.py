@@ -25,9 +25,9 @@ def _own_cache():
 @pytest.fixture(autouse=True)
 def _no_usage_left_queued():
     """A request's usage record is written just after its response by a task on the test's event loop
-    (controlplane/gateway/usage_backlog.py); one a test ended before is not the next test's to write
+    (controlplane/gateway/accounts/usage_backlog.py); one a test ended before is not the next test's to write
     (its key and rows were rolled back)."""
     yield
-    from controlplane.gateway import usage_backlog
+    from controlplane.gateway.accounts import usage_backlog
 
     usage_backlog.discard()

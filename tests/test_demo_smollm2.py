@@ -16,7 +16,7 @@ import httpx
 import psutil
 import pytest
 
-from controlplane.gateway.tokenization import ModelTokenizer
+from controlplane.gateway.openai.tokenization import ModelTokenizer
 from controlplane.models_catalog.smollm2 import smollm2_gguf_path
 from controlplane.ops.demo import DEMO_QUESTION
 from tests.support.processes import REPO_ROOT, database_migrate, embedded_env, free_port, manage_argv

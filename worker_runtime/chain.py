@@ -11,7 +11,9 @@ from collections.abc import Sequence
 
 import torch
 
-from .sampling import SamplingParams, sample
+from contracts.sampling import SamplingParams
+
+from .sampling import sample
 from .stage import Batch, Stage
 
 

@@ -3,7 +3,7 @@
 It owns all request state (the :class:`~worker_runtime.scheduler.Scheduler`) and acts on what its
 :class:`~worker_runtime.pipeline_membership.PipelineMembership` decides of the pipeline's stages:
 when the pipeline breaks it fails every request in flight with
-:class:`~worker_runtime.errors.PipelineBroken`; when it is whole again it sends the stages a ``reset``
+:class:`~contracts.pipeline_errors.PipelineBroken`; when it is whole again it sends the stages a ``reset``
 and, for a new pipeline, runs its warm-up request (warm_up.py) before its health says ok.
 """
 
@@ -14,16 +14,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from contracts.pipeline_errors import DeadlineExceeded, PipelineBroken, PipelineError, RequestRejected
+from contracts.sampling import SamplingParams
 from contracts.stage_spec import StageSpec
 
-from .errors import DeadlineExceeded, PipelineBroken, PipelineError, RequestRejected
 from .events import EventWriter, Every
 from .frames import Frame
 from .kv_cache import KVBudgetExceeded
 from .pipeline_membership import PipelineMembership
 from .protocol import batch_message
 from .relay import heartbeat_interval
-from .sampling import SamplingParams
 from .scheduler import KVLedger, Request, Scheduler
 from .stage import Batch
 from .transport import Incoming, PeerUnavailable, Transport

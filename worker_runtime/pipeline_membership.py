@@ -3,7 +3,7 @@
 Every other stage heartbeats to the head, so one place decides that a stage is dead: its previous
 stage's link to it went down (as when its process dies and its sockets close), it was silent for
 ``peer_timeout_s``, or it restarted with a new incarnation. The pipeline is then broken: a new epoch
-begins, and the head fails every request in flight with :class:`~worker_runtime.errors.PipelineBroken`.
+begins, and the head fails every request in flight with :class:`~contracts.pipeline_errors.PipelineBroken`.
 Once every stage was heard again since the break, each saying its link onward is up, the pipeline is
 whole: the head sends a ``reset`` of the new epoch that wipes the stages' caches, so a restarted stage
 rejoins without anyone restarting the rest.

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
+from contracts.sampling import SamplingParams
+
 from .frames import Frame, FrameError
-from .sampling import SamplingParams
 from .stage import Batch
 
 

@@ -2,32 +2,15 @@
 
 Each row draws its randomness from its own generator, seeded by (request seed, position), so a
 request's tokens depend only on its seed and its logits, never on which other sequences shared the
-batch or on how the scheduler split its steps.
+batch or on how the scheduler split its steps. ``SamplingParams`` is the contract's
+(``contracts.sampling``), which the gateway builds without torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """``temperature`` 0 means greedy; ``top_k`` 0 and ``top_p`` 1.0 switch those filters off."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"invalid sampling parameters: {self}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+from contracts.sampling import SamplingParams
 
 
 def _filtered_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

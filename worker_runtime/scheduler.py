@@ -16,8 +16,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from .errors import RequestRejected
-from .sampling import SamplingParams
+from contracts.pipeline_errors import RequestRejected
+from contracts.sampling import SamplingParams
 
 
 @dataclass(eq=False)  # identity: a request is one object, compared by `is`

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import time
 
-from .sampling import SamplingParams
+from contracts.sampling import SamplingParams
+
 from .scheduler import Request
 
 CLIENT = b""  # the warm-up request's client id: nothing is sent to it

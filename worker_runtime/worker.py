@@ -10,8 +10,10 @@ import time
 
 import torch
 
+from contracts.sampling import SamplingParams
+
 from .pacing import Pacer
-from .sampling import SamplingParams, sample
+from .sampling import sample
 from .stage import Batch, Stage
 from .stats import StageStats
 from .transport import Transport

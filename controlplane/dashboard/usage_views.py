@@ -1,6 +1,6 @@
 """The Usage page: requests and tokens per API key, user or model, totals and a time chart.
 
-The first paint is the same report ``GET /api/v1/usage/`` answers (``gateway.usage``), for the last
+The first paint is the same report ``GET /api/v1/usage/`` answers (``gateway.accounts.usage``), for the last
 24 hours by hour and per key; usage.js redraws from that API when the grouping or the window change
 and every 30 s, and links its CSV export. A plain user sees their own keys' usage, staff everyone's.
 """
@@ -13,8 +13,8 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from controlplane.gateway import usage_backlog
-from controlplane.gateway.usage import usage_buckets, usage_report
+from controlplane.gateway.accounts import usage_backlog
+from controlplane.gateway.accounts.usage import usage_buckets, usage_report
 
 FIRST_SPAN = timedelta(days=1)
 

@@ -49,7 +49,7 @@ class StagePlace:
 class ReplicaHead:
     """Where the gateway sends a replica's requests (its head, stage 0) and the token they carry.
 
-    The gateway turns it into its own ``gateway.directory.ReplicaEndpoint``, with routing figures.
+    The gateway turns it into its own ``gateway.serving.directory.ReplicaEndpoint``, with routing figures.
     ``slot`` is the plan replica it serves (``plan["replicas"][slot]``: its predicted costs and KV);
     ``serving`` is False while the controller hands the replica over (a newer pipeline of the same
     slot takes its place, or its changed stages reload in place): the gateway then admits nothing new

@@ -83,7 +83,8 @@ _flusher: HeartbeatFlusher | None = None
 
 
 def running_flusher() -> HeartbeatFlusher:
-    """This process's flusher, started on the running event loop on first use (one per loop)."""
+    """This process's flusher, started on the running event loop unless it runs there (one per loop; at
+    the ASGI application's start: controlplane/process_services.py)."""
     global _flusher
     loop = asyncio.get_running_loop()
     if _flusher is None or _flusher.loop is not loop or loop.is_closed():

@@ -1,8 +1,8 @@
 from django.contrib import admin
 
 from controlplane.audit.services import audit_context
+from controlplane.gateway.accounts.services import LIMIT_FIELDS, api_key_revoke, api_key_set_limits
 from controlplane.gateway.models import ApiKey
-from controlplane.gateway.services import LIMIT_FIELDS, api_key_revoke, api_key_set_limits
 
 
 @admin.register(ApiKey)

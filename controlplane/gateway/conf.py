@@ -35,9 +35,9 @@ from django.conf import settings
 
 DEFAULTS: dict[str, Any] = {
     "DEADLINE_S": 120.0,
-    "SERVED_MODELS": "controlplane.gateway.deployments_source.served_models",
+    "SERVED_MODELS": "controlplane.gateway.serving.deployments_source.served_models",
     "MODELS_FILE": None,
-    "CLIENT": "worker_runtime.client.PipelineClient",
+    "CLIENT": "controlplane.gateway.serving.pipeline_client.PipelineClient",
     "CLIENT_TIMEOUT_S": 5.0,
     "REFRESH_S": 2.0,
     "HEALTH_REFRESH_S": 0.5,

@@ -8,7 +8,7 @@
   streamed or not; one more is refused with ``429`` until one ends, so a single client cannot hold
   every slot of the replicas.
 
-Errors are OpenAI-shaped (errors.py). ``None`` lifts a limit.
+Errors are OpenAI-shaped (openai/errors.py). ``None`` lifts a limit.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from django.http import HttpRequest, HttpResponse
 
 from controlplane.common.body_limit import BodyLimitMiddleware
 from controlplane.gateway.conf import gateway_setting
-from controlplane.gateway.errors import OpenAIError, bad_request
+from controlplane.gateway.openai.errors import OpenAIError, bad_request
 
 _in_flight: Counter[int] = Counter()  # API key id -> requests admitted and not yet ended, in this process
 

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from controlplane.gateway import views
+from controlplane.gateway.openai import views
 
 urlpatterns = [
     path("models", views.models_view, name="gateway-models"),

@@ -1,8 +1,9 @@
 """What the gateway records about each request, under vLLM's names and meanings, by model and replica.
 
-The gateway's router records each request's lifecycle (``controlplane.gateway.telemetry.RouterRecorder``:
-decided, first token, finished); it calls the functions below at those points, so a dashboard or an
-autoscaler built for vLLM reads motley unchanged:
+The gateway's router records each request's lifecycle
+(``controlplane.gateway.serving.decision_log.RouterRecorder``: decided, first token, finished); it
+calls the functions below at those points, so a dashboard or an autoscaler built for vLLM reads
+motley unchanged:
 
 - ``vllm:num_requests_waiting`` (gauge): sent to the replica, first token not back yet (queued in its
   head or prefilling);
@@ -19,7 +20,7 @@ Labels ``model_name`` (the served model) and ``replica`` (its pipeline id, ``d<d
 (``reason`` ``routed``, or why it refused: ``too_large``, ``unavailable``, ``saturated``; ``replica``
 ``none`` then) and ``motley_requests_total{model_name, replica, outcome}`` how routed requests ended.
 
-The gateway's waiting queue (``controlplane.gateway.waiting``) and request migration add
+The gateway's waiting queue (``controlplane.gateway.serving.waiting``) and request migration add
 ``motley_gateway_waiting_requests{model_name}`` (gauge: requests waiting now for a routable replica),
 ``motley_gateway_wait_seconds{model_name, outcome}`` (histogram: how long each wait lasted, by how it
 ended: ``admitted``, ``timed_out``, ``full`` (refused at once, 0 s), ``refused``, ``cancelled``) and

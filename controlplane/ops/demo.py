@@ -28,7 +28,7 @@ from controlplane.deployments.models import Deployment
 from controlplane.deployments.revisions import plan_revision_create
 from controlplane.deployments.services import deployment_create, deployment_stop
 from controlplane.enrollment.services import join_token_create
-from controlplane.gateway.services import api_key_create
+from controlplane.gateway.accounts.services import api_key_create
 from controlplane.inventory.models import Node
 from controlplane.inventory.services import fleet_import
 from controlplane.models_catalog.models import LlmModel

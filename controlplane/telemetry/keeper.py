@@ -61,7 +61,8 @@ _keeper: SampleKeeper | None = None
 
 
 def running_keeper() -> SampleKeeper:
-    """This process's keeper, started on the running event loop on first use (one per loop)."""
+    """This process's keeper, started on the running event loop unless it runs there (one per loop; at
+    the ASGI application's start: controlplane/process_services.py)."""
     global _keeper
     loop = asyncio.get_running_loop()
     if _keeper is None or _keeper.loop is not loop or loop.is_closed():

@@ -24,7 +24,8 @@ def current_hub() -> TelemetryHub | None:
 
 
 def running_hub() -> TelemetryHub:
-    """This process's hub, started on the running event loop on first use.
+    """This process's hub, started on the running event loop unless it runs there (at the ASGI
+    application's start: controlplane/process_services.py).
 
     A hub belongs to one event loop (its tasks run there); a new loop (each test, or a restarted
     server) gets a fresh hub.
@@ -37,17 +38,3 @@ def running_hub() -> TelemetryHub:
         _hub.start(get_channel_layer(), rollups_store)
     return _hub
 
-
-class WithTelemetryHub:
-    """ASGI wrapper: make sure this process's hub runs before the first websocket is served.
-
-    Agents connect by websocket, so the hub is subscribed (and storing rollups) before their first
-    heartbeat, whether or not a browser is open.
-    """
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        running_hub()
-        return await self.app(scope, receive, send)

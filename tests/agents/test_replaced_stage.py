@@ -11,11 +11,11 @@ import time
 
 import pytest
 
+from contracts.pipeline_errors import PipelineBroken
+from controlplane.gateway.serving.pipeline_client import PipelineClient
 from tests.pipeline.conftest import launcher, make_tiny_llama
 from tests.pipeline.harness import TOKEN, wait_healthy
 from tests.pipeline.test_pipeline import SLOW, collect
-from worker_runtime.client import PipelineClient
-from worker_runtime.errors import PipelineBroken
 
 pytestmark = pytest.mark.timeout(120)
 PEER_TIMEOUT_S = 5.0  # a drain (or noticing a silent stage) would take this long

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.urls import reverse
 
-from controlplane.gateway.services import api_key_create
-from controlplane.gateway.usage import usage_record
+from controlplane.gateway.accounts.services import api_key_create
+from controlplane.gateway.accounts.usage import usage_record
 
 
 def embedded(body: str) -> dict:

@@ -18,11 +18,11 @@ from contracts.gpu_catalog import lookup
 from contracts.hardware import DeviceSpec, FleetSpec
 from contracts.model_config import ModelConfig
 from contracts.profiler import profile_model
+from contracts.sampling import SamplingParams
+from controlplane.gateway.serving.pipeline_client import PipelineClient
 from controlplane.planning import Placement, PlanRequest, Workload
 from controlplane.planning.cost_model import CostModel
 from tests.e2e.harness import System, embedded_system_at, running, wait_until
-from worker_runtime.client import PipelineClient
-from worker_runtime.sampling import SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 FLEET = """

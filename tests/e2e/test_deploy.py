@@ -10,10 +10,10 @@ import time
 import pytest
 import torch
 
+from contracts.sampling import SamplingParams
+from controlplane.gateway.serving.pipeline_client import PipelineClient
 from tests.e2e.harness import System, stage_processes, wait_until
 from worker_runtime.chain import generate
-from worker_runtime.client import PipelineClient
-from worker_runtime.sampling import SamplingParams
 from worker_runtime.stage import Stage
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

@@ -21,11 +21,11 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contracts.sampling import SamplingParams
+from controlplane.gateway.serving.pipeline_client import PipelineClient
 from tests.pipeline.conftest import launcher, make_tiny_llama
 from tests.pipeline.harness import TOKEN, wait_healthy
-from worker_runtime.client import PipelineClient
 from worker_runtime.frames import FrameCodec, FrameError
-from worker_runtime.sampling import SamplingParams
 
 pytestmark = pytest.mark.timeout(300)
 PROMPT = [5, 17, 42, 7]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.gateway.services import api_key_create
+from controlplane.gateway.accounts.services import api_key_create
 from tests.gateway.fakes import FakePipelineClient, Script
 from worker_runtime.make_demo_model import parse_args, write_demo_model
 
@@ -51,7 +51,7 @@ def fake_pipeline(settings, demo_model):
 @pytest.fixture(autouse=True)
 def _fresh_recorder():
     """The router's records are per process: each test starts with none (error rates count them)."""
-    from controlplane.gateway.telemetry import recorder
+    from controlplane.gateway.serving.decision_log import recorder
 
     recorder.__init__()
 
@@ -62,7 +62,7 @@ async def _close_gateway():
     yield
     import asyncio
 
-    from controlplane.gateway.runtime import _gateways
+    from controlplane.gateway.serving.runtime import _gateways
 
     if (gateway := _gateways.get(asyncio.get_running_loop())) is not None:
         await gateway.close()

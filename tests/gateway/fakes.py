@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from controlplane.gateway.directory import ReplicaEndpoint, ServedModel
+from contracts.pipeline_errors import PipelineBroken
+from contracts.sampling import SamplingParams
 from controlplane.gateway.routing import ReplicaHealth, StageLink
-from worker_runtime.client import TokenEvent
-from worker_runtime.errors import PipelineBroken
-from worker_runtime.sampling import SamplingParams
+from controlplane.gateway.serving.directory import ReplicaEndpoint, ServedModel
+from controlplane.gateway.serving.pipeline_client import TokenEvent
 
 
 @dataclass

@@ -8,9 +8,9 @@ import io
 import pytest
 from django.core.management import CommandError, call_command
 
+from controlplane.gateway.accounts.selectors import api_key_user
+from controlplane.gateway.accounts.services import api_key_create, api_key_revoke
 from controlplane.gateway.models import ApiKey
-from controlplane.gateway.selectors import api_key_user
-from controlplane.gateway.services import api_key_create, api_key_revoke
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

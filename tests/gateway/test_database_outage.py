@@ -14,9 +14,9 @@ from asgiref.sync import sync_to_async
 from django.db import OperationalError
 from django.test import AsyncClient
 
-from controlplane.gateway import selectors, usage_backlog
+from controlplane.gateway.accounts import selectors, usage_backlog
+from controlplane.gateway.accounts.services import api_key_create
 from controlplane.gateway.models import UsageBucket
-from controlplane.gateway.services import api_key_create
 from tests.gateway.fakes import Script
 from tests.gateway.test_views import post
 from tests.gateway.test_waiting import until, waits  # noqa: F401  (fixture)

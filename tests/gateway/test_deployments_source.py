@@ -6,7 +6,7 @@ import pytest
 
 from contracts.fleet_file import load_fleet_file
 from controlplane.deployments.models import Deployment, DeploymentStage
-from controlplane.gateway.deployments_source import served_models_from_deployments
+from controlplane.gateway.serving.deployments_source import served_models_from_deployments
 from controlplane.inventory.services import fleet_import
 from controlplane.models_catalog.services import model_register
 from tests.dashboard.seed import LAB_FLEET, _checkpoint_stand_in, running_deployment_create
@@ -51,7 +51,7 @@ def test_replicas_not_ready_and_deployments_not_live_are_left_out(deployment):
 
 
 def test_the_default_source_serves_deployments_unless_a_models_file_is_set(deployment, settings, tmp_path):
-    from controlplane.gateway.deployments_source import served_models
+    from controlplane.gateway.serving.deployments_source import served_models
 
     assert [m.name for m in served_models()] == [deployment.model.name]
     models_file = tmp_path / "models.json"
@@ -100,7 +100,7 @@ def test_a_replica_being_handed_over_stays_listed_but_unroutable_with_its_slots_
     stages (the next test), else that plan replica."""
     from dataclasses import replace
 
-    from controlplane.gateway import deployments_source
+    from controlplane.gateway.serving import deployments_source
 
     heads = deployments_source.deployment_endpoints(deployment=deployment)
     handed_over = [replace(heads[0], serving=False), replace(heads[1], replica=7, slot=0, kv_tokens=None)]

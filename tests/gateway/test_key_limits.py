@@ -12,8 +12,8 @@ from rest_framework.test import APIClient
 
 from controlplane.audit.models import AuditEntry
 from controlplane.audit.services import SYSTEM
+from controlplane.gateway.accounts.services import api_key_create, api_key_set_limits
 from controlplane.gateway.models import ApiKey
-from controlplane.gateway.services import api_key_create, api_key_set_limits
 
 pytestmark = pytest.mark.django_db
 

@@ -13,12 +13,12 @@ import httpx
 import openai
 import pytest
 
-from controlplane.gateway.tokenization import ModelTokenizer
+from controlplane.gateway.openai.tokenization import ModelTokenizer
 from tests.gateway.conftest import DEMO_ARGS
 from tests.pipeline.harness import TOKEN, Pipeline, pipeline_specs
 from tests.support.processes import REPO_ROOT, database_migrate, embedded_env, free_port, manage_argv, wait_for_http
 from worker_runtime import SamplingParams, Stage, generate
-from worker_runtime.client import PipelineClient
+from controlplane.gateway.serving.pipeline_client import PipelineClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 NUM_LAYERS = int(DEMO_ARGS[DEMO_ARGS.index("--layers") + 1])
@@ -26,7 +26,8 @@ KV_TOKENS = 1024
 # Paces each stage's step to a few milliseconds, so a request lasts long enough to be disconnected.
 PACING = {"memory_bandwidth_gbs": 0.03, "fp16_tflops": 1.0, "time_scale": 1.0}
 CREATE_KEY = (
-    "from django.contrib.auth.models import User; from controlplane.gateway.services import api_key_create;"
+    "from django.contrib.auth.models import User; "
+    "from controlplane.gateway.accounts.services import api_key_create;"
     "print(api_key_create(user=User.objects.create_user('alice'), name='live')[1])"
 )
 

@@ -13,7 +13,7 @@ from django.test import AsyncClient
 from rest_framework.authtoken.models import Token
 
 from controlplane.gateway.routing import StageLink
-from controlplane.gateway.telemetry import recorder
+from controlplane.gateway.serving.decision_log import recorder
 from controlplane.telemetry.services import telemetry_keep, telemetry_sample
 from tests.gateway.fakes import Script
 
@@ -40,7 +40,7 @@ def report(node: str, stage_key: str, *, age_s: float = 0.0, step_ms: float = 10
 @pytest.fixture
 def two_replicas(fake_pipeline, demo_model):
     """Replicas r0 (stage d1-r0-s0 on n0/gpu0) and r1 (d1-r1-s0 on n1/gpu0), both reporting."""
-    from controlplane.gateway.tokenization import ModelTokenizer
+    from controlplane.gateway.openai.tokenization import ModelTokenizer
 
     tokens = ModelTokenizer.load(demo_model).encode_prompt("hello world")
     fake = fake_pipeline({
@@ -72,7 +72,7 @@ async def settle(predicate, timeout_s: float = 3.0) -> None:
 
 
 def replica(name: str):
-    from controlplane.gateway.runtime import gateway
+    from controlplane.gateway.serving.runtime import gateway
 
     return next(r for route in gateway().routes.values() for r in route.router.replicas if r.replica_id == name)
 
@@ -151,7 +151,7 @@ async def test_the_router_api_shows_the_inputs_of_every_replica_and_decision(two
 
 
 async def test_failed_requests_raise_the_replicas_error_rate(fake_pipeline, api_key, demo_model):
-    from worker_runtime.errors import PipelineError
+    from contracts.pipeline_errors import PipelineError
 
     fake_pipeline({"r0": Script(error=PipelineError("boom")), "r1": Script()})
     await chosen(api_key, 2)
@@ -161,7 +161,7 @@ async def test_failed_requests_raise_the_replicas_error_rate(fake_pipeline, api_
 
 
 def test_the_error_rate_counts_the_replicas_faults_over_a_recent_window():
-    from controlplane.gateway.telemetry import RouteRecord, RouterRecorder
+    from controlplane.gateway.serving.decision_log import RouteRecord, RouterRecorder
 
     rec = RouterRecorder()
     for i, outcome in enumerate(["completed"] * 6 + ["failed:broken", "failed:rejected", "cancelled",
@@ -175,9 +175,9 @@ def test_the_error_rate_counts_the_replicas_faults_over_a_recent_window():
 
 def test_the_heads_free_kv_is_compared_with_the_bookkeeping_of_the_moment_it_answered():
     """A periodic refresh must not count a request finished since the head's answer as someone else's."""
-    from controlplane.gateway.directory import ReplicaEndpoint
-    from controlplane.gateway.live_health import LiveHealth
     from controlplane.gateway.routing import ReplicaCosts, ReplicaState, RequestShape
+    from controlplane.gateway.serving.directory import ReplicaEndpoint
+    from controlplane.gateway.serving.live_health import LiveHealth
 
     live, endpoint = LiveHealth(), ReplicaEndpoint("r0", "tcp://head", "t", kv_tokens=1000)
     state = ReplicaState("r0", ReplicaCosts(0.001, 0.0, 0.02), 1000)
@@ -194,9 +194,9 @@ def test_a_stage_state_sampled_before_the_heads_ok_does_not_hold_the_replica_bac
     """After an in-place handover the head serves again before the agent's next heartbeat says its
     restarted stages are ready: a "starting" sampled before the head's "ok" is superseded (it kept the
     replica unroutable up to 1.5 s, replacement_bench: 0.9 s); one sampled after it still counts."""
-    from controlplane.gateway.directory import ReplicaEndpoint
-    from controlplane.gateway.live_health import HeadView, LiveHealth, TelemetryView
     from controlplane.gateway.routing import DeviceSample, ReplicaCosts, ReplicaState, StageSample
+    from controlplane.gateway.serving.directory import ReplicaEndpoint
+    from controlplane.gateway.serving.live_health import HeadView, LiveHealth, TelemetryView
 
     endpoint = ReplicaEndpoint("d1-r0", "tcp://head", "t", kv_tokens=1000,
                                stages=(StageLink("d1-r0-s0", "n0/gpu0"),))
@@ -219,7 +219,7 @@ async def test_a_replica_handed_over_beside_serves_until_the_gateway_heard_its_s
     """At the switch the controller states the old pipeline unhealthy at once, but its successor's head
     says ok only once its warm-up request came back (worker_runtime/warm_up.py), and the gateway hears it
     only at its next poll: meanwhile the old one, still admitting, takes the requests."""
-    from controlplane.gateway.tokenization import ModelTokenizer
+    from controlplane.gateway.openai.tokenization import ModelTokenizer
 
     tokens = ModelTokenizer.load(demo_model).encode_prompt("hello world")
     fake = fake_pipeline({"old": Script(tokens=tokens, successor="new"), "new": Script(tokens=tokens, healthy=False)})
@@ -237,7 +237,7 @@ async def test_a_head_that_turns_ok_has_its_new_stages_telemetry_read_at_once(fa
     """A restarted or moved stage has no sample until its agent's next heartbeat: its replica is held
     back until the telemetry is read again, which a head turning ok does at once (not within
     HEALTH_REFRESH_S, nor at the next re-read of the served models)."""
-    from controlplane.gateway.tokenization import ModelTokenizer
+    from controlplane.gateway.openai.tokenization import ModelTokenizer
 
     tokens = ModelTokenizer.load(demo_model).encode_prompt("hello world")
     fake = fake_pipeline({"r0": Script(tokens=tokens, healthy=False, stages=(StageLink("d1-r0-s0", "n0/gpu0"),))})

@@ -42,8 +42,9 @@ REQUEST = {"batch": 4, "context": 256, "replicas": 2}
 # the margins (3x, and n0 throttled to 0.15: ~2x slower than n1) hold on a loaded 2-core machine.
 # Nodes are not declared lost while an agent is stopped (the test wants stale telemetry, not a re-plan).
 ENV = {"MOTLEY_EMULATION_TIME_SCALE": "20000", "MOTLEY_NODE_LOST_AFTER_S": "120"}
-CREATE_KEY = ("from django.contrib.auth.models import User; from controlplane.gateway.services import "
-              "api_key_create; print(api_key_create(user=User.objects.create_user('client'), name='live')[1])")
+CREATE_KEY = ("from django.contrib.auth.models import User; "
+              "from controlplane.gateway.accounts.services import api_key_create; "
+              "print(api_key_create(user=User.objects.create_user('client'), name='live')[1])")
 SHIFT_S = 6.0  # a sample reaches the router within a heartbeat (1 s) and a health refresh (0.5 s)
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from django.test import AsyncClient
 
-from controlplane.gateway.runtime import gateway_stats
-from controlplane.gateway.telemetry import recorder
-from controlplane.gateway.tokenization import ModelTokenizer
+from controlplane.gateway.openai.tokenization import ModelTokenizer
+from controlplane.gateway.serving.decision_log import recorder
+from controlplane.gateway.serving.runtime import gateway_stats
 from tests.gateway.fakes import Script
 from tests.gateway.test_views import TEXT, post, sse_events, tokens
 from tests.gateway.test_waiting import waits  # noqa: F401  (fixture)
@@ -60,7 +60,7 @@ async def test_a_break_with_no_other_replica_waits_for_one_and_resumes(fake_pipe
 async def test_a_replica_that_refuses_the_resumption_is_left_out_and_the_request_waits(
     fake_pipeline, api_key, demo_model
 ):
-    from worker_runtime.errors import RequestRejected
+    from contracts.pipeline_errors import RequestRejected
 
     output = tokens(demo_model)
     fake = fake_pipeline({"r0": Script(tokens=output, break_after=[3]),

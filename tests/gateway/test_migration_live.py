@@ -10,7 +10,7 @@ import time
 import pytest
 from django.test import AsyncClient
 
-from controlplane.gateway.telemetry import recorder
+from controlplane.gateway.serving.decision_log import recorder
 from tests.gateway.test_live import NUM_LAYERS, PACING
 from tests.gateway.test_views import auth
 from tests.pipeline.harness import TOKEN, Pipeline, pipeline_specs

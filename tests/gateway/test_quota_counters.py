@@ -10,7 +10,7 @@ import pytest
 from django.core.cache.backends.filebased import FileBasedCache
 from django.core.cache.backends.locmem import LocMemCache
 
-from controlplane.gateway.counters import Check, CounterStore
+from controlplane.gateway.accounts.counters import Check, CounterStore
 from tests.support.processes import redis_up, redis_url
 
 REDIS_URL = redis_url(11)  # a database no other test uses

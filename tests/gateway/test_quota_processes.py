@@ -25,7 +25,7 @@ SEED = """
 import json
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
-from controlplane.gateway.services import api_key_create
+from controlplane.gateway.accounts.services import api_key_create
 ops = get_user_model().objects.create_user("ops", is_staff=True)
 _, free = api_key_create(user=ops, name="free")
 _, rpm = api_key_create(user=ops, name="rpm", limits={"requests_per_minute": 4})

@@ -9,9 +9,9 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 
-from controlplane.gateway import quotas, usage_backlog
+from controlplane.gateway.accounts import quotas, usage_backlog
+from controlplane.gateway.accounts.services import api_key_create
 from controlplane.gateway.models import ApiKey, UsageBucket
-from controlplane.gateway.services import api_key_create
 from tests.gateway.fakes import Script
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from django.test import AsyncClient
 
-from controlplane.gateway.tokenization import ModelTokenizer
+from controlplane.gateway.openai.tokenization import ModelTokenizer
 from tests.gateway.fakes import FakePipelineClient, Script
 
 pytestmark = pytest.mark.django_db(transaction=True)

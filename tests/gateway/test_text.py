@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from controlplane.gateway.textstream import IncrementalDetokenizer, StopStrings
-from controlplane.gateway.tokenization import DEFAULT_CHAT_TEMPLATE, ChatTemplateError, ModelTokenizer
+from controlplane.gateway.openai.textstream import IncrementalDetokenizer, StopStrings
+from controlplane.gateway.openai.tokenization import DEFAULT_CHAT_TEMPLATE, ChatTemplateError, ModelTokenizer
 
 SAMPLES = ["Héllo wörld — 世界 🎉 ok", "naïve café ½ ∑ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "plain ascii text", "🎉🎉🎉"]
 
@@ -91,7 +91,7 @@ def test_templates_run_sandboxed_and_their_errors_are_refusals(demo_model, tmp_p
 def test_a_template_is_compiled_once_and_a_broken_one_refuses_every_time(demo_model, tmp_path):
     """The compiled template is kept per template text (the gateway renders on its event loop); a
     template that does not compile is refused at every request, not once."""
-    from controlplane.gateway import tokenization
+    from controlplane.gateway.openai import tokenization
 
     tokenizer = ModelTokenizer.load(demo_model)
     tokenizer.encode_chat([{"role": "user", "content": "Hi"}])

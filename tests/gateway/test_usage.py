@@ -10,10 +10,11 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 
-from controlplane.gateway import usage_backlog
+from contracts.pipeline_errors import PipelineBroken
+from controlplane.gateway.accounts import usage_backlog
+from controlplane.gateway.accounts.services import api_key_create
 from controlplane.gateway.models import UsageBucket
-from controlplane.gateway.services import api_key_create
-from controlplane.gateway.telemetry import recorder
+from controlplane.gateway.serving.decision_log import recorder
 from tests.gateway.fakes import Script
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,7 +44,7 @@ def keys(django_user_model):
 async def test_stored_usage_equals_the_tokens_served(fake_pipeline, keys, demo_model):
     """Every way a request can end: the stored figures are the ``usage`` the gateway answered with, and
     for requests whose client never saw a usage (cancelled, failed) the tokens the router recorded."""
-    from controlplane.gateway.tokenization import ModelTokenizer
+    from controlplane.gateway.openai.tokenization import ModelTokenizer
 
     text = ModelTokenizer.load(demo_model).encode_prompt("Héllo wörld — 世界 🎉 ok")
     fake = fake_pipeline({"r0": Script(tokens=text * 4, delay_s=0.01)})
@@ -86,7 +87,7 @@ async def test_stored_usage_equals_the_tokens_served(fake_pipeline, keys, demo_m
     with pytest.raises(asyncio.CancelledError):
         await task
     assert len(fake.cancelled) == 2  # the stop string's request, and this one
-    fake.scripts["r0"].error = __import__("worker_runtime.errors").errors.PipelineBroken("stage 1 died")
+    fake.scripts["r0"].error = PipelineBroken("stage 1 died")
     assert (await post("/v1/completions", {"model": "demo", "prompt": "abc"}, raw_cut)).status_code == 503
     served = [r for r in recorder.recent if r.completion_tokens]
     assert len(served) == 1 and 3 <= served[0].completion_tokens < 40

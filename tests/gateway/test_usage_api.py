@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 import pytest
 from rest_framework.test import APIClient
 
-from controlplane.gateway.services import api_key_create
-from controlplane.gateway.usage import usage_record
+from controlplane.gateway.accounts.services import api_key_create
+from controlplane.gateway.accounts.usage import usage_record
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,7 @@ import json
 import pytest
 from django.test import AsyncClient
 
-from controlplane.gateway.tokenization import ModelTokenizer
+from controlplane.gateway.openai.tokenization import ModelTokenizer
 from tests.gateway.fakes import Script
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -53,8 +53,8 @@ async def test_a_missing_or_wrong_key_is_a_401_in_openai_shape(fake_pipeline, ap
 
 
 async def test_a_revoked_key_stops_working(fake_pipeline, api_key):
+    from controlplane.gateway.accounts.services import api_key_revoke
     from controlplane.gateway.models import ApiKey
-    from controlplane.gateway.services import api_key_revoke
 
     fake_pipeline({"r0": Script()})
     assert (await AsyncClient().get("/v1/models", **auth(api_key))).status_code == 200
@@ -219,9 +219,9 @@ async def test_a_replica_is_not_routed_to_until_its_pipeline_is_serving(fake_pip
     [("RequestRejected", 429), ("PipelineBroken", 503), ("DeadlineExceeded", 504)],
 )
 async def test_pipeline_errors_map_to_status_codes(fake_pipeline, api_key, error, status):
-    import worker_runtime.errors
+    import contracts.pipeline_errors
 
-    fake_pipeline({"r0": Script(error=getattr(worker_runtime.errors, error)("boom"))})
+    fake_pipeline({"r0": Script(error=getattr(contracts.pipeline_errors, error)("boom"))})
     response = await post(AsyncClient(), "/v1/completions", {"model": "demo", "prompt": "x"}, api_key)
     assert response.status_code == status
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}
@@ -237,7 +237,7 @@ async def test_the_gateway_deadline_is_a_504_not_a_hang(fake_pipeline, api_key, 
 
 
 async def test_router_decisions_and_queue_times_are_recorded(fake_pipeline, api_key, demo_model):
-    from controlplane.gateway.runtime import gateway_stats
+    from controlplane.gateway.serving.runtime import gateway_stats
 
     fake_pipeline({"r0": Script(tokens=tokens(demo_model)), "r1": Script(tokens=tokens(demo_model))})
     for _ in range(2):

@@ -10,8 +10,8 @@ import time
 import pytest
 from django.test import AsyncClient
 
-from controlplane.gateway.runtime import gateway_stats
-from controlplane.gateway.telemetry import recorder
+from controlplane.gateway.serving.decision_log import recorder
+from controlplane.gateway.serving.runtime import gateway_stats
 from tests.gateway.fakes import Script
 from tests.gateway.test_views import post, tokens
 
@@ -43,7 +43,7 @@ async def until(condition, timeout_s: float = 5.0) -> None:
 
 
 def depth() -> int:
-    from controlplane.gateway.runtime import gateway
+    from controlplane.gateway.serving.runtime import gateway
 
     return len(gateway().waiting.queue("demo"))
 
@@ -151,7 +151,7 @@ async def test_a_replica_re_planned_with_its_head_elsewhere_is_served_through_a_
         fake_pipeline, api_key, waits):
     """A pipeline keeps its id when re-planned in place around a lost node, but its head may move: the
     gateway follows the new address (it asked the dead one for ever: 503s after the wait)."""
-    from controlplane.gateway.runtime import gateway
+    from controlplane.gateway.serving.runtime import gateway
 
     fake = fake_pipeline({"d1-r0": Script(tokens=[5, 6, 7])})
     waits(WAIT_S=5.0, CLIENT_TIMEOUT_S=0.05)
@@ -168,7 +168,7 @@ async def test_a_replica_re_planned_with_its_head_elsewhere_is_served_through_a_
 async def test_the_clients_of_pipelines_no_longer_served_are_closed(fake_pipeline, api_key, waits):
     """A pipeline replaced beside, or a model no longer deployed, leaves no client (and its sockets)
     behind; one still served keeps its own."""
-    from controlplane.gateway.runtime import gateway
+    from controlplane.gateway.serving.runtime import gateway
 
     fake = fake_pipeline({"d1-r0": Script(tokens=[5]), "d1-r1": Script(tokens=[6])})
     waits(CLIENT_TIMEOUT_S=0.05)

@@ -153,7 +153,7 @@ def test_the_chat_template_renders_as_transformers(
 
 
 def test_the_gateway_renders_the_imported_template(smollm2_fp32, hf_smollm2_tokenizer):
-    from controlplane.gateway.tokenization import ModelTokenizer
+    from controlplane.gateway.openai.tokenization import ModelTokenizer
 
     tokenizer = ModelTokenizer.load(smollm2_fp32)
     for messages in CONVERSATIONS:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from worker_runtime.client import PipelineBroken, PipelineClient
+from controlplane.gateway.serving.pipeline_client import PipelineBroken, PipelineClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 

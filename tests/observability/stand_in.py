@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from controlplane.gateway.directory import ServedModel
+from controlplane.gateway.serving.directory import ServedModel
 from tests.gateway.fakes import FakePipelineClient, Script
 from tests.gateway.fakes import served_models as fake_served_models
 

@@ -21,7 +21,7 @@ RECORD = """
 import sys, time
 import django
 django.setup()
-from controlplane.gateway.telemetry import RouteRecord, recorder
+from controlplane.gateway.serving.decision_log import RouteRecord, recorder
 done, running, waiting = (int(a) for a in sys.argv[1:4])
 def start(i):
     rid = f"{sys.argv[4]}-{i}"

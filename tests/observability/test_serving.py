@@ -9,7 +9,7 @@ import json
 import pytest
 from django.test import AsyncClient
 
-from controlplane.gateway.tokenization import ModelTokenizer
+from controlplane.gateway.openai.tokenization import ModelTokenizer
 from tests.gateway.fakes import Script
 from tests.observability.conftest import Scrape, parse
 
@@ -99,7 +99,7 @@ async def test_waiting_then_running_while_a_request_is_served(fake_pipeline, api
 
 
 async def test_refusals_and_failures_are_counted_by_reason(fake_pipeline, api_key):
-    from worker_runtime.errors import PipelineBroken
+    from contracts.pipeline_errors import PipelineBroken
 
     fake = fake_pipeline({"r0": Script(tokens=[5, 6, 7], kv_tokens=64, planned_kv_tokens=64)})
     before = await scrape()

@@ -8,8 +8,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from controlplane.gateway.serving.pipeline_client import PipelineBroken, PipelineClient, TokenEvent
 from tests.support.processes import free_port
-from worker_runtime.client import PipelineBroken, PipelineClient, TokenEvent
 from worker_runtime.frames import FrameCodec
 
 from .harness import TOKEN

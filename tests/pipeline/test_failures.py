@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from worker_runtime.client import PipelineClient
-from worker_runtime.errors import PipelineBroken
+from contracts.pipeline_errors import PipelineBroken
+from controlplane.gateway.serving.pipeline_client import PipelineClient
 
 from .harness import TOKEN, wait_healthy
 from .test_pipeline import SLOW, collect, reference

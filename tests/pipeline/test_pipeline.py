@@ -10,11 +10,11 @@ import pytest
 import torch
 import zmq
 
+from contracts.pipeline_errors import DeadlineExceeded, PipelineBroken, RequestRejected
+from contracts.sampling import SamplingParams
+from controlplane.gateway.serving.pipeline_client import PipelineClient
 from worker_runtime.chain import generate
-from worker_runtime.client import PipelineClient
-from worker_runtime.errors import DeadlineExceeded, PipelineBroken, RequestRejected
 from worker_runtime.frames import FrameCodec
-from worker_runtime.sampling import SamplingParams
 from worker_runtime.stage import Stage
 
 from .harness import TOKEN, wait_healthy

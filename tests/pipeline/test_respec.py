@@ -10,10 +10,10 @@ import signal
 import pytest
 
 from contracts.stage_spec import StageSpec
+from controlplane.gateway.serving.pipeline_client import PipelineClient
 from tests.pipeline.harness import TOKEN, wait_healthy
 from tests.pipeline.test_pipeline import collect
 from tests.support.processes import free_port
-from worker_runtime.client import PipelineClient
 
 pytestmark = pytest.mark.timeout(120)
 PROMPT = [5, 17, 42, 9, 101]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker_runtime.errors import RequestRejected
-from worker_runtime.sampling import SamplingParams
+from contracts.pipeline_errors import RequestRejected
+from contracts.sampling import SamplingParams
 from worker_runtime.scheduler import KVLedger, Request, Scheduler
 
 

@@ -16,7 +16,7 @@ from django.test import Client
 
 from controlplane.common.permissions import OPERATORS_GROUP
 from controlplane.enrollment.services import agent_register, join_token_create
-from controlplane.gateway.services import api_key_create
+from controlplane.gateway.accounts.services import api_key_create
 
 DEVICE = {"model": "T4", "memory_bytes": 16 * 1024**3, "memory_bandwidth_gbs": 320.0, "fp16_tflops": 65.0,
           "bf16_tflops": 0.0, "int8_tops": 130.0, "emulated": True, "index": 0}

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 class ReplicaCosts:
     """Per-token costs of one replica, in seconds.
 
-    Where they come from is the directory's business (``controlplane/gateway/directory.py``): the
+    Where they come from is the directory's business (``controlplane/gateway/serving/directory.py``): the
     plan's predictions, a models file, else assumed defaults; ``benchmarks/router_validate.py``
     measures them by probing a pipeline. The gateway does not measure them from a running replica.
 

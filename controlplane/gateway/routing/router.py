@@ -6,7 +6,7 @@ finish it within the deadline. The baselines (round-robin, least-outstanding-tok
 conventional load balancer: any healthy replica is a candidate, a request that does not fit waits in
 that replica's bounded queue (contracts §2, ``max_queue``) and a late one gets the gateway's 504.
 With no candidate the router refuses at once (the gateway then answers, or makes an ``unavailable``
-request wait for a replica: controlplane/gateway/admission.py):
+request wait for a replica: controlplane/gateway/serving/admission.py):
 
 - ``unavailable`` (503): no healthy replica;
 - ``too_large`` (400): no healthy replica could hold prompt + max_tokens even when idle;

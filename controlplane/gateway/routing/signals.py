@@ -1,6 +1,6 @@
 """Live signals: what the agents' telemetry says about a replica, in the router's terms. Pure.
 
-The gateway (``controlplane/gateway/live_health.py``) reads the latest sample of every node and
+The gateway (``controlplane/gateway/serving/live_health.py``) reads the latest sample of every node and
 hands this module, per replica, where its stages run (``StageLink``) and the samples of those stages
 and devices with their age (``StageSample``, ``DeviceSample``). ``replica_reading`` turns them into
 the replica's ``ReplicaHealth`` (throttling, memory pressure; not ok when a sample is missing, stale

@@ -8,9 +8,9 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from controlplane.audit.services import actor_cli
+from controlplane.gateway.accounts.services import api_key_limits, api_key_set_limits
 from controlplane.gateway.management.limit_options import add_limit_arguments, limits_from_options
 from controlplane.gateway.models import ApiKey
-from controlplane.gateway.services import api_key_limits, api_key_set_limits
 
 
 class Command(BaseCommand):

@@ -7,9 +7,9 @@ import time
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import DatabaseError
 
+from controlplane.gateway.accounts.services import api_key_hash
 from controlplane.gateway.conf import gateway_setting
 from controlplane.gateway.models import ApiKey
-from controlplane.gateway.services import api_key_hash
 
 # Key hash -> the key as last read active, and when (time.monotonic()): what a request may use while
 # the database cannot be read (KEY_GRACE_S). A key read revoked or unknown is dropped at once.

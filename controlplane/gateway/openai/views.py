@@ -21,23 +21,23 @@ from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from controlplane.gateway.accounting import RequestAccount, request_admit
-from controlplane.gateway.admission import model_unserved
+from controlplane.gateway.accounts.accounting import RequestAccount, request_admit
+from controlplane.gateway.accounts.quotas import check_model, model_visible
+from controlplane.gateway.accounts.selectors import api_key_active
 from controlplane.gateway.conf import gateway_setting
-from controlplane.gateway.errors import (
+from controlplane.gateway.models import ApiKey
+from controlplane.gateway.openai.errors import (
     OpenAIError,
     bad_request,
     invalid_api_key,
     method_not_allowed,
     unavailable,
 )
-from controlplane.gateway.generation import Delta, Generation, generation_start
-from controlplane.gateway.models import ApiKey
-from controlplane.gateway.protocol import GenerationRequest, generation_request, parse_body
-from controlplane.gateway.quotas import check_model, model_visible
-from controlplane.gateway.runtime import ModelRoute, gateway
-from controlplane.gateway.selectors import api_key_active
-from controlplane.gateway.tokenization import ChatTemplateError
+from controlplane.gateway.openai.generation import Delta, Generation, generation_start
+from controlplane.gateway.openai.protocol import GenerationRequest, generation_request, parse_body
+from controlplane.gateway.openai.tokenization import ChatTemplateError
+from controlplane.gateway.serving.admission import model_unserved
+from controlplane.gateway.serving.runtime import ModelRoute, gateway
 
 log = logging.getLogger(__name__)
 

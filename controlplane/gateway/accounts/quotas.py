@@ -28,12 +28,12 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from controlplane.gateway.accounts.counters import Check, CounterStore
+from controlplane.gateway.accounts.usage import usage_tokens
+from controlplane.gateway.accounts.usage_backlog import flush as flush_usage
 from controlplane.gateway.conf import gateway_setting
-from controlplane.gateway.counters import Check, CounterStore
-from controlplane.gateway.errors import OpenAIError, model_not_allowed, quota_exhausted, rate_limited
 from controlplane.gateway.models import ApiKey, BudgetPeriod
-from controlplane.gateway.usage import usage_tokens
-from controlplane.gateway.usage_backlog import flush as flush_usage
+from controlplane.gateway.openai.errors import OpenAIError, model_not_allowed, quota_exhausted, rate_limited
 
 log = logging.getLogger(__name__)
 clock = time.time  # tests replace it to step through windows without sleeping

@@ -27,16 +27,16 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import asdict, dataclass
 
-from controlplane.gateway.admission import Refused, replica_admit
+from contracts.pipeline_errors import DeadlineExceeded, PipelineBroken, PipelineError, RequestRejected
+from contracts.sampling import SamplingParams
 from controlplane.gateway.conf import gateway_setting
-from controlplane.gateway.errors import OpenAIError, deadline_exceeded, saturated, unavailable
-from controlplane.gateway.protocol import GenerationRequest
+from controlplane.gateway.openai.errors import OpenAIError, deadline_exceeded, saturated, unavailable
+from controlplane.gateway.openai.protocol import GenerationRequest
+from controlplane.gateway.openai.textstream import IncrementalDetokenizer, StopStrings
 from controlplane.gateway.routing import Decision, RequestShape
-from controlplane.gateway.runtime import ModelRoute
-from controlplane.gateway.telemetry import RouteRecord, recorder
-from controlplane.gateway.textstream import IncrementalDetokenizer, StopStrings
-from worker_runtime.errors import DeadlineExceeded, PipelineBroken, PipelineError, RequestRejected
-from worker_runtime.sampling import SamplingParams
+from controlplane.gateway.serving.admission import Refused, replica_admit
+from controlplane.gateway.serving.decision_log import RouteRecord, recorder
+from controlplane.gateway.serving.runtime import ModelRoute
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.gateway import usage_backlog
-from controlplane.gateway.usage import BUCKETS, COUNTS, GROUPS, usage_buckets, usage_report
+from controlplane.gateway.accounts import usage_backlog
+from controlplane.gateway.accounts.usage import BUCKETS, COUNTS, GROUPS, usage_buckets, usage_report
 
 BUCKET_S = {"minute": 60, "hour": 3600, "day": 86400}
 DEFAULT_SPAN = {"minute": timedelta(hours=1), "hour": timedelta(days=1), "day": timedelta(days=30)}

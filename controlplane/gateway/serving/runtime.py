@@ -37,12 +37,12 @@ from django.db import DatabaseError
 from django.utils.module_loading import import_string
 
 from controlplane.gateway.conf import gateway_setting
-from controlplane.gateway.directory import ReplicaEndpoint, ServedModel
-from controlplane.gateway.live_health import LiveHealth, stale_after_s, telemetry_view
+from controlplane.gateway.openai.tokenization import ModelTokenizer
 from controlplane.gateway.routing import ReplicaHealth, ReplicaState, Router
-from controlplane.gateway.telemetry import router_telemetry
-from controlplane.gateway.tokenization import ModelTokenizer
-from controlplane.gateway.waiting import Waiting
+from controlplane.gateway.serving.decision_log import decision_stats
+from controlplane.gateway.serving.directory import ReplicaEndpoint, ServedModel
+from controlplane.gateway.serving.live_health import LiveHealth, stale_after_s, telemetry_view
+from controlplane.gateway.serving.waiting import Waiting
 
 log = logging.getLogger(__name__)
 
@@ -315,4 +315,4 @@ async def gateway_stats() -> dict:
                 "telemetry_stale_s": stale_after_s(), "live_telemetry": g.live.enabled(),
                 **{name.lower(): gateway_setting(name)
                    for name in ("WAIT_S", "MAX_WAITING", "WAIT_POLL_S", "MAX_MIGRATIONS")}}
-    return {"at": time.time(), "settings": settings, "models": models, "router": router_telemetry()}
+    return {"at": time.time(), "settings": settings, "models": models, "router": decision_stats()}

@@ -27,7 +27,6 @@ from typing import Any
 from django.conf import settings
 
 from controlplane.gateway.conf import gateway_setting
-from controlplane.gateway.directory import ReplicaEndpoint
 from controlplane.gateway.routing import (
     DeviceSample,
     MeasuredCosts,
@@ -37,7 +36,8 @@ from controlplane.gateway.routing import (
     StageSample,
     replica_reading,
 )
-from controlplane.gateway.telemetry import recorder
+from controlplane.gateway.serving.decision_log import recorder
+from controlplane.gateway.serving.directory import ReplicaEndpoint
 from controlplane.telemetry.selectors import device_samples, stage_samples
 
 

@@ -1,5 +1,6 @@
 """Usage records on their way to the database: queued in this process and written, in the order they
-were served, by one writer task on the server's event loop.
+were served, by one writer task on the server's event loop (started with the process's other
+services: controlplane/process_services.py).
 
 Why not written by the request itself before its last bytes go out: on the embedded default (SQLite:
 one writer at a time, IMMEDIATE transactions) every request that ended while the control plane wrote
@@ -28,7 +29,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, close_old_connections
 
-from controlplane.gateway.usage import usage_record
+from controlplane.gateway.accounts.usage import usage_record
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ _pending: deque[dict[str, Any]] = deque()
 _lock = threading.Lock()  # the queue itself: held only to look at or change it, never across a write
 _flushing = threading.Lock()  # one writer at a time, so the oldest record is written once
 _writer: asyncio.Task | None = None
+_wake: asyncio.Event | None = None  # set when records wait: the writer writes them
 
 
 def usage_keep(**figures: Any) -> None:
@@ -53,15 +55,24 @@ def pending() -> int:
     return len(_pending)
 
 
-def write_soon() -> None:
-    """Start the writer on the running loop when records wait and none runs (async callers). In a
-    context of its own (one inherited from the request that started it would outlive that request's
-    thread-sensitive context), writing from a pool thread: a write that waits for the database holds
-    up no thread-sensitive work of the gateway."""
-    global _writer
+def writer_start() -> None:
+    """Start this process's writer on the running loop, unless it runs there. In a context of its own
+    (one inherited from the request that started it would outlive that request's thread-sensitive
+    context), writing from a pool thread: a write that waits for the database holds up no
+    thread-sensitive work of the gateway."""
+    global _writer, _wake
     loop = asyncio.get_running_loop()
-    if _pending and (_writer is None or _writer.done() or _writer.get_loop() is not loop):
-        _writer = loop.create_task(_write(), context=contextvars.Context())
+    if _writer is None or _writer.done() or _writer.get_loop() is not loop:
+        _wake = asyncio.Event()
+        _writer = loop.create_task(_serve(_wake), name="usage-writer", context=contextvars.Context())
+
+
+def write_soon() -> None:
+    """Have the writer write what waits (async callers, on the loop; the writer is started here when
+    this loop has none, as when a test drives the gateway without the ASGI application)."""
+    writer_start()
+    if _pending:
+        _wake.set()
 
 
 def discard() -> None:
@@ -93,6 +104,13 @@ def _flush_on_a_sound_connection() -> bool:
     broke (or past its age) is replaced first, not reused."""
     close_old_connections()
     return flush()
+
+
+async def _serve(wake: asyncio.Event) -> None:
+    while True:
+        await wake.wait()
+        wake.clear()
+        await _write()
 
 
 async def _write() -> None:

@@ -13,8 +13,8 @@ from rest_framework.exceptions import PermissionDenied
 
 from controlplane.audit.services import audit_context
 from controlplane.common.api import ValidatedModelSerializer
+from controlplane.gateway.accounts.services import LIMIT_FIELDS, api_key_set_limits
 from controlplane.gateway.models import ApiKey
-from controlplane.gateway.services import LIMIT_FIELDS, api_key_set_limits
 
 
 class ApiKeySerializer(ValidatedModelSerializer):

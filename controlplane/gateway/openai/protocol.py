@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.gateway.errors import bad_request
+from controlplane.gateway.openai.errors import bad_request
 
 MAX_STOPS = 4
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}

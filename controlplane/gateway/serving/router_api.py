@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 from rest_framework.authtoken.models import Token
 
-from controlplane.gateway.runtime import gateway_stats
+from controlplane.gateway.serving.runtime import gateway_stats
 
 
 async def _api_user(request: HttpRequest) -> AbstractBaseUser | None:

@@ -1,12 +1,14 @@
 """The caller's side of a pipeline (contracts §2): submit token ids, get an async stream of tokens.
 
-The gateway and the tests talk to a pipeline's head only through this class. One DEALER socket
-carries every request of the client; a reader task routes incoming frames to each request's queue
-or call's future. Nothing waits forever: the head sends ``alive`` with the ids of the requests of
-ours it holds, and a stream whose request the head neither answered nor named for ``timeout_s``
-raises :class:`PipelineBroken`, as does a call unanswered for as long. Per request, not per head: a
-head restarted at the same address (ZeroMQ reconnects to it unseen) answers calls and names its own
-requests, but never the ones its predecessor took with it.
+The gateway and the tests talk to a pipeline's head only through this class. It imports no torch:
+the head sends it headers only, read with the envelope codec (``contracts.pipeline_frames``), and
+the errors and sampling parameters are the contract's too, so the gateway imports neither torch nor
+``worker_runtime``. One DEALER socket carries every request of the client; a reader task routes
+incoming frames to each request's queue or call's future. Nothing waits forever: the head sends
+``alive`` with the ids of the requests of ours it holds, and a stream whose request the head neither
+answered nor named for ``timeout_s`` raises :class:`PipelineBroken`, as does a call unanswered for as
+long. Per request, not per head: a head restarted at the same address (ZeroMQ reconnects to it
+unseen) answers calls and names its own requests, but never the ones its predecessor took with it.
 """
 
 from __future__ import annotations
@@ -24,9 +26,15 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from .errors import ERRORS_BY_KIND, DeadlineExceeded, PipelineBroken, PipelineError, RequestRejected
-from .frames import FrameCodec, FrameError
-from .sampling import SamplingParams
+from contracts.pipeline_errors import (
+    ERRORS_BY_KIND,
+    DeadlineExceeded,
+    PipelineBroken,
+    PipelineError,
+    RequestRejected,
+)
+from contracts.pipeline_frames import EnvelopeCodec, FrameError
+from contracts.sampling import SamplingParams
 
 __all__ = ["DeadlineExceeded", "PipelineBroken", "PipelineClient", "PipelineError", "RequestRejected", "TokenEvent"]
 log = logging.getLogger(__name__)
@@ -42,7 +50,7 @@ class TokenEvent:
 class PipelineClient:
     def __init__(self, head_address: str, auth_token: str, pipeline_id: str, timeout_s: float = 5.0):
         self.head_address, self.timeout_s = head_address, timeout_s
-        self._codec = FrameCodec(pipeline_id, auth_token)
+        self._codec = EnvelopeCodec(pipeline_id, auth_token)
         self._context: zmq.asyncio.Context | None = None
         self._socket: zmq.asyncio.Socket | None = None
         self._reader: asyncio.Task | None = None
@@ -76,18 +84,18 @@ class PipelineClient:
         self._socket = self._context = self._reader = None
 
     async def _send(self, header: dict[str, Any]) -> None:
-        await self._ensure().send_multipart(self._codec.encode(header))
+        await self._ensure().send_multipart(self._codec.encode_parts(header))
 
     async def _read(self) -> None:
         assert self._socket is not None
         while True:
             parts = await self._socket.recv_multipart()
             try:
-                frame = self._codec.decode(parts)
+                h, _ = self._codec.decode_parts(parts)  # the head sends headers only
             except FrameError as exc:
                 log.warning("dropped a frame from the head: %s", exc)
                 continue
-            now, h = time.monotonic(), frame.header
+            now = time.monotonic()
             if h["type"] == "reply":
                 future = self._calls.pop(h.get("call_id"), None)
                 if future is not None and not future.done():
@@ -172,7 +180,8 @@ class PipelineClient:
             self._heard.pop(request_id, None)
             if not finished and self._socket is not None:
                 with contextlib.suppress(zmq.ZMQError):
-                    self._socket.send_multipart(self._codec.encode({"type": "cancel", "request_id": request_id}))
+                    cancel = {"type": "cancel", "request_id": request_id}
+                    self._socket.send_multipart(self._codec.encode_parts(cancel))
 
     async def _call(self, kind: str, **fields: Any) -> Any:
         call_id = next(self._call_ids)

@@ -1,7 +1,7 @@
 """Router decisions and queue times, kept in memory for the dashboard and the ``stats`` figures.
 
 In-memory on purpose: these are per-process, high-rate and lossy-by-design figures (the telemetry
-invariant), not control state. ``router_telemetry()`` is what the dashboard reads. Each record keeps
+invariant), not control state. ``decision_stats()`` is what the dashboard reads. Each record keeps
 the inputs the router saw for every replica (``ReplicaInputs.as_dict``); the outcomes per replica
 give its recent error rate (``RouterRecorder.error_rate``), one of the router's health inputs. Each
 decision, first token and end is also counted for Prometheus (``controlplane.observability.serving``:
@@ -120,6 +120,6 @@ class RouterRecorder:
 recorder = RouterRecorder()
 
 
-def router_telemetry() -> dict:
+def decision_stats() -> dict:
     """Recent decisions, queue-time percentiles and outcome counts of this gateway process."""
     return recorder.snapshot()

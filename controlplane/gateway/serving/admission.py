@@ -21,10 +21,16 @@ from __future__ import annotations
 import time
 
 from controlplane.gateway.conf import gateway_setting
-from controlplane.gateway.errors import OpenAIError, bad_request, model_not_deployed, model_not_found, saturated
-from controlplane.gateway.errors import unavailable as unavailable_error
+from controlplane.gateway.openai.errors import (
+    OpenAIError,
+    bad_request,
+    model_not_deployed,
+    model_not_found,
+    saturated,
+)
+from controlplane.gateway.openai.errors import unavailable as unavailable_error
 from controlplane.gateway.routing import Decision, Rejection, RequestShape
-from controlplane.gateway.runtime import ModelRoute, gateway
+from controlplane.gateway.serving.runtime import ModelRoute, gateway
 from controlplane.models_catalog.models import LlmModel
 
 

@@ -20,12 +20,13 @@ from datetime import UTC, datetime
 
 from asgiref.sync import sync_to_async
 
-from controlplane.gateway import limits, quotas, usage_backlog
-from controlplane.gateway.errors import OpenAIError
-from controlplane.gateway.generation import Delta, Generation
+from controlplane.gateway import limits
+from controlplane.gateway.accounts import quotas, usage_backlog
+from controlplane.gateway.accounts.quotas import Admission, quota_admit, quota_settle
+from controlplane.gateway.accounts.usage_backlog import usage_keep
 from controlplane.gateway.models import ApiKey
-from controlplane.gateway.quotas import Admission, quota_admit, quota_settle
-from controlplane.gateway.usage_backlog import usage_keep
+from controlplane.gateway.openai.errors import OpenAIError
+from controlplane.gateway.openai.generation import Delta, Generation
 
 log = logging.getLogger(__name__)
 

@@ -26,13 +26,13 @@ from __future__ import annotations
 from controlplane.deployments.models import Deployment
 from controlplane.deployments.selectors import deployment_endpoints, deployment_list
 from controlplane.gateway.conf import gateway_setting
-from controlplane.gateway.directory import (
+from controlplane.gateway.routing import ReplicaCosts, ReplicaHealth, StageLink
+from controlplane.gateway.serving.directory import (
     ASSUMED_COSTS,
     ReplicaEndpoint,
     ServedModel,
     served_models_from_file,
 )
-from controlplane.gateway.routing import ReplicaCosts, ReplicaHealth, StageLink
 
 LISTED = (Deployment.Status.PENDING, Deployment.Status.DEPLOYING, Deployment.Status.READY,
           Deployment.Status.DEGRADED, Deployment.Status.FAILED)
