@@ -18,6 +18,7 @@ from typing import Any
 from contracts.footprint import StageFootprint, stage_footprint, usable_bytes
 from contracts.hardware import GIB, DeviceSpec
 from contracts.model_config import ModelConfig, UnsupportedModelError
+from contracts.precision import Precision
 from contracts.profiler import profile_model
 
 MIB = 1024**2
@@ -32,10 +33,9 @@ def spec_footprint(spec: dict[str, Any]) -> StageFootprint:
     try:
         config = ModelConfig.from_file(Path(spec["model_path"]))
         first, last = (int(x) for x in spec["layers"])
-        low_bits, low_from = (None if spec.get(k) is None else int(spec[k]) for k in ("low_bits", "low_from"))
-        bits, kv_tokens, batch = int(spec.get("bits", 16)), int(spec["kv_tokens"]), int(spec.get("batch", 1))
+        kv_tokens, batch = int(spec["kv_tokens"]), int(spec.get("batch", 1))
         profile = profile_model(config, name=str(spec["model_path"]))
-        return stage_footprint(profile, first, last, bits, low_bits, low_from, kv_tokens=kv_tokens, batch=batch)
+        return stage_footprint(profile, first, last, Precision.of(spec), kv_tokens=kv_tokens, batch=batch)
     except UnsupportedModelError as exc:
         raise StageRefused(f"cannot size the stage: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:

@@ -21,6 +21,7 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from contracts.model_profile import ModelProfile
+from contracts.precision import Precision
 from contracts.stage_spec import Emulation, SpecError, StageSpec
 from controlplane.deployments import dispatch, handover
 from controlplane.deployments.events import event_record
@@ -284,9 +285,7 @@ def _stage_spec(
         listen=addresses[stage_index],
         head=addresses[0],
         next=addresses[stage_index + 1] if stage_index + 1 < len(addresses) else None,
-        bits=stage["bits"],
-        low_bits=stage.get("low_bits"),
-        low_from=stage.get("low_from"),
+        **Precision.of(stage).fields(),
         device="cpu" if device.emulated else f"cuda:{device.index}",
         threads=settings.MOTLEY_STAGE_THREADS,
         kv_tokens=_kv_tokens(stage, device, checked),
