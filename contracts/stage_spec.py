@@ -94,9 +94,11 @@ class StageSpec:
                 values["emulation"] = Emulation(**values["emulation"])
             values["layers"] = tuple(values["layers"])
             spec = cls(**values)
-        except (TypeError, KeyError) as exc:
+            spec.validate()
+        except SpecError:
+            raise
+        except (TypeError, KeyError, ValueError) as exc:  # a field of the wrong type or shape
             raise SpecError(f"invalid stage spec: {exc}") from exc
-        spec.validate()
         return spec
 
     @classmethod

@@ -21,6 +21,7 @@ from contracts.hardware import GIB
 from contracts.model_config import ModelConfig
 from contracts.precision import Precision
 from contracts.profiler import profile_model
+from contracts.stage_spec import StageSpec
 from controlplane.planning import PlanRequest, Workload
 from controlplane.planning.cost_model import CostModel
 from controlplane.planning.plan import Placement
@@ -77,9 +78,10 @@ def test_the_planner_and_the_agent_compute_the_same_footprint_of_a_stage(tmp_pat
     for start, end, bits, low_bits, low_from in STAGES:
         placement = Placement(t4.name, start, end, bits, low_bits, low_from)
         planner = cost.memory(t4, placement)
-        spec = {"model_path": str(tmp_path), "stage_index": 0 if start == 0 else 1, "num_stages": 3,
-                "layers": [start, end], "bits": bits, "low_bits": low_bits, "low_from": low_from,
-                "kv_tokens": planner.kv_tokens, "batch": 5}
+        spec = StageSpec(pipeline_id="d1-r0", auth_token="t", model_path=str(tmp_path),
+                         stage_index=0 if start == 0 else 1, num_stages=3, layers=(start, end),
+                         listen="tcp://127.0.0.1:1", head="tcp://127.0.0.1:1", next="tcp://127.0.0.1:2",
+                         **Precision(bits, low_bits, low_from).fields(), kv_tokens=planner.kv_tokens, batch=5)
         agent = spec_footprint(spec)
         assert (agent.weights_bytes, agent.kv_bytes_per_token, agent.workspace_bytes) == (
             planner.weights_bytes, planner.kv_bytes_per_token, planner.workspace_bytes), placement
