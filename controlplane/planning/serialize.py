@@ -74,6 +74,20 @@ def plan_from_dict(data: Mapping[str, Any]) -> Plan:
     )
 
 
+def stored_plan(data: Mapping[str, Any]) -> Plan | None:
+    """A stored plan as the full ``Plan``; None for one that holds only what an operator edits (an edited
+    plan: its figures come when it is priced) or that cannot be read as one."""
+    try:
+        return plan_from_dict(data)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def replica_placements(data: Mapping[str, Any]) -> tuple[tuple[Placement, ...], ...]:
+    """Each replica's stages as a stored plan places them (PlanningError on a malformed plan)."""
+    return tuple(stages for stages, _ in placements_from_dict(data))
+
+
 def placements_from_dict(data: Mapping[str, Any]) -> tuple[tuple[tuple[Placement, ...], int | None], ...]:
     """Per replica: its stages' placements and its micro-batch count (None when not given)."""
     try:
