@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 from agents.memory_budget import StageRefused, check_fits, spec_footprint
+from agents.stage_usage import StageUsage
 from agents.throttle import Throttles
 from contracts.hardware import DeviceSpec
+from contracts.stage_spec import Emulation, StageSpec
 
 _CUDA = re.compile(r"^cuda:(\d+)$")
 DEFAULT_TIME_SCALE = 20.0
@@ -30,11 +31,19 @@ DEFAULT_TIME_SCALE = 20.0
 @dataclass(frozen=True)
 class Admitted:
     """A spec as it will run, the node-local device it runs on, and the bytes it holds there (its
-    footprint, ``contracts.footprint``, on an emulated device; 0 where nothing is budgeted)."""
+    footprint, ``contracts.footprint``, on an emulated device; 0 where nothing is budgeted). ``spec``
+    is None only for a start refused before its spec could be read."""
 
-    spec: dict[str, Any]
+    spec: StageSpec | None
     device_index: int | None
     memory_bytes: int
+
+    def usage(self, usage: tuple[float, float, float], *, alive: bool) -> StageUsage:
+        """What the stage occupies of its device: its bytes while it runs, ``usage`` (busy fraction,
+        tx/s, rx/s) and its spec's addresses."""
+        spec = self.spec
+        return StageUsage(self.device_index, self.memory_bytes if alive else 0, *usage,
+                          listen=spec.listen if spec else None, next=spec.next if spec else None)
 
 
 @dataclass(frozen=True)
@@ -44,11 +53,11 @@ class Admission:
     throttles: Throttles | None = None  # the emulated throttle knob; its files go into the specs
 
     def admit(
-        self, spec: dict[str, Any], others: Sequence[Admitted], device_index: int | None = None
+        self, spec: StageSpec, others: Sequence[Admitted], device_index: int | None = None
     ) -> Admitted:
         """The spec to run, or StageRefused. ``others``: the stages already admitted on this node."""
         if device_index is None:
-            match = _CUDA.match(str(spec.get("device", "")))
+            match = _CUDA.match(spec.device)
             device_index = int(match[1]) if match else None
         if device_index is None:
             if not any(d.emulated for d in self.devices):
@@ -59,30 +68,27 @@ class Admission:
             raise StageRefused(f"device index {device_index} does not exist on this node "
                                f"({len(self.devices)} device(s))")
         if not device.emulated:
-            return Admitted({**spec, "device": f"cuda:{device_index}"}, device_index, 0)
+            return Admitted(replace(spec, device=f"cuda:{device_index}"), device_index, 0)
         return self._on_emulated(spec, others, device)
 
-    def _on_emulated(self, spec: dict[str, Any], others: Sequence[Admitted], device: DeviceSpec) -> Admitted:
+    def _on_emulated(self, spec: StageSpec, others: Sequence[Admitted], device: DeviceSpec) -> Admitted:
         need = spec_footprint(spec)
         check_fits(need, device, sum(o.memory_bytes for o in others if o.device_index == device.index))
-        emulation = dict(spec.get("emulation") or {
-            "memory_bandwidth_gbs": device.memory_bandwidth_gbs,
-            "fp16_tflops": device.fp16_tflops,
-            "time_scale": self.time_scale,
-        })
+        emulation = spec.emulation or Emulation(device.memory_bandwidth_gbs, device.fp16_tflops,
+                                                self.time_scale)
         # What only this node knows of the card: its real speed against the catalog's, and its live throttle.
-        emulation["speed_factor"] = device.speed_factor
+        emulation = replace(emulation, speed_factor=device.speed_factor)
         if self.throttles is not None:
-            emulation["throttle_file"] = str(self.throttles.path(device.index))
-        return Admitted({**spec, "device": "cpu", "emulation": emulation}, device.index, need.total_bytes)
+            emulation = replace(emulation, throttle_file=str(self.throttles.path(device.index)))
+        return Admitted(replace(spec, device="cpu", emulation=emulation), device.index, need.total_bytes)
 
-    def _first_fit(self, spec: dict[str, Any], others: Sequence[Admitted]) -> Admitted:
-        emulation = spec.get("emulation") or {}
+    def _first_fit(self, spec: StageSpec, others: Sequence[Admitted]) -> Admitted:
+        emulation = spec.emulation
         candidates = [
             d for d in self.devices
-            if d.emulated and (not emulation or (
-                d.memory_bandwidth_gbs == emulation.get("memory_bandwidth_gbs")
-                and d.fp16_tflops == emulation.get("fp16_tflops")))
+            if d.emulated and (emulation is None or (
+                d.memory_bandwidth_gbs == emulation.memory_bandwidth_gbs
+                and d.fp16_tflops == emulation.fp16_tflops))
         ]
         if not candidates:
             raise StageRefused(f"no emulated device of this node models {emulation}")

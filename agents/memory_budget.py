@@ -13,12 +13,12 @@ never refused here, and one KV token more than it planned would be.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from contracts.footprint import StageFootprint, stage_footprint, usable_bytes
 from contracts.hardware import GIB, DeviceSpec
 from contracts.model_config import ModelConfig, UnsupportedModelError
 from contracts.profiler import profile_model
+from contracts.stage_spec import StageSpec
 
 MIB = 1024**2
 
@@ -27,19 +27,17 @@ class StageRefused(ValueError):
     """A stage the agent will not start; the message says why, for the operator."""
 
 
-def spec_footprint(spec: dict[str, Any]) -> StageFootprint:
+def spec_footprint(spec: StageSpec) -> StageFootprint:
     """The bytes the stage of a §1 spec would hold on the real card, from the checkpoint's config.json."""
     try:
-        config = ModelConfig.from_file(Path(spec["model_path"]))
-        first, last = (int(x) for x in spec["layers"])
-        low_bits, low_from = (None if spec.get(k) is None else int(spec[k]) for k in ("low_bits", "low_from"))
-        bits, kv_tokens, batch = int(spec.get("bits", 16)), int(spec["kv_tokens"]), int(spec.get("batch", 1))
-        profile = profile_model(config, name=str(spec["model_path"]))
-        return stage_footprint(profile, first, last, bits, low_bits, low_from, kv_tokens=kv_tokens, batch=batch)
+        config = ModelConfig.from_file(Path(spec.model_path))
+        profile = profile_model(config, name=spec.model_path)
+        return stage_footprint(profile, *spec.layers, spec.precision, kv_tokens=spec.kv_tokens,
+                               batch=spec.batch)
     except UnsupportedModelError as exc:
         raise StageRefused(f"cannot size the stage: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:
-        raise StageRefused(f"cannot size the stage: spec is missing or has a bad field ({exc})") from None
+        raise StageRefused(f"cannot size the stage: its model or layers do not fit ({exc})") from None
 
 
 def check_fits(need: StageFootprint, device: DeviceSpec, used_bytes: int) -> None:

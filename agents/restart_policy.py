@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from contracts.stage_spec import StageSpec
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,7 @@ class RestartPolicy:
     def delay(self, crashes: int) -> float:
         return min(self.max_backoff_s, self.backoff_s * 2 ** (crashes - 1))
 
-    def grace(self, spec: dict[str, Any]) -> float:
+    def grace(self, spec: StageSpec | None) -> float:
         if self.stop_grace_s is not None:
             return self.stop_grace_s
-        return float(spec.get("peer_timeout_s", 5.0)) + 2.0
+        return (spec.peer_timeout_s if spec is not None else StageSpec.peer_timeout_s) + 2.0

@@ -44,7 +44,7 @@ from agents.stage_process import (
 )
 from agents.stage_record import StageRecord
 from agents.stage_usage import StageUsage
-from contracts.stage_spec import respec_blocker, spec_digest
+from contracts.stage_spec import SpecError, StageSpec, respec_blocker, spec_digest
 from contracts.stage_status import StageStatus, identity_of
 
 log = logging.getLogger(__name__)
@@ -218,14 +218,15 @@ class Supervisor:
                 and respec_blocker(stage.requested[0], spec) is None):
             return None
         try:
-            admitted = self._admission.admit(spec, self._holding_memory(besides=stage), device_index)
-        except StageRefused:
+            parsed = StageSpec.from_dict(spec)
+            admitted = self._admission.admit(parsed, self._holding_memory(besides=stage), device_index)
+        except (SpecError, StageRefused):
             return None  # replaced the ordinary way, which says why it is refused
         if admitted.device_index != stage.admitted.device_index or not respec(stage.run, self._dir / key,
-                                                                              admitted.spec):
+                                                                              admitted.spec.to_json()):
             return None
         stage.requested, stage.admitted = requested, admitted
-        stage.loading_digest = spec_digest(admitted.spec)
+        stage.loading_digest = spec_digest(admitted.spec.to_json())
         stage_states.respecced(stage.status, spec_digest(spec))
         self._emit(stage)
         return _copy(stage.status)
@@ -240,13 +241,15 @@ class Supervisor:
             if stage.alive:
                 raise RuntimeError(f"stage {key} is still running another spec")
             del self._stages[key]  # exited, failed or waiting to restart: start afresh
-        deployment, replica, index = identity_of(spec)
-        status = StageStatus(key, deployment, replica, index, "starting", spec_digest=spec_digest(spec))
+        status = StageStatus(key, None, None, None, "starting", spec_digest=spec_digest(spec))
+        parsed = None
         try:
-            admitted = self._admission.admit(spec, self._holding_memory(), device_index)
-        except StageRefused as exc:
+            parsed = StageSpec.from_dict(spec)  # the spec as sent is what its reports name (spec_digest)
+            status.deployment_id, status.replica, status.stage_index = identity_of(parsed)
+            admitted = self._admission.admit(parsed, self._holding_memory(), device_index)
+        except (SpecError, StageRefused) as exc:
             stage_states.failed(status, f"refused: {exc}")
-            self._stages[key] = StageRecord(key, requested, Admitted(spec, None, 0), status)
+            self._stages[key] = StageRecord(key, requested, Admitted(parsed, None, 0), status)
             self._emit(self._stages[key])
             return _copy(status)
         stage = StageRecord(key, requested, admitted, status, background=background)
@@ -267,14 +270,14 @@ class Supervisor:
             self._inbox.put((self._on_message, (key, run, message, at), None))
 
         try:
-            run = spawn(self._command, self._dir / key, stage.admitted.spec, on_message,
+            run = spawn(self._command, self._dir / key, stage.admitted.spec.to_json(), on_message,
                         self._forks.take if self._forks is not None else None, inbox=self._serve_command)
         except SpawnFailed as exc:
             stage_states.failed(stage.status, str(exc))
             self._emit(stage)
             return
         stage.run, stage.last_stats, stage.usage = run, None, (0.0, 0.0, 0.0)
-        stage.loading_digest = spec_digest(stage.admitted.spec)
+        stage.loading_digest = spec_digest(stage.admitted.spec.to_json())
         stage_states.spawned(stage.status, run.pid)
         stage.loads_idle_until = self._priority.lowered(run.pid, stage.background)
         self._emit(stage)
@@ -359,12 +362,7 @@ class Supervisor:
         return self._policy.grace(stage.admitted.spec) if stage else 0.0
 
     def _snapshot(self) -> list[tuple[StageStatus, StageUsage]]:
-        return [
-            (_copy(s.status),
-             StageUsage(s.admitted.device_index, s.admitted.memory_bytes if s.alive else 0, *s.usage,
-                        listen=s.admitted.spec.get("listen"), next=s.admitted.spec.get("next")))
-            for s in self._stages.values()
-        ]
+        return [(_copy(s.status), s.admitted.usage(s.usage, alive=s.alive)) for s in self._stages.values()]
 
     def _emit(self, stage: StageRecord) -> None:
         try:

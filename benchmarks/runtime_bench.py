@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import runtime_bench_llamacpp as llamacpp  # noqa: E402
 from contracts.model_config import ModelConfig, UnsupportedModelError  # noqa: E402
+from contracts.precision import Precision  # noqa: E402
 from worker_runtime import Batch, QuantizationError, SamplingParams, Stage, generate  # noqa: E402
 from worker_runtime.make_demo_model import parse_args as demo_args  # noqa: E402
 from worker_runtime.make_demo_model import write_demo_model  # noqa: E402
@@ -90,7 +91,8 @@ class Engine:
 class Ours(Engine):
     def __init__(self, model_dir: Path, bits: int, dtype: torch.dtype, device: str = "cpu"):
         layers = ModelConfig.from_file(model_dir).num_layers
-        self.stage = Stage.load(model_dir, 0, layers, bits=bits, dtype=dtype, kv_tokens=8192, device=device)
+        self.stage = Stage.load(model_dir, 0, layers, precision=Precision(bits), dtype=dtype, kv_tokens=8192,
+                                device=device)
         self.name = f"motley {'int' + str(bits) if bits < 16 else str(dtype).removeprefix('torch.')}"
         memory = self.stage.memory()
         embedding = self.stage.embed.weight  # a lookup: decode reads one row of it, not all

@@ -7,7 +7,7 @@ what the planner would refuse.
 
 A stage holding layers [start, end) of a model keeps:
 
-- weights: each layer at its own precision (``contracts.precision.layer_precisions``), the embedding
+- weights: each layer at its own precision (``contracts.precision.Precision``), the embedding
   at 16 bits on the stage that holds layer 0 (a lookup: never quantized), and the final norm and
   ``lm_head`` at the precision of the stage's last layer on the stage that holds the last layer;
 - KV: ``kv_tokens`` tokens of context (summed over sequences) of its layers, 16-bit;
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from contracts.hardware import DeviceSpec
 from contracts.model_profile import ModelProfile
-from contracts.precision import layer_precisions
+from contracts.precision import FULL, Precision
 
 # Memory no stage may use: CUDA context, allocator slack and fragmentation.
 RESERVED_FRACTION = 0.05
@@ -74,17 +74,17 @@ class StageFootprint:
         return max(0, free // self.kv_bytes_per_token)
 
 
-def stage_footprint(profile: ModelProfile, start: int, end: int, bits: int = 16, low_bits: int | None = None,
-                    low_from: int | None = None, *, kv_tokens: int = 0, batch: int) -> StageFootprint:
-    """The footprint of a stage holding layers [start, end) at ``bits`` (``low_bits`` from layer
-    ``low_from`` on, and its head with them), with a KV pool of ``kv_tokens`` tokens (0: none; see
-    ``StageFootprint.holding``) and priced for ``batch`` sequences.
+def stage_footprint(profile: ModelProfile, start: int, end: int, precision: Precision = FULL, *,
+                    kv_tokens: int = 0, batch: int) -> StageFootprint:
+    """The footprint of a stage holding layers [start, end) at ``precision`` (its head at its last
+    layer's), with a KV pool of ``kv_tokens`` tokens (0: none; see ``StageFootprint.holding``) and
+    priced for ``batch`` sequences.
 
-    ValueError for layers outside the model or a precision split ``layer_precisions`` refuses.
+    ValueError for layers outside the model or a precision ``Precision.layer_bits`` refuses.
     """
     if not 0 <= start < end <= profile.num_layers:
         raise ValueError(f"layers [{start}, {end}) of a {profile.num_layers}-layer model")
-    precisions = layer_precisions(start, end, bits, low_bits, low_from)
+    precisions = precision.layer_bits(start, end)
     layers = profile.layers[start:end]
     weights = sum(layer.weight_bytes[b] for layer, b in zip(layers, precisions))
     holds_head = end == profile.num_layers

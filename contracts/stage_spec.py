@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from contracts.precision import layer_precisions
+from contracts.precision import Precision
 
 
 class SpecError(ValueError):
@@ -65,6 +65,11 @@ class StageSpec:
     hold: bool = False
 
     @property
+    def precision(self) -> Precision:
+        """``bits``, ``low_bits`` and ``low_from`` as one value (the spec file keeps them flat)."""
+        return Precision(self.bits, self.low_bits, self.low_from)
+
+    @property
     def is_head(self) -> bool:
         return self.stage_index == 0
 
@@ -89,9 +94,11 @@ class StageSpec:
                 values["emulation"] = Emulation(**values["emulation"])
             values["layers"] = tuple(values["layers"])
             spec = cls(**values)
-        except (TypeError, KeyError) as exc:
+            spec.validate()
+        except SpecError:
+            raise
+        except (TypeError, KeyError, ValueError) as exc:  # a field of the wrong type or shape
             raise SpecError(f"invalid stage spec: {exc}") from exc
-        spec.validate()
         return spec
 
     @classmethod
@@ -112,7 +119,7 @@ class StageSpec:
             (self.max_batch_tokens > 0 and self.max_queue >= 0, "max_batch_tokens/max_queue out of range"),
         ]
         try:
-            layer_precisions(start, end, self.bits, self.low_bits, self.low_from)
+            self.precision.layer_bits(start, end)
         except ValueError as exc:  # a precision other than 16/8/4, or a bad split
             checks.append((False, str(exc)))
         for ok, message in checks:

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from contracts.names import parse_pipeline_id
+from contracts.stage_spec import StageSpec
 
 StageState = Literal["starting", "ready", "draining", "exited", "failed"]
 
@@ -33,10 +34,8 @@ class StageStatus:
         return asdict(self)
 
 
-def identity_of(spec: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
-    """(deployment_id, replica, stage_index) of a spec: explicit keys win, else parsed from
-    ``pipeline_id`` ("d7-r0" is deployment 7, replica 0)."""
-    parsed = parse_pipeline_id(str(spec.get("pipeline_id", "")))
-    deployment = spec.get("deployment_id", parsed[0] if parsed else None)
-    replica = spec.get("replica", parsed[1] if parsed else None)
-    return deployment, replica, spec.get("stage_index")
+def identity_of(spec: StageSpec) -> tuple[int | None, int | None, int | None]:
+    """(deployment_id, replica, stage_index) of a spec, the first two parsed from its ``pipeline_id``
+    ("d7-r0" is deployment 7, replica 0; None, None for a pipeline id of another form)."""
+    deployment, replica = parse_pipeline_id(spec.pipeline_id) or (None, None)
+    return deployment, replica, spec.stage_index

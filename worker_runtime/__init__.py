@@ -3,7 +3,8 @@
 Public API (documented in docs/worker_runtime.md)::
 
     from worker_runtime import Stage, Batch, SamplingParams, sample
-    stage = Stage.load(model_dir, start, end, device="cpu", dtype=None, bits=16, kv_tokens=4096)
+    stage = Stage.load(model_dir, start, end, device="cpu", dtype=None, precision=Precision(16),
+                       kv_tokens=4096)
     hidden_or_logits = stage.forward(Batch(...))
     tokens = sample(logits, [SamplingParams(...)], positions)
 

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from contracts.model_config import ModelConfig
+from contracts.precision import Precision
 from contracts.profiler import DEFAULT_GROUP_SIZE
 
 from .stage import Batch, Stage
@@ -162,7 +163,8 @@ def measure_quality(
 
     perplexity: dict[str, float] = {}
     variants = {"fp32": {"dtype": torch.float32}, "bf16": {"dtype": torch.bfloat16},
-                "int8": {"dtype": torch.float32, "bits": 8}, "int4": {"dtype": torch.float32, "bits": 4}}
+                "int8": {"dtype": torch.float32, "precision": Precision(8)},
+                "int4": {"dtype": torch.float32, "precision": Precision(4)}}
     for label, kwargs in variants.items():
         chain = _Chain(model_dir, config, kv_tokens, group_size, **kwargs)
         logits = _run(chain.stages, held_batch, None)
@@ -182,8 +184,8 @@ def measure_quality(
     layer_ppl = {b: [reference_perplexity] * config.num_layers for b in QUANTIZED_BITS}
     for b in QUANTIZED_BITS:
         for l in sweep:
-            low = Stage.load(model_dir, l, l + 1, dtype=torch.float32, bits=b, kv_tokens=kv_tokens,
-                             group_size=group_size)
+            low = Stage.load(model_dir, l, l + 1, dtype=torch.float32, precision=Precision(b),
+                             kv_tokens=kv_tokens, group_size=group_size)
             logits = _run([low, *reference.stages[l + 1 :]], calib_batch, boundaries[l])[calib_mask]
             layer_ppl[b][l], layer_kl[b][l] = _scores(logits, calib_targets, ref_logp)
             say(f"layer {l} at int{b}: KL {layer_kl[b][l]:.3e}, perplexity {layer_ppl[b][l]:.4f}")

@@ -25,6 +25,7 @@ import uuid
 import torch
 
 from contracts.model_config import ModelConfig
+from contracts.precision import Precision
 from contracts.stage_spec import SpecError, StageSpec, respec_blocker, spec_digest, spec_file_read
 
 from .config import weight_cache_dir
@@ -53,8 +54,8 @@ def load_stage(spec: StageSpec, reuse: Stage | None = None) -> Stage:
     start, end = spec.layers
     on_cpu = torch.device(spec.device).type == "cpu"
     dtype = DTYPES[spec.dtype] if spec.dtype else (torch.float32 if on_cpu else None)
-    return Stage.load(spec.model_path, start, end, device=spec.device, dtype=dtype, bits=spec.bits,
-                      low_bits=spec.low_bits, low_from=spec.low_from, kv_tokens=spec.kv_tokens,
+    return Stage.load(spec.model_path, start, end, device=spec.device, dtype=dtype,
+                      precision=spec.precision, kv_tokens=spec.kv_tokens,
                       weight_cache=weight_cache_dir(), reuse=reuse)
 
 
@@ -108,9 +109,9 @@ def _stage_for(spec: StageSpec, running: Stage | None, running_raw: dict) -> Sta
     """The stage to serve ``spec`` with: the running one as it is when the new spec changes nothing it
     loaded (its neighbours moved, or it was held), its sequences dropped (they end with the old spec);
     else loaded, taking over what the running one holds."""
-    unchanged = ("bits", "low_bits", "low_from", "kv_tokens")
-    if running is not None and tuple(running_raw["layers"]) == spec.layers and all(
-            running_raw.get(name) == getattr(spec, name) for name in unchanged):
+    if (running is not None and tuple(running_raw["layers"]) == spec.layers
+            and Precision.of(running_raw) == spec.precision
+            and running_raw.get("kv_tokens") == spec.kv_tokens):
         running.kv.clear()
         return running
     return load_stage(spec, reuse=running)

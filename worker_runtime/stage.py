@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from contracts.model_config import ModelConfig
-from contracts.precision import layer_precisions
+from contracts.precision import FULL, Precision
 from contracts.profiler import DEFAULT_GROUP_SIZE, head_int8_group
 
 from .dense import Linear, weight_dtype
@@ -91,9 +91,7 @@ class Stage(nn.Module):
         *,
         device: torch.device | str = "cpu",
         dtype: torch.dtype | None = None,
-        bits: int = 16,
-        low_bits: int | None = None,
-        low_from: int | None = None,
+        precision: Precision = FULL,
         kv_tokens: int = 4096,
         block_size: int = 16,
         group_size: int = DEFAULT_GROUP_SIZE,
@@ -103,8 +101,8 @@ class Stage(nn.Module):
             raise ValueError(
                 f"stage layers [{start}, {end}) are not within the model's {config.num_layers} layers"
             )
-        self.layer_bits = layer_precisions(start, end, bits, low_bits, low_from)
-        self.config, self.start, self.end, self.bits = config, start, end, bits
+        self.layer_bits = precision.layer_bits(start, end)
+        self.config, self.start, self.end, self.precision = config, start, end, precision
         self.device = torch.device(device)
         self.dtype = dtype or DTYPES[config.torch_dtype]
         # Where the embedding and the 16-bit layers' linear weights are kept: the checkpoint's own 16 bits on
@@ -169,9 +167,7 @@ class Stage(nn.Module):
         *,
         device: torch.device | str = "cpu",
         dtype: torch.dtype | None = None,
-        bits: int = 16,
-        low_bits: int | None = None,
-        low_from: int | None = None,
+        precision: Precision = FULL,
         kv_tokens: int = 4096,
         block_size: int = 16,
         group_size: int = DEFAULT_GROUP_SIZE,
@@ -180,8 +176,8 @@ class Stage(nn.Module):
     ) -> "Stage":
         """Load layers [start, end) of the checkpoint in ``model_dir``, reading only this stage's tensors.
 
-        ``dtype`` defaults to the checkpoint's; ``bits`` 8 or 4 quantizes every linear layer of the
-        stage (the lm_head included, the embedding lookup not); with ``low_bits`` and ``low_from``,
+        ``dtype`` defaults to the checkpoint's; ``precision`` at 8 or 4 bits quantizes every linear layer
+        of the stage (the lm_head included, the embedding lookup not); with ``low_bits`` and ``low_from``,
         layers [low_from, end) and the lm_head run at ``low_bits`` instead (a plan's stage that mixes
         two precisions); ``kv_tokens`` is the cache budget; ``weight_cache``: a folder where quantized
         layers of a CPU stage are kept for the next process that loads them (weight_cache.py); ``reuse``:
@@ -195,9 +191,7 @@ class Stage(nn.Module):
             end,
             device=device,
             dtype=dtype,
-            bits=bits,
-            low_bits=low_bits,
-            low_from=low_from,
+            precision=precision,
             kv_tokens=kv_tokens,
             block_size=block_size,
             group_size=group_size,

@@ -6,6 +6,7 @@ shapes, so the server and the browser draw one picture.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from django.db.models import Count, Prefetch, Q
@@ -16,6 +17,7 @@ from controlplane.deployments.events import event_list
 from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentStage, PlanRevision
 from controlplane.inventory.models import Device, Link, Node
 from controlplane.models_catalog.models import LlmModel
+from controlplane.planning import PlanningError, StagePlan
 from controlplane.telemetry.calibration import stage_calibration
 
 
@@ -120,24 +122,25 @@ def fleet_events(*, limit: int) -> list[dict[str, Any]]:
 
 
 def _deployment(deployment: Deployment, figures: dict[str, dict] | None = None) -> dict[str, Any]:
-    plan = deployment.revision.plan if deployment.revision else {}
-    predicted_stages = {(r, s): stage for r, replica in enumerate(plan.get("replicas", []))
-                        for s, stage in enumerate(replica.get("stages", []))}
-    revisions = list(deployment.revisions.all())
+    plan = deployment.revision.priced if deployment.revision else None  # None: no figures (an edited plan)
+    predicted_stages = {(r, s): stage for r, replica in enumerate(plan.replicas if plan else ())
+                        for s, stage in enumerate(replica.stages)}
+    revisions = [(r, r.priced) for r in deployment.revisions.all()]
     return {
         "id": deployment.pk, "name": deployment.name, "model": deployment.model.name,
         "model_id": deployment.model_id,
         "status": deployment.status, "status_display": deployment.get_status_display(),
         "status_message": deployment.status_message,
         "revision_number": getattr(deployment.revision, "number", None),
-        "replicas": len(plan.get("replicas", [])),
-        "predicted": plan.get("predicted"), "bottleneck": plan.get("bottleneck"),
-        "replica_bottlenecks": [(r.get("bottleneck") or {}).get("device") for r in plan.get("replicas", [])],
+        "replicas": _replica_count(deployment.revision),
+        "predicted": asdict(plan.predicted) if plan else None,
+        "bottleneck": asdict(plan.bottleneck) if plan else None,
+        "replica_bottlenecks": [r.bottleneck.device for r in plan.replicas] if plan else [],
         "revisions": [{"id": r.pk, "number": r.number, "source": r.get_source_display(), "status": r.status,
                        "created": r.created, "applied_at": r.applied_at,
-                       "tokens_per_s": (r.plan.get("predicted") or {}).get("decode_tokens_per_s"),
-                       "latency_ms": (r.plan.get("predicted") or {}).get("token_latency_ms"),
-                       "bottleneck": (r.plan.get("bottleneck") or {}).get("device")} for r in revisions],
+                       "tokens_per_s": p.predicted.decode_tokens_per_s if p else None,
+                       "latency_ms": p.predicted.token_latency_ms if p else None,
+                       "bottleneck": p.bottleneck.device if p else None} for r, p in revisions],
         "stages": [{
             "stage_key": s.stage_key, "replica": s.replica, "stage_index": s.stage_index, "wanted": s.wanted,
             "held": s.held,
@@ -167,9 +170,17 @@ def _calibration_row(stage: DeploymentStage, figures: dict | None) -> dict[str, 
     return row
 
 
-def _predicted_step_ms(predicted_stages: dict, stage: DeploymentStage) -> float | None:
-    planned = predicted_stages.get((stage.slot, stage.stage_index)) or {}
-    return planned.get("predicted", {}).get("step_ms")
+def _replica_count(revision: PlanRevision | None) -> int:
+    try:
+        return len(revision.placements) if revision else 0
+    except PlanningError:  # a stored plan without readable replicas
+        return 0
+
+
+def _predicted_step_ms(predicted_stages: dict[tuple[int, int], StagePlan],
+                       stage: DeploymentStage) -> float | None:
+    planned = predicted_stages.get((stage.slot, stage.stage_index))
+    return planned.step_ms if planned else None
 
 
 _OVERLAY_STAGE_KEYS = ("stage_key", "device", "layers", "bits", "low_bits", "low_from", "state")

@@ -34,6 +34,7 @@ from controlplane.deployments.models import (
 from controlplane.deployments.revisions import CheckedPlan
 from controlplane.deployments.room import room_shortfalls
 from controlplane.inventory.models import Device, Node
+from controlplane.planning.plan import StagePlan
 
 # The event each source of a revision is recorded as when applied (an operator's or the planner's: APPLIED).
 _APPLIED_KINDS = {PlanRevision.Source.REPLAN: DeploymentEvent.Kind.REPLANNED,
@@ -82,7 +83,7 @@ def revision_apply(*, deployment: Deployment, checked: CheckedPlan) -> None:
     dispatch.reconcile_on_commit(deployment_id=deployment.pk)
 
 
-Stages = list[tuple[Device, dict[str, Any]]]
+Stages = list[tuple[Device, StagePlan]]
 
 
 def _slot_apply(
@@ -264,7 +265,7 @@ def _address(row: DeploymentStage) -> str:
 
 
 def _stage_spec(
-    *, replica: DeploymentReplica, stage: dict[str, Any], stage_index: int, device: Device,
+    *, replica: DeploymentReplica, stage: StagePlan, stage_index: int, device: Device,
     addresses: list[str], checked: CheckedPlan,
 ) -> StageSpec:
     """The stage spec of contracts §1; emulated devices run on the CPU, paced to the card they stand for.
@@ -272,7 +273,7 @@ def _stage_spec(
     Its KV pool is ``_kv_tokens``. The head (stage 0) schedules the pipeline: it keeps as many
     micro-batches in flight as its plan slot was planned with.
     """
-    start, end = stage["layers"]
+    start, end = stage.layers
     micro_batches = checked.micro_batches[replica.slot]
     spec = StageSpec(
         pipeline_id=replica.pipeline_id,
@@ -284,9 +285,7 @@ def _stage_spec(
         listen=addresses[stage_index],
         head=addresses[0],
         next=addresses[stage_index + 1] if stage_index + 1 < len(addresses) else None,
-        bits=stage["bits"],
-        low_bits=stage.get("low_bits"),
-        low_from=stage.get("low_from"),
+        **stage.precision.fields(),
         device="cpu" if device.emulated else f"cuda:{device.index}",
         threads=settings.MOTLEY_STAGE_THREADS,
         kv_tokens=_kv_tokens(stage, device, checked),
@@ -306,12 +305,14 @@ def _stage_spec(
     return spec
 
 
-def _footprint_spec(stage: dict[str, Any], device: Device, checked: CheckedPlan) -> dict[str, Any]:
-    """A plan stage with what its footprint also depends on (room.py's test): its KV pool and batch."""
-    return {**stage, "kv_tokens": _kv_tokens(stage, device, checked), "batch": checked.batch}
+def _footprint_spec(stage: StagePlan, device: Device, checked: CheckedPlan) -> dict[str, Any]:
+    """What a plan stage's footprint depends on (room.py's test), as its spec says it: its layers and
+    precision, its KV pool and batch."""
+    return {"layers": list(stage.layers), **stage.precision.fields(),
+            "kv_tokens": _kv_tokens(stage, device, checked), "batch": checked.batch}
 
 
-def _kv_tokens(stage: dict[str, Any], device: Device, checked: CheckedPlan) -> int:
+def _kv_tokens(stage: StagePlan, device: Device, checked: CheckedPlan) -> int:
     """The stage's KV pool: the plan's, but only what the workload needs on an emulated device (the host's
     RAM, shared by every emulated stage, stands for the card's memory)."""
-    return min(stage["kv_tokens"], checked.workload_kv_tokens) if device.emulated else stage["kv_tokens"]
+    return min(stage.kv_tokens, checked.workload_kv_tokens) if device.emulated else stage.kv_tokens

@@ -16,6 +16,7 @@ from contracts.routing import DEFAULT_ROUTING_STRATEGY, ROUTING_STRATEGIES
 from controlplane.common.models import TimestampedModel
 from controlplane.inventory.models import Device, Node
 from controlplane.models_catalog.models import LlmModel
+from controlplane.planning import Placement, Plan, replica_placements, stored_plan
 
 # The gateway router's strategies (contracts/routing.py), e.g. "round_robin".
 ROUTING_STRATEGY_CHOICES = [(name, name.replace("_", "-")) for name in ROUTING_STRATEGIES]
@@ -55,6 +56,18 @@ class PlanRevision(TimestampedModel):
 
     def __str__(self) -> str:
         return f"plan revision {self.pk} of {self.model}"
+
+    @property
+    def priced(self) -> Plan | None:
+        """``plan`` parsed into the planner's ``Plan`` (its figures, bottleneck, explanation); None for a
+        plan that holds only what an operator edits, priced when it is checked (``plan_revision_check``)."""
+        return stored_plan(self.plan)
+
+    @property
+    def placements(self) -> tuple[tuple[Placement, ...], ...]:
+        """Each replica's stages as ``plan`` places them (device, layers, precision): every stored plan
+        has them. PlanningError names what is wrong with a malformed one."""
+        return replica_placements(self.plan)
 
 
 class Deployment(TimestampedModel):
@@ -105,7 +118,7 @@ class DeploymentReplica(models.Model):
     """One physical pipeline of a deployment; its auth token is shared by its stages and the gateway only.
 
     ``index`` names the pipeline (``d<dep>-r<index>``, its stage keys) for its whole life; ``slot`` is
-    the plan replica it serves (``plan["replicas"][slot]``). They differ after a handover: a changed
+    the plan replica it serves (``revision.priced.replicas[slot]``). They differ after a handover: a changed
     slot may be served by a new pipeline started beside the old one (handover.py, docs/deployments.md
     "Handover (make before break)"), and ``phase`` says where each pipeline is in that.
     """
@@ -170,7 +183,7 @@ class DeploymentStage(models.Model):
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="stages")
     replica = models.PositiveSmallIntegerField()  # the physical pipeline's index (its stage key)
     # Its pipeline's plan slot (DeploymentReplica.slot, fixed for the pipeline's life): where its
-    # predictions are in the plan, ``plan["replicas"][slot]["stages"][stage_index]``.
+    # predictions are in the plan, ``revision.priced.replicas[slot].stages[stage_index]``.
     slot = models.PositiveSmallIntegerField(default=0)
     stage_index = models.PositiveSmallIntegerField()
     wanted = models.BooleanField(default=True)

@@ -109,7 +109,7 @@ def _status_decide(*, deployment: Deployment, rows: list[DeploymentStage], was_m
     failed = [row for row in wanted if row.state == row.State.FAILED]
     ready = {row.replica for row in rows} - {row.replica for row in rows if row.state != row.State.READY}
     serving = [r for r in replicas if r.phase == DeploymentReplica.Phase.SERVING]
-    slots = set(range(len(deployment.revision.plan["replicas"])))
+    slots = set(range(len(deployment.revision.placements)))
     summary = handover.handover_summary(replicas)
     if lost:
         names = ", ".join(sorted({row.node.name for row in lost}))

@@ -24,6 +24,7 @@ from controlplane.inventory.models import Device, Node
 from controlplane.inventory.selectors import fleet_spec_from_inventory
 from controlplane.models_catalog.models import LlmModel
 from controlplane.planning import PlanningError, PlanRequest, check, least_change_plan, plan_to_dict
+from controlplane.planning.plan import StagePlan
 
 
 def plan_revision_create(
@@ -43,7 +44,7 @@ class CheckedPlan:
     """A revision found deployable, with the stages it asks for on the devices as they are now."""
 
     revision: PlanRevision
-    replicas: list[list[tuple[Device, dict[str, Any]]]]  # per replica, per stage: device, priced stage
+    replicas: list[list[tuple[Device, StagePlan]]]  # per replica, per stage: device, priced stage
     batch: int  # sequences the plan was priced for (each stage's spec carries it)
     workload_kv_tokens: int  # batch x context: the KV one replica's workload needs on every stage
     micro_batches: list[int]  # per replica: micro-batches its head keeps in flight
@@ -73,13 +74,12 @@ def plan_revision_check(
     problems, edited = check(revision.plan, request)  # not validate: the planner's own plan is not needed
     if problems:
         raise ValidationError({"plan": [p.message for p in problems]})
-    priced = plan_to_dict(edited)
     return CheckedPlan(
         revision=revision,
-        replicas=[[(devices[s["device"]], s) for s in replica["stages"]] for replica in priced["replicas"]],
-        batch=priced["batch"],
-        workload_kv_tokens=priced["batch"] * priced["context"],
-        micro_batches=[replica["micro_batches"] for replica in priced["replicas"]],
+        replicas=[[(devices[s.device], s) for s in replica.stages] for replica in edited.replicas],
+        batch=edited.batch,
+        workload_kv_tokens=edited.batch * edited.context,
+        micro_batches=[replica.micro_batches for replica in edited.replicas],
     )
 
 

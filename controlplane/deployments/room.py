@@ -20,6 +20,7 @@ from django.db.models import Q
 from contracts.footprint import stage_footprint, usable_bytes
 from contracts.hardware import GIB, DeviceSpec
 from contracts.model_profile import ModelProfile
+from contracts.precision import Precision
 from controlplane.deployments.models import DeploymentStage
 from controlplane.inventory.models import Device
 
@@ -65,8 +66,8 @@ def room_shortfalls(*, profile: ModelProfile, new: Iterable[tuple[Device, dict[s
 def spec_bytes(profile: ModelProfile, spec: dict[str, Any]) -> int:
     """The bytes the stage of a §1 spec holds on its card (``contracts.footprint``)."""
     start, end = spec["layers"]
-    return stage_footprint(profile, start, end, spec["bits"], spec.get("low_bits"), spec.get("low_from"),
-                           kv_tokens=spec["kv_tokens"], batch=spec["batch"]).total_bytes
+    return stage_footprint(profile, start, end, Precision.of(spec), kv_tokens=spec["kv_tokens"],
+                           batch=spec["batch"]).total_bytes
 
 
 def _device_spec(device: Device) -> DeviceSpec:

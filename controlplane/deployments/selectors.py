@@ -11,6 +11,7 @@ from django.db.models import Prefetch, QuerySet
 from controlplane.deployments.models import Deployment, DeploymentReplica, DeploymentStage
 from controlplane.inventory.models import Device, Node
 from controlplane.models_catalog.models import LlmModel
+from controlplane.planning import PlanningError, replica_placements
 
 
 def deployment_list() -> QuerySet[Deployment]:
@@ -50,7 +51,7 @@ class ReplicaHead:
     """Where the gateway sends a replica's requests (its head, stage 0) and the token they carry.
 
     The gateway turns it into its own ``gateway.serving.directory.ReplicaEndpoint``, with routing figures.
-    ``slot`` is the plan replica it serves (``plan["replicas"][slot]``: its predicted costs and KV);
+    ``slot`` is the plan replica it serves (``priced.replicas[slot]``: its predicted costs and KV);
     ``serving`` is False while the controller hands the replica over (a newer pipeline of the same
     slot takes its place, or its changed stages reload in place): the gateway then admits nothing new
     to it, and a request it still runs that breaks is resumed elsewhere. ``kv_tokens``: the smallest
@@ -145,12 +146,11 @@ def plan_devices(
 
 
 def plan_device_names(plan_data: Any) -> list[str]:
+    """The devices a plan (stored, or as the API received it) puts a stage on."""
     try:
-        return sorted({str(s["device"]) for r in plan_data["replicas"] for s in r["stages"]})
-    except (KeyError, TypeError) as exc:
-        raise ValidationError(
-            {"plan": f"malformed plan ({exc!r}): expected replicas[].stages[].device"}
-        ) from None
+        return sorted({stage.device for replica in replica_placements(plan_data) for stage in replica})
+    except PlanningError as exc:
+        raise ValidationError({"plan": str(exc)}) from None
 
 
 def devices_in_use(*, deployment: Deployment | None) -> dict[str, str]:

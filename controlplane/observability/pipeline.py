@@ -14,7 +14,6 @@ metrics name it), ``stage`` (its index) and ``device`` (``<node>/gpu<i>``).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from django.db.models import Count
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -23,6 +22,7 @@ from prometheus_client.registry import Collector
 from contracts.names import parse_stage_key, pipeline_id
 from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentStage
 from controlplane.observability.fleet import as_number, enum_gauge
+from controlplane.planning import Plan, StagePlan
 from controlplane.telemetry.selectors import stage_samples
 
 STAGE_LABELS = ("model_name", "deployment", "replica", "stage", "device")
@@ -79,12 +79,12 @@ class PipelineCollector(Collector):
     def _predicted(self, deployments: dict[int, Deployment], wanted: dict[str, DeploymentStage]):
         gauges = {k: GaugeMetricFamily(name, doc, labels=STAGE_LABELS)
                   for k, (name, doc) in PLAN_GAUGES.items()}
+        plans = {pk: d.revision.priced if d.revision else None for pk, d in deployments.items()}
         for key, stage in sorted(wanted.items()):
             deployment = deployments[stage.deployment_id]
-            plan = deployment.revision.plan if deployment.revision else {}
-            predicted = _plan_stage(plan, stage.slot, stage.stage_index).get("predicted") or {}
-            for field, family in gauges.items():
-                if (value := as_number(predicted.get(field))) is not None:
+            planned = _plan_stage(plans[stage.deployment_id], stage.slot, stage.stage_index)
+            for field, family in gauges.items() if planned is not None else ():
+                if (value := as_number(getattr(planned, field))) is not None:
                     family.add_metric(self._labels(deployment, key, wanted), value * 1e-3)
         yield from gauges.values()
 
@@ -134,9 +134,9 @@ class PipelineCollector(Collector):
         return family
 
 
-def _plan_stage(plan: dict[str, Any], replica: int, stage_index: int) -> dict[str, Any]:
-    try:
-        stage = plan["replicas"][replica]["stages"][stage_index]
-    except (KeyError, IndexError, TypeError):
-        return {}
-    return stage if isinstance(stage, dict) else {}
+def _plan_stage(plan: Plan | None, replica: int, stage_index: int) -> StagePlan | None:
+    """The stage of the applied plan a stage row runs (None: the plan has no figures, or no such stage)."""
+    if plan is None or not 0 <= replica < len(plan.replicas):
+        return None
+    stages = plan.replicas[replica].stages
+    return stages[stage_index] if 0 <= stage_index < len(stages) else None

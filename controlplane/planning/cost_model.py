@@ -172,8 +172,7 @@ class CostModel:
 
     def memory(self, device: DeviceSpec, stage: StagePrecision) -> StageFit:
         """The stage's footprint on this device (``contracts.footprint``, as the agent admits it)."""
-        footprint = stage_footprint(self.model, stage.start, stage.end, stage.bits, stage.low_bits,
-                                    stage.low_from, batch=self.batch)
+        footprint = stage_footprint(self.model, stage.start, stage.end, stage.precision, batch=self.batch)
         return StageFit(footprint, usable_bytes(device))
 
     def decode_s(self, device: DeviceSpec, stage: StagePrecision, micro_batch: float) -> float:

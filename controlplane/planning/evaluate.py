@@ -72,8 +72,7 @@ def stage_plan(cost: CostModel, placement: Placement, following: DeviceSpec | No
     kv_bytes = kv_tokens * memory.kv_bytes_per_token
     return StagePlan(
         device=device.name, node=device.node, gpu_model=device.model,
-        start=placement.start, end=placement.end, bits=placement.bits, low_bits=placement.low_bits,
-        low_from=placement.low_from, kv_tokens=int(kv_tokens),
+        start=placement.start, end=placement.end, **placement.precision.fields(), kv_tokens=int(kv_tokens),
         memory=MemoryBreakdown(
             weights_bytes=memory.weights_bytes, kv_bytes=int(kv_bytes),
             workspace_bytes=memory.workspace_bytes,

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from contracts.precision import Precision
+
 PlanKind = Literal["planner", "even", "memory", "edited", "repaired"]
 
 
@@ -25,6 +27,12 @@ class StagePrecision:
     bits: int
     low_bits: int | None
     low_from: int | None
+
+    @property
+    def precision(self) -> Precision:
+        """``bits``, ``low_bits`` and ``low_from`` as the one value the footprint, the stage spec and
+        the worker take."""
+        return Precision(self.bits, self.low_bits, self.low_from)
 
     @property
     def split(self) -> int:
@@ -65,6 +73,10 @@ class Placement(StagePrecision):
     low_bits: int | None = None
     low_from: int | None = None
 
+    @classmethod
+    def at(cls, device: str, start: int, end: int, precision: Precision) -> "Placement":
+        return cls(device, start, end, precision.bits, precision.low_bits, precision.low_from)
+
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
@@ -98,7 +110,7 @@ class StagePlan(StagePrecision):
 
     @property
     def placement(self) -> Placement:
-        return Placement(self.device, self.start, self.end, self.bits, self.low_bits, self.low_from)
+        return Placement.at(self.device, self.start, self.end, self.precision)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from contracts.precision import Precision
 from controlplane.planning.plan import (Bottleneck, Figures, MemoryBreakdown, Placement, Plan, ReplicaPlan,
                                         StagePlan)
 from controlplane.planning.request import PlanningError
@@ -30,16 +31,11 @@ def _bottleneck(b: Bottleneck) -> dict[str, Any]:
 def _stage(s: StagePlan) -> dict[str, Any]:
     return {
         "device": s.device, "node": s.node, "gpu_model": s.gpu_model, "layers": [s.start, s.end],
-        "bits": s.bits, **_low_bits(s), "kv_tokens": s.kv_tokens,
+        "bits": s.bits, **s.precision.split_fields(), "kv_tokens": s.kv_tokens,
         "memory": {k: getattr(s.memory, k) for k in _MEMORY},
         "predicted": {"compute_ms": s.compute_ms, "transfer_ms": s.transfer_ms, "step_ms": s.step_ms},
         "link": s.link,
     }
-
-
-def _low_bits(s: StagePlan) -> dict[str, int]:
-    """``low_bits`` and ``low_from``, only for a stage that mixes two precisions."""
-    return {} if s.low_bits is None else {"low_bits": s.low_bits, "low_from": s.low_from}
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
@@ -78,6 +74,20 @@ def plan_from_dict(data: Mapping[str, Any]) -> Plan:
     )
 
 
+def stored_plan(data: Mapping[str, Any]) -> Plan | None:
+    """A stored plan as the full ``Plan``; None for one that holds only what an operator edits (an edited
+    plan: its figures come when it is priced) or that cannot be read as one."""
+    try:
+        return plan_from_dict(data)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def replica_placements(data: Mapping[str, Any]) -> tuple[tuple[Placement, ...], ...]:
+    """Each replica's stages as a stored plan places them (PlanningError on a malformed plan)."""
+    return tuple(stages for stages, _ in placements_from_dict(data))
+
+
 def placements_from_dict(data: Mapping[str, Any]) -> tuple[tuple[tuple[Placement, ...], int | None], ...]:
     """Per replica: its stages' placements and its micro-batch count (None when not given)."""
     try:
@@ -86,10 +96,7 @@ def placements_from_dict(data: Mapping[str, Any]) -> tuple[tuple[tuple[Placement
             stages = []
             for s in r["stages"]:
                 start, end = s["layers"]
-                low_bits, low_from = s.get("low_bits"), s.get("low_from")
-                stages.append(Placement(str(s["device"]), int(start), int(end), int(s.get("bits", 16)),
-                                        None if low_bits is None else int(low_bits),
-                                        None if low_from is None else int(low_from)))
+                stages.append(Placement.at(str(s["device"]), int(start), int(end), Precision.of(s)))
             replicas.append((tuple(stages), r.get("micro_batches")))
         return tuple(replicas)
     except (KeyError, TypeError, ValueError) as exc:

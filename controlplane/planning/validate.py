@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from contracts.hardware import GIB
-from contracts.precision import split_problem
 from controlplane.planning.cost_model import CostModel
 from controlplane.planning.evaluate import assemble, evaluate_replica
 from controlplane.planning.explain import explain, unused_devices
@@ -131,7 +130,7 @@ def _budget_problems(request: PlanRequest, stages, r: int):
     layers = request.model.num_layers
     if request.measured:
         if not all(p.bits in request.bits and p.last_bits in request.bits and 0 <= p.start < p.end <= layers
-                   and not split_problem(p.start, p.end, p.bits, p.low_bits, p.low_from) for p in stages):
+                   and not p.precision.problem(p.start, p.end) for p in stages):
             return  # precision_not_allowed, bad_range or bad_split says it; no KL to sum
         if not within_kl(stages, request.model.sensitivity, request.max_kl, request.bits):
             kl = plan_kl(stages, request.model.sensitivity)
@@ -164,7 +163,7 @@ def _stage_problems(request: PlanRequest, cost: CostModel, known, uses, p: Place
         yield Problem("bad_range", f"{where}: layers [{p.start}, {p.end}) is empty or outside "
                       f"[0, {request.model.num_layers})", r, s)
         return
-    split = split_problem(p.start, p.end, p.bits, p.low_bits, p.low_from)
+    split = p.precision.problem(p.start, p.end)
     if split:
         yield Problem("bad_split", f"{where}: {split}", r, s)
         return

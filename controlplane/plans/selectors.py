@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -13,7 +12,7 @@ from controlplane.inventory.models import Device
 from controlplane.inventory.selectors import fleet_spec_from_inventory
 from controlplane.models_catalog.models import LlmModel
 from controlplane.models_catalog.selectors import model_profile
-from controlplane.planning import PlanRequest
+from controlplane.planning import Plan, PlanRequest, plan_to_dict
 from controlplane.telemetry.calibration import stage_calibration
 
 
@@ -29,29 +28,28 @@ def plan_request_from_inventory(
 
 
 
-def with_calibration(plan_data: dict[str, Any], *, fleet: FleetSpec) -> dict[str, Any]:
-    """``plan_data`` (the planner's JSON) with, per stage, the calibration its figures were priced with
+def with_calibration(plan: Plan, *, fleet: FleetSpec) -> dict[str, Any]:
+    """The planner's JSON of ``plan`` with, per stage, the calibration its figures were priced with
     (``calibration``: the factor of its device at the stage's last precision, where that comes from,
     the samples behind it) and the figures without it (``predicted_raw``: first principles alone).
-    A copy: a stored plan never carries them. Two queries."""
-    data = copy.deepcopy(plan_data)
+    A stored plan never carries them. Two queries."""
+    data = plan_to_dict(plan)
     specs = {d.name: d for d in fleet.devices}
     stored = calibrations()
     rows = {d.name: d for d in Device.objects.select_related("node").filter(node__name__in={
         d.node for d in specs.values()})}
-    for replica in data.get("replicas", []):
-        for stage in replica.get("stages", []):
-            spec, row = specs.get(stage.get("device")), rows.get(stage.get("device"))
-            if spec is None or row is None or "predicted" not in stage:
+    for replica, shown in zip(plan.replicas, data["replicas"]):
+        for stage, out in zip(replica.stages, shown["stages"]):
+            spec, row = specs.get(stage.device), rows.get(stage.device)
+            if spec is None or row is None:
                 continue
-            bits = stage.get("low_bits") or stage["bits"]
+            bits = stage.last_bits
             factor, factors = spec.calibration_at(bits), stored.for_device(row)
-            predicted = stage["predicted"]
-            raw = predicted["compute_ms"] / factor
-            stage["calibration"] = {"factor": factor, "bits": bits, "source": factors.source,
-                                    "samples": factors.samples.get(bits, 0)}
-            stage["predicted_raw"] = {"compute_ms": raw, "transfer_ms": predicted["transfer_ms"],
-                                      "step_ms": max(raw, predicted["transfer_ms"])}
+            raw = stage.compute_ms / factor
+            out["calibration"] = {"factor": factor, "bits": bits, "source": factors.source,
+                                  "samples": factors.samples.get(bits, 0)}
+            out["predicted_raw"] = {"compute_ms": raw, "transfer_ms": stage.transfer_ms,
+                                    "step_ms": max(raw, stage.transfer_ms)}
     return data
 
 

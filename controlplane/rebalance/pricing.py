@@ -77,8 +77,8 @@ class Pricing:
 def price(*, deployment: Deployment, fleet: FleetSpec) -> Pricing:
     """Re-plan ``deployment`` on ``fleet`` and price its applied plan there too. The planner's plan
     is checked with its own ``validate`` (every layer served, memory, precision, pins)."""
-    applied = deployment.revision.plan
-    stored = float(applied.get("predicted", {}).get("decode_tokens_per_s") or 0.0)
+    applied, priced = deployment.revision.plan, deployment.revision.priced
+    stored = float(priced.predicted.decode_tokens_per_s if priced else 0.0)
     try:
         request = plan_request_now(revision=deployment.revision, fleet=fleet,
                                    busy=devices_in_use(deployment=deployment))

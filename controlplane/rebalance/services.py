@@ -31,6 +31,7 @@ from controlplane.deployments.events import event_record
 from controlplane.deployments.models import Deployment, DeploymentEvent, PlanRevision
 from controlplane.deployments.revisions import plan_revision_create
 from controlplane.deployments.services import deployment_apply
+from controlplane.planning import replica_placements
 from controlplane.rebalance import triggers
 from controlplane.rebalance.diff import plan_diff
 from controlplane.rebalance.models import RebalanceProposal, RebalanceState
@@ -119,7 +120,8 @@ def _decide(*, deployment: Deployment, state: RebalanceState, occurrence: Occurr
                        why=f"waits: the last change was applied {since:.0f} s ago (cooldown {cooldown:g} s)")
     if pricing.proposed is None:
         return _record(deployment, state, occurrence, "held", figures, why=f"no change: {pricing.problem}")
-    diff = plan_diff(deployment.revision.plan, pricing.proposed)
+    proposed = replica_placements(pricing.proposed)
+    diff = plan_diff(deployment.revision.placements, proposed)
     if not diff["stages"]:
         return _record(deployment, state, occurrence, "held", figures,
                        why="no change: the planner's plan is the applied one")
@@ -131,12 +133,12 @@ def _decide(*, deployment: Deployment, state: RebalanceState, occurrence: Occurr
                        why=f"no change: {gains}, under the {threshold:.0%} threshold")
     proposals = RebalanceProposal.objects.filter(deployment=deployment)
     open_ = proposals.filter(status=RebalanceProposal.Status.OPEN).first()
-    if open_ is not None and not plan_diff(open_.revision.plan, pricing.proposed)["stages"]:
+    if open_ is not None and not plan_diff(open_.revision.placements, proposed)["stages"]:
         return _record(deployment, state, occurrence, "kept", figures,
                        why=f"proposal {open_.pk} already proposes this plan: {gains}")
     dismissed = proposals.filter(base_revision=deployment.revision,
                                  status=RebalanceProposal.Status.DISMISSED).first()
-    if dismissed is not None and not plan_diff(dismissed.revision.plan, pricing.proposed)["stages"]:
+    if dismissed is not None and not plan_diff(dismissed.revision.placements, proposed)["stages"]:
         return _record(deployment, state, occurrence, "held", figures,
                        why=f"no change: proposal {dismissed.pk} of this plan was dismissed ({gains})")
     proposal = _propose(deployment=deployment, occurrence=occurrence, pricing=pricing, diff=diff,

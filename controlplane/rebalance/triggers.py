@@ -16,7 +16,6 @@ from django.conf import settings
 
 from contracts.hardware import FleetSpec
 from controlplane.deployments.models import Deployment
-from controlplane.deployments.selectors import plan_device_names
 from controlplane.inventory.models import Device
 from controlplane.rebalance.models import RebalanceProposal, RebalanceState
 from controlplane.rebalance.pricing import plannable_devices
@@ -41,9 +40,9 @@ def baseline_take(*, state: RebalanceState, deployment: Deployment, fleet: Fleet
     state.devices = plannable_devices(deployment=deployment, fleet=fleet)
     specs = {d.name: d for d in fleet.devices}
     state.factors = {
-        f"{stage['device']}@{bits}": specs[stage["device"]].calibration_at(bits)
-        for replica in deployment.revision.plan.get("replicas", []) for stage in replica["stages"]
-        if stage["device"] in specs for bits in {stage["bits"], stage.get("low_bits") or stage["bits"]}
+        f"{stage.device}@{bits}": specs[stage.device].calibration_at(bits)
+        for replica in deployment.revision.placements for stage in replica
+        if stage.device in specs for bits in {stage.bits, stage.last_bits}
     }
     state.drift_since, state.throttled_since = None, {}
     state.better_checked_at, state.handled, state.last_decision = now, [], ""
@@ -60,7 +59,7 @@ def fleet_changed(*, state: RebalanceState, deployment: Deployment, fleet: Fleet
         return None
     rows = {d.name: d for d in Device.objects.select_related("node").filter(
         node__name__in={name.split("/", 1)[0] for name in left})}
-    used = set(plan_device_names(deployment.revision.plan))
+    used = _plan_devices(deployment)
     why = {name: _why_left(rows.get(name)) for name in left}
     if any(name in used and why[name] in ("lost", "draining", "gone") for name in left):
         return None
@@ -69,6 +68,11 @@ def fleet_changed(*, state: RebalanceState, deployment: Deployment, fleet: Fleet
     digest = hashlib.sha1(",".join(now_devices).encode()).hexdigest()[:12]
     return Occurrence(Trigger.FLEET, f"fleet:{digest}", "the fleet changed: " + "; ".join(parts),
                       {"joined": joined, "left": left})
+
+
+def _plan_devices(deployment: Deployment) -> set[str]:
+    """The devices the applied plan puts a stage on."""
+    return {stage.device for replica in deployment.revision.placements for stage in replica}
 
 
 def _why_left(device: Device | None) -> str:
@@ -83,7 +87,7 @@ def throttled(*, state: RebalanceState, deployment: Deployment, throttle: dict[s
               now: float) -> Occurrence | None:
     """A device of the applied plan has reported a slowdown in every sample for
     ``MOTLEY_REBALANCE_DRIFT_FOR_S``."""
-    used = set(plan_device_names(deployment.revision.plan))
+    used = _plan_devices(deployment)
     since = {name: state.throttled_since.get(name, now) for name in sorted(used & set(throttle))}
     state.throttled_since = since
     lasting = [name for name, t in since.items() if now - t >= settings.MOTLEY_REBALANCE_DRIFT_FOR_S]

@@ -40,6 +40,7 @@ from django.db import transaction
 from contracts.hardware import DeviceSpec, FleetSpec
 from contracts.metrics import SLOWDOWN_REASONS
 from contracts.model_profile import ModelProfile
+from contracts.precision import Precision
 from controlplane.deployments.events import event_record
 from controlplane.deployments.models import DeploymentEvent, DeploymentStage
 from controlplane.inventory.calibration import Observation, calibrations, device_calibration_observe
@@ -139,7 +140,7 @@ def _observation(row: DeploymentStage, reading: Latest, device: DeviceSpec, prof
                  throttled: bool) -> StageObservation | None:
     stats, spec = reading.value["stats"], row.spec
     start, end = spec["layers"]
-    placement = Placement(device.name, start, end, spec["bits"], spec.get("low_bits"), spec.get("low_from"))
+    placement = Placement.at(device.name, start, end, Precision.of(spec))
     batch = float(stats["decode_batch"])
     context = round(float(stats.get("decode_kv_tokens") or 0) / batch)
     try:

@@ -51,13 +51,17 @@ def tiny_model(directory: Path) -> Path:
 
 def stage_spec(model: Path, pipeline_id: str = "d7-r0", stage_index: int = 1, device: str = "cpu",
                memory_mib: int = 100, emulation: dict | None = None, **stand_in: Any) -> dict[str, Any]:
-    """A §1 spec of a middle stage holding one layer of the tiny model and about ``memory_mib`` of KV."""
+    """A §1 spec of stage ``stage_index`` of 3, holding one layer of the tiny model and about
+    ``memory_mib`` of KV. ``stand_in`` scripts the stand-in stage (stand_in_stage.py): it travels as
+    the spec's ``auth_token``, a string the agent passes on unread, so the spec stays one the agent
+    parses (``StageSpec.from_dict`` refuses a field it does not know)."""
     return {
-        "pipeline_id": pipeline_id, "auth_token": "t", "model_path": str(model),
+        "pipeline_id": pipeline_id, "auth_token": json.dumps(stand_in, sort_keys=True),
+        "model_path": str(model),
         "stage_index": stage_index, "num_stages": 3, "layers": [stage_index, stage_index + 1], "bits": 16,
         "dtype": None, "device": device, "threads": 1, "kv_tokens": memory_mib * MIB // KV_BYTES_PER_TOKEN,
-        "listen": "tcp://127.0.0.1:1", "next": None, "head": "tcp://127.0.0.1:1", "peer_timeout_s": 1.0,
-        "emulation": emulation, "stand_in": stand_in,
+        "listen": "tcp://127.0.0.1:1", "next": None if stage_index == 2 else "tcp://127.0.0.1:2",
+        "head": "tcp://127.0.0.1:1", "peer_timeout_s": 1.0, "emulation": emulation,
     }
 
 

@@ -2,7 +2,8 @@
 
 It reads the spec, prints ``ready`` and then ``stats`` lines on stdout, drains and exits 0 on SIGTERM,
 exits 0 at once on SIGUSR1 (replaced).
-The spec's extra ``stand_in`` block scripts misbehaviour for supervision tests:
+The spec's ``auth_token``, a JSON object here (tests/agents/helpers.py ``stage_spec``), scripts
+misbehaviour for supervision tests:
 ``crash_after_s`` + ``exit_code`` (+ ``error``: an error event first), ``ignore_sigterm``,
 ``spawn_child`` (a grandchild in the same process group), ``steps_per_s`` and ``step_ms``,
 ``ready_when`` (a path: "loads" until it exists, then prints ``ready``), ``health`` (a head's health
@@ -26,7 +27,11 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--spec", required=True)
     spec = json.load(open(parser.parse_args().spec))
-    script = spec.get("stand_in", {})
+    try:
+        script = json.loads(spec["auth_token"])
+    except ValueError:
+        script = {}
+    script = script if isinstance(script, dict) else {}
     stopping = []
     if script.get("ignore_sigterm"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

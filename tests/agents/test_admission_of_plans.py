@@ -14,6 +14,7 @@ from agents.discovery.emulated import emulated_devices
 from agents.memory_budget import StageRefused
 from contracts.model_config import ModelConfig
 from contracts.profiler import profile_model
+from contracts.stage_spec import StageSpec
 from controlplane.planning import PlanRequest, Workload, plan, plan_to_dict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,9 +67,9 @@ def test_every_stage_the_planner_places_on_the_demo_fleet_is_admitted_and_one_to
     for node, index, spec, planned_kv in stages:
         admission = admissions[node]
         # As the controller sends it (KV capped at the workload's need), next to the stages already there.
-        admitted[node].append(admission.admit(spec, admitted[node], index))
+        admitted[node].append(admission.admit(StageSpec.from_dict(spec), admitted[node], index))
         # With all the KV the planner gave it, on the real card's capacity: admitted, and not a token more.
-        alone = admission.admit({**spec, "kv_tokens": planned_kv}, [], index)
+        alone = admission.admit(StageSpec.from_dict({**spec, "kv_tokens": planned_kv}), [], index)
         assert alone.device_index == index
         with pytest.raises(StageRefused, match="does not fit"):
-            admission.admit({**spec, "kv_tokens": planned_kv + 1}, [], index)
+            admission.admit(StageSpec.from_dict({**spec, "kv_tokens": planned_kv + 1}), [], index)

@@ -102,17 +102,17 @@ def test_admission_gives_an_emulated_stage_its_cards_speed_factor_and_throttle_f
     throttles = Throttles(tmp_path / "throttle", devices)
     admission = Admission(devices, time_scale=3.0, throttles=throttles)
     spec = stage_spec(tiny_model(tmp_path / "model"), stage_index=2, memory_mib=10)
-    admitted = admission.admit(spec, [], device_index=2)
-    emulation = admitted.spec["emulation"]
-    assert emulation == {"memory_bandwidth_gbs": 320.0, "fp16_tflops": 65.0, "time_scale": 3.0,
-                         "speed_factor": 0.5, "throttle_file": str(throttles.path(2))}
-    parsed = StageSpec.from_dict({k: v for k, v in admitted.spec.items() if k != "stand_in"})
+    admitted = admission.admit(StageSpec.from_dict(spec), [], device_index=2)
+    assert admitted.spec.to_json()["emulation"] == {
+        "memory_bandwidth_gbs": 320.0, "fp16_tflops": 65.0, "time_scale": 3.0, "speed_factor": 0.5,
+        "throttle_file": str(throttles.path(2))}
+    parsed = StageSpec.from_dict(admitted.spec.to_json())
     assert parsed.emulation.speed_factor == 0.5  # what the stage process will read
     # The control plane's figures are kept; what only the node knows is the node's.
     sent = {**spec, "emulation": {"memory_bandwidth_gbs": 1.0, "fp16_tflops": 2.0, "time_scale": 4.0,
                                   "speed_factor": 7.0}}
-    emulation = admission.admit(sent, [], device_index=0).spec["emulation"]
-    assert (emulation["memory_bandwidth_gbs"], emulation["speed_factor"]) == (1.0, 1.0)
+    emulation = admission.admit(StageSpec.from_dict(sent), [], device_index=0).spec.emulation
+    assert (emulation.memory_bandwidth_gbs, emulation.speed_factor) == (1.0, 1.0)
 
 
 def test_a_slower_card_than_its_catalog_is_not_reported_as_throttled(tmp_path, island_fleet):

@@ -9,14 +9,14 @@ import copy
 import pytest
 
 from benchmarks.replacement_bench import boundary_moves, two_stages, with_layers
-from contracts.precision import layer_precisions
+from contracts.precision import Precision
 
 MIXED = {"device": "a/gpu0", "layers": [0, 16], "bits": 16, "low_bits": 4, "low_from": 9}
 
 
 def precisions(stage: dict) -> tuple[int, ...]:
     """Per-layer bits, raising as the API's validation does for a split not strictly inside."""
-    return layer_precisions(*stage["layers"], stage["bits"], stage.get("low_bits"), stage.get("low_from"))
+    return Precision.of(stage).layer_bits(*stage["layers"])
 
 
 @pytest.mark.parametrize("low_from", range(1, 16))

@@ -19,7 +19,9 @@ from contracts.footprint import (
 )
 from contracts.hardware import GIB
 from contracts.model_config import ModelConfig
+from contracts.precision import Precision
 from contracts.profiler import profile_model
+from contracts.stage_spec import StageSpec
 from controlplane.planning import PlanRequest, Workload
 from controlplane.planning.cost_model import CostModel
 from controlplane.planning.plan import Placement
@@ -39,13 +41,13 @@ STAGES = [
 def test_the_formula_by_hand():
     model = profile(6, hidden=512, layer_params=1_000_000, vocab=3000, kv_bytes=4096)
     layer, embedding, head = model.layers[0].weight_bytes, model.embedding.weight_bytes, model.head.weight_bytes
-    whole = stage_footprint(model, 0, 6, 16, 4, 4, kv_tokens=100, batch=3)
+    whole = stage_footprint(model, 0, 6, Precision(16, 4, 4), kv_tokens=100, batch=3)
     assert whole.weights_bytes == embedding[16] + 4 * layer[16] + 2 * layer[4] + head[4]
     assert (whole.kv_bytes_per_token, whole.kv_bytes) == (6 * 4096, 100 * 6 * 4096)
     chunk = 512 * model.activation_bytes_per_token * 10  # a prefill chunk's activations
     assert whole.workspace_bytes == chunk + 4 * 3000 * 3  # + fp32 logits of 3 sequences
     assert whole.total_bytes == whole.weights_bytes + whole.kv_bytes + whole.workspace_bytes
-    middle = stage_footprint(model, 2, 4, 8, kv_tokens=10, batch=3)
+    middle = stage_footprint(model, 2, 4, Precision(8), kv_tokens=10, batch=3)
     assert (middle.weights_bytes, middle.workspace_bytes) == (2 * layer[8], chunk)
     assert middle.holding(11) == middle.total_bytes + 2 * 4096
     assert middle.kv_tokens_within(middle.total_bytes) == 10
@@ -55,7 +57,7 @@ def test_the_formula_by_hand():
     assert usable_bytes(device) == int(16 * GIB * (1 - RESERVED_FRACTION)) - RESERVED_BYTES
     assert usable_bytes(replace(device, memory_used_bytes=GIB)) == usable_bytes(device) - GIB
     with pytest.raises(ValueError, match="strictly inside"):
-        stage_footprint(model, 2, 4, 16, 4, 4, batch=1)
+        stage_footprint(model, 2, 4, Precision(16, 4, 4), batch=1)
     with pytest.raises(ValueError, match="6-layer model"):
         stage_footprint(model, 2, 7, batch=1)
 
@@ -76,9 +78,10 @@ def test_the_planner_and_the_agent_compute_the_same_footprint_of_a_stage(tmp_pat
     for start, end, bits, low_bits, low_from in STAGES:
         placement = Placement(t4.name, start, end, bits, low_bits, low_from)
         planner = cost.memory(t4, placement)
-        spec = {"model_path": str(tmp_path), "stage_index": 0 if start == 0 else 1, "num_stages": 3,
-                "layers": [start, end], "bits": bits, "low_bits": low_bits, "low_from": low_from,
-                "kv_tokens": planner.kv_tokens, "batch": 5}
+        spec = StageSpec(pipeline_id="d1-r0", auth_token="t", model_path=str(tmp_path),
+                         stage_index=0 if start == 0 else 1, num_stages=3, layers=(start, end),
+                         listen="tcp://127.0.0.1:1", head="tcp://127.0.0.1:1", next="tcp://127.0.0.1:2",
+                         **Precision(bits, low_bits, low_from).fields(), kv_tokens=planner.kv_tokens, batch=5)
         agent = spec_footprint(spec)
         assert (agent.weights_bytes, agent.kv_bytes_per_token, agent.workspace_bytes) == (
             planner.weights_bytes, planner.kv_bytes_per_token, planner.workspace_bytes), placement
@@ -104,7 +107,8 @@ def test_the_planners_matrices_hold_every_range_to_the_footprint():
                 splits = [end] if bits == low_bits else range(start + 1, end)
                 for split in splits:
                     stage = (start, end, bits) if split == end else (start, end, bits, low_bits, split)
-                    want = stage_footprint(model, *stage, batch=3).holding(cost.kv_required)
+                    footprint = stage_footprint(model, start, end, Precision(*stage[2:]), batch=3)
+                    want = footprint.holding(cost.kv_required)
                     got = cost._kept_bytes(np.array(start), np.array(split), np.array(end), bits, low_bits)
                     assert float(got) == want, stage
 
@@ -131,10 +135,10 @@ def test_a_loaded_stage_holds_the_footprints_weights_and_kv(tmp_path, variant, w
     path = make_checkpoint(variant, tmp_path / variant)
     config = ModelConfig.from_file(path)
     start, end, bits, low_bits, low_from = WORKER_STAGES[which](config.num_layers)
-    footprint = stage_footprint(profile_model(config, name=variant), start, end, bits, low_bits, low_from,
-                                kv_tokens=64, batch=1)
-    stage = Stage.load(path, start, end, dtype=torch.bfloat16, bits=bits, low_bits=low_bits,
-                       low_from=low_from, kv_tokens=64)
+    precision = Precision(bits, low_bits, low_from)
+    footprint = stage_footprint(profile_model(config, name=variant), start, end, precision, kv_tokens=64,
+                                batch=1)
+    stage = Stage.load(path, start, end, dtype=torch.bfloat16, precision=precision, kv_tokens=64)
     real = stage.memory()
     assert real.weight_bytes == footprint.weights_bytes
     assert real.kv_bytes_per_token == footprint.kv_bytes_per_token
@@ -151,5 +155,5 @@ def test_the_int8_head_is_priced_as_the_stage_holds_it(hidden):
     model = profile_model(config, name="tiny")
     scales = 1000 * hidden // 32 if hidden % 32 == 0 else 1000
     assert model.head.weight_bytes[8] == 1000 * hidden + 2 * scales + 2 * hidden  # + the final norm
-    stage = Stage(config, 1, 2, dtype=torch.bfloat16, bits=8, kv_tokens=16)
-    assert stage.memory().weight_bytes == stage_footprint(model, 1, 2, 8, batch=1).weights_bytes
+    stage = Stage(config, 1, 2, dtype=torch.bfloat16, precision=Precision(8), kv_tokens=16)
+    assert stage.memory().weight_bytes == stage_footprint(model, 1, 2, Precision(8), batch=1).weights_bytes

@@ -5,8 +5,8 @@ The consumer stays up, logs each refusal with what is wrong, starts nothing from
 and still runs the good task sent after them. A redelivered start (the same task twice) starts one
 process. A task sent to an earlier incarnation of the agent (queued before it registered again: a
 replay, or a start decided for its previous life) is refused naming both incarnations, as is one
-without an incarnation (docs/contracts.md §3). An unknown field inside a spec is refused by the
-stage process itself, StageSpec.from_dict, not here.
+without an incarnation (docs/contracts.md §3). A spec ``StageSpec.from_dict`` refuses (an unknown
+field inside it, a bad value) is refused as the task arrives and reported as a failed stage.
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ def test_hostile_tasks_are_refused_with_a_clear_error_and_start_nothing(tmp_path
                                for r in caplog.records) >= 2, what="both good starts ran")
         assert consumer.alive
         assert {s.stage_key for s in events.seen if s.pid} == {"good"}  # no process from a malformed task
-        refused = next(s for s in events.seen if s.stage_key == "bad-5")  # a spec it cannot size: reported
-        assert refused.state == "failed" and "bad field" in refused.message
+        refused = next(s for s in events.seen if s.stage_key == "bad-5")  # a spec it cannot read: reported
+        assert refused.state == "failed" and "invalid stage spec" in refused.message
         assert len({s.pid for s in events.seen if s.pid}) == 1
     errors = "\n".join(r.getMessage() + str(r.exc_info and r.exc_info[1]) for r in caplog.records
                        if r.levelno >= logging.ERROR)

@@ -11,6 +11,7 @@ import torch
 
 from contracts.footprint import stage_footprint
 from contracts.model_config import ModelConfig
+from contracts.precision import Precision
 from contracts.profiler import profile_model
 from contracts.stage_spec import Emulation
 from worker_runtime.pacing import Pacer, read_weight_bytes
@@ -44,14 +45,14 @@ def read_bytes_planned(model, start: int, end: int, bits: int = 16) -> int:
     table (a lookup), as the card it stands for would hold them."""
     profile = profile_model(ModelConfig.from_file(model), name="tiny")
     embedding = profile.embedding.weight_bytes[16] if start == 0 else 0
-    return stage_footprint(profile, start, end, bits, batch=1).weights_bytes - embedding
+    return stage_footprint(profile, start, end, Precision(bits), batch=1).weights_bytes - embedding
 
 
 def test_a_step_reads_what_the_planner_prices(tiny_model):
     """Float weights at 16 bits whatever the CPU stage computes in, quantized ones as stored, the head
     on the last stage, and not the embedding table, so a calibration learns the device, not the emulator."""
     for start, end, bits in [(0, 3, 16), (0, 6, 16), (1, 6, 8), (0, 2, 4), (3, 6, 4)]:
-        stage = Stage.load(tiny_model, start, end, kv_tokens=64, bits=bits)
+        stage = Stage.load(tiny_model, start, end, kv_tokens=64, precision=Precision(bits))
         assert read_weight_bytes(stage) == read_bytes_planned(tiny_model, start, end, bits), (start, end, bits)
 
 

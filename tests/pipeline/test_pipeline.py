@@ -11,6 +11,7 @@ import torch
 import zmq
 
 from contracts.pipeline_errors import DeadlineExceeded, PipelineBroken, RequestRejected
+from contracts.precision import Precision
 from contracts.sampling import SamplingParams
 from controlplane.gateway.serving.pipeline_client import PipelineClient
 from worker_runtime.chain import generate
@@ -63,7 +64,7 @@ async def test_a_stage_mixing_two_precisions_serves_what_it_computes_in_process(
         tokens = await collect(client, prompt, 12)
     torch.set_num_threads(1)
     stages = [Stage.load(tiny_model, 0, 3, kv_tokens=1024),
-              Stage.load(tiny_model, 3, 6, bits=16, low_bits=4, low_from=4, kv_tokens=1024)]
+              Stage.load(tiny_model, 3, 6, precision=Precision(16, 4, 4), kv_tokens=1024)]
     assert tokens == generate(stages, [prompt], max_new_tokens=12)[0]
     assert tokens != reference(tiny_model, prompt, 12)  # int4 moves tokens of this model
 

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.planning import PlanRequest, Workload, plan, plan_from_dict, plan_to_dict
+from contracts.precision import Precision
+from controlplane.planning import (Placement, PlanRequest, Workload, plan, plan_from_dict, plan_to_dict,
+                                   replica_placements, stored_plan)
 from tests.planning.factories import fleet, profile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,6 +23,21 @@ def test_round_trip_through_json():
     result = plan(PlanRequest(fleet({"a": ["A100", "T4"], "b": ["3090"]}), profile(24), Workload(8, 2048)))
     data = json.loads(json.dumps(plan_to_dict(result)))
     assert plan_from_dict(data) == result
+
+
+def test_a_stored_plan_is_read_once_into_the_planners_types_full_or_only_placed():
+    """A revision's plan is the planner's full JSON or an operator's edit (placements only): both give
+    their placements, only the full one a ``Plan``."""
+    result = plan(PlanRequest(fleet({"a": ["A100", "T4"]}), profile(24), Workload(8, 2048)))
+    data = json.loads(json.dumps(plan_to_dict(result)))
+    assert stored_plan(data) == result
+    assert replica_placements(data) == tuple(tuple(s.placement for s in r.stages) for r in result.replicas)
+    edited = {"replicas": [{"stages": [{"device": "a/gpu0", "layers": [0, 12], "bits": 16},
+                                       {"device": "a/gpu1", "layers": [12, 24], "bits": 16, "low_bits": 4,
+                                        "low_from": 20}]}]}
+    assert stored_plan(edited) is None
+    assert replica_placements(edited) == ((Placement("a/gpu0", 0, 12, 16),
+                                           Placement.at("a/gpu1", 12, 24, Precision(16, 4, 20))),)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

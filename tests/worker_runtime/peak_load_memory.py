@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from contracts.precision import Precision
 from worker_runtime import Stage
 
 
@@ -30,7 +31,8 @@ def rss_anon() -> int:
 def main() -> None:
     path, start, end, bits = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     torch.set_num_threads(1)
-    Stage.load(path, 0, 1, bits=bits, kv_tokens=16)  # imports and kernel probes outside the measurement
+    # imports and kernel probes outside the measurement
+    Stage.load(path, 0, 1, precision=Precision(bits), kv_tokens=16)
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     base, peak, done = rss_anon(), [0], threading.Event()
@@ -42,7 +44,7 @@ def main() -> None:
 
     thread = threading.Thread(target=poll)
     thread.start()
-    stage = Stage.load(path, start, end, bits=bits, kv_tokens=64)
+    stage = Stage.load(path, start, end, precision=Precision(bits), kv_tokens=64)
     done.set()
     thread.join()
     peak_bytes = max(peak[0], rss_anon()) - base

@@ -19,6 +19,7 @@ import os
 import pytest
 import torch
 
+from contracts.precision import Precision
 from worker_runtime import Batch, Stage
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -65,7 +66,7 @@ def test_cuda_stage_matches_the_cpu_fp32_stage(demo_small, bits, dtype, bound):
     prompts = [list(range(4, 30)), list(range(100, 107))]
     batch = Batch.of_tokens([0, 1], prompts, [0, 0])
     reference = Stage.load(demo_small, 0, LAYERS).forward(batch, all_logits=True)
-    stage = Stage.load(demo_small, 0, LAYERS, device=CUDA, dtype=dtype, bits=bits)
+    stage = Stage.load(demo_small, 0, LAYERS, device=CUDA, dtype=dtype, precision=Precision(bits))
     logits = stage.forward(batch, all_logits=True).cpu()
     assert ((logits - reference).abs().max() / reference.std()) < bound
     assert stage.memory().weight_bytes > 0 and stage.kv.k.is_cuda
@@ -118,7 +119,8 @@ def test_cuda_stage_matches_transformers_on_the_same_gpu(
 ):
     prompts, forced = tokens
     reference = transformers_logits(hf_dtype)
-    stage = Stage.load(demo_small, 0, LAYERS, device=CUDA, dtype=dtype, bits=bits, kv_tokens=1024)
+    stage = Stage.load(demo_small, 0, LAYERS, device=CUDA, dtype=dtype, precision=Precision(bits),
+                        kv_tokens=1024)
     ours = our_logits(stage, prompts, forced)
     error = (ours - reference).abs() / reference.std()
     agreement = (ours.argmax(-1) == reference.argmax(-1)).float().mean().item()

@@ -16,6 +16,7 @@ import torch
 from transformers import MistralConfig, MistralForCausalLM
 
 from contracts.model_config import ModelConfig
+from contracts.precision import Precision
 from worker_runtime import Batch, Stage
 from worker_runtime.fused_decode import fused_layers
 from worker_runtime.kernels import decode_layers, loader
@@ -54,7 +55,9 @@ def assert_same(fused: torch.Tensor, reference: torch.Tensor) -> None:
 def test_fused_steps_equal_the_torch_ops(checkpoints, threads, variant, bits):
     path = checkpoints[variant]
     layers = ModelConfig.from_file(path).num_layers
-    fused, reference = Stage.load(path, 0, layers, bits=bits), torch_ops(Stage.load(path, 0, layers, bits=bits))
+    precision = Precision(bits)
+    fused, reference = (Stage.load(path, 0, layers, precision=precision),
+                        torch_ops(Stage.load(path, 0, layers, precision=precision)))
     assert fused.fused is not None
     prompts = [[3, 9, 27, 81, 5]]
     for got, expected in zip(decode(fused, prompts, 12), decode(reference, prompts, 12)):
@@ -68,7 +71,8 @@ def test_fused_steps_over_16bit_weights_equal_the_torch_ops(checkpoints_16bit, t
     its 16-bit layers on the fp16 / bf16-weight kernels (a mixed stage's int8 layers beside them)."""
     path = checkpoints_16bit[variant]
     layers = ModelConfig.from_file(path).num_layers
-    for load in (dict(dtype=torch.float32), dict(dtype=torch.float32, low_bits=8, low_from=layers - 1)):
+    mixed = Precision(16, 8, layers - 1)
+    for load in (dict(dtype=torch.float32), dict(dtype=torch.float32, precision=mixed)):
         fused, reference = Stage.load(path, 0, layers, **load), torch_ops(Stage.load(path, 0, layers, **load))
         assert fused.fused is not None and fused.layers[0].attention.wqkv.weight.dtype == fused.weight_dtype
         assert fused.weight_dtype == getattr(torch, variant.split("-")[1])
@@ -82,8 +86,8 @@ def test_batched_decode_of_sequences_in_step_and_a_long_context(checkpoints, thr
     """Four sequences of 80 positions: several rows per matmul, and attention long enough to be shared
     between threads."""
     path = checkpoints["llama_wide"]
-    fused = Stage.load(path, 0, 2, bits=bits)
-    reference = torch_ops(Stage.load(path, 0, 2, bits=bits))
+    fused = Stage.load(path, 0, 2, precision=Precision(bits))
+    reference = torch_ops(Stage.load(path, 0, 2, precision=Precision(bits)))
     prompts = [[(11 * i + j) % 250 + 1 for j in range(80)] for i in range(4)]
     for got, expected in zip(decode(fused, prompts, 6), decode(reference, prompts, 6)):
         assert_same(got, expected)
@@ -145,5 +149,5 @@ def test_stages_it_cannot_serve_keep_torch_ops(checkpoints, monkeypatch):
     stage = Stage.load(path, 0, 2)
     assert stage.fused is not None
     monkeypatch.setenv("MOTLEY_INT8_KERNEL", "torch")  # an int8 layer on torch's kernel: not fusable
-    assert fused_layers(Stage.load(path, 0, 2, bits=8)) is None
+    assert fused_layers(Stage.load(path, 0, 2, precision=Precision(8))) is None
     assert loader.switched_to_torch("MOTLEY_INT8_KERNEL")

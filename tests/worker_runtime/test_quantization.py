@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from contracts.precision import Precision
 from worker_runtime import Batch, QuantizationError, Stage
 from worker_runtime.make_demo_model import parse_args, write_demo_model
 from worker_runtime.quantize import Int4Linear, Int8Linear, quantize_int4_rows, quantize_int8_rows
@@ -112,7 +113,7 @@ def demo_small(tmp_path_factory):
 def prompt_logits(path, bits: int, group: int = 128) -> torch.Tensor:
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(4, 700, (32,), generator=generator).tolist() for _ in range(16)]
-    stage = Stage.load(path, 0, 4, bits=bits, group_size=group, kv_tokens=1024)
+    stage = Stage.load(path, 0, 4, precision=Precision(bits), group_size=group, kv_tokens=1024)
     return stage.forward(Batch.of_tokens(list(range(16)), prompts, [0] * 16), all_logits=True)
 
 
@@ -131,7 +132,8 @@ def test_quantized_logits_error_and_agreement_stay_within_bounds(demo_small, bit
 @pytest.mark.parametrize("bits", [8, 4])
 def test_quantized_stages_run_every_variant(references, variant, bits):
     ref = references[variant]
-    stages = [Stage.load(ref.path, 0, 1, bits=bits), Stage.load(ref.path, 1, ref.num_layers, bits=bits)]
+    stages = [Stage.load(ref.path, 0, 1, precision=Precision(bits)),
+              Stage.load(ref.path, 1, ref.num_layers, precision=Precision(bits))]
     hidden = stages[0].forward(Batch.of_tokens([0], [ref.prompt], [0]))
     logits = stages[1].forward(Batch.of_tokens([0], [ref.prompt], [0]).with_hidden(hidden), all_logits=True)
     error = (logits - ref.prefill_logits).abs().mean() / ref.prefill_logits.std()
@@ -141,7 +143,8 @@ def test_quantized_stages_run_every_variant(references, variant, bits):
 def test_memory_report_gives_the_real_bytes_of_each_precision(demo_small):
     h, i, kv, vocab, layers = 256, 512, 128, 704, 4
     linears = [(h + 2 * kv, h), (h, h), (2 * i, h), (h, i)]  # (out, in) of wqkv, wo, w13, w2
-    reports = {bits: Stage.load(demo_small, 0, 4, bits=bits, kv_tokens=16).memory() for bits in (16, 8, 4)}
+    reports = {bits: Stage.load(demo_small, 0, 4, precision=Precision(bits), kv_tokens=16).memory()
+               for bits in (16, 8, 4)}
     dense = layers * sum(n * k for n, k in linears) * 4 + vocab * h * 4
     norms = (2 * layers + 1) * h * 4
     embed = vocab * h * 4
@@ -161,9 +164,9 @@ def test_a_stage_mixing_two_precisions_equals_its_two_halves_chained(demo_small)
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(4, 700, (12,), generator=generator).tolist() for _ in range(3)]
     batch = Batch.of_tokens([0, 1, 2], prompts, [0, 0, 0])
-    mixed = Stage.load(demo_small, 0, 4, bits=16, low_bits=4, low_from=2, kv_tokens=64)
-    first = Stage.load(demo_small, 0, 2, bits=16, kv_tokens=64)
-    second = Stage.load(demo_small, 2, 4, bits=4, kv_tokens=64)
+    mixed = Stage.load(demo_small, 0, 4, precision=Precision(16, 4, 2), kv_tokens=64)
+    first = Stage.load(demo_small, 0, 2, kv_tokens=64)
+    second = Stage.load(demo_small, 2, 4, precision=Precision(4), kv_tokens=64)
     chained = second.forward(batch.with_hidden(first.forward(batch)), all_logits=True)
     torch.testing.assert_close(mixed.forward(batch, all_logits=True), chained, rtol=0, atol=0)
     assert mixed.layer_bits == (16, 16, 4, 4) and mixed.head_bits == 4
@@ -178,4 +181,4 @@ def test_a_stage_mixing_two_precisions_equals_its_two_halves_chained(demo_small)
 ])
 def test_a_bad_precision_split_is_refused_by_name(demo_small, low_bits, low_from, match):
     with pytest.raises(ValueError, match=match):
-        Stage.load(demo_small, 0, 4, bits=16, low_bits=low_bits, low_from=low_from, kv_tokens=16)
+        Stage.load(demo_small, 0, 4, precision=Precision(16, low_bits, low_from), kv_tokens=16)

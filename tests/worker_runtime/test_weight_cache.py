@@ -9,11 +9,12 @@ import os
 import pytest
 import torch
 
+from contracts.precision import Precision
 from worker_runtime import Batch, Stage, quantize
 
 
 def load(path, cache, start=0, end=4, bits=4, **kw) -> Stage:
-    return Stage.load(path, start, end, bits=bits, kv_tokens=64, weight_cache=cache, **kw)
+    return Stage.load(path, start, end, precision=Precision(bits), kv_tokens=64, weight_cache=cache, **kw)
 
 
 @pytest.fixture

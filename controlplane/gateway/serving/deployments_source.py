@@ -33,25 +33,24 @@ from controlplane.gateway.serving.directory import (
     ServedModel,
     served_models_from_file,
 )
+from controlplane.planning import Plan
 
 LISTED = (Deployment.Status.PENDING, Deployment.Status.DEPLOYING, Deployment.Status.READY,
           Deployment.Status.DEGRADED, Deployment.Status.FAILED)
 
 
-def _planned(plan: dict, replica: int) -> tuple[int | None, ReplicaCosts | None, list[float | None]]:
-    """The replica's KV capacity, predicted costs (None: no prediction) and stages' predicted step ms."""
-    replicas = plan.get("replicas") or []
-    if replica >= len(replicas):
+def _planned(plan: Plan | None, replica: int) -> tuple[int | None, ReplicaCosts | None, list[float | None]]:
+    """The replica's KV capacity, predicted costs (None: no prediction, as for a plan an operator edited)
+    and stages' predicted step ms."""
+    if plan is None or replica >= len(plan.replicas):
         return None, None, []
-    planned = replicas[replica]
-    stages = planned.get("stages", [])
-    kv = min((s["kv_tokens"] for s in stages if s.get("kv_tokens")), default=None)
-    step_ms = [(s.get("predicted") or {}).get("step_ms") or None for s in stages]
-    predicted = planned.get("predicted") or {}
-    latency_ms, prefill_ms = predicted.get("token_latency_ms"), predicted.get("prefill_ms")
+    planned = plan.replicas[replica]
+    kv = min((s.kv_tokens for s in planned.stages if s.kv_tokens), default=None)
+    step_ms = [s.step_ms or None for s in planned.stages]
+    latency_ms, prefill_ms = planned.predicted.token_latency_ms, planned.predicted.prefill_ms
     if not latency_ms:
         return kv, None, step_ms
-    prompt = plan.get("prompt_tokens") or max(1, (plan.get("context") or 2) // 2)
+    prompt = max(1, (plan.context or 2) // 2)
     costs = ReplicaCosts(
         prefill_s_per_token=(prefill_ms or 0.0) / 1000 / prompt,
         decode_s_per_token=0.0,
@@ -86,7 +85,7 @@ def served_models_from_deployments() -> list[ServedModel]:
     by_model: dict[str, ServedModel] = {}
     deployments = deployment_list().filter(status__in=LISTED, stop_requested=False).order_by("pk")
     for deployment in deployments:
-        plan = deployment.revision.plan if deployment.revision else {}
+        plan = deployment.revision.priced if deployment.revision else None
         replicas = []
         for endpoint in deployment_endpoints(deployment=deployment):
             if not endpoint.ready:

@@ -71,7 +71,7 @@ class PlanPreviewView(APIView):
         blockers = {"deploy_blockers": plan_deploy_blockers(
             model=values["model"], plan_data=body, deployment=values.get("deployment")
         )}
-        shown = with_calibration(body, fleet=plan_request.fleet)
+        shown = with_calibration(result, fleet=plan_request.fleet)
         if not values["save"]:
             return Response({**shown, **blockers})
         with transaction.atomic():
@@ -101,7 +101,7 @@ class PlanValidateView(APIView):
         report = validate(values["plan"], plan_request)
 
         def priced(result):
-            return with_calibration(plan_to_dict(result), fleet=plan_request.fleet) if result else None
+            return with_calibration(result, fleet=plan_request.fleet) if result else None
         return Response(
             {
                 "valid": not report.problems,

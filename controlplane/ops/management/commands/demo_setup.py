@@ -54,7 +54,7 @@ class Command(BaseCommand):
         self.stdout.write(f"demo: join token in {join_token_file}; waiting for the agents of {waiting}")
         demo.demo_agents_wait(demo=nodes, timeout_s=timeout)
         deployment = demo.demo_deployment_ensure(model=served.model, demo=nodes)
-        self.stdout.write(f"demo: deploying {deployment.name} ({deployment.revision.plan['explanation'][0]})")
+        self.stdout.write(f"demo: deploying {deployment.name} ({deployment.revision.priced.explanation[0]})")
         demo.demo_ready_wait(deployment=deployment, timeout_s=timeout)
         key = demo.demo_api_key_ensure(path=api_key_file)
         demo.demo_gateway_wait(base=server, key=key, model=served.model)

@@ -164,7 +164,7 @@ class Command(BaseCommand):
             )
         demo.demo_agents_wait(demo=fleet)
         deployment = demo.demo_deployment_ensure(model=model, demo=fleet)
-        self.stdout.write(f"demo: deploying {deployment.name} ({deployment.revision.plan['explanation'][0]})")
+        self.stdout.write(f"demo: deploying {deployment.name} ({deployment.revision.priced.explanation[0]})")
         demo.demo_ready_wait(deployment=deployment)
         key = demo.demo_api_key_ensure(path=settings.VAR_DIR / "demo-api-key.txt")
         demo.demo_gateway_wait(base=base, key=key, model=model)
