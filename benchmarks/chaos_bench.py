@@ -44,11 +44,12 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.steady_clients import PROMPTS, Outcome, SteadyClients  # noqa: E402
-from tests.e2e.harness import TIMING, System, stage_ports, stage_processes, wait_until  # noqa: E402
+from tests.e2e.harness import TIMING, System, stage_processes, wait_until  # noqa: E402
 from tests.support.processes import (  # noqa: E402
     REPO_ROOT,
     free_port,
     read_credentials,
+    stage_ports,
     wait_for_http,
 )
 

@@ -7,8 +7,8 @@ the Redis server: the service-mode broker and channel layer (CELERY_BROKER_URL, 
 and the numbered databases some tests flush. So each worker starts a private `redis-server` on a free
 port and points those variables, and `tests.support.processes.REDIS_ADDRESS`, at it; a run without
 workers (plain `pytest`) keeps the machine's Redis on 127.0.0.1:6379. Stage ports are split the same
-way: each worker takes its own share of the range (MOTLEY_STAGE_PORTS), so two systems started by two
-workers never bind the same port.
+way: each worker hands the systems it starts blocks of its own share of the range
+(`tests.support.processes.stage_ports`), so two systems started by two workers never bind one port.
 
 Loaded with ``-p tests.worker_services`` (pyproject's addopts), before pytest-django configures Django.
 """
@@ -79,8 +79,6 @@ def _moved(url: str, address: str) -> str:
 def _isolate_worker() -> None:
     if worker_index() is None:
         return
-    low, high = stage_port_share()
-    os.environ.setdefault("MOTLEY_STAGE_PORTS", f"{low}-{high}")
     if shutil.which("redis-server") is None:
         return  # the service-mode tests skip, saying so, as they do without Redis
     address = _start_private_redis()

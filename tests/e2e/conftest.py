@@ -12,8 +12,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from tests.e2e.harness import TIMING, System, embedded_system_at, running, stage_ports
-from tests.support.processes import REPO_ROOT, redis_up, redis_url
+from tests.e2e.harness import TIMING, System, embedded_system_at, running
+from tests.support.processes import REPO_ROOT, redis_up, redis_url, stage_ports
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,9 +25,9 @@ from tests.support.processes import (
     free_port,
     manage_argv,
     read_credentials,
+    stage_ports,
     wait_for_http,
 )
-from tests.worker_services import stage_port_share
 
 FLEET = """
 name: e2e
@@ -217,16 +216,6 @@ def stage_processes(workdir: Path) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
-
-
-def stage_ports() -> str:
-    """``MOTLEY_STAGE_PORTS`` of a system of its own: 100 ports from a block picked at random in this
-    test process's share of the stage ports (tests/worker_services.py), all below Linux's ephemeral
-    range (32768-60999), where an outgoing connection's local port could already hold a stage's port
-    ("Address already in use", seen with handovers' fresh ports)."""
-    low, high = stage_port_share()
-    base = low + (uuid.uuid4().int % ((high - low + 1) // 100)) * 100
-    return f"{base}-{base + 99}"
 
 
 def embedded_system_at(workdir: Path, **env: str) -> System:

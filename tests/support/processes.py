@@ -10,9 +10,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import httpx
+
+from tests.worker_services import stage_port_share
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVICE_VARIABLES = ("DATABASE_URL", "CELERY_BROKER_URL", "CHANNEL_REDIS_URL", "MOTLEY_CACHE_URL")
@@ -27,11 +30,23 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def stage_ports() -> str:
+    """``MOTLEY_STAGE_PORTS`` of a system of its own: 100 ports from a block picked at random in this
+    test process's share of the stage ports (tests/worker_services.py), all below Linux's ephemeral
+    range (32768-60999), where an outgoing connection's local port could already hold a stage's port
+    ("Address already in use", seen with handovers' fresh ports)."""
+    low, high = stage_port_share()
+    base = low + (uuid.uuid4().int % ((high - low + 1) // 100)) * 100
+    return f"{base}-{base + 99}"
+
+
 def embedded_env(var_dir: Path) -> dict[str, str]:
-    """The environment of a fresh embedded-default install: no service variables, its own var/ dir."""
+    """The environment of a fresh embedded-default install: no service variables, its own var/ dir and
+    stage ports."""
     dropped = {*SERVICE_VARIABLES, "DJANGO_SETTINGS_MODULE"}
     env = {k: v for k, v in os.environ.items() if k not in dropped}
     env["MOTLEY_VAR_DIR"] = str(var_dir)
+    env.setdefault("MOTLEY_STAGE_PORTS", stage_ports())
     return env
 
 
