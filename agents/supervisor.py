@@ -26,9 +26,9 @@ from typing import Any
 
 from agents import stage_states
 from agents.admission import Admission, Admitted
-from agents.memory_budget import StageRefused
 from agents.fork_server import ForkServer
 from agents.load_priority import LoadPriority
+from agents.memory_budget import StageRefused
 from agents.processes import signal_group, sweep_pid_records
 from agents.restart_policy import RestartPolicy
 from agents.stage_process import (

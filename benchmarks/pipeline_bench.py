@@ -39,14 +39,13 @@ sys.path.insert(0, str(REPO_ROOT))
 import torch  # noqa: E402
 import zmq  # noqa: E402
 
+from controlplane.gateway.serving.pipeline_client import PipelineClient  # noqa: E402
 from tests.pipeline.harness import TOKEN, Pipeline, pipeline_specs, wait_healthy  # noqa: E402
 from tests.support.processes import free_port  # noqa: E402
 from worker_runtime.chain import free_sequences, run_stages  # noqa: E402
-from controlplane.gateway.serving.pipeline_client import PipelineClient  # noqa: E402
 from worker_runtime.frames import FrameCodec  # noqa: E402
 from worker_runtime.stage import Batch, Stage  # noqa: E402
 from worker_runtime.transport import ZmqTransport  # noqa: E402
-
 
 # ----- 1. throughput
 

@@ -14,11 +14,18 @@ import openai
 import pytest
 
 from controlplane.gateway.openai.tokenization import ModelTokenizer
+from controlplane.gateway.serving.pipeline_client import PipelineClient
 from tests.gateway.conftest import DEMO_ARGS
 from tests.pipeline.harness import TOKEN, Pipeline, pipeline_specs
-from tests.support.processes import REPO_ROOT, database_migrate, embedded_env, free_port, manage_argv, wait_for_http
+from tests.support.processes import (
+    REPO_ROOT,
+    database_migrate,
+    embedded_env,
+    free_port,
+    manage_argv,
+    wait_for_http,
+)
 from worker_runtime import SamplingParams, Stage, generate
-from controlplane.gateway.serving.pipeline_client import PipelineClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 NUM_LAYERS = int(DEMO_ARGS[DEMO_ARGS.index("--layers") + 1])

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from transformers import MistralConfig, MistralForCausalLM
 
 from contracts.model_config import ModelConfig
