@@ -31,7 +31,8 @@ def heartbeat_interval(spec: StageSpec) -> float:
 
 
 class RelayLoop:
-    def __init__(self, spec: StageSpec, worker: StageWorker, transport: Transport, events: EventWriter, incarnation: str):
+    def __init__(self, spec: StageSpec, worker: StageWorker, transport: Transport, events: EventWriter,
+                 incarnation: str):
         self.spec, self.worker, self.transport, self.events = spec, worker, transport, events
         self.incarnation = incarnation
         self.epoch = 0
@@ -91,7 +92,8 @@ class RelayLoop:
                 # heartbeat is what the head waits for to complete the pipeline).
                 self._linked = None
         if self._stats_line.due():
-            self.events.emit("stats", pipeline_id=self.spec.pipeline_id, stage_index=self.spec.stage_index, **self.snapshot())
+            self.events.emit("stats", pipeline_id=self.spec.pipeline_id, stage_index=self.spec.stage_index,
+                             **self.snapshot())
 
     def snapshot(self) -> dict:
         return self.worker.snapshot(self.transport)
@@ -151,7 +153,8 @@ class RelayLoop:
         try:
             if self.spec.is_last:
                 self.transport.send_head(
-                    {"type": "tokens", "epoch": self.epoch, "mb": mb, "seq_ids": batch.seq_ids, "tokens": out.tolist()}
+                    {"type": "tokens", "epoch": self.epoch, "mb": mb, "seq_ids": batch.seq_ids,
+                     "tokens": out.tolist()}
                 )
             else:
                 header, tensors = batch_message(self.epoch, mb, batch, params, out)

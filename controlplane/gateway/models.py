@@ -58,7 +58,8 @@ class ApiKey(TimestampedModel):
     @property
     def limited(self) -> bool:
         """Whether admission has anything to count for this key (else it touches no counter)."""
-        return any(v is not None for v in (self.requests_per_minute, self.tokens_per_minute, self.token_budget))
+        return any(v is not None for v in (self.requests_per_minute, self.tokens_per_minute,
+                                           self.token_budget))
 
 
 class UsageBucket(models.Model):

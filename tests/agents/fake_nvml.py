@@ -42,7 +42,8 @@ def _not_supported():
 
 
 def fake_nvml(gpus: list[FakeGpu]) -> types.SimpleNamespace:
-    memory = lambda g: types.SimpleNamespace(total=g.total_bytes, used=g.used_bytes, free=g.total_bytes - g.used_bytes)  # noqa: E731
+    memory = lambda g: types.SimpleNamespace(  # noqa: E731
+        total=g.total_bytes, used=g.used_bytes, free=g.total_bytes - g.used_bytes)
     pci = lambda bus: types.SimpleNamespace(busId=bus.encode())  # noqa: E731
 
     def link_state(g, link):

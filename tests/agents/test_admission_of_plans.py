@@ -29,7 +29,8 @@ def demo_model(tmp_path_factory) -> Path:
 
     tokenizer = build_tokenizer()
     path = tmp_path_factory.mktemp("motley-demo")
-    (path / "config.json").write_text(json.dumps(demo_config(parse_args(["unused"]), tokenizer.get_vocab_size(),
+    (path / "config.json").write_text(json.dumps(demo_config(parse_args(["unused"]),
+                                                             tokenizer.get_vocab_size(),
                                                              tokenizer)))
     return path
 

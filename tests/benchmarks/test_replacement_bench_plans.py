@@ -54,7 +54,8 @@ def test_the_boundary_moves_toward_the_larger_side_first_then_the_other_way() ->
 def test_every_boundary_is_offered_in_turn_and_no_stage_is_left_empty() -> None:
     """A plan whose first boundary cannot move (the planner's plan of the run fills a card) still gets
     a boundary move: the next boundary's follow, and a one-layer stage is never emptied."""
-    stages = [{"device": "a/gpu0", "layers": [0, 1], "bits": 16}, {"device": "b/gpu0", "layers": [1, 9], "bits": 16},
+    stages = [{"device": "a/gpu0", "layers": [0, 1], "bits": 16},
+              {"device": "b/gpu0", "layers": [1, 9], "bits": 16},
               {"device": "c/gpu0", "layers": [9, 16], "bits": 8}]
     moves = boundary_moves({"replicas": [{"stages": stages}]})
     assert [[s["layers"] for s in m["replicas"][0]["stages"]] for m in moves] == [

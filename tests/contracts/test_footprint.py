@@ -33,7 +33,8 @@ CONFIG = {
 }
 # (start, end, bits, low_bits, low_from) of a 12-layer model: first, middle, last, mixed, whole.
 STAGES = [
-    (0, 3, 16, None, None), (0, 4, 16, 8, 2), (3, 7, 8, None, None), (4, 9, 16, 4, 6), (7, 12, 16, None, None),
+    (0, 3, 16, None, None), (0, 4, 16, 8, 2), (3, 7, 8, None, None), (4, 9, 16, 4, 6),
+    (7, 12, 16, None, None),
     (9, 12, 16, 4, 10), (8, 12, 4, None, None), (0, 12, 16, 8, 6), (0, 12, 4, None, None),
 ]
 

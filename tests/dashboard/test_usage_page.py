@@ -36,7 +36,8 @@ def test_the_usage_page_needs_a_login(client, db):
     assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
 
 
-def test_a_plain_user_sees_their_own_keys_totals_and_series(operator_client, usage, django_assert_max_num_queries):
+def test_a_plain_user_sees_their_own_keys_totals_and_series(operator_client, usage,
+                                                            django_assert_max_num_queries):
     with django_assert_max_num_queries(6):
         response = operator_client.get(reverse("dashboard:usage"))
     body = response.content.decode()

@@ -127,12 +127,14 @@ def test_deleting_a_node_a_deployment_still_uses_is_a_409_naming_the_deployment(
 
 def _deployments_with_stages(count: int, *, llm, nodes) -> None:
     for i in range(count):
-        revision = PlanRevision.objects.create(model=llm, plan={}, request={}, source="planner", status="applied")
+        revision = PlanRevision.objects.create(model=llm, plan={}, request={}, source="planner",
+                                               status="applied")
         deployment = Deployment.objects.create(name=f"d{i:02}", model=llm, revision=revision)
         for index, node in enumerate(nodes[:3]):
             DeploymentStage.objects.create(
                 deployment=deployment, replica=0, stage_index=index, node=node, device=node.devices.first(),
-                port=7000 + index, spec={"listen": f"tcp://{node.name}:{7000 + index}", "layers": [index, index + 1]},
+                port=7000 + index,
+                spec={"listen": f"tcp://{node.name}:{7000 + index}", "layers": [index, index + 1]},
             )
 
 
@@ -157,6 +159,7 @@ def test_a_preview_for_a_deployment_counts_its_own_devices_free_and_others_busy(
     body = {"model": llm.pk, "batch": 1, "context": 64, "replicas": 1, "exclude_nodes": ["n3"]}
     fresh = api.post("/api/v1/plans/", body, format="json").json()
     used = {stage["device"] for stage in fresh["replicas"][0]["stages"]}
-    assert fresh["deploy_blockers"] == [f"device {d} carries a stage of deployment tiny" for d in sorted(used)]
+    assert fresh["deploy_blockers"] == [f"device {d} carries a stage of deployment "
+                                        "tiny" for d in sorted(used)]
     rebalance = api.post("/api/v1/plans/", {**body, "deployment": Deployment.objects.get().pk}, format="json")
     assert rebalance.json()["deploy_blockers"] == []

@@ -12,7 +12,8 @@ from tests.api.mixins import anonymous, api, user  # noqa: F401  (shared fixture
 def test_a_url_no_route_matches_answers_the_api_error_not_an_html_page(api, url):
     response = api.get(url)
     assert response.status_code == 404 and response["Content-Type"] == "application/json"
-    assert response.json()["error"] == {"code": "not_found", "message": f"no such URL: {response.wsgi_request.path}",
+    assert response.json()["error"] == {"code": "not_found",
+                                        "message": f"no such URL: {response.wsgi_request.path}",
                                         "details": {}}
 
 

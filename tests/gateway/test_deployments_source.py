@@ -74,7 +74,8 @@ def test_a_deployment_that_cannot_serve_now_is_listed_without_replicas_and_says_
     (served,) = served_models_from_deployments()
     number = deployment.revision.number
     assert served.replicas == () and served.reason == f"deployment {deployment.name} is deploying plan revision {number}"
-    Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.FAILED, status_message="n1 is lost")
+    Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.FAILED,
+                                                       status_message="n1 is lost")
     assert served_models_from_deployments()[0].reason == f"deployment {deployment.name} failed: n1 is lost"
     Deployment.objects.filter(pk=deployment.pk).update(stop_requested=True)
     assert served_models_from_deployments() == []  # being stopped: nothing is coming

@@ -33,7 +33,8 @@ def client(user) -> APIClient:
 
 def test_the_service_validates_sets_and_audits_what_changed(people):
     api_key, _ = api_key_create(user=people["alice"], name="ci")
-    api_key_set_limits(api_key=api_key, actor=SYSTEM, requests_per_minute=60, allowed_models=["demo", " demo"])
+    api_key_set_limits(api_key=api_key, actor=SYSTEM, requests_per_minute=60,
+                       allowed_models=["demo", " demo"])
     api_key.refresh_from_db()
     assert (api_key.requests_per_minute, api_key.allowed_models) == (60, ["demo"])
     entry = AuditEntry.objects.get(action="api_key.updated")
@@ -51,7 +52,8 @@ def test_the_service_validates_sets_and_audits_what_changed(people):
 
 def test_create_api_key_takes_limits_and_set_api_key_limits_changes_them(people):
     out = io.StringIO()
-    call_command("create_api_key", "alice", "--name", "batch", "--rpm", "10", "--tpm", "5000", "--budget", "100000",
+    call_command("create_api_key", "alice", "--name", "batch", "--rpm", "10", "--tpm", "5000", "--budget",
+                 "100000",
                  "--budget-period", "day", "--model", "demo", "--model", "other", stdout=out)
     api_key = ApiKey.objects.get(name="batch")
     assert (api_key.requests_per_minute, api_key.tokens_per_minute, api_key.token_budget, api_key.budget_period,
@@ -82,7 +84,8 @@ def test_the_keys_api_shows_own_keys_and_only_staff_change_limits(people):
     staff = client(people["ops"])
     assert {k["name"] for k in staff.get("/api/v1/api-keys/").json()["results"]} == {"mine", "theirs"}
     assert [k["name"] for k in staff.get("/api/v1/api-keys/", {"user": "bob"}).json()["results"]] == ["theirs"]
-    changed = staff.patch(f"/api/v1/api-keys/{mine.pk}/", {"tokens_per_minute": 2000, "allowed_models": ["demo"],
+    changed = staff.patch(f"/api/v1/api-keys/{mine.pk}/",
+                          {"tokens_per_minute": 2000, "allowed_models": ["demo"],
                                                          "name": "renamed"}, format="json")
     assert changed.status_code == 200, changed.content
     assert changed.json()["tokens_per_minute"] == 2000 and changed.json()["name"] == "mine"  # name is read-only

@@ -56,8 +56,10 @@ async def chosen(api_key: str, n: int = 4) -> list[str | None]:
     client, served = AsyncClient(), []
     for _ in range(n):
         before = len(recorder.recent)
-        response = await client.post("/v1/completions", json.dumps({"model": "demo", "prompt": "x", "max_tokens": 2}),
-                                     content_type="application/json", headers={"Authorization": f"Bearer {api_key}"})
+        response = await client.post("/v1/completions",
+                                     json.dumps({"model": "demo", "prompt": "x", "max_tokens": 2}),
+                                     content_type="application/json",
+                                     headers={"Authorization": f"Bearer {api_key}"})
         record = list(recorder.recent)[before] if len(recorder.recent) > before else None
         served.append(record.replica if response.status_code == 200 else None)
     return served
@@ -130,7 +132,8 @@ async def test_the_router_api_shows_the_inputs_of_every_replica_and_decision(two
     assert anonymous.status_code == 401 and anonymous["WWW-Authenticate"] == "Token"
     user = await django_user_model.objects.acreate(username="operator")
     token = await Token.objects.acreate(user=user)
-    response = await AsyncClient().get("/api/v1/gateway/router/", headers={"Authorization": f"Token {token.key}"})
+    response = await AsyncClient().get("/api/v1/gateway/router/",
+                                       headers={"Authorization": f"Token {token.key}"})
     assert response.status_code == 200
     body = response.json()
     assert body["settings"]["live_telemetry"] is True and body["settings"]["telemetry_stale_s"] == 3.0
@@ -146,7 +149,8 @@ async def test_the_router_api_shows_the_inputs_of_every_replica_and_decision(two
     last = body["router"]["recent"][-1]
     assert last["replica"] == "r0"
     assert {i["replica"] for i in last["inputs"]} == {"r0", "r1"}
-    assert set(last["inputs"][0]) >= {"healthy", "reason", "slowdown", "throttle", "memory_pressure", "error_rate",
+    assert set(last["inputs"][0]) >= {"healthy", "reason", "slowdown", "throttle", "memory_pressure",
+                                      "error_rate",
                                       "costs_source", "kv_free", "outstanding_tokens", "estimated_finish_s"}
 
 
@@ -222,7 +226,8 @@ async def test_a_replica_handed_over_beside_serves_until_the_gateway_heard_its_s
     from controlplane.gateway.openai.tokenization import ModelTokenizer
 
     tokens = ModelTokenizer.load(demo_model).encode_prompt("hello world")
-    fake = fake_pipeline({"old": Script(tokens=tokens, successor="new"), "new": Script(tokens=tokens, healthy=False)})
+    fake = fake_pipeline({"old": Script(tokens=tokens, successor="new"),
+                          "new": Script(tokens=tokens, healthy=False)})
     assert await chosen(api_key, 2) == ["old", "old"]
     assert replica("old").health.ok and not replica("new").health.ok
 
@@ -240,12 +245,14 @@ async def test_a_head_that_turns_ok_has_its_new_stages_telemetry_read_at_once(fa
     from controlplane.gateway.openai.tokenization import ModelTokenizer
 
     tokens = ModelTokenizer.load(demo_model).encode_prompt("hello world")
-    fake = fake_pipeline({"r0": Script(tokens=tokens, healthy=False, stages=(StageLink("d1-r0-s0", "n0/gpu0"),))})
+    fake = fake_pipeline({"r0": Script(tokens=tokens, healthy=False,
+                                       stages=(StageLink("d1-r0-s0", "n0/gpu0"),))})
     settings.MOTLEY_GATEWAY = {**settings.MOTLEY_GATEWAY, "HEALTH_REFRESH_S": 30, "REFRESH_S": 30,
                                "WAIT_POLL_S": 30, "WAIT_HEAD_POLL_S": 0.02, "WAIT_S": 20}
     body = json.dumps({"model": "demo", "prompt": "x", "max_tokens": 2})
     waiting = asyncio.ensure_future(AsyncClient().post(
-        "/v1/completions", body, content_type="application/json", headers={"Authorization": f"Bearer {api_key}"}))
+        "/v1/completions", body, content_type="application/json",
+        headers={"Authorization": f"Bearer {api_key}"}))
     await asyncio.sleep(0.5)  # it waits: the head is not ok and its stage has no sample yet
     assert not waiting.done()
     report("n0", "d1-r0-s0")  # the stage's first sample, then its head completes the pipeline

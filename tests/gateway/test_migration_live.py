@@ -77,7 +77,8 @@ async def stream_text(key: str, body: dict, *, kill_after_chunks: int | None = N
     return "".join(texts), ids, usage, killed
 
 
-@pytest.mark.parametrize("sampling", [{"temperature": 0.9, "seed": 7}, {"temperature": 0}], ids=["seeded", "greedy"])
+@pytest.mark.parametrize("sampling", [{"temperature": 0.9, "seed": 7}, {"temperature": 0}],
+                         ids=["seeded", "greedy"])
 async def test_a_killed_replica_mid_stream_continues_on_the_other_with_the_same_text(gateway_on, api_key, sampling):
     body = {"model": "demo", "prompt": "Once upon a time", "max_tokens": MAX_TOKENS,
             "stream_options": {"include_usage": True}, **sampling}

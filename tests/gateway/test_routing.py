@@ -161,4 +161,5 @@ def test_baselines_route_blind_and_leave_waiting_to_the_replica_queue():
     router = Router([full, idle], "round_robin")
     assert router.route(RequestShape(100, 100), deadline_s=60).replica is full  # no KV space now: it waits there
     assert router.route(RequestShape(100, 100000), deadline_s=1).status == 400  # never fits anywhere
-    assert isinstance(Router([full], "least_outstanding_tokens").route(RequestShape(10, 900), deadline_s=1), Decision)
+    assert isinstance(Router([full], "least_outstanding_tokens").route(RequestShape(10, 900), deadline_s=1),
+                      Decision)

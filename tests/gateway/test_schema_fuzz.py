@@ -33,7 +33,8 @@ DOCUMENTED_UNAVAILABLE = {503, 504}  # no replica within the wait, a request pas
 
 def fuzzed_document() -> dict:
     raw = yaml.safe_load(DOCUMENT.read_text())
-    raw["components"]["schemas"]["Sampling"]["properties"]["model"] = {"type": "string", "enum": ["demo", "gone"]}
+    raw["components"]["schemas"]["Sampling"]["properties"]["model"] = {"type": "string",
+                                                                       "enum": ["demo", "gone"]}
     return raw
 
 

@@ -42,7 +42,8 @@ async def test_three_processes_generate_the_tokens_of_one_process(shared_pipelin
     async with PipelineClient(pipeline.head, TOKEN, "p0") as client:
         assert (await wait_healthy(client))["ok"]
         before = (await client.stats())["completed"]  # the module's other tests share the pipeline
-        outputs = await asyncio.gather(*(collect(client, p, n) for p, n in jobs), collect(client, jobs[0][0], 12, seeded))
+        outputs = await asyncio.gather(*(collect(client, p, n) for p, n in jobs),
+                                       collect(client, jobs[0][0], 12, seeded))
         stats = await client.stats()
     stage = Stage.load(tiny_model, 0, 6, kv_tokens=1024)
     expected = [generate([stage], [p], max_new_tokens=n)[0] for p, n in jobs]
@@ -69,7 +70,8 @@ async def test_a_stage_mixing_two_precisions_serves_what_it_computes_in_process(
     assert tokens != reference(tiny_model, prompt, 12)  # int4 moves tokens of this model
 
 
-SLOW = {"memory_bandwidth_gbs": 1.0, "fp16_tflops": 1.0, "time_scale": 50.0}  # ~20 ms a step on the tiny model
+SLOW = {"memory_bandwidth_gbs": 1.0, "fp16_tflops": 1.0,
+        "time_scale": 50.0}  # ~20 ms a step on the tiny model
 
 
 async def test_kv_budget_queues_refuses_cancel_frees_and_sigterm_drains(start_pipeline):
@@ -166,7 +168,8 @@ def test_a_clients_tokens_of_one_micro_batch_arrive_in_one_frame(shared_pipeline
         sock.connect(shared_pipeline.head)
         prompts = {f"r{i}": [3 + i, 9, 27] for i in range(6)}
         for request_id, prompt in prompts.items():
-            sock.send_multipart(codec.encode({"type": "submit", "request_id": request_id, "prompt": prompt, "max_tokens": 6}))
+            sock.send_multipart(codec.encode({"type": "submit", "request_id": request_id, "prompt": prompt,
+                                              "max_tokens": 6}))
         frames, streams = [], {request_id: [] for request_id in prompts}
         while sum(len(tokens) for tokens in streams.values()) < 6 * 6:
             header = codec.decode(sock.recv_multipart()).header
@@ -191,7 +194,8 @@ def test_a_bad_spec_prints_an_error_event_and_exits_nonzero(tmp_path):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"pipeline_id": "p0", "bits": 3}))
     done = subprocess.run(
-        [sys.executable, "-m", "worker_runtime.serve", "--spec", str(spec)], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60
+        [sys.executable, "-m", "worker_runtime.serve", "--spec", str(spec)], capture_output=True, text=True,
+        cwd=REPO_ROOT, timeout=60
     )
     assert done.returncode == 1
     event = json.loads(done.stdout.strip().splitlines()[-1])

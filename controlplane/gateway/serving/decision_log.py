@@ -21,7 +21,8 @@ from controlplane.observability import serving
 RECENT = 500
 ERROR_WINDOW_S = 60.0  # the error rate counts the outcomes of the last minute
 ERROR_MIN_REQUESTS = 5  # ... over at least this many requests (one failure alone is 20%, not 100%)
-REPLICA_ERRORS = frozenset({"failed:broken", "failed:failed"})  # the replica's fault (not 429s, 504s, cancels)
+REPLICA_ERRORS = frozenset({"failed:broken",
+                            "failed:failed"})  # the replica's fault (not 429s, 504s, cancels)
 
 
 @dataclass

@@ -28,5 +28,6 @@ class Command(BaseCommand):
         try:
             api_key = api_key_set_limits(api_key=found[0], actor=actor_cli(), **limits_from_options(options))
         except ValidationError as exc:
-            raise CommandError("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())) from None
+            raise CommandError("; ".join(f"{k}: "
+                                         f"{' '.join(v)}" for k, v in exc.message_dict.items())) from None
         self.stdout.write(json.dumps({"key": str(api_key), **api_key_limits(api_key)}))
