@@ -104,7 +104,8 @@ class Supervisor:
         if (status := self._call(self._respec, stage_key, requested)) is not None:
             return status
         if self._call(self._needs_replacing, stage_key, requested):
-            self._call(self._request_stop, stage_key, signal.SIGUSR1).result(timeout=self._max_wait(stage_key))
+            self._call(self._request_stop, stage_key, signal.SIGUSR1).result(
+                timeout=self._max_wait(stage_key))
         return self._call(self._start, stage_key, requested, background)
 
     def stop(self, stage_key: str) -> StageStatus | None:

@@ -88,7 +88,8 @@ class Hop:
 
 def predicted_hop_s(net: Network, src: int, dst: int, nbytes: int) -> float:
     fleet = parse_fleet({"name": "netns", "nodes": [
-        {"name": f"n{k}", "network_gbps": gbps, "gpus": [{"model": "T4"}]} for k, gbps in enumerate(net.gbps)]})
+        {"name": f"n{k}", "network_gbps": gbps, "gpus": [{"model": "T4"}]}
+        for k, gbps in enumerate(net.gbps)]})
     devices = {d.node: d for d in fleet.devices}
     link = fleet.link_between(devices[f"n{src}"], devices[f"n{dst}"])
     return nbytes / (link.bandwidth_gbs * 1e9 / SCALE) + link.latency_us * 1e-6

@@ -242,8 +242,10 @@ def main() -> None:
             # Two 1-thread stages, each busy all the time with micro-batches of half the sequences, at
             # the speed one thread runs all layers for half the sequences: the pipeline's upper bound.
             rows.append((seqs, single1, single2, 2 * half1, piped))
-        one_step = min(1 / single_process_decode(stage, 1, args.steps, args.prompt, threads=1) for _ in range(args.repeats))
-        interval = min(asyncio.run(pipeline_decode(pipeline.head, 1, args.steps, args.prompt))[1] for _ in range(args.repeats))
+        one_step = min(1 / single_process_decode(stage, 1, args.steps, args.prompt, threads=1)
+                       for _ in range(args.repeats))
+        interval = min(asyncio.run(pipeline_decode(pipeline.head, 1, args.steps, args.prompt))[1]
+                       for _ in range(args.repeats))
     finally:
         pipeline.stop()
     link = hop_and_transfer(args.hidden, args.prefill_tokens)

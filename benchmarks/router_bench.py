@@ -5,7 +5,8 @@ half of the run, routed by the cost-aware router fed by telemetry (benchmarks/re
 LiveFeed through routing.signals, as the gateway's live_health.py does), by the same router blind to
 telemetry, and by round-robin, on the same trace.
 
-    python benchmarks/router_bench.py [--duration 600] [--seed 0] [--scenario all|matrix|throttle] [--validate]
+    python benchmarks/router_bench.py [--duration 600] [--seed 0] [--scenario all|matrix|throttle]
+        [--validate]
 
 Replicas are SIMULATED (benchmarks/replica_sim.py: a discrete-event model of continuous-batching
 pipeline heads) and routed by the gateway's real router code. The trace has Poisson arrivals and
@@ -104,7 +105,8 @@ def summarize(requests: list[SimRequest], duration: float, replicas: list[SimRep
         "timed_out": sum(1 for r in requests if r.timed_out),
         "waited_for_kv": sum(1 for r in requests if r.waited_for_kv),
         "kv_overflow": sum(1 for rep in replicas if rep.peak_kv > rep.kv_capacity),
-        "share": {rep.name: sum(1 for r in served if r.replica == rep.name) / max(1, len(served)) for rep in replicas},
+        "share": {rep.name: sum(1 for r in served if r.replica == rep.name) / max(1, len(served))
+                  for rep in replicas},
     }
 
 

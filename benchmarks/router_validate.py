@@ -122,7 +122,8 @@ async def _run(workdir: Path, seed: int, n: int) -> dict:
     pipelines = []
     try:
         for i, (name, speed, kv) in enumerate(SPEEDS):
-            # One micro-batch: a one-stage pipeline has no other stage to overlap with (the simulator's model).
+            # One micro-batch: a one-stage pipeline has no other stage to overlap with (the simulator's
+            # model).
             specs = pipeline_specs(
                 model, 2, 1, pipeline_id=name, kv_tokens=kv, emulation=emulation(speed), micro_batches=1
             )
@@ -156,7 +157,8 @@ async def _run(workdir: Path, seed: int, n: int) -> dict:
                 | {"rejected": sum(r["rejected"] for r in real)},
                 "simulated": figures(
                     [r.first_token_at - r.arrival for r in sim if r.first_token_at is not None],
-                    [(r.done_at - r.arrival) if r.done_at else DEADLINE_S for r in sim if r.replica and not r.rejected],
+                    [(r.done_at - r.arrival) if r.done_at else DEADLINE_S
+                     for r in sim if r.replica and not r.rejected],
                 ) | {"rejected": sum(1 for r in sim if r.rejected)},
             }
         for client in clients.values():

@@ -59,7 +59,8 @@ class HeadLoop:
     # ----- the loop
 
     def run(self, stopping: Callable[[], bool], replaced: Callable[[], bool] = lambda: False) -> None:
-        """Serve until ``stopping()``; then refuse new requests and finish (or fail) the rest within ``peer_timeout_s``.
+        """Serve until ``stopping()``; then refuse new requests and finish (or fail) the rest within
+        ``peer_timeout_s``.
 
         ``replaced()``: this stage is being replaced by a new spec, and so are the stages downstream
         whose relays the in-flight requests need; they can never finish, so they fail at once
@@ -76,7 +77,8 @@ class HeadLoop:
             if drain_until is not None and (not self.scheduler.requests or time.monotonic() > drain_until):
                 self._fail(self.scheduler.clear(), PipelineBroken("the head stage is shutting down"))
                 return
-            busy = self.membership.healthy and self.scheduler.ready and len(self.scheduler.in_flight) < self.scheduler.micro_batches
+            busy = (self.membership.healthy and self.scheduler.ready
+                    and len(self.scheduler.in_flight) < self.scheduler.micro_batches)
             waited = time.perf_counter()
             incoming = self.transport.receive(0 if busy else 0.02)
             if not busy:

@@ -1,4 +1,5 @@
-"""The loop of every stage but the head: receive a micro-batch, run it, pass it on (or sample and return tokens).
+"""The loop of every stage but the head: receive a micro-batch, run it, pass it on (or sample and return
+tokens).
 
 Such a stage keeps no request state beyond its KV cache, so it needs no failure logic of its own:
 it heartbeats to the head, which decides; a ``reset`` or a newer epoch wipes its cache, which is how
@@ -42,14 +43,16 @@ class RelayLoop:
 
     def run(self, stopping: Callable[[], bool], replaced: Callable[[], bool] = lambda: False) -> None:
         """Serve until ``stopping()``; then finish what keeps arriving for at most ``peer_timeout_s``.
-        ``replaced()`` (a new spec takes this stage's place) ends it at once: the head fails what was in flight."""
+        ``replaced()`` (a new spec takes this stage's place) ends it at once: the head fails what was in
+        flight."""
         drain_until = None
         while not replaced():
             if drain_until is None and stopping():
                 drain_until = time.monotonic() + self.spec.peer_timeout_s
             waited = time.perf_counter()
             incoming = self.transport.receive(min(0.05, self._heartbeat.remaining()))
-            self.worker.stats.record_idle(time.perf_counter() - waited)  # all work is done by then: waiting is bubble
+            # all work is done by then: waiting is bubble
+            self.worker.stats.record_idle(time.perf_counter() - waited)
             for message in incoming:
                 self.handle(message)
             self.tick()

@@ -78,7 +78,8 @@ class UsageBucket(models.Model):
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)
     errors = models.PositiveBigIntegerField(default=0)
-    refused = models.PositiveBigIntegerField(default=0)  # 429s of the key's own limits (not counted in requests)
+    # 429s of the key's own limits (not counted in requests)
+    refused = models.PositiveBigIntegerField(default=0)
 
     class Meta:
         constraints = [

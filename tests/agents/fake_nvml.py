@@ -149,5 +149,6 @@ def fake_nvml(gpus: list[FakeGpu]) -> types.SimpleNamespace:
         nvmlEventSetFree=lambda event_set: None,
         nvmlDeviceGetIndex=lambda g: gpus.index(g),
         nvmlDeviceGetCurrentClocksEventReasons=lambda g: g.throttle_bits,
-        nvmlDeviceGetPcieThroughput=lambda g, counter: 2048 if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else 1024,
+        nvmlDeviceGetPcieThroughput=lambda g, counter: (
+            2048 if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else 1024),
     )

@@ -43,7 +43,8 @@ def test_the_boundary_moves_toward_the_larger_side_first_then_the_other_way() ->
     larger, other = boundary_moves(plan)[:2]
     first, second = larger["replicas"][0]["stages"]
     assert (first["layers"], second["layers"]) == ([0, 6], [6, 16])
-    assert precisions(first) + precisions(second) == (16,) * 4 + (4, 4) + (8,) * 10  # layer 5 joins the low tail
+    # layer 5 joins the low tail
+    assert precisions(first) + precisions(second) == (16,) * 4 + (4, 4) + (8,) * 10
     first, second = other["replicas"][0]["stages"]
     assert (first["layers"], second["layers"]) == ([0, 4], [4, 16])
     assert precisions(first) + precisions(second) == (16,) * 4 + (8,) * 12  # the low tail left with layer 4

@@ -41,7 +41,8 @@ STAGES = [
 
 def test_the_formula_by_hand():
     model = profile(6, hidden=512, layer_params=1_000_000, vocab=3000, kv_bytes=4096)
-    layer, embedding, head = model.layers[0].weight_bytes, model.embedding.weight_bytes, model.head.weight_bytes
+    layer, embedding, head = (model.layers[0].weight_bytes, model.embedding.weight_bytes,
+                              model.head.weight_bytes)
     whole = stage_footprint(model, 0, 6, Precision(16, 4, 4), kv_tokens=100, batch=3)
     assert whole.weights_bytes == embedding[16] + 4 * layer[16] + 2 * layer[4] + head[4]
     assert (whole.kv_bytes_per_token, whole.kv_bytes) == (6 * 4096, 100 * 6 * 4096)

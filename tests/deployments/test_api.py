@@ -80,7 +80,8 @@ def test_drain_moves_the_stages_off_the_node(api, nodes, revision, sent):
     assert response.status_code == 200, response.content
     body = response.json()
     assert [d["id"] for d in body["deployments"]] == [deployment.pk] and body["changed"]
-    assert (body["node"]["name"], body["node"]["status"], body["node"]["intent"]) == ("n1", "ready", "draining")
+    assert (body["node"]["name"], body["node"]["status"], body["node"]["intent"]) == ("n1", "ready",
+                                                                                     "draining")
     assert Node.objects.get(pk=nodes[1].pk).intent == Node.Intent.DRAINING
     deployment.refresh_from_db()
     assert deployment.revision.source == "drain"
@@ -154,7 +155,8 @@ def test_the_list_queries_do_not_grow_with_the_deployments(api, nodes, llm):
     assert list_queries() == few <= 6
 
 
-def test_a_preview_for_a_deployment_counts_its_own_devices_free_and_others_busy(api, nodes, llm, revision, sent):
+def test_a_preview_for_a_deployment_counts_its_own_devices_free_and_others_busy(api, nodes, llm, revision,
+                                                                                sent):
     deployment_create(name="tiny", revision=revision)  # holds n0, n1, n2
     body = {"model": llm.pk, "batch": 1, "context": 64, "replicas": 1, "exclude_nodes": ["n3"]}
     fresh = api.post("/api/v1/plans/", body, format="json").json()

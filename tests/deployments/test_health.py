@@ -65,7 +65,8 @@ def closed(node: Node, ago_s: float) -> None:
     Node.objects.filter(pk=node.pk).update(connection_closed_at=timezone.now() - timedelta(seconds=ago_s))
 
 
-def test_a_node_whose_agent_connection_closed_is_lost_sooner_while_other_agents_are_heard(nodes, sent, settings):
+def test_a_node_whose_agent_connection_closed_is_lost_sooner_while_other_agents_are_heard(nodes, sent,
+                                                                                          settings):
     """LOST after MOTLEY_NODE_LOST_AFTER_CLOSE_S (4 s) of silence since its agent's socket closed
     abnormally, not the 10 s heartbeat timeout; never while it heartbeats after the close (it
     reconnected), and not when no agent was heard since (the control plane's server went away and

@@ -136,7 +136,8 @@ def assert_up_and_clean(pipeline, free_before: list[int]) -> None:
     assert all(stage.popen.poll() is None for stage in pipeline.stages), [s.stderr() for s in pipeline.stages]
     assert len(generate_ok(pipeline)) == 4
     deadline = time.monotonic() + 10
-    while (free := stage_stats(pipeline)["kv_tokens_free_by_stage"]) != free_before and time.monotonic() < deadline:
+    while ((free := stage_stats(pipeline)["kv_tokens_free_by_stage"]) != free_before
+           and time.monotonic() < deadline):
         time.sleep(0.1)
     assert free == free_before, "KV space leaked"
 
@@ -152,7 +153,8 @@ def test_every_kind_of_malformed_frame_is_dropped_and_counted_by_both_stages(pip
     deadline = time.monotonic() + 5  # stage 1's figures come with its next heartbeat
     while True:
         after = stage_stats(pipeline)
-        grew = [after["stages"][i]["frames_rejected"] - before["stages"][i]["frames_rejected"] for i in (0, 1)]
+        grew = [after["stages"][i]["frames_rejected"] - before["stages"][i]["frames_rejected"]
+                for i in (0, 1)]
         if min(grew) >= dropped_by_codec or time.monotonic() > deadline:
             break
         time.sleep(0.2)

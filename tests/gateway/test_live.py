@@ -133,7 +133,8 @@ def test_a_disconnected_stream_frees_its_kv_space(live):
     head = live["pipeline"].head
     body = {"model": "demo", "prompt": "Pack my box", "max_tokens": 240, "temperature": 0, "stream": True}
     headers = {"Authorization": f"Bearer {live['key']}"}
-    with httpx.stream("POST", f"{live['base_url']}/completions", json=body, headers=headers, timeout=30) as response:
+    with httpx.stream("POST", f"{live['base_url']}/completions", json=body, headers=headers,
+                      timeout=30) as response:
         assert response.status_code == 200
         chunks = response.iter_bytes()  # kept: dropping the iterator would close the response
         next(chunks)

@@ -76,7 +76,8 @@ async def settle(predicate, timeout_s: float = 3.0) -> None:
 def replica(name: str):
     from controlplane.gateway.serving.runtime import gateway
 
-    return next(r for route in gateway().routes.values() for r in route.router.replicas if r.replica_id == name)
+    return next(r for route in gateway().routes.values() for r in route.router.replicas
+                if r.replica_id == name)
 
 
 async def test_a_throttled_device_sends_requests_to_the_other_replica_and_they_return(two_replicas, api_key):
@@ -93,7 +94,8 @@ async def test_a_throttled_device_sends_requests_to_the_other_replica_and_they_r
     assert await chosen(api_key) == ["r0"] * 4
 
 
-async def test_a_silent_agent_makes_its_replica_avoided_and_all_silent_is_a_503_saying_why(two_replicas, api_key):
+async def test_a_silent_agent_makes_its_replica_avoided_and_all_silent_is_a_503_saying_why(two_replicas,
+                                                                                           api_key):
     assert await chosen(api_key, 1) == ["r0"]
     report("n0", "d1-r0-s0", age_s=10)  # n0's agent went silent 10 s ago (its last sample stays cached)
     await settle(lambda: not replica("r0").health.ok)
@@ -118,12 +120,14 @@ async def test_measured_step_times_replace_the_planned_costs(two_replicas, api_k
         report("n0", "d1-r0-s0", step_ms=40.0)
         report("n1", "d1-r1-s0", step_ms=10.0)
         await asyncio.sleep(0.15)
-    await settle(lambda: replica("r0").costs_source == "measured" and replica("r1").costs_source == "measured")
+    await settle(lambda: replica("r0").costs_source == "measured"
+                 and replica("r1").costs_source == "measured")
     assert replica("r0").costs.decode_step_s == pytest.approx(4 * replica("r1").costs.decode_step_s)
     assert await chosen(api_key, 2) == ["r1", "r1"]
 
 
-async def test_the_router_api_shows_the_inputs_of_every_replica_and_decision(two_replicas, api_key, django_user_model):
+async def test_the_router_api_shows_the_inputs_of_every_replica_and_decision(two_replicas, api_key,
+                                                                             django_user_model):
     report("n1", "d1-r1-s0", clock=795, reasons=("power_cap",))
     await chosen(api_key, 1)
     await settle(lambda: replica("r1").health.throttle > 0.4)
@@ -140,7 +144,8 @@ async def test_the_router_api_shows_the_inputs_of_every_replica_and_decision(two
     r1 = body["models"]["demo"]["replicas"]["r1"]
     assert r1["stages"] == [{"stage_key": "d1-r1-s0", "device": "n1/gpu0"}]
     router = r1["router"]
-    assert router["healthy"] and router["health"]["throttle"] == pytest.approx(0.5) and router["slowdown"] == 2.0
+    assert (router["healthy"] and router["health"]["throttle"] == pytest.approx(0.5)
+            and router["slowdown"] == 2.0)
     assert router["costs_source"] == "assumed" and router["planned_costs"]["source"] == "assumed"
     assert router["head"]["ok"] and router["head"]["age_s"] < 5
     (device,) = router["telemetry"]["devices"]
@@ -237,8 +242,8 @@ async def test_a_replica_handed_over_beside_serves_until_the_gateway_heard_its_s
     assert await chosen(api_key, 2) == ["new", "new"]
 
 
-async def test_a_head_that_turns_ok_has_its_new_stages_telemetry_read_at_once(fake_pipeline, demo_model, api_key,
-                                                                              settings):
+async def test_a_head_that_turns_ok_has_its_new_stages_telemetry_read_at_once(fake_pipeline, demo_model,
+                                                                              api_key, settings):
     """A restarted or moved stage has no sample until its agent's next heartbeat: its replica is held
     back until the telemetry is read again, which a head turning ok does at once (not within
     HEALTH_REFRESH_S, nor at the next re-read of the served models)."""

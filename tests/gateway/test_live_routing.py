@@ -141,14 +141,17 @@ def test_throttled_and_silent_replicas_lose_their_traffic_and_get_it_back(system
     assert gateway.replica(R0)["costs"]["decode_step_s"] < 0.8 * gateway.replica(R1)["costs"]["decode_step_s"]
 
     devices = {d["node_name"]: d["id"] for d in system.get("/api/v1/devices/")["results"]}
-    assert system.post(f"/api/v1/devices/{devices['n0']}/emulate-throttle/", {"factor": 0.15}).status_code == 202
+    assert system.post(f"/api/v1/devices/{devices['n0']}/emulate-throttle/",
+                       {"factor": 0.15}).status_code == 202
     seen = gateway.wait(lambda r0, r1: r0["health"]["throttle"] > 0.6, "r0's throttle seen by the router")
     assert gateway.served() == [R1] * 4, "traffic stayed on the throttled replica"
     r0 = gateway.replica(R0)
-    assert r0["healthy"] and r0["slowdown"] > 3 and r0["telemetry"]["devices"][0]["throttle_reasons"] == ["sw_thermal"]
+    assert (r0["healthy"] and r0["slowdown"] > 3
+            and r0["telemetry"]["devices"][0]["throttle_reasons"] == ["sw_thermal"])
     last = gateway.router()["router"]["recent"][-1]
     inputs = {i["replica"]: i for i in last["inputs"]}
-    assert inputs[R0]["estimated_finish_s"] > inputs[R1]["estimated_finish_s"] and inputs[R0]["throttle"] > 0.6
+    assert (inputs[R0]["estimated_finish_s"] > inputs[R1]["estimated_finish_s"]
+            and inputs[R0]["throttle"] > 0.6)
     deployments_page_shows_the_throttle(system, R0, R1)
 
     assert system.post(f"/api/v1/devices/{devices['n0']}/emulate-throttle/", {"factor": 1}).status_code == 202

@@ -67,8 +67,8 @@ def test_staff_see_everyone_grouped_by_key_user_and_model(usage):
                                "total_tokens": 228,
                                "errors": 1, "refused": 3}
     by_user = api.get("/api/v1/usage/", {**RANGE, "group_by": "user"}).json()["totals"]
-    assert {(r["group"], r["prompt_tokens"], r["completion_tokens"], r["errors"], r["refused"]) for r in by_user} \
-        == {("alice", 121, 63, 1, 0), ("bob", 22, 22, 0, 3)}
+    assert {(r["group"], r["prompt_tokens"], r["completion_tokens"], r["errors"], r["refused"])
+            for r in by_user} == {("alice", 121, 63, 1, 0), ("bob", 22, 22, 0, 3)}
     by_model = api.get("/api/v1/usage/", {**RANGE, "group_by": "model"}).json()["totals"]
     assert {r["id"]: r["total_tokens"] for r in by_model} == {"big": 150, "demo": 78}
     only_bob = api.get("/api/v1/usage/", {**RANGE, "user": "bob"}).json()

@@ -20,7 +20,8 @@ import json
 from django.db.models import Sum
 from controlplane.gateway.models import UsageBucket
 print("USAGE=" + json.dumps(UsageBucket.objects.aggregate(
-    requests=Sum("requests"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"), errors=Sum("errors"))))
+    requests=Sum("requests"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"),
+    errors=Sum("errors"))))
 """
 
 
@@ -31,7 +32,8 @@ def test_stored_usage_equals_what_the_pipeline_served(live):  # noqa: F811
         answered.append(client.completions.create(model="demo", prompt="Once upon a "
                                                   "time", max_tokens=max_tokens,
                                                   temperature=0).usage)
-    answered.append(client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hello"}],
+    answered.append(client.chat.completions.create(model="demo",
+                                                   messages=[{"role": "user", "content": "Hello"}],
                                                    max_tokens=12, temperature=0.8, seed=1).usage)
     stream = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hi"}],
                                             max_tokens=9,

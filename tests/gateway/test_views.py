@@ -89,7 +89,8 @@ async def test_chat_completion_renders_the_models_chat_template(fake_pipeline, a
     assert response.status_code == 200, response.content
     assert response.json()["choices"][0]["message"] == {"role": "assistant", "content": "Hi"}
     tokenizer = ModelTokenizer.load(demo_model)
-    expected = tokenizer.tokenizer.encode("<|begin_of_text|><|user|>Hello<|assistant|>", add_special_tokens=False).ids
+    expected = tokenizer.tokenizer.encode("<|begin_of_text|><|user|>Hello<|assistant|>",
+                                          add_special_tokens=False).ids
     assert fake.submitted[0]["prompt_ids"] == expected
 
 

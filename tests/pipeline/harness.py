@@ -167,7 +167,8 @@ class Pipeline:
         assert not bad, f"non-JSON lines on a stage's stdout: {bad[:5]}"
 
     def assert_none_left(self) -> None:
-        alive = [pid for pid in self.pids() if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        alive = [pid for pid in self.pids()
+                 if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
         assert not alive, f"stage processes left running: {alive}"
 
 

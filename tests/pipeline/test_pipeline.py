@@ -23,7 +23,8 @@ from .harness import TOKEN, wait_healthy
 pytestmark = pytest.mark.timeout(120)
 
 
-def reference(model, prompt: list[int], max_tokens: int, params: SamplingParams = SamplingParams()) -> list[int]:
+def reference(model, prompt: list[int], max_tokens: int,
+              params: SamplingParams = SamplingParams()) -> list[int]:
     torch.set_num_threads(1)
     stage = Stage.load(model, 0, 6, kv_tokens=1024)
     return generate([stage], [prompt], params, max_new_tokens=max_tokens)[0]
@@ -37,7 +38,8 @@ async def test_three_processes_generate_the_tokens_of_one_process(shared_pipelin
     """32 concurrent requests, mixed lengths, and a KV budget that forces queueing (512 < 32 x 48)."""
     pipeline = shared_pipeline
     rng = random.Random(0)
-    jobs = [([rng.randrange(1, 256) for _ in range(rng.randrange(1, 21))], rng.randrange(1, 25)) for _ in range(32)]
+    jobs = [([rng.randrange(1, 256) for _ in range(rng.randrange(1, 21))], rng.randrange(1, 25))
+            for _ in range(32)]
     seeded = SamplingParams(temperature=0.9, top_k=40, seed=7)
     async with PipelineClient(pipeline.head, TOKEN, "p0") as client:
         assert (await wait_healthy(client))["ok"]
@@ -50,7 +52,8 @@ async def test_three_processes_generate_the_tokens_of_one_process(shared_pipelin
     expected.append(generate([stage], [jobs[0][0]], seeded, max_new_tokens=12)[0])
     assert outputs == expected
     assert stats["completed"] - before == 33 and stats["queue_depth"] == 0 and len(stats["stages"]) == 3
-    assert stats["stages"][0]["steps"] > 0 and stats["kv_tokens_free_by_stage"] == {"0": 512, "1": 512, "2": 512}
+    assert (stats["stages"][0]["steps"] > 0
+            and stats["kv_tokens_free_by_stage"] == {"0": 512, "1": 512, "2": 512})
     for stage_process in pipeline.stages:
         event = stage_process.wait_event("stats", timeout_s=5)
         assert {"step_ms", "compute_ms", "transfer_ms", "bubble_fraction", "kv_tokens_free"} <= set(event)
@@ -177,7 +180,8 @@ def test_a_clients_tokens_of_one_micro_batch_arrive_in_one_frame(shared_pipeline
                 frames.append(header)
                 for request_id, token_id, _ in header["items"]:
                     streams[request_id].append(token_id)
-        assert streams == {request_id: reference(tiny_model, prompt, 6) for request_id, prompt in prompts.items()}
+        assert streams == {request_id: reference(tiny_model, prompt, 6)
+                           for request_id, prompt in prompts.items()}
         assert len(frames) < 6 * 6 and max(len(f["items"]) for f in frames) >= 2
         assert [f["items"][-1][2] for f in frames][-1] == "length"
     finally:

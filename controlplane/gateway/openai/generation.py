@@ -185,7 +185,8 @@ class Generation:
             ) from exc
         self.migrations += 1
         started = time.monotonic()
-        await self.place(exclude=frozenset({old.replica_id}) if isinstance(exc, RequestRejected) else frozenset())
+        await self.place(
+            exclude=frozenset({old.replica_id}) if isinstance(exc, RequestRejected) else frozenset())
         recorder.migrated(self.request_id, to=self.decision.replica.replica_id, kind=exc.kind,
                           waited_s=round(time.monotonic() - started, 3))
 

@@ -222,7 +222,8 @@ class MeasuredCosts:
         fresh = [f for at, f in self._samples.get(replica_id, ()) if now - at <= self.max_age_s]
         return (median(fresh) if len(fresh) >= self.min_samples else None), len(fresh)
 
-    def costs(self, replica_id: str, planned: ReplicaCosts, *, now: float) -> tuple[ReplicaCosts, float | None]:
+    def costs(self, replica_id: str, planned: ReplicaCosts, *,
+              now: float) -> tuple[ReplicaCosts, float | None]:
         """The costs to route with and the factor applied (None: the planned costs as they are)."""
         if self._planned.get(replica_id) != planned:
             return planned, None

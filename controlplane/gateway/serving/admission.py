@@ -57,7 +57,8 @@ def _refusal(rejection: Rejection) -> Refused:
     return Refused(rejection, maker(rejection.message))
 
 
-def _route(route: ModelRoute, shape: RequestShape, *, until: float, exclude: frozenset[str]) -> Decision | Rejection:
+def _route(route: ModelRoute, shape: RequestShape, *, until: float,
+           exclude: frozenset[str]) -> Decision | Rejection:
     return route.router.route(shape, deadline_s=max(until - time.monotonic(), 0.0), exclude=exclude)
 
 
