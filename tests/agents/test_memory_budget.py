@@ -14,8 +14,8 @@ from contracts.stage_spec import SpecError, StageSpec
 from tests.agents.helpers import KV_BYTES_PER_TOKEN, TINY_LAYER_BYTES, stage_spec, tiny_model
 
 T4 = DeviceSpec(name="box/gpu0", node="box", index=0, model="T4", memory_bytes=GIB,
-                memory_bandwidth_gbs=320.0,
-                fp16_tflops=65.0, bf16_tflops=65.0, int8_tops=130.0, emulated=True)
+                memory_bandwidth_gbs=320.0, fp16_tflops=65.0, bf16_tflops=65.0, int8_tops=130.0,
+                emulated=True)
 
 
 def footprint(raw: dict):

@@ -161,7 +161,7 @@ def test_a_preview_for_a_deployment_counts_its_own_devices_free_and_others_busy(
     body = {"model": llm.pk, "batch": 1, "context": 64, "replicas": 1, "exclude_nodes": ["n3"]}
     fresh = api.post("/api/v1/plans/", body, format="json").json()
     used = {stage["device"] for stage in fresh["replicas"][0]["stages"]}
-    assert fresh["deploy_blockers"] == [f"device {d} carries a stage of deployment "
-                                        "tiny" for d in sorted(used)]
+    assert fresh["deploy_blockers"] == [f"device {d} carries a stage of deployment tiny"
+                                        for d in sorted(used)]
     rebalance = api.post("/api/v1/plans/", {**body, "deployment": Deployment.objects.get().pk}, format="json")
     assert rebalance.json()["deploy_blockers"] == []

@@ -88,9 +88,9 @@ MALFORMED = {
     "missing auth": [b"", json.dumps(head_header("submit", prompt=PROMPT, max_tokens=2)).encode()],
     "tampered header": [signed(head_header("submit", prompt=PROMPT, max_tokens=2))[0],
                         json.dumps(head_header("submit", prompt=PROMPT, max_tokens=200)).encode()],
-    "replayed batch of an old "
-    "epoch": signed(head_header("batch", epoch=1, mb=0, seq_ids=[0], starts=[0], lengths=[1],
-                                                         sampling=[{}], tensors=[f32(1, 64)]), b"\0" * 256),
+    "replayed batch of an old epoch": signed(head_header("batch", epoch=1, mb=0, seq_ids=[0], starts=[0],
+                                                         lengths=[1], sampling=[{}], tensors=[f32(1, 64)]),
+                                             b"\0" * 256),
     "batch with no epoch": signed(head_header("batch", mb=0, seq_ids=[0], starts=[0], lengths=[1],
                                               sampling=[{}])),
     "huge header": [b"x" * 32, b"{" * (9 << 20)],
@@ -176,8 +176,8 @@ def test_an_authenticated_submit_it_cannot_take_is_answered_with_a_clear_error(p
 
 headers = st.fixed_dictionaries(
     {
-        "type": st.sampled_from(["submit", "cancel", "stats", "health", "tokens", "failed", "batch", "x",
-                                 ""]),
+        "type": st.sampled_from(["submit", "cancel", "stats", "health", "tokens", "failed", "batch",
+                                 "x", ""]),
         "pipeline_id": st.sampled_from(["p0", "p0", "p1", ""]),
     },
     optional={

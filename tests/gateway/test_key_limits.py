@@ -52,9 +52,9 @@ def test_the_service_validates_sets_and_audits_what_changed(people):
 
 def test_create_api_key_takes_limits_and_set_api_key_limits_changes_them(people):
     out = io.StringIO()
-    call_command("create_api_key", "alice", "--name", "batch", "--rpm", "10", "--tpm", "5000", "--budget",
-                 "100000",
-                 "--budget-period", "day", "--model", "demo", "--model", "other", stdout=out)
+    call_command("create_api_key", "alice", "--name", "batch", "--rpm", "10", "--tpm", "5000",
+                 "--budget", "100000", "--budget-period", "day", "--model", "demo", "--model", "other",
+                 stdout=out)
     api_key = ApiKey.objects.get(name="batch")
     assert (api_key.requests_per_minute, api_key.tokens_per_minute, api_key.token_budget,
             api_key.budget_period, api_key.allowed_models) == (10, 5000, 100000, "day", ["demo", "other"])
@@ -87,8 +87,8 @@ def test_the_keys_api_shows_own_keys_and_only_staff_change_limits(people):
     assert [k["name"] for k in staff.get("/api/v1/api-keys/", {"user": "bob"}).json()["results"]] == [
         "theirs"]
     changed = staff.patch(f"/api/v1/api-keys/{mine.pk}/",
-                          {"tokens_per_minute": 2000, "allowed_models": ["demo"],
-                                                         "name": "renamed"}, format="json")
+                          {"tokens_per_minute": 2000, "allowed_models": ["demo"], "name": "renamed"},
+                          format="json")
     assert changed.status_code == 200, changed.content
     # name is read-only
     assert changed.json()["tokens_per_minute"] == 2000 and changed.json()["name"] == "mine"

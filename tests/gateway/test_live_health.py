@@ -155,8 +155,8 @@ async def test_the_router_api_shows_the_inputs_of_every_replica_and_decision(two
     assert last["replica"] == "r0"
     assert {i["replica"] for i in last["inputs"]} == {"r0", "r1"}
     assert set(last["inputs"][0]) >= {"healthy", "reason", "slowdown", "throttle", "memory_pressure",
-                                      "error_rate",
-                                      "costs_source", "kv_free", "outstanding_tokens", "estimated_finish_s"}
+                                      "error_rate", "costs_source", "kv_free", "outstanding_tokens",
+                                      "estimated_finish_s"}
 
 
 async def test_failed_requests_raise_the_replicas_error_rate(fake_pipeline, api_key, demo_model):

@@ -112,8 +112,8 @@ def deployments_page_shows_the_throttle(system: System, r0: str, r1: str) -> Non
         row.filter(has_text="sw_thermal").wait_for()
         assert page.locator(f'table[data-routing] tr[data-replica="{r1}"]').count() == 1
         queue = page.locator("[data-waiting]").first  # the gateway's waiting queue: nobody waits here
-        assert queue.inner_text().startswith("Gateway queue: 0 waiting "
-                                             "now") and "0 migrated" in queue.inner_text()
+        assert (queue.inner_text().startswith("Gateway queue: 0 waiting now")
+                and "0 migrated" in queue.inner_text())
         page.locator("details.decisions summary").first.click()
         page.locator("table[data-decisions] tr", has_text=r1).first.wait_for()
         page.screenshot(path=str(SCREENSHOTS / "deployments-routing.png"), full_page=True)
@@ -169,5 +169,5 @@ def test_throttled_and_silent_replicas_lose_their_traffic_and_get_it_back(system
         os.kill(agent.pid, signal.SIGCONT)
     spoke = gateway.wait(lambda r0, r1: r0["healthy"], "r0 healthy once n0 speaks again")
     assert gateway.served() == [R0] * 4
-    print(f"router saw: throttle in {seen:.1f} s, recovery in {recovered:.1f} s, stale agent in {stale:.1f} "
-          f"s, its return in {spoke:.1f} s")
+    print(f"router saw: throttle in {seen:.1f} s, recovery in {recovered:.1f} s, "
+          f"stale agent in {stale:.1f} s, its return in {spoke:.1f} s")

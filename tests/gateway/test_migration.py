@@ -25,8 +25,7 @@ async def test_a_broken_pipeline_mid_stream_continues_on_the_other_replica(fake_
     fake = fake_pipeline({"r0": Script(tokens=output, break_after=[3]),
                           "r1": Script(tokens=output, queue_depth=4)})
     body = {"model": "demo", "prompt": "The quick brown fox", "max_tokens": 50, "temperature": 0.8,
-            "seed": 11,
-            "stream": True, "stream_options": {"include_usage": True}}
+            "seed": 11, "stream": True, "stream_options": {"include_usage": True}}
     response = await post(AsyncClient(), "/v1/completions", body, api_key)
     assert response.status_code == 200
     events = await sse_events(response)
@@ -51,8 +50,8 @@ async def test_a_broken_pipeline_mid_stream_continues_on_the_other_replica(fake_
 
 async def test_a_break_with_no_other_replica_waits_for_one_and_resumes(fake_pipeline, api_key, demo_model):
     output = tokens(demo_model)
-    fake = fake_pipeline({"r0": Script(tokens=output,
-                                       break_after=[0, 5])})  # before its first token, then after 5
+    # before its first token, then after 5
+    fake = fake_pipeline({"r0": Script(tokens=output, break_after=[0, 5])})
     body = {"model": "demo", "prompt": "x", "max_tokens": 50, "temperature": 0}
     response = await post(AsyncClient(), "/v1/completions", body, api_key)
     assert response.status_code == 200, response.content

@@ -64,8 +64,7 @@ def test_staff_see_everyone_grouped_by_key_user_and_model(usage):
         f"b1 ({usage['b1'].prefix}…)": (2, 44)}
     assert {row["user"] for row in by_key["totals"]} == {"alice", "bob"}
     assert by_key["total"] == {"requests": 6, "prompt_tokens": 143, "completion_tokens": 85,
-                               "total_tokens": 228,
-                               "errors": 1, "refused": 3}
+                               "total_tokens": 228, "errors": 1, "refused": 3}
     by_user = api.get("/api/v1/usage/", {**RANGE, "group_by": "user"}).json()["totals"]
     assert {(r["group"], r["prompt_tokens"], r["completion_tokens"], r["errors"], r["refused"])
             for r in by_user} == {("alice", 121, 63, 1, 0), ("bob", 22, 22, 0, 3)}

@@ -73,8 +73,8 @@ async def test_a_stage_mixing_two_precisions_serves_what_it_computes_in_process(
     assert tokens != reference(tiny_model, prompt, 12)  # int4 moves tokens of this model
 
 
-SLOW = {"memory_bandwidth_gbs": 1.0, "fp16_tflops": 1.0,
-        "time_scale": 50.0}  # ~20 ms a step on the tiny model
+# ~20 ms a step on the tiny model
+SLOW = {"memory_bandwidth_gbs": 1.0, "fp16_tflops": 1.0, "time_scale": 50.0}
 
 
 async def test_kv_budget_queues_refuses_cancel_frees_and_sigterm_drains(start_pipeline):

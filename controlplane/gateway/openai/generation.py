@@ -141,8 +141,8 @@ class Generation:
                             except TimeoutError:
                                 raise DeadlineExceeded("the gateway's deadline passed") from None
                             except StopAsyncIteration:  # cancelled on the pipeline's side (a handover)
-                                raise PipelineBroken("the pipeline ended the stream without a finish "
-                                                     "reason") from None
+                                raise PipelineBroken("the pipeline ended the stream "
+                                                     "without a finish reason") from None
                             if not self.generated:
                                 recorder.first_token(self.request_id, time.monotonic() - self.placed)
                             self.generated.append(event.token_id)
