@@ -103,10 +103,9 @@ def measure_hop(net: Network, src: int, dst: int, tokens: int, hidden: int, repe
                            stdout=subprocess.PIPE)
     try:
         assert far.stdout.readline().strip() == "ready", "the echo side did not start"
-        near = subprocess.run(net.exec_argv(src,
-                                            [*module, "send", address, str(tokens), str(hidden),
-                                             str(repeats)]),
-                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+        near = subprocess.run(
+            net.exec_argv(src, [*module, "send", address, str(tokens), str(hidden), str(repeats)]),
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
         assert near.returncode == 0, near.stderr[-2000:]
         seconds = sorted(json.loads(near.stdout.splitlines()[-1]))
     finally:

@@ -261,8 +261,8 @@ def main() -> None:
           f"{link['hop_ms']:.3f} ms (median of 2000, half a round trip)")
     print(f"- end to end, one sequence: {interval * 1e3:.2f} ms per token through the pipeline vs "
           f"{one_step * 1e3:.2f} ms per step in one process (1 thread): "
-          f"{(interval - one_step) / 2 * 1e3:.2f} ms per hop (2 hops: stage 0 -> 1 -> head, scheduling "
-          "included)")
+          f"{(interval - one_step) / 2 * 1e3:.2f} ms per hop "
+          f"(2 hops: stage 0 -> 1 -> head, scheduling included)")
     print(f"- prefill activation {args.prefill_tokens} x {args.hidden} fp32 ({link['bytes'] / 1e6:.1f} MB): "
           f"{link['frame_gbs']:.2f} GB/s as a frame vs {link['raw_gbs']:.2f} GB/s raw TCP socket copy")
 

@@ -317,8 +317,8 @@ def report(results: list[dict]) -> None:
     for result in results:
         steady = Window(**result["steady"])
         print(f"| {result['room']} | steady state | {steady.ok} | {steady.failed} | "
-              f"{steady.longest_gap_s:.2f} s | {steady.p50_s or 0:.2f} s | {steady.p99_s or 0:.2f} s | 1.00x "
-              "| - |")
+              f"{steady.longest_gap_s:.2f} s | {steady.p50_s or 0:.2f} s | {steady.p99_s or 0:.2f} s "
+              f"| 1.00x | - |")
         for c in result["changes"]:
             ratio = f"{c['p99_vs_steady']:.2f}x" if c["p99_vs_steady"] else "-"
             print(f"| {result['room']} | {c['change']} | {c['ok']} | {c['failed']} | "

@@ -215,8 +215,8 @@ def main(argv: list[str] | None = None) -> None:
         for load, by_strategy in results["loads"].items():
             ratio = by_strategy["cost_aware"]["e2e_p99"] / by_strategy["round_robin"]["e2e_p99"]
             overflow = sum(m["kv_overflow"] for m in by_strategy.values())
-            print(f"load {float(load):.0%}: cost-aware e2e p99 / round-robin = {ratio:.2f}; KV overflows: "
-                  f"{overflow}")
+            print(f"load {float(load):.0%}: cost-aware e2e p99 / round-robin = {ratio:.2f}; "
+                  f"KV overflows: {overflow}")
     if args.scenario in ("all", "throttle"):
         results["throttle"] = run_throttle(args.duration, args.seed)
         window = "–".join(f"{t:.0f}" for t in results["throttle"]["window_s"])

@@ -172,8 +172,8 @@ async def _run(workdir: Path, seed: int, n: int) -> dict:
 def validate(seed: int = 0, n: int = 80) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         report = asyncio.run(_run(Path(tmp), seed, n))
-    print(f"validation on real paced pipelines ({n} requests at 80% of {report['capacity_req_s']:.2f} "
-          "req/s):")
+    print(f"validation on real paced pipelines "
+          f"({n} requests at 80% of {report['capacity_req_s']:.2f} req/s):")
     for name, c in report["costs"].items():
         print(f"  {name}: calibrated " + ", ".join(f"{k}={v * 1000:.2f} ms" for k, v in c.items()))
     print("  | strategy | run | TTFT p50 s | TTFT p99 s | e2e p50 s | e2e p99 s | rejected |")

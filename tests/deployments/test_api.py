@@ -80,8 +80,8 @@ def test_drain_moves_the_stages_off_the_node(api, nodes, revision, sent):
     assert response.status_code == 200, response.content
     body = response.json()
     assert [d["id"] for d in body["deployments"]] == [deployment.pk] and body["changed"]
-    assert (body["node"]["name"], body["node"]["status"], body["node"]["intent"]) == ("n1", "ready",
-                                                                                     "draining")
+    assert (body["node"]["name"], body["node"]["status"], body["node"]["intent"]) == (
+        "n1", "ready", "draining")
     assert Node.objects.get(pk=nodes[1].pk).intent == Node.Intent.DRAINING
     deployment.refresh_from_db()
     assert deployment.revision.source == "drain"

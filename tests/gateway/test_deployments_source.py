@@ -77,8 +77,8 @@ def test_a_deployment_that_cannot_serve_now_is_listed_without_replicas_and_says_
     Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.DEPLOYING)
     (served,) = served_models_from_deployments()
     number = deployment.revision.number
-    assert served.replicas == () and served.reason == (f"deployment {deployment.name} is deploying plan "
-                                                       f"revision {number}")
+    assert (served.replicas == ()
+            and served.reason == f"deployment {deployment.name} is deploying plan revision {number}")
     Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.FAILED,
                                                        status_message="n1 is lost")
     assert served_models_from_deployments()[0].reason == f"deployment {deployment.name} failed: n1 is lost"
@@ -113,8 +113,8 @@ def test_a_replica_being_handed_over_stays_listed_but_unroutable_with_its_slots_
     monkeypatch.setattr(deployments_source, "deployment_endpoints", lambda deployment: handed_over)
     (served,) = served_models_from_deployments()
     old, new = served.replicas
-    assert not old.health.ok and old.health.reason == (f"deployment {deployment.name} is handing this "
-                                                       "replica over")
+    assert (not old.health.ok
+            and old.health.reason == f"deployment {deployment.name} is handing this replica over")
     assert new.health.ok and served.reason == ""
     first_slot = deployment.revision.plan["replicas"][0]
     assert new.kv_tokens == min(s["kv_tokens"] for s in first_slot["stages"])
