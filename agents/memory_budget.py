@@ -48,9 +48,9 @@ def check_fits(need: StageFootprint, device: DeviceSpec, used_bytes: int) -> Non
     if need.total_bytes > room:
         raise StageRefused(
             f"does not fit on emulated {device.name} ({device.model}, {_size(device.memory_bytes)}): "
-            f"needs {_size(need.total_bytes)} (weights {_size(need.weights_bytes)} + KV {_size(need.kv_bytes)}"
-            f" + workspace {_size(need.workspace_bytes)}) but {_size(max(room, 0))} is usable "
-            f"({_size(max(usable, 0))} after the reserve, {_size(used_bytes)} held by other stages)"
+            f"needs {_size(need.total_bytes)} (weights {_size(need.weights_bytes)} + KV "
+            f"{_size(need.kv_bytes)} + workspace {_size(need.workspace_bytes)}) but {_size(max(room, 0))} is "
+            f"usable ({_size(max(usable, 0))} after the reserve, {_size(used_bytes)} held by other stages)"
         )
 
 

@@ -94,7 +94,8 @@ def build_app(
     def sync(wanted_stage_keys: list[str], *, incarnation: int) -> list[str]:
         current(SYNC, incarnation)
         if not isinstance(wanted_stage_keys, list) or not all(isinstance(k, str) for k in wanted_stage_keys):
-            raise TypeError(f"sync: wanted_stage_keys must be a list of stage keys, got {wanted_stage_keys!r:.100}")
+            raise TypeError("sync: wanted_stage_keys must be a list of stage keys, got "
+                            f"{wanted_stage_keys!r:.100}")
         return supervisor.sync(wanted_stage_keys)
 
     @app.task(name=SET_THROTTLE, shared=False)

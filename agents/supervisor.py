@@ -26,9 +26,9 @@ from typing import Any
 
 from agents import stage_states
 from agents.admission import Admission, Admitted
-from agents.memory_budget import StageRefused
 from agents.fork_server import ForkServer
 from agents.load_priority import LoadPriority
+from agents.memory_budget import StageRefused
 from agents.processes import signal_group, sweep_pid_records
 from agents.restart_policy import RestartPolicy
 from agents.stage_process import (
@@ -104,7 +104,8 @@ class Supervisor:
         if (status := self._call(self._respec, stage_key, requested)) is not None:
             return status
         if self._call(self._needs_replacing, stage_key, requested):
-            self._call(self._request_stop, stage_key, signal.SIGUSR1).result(timeout=self._max_wait(stage_key))
+            self._call(self._request_stop, stage_key, signal.SIGUSR1).result(
+                timeout=self._max_wait(stage_key))
         return self._call(self._start, stage_key, requested, background)
 
     def stop(self, stage_key: str) -> StageStatus | None:

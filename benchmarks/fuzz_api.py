@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=200, help="examples per operation and role (CI: 4)")
-    parser.add_argument("-k", default=None, help="pytest -k expression, e.g. 'api_v1' for the API schema only")
+    parser.add_argument("-k", default=None,
+                        help="pytest -k expression, e.g. 'api_v1' for the API schema only")
     args = parser.parse_args()
     if args.examples < 1:
         parser.error("--examples must be at least 1")

@@ -160,7 +160,8 @@ def int4_rows(rows: list[int], generator: torch.Generator) -> list[str]:
     as_fp32 = torch.randn(nbytes // 4, generator=generator)  # torch sums integers far below bandwidth
     ceiling = nbytes / seconds_per_call(as_fp32.sum, 5) / 1e9
     lines = [f"int4 weights: {nbytes / 1e6:.1f} MB (groups of {DEFAULT_GROUP_SIZE}); our kernel runs {wide}; "
-             f"read ceiling (sum over as many fp32 bytes): {ceiling:.1f} GB/s", "", "| rows | our kernel GB/s | ours, AVX2 code GB/s | _weight_int4pack_mm_for_cpu GB/s "
+             f"read ceiling (sum over as many fp32 bytes): {ceiling:.1f} GB/s", "",
+             "| rows | our kernel GB/s | ours, AVX2 code GB/s | _weight_int4pack_mm_for_cpu GB/s "
              "| ours / torch | AVX2 / torch |", "|---:|---:|---:|---:|---:|---:|"]
     for m in rows:
         xs = {k: torch.randn(m, k, generator=generator) for _, k in SMOLLM2_LAYER_SHAPES}

@@ -88,7 +88,8 @@ class Hop:
 
 def predicted_hop_s(net: Network, src: int, dst: int, nbytes: int) -> float:
     fleet = parse_fleet({"name": "netns", "nodes": [
-        {"name": f"n{k}", "network_gbps": gbps, "gpus": [{"model": "T4"}]} for k, gbps in enumerate(net.gbps)]})
+        {"name": f"n{k}", "network_gbps": gbps, "gpus": [{"model": "T4"}]}
+        for k, gbps in enumerate(net.gbps)]})
     devices = {d.node: d for d in fleet.devices}
     link = fleet.link_between(devices[f"n{src}"], devices[f"n{dst}"])
     return nbytes / (link.bandwidth_gbs * 1e9 / SCALE) + link.latency_us * 1e-6
@@ -102,8 +103,9 @@ def measure_hop(net: Network, src: int, dst: int, tokens: int, hidden: int, repe
                            stdout=subprocess.PIPE)
     try:
         assert far.stdout.readline().strip() == "ready", "the echo side did not start"
-        near = subprocess.run(net.exec_argv(src, [*module, "send", address, str(tokens), str(hidden), str(repeats)]),
-                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+        near = subprocess.run(
+            net.exec_argv(src, [*module, "send", address, str(tokens), str(hidden), str(repeats)]),
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
         assert near.returncode == 0, near.stderr[-2000:]
         seconds = sorted(json.loads(near.stdout.splitlines()[-1]))
     finally:

@@ -66,11 +66,13 @@ def run(model: Path, layers: int, hidden: int, tokens: int, repeats: int, workdi
         print(f"3 nodes, fleet network_gbps {GBPS} shaped to {[g * 1e3 / netns.SCALE for g in GBPS]} Mbit/s "
               f"(tbf, 1/{netns.SCALE}); demo model {layers} layers, hidden {hidden}; prefill {tokens} tokens")
         hops = [measure_hop(net, k, k + 1, tokens, hidden, repeats) for k in range(2)]
-        print("\n| hop | activation | measured (ms) | planner (ms) | measured / planner |\n|---|---:|---:|---:|---:|")
+        print("\n| hop | activation | measured (ms) | planner (ms) | measured / planner "
+              "|\n|---|---:|---:|---:|---:|")
         for hop in hops:
             print(f"| n{hop.src} -> n{hop.dst} | {hop.nbytes / 1e3:.0f} kB | {hop.measured_s * 1e3:.1f} | "
                   f"{hop.predicted_s * 1e3:.1f} | {hop.measured_s / hop.predicted_s:.2f} |")
-        specs = pipeline_specs(model, layers, 3, pipeline_id="bench", hosts=[net.address(k) for k in range(3)],
+        specs = pipeline_specs(model, layers, 3, pipeline_id="bench",
+                               hosts=[net.address(k) for k in range(3)],
                                kv_tokens=tokens + 64, peer_timeout_s=60.0)
         pipeline = Pipeline(specs, workdir, launcher=lambda i: net.exec_argv(i, []))
         try:
@@ -82,5 +84,5 @@ def run(model: Path, layers: int, hidden: int, tokens: int, repeats: int, workdi
         predicted = sum(compute) + sum(predicted_hop_s(net, k, k + 1, tokens * hidden * 4) for k in range(2))
         print(f"\n- stage prefill (1 thread, one process): {', '.join(f'{c * 1e3:.0f} ms' for c in compute)}")
         print(f"- pipeline prefill, {tokens} tokens to the first token: {measured * 1e3:.0f} ms measured "
-              f"({tokens / measured:.0f} tok/s) vs {predicted * 1e3:.0f} ms predicted ({tokens / predicted:.0f} "
-              f"tok/s): measured / predicted {measured / predicted:.2f}")
+              f"({tokens / measured:.0f} tok/s) vs {predicted * 1e3:.0f} ms predicted "
+              f"({tokens / predicted:.0f} tok/s): measured / predicted {measured / predicted:.2f}")

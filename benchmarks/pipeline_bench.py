@@ -39,14 +39,13 @@ sys.path.insert(0, str(REPO_ROOT))
 import torch  # noqa: E402
 import zmq  # noqa: E402
 
+from controlplane.gateway.serving.pipeline_client import PipelineClient  # noqa: E402
 from tests.pipeline.harness import TOKEN, Pipeline, pipeline_specs, wait_healthy  # noqa: E402
 from tests.support.processes import free_port  # noqa: E402
 from worker_runtime.chain import free_sequences, run_stages  # noqa: E402
-from controlplane.gateway.serving.pipeline_client import PipelineClient  # noqa: E402
 from worker_runtime.frames import FrameCodec  # noqa: E402
 from worker_runtime.stage import Batch, Stage  # noqa: E402
 from worker_runtime.transport import ZmqTransport  # noqa: E402
-
 
 # ----- 1. throughput
 
@@ -60,7 +59,8 @@ def single_process_decode(stage: Stage, seqs: int, steps: int, prompt_len: int, 
         tokens = run_stages([stage], Batch.of_tokens(ids, prompts, [0] * seqs)).argmax(-1).tolist()
         started = time.perf_counter()
         for step in range(steps):
-            logits = run_stages([stage], Batch.of_tokens(ids, [[t] for t in tokens], [prompt_len + step] * seqs))
+            logits = run_stages([stage],
+                                Batch.of_tokens(ids, [[t] for t in tokens], [prompt_len + step] * seqs))
             tokens = logits.argmax(-1).tolist()
         return seqs * steps / (time.perf_counter() - started)
     finally:
@@ -79,7 +79,8 @@ async def pipeline_decode(head: str, seqs: int, steps: int, prompt_len: int) -> 
 
         async def one(i: int) -> None:
             times = []
-            async for _ in client.submit([(i * 7 + j) % 200 + 1 for j in range(prompt_len)], max_tokens=steps + 1):
+            async for _ in client.submit([(i * 7 + j) % 200 + 1 for j in range(prompt_len)],
+                                         max_tokens=steps + 1):
                 times.append(time.perf_counter())
             firsts.append(times[0])
             stamps.append(times)
@@ -93,7 +94,8 @@ async def pipeline_decode(head: str, seqs: int, steps: int, prompt_len: int) -> 
 
 def start_pipeline(model: Path, layers: int, workdir: Path, kv_tokens: int) -> Pipeline:
     pipeline = Pipeline(
-        pipeline_specs(model, layers, 2, pipeline_id="bench", kv_tokens=kv_tokens, peer_timeout_s=30.0), workdir
+        pipeline_specs(model, layers, 2, pipeline_id="bench", kv_tokens=kv_tokens, peer_timeout_s=30.0),
+        workdir
     )
     pipeline.wait_ready(timeout_s=180)
     return pipeline
@@ -114,7 +116,8 @@ def echo(address: str, raw_port: int) -> None:
         for message in transport.receive(0.001):
             if message.frame.type == "stop":
                 return
-            transport.reply(message.peer, {"type": "ack"}, message.frame.tensors[:1] if message.frame.header.get("echo") else [])
+            transport.reply(message.peer, {"type": "ack"},
+                            message.frame.tensors[:1] if message.frame.header.get("echo") else [])
         try:
             while (n := conn.recv_into(buffer)) > 0:
                 if buffer[n - 1] == 0xFF:  # the sender ends each payload with 0xFF
@@ -142,7 +145,8 @@ class EchoPeer:
         self.raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def frame_round_trip(self, tensor: torch.Tensor, echo_back: bool) -> float:
-        header = {"type": "batch", "epoch": 1, "mb": 1, "seq_ids": [1], "starts": [9], "lengths": [1], "echo": echo_back}
+        header = {"type": "batch", "epoch": 1, "mb": 1, "seq_ids": [1], "starts": [9], "lengths": [1],
+                  "echo": echo_back}
         started = time.perf_counter()
         self.sock.send_multipart(self.codec.encode(header, [tensor]), copy=False)
         frame = self.codec.decode(self.sock.recv_multipart(copy=False))
@@ -181,7 +185,8 @@ def hop_and_transfer(hidden: int, prefill_tokens: int, repeats: int = 2000) -> d
             peer.raw_round_trip(payload)
         frame_s = median([peer.frame_round_trip(big, False) for _ in range(20)])
         raw_s = median([peer.raw_round_trip(payload) for _ in range(20)])
-        return {"hop_ms": hop_ms, "frame_gbs": big.nbytes / frame_s / 1e9, "raw_gbs": big.nbytes / raw_s / 1e9, "bytes": big.nbytes}
+        return {"hop_ms": hop_ms, "frame_gbs": big.nbytes / frame_s / 1e9,
+                "raw_gbs": big.nbytes / raw_s / 1e9, "bytes": big.nbytes}
     finally:
         peer.close()
 
@@ -230,19 +235,23 @@ def main() -> None:
             for _ in range(args.repeats):
                 single2 = max(single2, single_process_decode(stage, seqs, args.steps, args.prompt, threads=2))
                 single1 = max(single1, single_process_decode(stage, seqs, args.steps, args.prompt, threads=1))
-                half1 = max(half1, single_process_decode(stage, seqs // 2, args.steps, args.prompt, threads=1))
-                piped = max(piped, asyncio.run(pipeline_decode(pipeline.head, seqs, args.steps, args.prompt))[0])
+                half1 = max(half1,
+                            single_process_decode(stage, seqs // 2, args.steps, args.prompt, threads=1))
+                piped = max(piped,
+                            asyncio.run(pipeline_decode(pipeline.head, seqs, args.steps, args.prompt))[0])
             # Two 1-thread stages, each busy all the time with micro-batches of half the sequences, at
             # the speed one thread runs all layers for half the sequences: the pipeline's upper bound.
             rows.append((seqs, single1, single2, 2 * half1, piped))
-        one_step = min(1 / single_process_decode(stage, 1, args.steps, args.prompt, threads=1) for _ in range(args.repeats))
-        interval = min(asyncio.run(pipeline_decode(pipeline.head, 1, args.steps, args.prompt))[1] for _ in range(args.repeats))
+        one_step = min(1 / single_process_decode(stage, 1, args.steps, args.prompt, threads=1)
+                       for _ in range(args.repeats))
+        interval = min(asyncio.run(pipeline_decode(pipeline.head, 1, args.steps, args.prompt))[1]
+                       for _ in range(args.repeats))
     finally:
         pipeline.stop()
     link = hop_and_transfer(args.hidden, args.prefill_tokens)
     print(f"load average {os.getloadavg()[0]:.1f} at the end; best of {args.repeats} runs each")
-    print("\n| concurrent sequences | 1 process, 2 threads (tok/s) | 2-stage pipeline, 1 thread each (tok/s) | "
-          "pipeline / 2-thread process | 1 process, 1 thread (tok/s) | pipeline / best single process | "
+    print("\n| concurrent sequences | 1 process, 2 threads (tok/s) | 2-stage pipeline, 1 thread each (tok/s) "
+          "| pipeline / 2-thread process | 1 process, 1 thread (tok/s) | pipeline / best single process | "
           "pipeline bound: 2 x 1 thread at half the sequences (tok/s) | pipeline / bound |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for seqs, single1, single2, bound, piped in rows:
@@ -251,7 +260,8 @@ def main() -> None:
     print(f"\n- one hop, 1-token activation ({args.hidden} x fp32), codec + zmq, echo between two processes: "
           f"{link['hop_ms']:.3f} ms (median of 2000, half a round trip)")
     print(f"- end to end, one sequence: {interval * 1e3:.2f} ms per token through the pipeline vs "
-          f"{one_step * 1e3:.2f} ms per step in one process (1 thread): {(interval - one_step) / 2 * 1e3:.2f} ms per hop "
+          f"{one_step * 1e3:.2f} ms per step in one process (1 thread): "
+          f"{(interval - one_step) / 2 * 1e3:.2f} ms per hop "
           f"(2 hops: stage 0 -> 1 -> head, scheduling included)")
     print(f"- prefill activation {args.prefill_tokens} x {args.hidden} fp32 ({link['bytes'] / 1e6:.1f} MB): "
           f"{link['frame_gbs']:.2f} GB/s as a frame vs {link['raw_gbs']:.2f} GB/s raw TCP socket copy")

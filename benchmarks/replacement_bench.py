@@ -316,12 +316,14 @@ def report(results: list[dict]) -> None:
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for result in results:
         steady = Window(**result["steady"])
-        print(f"| {result['room']} | steady state | {steady.ok} | {steady.failed} | {steady.longest_gap_s:.2f} s "
-              f"| {steady.p50_s or 0:.2f} s | {steady.p99_s or 0:.2f} s | 1.00x | - |")
+        print(f"| {result['room']} | steady state | {steady.ok} | {steady.failed} | "
+              f"{steady.longest_gap_s:.2f} s | {steady.p50_s or 0:.2f} s | {steady.p99_s or 0:.2f} s "
+              f"| 1.00x | - |")
         for c in result["changes"]:
             ratio = f"{c['p99_vs_steady']:.2f}x" if c["p99_vs_steady"] else "-"
-            print(f"| {result['room']} | {c['change']} | {c['ok']} | {c['failed']} | {c['longest_gap_s']:.2f} s "
-                  f"| {c['p50_s'] or 0:.2f} s | {c['p99_s'] or 0:.2f} s | {ratio} | {c['serves_after_s']:.1f} s |")
+            print(f"| {result['room']} | {c['change']} | {c['ok']} | {c['failed']} | "
+                  f"{c['longest_gap_s']:.2f} s | {c['p50_s'] or 0:.2f} s | {c['p99_s'] or 0:.2f} s | {ratio} "
+                  f"| {c['serves_after_s']:.1f} s |")
     print()
     for result in results:
         goal = GOAL_GAP_S[result["room"]]

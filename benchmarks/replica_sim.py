@@ -125,7 +125,8 @@ class LiveFeed:
         device = DeviceSample(link.device, self.lag_s, 0, 1, MAX_CLOCK_MHZ * speed, MAX_CLOCK_MHZ,
                               ("sw_thermal",) if speed < 1 else ())
         stage = StageSample(link.stage_key, self.lag_s, "ready", step_ms, batch)
-        reading = replica_reading([link], {link.device: device}, {link.stage_key: stage}, stale_s=self.stale_s)
+        reading = replica_reading([link], {link.device: device}, {link.stage_key: stage},
+                                  stale_s=self.stale_s)
         state.observe(health=reading.health)
         self.measured.add(state.replica_id, planned, at=at, reading=reading)
         state.costs, factor = self.measured.costs(state.replica_id, planned, now=now)

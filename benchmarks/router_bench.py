@@ -5,7 +5,8 @@ half of the run, routed by the cost-aware router fed by telemetry (benchmarks/re
 LiveFeed through routing.signals, as the gateway's live_health.py does), by the same router blind to
 telemetry, and by round-robin, on the same trace.
 
-    python benchmarks/router_bench.py [--duration 600] [--seed 0] [--scenario all|matrix|throttle] [--validate]
+    python benchmarks/router_bench.py [--duration 600] [--seed 0] [--scenario all|matrix|throttle]
+        [--validate]
 
 Replicas are SIMULATED (benchmarks/replica_sim.py: a discrete-event model of continuous-batching
 pipeline heads) and routed by the gateway's real router code. The trace has Poisson arrivals and
@@ -78,7 +79,8 @@ def capacity(replica_factory, seed: int, window_s: float = 300.0, output_sigma: 
     backlog = [(0.0, p, m) for p, m in lengths(random.Random(seed), 20_000, output_sigma)]
     replica.max_queue = len(backlog)
     done = simulate(
-        backlog, [replica], {replica.name: replica.costs}, "round_robin", 1e9, bypass_router=True, until=window_s
+        backlog, [replica], {replica.name: replica.costs}, "round_robin", 1e9, bypass_router=True,
+        until=window_s
     )
     return sum(1 for r in done if r.done_at is not None and r.done_at <= window_s) / window_s
 
@@ -103,7 +105,8 @@ def summarize(requests: list[SimRequest], duration: float, replicas: list[SimRep
         "timed_out": sum(1 for r in requests if r.timed_out),
         "waited_for_kv": sum(1 for r in requests if r.waited_for_kv),
         "kv_overflow": sum(1 for rep in replicas if rep.peak_kv > rep.kv_capacity),
-        "share": {rep.name: sum(1 for r in served if r.replica == rep.name) / max(1, len(served)) for rep in replicas},
+        "share": {rep.name: sum(1 for r in served if r.replica == rep.name) / max(1, len(served))
+                  for rep in replicas},
     }
 
 
@@ -138,9 +141,9 @@ def table(results: dict) -> str:
         for strategy, m in by_strategy.items():
             share = _percentages(m["share"])
             lines.append(
-                f"| {float(load):.0%} | {strategy} | {m['ttft_p50']:.2f} | {m['ttft_p99']:.2f} | {m['e2e_p50']:.1f} | "
-                f"{m['e2e_p99']:.1f} | {m['throughput_tok_s']:.0f} | {m['rejected']}/{m['requests']} | "
-                f"{m['timed_out']} | {m['e2e_p99'] / rr:.2f} | {share} |"
+                f"| {float(load):.0%} | {strategy} | {m['ttft_p50']:.2f} | {m['ttft_p99']:.2f} | "
+                f"{m['e2e_p50']:.1f} | {m['e2e_p99']:.1f} | {m['throughput_tok_s']:.0f} | "
+                f"{m['rejected']}/{m['requests']} | {m['timed_out']} | {m['e2e_p99'] / rr:.2f} | {share} |"
             )
     return "\n".join(lines)
 
@@ -176,8 +179,8 @@ def run_throttle(duration: float, seed: int, tails=tuple(OUTPUT_SIGMAS), loads=T
 
 
 def throttle_table(results: dict) -> str:
-    head = ("| outputs | load | router | TTFT p99 s | e2e p50 s | e2e p99 s | 429 | 504 | throttled replica's share "
-            "before/during/after | e2e p99 vs blind | vs round-robin |")
+    head = ("| outputs | load | router | TTFT p99 s | e2e p50 s | e2e p99 s | 429 | 504 | throttled "
+            "replica's share before/during/after | e2e p99 vs blind | vs round-robin |")
     lines = _table_head(head)
     for tail, by_tail in results["tails"].items():
         for load, runs in by_tail["loads"].items():
@@ -197,7 +200,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=600.0, help="simulated seconds of arrivals per run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the figures here")
-    parser.add_argument("--validate", action="store_true", help="replay a short trace on real paced pipelines")
+    parser.add_argument("--validate", action="store_true",
+                        help="replay a short trace on real paced pipelines")
     parser.add_argument("--scenario", choices=("all", "matrix", "throttle"), default="all")
     args = parser.parse_args(argv)
     started = time.monotonic()
@@ -211,7 +215,8 @@ def main(argv: list[str] | None = None) -> None:
         for load, by_strategy in results["loads"].items():
             ratio = by_strategy["cost_aware"]["e2e_p99"] / by_strategy["round_robin"]["e2e_p99"]
             overflow = sum(m["kv_overflow"] for m in by_strategy.values())
-            print(f"load {float(load):.0%}: cost-aware e2e p99 / round-robin = {ratio:.2f}; KV overflows: {overflow}")
+            print(f"load {float(load):.0%}: cost-aware e2e p99 / round-robin = {ratio:.2f}; "
+                  f"KV overflows: {overflow}")
     if args.scenario in ("all", "throttle"):
         results["throttle"] = run_throttle(args.duration, args.seed)
         window = "–".join(f"{t:.0f}" for t in results["throttle"]["window_s"])

@@ -88,7 +88,8 @@ async def replay(clients: dict, costs: dict, kv: dict, strategy: str, requests) 
         try:
             async with asyncio.timeout(DEADLINE_S):  # as the gateway: 504 at the deadline
                 async for _ in clients[state.replica_id].submit(
-                    [7] * prompt, SamplingParams(), max_tokens=max_tokens, request_id=rid, deadline_s=DEADLINE_S
+                    [7] * prompt, SamplingParams(), max_tokens=max_tokens, request_id=rid,
+                    deadline_s=DEADLINE_S
                 ):
                     row.setdefault("ttft", time.monotonic() - t0)
                     state.token(rid)
@@ -110,7 +111,8 @@ def _p(values: list[float], q: float) -> float:
 
 
 def figures(ttft: list[float], e2e: list[float]) -> dict:
-    return {"ttft_p50": _p(ttft, 0.5), "ttft_p99": _p(ttft, 0.99), "e2e_p50": _p(e2e, 0.5), "e2e_p99": _p(e2e, 0.99)}
+    return {"ttft_p50": _p(ttft, 0.5), "ttft_p99": _p(ttft, 0.99), "e2e_p50": _p(e2e, 0.5),
+            "e2e_p99": _p(e2e, 0.99)}
 
 
 async def _run(workdir: Path, seed: int, n: int) -> dict:
@@ -120,7 +122,8 @@ async def _run(workdir: Path, seed: int, n: int) -> dict:
     pipelines = []
     try:
         for i, (name, speed, kv) in enumerate(SPEEDS):
-            # One micro-batch: a one-stage pipeline has no other stage to overlap with (the simulator's model).
+            # One micro-batch: a one-stage pipeline has no other stage to overlap with (the simulator's
+            # model).
             specs = pipeline_specs(
                 model, 2, 1, pipeline_id=name, kv_tokens=kv, emulation=emulation(speed), micro_batches=1
             )
@@ -143,16 +146,19 @@ async def _run(workdir: Path, seed: int, n: int) -> dict:
                             bypass_router=True, until=60.0)
             capacity += sum(1 for r in done if r.done_at is not None) / 60.0
         requests = trace(seed, 0.8 * capacity, n)
-        report = {"costs": {k: vars(v) for k, v in costs.items()}, "capacity_req_s": capacity, "strategies": {}}
+        report = {"costs": {k: vars(v) for k, v in costs.items()}, "capacity_req_s": capacity,
+                  "strategies": {}}
         for strategy in STRATEGIES:
             real = await replay(clients, costs, kv, strategy, requests)
             sim = simulate(requests, sim_fleet(), costs, strategy, DEADLINE_S)
             report["strategies"][strategy] = {
-                "real": figures([r["ttft"] for r in real if "ttft" in r], [r["e2e"] for r in real if "e2e" in r])
+                "real": figures([r["ttft"] for r in real if "ttft" in r],
+                                [r["e2e"] for r in real if "e2e" in r])
                 | {"rejected": sum(r["rejected"] for r in real)},
                 "simulated": figures(
                     [r.first_token_at - r.arrival for r in sim if r.first_token_at is not None],
-                    [(r.done_at - r.arrival) if r.done_at else DEADLINE_S for r in sim if r.replica and not r.rejected],
+                    [(r.done_at - r.arrival) if r.done_at else DEADLINE_S
+                     for r in sim if r.replica and not r.rejected],
                 ) | {"rejected": sum(1 for r in sim if r.rejected)},
             }
         for client in clients.values():
@@ -166,12 +172,13 @@ async def _run(workdir: Path, seed: int, n: int) -> dict:
 def validate(seed: int = 0, n: int = 80) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         report = asyncio.run(_run(Path(tmp), seed, n))
-    print(f"validation on real paced pipelines ({n} requests at 80% of {report['capacity_req_s']:.2f} req/s):")
+    print(f"validation on real paced pipelines "
+          f"({n} requests at 80% of {report['capacity_req_s']:.2f} req/s):")
     for name, c in report["costs"].items():
         print(f"  {name}: calibrated " + ", ".join(f"{k}={v * 1000:.2f} ms" for k, v in c.items()))
     print("  | strategy | run | TTFT p50 s | TTFT p99 s | e2e p50 s | e2e p99 s | rejected |")
     for strategy, runs in report["strategies"].items():
         for kind, m in runs.items():
-            print(f"  | {strategy} | {kind} | {m['ttft_p50']:.2f} | {m['ttft_p99']:.2f} | {m['e2e_p50']:.2f} | "
-                  f"{m['e2e_p99']:.2f} | {m['rejected']} |")
+            print(f"  | {strategy} | {kind} | {m['ttft_p50']:.2f} | {m['ttft_p99']:.2f} | {m['e2e_p50']:.2f} "
+                  f"| {m['e2e_p99']:.2f} | {m['rejected']} |")
     return report

@@ -4,11 +4,12 @@ the ordinary way (``python -m worker_runtime.serve --spec``) against forked by t
 
     .venv/bin/python benchmarks/stage_start_bench.py [--starts 4] [--layers 4] [--kv-tokens 65536]
 
-Each start loads the same stage of a generated demo checkpoint (the first ``--layers`` of twice as many, stage 0 of 2) with a
-KV pool of ``--kv-tokens`` tokens, waits for its ``ready`` line, stops it (SIGTERM) and reaps it; the
-two ways alternate, so a noisy machine weighs on both alike. Printed: the median wall time to ready
-and the median CPU seconds each start took (the child's user + system, read when it is reaped), each
-way, and fork over spawn. The fork server's own warm-up (once per agent) is printed apart. Not in CI.
+Each start loads the same stage of a generated demo checkpoint (the first ``--layers`` of twice as
+many, stage 0 of 2) with a KV pool of ``--kv-tokens`` tokens, waits for its ``ready`` line, stops it
+(SIGTERM) and reaps it; the two ways alternate, so a noisy machine weighs on both alike. Printed: the
+median wall time to ready and the median CPU seconds each start took (the child's user + system, read
+when it is reaped), each way, and fork over spawn. The fork server's own warm-up (once per agent) is
+printed apart. Not in CI.
 """
 
 from __future__ import annotations

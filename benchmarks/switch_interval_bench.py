@@ -84,8 +84,8 @@ def main() -> int:
     for interval, (idle, loaded) in results.items():
         print(f"| {interval * 1000:g} ms | {idle * 1e6:.0f} us | {loaded * 1e6:.0f} us |")
     ratio = results[GIL_SWITCH_INTERVAL_S][1] / results[DEFAULT_INTERVAL_S][1]
-    print(f"\nloaded round trip at {GIL_SWITCH_INTERVAL_S * 1000:g} ms / at {DEFAULT_INTERVAL_S * 1000:g} ms: "
-          f"{ratio:.3f}x")
+    print(f"\nloaded round trip at {GIL_SWITCH_INTERVAL_S * 1000:g} ms / at {DEFAULT_INTERVAL_S * 1000:g} "
+          f"ms: {ratio:.3f}x")
     return 0
 
 

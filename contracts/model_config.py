@@ -82,7 +82,8 @@ class ModelConfig:
             raise UnsupportedModelError(
                 f"model_type: {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
             )
-        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"):
+        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                    "vocab_size"):
             value = raw.get(key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise UnsupportedModelError(f"{key}: expected a positive integer, got {value!r}")
@@ -101,7 +102,8 @@ class ModelConfig:
         rope_scaling = _validated_rope_scaling(raw.get("rope_scaling"))
         dtype = raw.get("torch_dtype") or raw.get("dtype") or "float32"
         if dtype not in SUPPORTED_DTYPES:
-            raise UnsupportedModelError(f"torch_dtype: {dtype!r} is not supported ({', '.join(SUPPORTED_DTYPES)})")
+            raise UnsupportedModelError(f"torch_dtype: {dtype!r} is not supported "
+                                        f"({', '.join(SUPPORTED_DTYPES)})")
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
         return cls(

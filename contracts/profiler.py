@@ -114,7 +114,8 @@ def _profile(
 ) -> LayerProfile:
     weights = sum(n_in * n_out for n_in, n_out, _ in matmuls)
     rows = sum(n_out for _, n_out, _ in matmuls)
-    int8_scales = rows if int8_group is None else sum(n_in // int8_group * n_out for n_in, n_out, _ in matmuls)
+    int8_scales = (rows if int8_group is None
+                   else sum(n_in // int8_group * n_out for n_in, n_out, _ in matmuls))
     groups = sum(ceil(n_in / group_size) * n_out for n_in, n_out, _ in matmuls)
     # Biases and norms are never quantized: 16-bit at every precision.
     plain = unquantized_params + sum(n_out for _, n_out, bias in matmuls if bias)

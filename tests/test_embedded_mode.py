@@ -65,8 +65,10 @@ def test_second_start_keeps_the_first_admin_credentials(tmp_path):
         "from controlplane.ops.services import admin_ensure;"
         "print(admin_ensure(credentials_path=settings.VAR_DIR / 'admin-credentials.txt').created)"
     )
-    first = subprocess.run(manage_argv("shell", "-c", script), env=env, cwd=REPO_ROOT, capture_output=True, text=True)
+    first = subprocess.run(manage_argv("shell", "-c", script), env=env, cwd=REPO_ROOT, capture_output=True,
+                           text=True)
     before = (tmp_path / "admin-credentials.txt").read_text()
-    second = subprocess.run(manage_argv("shell", "-c", script), env=env, cwd=REPO_ROOT, capture_output=True, text=True)
+    second = subprocess.run(manage_argv("shell", "-c", script), env=env, cwd=REPO_ROOT, capture_output=True,
+                            text=True)
     assert (first.stdout.split()[-1], second.stdout.split()[-1]) == ("True", "False")
     assert (tmp_path / "admin-credentials.txt").read_text() == before

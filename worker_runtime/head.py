@@ -59,7 +59,8 @@ class HeadLoop:
     # ----- the loop
 
     def run(self, stopping: Callable[[], bool], replaced: Callable[[], bool] = lambda: False) -> None:
-        """Serve until ``stopping()``; then refuse new requests and finish (or fail) the rest within ``peer_timeout_s``.
+        """Serve until ``stopping()``; then refuse new requests and finish (or fail) the rest within
+        ``peer_timeout_s``.
 
         ``replaced()``: this stage is being replaced by a new spec, and so are the stages downstream
         whose relays the in-flight requests need; they can never finish, so they fail at once
@@ -76,7 +77,8 @@ class HeadLoop:
             if drain_until is not None and (not self.scheduler.requests or time.monotonic() > drain_until):
                 self._fail(self.scheduler.clear(), PipelineBroken("the head stage is shutting down"))
                 return
-            busy = self.membership.healthy and self.scheduler.ready and len(self.scheduler.in_flight) < self.scheduler.micro_batches
+            busy = (self.membership.healthy and self.scheduler.ready
+                    and len(self.scheduler.in_flight) < self.scheduler.micro_batches)
             waited = time.perf_counter()
             incoming = self.transport.receive(0 if busy else 0.02)
             if not busy:
@@ -96,7 +98,8 @@ class HeadLoop:
         self._flush_frees()
         while (mb := self.scheduler.next_micro_batch()) is not None:
             inputs = [r.next_input() for r in mb.requests]
-            batch = Batch.of_tokens([r.seq_id for r in mb.requests], [t for t, _ in inputs], [s for _, s in inputs])
+            batch = Batch.of_tokens([r.seq_id for r in mb.requests], [t for t, _ in inputs],
+                                    [s for _, s in inputs])
             params = [r.params for r in mb.requests]
             try:
                 out, compute_s = self.worker.step(batch, params)
@@ -122,7 +125,8 @@ class HeadLoop:
         if self._check.due():
             self.check_peers(now)
             for mb_id in self.scheduler.overdue(now, self.spec.peer_timeout_s):
-                self._fail(self.scheduler.on_failed(mb_id), PipelineBroken(f"micro-batch {mb_id} was lost in the pipeline"))
+                self._fail(self.scheduler.on_failed(mb_id),
+                           PipelineBroken(f"micro-batch {mb_id} was lost in the pipeline"))
         if self._keepalive.due():  # each client hears which of its requests the head holds (contracts §2)
             for client, ids in self.scheduler.held_by_client().items():
                 self._tell(client, {"type": "alive", "requests": ids})
@@ -162,7 +166,8 @@ class HeadLoop:
 
     def _broken(self, reason: str) -> None:
         """The pipeline broke (a new epoch began): fail everything in flight and wipe stage 0's cache."""
-        self._fail(self.scheduler.clear(), PipelineBroken(f"pipeline {self.spec.pipeline_id} broken: {reason}"))
+        self._fail(self.scheduler.clear(),
+                   PipelineBroken(f"pipeline {self.spec.pipeline_id} broken: {reason}"))
         self.worker.stage.kv.clear()
         self._pending_free.clear()
 
@@ -265,7 +270,8 @@ class HeadLoop:
         except (KeyError, TypeError, ValueError) as exc:
             raise RequestRejected(f"malformed request: {exc}") from exc
         if not prompt or max_tokens < 1 or any(not 0 <= t < vocab for t in prompt):
-            raise RequestRejected(f"a request needs a non-empty prompt of token ids below {vocab} and max_tokens >= 1")
+            raise RequestRejected(f"a request needs a non-empty prompt of token ids below {vocab} and "
+                                  "max_tokens >= 1")
         deadline = None if deadline_s is None else time.monotonic() + deadline_s
         return Request(request_id, client, prompt, params, max_tokens, stop, deadline)
 
@@ -275,9 +281,12 @@ class HeadLoop:
             self._release(request)
             self._tell(
                 request.client,
-                {"type": "error", "request_id": request.request_id, "kind": "cancelled", "message": "cancelled"},
+                {"type": "error", "request_id": request.request_id, "kind": "cancelled",
+                 "message": "cancelled"},
             )
-        self.transport.reply(client, {"type": "reply", "call_id": h.get("call_id"), "body": {"cancelled": request is not None}})
+        self.transport.reply(client,
+                             {"type": "reply", "call_id": h.get("call_id"),
+                              "body": {"cancelled": request is not None}})
 
     def on_query(self, client: bytes, h: dict[str, Any]) -> None:
         body = self.stats() if h["type"] == "stats" else self.health()
@@ -338,7 +347,8 @@ class HeadLoop:
             self._send_error(request.client, request.request_id, error)
 
     def _send_error(self, client: bytes, request_id: str, error: PipelineError) -> None:
-        self._tell(client, {"type": "error", "request_id": request_id, "kind": error.kind, "message": str(error)})
+        self._tell(client,
+                   {"type": "error", "request_id": request_id, "kind": error.kind, "message": str(error)})
 
     def _tell(self, client: bytes, body: dict[str, Any]) -> None:
         if client != WARM_UP:  # the head's own warm-up request has no client

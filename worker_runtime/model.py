@@ -95,7 +95,8 @@ class Attention(nn.Module):
         12 us a layer instead of 15 for SmolLM2's 9 / 3 heads at batch 1 (the same result).
         """
         batch, group = q.shape[0], self.n_heads // self.n_kv_heads
-        out = F.scaled_dot_product_attention(q.view(batch, self.n_kv_heads, group, self.head_dim), keys, values)
+        out = F.scaled_dot_product_attention(q.view(batch, self.n_kv_heads, group, self.head_dim), keys,
+                                             values)
         return out.view(batch, self.n_heads * self.head_dim)
 
 

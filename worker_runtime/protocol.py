@@ -38,10 +38,12 @@ def batch_message(
 
 
 def batch_from_frame(frame: Frame, first_stage: bool) -> tuple[Batch, list[SamplingParams]]:
-    """The :class:`Batch` a ``batch`` frame carries, checked enough that a bad one fails here, not in a layer."""
+    """The :class:`Batch` a ``batch`` frame carries, checked enough that a bad one fails here, not in a
+    layer."""
     h = frame.header
     try:
-        seq_ids, starts, lengths = list(map(int, h["seq_ids"])), list(map(int, h["starts"])), list(map(int, h["lengths"]))
+        seq_ids, starts, lengths = (list(map(int, h["seq_ids"])), list(map(int, h["starts"])),
+                                    list(map(int, h["lengths"])))
         params = [SamplingParams(**p) for p in h["sampling"]]
     except (KeyError, TypeError, ValueError) as exc:
         raise FrameError(f"malformed batch header: {exc}") from exc
@@ -51,4 +53,5 @@ def batch_from_frame(frame: Frame, first_stage: bool) -> tuple[Batch, list[Sampl
     batch = Batch(seq_ids, starts, lengths)
     if payload.shape[0] != batch.num_tokens:
         raise FrameError(f"batch payload has {payload.shape[0]} rows for {batch.num_tokens} tokens")
-    return (batch.with_hidden(payload) if not first_stage else Batch(seq_ids, starts, lengths, input_ids=payload)), params
+    return (batch.with_hidden(payload) if not first_stage
+            else Batch(seq_ids, starts, lengths, input_ids=payload)), params

@@ -86,8 +86,8 @@ class _Chain:
 
     def __init__(self, model_dir: Path, config: ModelConfig, kv_tokens: int, group_size: int, **kwargs):
         self.stages = [
-            Stage.load(model_dir, l, l + 1, kv_tokens=kv_tokens, group_size=group_size, **kwargs)
-            for l in range(config.num_layers)
+            Stage.load(model_dir, layer, layer + 1, kv_tokens=kv_tokens, group_size=group_size, **kwargs)
+            for layer in range(config.num_layers)
         ]
 
 
@@ -183,12 +183,12 @@ def measure_quality(
     layer_kl = {b: [0.0] * config.num_layers for b in QUANTIZED_BITS}
     layer_ppl = {b: [reference_perplexity] * config.num_layers for b in QUANTIZED_BITS}
     for b in QUANTIZED_BITS:
-        for l in sweep:
-            low = Stage.load(model_dir, l, l + 1, dtype=torch.float32, precision=Precision(b),
+        for layer in sweep:
+            low = Stage.load(model_dir, layer, layer + 1, dtype=torch.float32, precision=Precision(b),
                              kv_tokens=kv_tokens, group_size=group_size)
-            logits = _run([low, *reference.stages[l + 1 :]], calib_batch, boundaries[l])[calib_mask]
-            layer_ppl[b][l], layer_kl[b][l] = _scores(logits, calib_targets, ref_logp)
-            say(f"layer {l} at int{b}: KL {layer_kl[b][l]:.3e}, perplexity {layer_ppl[b][l]:.4f}")
+            logits = _run([low, *reference.stages[layer + 1 :]], calib_batch, boundaries[layer])[calib_mask]
+            layer_ppl[b][layer], layer_kl[b][layer] = _scores(logits, calib_targets, ref_logp)
+            say(f"layer {layer} at int{b}: KL {layer_kl[b][layer]:.3e}, perplexity {layer_ppl[b][layer]:.4f}")
     return QualityReport(
         text=text_path.name, calibration_tokens=len(calib_ids), held_tokens=len(held_ids), window=window,
         group_size=group_size, perplexity=perplexity, reference_perplexity=reference_perplexity,

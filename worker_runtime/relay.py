@@ -1,4 +1,5 @@
-"""The loop of every stage but the head: receive a micro-batch, run it, pass it on (or sample and return tokens).
+"""The loop of every stage but the head: receive a micro-batch, run it, pass it on (or sample and return
+tokens).
 
 Such a stage keeps no request state beyond its KV cache, so it needs no failure logic of its own:
 it heartbeats to the head, which decides; a ``reset`` or a newer epoch wipes its cache, which is how
@@ -31,7 +32,8 @@ def heartbeat_interval(spec: StageSpec) -> float:
 
 
 class RelayLoop:
-    def __init__(self, spec: StageSpec, worker: StageWorker, transport: Transport, events: EventWriter, incarnation: str):
+    def __init__(self, spec: StageSpec, worker: StageWorker, transport: Transport, events: EventWriter,
+                 incarnation: str):
         self.spec, self.worker, self.transport, self.events = spec, worker, transport, events
         self.incarnation = incarnation
         self.epoch = 0
@@ -41,14 +43,16 @@ class RelayLoop:
 
     def run(self, stopping: Callable[[], bool], replaced: Callable[[], bool] = lambda: False) -> None:
         """Serve until ``stopping()``; then finish what keeps arriving for at most ``peer_timeout_s``.
-        ``replaced()`` (a new spec takes this stage's place) ends it at once: the head fails what was in flight."""
+        ``replaced()`` (a new spec takes this stage's place) ends it at once: the head fails what was in
+        flight."""
         drain_until = None
         while not replaced():
             if drain_until is None and stopping():
                 drain_until = time.monotonic() + self.spec.peer_timeout_s
             waited = time.perf_counter()
             incoming = self.transport.receive(min(0.05, self._heartbeat.remaining()))
-            self.worker.stats.record_idle(time.perf_counter() - waited)  # all work is done by then: waiting is bubble
+            # all work is done by then: waiting is bubble
+            self.worker.stats.record_idle(time.perf_counter() - waited)
             for message in incoming:
                 self.handle(message)
             self.tick()
@@ -91,7 +95,8 @@ class RelayLoop:
                 # heartbeat is what the head waits for to complete the pipeline).
                 self._linked = None
         if self._stats_line.due():
-            self.events.emit("stats", pipeline_id=self.spec.pipeline_id, stage_index=self.spec.stage_index, **self.snapshot())
+            self.events.emit("stats", pipeline_id=self.spec.pipeline_id, stage_index=self.spec.stage_index,
+                             **self.snapshot())
 
     def snapshot(self) -> dict:
         return self.worker.snapshot(self.transport)
@@ -151,7 +156,8 @@ class RelayLoop:
         try:
             if self.spec.is_last:
                 self.transport.send_head(
-                    {"type": "tokens", "epoch": self.epoch, "mb": mb, "seq_ids": batch.seq_ids, "tokens": out.tolist()}
+                    {"type": "tokens", "epoch": self.epoch, "mb": mb, "seq_ids": batch.seq_ids,
+                     "tokens": out.tolist()}
                 )
             else:
                 header, tensors = batch_message(self.epoch, mb, batch, params, out)

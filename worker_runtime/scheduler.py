@@ -37,7 +37,8 @@ class Request:
         return len(self.prompt) + self.max_tokens
 
     def next_input(self) -> tuple[list[int], int]:
-        """The tokens this sequence feeds next and the position of the first: the prompt, then its last token."""
+        """The tokens this sequence feeds next and the position of the first: the prompt, then its last
+        token."""
         if not self.output:
             return self.prompt, 0
         return [self.output[-1]], len(self.prompt) + len(self.output) - 1
@@ -73,7 +74,8 @@ class KVLedger:
         return {s: (blocks - self.reserved[s]) * size for s, (blocks, size) in self.capacity.items()}
 
     def try_reserve(self, seq_id: int, tokens: int) -> bool:
-        if any(self.reserved[s] + self._blocks(s, tokens) > blocks for s, (blocks, _) in self.capacity.items()):
+        if any(self.reserved[s] + self._blocks(s, tokens) > blocks
+               for s, (blocks, _) in self.capacity.items()):
             return False
         for s in self.capacity:
             self.reserved[s] += self._blocks(s, tokens)
@@ -152,7 +154,8 @@ class Scheduler:
         self.in_flight[mb.id] = mb
         return mb
 
-    def on_tokens(self, mb_id: int, seq_ids: list[int], tokens: list[int]) -> list[tuple[Request, int, str | None]]:
+    def on_tokens(self, mb_id: int, seq_ids: list[int],
+                  tokens: list[int]) -> list[tuple[Request, int, str | None]]:
         """Record the sampled tokens of a returned micro-batch; finished requests leave the scheduler."""
         self.in_flight.pop(mb_id, None)
         events = []

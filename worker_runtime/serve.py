@@ -142,9 +142,9 @@ def _respec(running: dict, path: str) -> dict:
 
 
 def warm_up() -> None:
-    """The fork server's (fork_server.py): build and run a two-layer stage of a made-up tiny model once, so what torch does on
-    first use (lazy imports: sympy through a meta tensor's first ``to_empty``, 0.6-1 s; first kernels)
-    is done once, before any stage is forked, not during a handover's pause."""
+    """The fork server's (fork_server.py): build and run a two-layer stage of a made-up tiny model once,
+    so what torch does on first use (lazy imports: sympy through a meta tensor's first ``to_empty``,
+    0.6-1 s; first kernels) is done once, before any stage is forked, not during a handover's pause."""
     config = ModelConfig(model_type="llama", hidden_size=8, num_layers=2, num_heads=2, num_kv_heads=1,
                          head_dim=4, intermediate_size=16, vocab_size=16)
     with torch.inference_mode():

@@ -1,4 +1,5 @@
-"""Per-stage statistics of contracts §4: what telemetry shows and what the planner's predictions are checked against.
+"""Per-stage statistics of contracts §4: what telemetry shows and what the planner's predictions are
+checked against.
 
 Averages cover a sliding window (one second by default) so a dashboard sampling once a second sees
 the present, not the whole run; ``steps`` and the byte counters count since the process started.

@@ -169,8 +169,10 @@ def sample_metrics(
                 sm_clock_mhz=int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
                 throttle_reasons=_throttle_reasons(nvml, handle),
                 # NVML reports KB/s over a 20 ms window.
-                pcie_tx_bytes_per_s=nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_TX_BYTES) * 1024.0,
-                pcie_rx_bytes_per_s=nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_RX_BYTES) * 1024.0,
+                pcie_tx_bytes_per_s=(
+                    nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_TX_BYTES) * 1024.0),
+                pcie_rx_bytes_per_s=(
+                    nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_RX_BYTES) * 1024.0),
                 sm_clock_max_mhz=max_sm_clock(nvml, handle),
                 nvlink_tx_bytes_per_s=nvlink_tx,
                 nvlink_rx_bytes_per_s=nvlink_rx,
@@ -183,7 +185,8 @@ def sample_metrics(
 
 
 def _throttle_reasons(nvml, handle) -> tuple[str, ...]:
-    getter = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    getter = (getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+              or nvml.nvmlDeviceGetCurrentClocksThrottleReasons)
     bits = int(getter(handle))
     return tuple(label for attr, label in _THROTTLE_BITS.items() if bits & int(getattr(nvml, attr, 0)))
 

@@ -65,8 +65,8 @@ def json_exception_handler(exc: Exception, context: dict[str, Any]) -> Response 
     """Render errors as {"error": {"code", "message", "details"}}.
 
     Django's ValidationError raised by a service becomes a 400 like a serializer error, so services
-    stay free of DRF; Django's Http404 (``get_object``, an unknown ``?format=``) a ``not_found``; a delete refused by a PROTECT/RESTRICT foreign key is a 409 naming the rows that
-    still reference it.
+    stay free of DRF; Django's Http404 (``get_object``, an unknown ``?format=``) a ``not_found``; a
+    delete refused by a PROTECT/RESTRICT foreign key is a 409 naming the rows that still reference it.
     """
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)

@@ -199,7 +199,8 @@ class DeploymentStage(models.Model):
     sent_at = models.DateTimeField(null=True, blank=True)
     # Where the process the last start asked for runs: an in-place re-plan rewrites ``device`` before
     # that process is replaced, and until then it holds memory here (reconcile's room test).
-    sent_device = models.ForeignKey(Device, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    sent_device = models.ForeignKey(Device, null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="+")
     stop_sent_at = models.DateTimeField(null=True, blank=True)
     # Observed, from the agent's StageStatus.
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
@@ -275,7 +276,8 @@ class DeploymentEvent(models.Model):
     deployment = models.ForeignKey(
         Deployment, null=True, blank=True, on_delete=models.CASCADE, related_name="events"
     )
-    node = models.CharField(max_length=100, null=True, blank=True, help_text="Node name, if one is concerned.")
+    node = models.CharField(max_length=100, null=True, blank=True,
+                            help_text="Node name, if one is concerned.")
     device = models.CharField(max_length=200, null=True, blank=True, help_text='Device name "<node>/gpu<i>".')
     message = models.TextField()
     detail = models.JSONField(default=dict, blank=True, help_text="A few figures or names, kind by kind.")

@@ -51,7 +51,8 @@ def plan_request_from_dict(
         if data.get("quality") is not None:  # {"max_kl": x}: the measured quality budget
             quality = dict(data["quality"])
             if set(quality) - {"max_kl"}:
-                raise ValueError(f"quality: unknown field(s) {sorted(set(quality) - {'max_kl'})} (known: max_kl)")
+                raise ValueError(f"quality: unknown field(s) {sorted(set(quality) - {'max_kl'})} "
+                                 "(known: max_kl)")
             if quality.get("max_kl") is not None:
                 options["max_kl"] = float(quality["max_kl"])
         if "bits" in data:

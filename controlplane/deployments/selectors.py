@@ -16,7 +16,8 @@ from controlplane.planning import PlanningError, replica_placements
 
 def deployment_list() -> QuerySet[Deployment]:
     return Deployment.objects.select_related("model", "revision").prefetch_related(
-        Prefetch("stages", queryset=DeploymentStage.objects.select_related("node", "device__node")), "replicas"
+        Prefetch("stages", queryset=DeploymentStage.objects.select_related("node", "device__node")),
+        "replicas"
     )
 
 

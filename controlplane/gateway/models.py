@@ -58,7 +58,8 @@ class ApiKey(TimestampedModel):
     @property
     def limited(self) -> bool:
         """Whether admission has anything to count for this key (else it touches no counter)."""
-        return any(v is not None for v in (self.requests_per_minute, self.tokens_per_minute, self.token_budget))
+        return any(v is not None for v in (self.requests_per_minute, self.tokens_per_minute,
+                                           self.token_budget))
 
 
 class UsageBucket(models.Model):
@@ -77,7 +78,8 @@ class UsageBucket(models.Model):
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)
     errors = models.PositiveBigIntegerField(default=0)
-    refused = models.PositiveBigIntegerField(default=0)  # 429s of the key's own limits (not counted in requests)
+    # 429s of the key's own limits (not counted in requests)
+    refused = models.PositiveBigIntegerField(default=0)
 
     class Meta:
         constraints = [

@@ -72,7 +72,8 @@ REQUESTS = Counter("motley_requests", "Routed requests by how they ended: comple
                    "cancelled.", ("model_name", "replica", "outcome"), registry=None)
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 GATEWAY_WAITING = Gauge("motley_gateway_waiting_requests", "Requests waiting in the gateway for a routable "
-                        "replica of their model.", ("model_name",), registry=None, multiprocess_mode="livesum")
+                        "replica of their model.", ("model_name",), registry=None,
+                        multiprocess_mode="livesum")
 GATEWAY_WAIT = Histogram("motley_gateway_wait_seconds", "How long requests waited in the gateway for a "
                          "routable replica, by how the wait ended.", ("model_name", "outcome"), registry=None,
                          buckets=WAIT_BUCKETS)

@@ -13,13 +13,25 @@ rebalancer. Entry points:
 """
 
 from controlplane.planning.baselines import baseline_plan
-from controlplane.planning.plan import (Bottleneck, Figures, MemoryBreakdown, Placement, Plan, ReplicaPlan,
-                                        StagePlan)
+from controlplane.planning.plan import (
+    Bottleneck,
+    Figures,
+    MemoryBreakdown,
+    Placement,
+    Plan,
+    ReplicaPlan,
+    StagePlan,
+)
 from controlplane.planning.planner import plan
 from controlplane.planning.repair import least_change_plan
 from controlplane.planning.request import Pin, PlanningError, PlanRequest, Workload
-from controlplane.planning.serialize import (placements_from_dict, plan_from_dict, plan_to_dict,
-                                             replica_placements, stored_plan)
+from controlplane.planning.serialize import (
+    placements_from_dict,
+    plan_from_dict,
+    plan_to_dict,
+    replica_placements,
+    stored_plan,
+)
 from controlplane.planning.validate import Problem, ValidationReport, check, validate
 
 __all__ = [

@@ -130,12 +130,13 @@ class CostModel:
         self.kv_required = workload.kv_tokens_required
         layers = model.layers
         zero = np.zeros(1)
-        self.weights = {b: np.concatenate([zero, np.cumsum([float(l.weight_bytes[b]) for l in layers])])
+        self.weights = {b: np.concatenate([zero,
+                                           np.cumsum([float(layer.weight_bytes[b]) for layer in layers])])
                         for b in (16, 8, 4)}
-        self.flops = np.concatenate([zero, np.cumsum([float(l.flops_per_token) for l in layers])])
+        self.flops = np.concatenate([zero, np.cumsum([float(layer.flops_per_token) for layer in layers])])
         self.attn = np.concatenate(
-            [zero, np.cumsum([float(l.attention_flops_per_token_per_context) for l in layers])])
-        self.kv = np.concatenate([zero, np.cumsum([float(l.kv_bytes_per_token) for l in layers])])
+            [zero, np.cumsum([float(layer.attention_flops_per_token_per_context) for layer in layers])])
+        self.kv = np.concatenate([zero, np.cumsum([float(layer.kv_bytes_per_token) for layer in layers])])
         # The footprint of contracts.footprint, as prefix sums: the embedding is a lookup and stays
         # 16-bit; lm_head is a matmul at its stage's last precision (the stage engine quantizes every
         # nn.Linear of a stage); the workspace, with the batch's logits on the last stage.

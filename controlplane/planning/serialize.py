@@ -11,8 +11,15 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from contracts.precision import Precision
-from controlplane.planning.plan import (Bottleneck, Figures, MemoryBreakdown, Placement, Plan, ReplicaPlan,
-                                        StagePlan)
+from controlplane.planning.plan import (
+    Bottleneck,
+    Figures,
+    MemoryBreakdown,
+    Placement,
+    Plan,
+    ReplicaPlan,
+    StagePlan,
+)
 from controlplane.planning.request import PlanningError
 
 _FIGURES = ("decode_tokens_per_s", "token_latency_ms", "prefill_ms", "round_ms")

@@ -42,7 +42,8 @@ def _not_supported():
 
 
 def fake_nvml(gpus: list[FakeGpu]) -> types.SimpleNamespace:
-    memory = lambda g: types.SimpleNamespace(total=g.total_bytes, used=g.used_bytes, free=g.total_bytes - g.used_bytes)  # noqa: E731
+    memory = lambda g: types.SimpleNamespace(  # noqa: E731
+        total=g.total_bytes, used=g.used_bytes, free=g.total_bytes - g.used_bytes)
     pci = lambda bus: types.SimpleNamespace(busId=bus.encode())  # noqa: E731
 
     def link_state(g, link):
@@ -148,5 +149,6 @@ def fake_nvml(gpus: list[FakeGpu]) -> types.SimpleNamespace:
         nvmlEventSetFree=lambda event_set: None,
         nvmlDeviceGetIndex=lambda g: gpus.index(g),
         nvmlDeviceGetCurrentClocksEventReasons=lambda g: g.throttle_bits,
-        nvmlDeviceGetPcieThroughput=lambda g, counter: 2048 if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else 1024,
+        nvmlDeviceGetPcieThroughput=lambda g, counter: (
+            2048 if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else 1024),
     )

@@ -29,7 +29,8 @@ def demo_model(tmp_path_factory) -> Path:
 
     tokenizer = build_tokenizer()
     path = tmp_path_factory.mktemp("motley-demo")
-    (path / "config.json").write_text(json.dumps(demo_config(parse_args(["unused"]), tokenizer.get_vocab_size(),
+    (path / "config.json").write_text(json.dumps(demo_config(parse_args(["unused"]),
+                                                             tokenizer.get_vocab_size(),
                                                              tokenizer)))
     return path
 
@@ -63,7 +64,8 @@ def test_every_stage_the_planner_places_on_the_demo_fleet_is_admitted_and_one_to
     admissions = {node.name: Admission(emulated_devices(DEMO_FLEET, node.name)) for node in fleet.nodes}
     admitted: dict[str, list[Admitted]] = {node.name: [] for node in fleet.nodes}
     stages = list(planned_specs(demo_model, fleet))
-    assert len(stages) > 1 and any(s["bits"] < 16 or s["low_bits"] for _, _, s, _ in stages)  # the demo splits
+    # the demo splits
+    assert len(stages) > 1 and any(s["bits"] < 16 or s["low_bits"] for _, _, s, _ in stages)
     for node, index, spec, planned_kv in stages:
         admission = admissions[node]
         # As the controller sends it (KV capped at the workload's need), next to the stages already there.

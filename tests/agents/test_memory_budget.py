@@ -13,8 +13,9 @@ from contracts.profiler import profile_model
 from contracts.stage_spec import SpecError, StageSpec
 from tests.agents.helpers import KV_BYTES_PER_TOKEN, TINY_LAYER_BYTES, stage_spec, tiny_model
 
-T4 = DeviceSpec(name="box/gpu0", node="box", index=0, model="T4", memory_bytes=GIB, memory_bandwidth_gbs=320.0,
-                fp16_tflops=65.0, bf16_tflops=65.0, int8_tops=130.0, emulated=True)
+T4 = DeviceSpec(name="box/gpu0", node="box", index=0, model="T4", memory_bytes=GIB,
+                memory_bandwidth_gbs=320.0, fp16_tflops=65.0, bf16_tflops=65.0, int8_tops=130.0,
+                emulated=True)
 
 
 def footprint(raw: dict):
@@ -45,7 +46,8 @@ def test_the_budget_counts_kv_workspace_and_the_batchs_logits_on_the_last_stage(
     last = footprint({**stage_spec(model, stage_index=1), "layers": [3, 4], "kv_tokens": 1000, "batch": 4})
     assert last.workspace_bytes == middle.workspace_bytes + 4 * 4 * profile.vocab_size  # fp32 logits x batch
     unbatched = footprint({**stage_spec(model, stage_index=1), "layers": [3, 4], "kv_tokens": 1000})
-    assert last.workspace_bytes - unbatched.workspace_bytes == 3 * 4 * profile.vocab_size  # a spec without batch: 1
+    # a spec without batch: 1
+    assert last.workspace_bytes - unbatched.workspace_bytes == 3 * 4 * profile.vocab_size
 
 
 def test_a_stage_fits_up_to_the_usable_memory_and_not_a_byte_beyond(tmp_path):

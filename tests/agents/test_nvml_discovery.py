@@ -34,7 +34,8 @@ def test_discovery_fills_speed_from_the_catalog_and_groups_nvlink_peers():
 
 
 def test_unknown_card_is_kept_with_its_memory_and_no_speed_figures():
-    (device,) = discover_devices("n", nvml=fake_nvml([FakeGpu("NVIDIA Future X1", "00000000:01:00.0", 8 * GIB)]))
+    (device,) = discover_devices("n",
+                                 nvml=fake_nvml([FakeGpu("NVIDIA Future X1", "00000000:01:00.0", 8 * GIB)]))
     assert device.model == "NVIDIA Future X1"
     assert device.memory_bytes == 8 * GIB and device.memory_bandwidth_gbs == 0
 

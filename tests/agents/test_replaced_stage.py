@@ -51,4 +51,5 @@ async def test_a_replaced_relay_says_so_and_the_head_fails_what_it_held_at_once(
     # "stage 1 is being replaced" (its goodbye), or "stage 1 is unreachable" when the head's next
     # send finds its socket gone first: either way at once, not after the silence.
     took = await requests_failing_after(pipeline, 1, "stage 1")
-    assert took < 1.0, f"requests failed only after {took:.1f} s (silence is noticed after {PEER_TIMEOUT_S} s)"
+    assert took < 1.0, (f"requests failed only after {took:.1f} s (silence is noticed after "
+                        f"{PEER_TIMEOUT_S} s)")

@@ -27,7 +27,8 @@ ALL_ACTIONS = frozenset({"list", "retrieve", "create", "update", "delete"})
 def user(db):
     # No password: hashing one costs about a second a test on a slow CPU; browsers log in with force_login.
     user = get_user_model().objects.create_user("alice")
-    user.groups.add(Group.objects.get_or_create(name=OPERATORS_GROUP)[0])  # the resources' writes are an operator's
+    # the resources' writes are an operator's
+    user.groups.add(Group.objects.get_or_create(name=OPERATORS_GROUP)[0])
     return user
 
 

@@ -43,7 +43,8 @@ def test_the_boundary_moves_toward_the_larger_side_first_then_the_other_way() ->
     larger, other = boundary_moves(plan)[:2]
     first, second = larger["replicas"][0]["stages"]
     assert (first["layers"], second["layers"]) == ([0, 6], [6, 16])
-    assert precisions(first) + precisions(second) == (16,) * 4 + (4, 4) + (8,) * 10  # layer 5 joins the low tail
+    # layer 5 joins the low tail
+    assert precisions(first) + precisions(second) == (16,) * 4 + (4, 4) + (8,) * 10
     first, second = other["replicas"][0]["stages"]
     assert (first["layers"], second["layers"]) == ([0, 4], [4, 16])
     assert precisions(first) + precisions(second) == (16,) * 4 + (8,) * 12  # the low tail left with layer 4
@@ -54,7 +55,8 @@ def test_the_boundary_moves_toward_the_larger_side_first_then_the_other_way() ->
 def test_every_boundary_is_offered_in_turn_and_no_stage_is_left_empty() -> None:
     """A plan whose first boundary cannot move (the planner's plan of the run fills a card) still gets
     a boundary move: the next boundary's follow, and a one-layer stage is never emptied."""
-    stages = [{"device": "a/gpu0", "layers": [0, 1], "bits": 16}, {"device": "b/gpu0", "layers": [1, 9], "bits": 16},
+    stages = [{"device": "a/gpu0", "layers": [0, 1], "bits": 16},
+              {"device": "b/gpu0", "layers": [1, 9], "bits": 16},
               {"device": "c/gpu0", "layers": [9, 16], "bits": 8}]
     moves = boundary_moves({"replicas": [{"stages": stages}]})
     assert [[s["layers"] for s in m["replicas"][0]["stages"]] for m in moves] == [

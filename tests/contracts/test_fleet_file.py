@@ -79,7 +79,7 @@ def test_links_between_nodes_and_devices():
         {"between": ["m/gpu0", "m/gpu1"], "kind": "pcie", "bandwidth_gbs": 20, "latency_us": 1},
     ]
     spec = parse_fleet(doc)
-    assert [(l.kind, l.bandwidth_gbs) for l in spec.links] == [("network", 25.0), ("pcie", 20.0)]
+    assert [(link.kind, link.bandwidth_gbs) for link in spec.links] == [("network", 25.0), ("pcie", 20.0)]
     assert spec.link_between(spec.device("m/gpu0"), spec.device("m/gpu1")).latency_us == 1
 
 

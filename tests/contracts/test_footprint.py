@@ -33,14 +33,16 @@ CONFIG = {
 }
 # (start, end, bits, low_bits, low_from) of a 12-layer model: first, middle, last, mixed, whole.
 STAGES = [
-    (0, 3, 16, None, None), (0, 4, 16, 8, 2), (3, 7, 8, None, None), (4, 9, 16, 4, 6), (7, 12, 16, None, None),
+    (0, 3, 16, None, None), (0, 4, 16, 8, 2), (3, 7, 8, None, None), (4, 9, 16, 4, 6),
+    (7, 12, 16, None, None),
     (9, 12, 16, 4, 10), (8, 12, 4, None, None), (0, 12, 16, 8, 6), (0, 12, 4, None, None),
 ]
 
 
 def test_the_formula_by_hand():
     model = profile(6, hidden=512, layer_params=1_000_000, vocab=3000, kv_bytes=4096)
-    layer, embedding, head = model.layers[0].weight_bytes, model.embedding.weight_bytes, model.head.weight_bytes
+    layer, embedding, head = (model.layers[0].weight_bytes, model.embedding.weight_bytes,
+                              model.head.weight_bytes)
     whole = stage_footprint(model, 0, 6, Precision(16, 4, 4), kv_tokens=100, batch=3)
     assert whole.weights_bytes == embedding[16] + 4 * layer[16] + 2 * layer[4] + head[4]
     assert (whole.kv_bytes_per_token, whole.kv_bytes) == (6 * 4096, 100 * 6 * 4096)

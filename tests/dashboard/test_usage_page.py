@@ -36,7 +36,8 @@ def test_the_usage_page_needs_a_login(client, db):
     assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
 
 
-def test_a_plain_user_sees_their_own_keys_totals_and_series(operator_client, usage, django_assert_max_num_queries):
+def test_a_plain_user_sees_their_own_keys_totals_and_series(operator_client, usage,
+                                                            django_assert_max_num_queries):
     with django_assert_max_num_queries(6):
         response = operator_client.get(reverse("dashboard:usage"))
     body = response.content.decode()
@@ -45,10 +46,12 @@ def test_a_plain_user_sees_their_own_keys_totals_and_series(operator_client, usa
     assert 'src="/static/vendor/plotly.min.js"' in body and "dashboard/usage.js" in body
     assert 'id="csv-link" href="/api/v1/usage/?format=csv' in body
     data = embedded(body)
-    assert data["scope"] == "own" and [row["group"] for row in data["totals"]] == [f"mine ({usage['mine'].prefix}…)"]
+    assert (data["scope"] == "own"
+            and [row["group"] for row in data["totals"]] == [f"mine ({usage['mine'].prefix}…)"])
     assert data["total"] == {"requests": 2, "prompt_tokens": 12, "completion_tokens": 30, "total_tokens": 42,
                              "errors": 1, "refused": 0}
-    assert [(row["group"], row["total_tokens"]) for row in data["series"]] == [(data["totals"][0]["group"], 42)]
+    assert ([(row["group"], row["total_tokens"]) for row in data["series"]]
+            == [(data["totals"][0]["group"], 42)])
     assert "theirs" not in body and '<td class="num">42</td>' in body
 
 

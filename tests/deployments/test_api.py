@@ -80,7 +80,8 @@ def test_drain_moves_the_stages_off_the_node(api, nodes, revision, sent):
     assert response.status_code == 200, response.content
     body = response.json()
     assert [d["id"] for d in body["deployments"]] == [deployment.pk] and body["changed"]
-    assert (body["node"]["name"], body["node"]["status"], body["node"]["intent"]) == ("n1", "ready", "draining")
+    assert (body["node"]["name"], body["node"]["status"], body["node"]["intent"]) == (
+        "n1", "ready", "draining")
     assert Node.objects.get(pk=nodes[1].pk).intent == Node.Intent.DRAINING
     deployment.refresh_from_db()
     assert deployment.revision.source == "drain"
@@ -127,12 +128,14 @@ def test_deleting_a_node_a_deployment_still_uses_is_a_409_naming_the_deployment(
 
 def _deployments_with_stages(count: int, *, llm, nodes) -> None:
     for i in range(count):
-        revision = PlanRevision.objects.create(model=llm, plan={}, request={}, source="planner", status="applied")
+        revision = PlanRevision.objects.create(model=llm, plan={}, request={}, source="planner",
+                                               status="applied")
         deployment = Deployment.objects.create(name=f"d{i:02}", model=llm, revision=revision)
         for index, node in enumerate(nodes[:3]):
             DeploymentStage.objects.create(
                 deployment=deployment, replica=0, stage_index=index, node=node, device=node.devices.first(),
-                port=7000 + index, spec={"listen": f"tcp://{node.name}:{7000 + index}", "layers": [index, index + 1]},
+                port=7000 + index,
+                spec={"listen": f"tcp://{node.name}:{7000 + index}", "layers": [index, index + 1]},
             )
 
 
@@ -152,11 +155,13 @@ def test_the_list_queries_do_not_grow_with_the_deployments(api, nodes, llm):
     assert list_queries() == few <= 6
 
 
-def test_a_preview_for_a_deployment_counts_its_own_devices_free_and_others_busy(api, nodes, llm, revision, sent):
+def test_a_preview_for_a_deployment_counts_its_own_devices_free_and_others_busy(api, nodes, llm, revision,
+                                                                                sent):
     deployment_create(name="tiny", revision=revision)  # holds n0, n1, n2
     body = {"model": llm.pk, "batch": 1, "context": 64, "replicas": 1, "exclude_nodes": ["n3"]}
     fresh = api.post("/api/v1/plans/", body, format="json").json()
     used = {stage["device"] for stage in fresh["replicas"][0]["stages"]}
-    assert fresh["deploy_blockers"] == [f"device {d} carries a stage of deployment tiny" for d in sorted(used)]
+    assert fresh["deploy_blockers"] == [f"device {d} carries a stage of deployment tiny"
+                                        for d in sorted(used)]
     rebalance = api.post("/api/v1/plans/", {**body, "deployment": Deployment.objects.get().pk}, format="json")
     assert rebalance.json()["deploy_blockers"] == []

@@ -15,9 +15,9 @@ from controlplane.deployments.liveness import (
     node_heartbeats_flush,
 )
 from controlplane.deployments.models import Deployment, DeploymentEvent
+from controlplane.deployments.node_actions import node_drain
 from controlplane.deployments.reconcile import deployment_reconcile
 from controlplane.deployments.revisions import plan_revision_create
-from controlplane.deployments.node_actions import node_drain
 from controlplane.deployments.services import deployment_apply, deployment_create, deployment_stop
 from controlplane.deployments.stage_reports import stage_status_record
 from controlplane.enrollment.services import agent_register, join_token_create

@@ -65,7 +65,8 @@ def closed(node: Node, ago_s: float) -> None:
     Node.objects.filter(pk=node.pk).update(connection_closed_at=timezone.now() - timedelta(seconds=ago_s))
 
 
-def test_a_node_whose_agent_connection_closed_is_lost_sooner_while_other_agents_are_heard(nodes, sent, settings):
+def test_a_node_whose_agent_connection_closed_is_lost_sooner_while_other_agents_are_heard(nodes, sent,
+                                                                                          settings):
     """LOST after MOTLEY_NODE_LOST_AFTER_CLOSE_S (4 s) of silence since its agent's socket closed
     abnormally, not the 10 s heartbeat timeout; never while it heartbeats after the close (it
     reconnected), and not when no agent was heard since (the control plane's server went away and
@@ -169,7 +170,8 @@ def test_a_broken_link_or_a_closed_socket_alone_or_apart_loses_no_node(nodes, re
 
 
 def seen(node: Node, ago_s: float, stages=(), incarnation=None) -> HeartbeatSeen:
-    return HeartbeatSeen(node_id=node.pk, incarnation=node.incarnation if incarnation is None else incarnation,
+    return HeartbeatSeen(node_id=node.pk,
+                         incarnation=node.incarnation if incarnation is None else incarnation,
                          received_at=timezone.now() - timedelta(seconds=ago_s), stages=list(stages))
 
 
@@ -200,7 +202,8 @@ def test_a_coalesced_heartbeat_of_an_older_incarnation_or_a_deleted_node_is_refu
     silent_for(a, 2)
     before = Node.objects.get(pk=a.pk).last_heartbeat
     refused = node_heartbeats_flush(seen=[seen(a, 0, incarnation=a.incarnation - 1), seen(a, 1),
-                                          HeartbeatSeen(node_id=10**6, incarnation=1, received_at=timezone.now(),
+                                          HeartbeatSeen(node_id=10**6, incarnation=1,
+                                                        received_at=timezone.now(),
                                                         stages=[])])
     assert sorted(refused) == [0, 2]
     assert "stale incarnation" in refused[0] and "deleted" in refused[2]

@@ -33,7 +33,8 @@ def test_ensure_admin_generates_a_password_when_none_is_given(settings, tmp_path
     monkeypatch.delenv("MOTLEY_ADMIN_PASSWORD", raising=False)
     call_command("ensure_admin")
 
-    lines = dict(line.split(": ", 1) for line in (tmp_path / "admin-credentials.txt").read_text().splitlines())
+    lines = dict(line.split(": ", 1)
+                 for line in (tmp_path / "admin-credentials.txt").read_text().splitlines())
     assert authenticate(username="admin", password=lines["password"]) is not None
 
 

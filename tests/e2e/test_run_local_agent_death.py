@@ -16,7 +16,14 @@ import pytest
 from controlplane.ops.process_group import ProcessGroup, python_argv
 from controlplane.ops.supervision import supervise
 from tests.e2e.harness import TIMING, wait_until
-from tests.support.processes import REPO_ROOT, database_migrate, embedded_env, free_port, manage_argv, read_credentials
+from tests.support.processes import (
+    REPO_ROOT,
+    database_migrate,
+    embedded_env,
+    free_port,
+    manage_argv,
+    read_credentials,
+)
 
 pytestmark = pytest.mark.slow
 

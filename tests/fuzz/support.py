@@ -2,9 +2,9 @@
 schemathesis check, and a WSGI app that keeps the test's database connection.
 
 ``MOTLEY_FUZZ_EXAMPLES`` sets the examples per operation (CI: a few; ``benchmarks/fuzz_api.py
---examples N``: many, and the coverage phase). Django's WSGI handler closes the database connection after each request, which
-would end the test's transaction; the test client avoids that the same way (``close_old_connections``
-is disconnected while a test sends requests).
+--examples N``: many, and the coverage phase). Django's WSGI handler closes the database connection
+after each request, which would end the test's transaction; the test client avoids that the same way
+(``close_old_connections`` is disconnected while a test sends requests).
 """
 
 from __future__ import annotations

@@ -21,8 +21,15 @@ from agents.supervisor import RestartPolicy, Supervisor
 from agents.throttle import Throttles
 from contracts.tasks import SET_THROTTLE, START_STAGE, STOP_STAGE, SYNC
 from tests.agents.conftest import brokers_named_by_the_test, tiny_fleet  # noqa: F401  (fixtures)
-from tests.agents.helpers import INCARNATION, STAND_IN_COMMAND, ControllerApp, Events, stage_spec
-from tests.agents.helpers import tiny_model, wait_until
+from tests.agents.helpers import (
+    INCARNATION,
+    STAND_IN_COMMAND,
+    ControllerApp,
+    Events,
+    stage_spec,
+    tiny_model,
+    wait_until,
+)
 from tests.agents.test_queue_consumer import _filesystem, _queue, consuming
 
 # CI exports CELERY_BROKER_URL, which would send the controller's tasks to Redis, not this test's broker.

@@ -81,4 +81,5 @@ def test_api_v1_answers_as_its_schema_says(case, token, seeded):
     headers = {"Authorization": f"Token {token}"}
     with in_test_transaction() as app:
         response = case.call(app=app, headers=headers)
-    case.validate_response(response, checks=CHECKS, additional_checks=[documented_error_shape], headers=headers)
+    case.validate_response(response, checks=CHECKS, additional_checks=[documented_error_shape],
+                           headers=headers)

@@ -74,20 +74,25 @@ MALFORMED = {
     "header not an object": [hmac.new(TOKEN.encode(), b"[1]", hashlib.sha256).digest(), b"[1]"],
     "unknown type": signed(head_header("teleport", epoch=1 << 62)),
     "tensor larger than its part": signed(head_header("batch", tensors=[f32(64, 64)]), b"\0" * 16),
-    "wrong dtype string": signed(head_header("batch", tensors=[{"dtype": "float128", "shape": [1]}]), b"\0" * 16),
+    "wrong dtype string": signed(head_header("batch", tensors=[{"dtype": "float128", "shape": [1]}]),
+                                 b"\0" * 16),
     "shape and bytes differ": signed(head_header("batch", tensors=[f32(3, 5)]), b"\0" * 64),
     "huge declared length": signed(head_header("batch", tensors=[f32(1 << 62, 1 << 62)]), b"\0" * 4),
     "size torch cannot take": signed(head_header("batch", tensors=[f32(0, 10**20)]), b""),
-    "fractional size": signed(head_header("batch", tensors=[{"dtype": "float32", "shape": [1.5]}]), b"\0" * 4),
+    "fractional size": signed(head_header("batch", tensors=[{"dtype": "float32", "shape": [1.5]}]),
+                              b"\0" * 4),
     "more parts than tensors": signed(head_header("batch"), b"\0" * 4),
-    "wrong pipeline id": signed({**head_header("submit"), "pipeline_id": "p1", "prompt": PROMPT, "max_tokens": 2}),
+    "wrong pipeline id": signed({**head_header("submit"), "pipeline_id": "p1", "prompt": PROMPT,
+                                 "max_tokens": 2}),
     "wrong auth token": signed(head_header("submit", prompt=PROMPT, max_tokens=2), token="guessed"),
     "missing auth": [b"", json.dumps(head_header("submit", prompt=PROMPT, max_tokens=2)).encode()],
     "tampered header": [signed(head_header("submit", prompt=PROMPT, max_tokens=2))[0],
                         json.dumps(head_header("submit", prompt=PROMPT, max_tokens=200)).encode()],
-    "replayed batch of an old epoch": signed(head_header("batch", epoch=1, mb=0, seq_ids=[0], starts=[0], lengths=[1],
-                                                         sampling=[{}], tensors=[f32(1, 64)]), b"\0" * 256),
-    "batch with no epoch": signed(head_header("batch", mb=0, seq_ids=[0], starts=[0], lengths=[1], sampling=[{}])),
+    "replayed batch of an old epoch": signed(head_header("batch", epoch=1, mb=0, seq_ids=[0], starts=[0],
+                                                         lengths=[1], sampling=[{}], tensors=[f32(1, 64)]),
+                                             b"\0" * 256),
+    "batch with no epoch": signed(head_header("batch", mb=0, seq_ids=[0], starts=[0], lengths=[1],
+                                              sampling=[{}])),
     "huge header": [b"x" * 32, b"{" * (9 << 20)],
 }
 
@@ -131,7 +136,8 @@ def assert_up_and_clean(pipeline, free_before: list[int]) -> None:
     assert all(stage.popen.poll() is None for stage in pipeline.stages), [s.stderr() for s in pipeline.stages]
     assert len(generate_ok(pipeline)) == 4
     deadline = time.monotonic() + 10
-    while (free := stage_stats(pipeline)["kv_tokens_free_by_stage"]) != free_before and time.monotonic() < deadline:
+    while ((free := stage_stats(pipeline)["kv_tokens_free_by_stage"]) != free_before
+           and time.monotonic() < deadline):
         time.sleep(0.1)
     assert free == free_before, "KV space leaked"
 
@@ -147,7 +153,8 @@ def test_every_kind_of_malformed_frame_is_dropped_and_counted_by_both_stages(pip
     deadline = time.monotonic() + 5  # stage 1's figures come with its next heartbeat
     while True:
         after = stage_stats(pipeline)
-        grew = [after["stages"][i]["frames_rejected"] - before["stages"][i]["frames_rejected"] for i in (0, 1)]
+        grew = [after["stages"][i]["frames_rejected"] - before["stages"][i]["frames_rejected"]
+                for i in (0, 1)]
         if min(grew) >= dropped_by_codec or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -169,7 +176,8 @@ def test_an_authenticated_submit_it_cannot_take_is_answered_with_a_clear_error(p
 
 headers = st.fixed_dictionaries(
     {
-        "type": st.sampled_from(["submit", "cancel", "stats", "health", "tokens", "failed", "batch", "x", ""]),
+        "type": st.sampled_from(["submit", "cancel", "stats", "health", "tokens", "failed", "batch",
+                                 "x", ""]),
         "pipeline_id": st.sampled_from(["p0", "p0", "p1", ""]),
     },
     optional={

@@ -29,7 +29,8 @@ class Script:
     healthy: bool = True  # the head's health()["ok"]: False until every stage joined the pipeline
     stages: tuple[StageLink, ...] = ()  # where its stages run (the gateway then reads their telemetry)
     queue_depth: int = 0  # the head's queue, as its statistics report it
-    break_after: list[int] = field(default_factory=list)  # n-th submission: PipelineBroken after so many tokens
+    # n-th submission: PipelineBroken after so many tokens
+    break_after: list[int] = field(default_factory=list)
     successor: str | None = None  # handed over beside to this replica (the directory states it unhealthy)
 
 

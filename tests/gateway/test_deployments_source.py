@@ -26,10 +26,12 @@ def test_a_ready_deployment_serves_its_model_on_its_ready_replicas(deployment):
     assert served.name == deployment.model.name and served.tokenizer_path == deployment.model.path
     assert len(served.replicas) == len(plan["replicas"])
     first = served.replicas[0]
-    assert first.head_address == DeploymentStage.objects.get(deployment=deployment, replica=0, stage_index=0).spec["head"]
+    assert first.head_address == DeploymentStage.objects.get(deployment=deployment, replica=0,
+                                                             stage_index=0).spec["head"]
     assert first.auth_token == "token-0"
     assert first.kv_tokens == min(s["kv_tokens"] for s in plan["replicas"][0]["stages"])
-    assert first.costs.decode_step_s == pytest.approx(plan["replicas"][0]["predicted"]["token_latency_ms"] / 1000)
+    assert first.costs.decode_step_s == pytest.approx(
+        plan["replicas"][0]["predicted"]["token_latency_ms"] / 1000)
     assert first.costs_source == "planned"
 
 
@@ -37,13 +39,15 @@ def test_each_replica_names_its_stages_and_their_devices_for_the_telemetry(deplo
     (served,) = served_models_from_deployments()
     for index, replica in enumerate(served.replicas):
         planned = deployment.revision.plan["replicas"][index]["stages"]
-        assert [s.stage_key for s in replica.stages] == [f"d{deployment.pk}-r{index}-s{i}" for i in range(len(planned))]
+        assert [s.stage_key for s in replica.stages] == [f"d{deployment.pk}-r{index}-s{i}"
+                                                         for i in range(len(planned))]
         assert [s.device for s in replica.stages] == [s["device"] for s in planned]
         assert [s.planned_step_ms for s in replica.stages] == [s["predicted"]["step_ms"] for s in planned]
 
 
 def test_replicas_not_ready_and_deployments_not_live_are_left_out(deployment):
-    DeploymentStage.objects.filter(deployment=deployment, replica=0).update(state=DeploymentStage.State.STARTING)
+    DeploymentStage.objects.filter(deployment=deployment, replica=0).update(
+        state=DeploymentStage.State.STARTING)
     served = served_models_from_deployments()
     assert sum(len(s.replicas) for s in served) == len(deployment.revision.plan["replicas"]) - 1
     Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.STOPPED)
@@ -73,8 +77,10 @@ def test_a_deployment_that_cannot_serve_now_is_listed_without_replicas_and_says_
     Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.DEPLOYING)
     (served,) = served_models_from_deployments()
     number = deployment.revision.number
-    assert served.replicas == () and served.reason == f"deployment {deployment.name} is deploying plan revision {number}"
-    Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.FAILED, status_message="n1 is lost")
+    assert (served.replicas == ()
+            and served.reason == f"deployment {deployment.name} is deploying plan revision {number}")
+    Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.FAILED,
+                                                       status_message="n1 is lost")
     assert served_models_from_deployments()[0].reason == f"deployment {deployment.name} failed: n1 is lost"
     Deployment.objects.filter(pk=deployment.pk).update(stop_requested=True)
     assert served_models_from_deployments() == []  # being stopped: nothing is coming
@@ -107,7 +113,8 @@ def test_a_replica_being_handed_over_stays_listed_but_unroutable_with_its_slots_
     monkeypatch.setattr(deployments_source, "deployment_endpoints", lambda deployment: handed_over)
     (served,) = served_models_from_deployments()
     old, new = served.replicas
-    assert not old.health.ok and old.health.reason == f"deployment {deployment.name} is handing this replica over"
+    assert (not old.health.ok
+            and old.health.reason == f"deployment {deployment.name} is handing this replica over")
     assert new.health.ok and served.reason == ""
     first_slot = deployment.revision.plan["replicas"][0]
     assert new.kv_tokens == min(s["kv_tokens"] for s in first_slot["stages"])

@@ -33,7 +33,8 @@ def client(user) -> APIClient:
 
 def test_the_service_validates_sets_and_audits_what_changed(people):
     api_key, _ = api_key_create(user=people["alice"], name="ci")
-    api_key_set_limits(api_key=api_key, actor=SYSTEM, requests_per_minute=60, allowed_models=["demo", " demo"])
+    api_key_set_limits(api_key=api_key, actor=SYSTEM, requests_per_minute=60,
+                       allowed_models=["demo", " demo"])
     api_key.refresh_from_db()
     assert (api_key.requests_per_minute, api_key.allowed_models) == (60, ["demo"])
     entry = AuditEntry.objects.get(action="api_key.updated")
@@ -51,17 +52,19 @@ def test_the_service_validates_sets_and_audits_what_changed(people):
 
 def test_create_api_key_takes_limits_and_set_api_key_limits_changes_them(people):
     out = io.StringIO()
-    call_command("create_api_key", "alice", "--name", "batch", "--rpm", "10", "--tpm", "5000", "--budget", "100000",
-                 "--budget-period", "day", "--model", "demo", "--model", "other", stdout=out)
+    call_command("create_api_key", "alice", "--name", "batch", "--rpm", "10", "--tpm", "5000",
+                 "--budget", "100000", "--budget-period", "day", "--model", "demo", "--model", "other",
+                 stdout=out)
     api_key = ApiKey.objects.get(name="batch")
-    assert (api_key.requests_per_minute, api_key.tokens_per_minute, api_key.token_budget, api_key.budget_period,
-            api_key.allowed_models) == (10, 5000, 100000, "day", ["demo", "other"])
+    assert (api_key.requests_per_minute, api_key.tokens_per_minute, api_key.token_budget,
+            api_key.budget_period, api_key.allowed_models) == (10, 5000, 100000, "day", ["demo", "other"])
     created = AuditEntry.objects.get(action="api_key.created")
     assert created.detail["limits"]["requests_per_minute"] == 10 and created.actor_label.startswith("cli:")
     out = io.StringIO()
     call_command("set_api_key_limits", api_key.prefix, "--rpm", "none", "--all-models", stdout=out)
     shown = json.loads(out.getvalue())
-    assert shown["requests_per_minute"] is None and shown["allowed_models"] == [] and shown["tokens_per_minute"] == 5000
+    assert (shown["requests_per_minute"] is None and shown["allowed_models"] == []
+            and shown["tokens_per_minute"] == 5000)
     with pytest.raises(CommandError, match="not a count"):
         call_command("set_api_key_limits", str(api_key.pk), "--tpm", "lots")
     with pytest.raises(CommandError, match="no API key"):
@@ -81,11 +84,14 @@ def test_the_keys_api_shows_own_keys_and_only_staff_change_limits(people):
     assert refused.status_code == 403 and "staff" in refused.json()["error"]["message"]
     staff = client(people["ops"])
     assert {k["name"] for k in staff.get("/api/v1/api-keys/").json()["results"]} == {"mine", "theirs"}
-    assert [k["name"] for k in staff.get("/api/v1/api-keys/", {"user": "bob"}).json()["results"]] == ["theirs"]
-    changed = staff.patch(f"/api/v1/api-keys/{mine.pk}/", {"tokens_per_minute": 2000, "allowed_models": ["demo"],
-                                                         "name": "renamed"}, format="json")
+    assert [k["name"] for k in staff.get("/api/v1/api-keys/", {"user": "bob"}).json()["results"]] == [
+        "theirs"]
+    changed = staff.patch(f"/api/v1/api-keys/{mine.pk}/",
+                          {"tokens_per_minute": 2000, "allowed_models": ["demo"], "name": "renamed"},
+                          format="json")
     assert changed.status_code == 200, changed.content
-    assert changed.json()["tokens_per_minute"] == 2000 and changed.json()["name"] == "mine"  # name is read-only
+    # name is read-only
+    assert changed.json()["tokens_per_minute"] == 2000 and changed.json()["name"] == "mine"
     entry = AuditEntry.objects.get(action="api_key.updated")
     assert entry.actor == people["ops"] and entry.target_id == str(mine.pk)
     bad = staff.patch(f"/api/v1/api-keys/{mine.pk}/", {"budget_period": "week"}, format="json")

@@ -14,11 +14,18 @@ import openai
 import pytest
 
 from controlplane.gateway.openai.tokenization import ModelTokenizer
+from controlplane.gateway.serving.pipeline_client import PipelineClient
 from tests.gateway.conftest import DEMO_ARGS
 from tests.pipeline.harness import TOKEN, Pipeline, pipeline_specs
-from tests.support.processes import REPO_ROOT, database_migrate, embedded_env, free_port, manage_argv, wait_for_http
+from tests.support.processes import (
+    REPO_ROOT,
+    database_migrate,
+    embedded_env,
+    free_port,
+    manage_argv,
+    wait_for_http,
+)
 from worker_runtime import SamplingParams, Stage, generate
-from controlplane.gateway.serving.pipeline_client import PipelineClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 NUM_LAYERS = int(DEMO_ARGS[DEMO_ARGS.index("--layers") + 1])
@@ -36,7 +43,8 @@ def reference_text(demo_model, prompt_ids: list[int], max_tokens: int) -> str:
     """Greedy tokens of the single-process model, decoded as the gateway decodes them."""
     tokenizer = ModelTokenizer.load(demo_model)
     stage = Stage.load(str(demo_model), 0, NUM_LAYERS, kv_tokens=KV_TOKENS)
-    (ids,) = generate([stage], [prompt_ids], [SamplingParams()], max_tokens, stop_tokens=tokenizer.eos_token_ids)
+    (ids,) = generate([stage], [prompt_ids], [SamplingParams()], max_tokens,
+                      stop_tokens=tokenizer.eos_token_ids)
     return tokenizer.tokenizer.decode(ids, skip_special_tokens=True)
 
 
@@ -60,7 +68,8 @@ def live(demo_model, tmp_path_factory):
         pipeline.wait_ready()
         port = free_port()
         server = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"],
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+             "controlplane.asgi:application"],
             env=env, cwd=REPO_ROOT, stderr=subprocess.DEVNULL,
         )
         wait_for_http(f"http://127.0.0.1:{port}/v1/models")
@@ -96,9 +105,11 @@ def test_chat_completion_matches_and_streaming_gives_the_same_text(client, demo_
     expected = reference_text(demo_model, prompt_ids, 10)
     chat = client.chat.completions.create(model="demo", messages=messages, max_tokens=10, temperature=0)
     assert chat.choices[0].message.content == expected
-    stream = client.chat.completions.create(model="demo", messages=messages, max_tokens=10, temperature=0, stream=True)
+    stream = client.chat.completions.create(model="demo", messages=messages, max_tokens=10, temperature=0,
+                                            stream=True)
     assert "".join(chunk.choices[0].delta.content or "" for chunk in stream) == expected
-    completions = client.completions.create(model="demo", prompt=prompt_ids, max_tokens=10, temperature=0, stream=True)
+    completions = client.completions.create(model="demo", prompt=prompt_ids, max_tokens=10, temperature=0,
+                                            stream=True)
     assert "".join(chunk.choices[0].text for chunk in completions) == expected
 
 
@@ -122,7 +133,8 @@ def test_a_disconnected_stream_frees_its_kv_space(live):
     head = live["pipeline"].head
     body = {"model": "demo", "prompt": "Pack my box", "max_tokens": 240, "temperature": 0, "stream": True}
     headers = {"Authorization": f"Bearer {live['key']}"}
-    with httpx.stream("POST", f"{live['base_url']}/completions", json=body, headers=headers, timeout=30) as response:
+    with httpx.stream("POST", f"{live['base_url']}/completions", json=body, headers=headers,
+                      timeout=30) as response:
         assert response.status_code == 200
         chunks = response.iter_bytes()  # kept: dropping the iterator would close the response
         next(chunks)

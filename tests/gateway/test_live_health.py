@@ -56,8 +56,10 @@ async def chosen(api_key: str, n: int = 4) -> list[str | None]:
     client, served = AsyncClient(), []
     for _ in range(n):
         before = len(recorder.recent)
-        response = await client.post("/v1/completions", json.dumps({"model": "demo", "prompt": "x", "max_tokens": 2}),
-                                     content_type="application/json", headers={"Authorization": f"Bearer {api_key}"})
+        response = await client.post("/v1/completions",
+                                     json.dumps({"model": "demo", "prompt": "x", "max_tokens": 2}),
+                                     content_type="application/json",
+                                     headers={"Authorization": f"Bearer {api_key}"})
         record = list(recorder.recent)[before] if len(recorder.recent) > before else None
         served.append(record.replica if response.status_code == 200 else None)
     return served
@@ -74,7 +76,8 @@ async def settle(predicate, timeout_s: float = 3.0) -> None:
 def replica(name: str):
     from controlplane.gateway.serving.runtime import gateway
 
-    return next(r for route in gateway().routes.values() for r in route.router.replicas if r.replica_id == name)
+    return next(r for route in gateway().routes.values() for r in route.router.replicas
+                if r.replica_id == name)
 
 
 async def test_a_throttled_device_sends_requests_to_the_other_replica_and_they_return(two_replicas, api_key):
@@ -91,7 +94,8 @@ async def test_a_throttled_device_sends_requests_to_the_other_replica_and_they_r
     assert await chosen(api_key) == ["r0"] * 4
 
 
-async def test_a_silent_agent_makes_its_replica_avoided_and_all_silent_is_a_503_saying_why(two_replicas, api_key):
+async def test_a_silent_agent_makes_its_replica_avoided_and_all_silent_is_a_503_saying_why(two_replicas,
+                                                                                           api_key):
     assert await chosen(api_key, 1) == ["r0"]
     report("n0", "d1-r0-s0", age_s=10)  # n0's agent went silent 10 s ago (its last sample stays cached)
     await settle(lambda: not replica("r0").health.ok)
@@ -116,12 +120,14 @@ async def test_measured_step_times_replace_the_planned_costs(two_replicas, api_k
         report("n0", "d1-r0-s0", step_ms=40.0)
         report("n1", "d1-r1-s0", step_ms=10.0)
         await asyncio.sleep(0.15)
-    await settle(lambda: replica("r0").costs_source == "measured" and replica("r1").costs_source == "measured")
+    await settle(lambda: replica("r0").costs_source == "measured"
+                 and replica("r1").costs_source == "measured")
     assert replica("r0").costs.decode_step_s == pytest.approx(4 * replica("r1").costs.decode_step_s)
     assert await chosen(api_key, 2) == ["r1", "r1"]
 
 
-async def test_the_router_api_shows_the_inputs_of_every_replica_and_decision(two_replicas, api_key, django_user_model):
+async def test_the_router_api_shows_the_inputs_of_every_replica_and_decision(two_replicas, api_key,
+                                                                             django_user_model):
     report("n1", "d1-r1-s0", clock=795, reasons=("power_cap",))
     await chosen(api_key, 1)
     await settle(lambda: replica("r1").health.throttle > 0.4)
@@ -130,14 +136,16 @@ async def test_the_router_api_shows_the_inputs_of_every_replica_and_decision(two
     assert anonymous.status_code == 401 and anonymous["WWW-Authenticate"] == "Token"
     user = await django_user_model.objects.acreate(username="operator")
     token = await Token.objects.acreate(user=user)
-    response = await AsyncClient().get("/api/v1/gateway/router/", headers={"Authorization": f"Token {token.key}"})
+    response = await AsyncClient().get("/api/v1/gateway/router/",
+                                       headers={"Authorization": f"Token {token.key}"})
     assert response.status_code == 200
     body = response.json()
     assert body["settings"]["live_telemetry"] is True and body["settings"]["telemetry_stale_s"] == 3.0
     r1 = body["models"]["demo"]["replicas"]["r1"]
     assert r1["stages"] == [{"stage_key": "d1-r1-s0", "device": "n1/gpu0"}]
     router = r1["router"]
-    assert router["healthy"] and router["health"]["throttle"] == pytest.approx(0.5) and router["slowdown"] == 2.0
+    assert (router["healthy"] and router["health"]["throttle"] == pytest.approx(0.5)
+            and router["slowdown"] == 2.0)
     assert router["costs_source"] == "assumed" and router["planned_costs"]["source"] == "assumed"
     assert router["head"]["ok"] and router["head"]["age_s"] < 5
     (device,) = router["telemetry"]["devices"]
@@ -146,8 +154,9 @@ async def test_the_router_api_shows_the_inputs_of_every_replica_and_decision(two
     last = body["router"]["recent"][-1]
     assert last["replica"] == "r0"
     assert {i["replica"] for i in last["inputs"]} == {"r0", "r1"}
-    assert set(last["inputs"][0]) >= {"healthy", "reason", "slowdown", "throttle", "memory_pressure", "error_rate",
-                                      "costs_source", "kv_free", "outstanding_tokens", "estimated_finish_s"}
+    assert set(last["inputs"][0]) >= {"healthy", "reason", "slowdown", "throttle", "memory_pressure",
+                                      "error_rate", "costs_source", "kv_free", "outstanding_tokens",
+                                      "estimated_finish_s"}
 
 
 async def test_failed_requests_raise_the_replicas_error_rate(fake_pipeline, api_key, demo_model):
@@ -222,7 +231,8 @@ async def test_a_replica_handed_over_beside_serves_until_the_gateway_heard_its_s
     from controlplane.gateway.openai.tokenization import ModelTokenizer
 
     tokens = ModelTokenizer.load(demo_model).encode_prompt("hello world")
-    fake = fake_pipeline({"old": Script(tokens=tokens, successor="new"), "new": Script(tokens=tokens, healthy=False)})
+    fake = fake_pipeline({"old": Script(tokens=tokens, successor="new"),
+                          "new": Script(tokens=tokens, healthy=False)})
     assert await chosen(api_key, 2) == ["old", "old"]
     assert replica("old").health.ok and not replica("new").health.ok
 
@@ -232,20 +242,22 @@ async def test_a_replica_handed_over_beside_serves_until_the_gateway_heard_its_s
     assert await chosen(api_key, 2) == ["new", "new"]
 
 
-async def test_a_head_that_turns_ok_has_its_new_stages_telemetry_read_at_once(fake_pipeline, demo_model, api_key,
-                                                                              settings):
+async def test_a_head_that_turns_ok_has_its_new_stages_telemetry_read_at_once(fake_pipeline, demo_model,
+                                                                              api_key, settings):
     """A restarted or moved stage has no sample until its agent's next heartbeat: its replica is held
     back until the telemetry is read again, which a head turning ok does at once (not within
     HEALTH_REFRESH_S, nor at the next re-read of the served models)."""
     from controlplane.gateway.openai.tokenization import ModelTokenizer
 
     tokens = ModelTokenizer.load(demo_model).encode_prompt("hello world")
-    fake = fake_pipeline({"r0": Script(tokens=tokens, healthy=False, stages=(StageLink("d1-r0-s0", "n0/gpu0"),))})
+    fake = fake_pipeline({"r0": Script(tokens=tokens, healthy=False,
+                                       stages=(StageLink("d1-r0-s0", "n0/gpu0"),))})
     settings.MOTLEY_GATEWAY = {**settings.MOTLEY_GATEWAY, "HEALTH_REFRESH_S": 30, "REFRESH_S": 30,
                                "WAIT_POLL_S": 30, "WAIT_HEAD_POLL_S": 0.02, "WAIT_S": 20}
     body = json.dumps({"model": "demo", "prompt": "x", "max_tokens": 2})
     waiting = asyncio.ensure_future(AsyncClient().post(
-        "/v1/completions", body, content_type="application/json", headers={"Authorization": f"Bearer {api_key}"}))
+        "/v1/completions", body, content_type="application/json",
+        headers={"Authorization": f"Bearer {api_key}"}))
     await asyncio.sleep(0.5)  # it waits: the head is not ok and its stage has no sample yet
     assert not waiting.done()
     report("n0", "d1-r0-s0")  # the stage's first sample, then its head completes the pipeline

@@ -93,7 +93,8 @@ class Gateway:
     def wait(self, predicate, what: str, timeout_s: float = SHIFT_S) -> float:
         """Seconds until ``predicate(router view of r0, of r1)`` holds."""
         started = time.monotonic()
-        wait_until(lambda: predicate(self.replica(self.r0), self.replica(self.r1)), timeout_s, what, poll_s=0.2)
+        wait_until(lambda: predicate(self.replica(self.r0), self.replica(self.r1)), timeout_s, what,
+                   poll_s=0.2)
         return time.monotonic() - started
 
 
@@ -111,7 +112,8 @@ def deployments_page_shows_the_throttle(system: System, r0: str, r1: str) -> Non
         row.filter(has_text="sw_thermal").wait_for()
         assert page.locator(f'table[data-routing] tr[data-replica="{r1}"]').count() == 1
         queue = page.locator("[data-waiting]").first  # the gateway's waiting queue: nobody waits here
-        assert queue.inner_text().startswith("Gateway queue: 0 waiting now") and "0 migrated" in queue.inner_text()
+        assert (queue.inner_text().startswith("Gateway queue: 0 waiting now")
+                and "0 migrated" in queue.inner_text())
         page.locator("details.decisions summary").first.click()
         page.locator("table[data-decisions] tr", has_text=r1).first.wait_for()
         page.screenshot(path=str(SCREENSHOTS / "deployments-routing.png"), full_page=True)
@@ -139,14 +141,17 @@ def test_throttled_and_silent_replicas_lose_their_traffic_and_get_it_back(system
     assert gateway.replica(R0)["costs"]["decode_step_s"] < 0.8 * gateway.replica(R1)["costs"]["decode_step_s"]
 
     devices = {d["node_name"]: d["id"] for d in system.get("/api/v1/devices/")["results"]}
-    assert system.post(f"/api/v1/devices/{devices['n0']}/emulate-throttle/", {"factor": 0.15}).status_code == 202
+    assert system.post(f"/api/v1/devices/{devices['n0']}/emulate-throttle/",
+                       {"factor": 0.15}).status_code == 202
     seen = gateway.wait(lambda r0, r1: r0["health"]["throttle"] > 0.6, "r0's throttle seen by the router")
     assert gateway.served() == [R1] * 4, "traffic stayed on the throttled replica"
     r0 = gateway.replica(R0)
-    assert r0["healthy"] and r0["slowdown"] > 3 and r0["telemetry"]["devices"][0]["throttle_reasons"] == ["sw_thermal"]
+    assert (r0["healthy"] and r0["slowdown"] > 3
+            and r0["telemetry"]["devices"][0]["throttle_reasons"] == ["sw_thermal"])
     last = gateway.router()["router"]["recent"][-1]
     inputs = {i["replica"]: i for i in last["inputs"]}
-    assert inputs[R0]["estimated_finish_s"] > inputs[R1]["estimated_finish_s"] and inputs[R0]["throttle"] > 0.6
+    assert (inputs[R0]["estimated_finish_s"] > inputs[R1]["estimated_finish_s"]
+            and inputs[R0]["throttle"] > 0.6)
     deployments_page_shows_the_throttle(system, R0, R1)
 
     assert system.post(f"/api/v1/devices/{devices['n0']}/emulate-throttle/", {"factor": 1}).status_code == 202
@@ -164,5 +169,5 @@ def test_throttled_and_silent_replicas_lose_their_traffic_and_get_it_back(system
         os.kill(agent.pid, signal.SIGCONT)
     spoke = gateway.wait(lambda r0, r1: r0["healthy"], "r0 healthy once n0 speaks again")
     assert gateway.served() == [R0] * 4
-    print(f"router saw: throttle in {seen:.1f} s, recovery in {recovered:.1f} s, stale agent in {stale:.1f} s, "
-          f"its return in {spoke:.1f} s")
+    print(f"router saw: throttle in {seen:.1f} s, recovery in {recovered:.1f} s, "
+          f"stale agent in {stale:.1f} s, its return in {spoke:.1f} s")

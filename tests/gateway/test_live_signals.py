@@ -181,7 +181,8 @@ def test_a_stale_replica_is_never_chosen_and_all_stale_is_a_503_that_says_so():
     a, b = two_replicas()
     router = Router([a, b])
     single = (StageLink("d1-r0-s0", "n0/gpu0"),)
-    stale = replica_reading(single, {"n0/gpu0": device("n0/gpu0", age=9)}, {"d1-r0-s0": stage("d1-r0-s0", age=9)},
+    stale = replica_reading(single, {"n0/gpu0": device("n0/gpu0", age=9)},
+                            {"d1-r0-s0": stage("d1-r0-s0", age=9)},
                             stale_s=3)
     a.observe(health=stale.health)
     assert route_many(router)["r0"] == 0

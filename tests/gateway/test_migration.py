@@ -18,12 +18,14 @@ from tests.gateway.test_waiting import waits  # noqa: F401  (fixture)
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-async def test_a_broken_pipeline_mid_stream_continues_on_the_other_replica(fake_pipeline, api_key, demo_model):
+async def test_a_broken_pipeline_mid_stream_continues_on_the_other_replica(fake_pipeline, api_key,
+                                                                           demo_model):
     output = tokens(demo_model)
     # r1 looks busier (another gateway's queue), so r0 is chosen; r0 breaks after 3 tokens.
-    fake = fake_pipeline({"r0": Script(tokens=output, break_after=[3]), "r1": Script(tokens=output, queue_depth=4)})
-    body = {"model": "demo", "prompt": "The quick brown fox", "max_tokens": 50, "temperature": 0.8, "seed": 11,
-            "stream": True, "stream_options": {"include_usage": True}}
+    fake = fake_pipeline({"r0": Script(tokens=output, break_after=[3]),
+                          "r1": Script(tokens=output, queue_depth=4)})
+    body = {"model": "demo", "prompt": "The quick brown fox", "max_tokens": 50, "temperature": 0.8,
+            "seed": 11, "stream": True, "stream_options": {"include_usage": True}}
     response = await post(AsyncClient(), "/v1/completions", body, api_key)
     assert response.status_code == 200
     events = await sse_events(response)
@@ -48,7 +50,8 @@ async def test_a_broken_pipeline_mid_stream_continues_on_the_other_replica(fake_
 
 async def test_a_break_with_no_other_replica_waits_for_one_and_resumes(fake_pipeline, api_key, demo_model):
     output = tokens(demo_model)
-    fake = fake_pipeline({"r0": Script(tokens=output, break_after=[0, 5])})  # before its first token, then after 5
+    # before its first token, then after 5
+    fake = fake_pipeline({"r0": Script(tokens=output, break_after=[0, 5])})
     body = {"model": "demo", "prompt": "x", "max_tokens": 50, "temperature": 0}
     response = await post(AsyncClient(), "/v1/completions", body, api_key)
     assert response.status_code == 200, response.content
@@ -64,8 +67,10 @@ async def test_a_replica_that_refuses_the_resumption_is_left_out_and_the_request
 
     output = tokens(demo_model)
     fake = fake_pipeline({"r0": Script(tokens=output, break_after=[3]),
-                          "r1": Script(tokens=output, queue_depth=4, error=RequestRejected("KV space is full"))})
-    response = await post(AsyncClient(), "/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 50},
+                          "r1": Script(tokens=output, queue_depth=4,
+                                       error=RequestRejected("KV space is full"))})
+    response = await post(AsyncClient(), "/v1/completions",
+                          {"model": "demo", "prompt": "x", "max_tokens": 50},
                           api_key)
     assert response.status_code == 200, response.content
     assert response.json()["choices"][0]["text"] == TEXT
@@ -101,7 +106,8 @@ async def test_migrations_are_counted_in_the_metrics(fake_pipeline, api_key, dem
 
     output = tokens(demo_model)
     fake_pipeline({"r0": Script(tokens=output, break_after=[3]), "r1": Script(tokens=output, queue_depth=4)})
-    response = await post(AsyncClient(), "/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 50},
+    response = await post(AsyncClient(), "/v1/completions",
+                          {"model": "demo", "prompt": "x", "max_tokens": 50},
                           api_key)
     assert response.status_code == 200
     scrape = Scrape((await AsyncClient().get("/metrics")).content.decode())

@@ -31,7 +31,8 @@ def pipelines(demo_model, tmp_path_factory):
         models_file = workdir / "models.json"
         models_file.write_text(json.dumps({"models": [{
             "name": "demo", "tokenizer_path": str(demo_model),
-            "replicas": [{"pipeline_id": pid, "head_address": p.head, "auth_token": TOKEN} for pid, p in started.items()],
+            "replicas": [{"pipeline_id": pid, "head_address": p.head, "auth_token": TOKEN}
+                         for pid, p in started.items()],
         }]}))
         yield started, models_file
     finally:
@@ -77,8 +78,10 @@ async def stream_text(key: str, body: dict, *, kill_after_chunks: int | None = N
     return "".join(texts), ids, usage, killed
 
 
-@pytest.mark.parametrize("sampling", [{"temperature": 0.9, "seed": 7}, {"temperature": 0}], ids=["seeded", "greedy"])
-async def test_a_killed_replica_mid_stream_continues_on_the_other_with_the_same_text(gateway_on, api_key, sampling):
+@pytest.mark.parametrize("sampling", [{"temperature": 0.9, "seed": 7}, {"temperature": 0}],
+                         ids=["seeded", "greedy"])
+async def test_a_killed_replica_mid_stream_continues_on_the_other_with_the_same_text(gateway_on, api_key,
+                                                                                    sampling):
     body = {"model": "demo", "prompt": "Once upon a time", "max_tokens": MAX_TOKENS,
             "stream_options": {"include_usage": True}, **sampling}
     expected, _, expected_usage, _ = await stream_text(api_key, body)

@@ -30,7 +30,8 @@ ops = get_user_model().objects.create_user("ops", is_staff=True)
 _, free = api_key_create(user=ops, name="free")
 _, rpm = api_key_create(user=ops, name="rpm", limits={"requests_per_minute": 4})
 _, budget = api_key_create(user=ops, name="budget", limits={"token_budget": 15, "budget_period": "day"})
-print("SEED=" + json.dumps({"free": free, "rpm": rpm, "budget": budget, "token": Token.objects.create(user=ops).key}))
+print("SEED=" + json.dumps({"free": free, "rpm": rpm, "budget": budget,
+                           "token": Token.objects.create(user=ops).key}))
 """
 
 
@@ -71,7 +72,8 @@ def servers(request, tmp_path, demo_model):
         second = Server(env, tmp_path / "second.log")
         try:
             for server in (first, second):  # load the tokenizer and find the replica
-                assert complete(server, seed["free"]).status_code == 200, (tmp_path / "first.log").read_text()[-3000:]
+                assert complete(server, seed["free"]).status_code == 200, (
+                    (tmp_path / "first.log").read_text()[-3000:])
             yield first, second, seed
         finally:
             second.stop()
@@ -114,4 +116,5 @@ def test_limits_hold_across_two_gateway_processes_and_recover_after_the_window(s
                       headers={"Authorization": f"Token {seed['token']}"}, timeout=10).json()
     by_key = {row["group"].split(" ")[0]: row for row in usage["totals"]}
     assert (by_key["rpm"]["requests"], by_key["rpm"]["refused"], by_key["rpm"]["total_tokens"]) == (6, 3, 36)
-    assert (by_key["budget"]["requests"], by_key["budget"]["refused"], by_key["budget"]["total_tokens"]) == (2, 2, 12)
+    assert (by_key["budget"]["requests"], by_key["budget"]["refused"],
+            by_key["budget"]["total_tokens"]) == (2, 2, 12)

@@ -51,7 +51,8 @@ async def complete(key: str, *, max_tokens: int = 4, model: str = "demo", prompt
                                     headers={"Authorization": f"Bearer {key}"})
 
 
-async def test_requests_per_minute_refuse_the_next_with_retry_after_and_recover(fake_pipeline, limited, clock):
+async def test_requests_per_minute_refuse_the_next_with_retry_after_and_recover(fake_pipeline, limited,
+                                                                                 clock):
     fake_pipeline({"r0": Script(tokens=[5, 6, 7])})
     api_key, raw = await _make(limited, requests_per_minute=3)
     for _ in range(3):
@@ -92,7 +93,8 @@ async def test_tokens_per_minute_reserve_max_tokens_and_count_what_was_served(fa
     assert "needs up to 23 (prompt 3 + max_tokens 20)" in message
     assert (await complete(raw, max_tokens=2, prompt=[1, 2, 3])).status_code == 200  # 20 + 5 fits
     too_large = await complete(raw, max_tokens=50, prompt=[1, 2, 3])
-    assert too_large.status_code == 429 and "alone needs up to 53 tokens" in too_large.json()["error"]["message"]
+    assert (too_large.status_code == 429
+            and "alone needs up to 53 tokens" in too_large.json()["error"]["message"])
     assert "Retry-After" not in too_large  # waiting would not help
     clock.now = T0 + 61
     assert (await complete(raw, max_tokens=20, prompt=[1, 2, 3])).status_code == 200

@@ -55,7 +55,8 @@ def test_cost_aware_prefers_the_replica_that_finishes_first_not_the_emptiest():
     decision = router.route(RequestShape(50, 100), deadline_s=60)
     assert isinstance(decision, Decision) and decision.replica is fast
     # Least-outstanding-tokens sends it to the idle but four times slower replica.
-    assert Router([fast, slow], "least_outstanding_tokens").route(RequestShape(50, 100), deadline_s=60).replica is slow
+    assert Router([fast, slow], "least_outstanding_tokens").route(RequestShape(50, 100),
+                                                                  deadline_s=60).replica is slow
 
 
 def test_cost_aware_moves_to_the_slower_replica_when_the_fast_one_is_loaded_enough():
@@ -159,6 +160,8 @@ def test_baselines_route_blind_and_leave_waiting_to_the_replica_queue():
     full, idle = replicas(1.0, 1.0, kv=1000)
     full.start("hog", RequestShape(500, 400))
     router = Router([full, idle], "round_robin")
-    assert router.route(RequestShape(100, 100), deadline_s=60).replica is full  # no KV space now: it waits there
+    # no KV space now: it waits there
+    assert router.route(RequestShape(100, 100), deadline_s=60).replica is full
     assert router.route(RequestShape(100, 100000), deadline_s=1).status == 400  # never fits anywhere
-    assert isinstance(Router([full], "least_outstanding_tokens").route(RequestShape(10, 900), deadline_s=1), Decision)
+    assert isinstance(Router([full], "least_outstanding_tokens").route(RequestShape(10, 900), deadline_s=1),
+                      Decision)

@@ -14,17 +14,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 import schemathesis
 import yaml
-from schemathesis.checks import content_type_conformance, response_schema_conformance, status_code_conformance
-
-import controlplane.gateway
-import httpx
 from asgiref.sync import async_to_sync
 from django.core.handlers.asgi import ASGIHandler
+from schemathesis.checks import content_type_conformance, response_schema_conformance, status_code_conformance
 from schemathesis.core.transport import Response
 
+import controlplane.gateway
 from tests.fuzz.support import FUZZ_SETTINGS, bounded, error_shape_problem
 from tests.gateway.fakes import Script
 
@@ -34,7 +33,8 @@ DOCUMENTED_UNAVAILABLE = {503, 504}  # no replica within the wait, a request pas
 
 def fuzzed_document() -> dict:
     raw = yaml.safe_load(DOCUMENT.read_text())
-    raw["components"]["schemas"]["Sampling"]["properties"]["model"] = {"type": "string", "enum": ["demo", "gone"]}
+    raw["components"]["schemas"]["Sampling"]["properties"]["model"] = {"type": "string",
+                                                                       "enum": ["demo", "gone"]}
     return raw
 
 

@@ -53,7 +53,8 @@ async def test_generation_stops_on_either_end_token_with_finish_reason_stop(
     fake_pipeline({})
     FakePipelineClient.reset(str(model), {"r0": Script(tokens=[*text, ids[stop_on], *text])})
     body = {"model": "demo", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 50}
-    response = await AsyncClient().post("/v1/chat/completions", json.dumps(body), content_type="application/json",
+    response = await AsyncClient().post("/v1/chat/completions", json.dumps(body),
+                                        content_type="application/json",
                                         headers={"Authorization": f"Bearer {api_key}"})
     assert response.status_code == 200, response.content
     data = response.json()

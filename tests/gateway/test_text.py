@@ -63,7 +63,8 @@ def test_stop_strings_cut_and_hold_back_what_could_start_one(pieces, stops, sent
 def test_chat_uses_the_checkpoint_template_and_bos(demo_model):
     tokenizer = ModelTokenizer.load(demo_model)
     ids = tokenizer.encode_chat([{"role": "user", "content": "Hi"}])
-    assert tokenizer.tokenizer.decode(ids, skip_special_tokens=False) == "<|begin_of_text|><|user|>Hi<|assistant|>"
+    assert (tokenizer.tokenizer.decode(ids, skip_special_tokens=False)
+            == "<|begin_of_text|><|user|>Hi<|assistant|>")
     assert tokenizer.max_context == 256
 
 

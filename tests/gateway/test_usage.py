@@ -53,15 +53,17 @@ async def test_stored_usage_equals_the_tokens_served(fake_pipeline, keys, demo_m
     bodies = [
         ("/v1/completions", {"model": "demo", "prompt": "The quick brown fox", "max_tokens": 7}),
         ("/v1/completions", {"model": "demo", "prompt": [1, 2, 3, 4], "max_tokens": 30}),
-        ("/v1/chat/completions", {"model": "demo", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 9}),
+        ("/v1/chat/completions",
+         {"model": "demo", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 9}),
         ("/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 40, "stop": ["世界"]}),
     ]
     for path, body in bodies:
         response = await post(path, body, raw)
         assert response.status_code == 200, response.content
         returned.append(response.json()["usage"])
-    streamed = await post("/v1/completions", {"model": "demo", "prompt": "abc", "max_tokens": 12, "stream": True,
-                                              "stream_options": {"include_usage": True}}, raw)
+    streamed = await post("/v1/completions",
+                          {"model": "demo", "prompt": "abc", "max_tokens": 12, "stream": True,
+                           "stream_options": {"include_usage": True}}, raw)
     events = [json.loads(line[6:]) for line in b"".join([c async for c in streamed.streaming_content])
               .decode().split("\n\n") if line.startswith("data: {")]
     returned.append(events[-1]["usage"])
@@ -72,7 +74,8 @@ async def test_stored_usage_equals_the_tokens_served(fake_pipeline, keys, demo_m
 
     # The other key: a stream its client leaves after a few tokens, and a replica that fails at once.
     recorder.__init__()
-    response = await post("/v1/completions", {"model": "demo", "prompt": "abc", "max_tokens": 40, "stream": True},
+    response = await post("/v1/completions",
+                          {"model": "demo", "prompt": "abc", "max_tokens": 40, "stream": True},
                           raw_cut)
     received = []
 
@@ -120,8 +123,9 @@ async def test_a_response_does_not_wait_for_its_usage_to_be_written(fake_pipelin
     monkeypatch.setattr(usage_backlog, "usage_record", blocked_record)
     fake_pipeline({"r0": Script(tokens=[5, 6, 7])})
     (answered, raw), _ = await keys()
-    response = await asyncio.wait_for(post("/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 3},
-                                           raw), timeout=10)
+    response = await asyncio.wait_for(post("/v1/completions",
+                                           {"model": "demo", "prompt": "x", "max_tokens": 3}, raw),
+                                      timeout=10)
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 3
     assert usage_backlog.pending() == 1  # queued, its write blocked
     release.set()

@@ -28,7 +28,8 @@ def usage(django_user_model):
     b1, _ = api_key_create(user=bob, name="b1")
 
     def record(key, model, hour, minute, prompt, completion, **extra):
-        usage_record(api_key_id=key.pk, user_id=key.user_id, model=model, at=DAY.replace(hour=hour, minute=minute),
+        usage_record(api_key_id=key.pk, user_id=key.user_id, model=model,
+                     at=DAY.replace(hour=hour, minute=minute),
                      requests=1, prompt_tokens=prompt, completion_tokens=completion, **extra)
 
     record(a1, "demo", 8, 0, 10, 5)
@@ -62,11 +63,11 @@ def test_staff_see_everyone_grouped_by_key_user_and_model(usage):
         f"a1 ({usage['a1'].prefix}…)": (3, 182), f"a2 ({usage['a2'].prefix}…)": (1, 2),
         f"b1 ({usage['b1'].prefix}…)": (2, 44)}
     assert {row["user"] for row in by_key["totals"]} == {"alice", "bob"}
-    assert by_key["total"] == {"requests": 6, "prompt_tokens": 143, "completion_tokens": 85, "total_tokens": 228,
-                               "errors": 1, "refused": 3}
+    assert by_key["total"] == {"requests": 6, "prompt_tokens": 143, "completion_tokens": 85,
+                               "total_tokens": 228, "errors": 1, "refused": 3}
     by_user = api.get("/api/v1/usage/", {**RANGE, "group_by": "user"}).json()["totals"]
-    assert {(r["group"], r["prompt_tokens"], r["completion_tokens"], r["errors"], r["refused"]) for r in by_user} \
-        == {("alice", 121, 63, 1, 0), ("bob", 22, 22, 0, 3)}
+    assert {(r["group"], r["prompt_tokens"], r["completion_tokens"], r["errors"], r["refused"])
+            for r in by_user} == {("alice", 121, 63, 1, 0), ("bob", 22, 22, 0, 3)}
     by_model = api.get("/api/v1/usage/", {**RANGE, "group_by": "model"}).json()["totals"]
     assert {r["id"]: r["total_tokens"] for r in by_model} == {"big": 150, "demo": 78}
     only_bob = api.get("/api/v1/usage/", {**RANGE, "user": "bob"}).json()

@@ -20,7 +20,8 @@ import json
 from django.db.models import Sum
 from controlplane.gateway.models import UsageBucket
 print("USAGE=" + json.dumps(UsageBucket.objects.aggregate(
-    requests=Sum("requests"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"), errors=Sum("errors"))))
+    requests=Sum("requests"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"),
+    errors=Sum("errors"))))
 """
 
 
@@ -28,12 +29,13 @@ def test_stored_usage_equals_what_the_pipeline_served(live):  # noqa: F811
     client = openai.OpenAI(base_url=live["base_url"], api_key=live["key"], max_retries=0, timeout=60)
     answered = []
     for max_tokens in (5, 17, 30):
-        answered.append(client.completions.create(model="demo", prompt="Once upon a time", max_tokens=max_tokens,
-                                                  temperature=0).usage)
-    answered.append(client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hello"}],
+        answered.append(client.completions.create(model="demo", prompt="Once upon a time",
+                                                  max_tokens=max_tokens, temperature=0).usage)
+    answered.append(client.chat.completions.create(model="demo",
+                                                   messages=[{"role": "user", "content": "Hello"}],
                                                    max_tokens=12, temperature=0.8, seed=1).usage)
-    stream = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hi"}], max_tokens=9,
-                                            stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hi"}],
+                                            max_tokens=9, stream=True, stream_options={"include_usage": True})
     answered.append([chunk for chunk in stream][-1].usage)
     env = embedded_env(live["pipeline"].workdir)
     for _ in range(20):  # the server writes each request's usage just after its response (usage_backlog.py)

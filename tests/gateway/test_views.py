@@ -74,7 +74,8 @@ async def test_completion_returns_text_finish_reason_and_usage(fake_pipeline, ap
     assert data["choices"][0]["text"] == TEXT
     assert data["choices"][0]["finish_reason"] == "length"
     n = len(tokens(demo_model))
-    assert data["usage"] == {"prompt_tokens": len(prompt_ids), "completion_tokens": n, "total_tokens": len(prompt_ids) + n}
+    assert data["usage"] == {"prompt_tokens": len(prompt_ids), "completion_tokens": n,
+                             "total_tokens": len(prompt_ids) + n}
     sent = fake.submitted[0]
     assert sent["prompt_ids"] == prompt_ids and sent["max_tokens"] == 50
     assert sent["params"].temperature == 0 and sent["params"].seed == 3
@@ -88,13 +89,15 @@ async def test_chat_completion_renders_the_models_chat_template(fake_pipeline, a
     assert response.status_code == 200, response.content
     assert response.json()["choices"][0]["message"] == {"role": "assistant", "content": "Hi"}
     tokenizer = ModelTokenizer.load(demo_model)
-    expected = tokenizer.tokenizer.encode("<|begin_of_text|><|user|>Hello<|assistant|>", add_special_tokens=False).ids
+    expected = tokenizer.tokenizer.encode("<|begin_of_text|><|user|>Hello<|assistant|>",
+                                          add_special_tokens=False).ids
     assert fake.submitted[0]["prompt_ids"] == expected
 
 
 async def test_streamed_text_is_exact_across_multibyte_characters(fake_pipeline, api_key, demo_model):
     fake_pipeline({"r0": Script(tokens=tokens(demo_model))})
-    body = {"model": "demo", "prompt": "x", "max_tokens": 100, "stream": True, "stream_options": {"include_usage": True}}
+    body = {"model": "demo", "prompt": "x", "max_tokens": 100, "stream": True,
+            "stream_options": {"include_usage": True}}
     response = await post(AsyncClient(), "/v1/completions", body, api_key)
     assert response.status_code == 200 and response["Content-Type"] == "text/event-stream"
     events = await sse_events(response)
@@ -118,7 +121,8 @@ async def test_a_stop_string_cuts_the_text_and_cancels_the_request(fake_pipeline
     fake = fake_pipeline({"r0": Script(tokens=tokens(demo_model))})
     body = {"model": "demo", "prompt": "x", "max_tokens": 100, "stop": ["世界"]}
     data = (await post(AsyncClient(), "/v1/completions", body, api_key)).json()
-    assert data["choices"][0] == {"index": 0, "text": "Héllo wörld — ", "logprobs": None, "finish_reason": "stop"}
+    assert data["choices"][0] == {"index": 0, "text": "Héllo wörld — ", "logprobs": None,
+                                  "finish_reason": "stop"}
     assert len(fake.cancelled) == 1
 
 
@@ -175,7 +179,8 @@ async def test_bad_payloads_are_400s_naming_the_field(fake_pipeline, api_key, bo
 async def test_bad_chat_messages_are_400s(fake_pipeline, api_key):
     fake_pipeline({"r0": Script()})
     for messages in ([], [{"role": "robot", "content": "x"}], [{"role": "user", "content": 5}]):
-        response = await post(AsyncClient(), "/v1/chat/completions", {"model": "demo", "messages": messages}, api_key)
+        response = await post(AsyncClient(), "/v1/chat/completions", {"model": "demo", "messages": messages},
+                              api_key)
         assert response.status_code == 400
 
 

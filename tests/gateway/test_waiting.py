@@ -48,7 +48,8 @@ def depth() -> int:
     return len(gateway().waiting.queue("demo"))
 
 
-async def test_a_replica_that_never_serves_gets_a_503_after_the_wait_with_its_reason(fake_pipeline, api_key, waits):
+async def test_a_replica_that_never_serves_gets_a_503_after_the_wait_with_its_reason(fake_pipeline, api_key,
+                                                                                    waits):
     fake = fake_pipeline({"r0": Script(tokens=[5, 6, 7], healthy=False)})
     waits(WAIT_S=0.5, RETRY_AFTER_S=7)
     response, took = await timed_post(key=api_key)

@@ -38,7 +38,8 @@ class TestNodeAPI(APIResourceTests):
         assert_error(api.put(url, {"name": node.name, "intent": "draining"}, format="json"), 400, "intent:")
         assert_error(api.post(self.url, {"name": "n", "intent": "cordoned"}, format="json"), 400, "intent:")
         node.refresh_from_db()
-        assert (node.status, node.intent) == ("lost", "cordoned") and not Node.objects.filter(name="n").exists()
+        assert ((node.status, node.intent) == ("lost", "cordoned")
+                and not Node.objects.filter(name="n").exists())
         # Sending them back unchanged (a GET's body PUT back) is no write and passes.
         body = api.get(url).json()
         kept = {k: body[k] for k in ("name", "address", "labels", "network_gbps", "status", "intent")}

@@ -27,7 +27,8 @@ class NetnsSystem(System):
     def fleet_node(self, name: str, overrides: str) -> str:
         k = self.index(name)
         return NODE.format(name=name, overrides=overrides).replace(
-            "address: 127.0.0.1", f"address: {self.network.address(k)}\n    network_gbps: {self.network.gbps[k]}")
+            "address: 127.0.0.1",
+            f"address: {self.network.address(k)}\n    network_gbps: {self.network.gbps[k]}")
 
     def launcher(self, name: str) -> list[str]:
         return self.network.exec_argv(self.index(name), [])

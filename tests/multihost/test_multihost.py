@@ -27,7 +27,8 @@ def test_three_hosts_deploy_generate_price_hops_and_survive_a_lost_agent(netns_s
     nodes = {n["name"]: n["address"] for n in system.get("/api/v1/nodes/")["results"]}
     assert nodes == {f"n{k}": net.address(k) for k in range(3)}
 
-    body = {"name": "demo", "model": model, "plan": three_stages(2, 4), "request": REQUEST, "source": "edited"}
+    body = {"name": "demo", "model": model, "plan": three_stages(2, 4), "request": REQUEST,
+            "source": "edited"}
     response = system.post("/api/v1/deployments/", body)
     assert response.status_code == 201, response.text
     pk = response.json()["id"]

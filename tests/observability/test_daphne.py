@@ -10,7 +10,14 @@ import httpx
 import pytest
 
 from tests.observability.conftest import parse
-from tests.support.processes import REPO_ROOT, database_migrate, embedded_env, free_port, manage_argv, wait_for_http
+from tests.support.processes import (
+    REPO_ROOT,
+    database_migrate,
+    embedded_env,
+    free_port,
+    manage_argv,
+    wait_for_http,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

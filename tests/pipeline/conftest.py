@@ -1,4 +1,5 @@
-"""Fixtures of the pipeline tests: a tiny checkpoint made once, and stage processes that never outlive their test."""
+"""Fixtures of the pipeline tests: a tiny checkpoint made once, and stage processes that never outlive
+their test."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def tiny_model(tmp_path_factory) -> Path:
 
 @contextmanager
 def launcher(model: Path, workdir: Path) -> Iterator[Callable[..., Pipeline]]:
-    """``start(num_stages, **spec_overrides)`` -> a ready :class:`Pipeline`; all are stopped and checked on exit."""
+    """``start(num_stages, **spec_overrides)`` -> a ready :class:`Pipeline`; all are stopped and checked on
+    exit."""
     started: list[Pipeline] = []
 
     def start(num_stages: int = 3, **overrides) -> Pipeline:

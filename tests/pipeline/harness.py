@@ -71,11 +71,13 @@ class StageProcess:
                 event = self.events.get(timeout=0.1)
             except queue.Empty:
                 if self.popen.poll() is not None:
-                    raise RuntimeError(f"stage {self.spec.stage_index} exited {self.popen.returncode}: {self.stderr()}")
+                    raise RuntimeError(f"stage {self.spec.stage_index} exited {self.popen.returncode}: "
+                                       f"{self.stderr()}")
                 continue
             if event.get("event") == name:
                 return event
-        raise TimeoutError(f"stage {self.spec.stage_index} sent no {name!r} event in {timeout_s}s: {self.stderr()}")
+        raise TimeoutError(f"stage {self.spec.stage_index} sent no {name!r} event in {timeout_s}s: "
+                           f"{self.stderr()}")
 
     def stderr(self) -> str:
         return "".join(self.stderr_lines[-30:])
@@ -84,7 +86,8 @@ class StageProcess:
 class Pipeline:
     """Stage processes started from specs; :meth:`stop` kills whatever is left (children included)."""
 
-    def __init__(self, specs: list[StageSpec], workdir: Path, launcher: Callable[[int], list[str]] = lambda i: []):
+    def __init__(self, specs: list[StageSpec], workdir: Path,
+                 launcher: Callable[[int], list[str]] = lambda i: []):
         """``launcher(i)``: the argv prefix stage i runs under (e.g. ``ip netns exec <its node>``)."""
         self.specs, self.workdir, self.launcher = specs, workdir, launcher
         self.stages: list[StageProcess] = [self.start(i) for i in range(len(specs))]
@@ -164,7 +167,8 @@ class Pipeline:
         assert not bad, f"non-JSON lines on a stage's stdout: {bad[:5]}"
 
     def assert_none_left(self) -> None:
-        alive = [pid for pid in self.pids() if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        alive = [pid for pid in self.pids()
+                 if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
         assert not alive, f"stage processes left running: {alive}"
 
 

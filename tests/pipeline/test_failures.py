@@ -19,7 +19,8 @@ pytestmark = pytest.mark.timeout(120)
 PEER_TIMEOUT_S = 1.0
 
 
-async def test_kill_9_fails_everything_in_time_a_restart_rejoins_and_a_dead_head_is_noticed(start_pipeline, tiny_model):
+async def test_kill_9_fails_everything_in_time_a_restart_rejoins_and_a_dead_head_is_noticed(start_pipeline,
+                                                                                            tiny_model):
     pipeline = start_pipeline(3, peer_timeout_s=PEER_TIMEOUT_S, emulation=SLOW)
     async with PipelineClient(pipeline.head, TOKEN, "p0", timeout_s=3.0) as client:
         assert (await wait_healthy(client))["ok"]

@@ -48,12 +48,14 @@ def _signed(body: bytes) -> list[bytes]:
         (b"[1, 2]", [], "JSON object"),
         (json.dumps({"type": "batch", "pipeline_id": "p0", "tensors": []}).encode(), [b"x"], "describe"),
         (
-            json.dumps({"type": "b", "pipeline_id": "p0", "tensors": [{"dtype": "float32", "shape": [3]}]}).encode(),
+            json.dumps({"type": "b", "pipeline_id": "p0",
+                        "tensors": [{"dtype": "float32", "shape": [3]}]}).encode(),
             [b"abcd"],
             "does not match",
         ),
         (
-            json.dumps({"type": "b", "pipeline_id": "p0", "tensors": [{"dtype": "object", "shape": [1]}]}).encode(),
+            json.dumps({"type": "b", "pipeline_id": "p0",
+                        "tensors": [{"dtype": "object", "shape": [1]}]}).encode(),
             [b"abcd"],
             "bad tensor",
         ),

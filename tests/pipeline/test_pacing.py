@@ -37,7 +37,8 @@ def test_modeled_time_follows_the_roofline(tiny_model):
     assert abs(fast.modeled_s(decode) - expected) < 1e-12
     compute_bound = Pacer(stage, Emulation(memory_bandwidth_gbs=1e6, fp16_tflops=1e-6, time_scale=1.0))
     long_prefill = Batch(seq_ids=[1], start_positions=[0], lengths=[64])
-    assert compute_bound.modeled_s(long_prefill) > 60 * compute_bound.modeled_s(decode)  # FLOPs grow with tokens
+    # FLOPs grow with tokens
+    assert compute_bound.modeled_s(long_prefill) > 60 * compute_bound.modeled_s(decode)
 
 
 def read_bytes_planned(model, start: int, end: int, bits: int = 16) -> int:
@@ -53,7 +54,8 @@ def test_a_step_reads_what_the_planner_prices(tiny_model):
     on the last stage, and not the embedding table, so a calibration learns the device, not the emulator."""
     for start, end, bits in [(0, 3, 16), (0, 6, 16), (1, 6, 8), (0, 2, 4), (3, 6, 4)]:
         stage = Stage.load(tiny_model, start, end, kv_tokens=64, precision=Precision(bits))
-        assert read_weight_bytes(stage) == read_bytes_planned(tiny_model, start, end, bits), (start, end, bits)
+        assert read_weight_bytes(stage) == read_bytes_planned(tiny_model, start, end, bits), (
+            start, end, bits)
 
 
 def test_a_slower_device_takes_proportionally_longer(tiny_model):

@@ -23,7 +23,8 @@ from .harness import TOKEN, wait_healthy
 pytestmark = pytest.mark.timeout(120)
 
 
-def reference(model, prompt: list[int], max_tokens: int, params: SamplingParams = SamplingParams()) -> list[int]:
+def reference(model, prompt: list[int], max_tokens: int,
+              params: SamplingParams = SamplingParams()) -> list[int]:
     torch.set_num_threads(1)
     stage = Stage.load(model, 0, 6, kv_tokens=1024)
     return generate([stage], [prompt], params, max_new_tokens=max_tokens)[0]
@@ -37,19 +38,22 @@ async def test_three_processes_generate_the_tokens_of_one_process(shared_pipelin
     """32 concurrent requests, mixed lengths, and a KV budget that forces queueing (512 < 32 x 48)."""
     pipeline = shared_pipeline
     rng = random.Random(0)
-    jobs = [([rng.randrange(1, 256) for _ in range(rng.randrange(1, 21))], rng.randrange(1, 25)) for _ in range(32)]
+    jobs = [([rng.randrange(1, 256) for _ in range(rng.randrange(1, 21))], rng.randrange(1, 25))
+            for _ in range(32)]
     seeded = SamplingParams(temperature=0.9, top_k=40, seed=7)
     async with PipelineClient(pipeline.head, TOKEN, "p0") as client:
         assert (await wait_healthy(client))["ok"]
         before = (await client.stats())["completed"]  # the module's other tests share the pipeline
-        outputs = await asyncio.gather(*(collect(client, p, n) for p, n in jobs), collect(client, jobs[0][0], 12, seeded))
+        outputs = await asyncio.gather(*(collect(client, p, n) for p, n in jobs),
+                                       collect(client, jobs[0][0], 12, seeded))
         stats = await client.stats()
     stage = Stage.load(tiny_model, 0, 6, kv_tokens=1024)
     expected = [generate([stage], [p], max_new_tokens=n)[0] for p, n in jobs]
     expected.append(generate([stage], [jobs[0][0]], seeded, max_new_tokens=12)[0])
     assert outputs == expected
     assert stats["completed"] - before == 33 and stats["queue_depth"] == 0 and len(stats["stages"]) == 3
-    assert stats["stages"][0]["steps"] > 0 and stats["kv_tokens_free_by_stage"] == {"0": 512, "1": 512, "2": 512}
+    assert (stats["stages"][0]["steps"] > 0
+            and stats["kv_tokens_free_by_stage"] == {"0": 512, "1": 512, "2": 512})
     for stage_process in pipeline.stages:
         event = stage_process.wait_event("stats", timeout_s=5)
         assert {"step_ms", "compute_ms", "transfer_ms", "bubble_fraction", "kv_tokens_free"} <= set(event)
@@ -69,7 +73,8 @@ async def test_a_stage_mixing_two_precisions_serves_what_it_computes_in_process(
     assert tokens != reference(tiny_model, prompt, 12)  # int4 moves tokens of this model
 
 
-SLOW = {"memory_bandwidth_gbs": 1.0, "fp16_tflops": 1.0, "time_scale": 50.0}  # ~20 ms a step on the tiny model
+# ~20 ms a step on the tiny model
+SLOW = {"memory_bandwidth_gbs": 1.0, "fp16_tflops": 1.0, "time_scale": 50.0}
 
 
 async def test_kv_budget_queues_refuses_cancel_frees_and_sigterm_drains(start_pipeline):
@@ -166,7 +171,8 @@ def test_a_clients_tokens_of_one_micro_batch_arrive_in_one_frame(shared_pipeline
         sock.connect(shared_pipeline.head)
         prompts = {f"r{i}": [3 + i, 9, 27] for i in range(6)}
         for request_id, prompt in prompts.items():
-            sock.send_multipart(codec.encode({"type": "submit", "request_id": request_id, "prompt": prompt, "max_tokens": 6}))
+            sock.send_multipart(codec.encode({"type": "submit", "request_id": request_id, "prompt": prompt,
+                                              "max_tokens": 6}))
         frames, streams = [], {request_id: [] for request_id in prompts}
         while sum(len(tokens) for tokens in streams.values()) < 6 * 6:
             header = codec.decode(sock.recv_multipart()).header
@@ -174,7 +180,8 @@ def test_a_clients_tokens_of_one_micro_batch_arrive_in_one_frame(shared_pipeline
                 frames.append(header)
                 for request_id, token_id, _ in header["items"]:
                     streams[request_id].append(token_id)
-        assert streams == {request_id: reference(tiny_model, prompt, 6) for request_id, prompt in prompts.items()}
+        assert streams == {request_id: reference(tiny_model, prompt, 6)
+                           for request_id, prompt in prompts.items()}
         assert len(frames) < 6 * 6 and max(len(f["items"]) for f in frames) >= 2
         assert [f["items"][-1][2] for f in frames][-1] == "length"
     finally:
@@ -191,7 +198,8 @@ def test_a_bad_spec_prints_an_error_event_and_exits_nonzero(tmp_path):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"pipeline_id": "p0", "bits": 3}))
     done = subprocess.run(
-        [sys.executable, "-m", "worker_runtime.serve", "--spec", str(spec)], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60
+        [sys.executable, "-m", "worker_runtime.serve", "--spec", str(spec)], capture_output=True, text=True,
+        cwd=REPO_ROOT, timeout=60
     )
     assert done.returncode == 1
     event = json.loads(done.stdout.strip().splitlines()[-1])

@@ -9,7 +9,8 @@ from contracts.sampling import SamplingParams
 from worker_runtime.scheduler import KVLedger, Request, Scheduler
 
 
-def scheduler(capacities=(256, 128), block=16, micro_batches=2, max_queue=4, max_batch_tokens=64) -> Scheduler:
+def scheduler(capacities=(256, 128), block=16, micro_batches=2, max_queue=4,
+              max_batch_tokens=64) -> Scheduler:
     ledger = KVLedger()
     for stage, capacity in enumerate(capacities):
         ledger.set_stage(stage, capacity, block)

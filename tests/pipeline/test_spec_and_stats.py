@@ -23,7 +23,9 @@ BASE = {
 
 
 def test_a_valid_spec_round_trips():
-    spec = StageSpec.from_dict({**BASE, "emulation": {"memory_bandwidth_gbs": 300, "fp16_tflops": 65, "time_scale": 20}})
+    spec = StageSpec.from_dict({**BASE,
+                                "emulation": {"memory_bandwidth_gbs": 300, "fp16_tflops": 65,
+                                              "time_scale": 20}})
     assert spec.is_head and not spec.is_last and spec.emulation.time_scale == 20
     assert StageSpec.from_dict(spec.to_json()) == spec
     mixed = StageSpec.from_dict({**BASE, "low_bits": 4, "low_from": 2})

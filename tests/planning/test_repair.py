@@ -10,15 +10,15 @@ import pytest
 
 from controlplane.planning import (
     PlanningError,
-    check,
     PlanRequest,
     Workload,
+    check,
     least_change_plan,
     plan,
     plan_from_dict,
     plan_to_dict,
 )
-from controlplane.planning.repair import repaired_plan, layers_reloaded
+from controlplane.planning.repair import layers_reloaded, repaired_plan
 from tests.planning.factories import fleet, profile
 
 LAYOUT = {"a": ["A100", "3090"], "b": ["3090"], "c": ["3090"]}

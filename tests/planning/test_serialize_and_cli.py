@@ -10,8 +10,16 @@ from pathlib import Path
 import pytest
 
 from contracts.precision import Precision
-from controlplane.planning import (Placement, PlanRequest, Workload, plan, plan_from_dict, plan_to_dict,
-                                   replica_placements, stored_plan)
+from controlplane.planning import (
+    Placement,
+    PlanRequest,
+    Workload,
+    plan,
+    plan_from_dict,
+    plan_to_dict,
+    replica_placements,
+    stored_plan,
+)
 from tests.planning.factories import fleet, profile
 
 ROOT = Path(__file__).resolve().parents[2]

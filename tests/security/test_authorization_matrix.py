@@ -20,7 +20,6 @@ from tests.security.principals import NAMES, principals_create
 from tests.security.routes import UNSAFE, http_routes, websocket_routes
 
 
-
 def row(anonymous, plain, operator, admin, api_key, node, other_node=None, revoked_node=None) -> dict:
     """One route's answers by principal; the two wrong node credentials answer as an anonymous caller."""
     values = (anonymous, plain, operator, admin, api_key, node, other_node or anonymous,

@@ -107,7 +107,8 @@ class Network:
             _run(*node, "ip", "link", "set", "eth0", "up")
             _run(*node, *_tbf("eth0", gbps))
             self.in_switch(*_tbf(port, gbps))
-        _run("ip", "link", "add", self.host_link, "type", "veth", "peer", "name", "host", "netns", self.switch)
+        _run("ip", "link", "add", self.host_link, "type", "veth", "peer", "name", "host", "netns",
+             self.switch)
         self.in_switch("ip", "link", "set", "host", "master", "br0", "up")
         _run("ip", "addr", "add", f"{self.host_address}/24", "dev", self.host_link)
         _run("ip", "link", "set", self.host_link, "up")

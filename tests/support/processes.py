@@ -91,7 +91,8 @@ def database_migrate(env: dict[str, str]) -> None:
     if _migrated is None:
         template = Path(tempfile.mkdtemp(prefix="motley-migrated-"))
         atexit.register(shutil.rmtree, template, True)
-        subprocess.run(manage_argv("migrate", "--noinput", "-v0"), env={**env, "MOTLEY_VAR_DIR": str(template)},
+        subprocess.run(manage_argv("migrate", "--noinput", "-v0"),
+                       env={**env, "MOTLEY_VAR_DIR": str(template)},
                        cwd=REPO_ROOT, check=True)
         _migrated = template / "motley.sqlite3"
     var_dir = Path(env["MOTLEY_VAR_DIR"])

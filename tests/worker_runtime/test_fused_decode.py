@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from transformers import MistralConfig, MistralForCausalLM
 
 from contracts.model_config import ModelConfig
@@ -50,8 +49,8 @@ def assert_same(fused: torch.Tensor, reference: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("bits", [16, 8, 4])
-@pytest.mark.parametrize("variant", ["llama_gqa_llama3", "llama_linear_bias", "llama_dynamic_tied", "qwen2_bias",
-                                     "llama_wide"])
+@pytest.mark.parametrize("variant", ["llama_gqa_llama3", "llama_linear_bias", "llama_dynamic_tied",
+                                     "qwen2_bias", "llama_wide"])
 def test_fused_steps_equal_the_torch_ops(checkpoints, threads, variant, bits):
     path = checkpoints[variant]
     layers = ModelConfig.from_file(path).num_layers

@@ -167,7 +167,8 @@ torch.set_num_threads(2)
 int8_matmul(torch.randn(4, 1000), torch.ones(301, 1000, dtype=torch.int8), torch.ones(301).bfloat16(), None)
 for dtype in (torch.float32, torch.float16, torch.bfloat16):
     dense_matmul(torch.randn(4, 1000), torch.ones(301, 1000, dtype=dtype), None)
-int4_weight, int4_scales = torch.ones(20, 128, 16, dtype=torch.int32), torch.ones(20, 32, 16, dtype=torch.int32)
+int4_weight, int4_scales = (torch.ones(20, 128, 16, dtype=torch.int32),
+                            torch.ones(20, 32, 16, dtype=torch.int32))
 int4_matmul(torch.randn(4, 1024), int4_weight, int4_scales, 32, None)
 mapped = {Path(line.split()[-1]).resolve() for line in Path("/proc/self/maps").read_text().splitlines()}
 print(*sorted({str(p) for p in mapped if p.name.startswith(("libgomp", "libomp", "libiomp"))}))

@@ -18,7 +18,8 @@ def fragile_checkpoint(out, fragile: int | None = 2):
     model = LlamaForCausalLM(config)
     if fragile is not None:
         with torch.no_grad():  # heavy-tailed, larger outputs: a coarse grid for the many small weights
-            for linear in (model.model.layers[fragile].mlp.down_proj, model.model.layers[fragile].self_attn.o_proj):
+            for linear in (model.model.layers[fragile].mlp.down_proj,
+                           model.model.layers[fragile].self_attn.o_proj):
                 linear.weight.mul_(torch.exp(1.5 * torch.randn_like(linear.weight))).mul_(3.0)
     model.save_pretrained(out, safe_serialization=True)
     return out

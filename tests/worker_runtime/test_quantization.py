@@ -154,7 +154,8 @@ def test_memory_report_gives_the_real_bytes_of_each_precision(demo_small):
         # the head: a bf16 scale per 32 weights of a row, the layers one per row
         "int8": layers * sum(n * k + 2 * n for n, k in linears) + vocab * h + 2 * vocab * (h // 32),
     }
-    int4 = layers * sum(n * k // 2 + (k // 32) * n * 4 for n, k in linears) + vocab * h // 2 + (h // 32) * vocab * 4
+    int4 = (layers * sum(n * k // 2 + (k // 32) * n * 4 for n, k in linears)
+            + vocab * h // 2 + (h // 32) * vocab * 4)
     assert reports[4].weight_bytes_by_kind == {"float32": norms + embed, "int4": int4}
 
 

@@ -15,7 +15,8 @@ from controlplane.deployments.models import DeploymentEvent
 
 class DeploymentEventSerializer(serializers.ModelSerializer):
     kind_display = serializers.CharField(source="get_kind_display", read_only=True)
-    deployment_name = serializers.CharField(source="deployment.name", read_only=True, default=None, allow_null=True)
+    deployment_name = serializers.CharField(source="deployment.name", read_only=True, default=None,
+                                            allow_null=True)
 
     class Meta:
         model = DeploymentEvent

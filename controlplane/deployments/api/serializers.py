@@ -101,7 +101,8 @@ class DeploymentCreateSerializer(PlanInputSerializer):
     name = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
     model = serializers.PrimaryKeyRelatedField(queryset=LlmModel.objects.all(), required=False)
     replan_on_failure = serializers.BooleanField(default=True)
-    routing_strategy = serializers.ChoiceField(choices=ROUTING_STRATEGY_CHOICES, default=DEFAULT_ROUTING_STRATEGY)
+    routing_strategy = serializers.ChoiceField(choices=ROUTING_STRATEGY_CHOICES,
+                                               default=DEFAULT_ROUTING_STRATEGY)
 
     def validate(self, attrs):
         attrs = super().validate(attrs)

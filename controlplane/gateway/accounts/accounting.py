@@ -82,7 +82,8 @@ def _admit_sync(api_key: ApiKey, model: str, prompt_tokens: int, max_tokens: int
         raise
 
 
-async def request_admit(*, api_key: ApiKey, model: str, prompt_tokens: int, max_tokens: int) -> RequestAccount:
+async def request_admit(*, api_key: ApiKey, model: str, prompt_tokens: int,
+                        max_tokens: int) -> RequestAccount:
     """Admit the request under the gateway's limits (limits.py: max_tokens, requests in flight per key)
     and its key's (or raise their 400 or 429; a refusal by the key's own limits is counted in usage)."""
     limits.max_tokens_check(max_tokens)

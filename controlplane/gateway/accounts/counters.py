@@ -96,7 +96,8 @@ class CounterStore:
             return Outcome(True)
         if isinstance(self.cache, RedisCache):
             keys = [self.cache.make_and_validate_key(c.key) for c in checks]
-            args = [x for c in checks for x in (c.delta, -1 if c.limit is None else c.limit, c.ttl_s, int(c.seeded))]
+            args = [x for c in checks for x in (c.delta, -1 if c.limit is None else c.limit, c.ttl_s,
+                                                int(c.seeded))]
             reply = [int(x) for x in self._redis(keys[0]).eval(ADMIT, len(keys), *keys, *args)]
             if reply[0] == 0:
                 return Outcome(True, tuple(reply[1:]))

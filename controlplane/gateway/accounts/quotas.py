@@ -46,7 +46,8 @@ class Admission:
 
     at: float
     reserved_tokens: int = 0
-    token_counters: tuple[tuple[str, int], ...] = field(default=())  # (cache key, ttl_s) holding the reservation
+    # (cache key, ttl_s) holding the reservation
+    token_counters: tuple[tuple[str, int], ...] = field(default=())
 
 
 def key_label(api_key: ApiKey) -> str:
@@ -160,8 +161,8 @@ def _refusal(
     if need > budget:
         head = f"This request alone needs up to {need} tokens, more than"
     else:
-        head = f"{current} tokens are used or reserved by requests in flight and this request needs up to {need} " \
-               "(prompt + max_tokens): that passes"
+        head = f"{current} tokens are used or reserved by requests in flight and this request needs up to " \
+               f"{need} (prompt + max_tokens): that passes"
     return quota_exhausted(
         f"Token budget exhausted: {head} the budget of {budget} tokens per {period} of key {label}; it "
         f"resets at {period_end:%Y-%m-%dT%H:%M:%SZ}.",

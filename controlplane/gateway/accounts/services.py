@@ -30,7 +30,8 @@ def api_key_create(
     ``limits``: any of ``LIMIT_FIELDS`` (validated as ``api_key_set_limits`` does). Audited:
     ``api_key.created`` by ``actor`` (the key's prefix, never the key, and its limits if any)."""
     raw_key = KEY_PREFIX + secrets.token_urlsafe(32)
-    api_key = ApiKey(user=user, name=name, prefix=raw_key[: len(KEY_PREFIX) + 6], key_hash=api_key_hash(raw_key))
+    api_key = ApiKey(user=user, name=name, prefix=raw_key[: len(KEY_PREFIX) + 6],
+                     key_hash=api_key_hash(raw_key))
     _apply_limits(api_key, limits or {})
     api_key.save()
     detail = {"user": user.get_username(), "name": name, "prefix": api_key.prefix}

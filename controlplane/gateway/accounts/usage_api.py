@@ -58,8 +58,8 @@ class UsageQuery(serializers.Serializer):
         points = (until - since).total_seconds() / BUCKET_S[attrs["bucket"]]
         if points > MAX_POINTS:
             raise serializers.ValidationError(
-                {"bucket": f"{points:.0f} {attrs['bucket']} buckets from since to until; at most {MAX_POINTS}: "
-                           "choose a larger bucket or a shorter span"})
+                {"bucket": f"{points:.0f} {attrs['bucket']} buckets from since to until; at most "
+                           f"{MAX_POINTS}: choose a larger bucket or a shorter span"})
         return {**attrs, "since": since, "until": until}
 
 
@@ -77,7 +77,8 @@ class UsageCSVRenderer(BaseRenderer):
         writer.writerow(["bucket_start", data.get("group_by", "group"), "id", *(["user"] if key_rows else []),
                          *COUNTS[:3], "total_tokens", *COUNTS[3:]])
         for row in data.get("series", []):
-            writer.writerow([row["bucket_start"], row["group"], row["id"], *([row["user"]] if key_rows else []),
+            writer.writerow([row["bucket_start"], row["group"], row["id"],
+                             *([row["user"]] if key_rows else []),
                              *(row[name] for name in COUNTS[:3]), row["total_tokens"],
                              *(row[name] for name in COUNTS[3:])])
         return out.getvalue().encode()
@@ -88,9 +89,11 @@ class UsageView(APIView):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("group_by", str, enum=list(GROUPS), description="Rows per key (default), user or model."),
+            OpenApiParameter("group_by", str, enum=list(GROUPS),
+                             description="Rows per key (default), user or model."),
             OpenApiParameter("bucket", str, enum=list(BUCKETS), description="Series bucket (default hour)."),
-            OpenApiParameter("since", OpenApiTypes.DATETIME, description="Default: until minus 1 h / 1 day / 30 days."),
+            OpenApiParameter("since", OpenApiTypes.DATETIME,
+                             description="Default: until minus 1 h / 1 day / 30 days."),
             OpenApiParameter("until", OpenApiTypes.DATETIME, description="Default: now."),
             OpenApiParameter("key", int, description="One API key (id)."),
             OpenApiParameter("user", str, description="Staff: one user's keys (username)."),

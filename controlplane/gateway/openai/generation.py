@@ -128,7 +128,8 @@ class Generation:
             while True:
                 replica = self.decision.replica
                 events = self.route.clients[replica.replica_id].submit(
-                    self.prompt_ids + self.generated, params, max_tokens=self.max_tokens - len(self.generated),
+                    self.prompt_ids + self.generated, params,
+                    max_tokens=self.max_tokens - len(self.generated),
                     stop_token_ids=tokenizer.eos_token_ids, request_id=self.request_id,
                     deadline_s=max(self._left(), 0.001),
                 )
@@ -140,7 +141,8 @@ class Generation:
                             except TimeoutError:
                                 raise DeadlineExceeded("the gateway's deadline passed") from None
                             except StopAsyncIteration:  # cancelled on the pipeline's side (a handover)
-                                raise PipelineBroken("the pipeline ended the stream without a finish reason") from None
+                                raise PipelineBroken("the pipeline ended the stream "
+                                                     "without a finish reason") from None
                             if not self.generated:
                                 recorder.first_token(self.request_id, time.monotonic() - self.placed)
                             self.generated.append(event.token_id)
@@ -166,7 +168,8 @@ class Generation:
             raise self._error(exc) from exc
         finally:
             self.decision.replica.finish(self.request_id)
-            recorder.finished(self.request_id, outcome, time.monotonic() - self.placed, self.completion_tokens)
+            recorder.finished(self.request_id, outcome, time.monotonic() - self.placed,
+                              self.completion_tokens)
 
     async def _migrate(self, exc: PipelineBroken | RequestRejected) -> None:
         """Resume the request on another replica (or this one once it serves again), or raise the 503."""
@@ -182,7 +185,8 @@ class Generation:
             ) from exc
         self.migrations += 1
         started = time.monotonic()
-        await self.place(exclude=frozenset({old.replica_id}) if isinstance(exc, RequestRejected) else frozenset())
+        await self.place(
+            exclude=frozenset({old.replica_id}) if isinstance(exc, RequestRejected) else frozenset())
         recorder.migrated(self.request_id, to=self.decision.replica.replica_id, kind=exc.kind,
                           waited_s=round(time.monotonic() - started, 3))
 

@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 
 async def _authenticate(request: HttpRequest) -> ApiKey:
     scheme, _, key = request.headers.get("Authorization", "").partition(" ")
-    api_key = await api_key_active(raw_key=key.strip()) if scheme.lower() == "bearer" and key.strip() else None
+    api_key = (await api_key_active(raw_key=key.strip())
+               if scheme.lower() == "bearer" and key.strip() else None)
     if api_key is None:
         raise invalid_api_key()
     return api_key

@@ -46,7 +46,8 @@ class ReplicaInputs:
     estimated_finish_s: float | None
 
     @classmethod
-    def of(cls, replica: ReplicaState, *, candidate: bool, reason: str, finish: float | None) -> ReplicaInputs:
+    def of(cls, replica: ReplicaState, *, candidate: bool, reason: str,
+           finish: float | None) -> ReplicaInputs:
         h = replica.health
         return cls(
             replica.replica_id, h.ok, candidate, reason, round(h.slowdown, 4), h.throttle, h.memory_pressure,

@@ -141,7 +141,8 @@ def replica_reading(
         elif stage.state is not None and stage.state not in SERVING_STATES:
             problems.append(f"stage {link.stage_key} is {stage.state}")
         if stage is not None:
-            stage_rows.append({"stage_key": link.stage_key, "device": link.device, "age_s": round(stage.age_s, 2),
+            stage_rows.append({"stage_key": link.stage_key, "device": link.device,
+                               "age_s": round(stage.age_s, 2),
                                "state": stage.state, "step_ms": stage.step_ms, "batch_size": stage.batch_size,
                                "queue_depth": stage.queue_depth, "kv_tokens_free": stage.kv_tokens_free})
         throttle = 0.0
@@ -154,7 +155,8 @@ def replica_reading(
                 device_rows[link.device] = {
                     "device": link.device, "age_s": round(device.age_s, 2), "throttle": round(throttle, 3),
                     "throttle_reasons": list(device.throttle_reasons), "sm_clock_mhz": device.sm_clock_mhz,
-                    "sm_clock_max_mhz": device.sm_clock_max_mhz, "memory_pressure": round(device.memory_pressure, 3),
+                    "sm_clock_max_mhz": device.sm_clock_max_mhz,
+                    "memory_pressure": round(device.memory_pressure, 3),
                 }
         throttles.append(throttle)
         measured.append(stage.step_ms if stage is not None and stage.stepping else None)
@@ -220,7 +222,8 @@ class MeasuredCosts:
         fresh = [f for at, f in self._samples.get(replica_id, ()) if now - at <= self.max_age_s]
         return (median(fresh) if len(fresh) >= self.min_samples else None), len(fresh)
 
-    def costs(self, replica_id: str, planned: ReplicaCosts, *, now: float) -> tuple[ReplicaCosts, float | None]:
+    def costs(self, replica_id: str, planned: ReplicaCosts, *,
+              now: float) -> tuple[ReplicaCosts, float | None]:
         """The costs to route with and the factor applied (None: the planned costs as they are)."""
         if self._planned.get(replica_id) != planned:
             return planned, None

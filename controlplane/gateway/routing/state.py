@@ -125,7 +125,8 @@ class ReplicaState:
 
     def estimate_finish(self, request: RequestShape) -> float:
         running = [(r.prompt + r.generated, r.decode_left) for r in self._in_flight.values()]
-        return time_to_finish(self.costs, request, self._queued_ahead(request), running) * self.health.slowdown
+        return (time_to_finish(self.costs, request, self._queued_ahead(request), running)
+                * self.health.slowdown)
 
     # -- bookkeeping --------------------------------------------------------------------------------
     def start(self, request_id: str, request: RequestShape) -> None:

@@ -39,7 +39,8 @@ STRATEGIES: dict[str, Strategy] = {
     "least_outstanding_tokens": least_outstanding_tokens,
     "round_robin": round_robin,
 }
-if tuple(sorted(STRATEGIES)) != tuple(sorted(ROUTING_STRATEGIES)):  # a name a deployment can store, unrunnable
+# a name a deployment can store, unrunnable
+if tuple(sorted(STRATEGIES)) != tuple(sorted(ROUTING_STRATEGIES)):
     raise ImportError(f"router strategies {sorted(STRATEGIES)} differ from contracts.routing's "
                       f"{sorted(ROUTING_STRATEGIES)}")
 CAPACITY_AWARE = frozenset({"cost_aware"})

@@ -51,12 +51,14 @@ async def model_unserved(name: str) -> OpenAIError:
 
 def _refusal(rejection: Rejection) -> Refused:
     if rejection.reason == "too_large":
-        return Refused(rejection, bad_request(rejection.message, param="max_tokens", code="context_length_exceeded"))
+        return Refused(rejection,
+                       bad_request(rejection.message, param="max_tokens", code="context_length_exceeded"))
     maker = saturated if rejection.reason == "saturated" else unavailable_error
     return Refused(rejection, maker(rejection.message))
 
 
-def _route(route: ModelRoute, shape: RequestShape, *, until: float, exclude: frozenset[str]) -> Decision | Rejection:
+def _route(route: ModelRoute, shape: RequestShape, *, until: float,
+           exclude: frozenset[str]) -> Decision | Rejection:
     return route.router.route(shape, deadline_s=max(until - time.monotonic(), 0.0), exclude=exclude)
 
 
@@ -97,7 +99,8 @@ async def replica_admit(
         queue.refused_full()
         message = (f"{len(queue)} requests of model {name!r} already wait for a replica (the limit, "
                    f"MAX_WAITING): {_why(route, outcome)}")
-        raise Refused(Rejection("unavailable", message), unavailable_error(message, retry_after_s=retry_after))
+        raise Refused(Rejection("unavailable", message),
+                      unavailable_error(message, retry_after_s=retry_after))
     until = min(time.monotonic() + float(gateway_setting("WAIT_S")), deadline_at)
     waiter = queue.join(front=resuming)
     g.hurry()

@@ -21,7 +21,8 @@ from controlplane.observability import serving
 RECENT = 500
 ERROR_WINDOW_S = 60.0  # the error rate counts the outcomes of the last minute
 ERROR_MIN_REQUESTS = 5  # ... over at least this many requests (one failure alone is 20%, not 100%)
-REPLICA_ERRORS = frozenset({"failed:broken", "failed:failed"})  # the replica's fault (not 429s, 504s, cancels)
+# the replica's fault (not 429s, 504s, cancels)
+REPLICA_ERRORS = frozenset({"failed:broken", "failed:failed"})
 
 
 @dataclass
@@ -93,7 +94,8 @@ class RouterRecorder:
         self.totals[(record.model, old, "migrated")] += 1
         self._outcomes.setdefault(old, deque(maxlen=RECENT)).append((time.monotonic(), kind == "broken"))
         serving.request_migrated(model=record.model, replica=old, to=to, started=record.queue_s is not None)
-        record.replica, record.migrations, record.waited_s = to, record.migrations + 1, record.waited_s + waited_s
+        record.replica, record.migrations, record.waited_s = (
+            to, record.migrations + 1, record.waited_s + waited_s)
         record.replicas.append(to)
 
     def error_rate(self, replica: str, *, now: float | None = None) -> float:

@@ -92,7 +92,8 @@ def served_models_from_deployments() -> list[ServedModel]:
                 continue
             kv, costs, step_ms = _planned(plan, endpoint.slot)
             stages = tuple(
-                StageLink(s.stage_key, s.device, step_ms[s.stage_index] if s.stage_index < len(step_ms) else None)
+                StageLink(s.stage_key, s.device,
+                          step_ms[s.stage_index] if s.stage_index < len(step_ms) else None)
                 for s in endpoint.stages
             )
             replicas.append(ReplicaEndpoint(

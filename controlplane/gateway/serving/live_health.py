@@ -77,7 +77,8 @@ def telemetry_view(*, now: float | None = None) -> TelemetryView:
     now = time.time() if now is None else now
     devices = {
         name: DeviceSample(
-            name, latest.age_s(now), int(d.get("memory_used_bytes") or 0), int(d.get("memory_total_bytes") or 0),
+            name, latest.age_s(now), int(d.get("memory_used_bytes") or 0),
+            int(d.get("memory_total_bytes") or 0),
             _number(d.get("sm_clock_mhz")), _number(d.get("sm_clock_max_mhz")),
             tuple(d.get("throttle_reasons") or ()),
         )

@@ -36,7 +36,8 @@ from contracts.pipeline_errors import (
 from contracts.pipeline_frames import EnvelopeCodec, FrameError
 from contracts.sampling import SamplingParams
 
-__all__ = ["DeadlineExceeded", "PipelineBroken", "PipelineClient", "PipelineError", "RequestRejected", "TokenEvent"]
+__all__ = ["DeadlineExceeded", "PipelineBroken", "PipelineClient", "PipelineError", "RequestRejected",
+           "TokenEvent"]
 log = logging.getLogger(__name__)
 
 
@@ -191,7 +192,8 @@ class PipelineClient:
             await self._send({"type": kind, "call_id": call_id, **fields})
             return await asyncio.wait_for(future, self.timeout_s)
         except asyncio.TimeoutError:
-            raise PipelineBroken(f"the head at {self.head_address} did not answer {kind!r} within {self.timeout_s} s") from None
+            raise PipelineBroken(f"the head at {self.head_address} did not answer {kind!r} within "
+                                 f"{self.timeout_s} s") from None
         finally:
             self._calls.pop(call_id, None)
 

