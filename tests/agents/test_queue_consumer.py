@@ -29,6 +29,8 @@ from tests.agents.helpers import (
 )
 from tests.support.processes import filesystem_broker_options, redis_up, redis_url
 
+pytestmark = pytest.mark.slow  # real agent consumers on real brokers
+
 REDIS_URL = redis_url(7)
 
 

@@ -17,7 +17,7 @@ from tests.pipeline.conftest import launcher, make_tiny_llama
 from tests.pipeline.harness import TOKEN, wait_healthy
 from tests.pipeline.test_pipeline import SLOW, collect
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # real stage processes
 PEER_TIMEOUT_S = 5.0  # a drain (or noticing a silent stage) would take this long
 
 

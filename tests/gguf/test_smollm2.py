@@ -29,6 +29,8 @@ from worker_runtime import Batch, SamplingParams, Stage, generate, run_stages
 
 from .conftest import DECODE_STEPS
 
+pytestmark = pytest.mark.slow  # converts and runs the real SmolLM2 checkpoint
+
 TOLERANCE = 1e-4
 OWN_KERNELS_TOLERANCE = 3e-4
 LAYERS = 30

@@ -15,7 +15,7 @@ from controlplane.gateway.serving.pipeline_client import PipelineClient
 from .harness import TOKEN, wait_healthy
 from .test_pipeline import SLOW, collect, reference
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # real stage processes
 PEER_TIMEOUT_S = 1.0
 
 

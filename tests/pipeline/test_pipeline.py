@@ -20,7 +20,7 @@ from worker_runtime.stage import Stage
 
 from .harness import TOKEN, wait_healthy
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # real stage processes
 
 
 def reference(model, prompt: list[int], max_tokens: int,

@@ -15,7 +15,7 @@ from tests.pipeline.harness import TOKEN, wait_healthy
 from tests.pipeline.test_pipeline import collect
 from tests.support.processes import free_port
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # real stage processes
 PROMPT = [5, 17, 42, 9, 101]
 
 
