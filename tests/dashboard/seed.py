@@ -24,7 +24,7 @@ def running_deployment_create(*, model, name: str = "chat"):
     from django.utils import timezone
 
     from controlplane.deployments.events import event_record
-    from controlplane.deployments.models import Deployment, DeploymentReplica, DeploymentStage, PlanRevision
+    from controlplane.deployments.models import Deployment, DeploymentPipeline, DeploymentStage, PlanRevision
     from controlplane.inventory.models import Device
     from controlplane.planning import plan, plan_to_dict
     from controlplane.plans.selectors import plan_request_from_inventory
@@ -40,7 +40,7 @@ def running_deployment_create(*, model, name: str = "chat"):
     devices = {d.name: d for d in Device.objects.select_related("node")}
     port = 5600
     for r, replica in enumerate(planned["replicas"]):
-        DeploymentReplica.objects.create(deployment=deployment, index=r, slot=r, auth_token=f"token-{r}")
+        DeploymentPipeline.objects.create(deployment=deployment, index=r, slot=r, auth_token=f"token-{r}")
         for s, stage in enumerate(replica["stages"]):
             device = devices[stage["device"]]
             port += 1

@@ -11,7 +11,7 @@ from agents.memory_budget import spec_footprint
 from contracts.model_profile import ModelProfile
 from contracts.stage_spec import StageSpec
 from controlplane.deployments.liveness import node_agent_restarted
-from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentReplica
+from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentPipeline
 from controlplane.deployments.node_actions import node_drain
 from controlplane.deployments.reconcile import deployment_reconcile
 from controlplane.deployments.revisions import plan_revision_create
@@ -40,7 +40,7 @@ def sent_keys(sent, name: str) -> list[str]:
 
 
 def phases(deployment) -> dict[int, tuple[int, str]]:
-    return {r.index: (r.slot, r.phase) for r in DeploymentReplica.objects.filter(deployment=deployment)}
+    return {r.index: (r.slot, r.phase) for r in DeploymentPipeline.objects.filter(deployment=deployment)}
 
 
 def heads(deployment) -> list[tuple[str, int, bool, bool]]:
@@ -105,7 +105,7 @@ def test_a_boundary_move_with_room_starts_beside_switches_then_stops_the_head_fi
     assert sent.take() == []  # the window is not over
 
     # Window over: the head alone is stopped (it finishes its in-flight requests), the rest later.
-    DeploymentReplica.objects.filter(deployment=deployment, index=0).update(
+    DeploymentPipeline.objects.filter(deployment=deployment, index=0).update(
         switched_at=deployment.replicas.get(index=0).switched_at - timedelta(seconds=60))
     sent.later.clear()
     deployment_reconcile(deployment_id=d)
@@ -140,10 +140,10 @@ def test_the_drain_bound_stops_the_rest_when_the_head_does_not_exit(nodes, llm, 
     report_all(deployment, 1, "ready", 200)
     deployment_reconcile(deployment_id=deployment.pk)
     long_ago = deployment.replicas.get(index=0).switched_at - timedelta(seconds=60)
-    DeploymentReplica.objects.filter(deployment=deployment, index=0).update(switched_at=long_ago)
+    DeploymentPipeline.objects.filter(deployment=deployment, index=0).update(switched_at=long_ago)
     deployment_reconcile(deployment_id=deployment.pk)
     sent.take()
-    DeploymentReplica.objects.filter(deployment=deployment, index=0).update(head_stopped_at=long_ago)
+    DeploymentPipeline.objects.filter(deployment=deployment, index=0).update(head_stopped_at=long_ago)
     deployment_reconcile(deployment_id=deployment.pk)
     assert sent_keys(sent, STOP) == [f"d{deployment.pk}-r0-s1", f"d{deployment.pk}-r0-s2"]
     drained = DeploymentEvent.objects.get(deployment=deployment, kind="handover_drained")

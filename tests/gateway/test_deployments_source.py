@@ -128,10 +128,10 @@ def test_a_replica_being_handed_over_stays_listed_but_unroutable_with_its_slots_
 def test_a_pipeline_handed_over_beside_names_the_one_that_serves_its_slot_now(deployment):
     """Its successor: the gateway routes to it until it has heard that one's head say ok (live_health).
     An incoming pipeline or one reloading in place names none."""
-    from controlplane.deployments.models import DeploymentReplica
+    from controlplane.deployments.models import DeploymentPipeline
 
     old, new = deployment.replicas.order_by("index")[:2]
-    old.phase = DeploymentReplica.Phase.OUTGOING
+    old.phase = DeploymentPipeline.Phase.OUTGOING
     old.save(update_fields=["phase"])
     new.slot = old.slot
     new.save(update_fields=["slot"])
@@ -140,7 +140,7 @@ def test_a_pipeline_handed_over_beside_names_the_one_that_serves_its_slot_now(de
     assert by_id[old.pipeline_id].successor == new.pipeline_id and not by_id[old.pipeline_id].health.ok
     assert by_id[new.pipeline_id].successor is None and by_id[new.pipeline_id].health.ok
 
-    old.phase = DeploymentReplica.Phase.RELOADING
+    old.phase = DeploymentPipeline.Phase.RELOADING
     old.save(update_fields=["phase"])
     (served,) = served_models_from_deployments()
     assert all(r.successor is None for r in served.replicas)

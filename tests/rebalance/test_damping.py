@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from controlplane.audit.models import AuditEntry
-from controlplane.deployments.models import Deployment, DeploymentReplica, DeploymentStage, PlanRevision
+from controlplane.deployments.models import Deployment, DeploymentPipeline, DeploymentStage, PlanRevision
 from controlplane.rebalance.models import RebalanceProposal, RebalanceState
 from controlplane.rebalance.selectors import deployment_ids_to_evaluate
 from controlplane.rebalance.services import rebalance_evaluate
@@ -70,7 +70,7 @@ def test_nothing_while_a_change_is_in_flight(deployment, t0, in_flight):
         Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.DEPLOYING)
         assert deployment.pk not in deployment_ids_to_evaluate()
     elif in_flight == "handover":  # READY, a slot's old pipeline still finishing its requests
-        deployment.replicas.filter(index=0).update(phase=DeploymentReplica.Phase.OUTGOING)
+        deployment.replicas.filter(index=0).update(phase=DeploymentPipeline.Phase.OUTGOING)
     else:  # a stage of the previous plan not yet confirmed stopped
         stage = deployment.stages.first()
         DeploymentStage.objects.create(
