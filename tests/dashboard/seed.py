@@ -40,7 +40,8 @@ def running_deployment_create(*, model, name: str = "chat"):
     devices = {d.name: d for d in Device.objects.select_related("node")}
     port = 5600
     for r, replica in enumerate(planned["replicas"]):
-        DeploymentPipeline.objects.create(deployment=deployment, index=r, slot=r, auth_token=f"token-{r}")
+        DeploymentPipeline.objects.create(deployment=deployment, index=r, plan_replica=r,
+                                          auth_token=f"token-{r}")
         for s, stage in enumerate(replica["stages"]):
             device = devices[stage["device"]]
             port += 1
@@ -48,7 +49,7 @@ def running_deployment_create(*, model, name: str = "chat"):
                     "listen": f"tcp://127.0.0.1:{port}", "kv_tokens": stage["kv_tokens"],
                     "batch": REQUEST["batch"]}
             DeploymentStage.objects.create(
-                deployment=deployment, replica=r, stage_index=s, node=device.node, device=device, port=port,
+                deployment=deployment, pipeline=r, stage_index=s, node=device.node, device=device, port=port,
                 spec=spec, sent_spec=spec, state=DeploymentStage.State.READY,
             )
     # The events the controller records on the way (deployments/events.py).
@@ -91,7 +92,7 @@ def lab_with_deployment(*, cordoned: tuple[str, ...] = ()) -> dict:
     operator = get_user_model().objects.create_user(username=OPERATOR[0], password=OPERATOR[1])
     operator.groups.add(Group.objects.get_or_create(name=OPERATORS_GROUP)[0])
     stages = [{"stage_key": s.stage_key, "node": s.node.name, "deployment_id": deployment.pk,
-               "replica": s.replica,
+               "replica": s.pipeline,
                "stage_index": s.stage_index} for s in deployment.stages.select_related("node")]
     return {"agents": agents, "deployment_id": deployment.pk, "stages": stages}
 

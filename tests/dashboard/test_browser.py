@@ -87,7 +87,7 @@ def test_topology_shows_the_emulated_fleet_the_deployment_and_live_colours(page,
     stages = page.locator("g.stage")
     assert stages.count() == len(server.seed["stages"])
     assert page.locator("g.stage.bottleneck").count() >= 1
-    assert page.locator("path.pipeline-arrow").count() == len(server.seed["stages"]) - _replicas(server)
+    assert page.locator("path.pipeline-arrow").count() == len(server.seed["stages"]) - _pipelines(server)
     page.wait_for_selector("#live-status[data-state=live]")
     page.wait_for_function("document.querySelectorAll('g.gpu[data-value]').length === 13")  # coloured live
     page.wait_for_function(
@@ -179,5 +179,5 @@ def test_invalid_edit_shows_the_error_a_valid_one_is_applied_and_rebalance_propo
     page.keyboard.press("Escape")
 
 
-def _replicas(server) -> int:
-    return len({s["replica"] for s in server.seed["stages"]})
+def _pipelines(server) -> int:
+    return len({s["replica"] for s in server.seed["stages"]})  # StageStatus.replica: the pipeline index
