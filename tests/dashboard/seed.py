@@ -49,8 +49,8 @@ def running_deployment_create(*, model, name: str = "chat"):
                     "listen": f"tcp://127.0.0.1:{port}", "kv_tokens": stage["kv_tokens"],
                     "batch": REQUEST["batch"]}
             DeploymentStage.objects.create(
-                deployment=deployment, pipeline=r, stage_index=s, node=device.node, device=device, port=port,
-                spec=spec, sent_spec=spec, state=DeploymentStage.State.READY,
+                deployment=deployment, pipeline=r, plan_replica=r, stage_index=s, node=device.node,
+                device=device, port=port, spec=spec, sent_spec=spec, state=DeploymentStage.State.READY,
             )
     # The events the controller records on the way (deployments/events.py).
     event_record(kind="applied", deployment=deployment, message="plan revision 1 applied (planner)",

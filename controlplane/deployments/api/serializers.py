@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema_serializer
+from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from contracts.routing import DEFAULT_ROUTING_STRATEGY
@@ -74,7 +74,8 @@ class DeploymentSerializer(serializers.ModelSerializer):
     url = serializers.HyperlinkedIdentityField(view_name="deployment-detail")
     model_name = serializers.CharField(source="model.name", read_only=True)
     revision_number = serializers.IntegerField(source="revision.number", read_only=True, default=None)
-    stages = serializers.SerializerMethodField()
+    stages = serializers.SerializerMethodField(
+        help_text="Wanted stages first; stages still being stopped after a move follow.")
     pipelines = PipelineSerializer(many=True, read_only=True)
 
     class Meta:
@@ -85,6 +86,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "pipelines", "created", "last_updated",
         ]
 
+    @extend_schema_field(StageSerializer(many=True))
     def get_stages(self, deployment: Deployment) -> list[dict]:
         """Wanted stages first; stages still being stopped after a move follow."""
         return StageSerializer(deployment.stages.all(), many=True).data
