@@ -22,7 +22,7 @@ _PIPELINE_ID = re.compile(r"^d(\d+)-r(\d+)$")
 
 class StageKey(NamedTuple):
     deployment_id: int
-    replica: int
+    pipeline: int  # the physical pipeline's index (controlplane DeploymentStage.pipeline)
     stage_index: int
 
 
@@ -36,20 +36,20 @@ def node_of_device(name: str) -> str:
     return name.split("/", 1)[0]
 
 
-def pipeline_id(deployment_id: int, replica: int) -> str:
-    """One replica's pipeline, "d<deployment>-r<replica>": its stages' frames carry it."""
-    return f"d{deployment_id}-r{replica}"
+def pipeline_id(deployment_id: int, pipeline: int) -> str:
+    """One physical pipeline, "d<deployment>-r<pipeline>": its stages' frames carry it."""
+    return f"d{deployment_id}-r{pipeline}"
 
 
 def parse_pipeline_id(text: str) -> tuple[int, int] | None:
-    """(deployment_id, replica) of a pipeline id, or None when it is not one."""
+    """(deployment_id, pipeline index) of a pipeline id, or None when it is not one."""
     match = _PIPELINE_ID.match(text)
     return (int(match[1]), int(match[2])) if match else None
 
 
-def stage_key(deployment_id: int, replica: int, stage_index: int) -> str:
-    """One stage process, "d<deployment>-r<replica>-s<stage>": how the controller and agents name it."""
-    return f"{pipeline_id(deployment_id, replica)}-s{stage_index}"
+def stage_key(deployment_id: int, pipeline: int, stage_index: int) -> str:
+    """One stage process, "d<deployment>-r<pipeline>-s<stage>": how the controller and agents name it."""
+    return f"{pipeline_id(deployment_id, pipeline)}-s{stage_index}"
 
 
 def parse_stage_key(text: str) -> StageKey | None:

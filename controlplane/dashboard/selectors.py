@@ -100,7 +100,7 @@ def deployment_overview(*, events: int = 0, calibration: bool = False) -> list[d
     prefetches = [
         Prefetch("revisions", queryset=PlanRevision.objects.order_by("-number", "-created")),
         Prefetch("stages", queryset=DeploymentStage.objects.select_related("node", "device__node")
-                 .order_by("replica", "stage_index", "-wanted")),
+                 .order_by("pipeline", "stage_index", "-wanted")),
     ]
     if events:
         newest = DeploymentEvent.objects.order_by("-at", "-id")[:events]
@@ -142,8 +142,8 @@ def _deployment(deployment: Deployment, figures: dict[str, dict] | None = None) 
                        "latency_ms": p.predicted.token_latency_ms if p else None,
                        "bottleneck": p.bottleneck.device if p else None} for r, p in revisions],
         "stages": [{
-            "stage_key": s.stage_key, "replica": s.replica, "stage_index": s.stage_index, "wanted": s.wanted,
-            "held": s.held,
+            "stage_key": s.stage_key, "pipeline": s.pipeline, "plan_replica": s.plan_replica,
+            "stage_index": s.stage_index, "wanted": s.wanted, "held": s.held,
             "node": s.node.name, "device": s.device.name if s.device else None,
             "layers": s.spec.get("layers"), "bits": s.spec.get("bits"), "low_bits": s.spec.get("low_bits"),
             "low_from": s.spec.get("low_from"), "state": s.state,
@@ -161,7 +161,7 @@ _FACTOR_SOURCES = {"model": "its GPU model's", "kind": "its kind's", "none": "no
 
 def _calibration_row(stage: DeploymentStage, figures: dict | None) -> dict[str, Any]:
     """A stage's calibration figures as the page shows them (calibration.js draws the same)."""
-    row = {"stage_key": stage.stage_key, "replica": stage.replica, "stage_index": stage.stage_index,
+    row = {"stage_key": stage.stage_key, "pipeline": stage.pipeline, "stage_index": stage.stage_index,
            "device": stage.device.name if stage.device else stage.node.name, **(figures or {})}
     if figures:
         why = f"{figures['samples']} samples" if figures["source"] == "measured" else _FACTOR_SOURCES.get(
@@ -179,7 +179,7 @@ def _replica_count(revision: PlanRevision | None) -> int:
 
 def _predicted_step_ms(predicted_stages: dict[tuple[int, int], StagePlan],
                        stage: DeploymentStage) -> float | None:
-    planned = predicted_stages.get((stage.slot, stage.stage_index))
+    planned = predicted_stages.get((stage.plan_replica, stage.stage_index))
     return planned.step_ms if planned else None
 
 
@@ -187,21 +187,29 @@ _OVERLAY_STAGE_KEYS = ("stage_key", "device", "layers", "bits", "low_bits", "low
 
 
 def deployment_overlay() -> list[dict[str, Any]]:
-    """What the topology lays over the GPUs: each running deployment's replicas, stages in pipeline
-    order, and each replica's bottleneck device (from its desired plan's prediction)."""
+    """What the topology lays over the GPUs: each running deployment's pipelines, stages in pipeline
+    order, and each pipeline's bottleneck device (its plan replica's, from the desired plan's prediction).
+
+    Each pipeline is ``{"pipeline", "plan_replica", "bottleneck_device", "stages"}``. ``replicas`` (the
+    same list) and a pipeline's ``index`` (= ``pipeline``) are deprecated names, kept until a later
+    release (docs/api.md, "Deprecated fields")."""
     overlay = []
     for d in deployment_overview():
         if d["status"] == Deployment.Status.STOPPED:
             continue
-        plan_replicas = {}
+        by_pipeline: dict[int, list[dict[str, Any]]] = {}
         for stage in d["stages"]:
             if stage["wanted"] and stage["device"]:
-                plan_replicas.setdefault(stage["replica"], []).append(stage)
+                by_pipeline.setdefault(stage["pipeline"], []).append(stage)
         bottlenecks = d["replica_bottlenecks"]
-        overlay.append({"id": d["id"], "name": d["name"], "status": d["status"], "replicas": [
-            {"index": r, "bottleneck_device": bottlenecks[r] if r < len(bottlenecks) else None,
-             "stages": [{k: s[k] for k in _OVERLAY_STAGE_KEYS} for s in stages]}
-            for r, stages in sorted(plan_replicas.items())]})
+        pipelines = []
+        for p, stages in sorted(by_pipeline.items()):
+            r = stages[0]["plan_replica"]
+            pipelines.append({"pipeline": p, "plan_replica": r, "index": p,
+                              "bottleneck_device": bottlenecks[r] if r < len(bottlenecks) else None,
+                              "stages": [{k: s[k] for k in _OVERLAY_STAGE_KEYS} for s in stages]})
+        overlay.append({"id": d["id"], "name": d["name"], "status": d["status"], "pipelines": pipelines,
+                        "replicas": pipelines})
     return overlay
 
 

@@ -2,7 +2,7 @@
 
 One writer for ``Deployment.revision`` and the desired half of ``DeploymentStage`` (node, device,
 port, spec), whoever decided the change: an operator's create or apply, a drain, a rebalance, or
-the controller's re-plan after a loss. It decides, per plan slot, how the change is made without
+the controller's re-plan after a loss. It decides, per plan replica, how the change is made without
 taking serving capacity to zero (make before break): a new pipeline beside the old one when it fits
 (``room.py``), else the changed stages reloaded in place, keeping every unchanged stage's row, port
 and spec so that only the stages the change touches restart; ``handover.py`` then takes each
@@ -27,7 +27,7 @@ from controlplane.deployments.events import event_record
 from controlplane.deployments.models import (
     Deployment,
     DeploymentEvent,
-    DeploymentReplica,
+    DeploymentPipeline,
     DeploymentStage,
     PlanRevision,
 )
@@ -44,11 +44,11 @@ _APPLIED_KINDS = {PlanRevision.Source.REPLAN: DeploymentEvent.Kind.REPLANNED,
 def revision_apply(*, deployment: Deployment, checked: CheckedPlan) -> None:
     """Make ``checked`` the deployment's desired state, make before break (handover.py hands over).
 
-    Each plan slot is compared with the pipeline serving it: unchanged, nothing moves; changed, a
+    Each plan replica is compared with the pipeline serving it: unchanged, nothing moves; changed, a
     new pipeline is started beside the old one when its stages fit there (``room.py``), else the
-    old one reloads its changed stages in place. A pipeline of a slot the plan no longer has is
-    drained like a replaced one. A handover already in flight for a slot keeps its new pipeline
-    when it matches this plan, else that pipeline is dropped and the slot is decided again.
+    old one reloads its changed stages in place. A pipeline of a replica the plan no longer has is
+    drained like a replaced one. A handover already in flight for a replica keeps its new pipeline
+    when it matches this plan, else that pipeline is dropped and the replica is decided again.
     """
     revision = checked.revision
     applied = deployment.revisions.filter(status=PlanRevision.Status.APPLIED)
@@ -66,15 +66,15 @@ def revision_apply(*, deployment: Deployment, checked: CheckedPlan) -> None:
                  message=f"plan revision {revision.number} applied ({revision.get_source_display().lower()})",
                  detail={"revision": revision.number, "source": revision.source})
 
-    pipelines = list(deployment.replicas.order_by("index"))
-    for replica in pipelines:
-        if replica.slot >= len(checked.replicas):
-            handover.pipeline_retire(replica=replica, now=revision.applied_at)
-    for slot, stages in enumerate(checked.replicas):
-        _slot_apply(deployment=deployment, checked=checked, slot=slot, stages=stages,
-                    own=[r for r in pipelines if r.slot == slot], now=revision.applied_at)
-    serving = set(deployment.replicas.filter(phase=DeploymentReplica.Phase.SERVING)
-                  .values_list("slot", flat=True))
+    pipelines = list(deployment.pipelines.order_by("index"))
+    for pipeline in pipelines:
+        if pipeline.plan_replica >= len(checked.replicas):
+            handover.pipeline_retire(pipeline=pipeline, now=revision.applied_at)
+    for plan_replica, stages in enumerate(checked.replicas):
+        _replica_apply(deployment=deployment, checked=checked, plan_replica=plan_replica, stages=stages,
+                       own=[p for p in pipelines if p.plan_replica == plan_replica], now=revision.applied_at)
+    serving = set(deployment.pipelines.filter(phase=DeploymentPipeline.Phase.SERVING)
+                  .values_list("plan_replica", flat=True))
     if not serving.issuperset(range(len(checked.replicas))):
         deployment.status = Deployment.Status.DEPLOYING
         deployment.status_message = (f"deploying plan revision {revision.number} "
@@ -86,29 +86,30 @@ def revision_apply(*, deployment: Deployment, checked: CheckedPlan) -> None:
 Stages = list[tuple[Device, StagePlan]]
 
 
-def _slot_apply(
-    *, deployment: Deployment, checked: CheckedPlan, slot: int, stages: Stages, own: list[DeploymentReplica],
-    now: datetime,
+def _replica_apply(
+    *, deployment: Deployment, checked: CheckedPlan, plan_replica: int, stages: Stages,
+    own: list[DeploymentPipeline], now: datetime,
 ) -> None:
-    """Decide one plan slot: nothing, a new pipeline beside the serving one, or a reload in place."""
-    current = next((r for r in own if r.phase in handover.HOLDS_SLOT), None)
-    incoming = [r for r in own if r.phase == DeploymentReplica.Phase.INCOMING]
-    if any(_matches(replica=r, stages=stages, checked=checked) for r in incoming):
+    """Decide one plan replica: nothing, a new pipeline beside the serving one, or a reload in place."""
+    current = next((r for r in own if r.phase in handover.HOLDS_REPLICA), None)
+    incoming = [r for r in own if r.phase == DeploymentPipeline.Phase.INCOMING]
+    if any(_matches(pipeline=r, stages=stages, checked=checked) for r in incoming):
         return  # the handover in flight already goes where this plan wants
-    if current is None and incoming:  # nothing serves the slot yet: change its pipeline where it stands
-        for replica in incoming[1:]:
-            handover.pipeline_abandon(replica=replica)
-        _stages_write(replica=incoming[0], checked=checked, stages=stages)
+    if current is None and incoming:  # nothing serves the replica: change its pipeline where it stands
+        for pipeline in incoming[1:]:
+            handover.pipeline_abandon(pipeline=pipeline)
+        _stages_write(pipeline=incoming[0], checked=checked, stages=stages)
         return
-    for replica in incoming:
-        handover.pipeline_abandon(replica=replica)
-    if current is not None and _matches(replica=current, stages=stages, checked=checked):
+    for pipeline in incoming:
+        handover.pipeline_abandon(pipeline=pipeline)
+    if current is not None and _matches(pipeline=current, stages=stages, checked=checked):
         return  # it runs this plan already, or a prepared handover in flight goes there
-    if current is not None and handover.prepared_abandon(replica=current) and _matches(
-            replica=current, stages=stages, checked=checked):
+    if current is not None and handover.prepared_abandon(pipeline=current) and _matches(
+            pipeline=current, stages=stages, checked=checked):
         return  # the plan is the pipeline as it runs: dropping the prepared change was all
-    if current is None:  # a slot no pipeline serves yet (a new deployment, or one more replica)
-        _pipeline_start(deployment=deployment, checked=checked, slot=slot, stages=stages, now=now)
+    if current is None:  # a replica no pipeline serves yet (a new deployment, or one more replica)
+        _pipeline_start(deployment=deployment, checked=checked, plan_replica=plan_replica, stages=stages,
+                        now=now)
         return
     old = list(current.stages())
     lost = [row.stage_key for row in old if row.lost]
@@ -116,43 +117,45 @@ def _slot_apply(
     shortfalls = [] if lost else room_shortfalls(profile=profile, new=[
         (device, _footprint_spec(stage, device, checked)) for device, stage in stages])
     reason = f"on a lost node: {', '.join(lost)}" if lost else f"no room beside: {'; '.join(shortfalls)}"
-    if shortfalls and not lost and _prepare_beside(replica=current, checked=checked, stages=stages,
+    if shortfalls and not lost and _prepare_beside(pipeline=current, checked=checked, stages=stages,
                                                    profile=profile, reason=reason):
         return
     if lost or shortfalls:
         was = {row.stage_index: row.spec for row in old}
-        rows = _stages_write(replica=current, checked=checked, stages=stages)
+        rows = _stages_write(pipeline=current, checked=checked, stages=stages)
         starting = [row.stage_key for row in rows if row.spec != was.get(row.stage_index)]
-        handover.reload_started(replica=current, starting=starting, reason=reason, now=now)
+        handover.reload_started(pipeline=current, starting=starting, reason=reason, now=now)
     else:
-        new = _pipeline_start(deployment=deployment, checked=checked, slot=slot, stages=stages, now=now)
+        new = _pipeline_start(deployment=deployment, checked=checked, plan_replica=plan_replica,
+                              stages=stages, now=now)
         handover.beside_started(old=current, new=new, old_rows=old)
 
 
-def _matches(*, replica: DeploymentReplica, stages: Stages, checked: CheckedPlan) -> bool:
+def _matches(*, pipeline: DeploymentPipeline, stages: Stages, checked: CheckedPlan) -> bool:
     """The pipeline runs exactly these stages already (same devices, hence same ports, and same specs),
     or will once its prepared handover is released (its held rows and next specs)."""
-    held = {row.stage_index: row for row in replica.held_stages()}
-    rows = [held.get(row.stage_index, row) for row in replica.stages()]
+    held = {row.stage_index: row for row in pipeline.held_stages()}
+    rows = [held.get(row.stage_index, row) for row in pipeline.stages()]
     if [row.device_id for row in rows] != [device.pk for device, _ in stages]:
         return False
     addresses = [_address(row) for row in rows]
     return all(
-        (row.next_spec or row.spec) == _stage_spec(replica=replica, stage=stage, stage_index=i, device=device,
-                                                   addresses=addresses, checked=checked).to_json()
+        (row.next_spec or row.spec) == _stage_spec(pipeline=pipeline, stage=stage, stage_index=i,
+                                                   device=device, addresses=addresses,
+                                                   checked=checked).to_json()
         for i, (row, (device, stage)) in enumerate(zip(rows, stages))
     )
 
 
 def _prepare_beside(
-    *, replica: DeploymentReplica, checked: CheckedPlan, stages: Stages, profile: ModelProfile, reason: str
+    *, pipeline: DeploymentPipeline, checked: CheckedPlan, stages: Stages, profile: ModelProfile, reason: str
 ) -> bool:
     """Start the stages an in-place handover moves to another node beside the serving pipeline, held
     (contracts §1 ``hold``), when each fits on its new card now; the pipeline keeps serving while they
     load, and the handover's pause (``handover.prepared_release``) is only the rewiring. False, with
     nothing written, when the change does not qualify: no stage moves to another node, one does not
     fit beside, the pipeline's length changes, or a stage that stays on its node changes device."""
-    rows = list(replica.stages())
+    rows = list(pipeline.stages())
     if len(rows) != len(stages):
         return False
     moving = [i for i, (device, _) in enumerate(stages) if device.node_id != rows[i].node_id]
@@ -164,10 +167,10 @@ def _prepare_beside(
         return False
     final = list(rows)
     for i in moving:
-        final[i] = _held_row(replica=replica, stage_index=i, device=stages[i][0])
+        final[i] = _held_row(pipeline=pipeline, stage_index=i, device=stages[i][0])
     addresses = [_address(row) for row in final]
     for i, (row, (device, stage)) in enumerate(zip(final, stages)):
-        spec = _stage_spec(replica=replica, stage=stage, stage_index=i, device=device, addresses=addresses,
+        spec = _stage_spec(pipeline=pipeline, stage=stage, stage_index=i, device=device, addresses=addresses,
                            checked=checked).to_json()
         if i in moving:
             row.spec, row.next_spec = {**spec, "hold": True}, spec
@@ -175,60 +178,61 @@ def _prepare_beside(
         elif spec != row.spec:
             row.next_spec = spec
             row.save(update_fields=["next_spec"])
-    handover.prepared_started(replica=replica, held=[final[i] for i in moving],
+    handover.prepared_started(pipeline=pipeline, held=[final[i] for i in moving],
                               changed=[row for row in final if row.next_spec is not None], reason=reason)
     return True
 
 
-def _held_row(*, replica: DeploymentReplica, stage_index: int, device: Device) -> DeploymentStage:
-    """A stage of ``replica`` started on ``device``'s node beside the pipeline (not wanted by it yet)."""
-    replica.deployment.stages.filter(
-        wanted=False, replica=replica.index, stage_index=stage_index, node=device.node
+def _held_row(*, pipeline: DeploymentPipeline, stage_index: int, device: Device) -> DeploymentStage:
+    """A stage of ``pipeline`` started on ``device``'s node beside the pipeline (not wanted by it yet)."""
+    pipeline.deployment.stages.filter(
+        wanted=False, pipeline=pipeline.index, stage_index=stage_index, node=device.node
     ).delete()  # a retired row of the same key on this node: the new start supersedes that process
     return DeploymentStage.objects.create(
-        deployment=replica.deployment, replica=replica.index, slot=replica.slot, stage_index=stage_index,
-        wanted=False, held=True, node=device.node, device=device, port=_free_port(node=device.node), spec={},
+        deployment=pipeline.deployment, pipeline=pipeline.index, plan_replica=pipeline.plan_replica,
+        stage_index=stage_index, wanted=False, held=True, node=device.node, device=device,
+        port=_free_port(node=device.node), spec={},
     )
 
 
 def _pipeline_start(
-    *, deployment: Deployment, checked: CheckedPlan, slot: int, stages: Stages, now: datetime
-) -> DeploymentReplica:
-    """A new physical pipeline for ``slot`` (incoming until its stages are ready), on fresh ports."""
-    taken = set(deployment.replicas.values_list("index", flat=True))
-    taken |= set(deployment.stages.values_list("replica", flat=True))  # stages still stopping keep their keys
+    *, deployment: Deployment, checked: CheckedPlan, plan_replica: int, stages: Stages, now: datetime
+) -> DeploymentPipeline:
+    """A new physical pipeline for ``plan_replica`` (incoming until its stages are ready), on fresh ports."""
+    taken = set(deployment.pipelines.values_list("index", flat=True))
+    taken |= set(deployment.stages.values_list("pipeline", flat=True))  # stopping stages keep their keys
     index = next(i for i in range(len(taken) + 1) if i not in taken)
-    replica = DeploymentReplica.objects.create(
-        deployment=deployment, index=index, slot=slot, auth_token=secrets.token_urlsafe(32),
-        phase=DeploymentReplica.Phase.INCOMING, phase_since=now,
+    pipeline = DeploymentPipeline.objects.create(
+        deployment=deployment, index=index, plan_replica=plan_replica, auth_token=secrets.token_urlsafe(32),
+        phase=DeploymentPipeline.Phase.INCOMING, phase_since=now,
     )
-    _stages_write(replica=replica, checked=checked, stages=stages)
-    return replica
+    _stages_write(pipeline=pipeline, checked=checked, stages=stages)
+    return pipeline
 
 
 def _stages_write(
-    *, replica: DeploymentReplica, checked: CheckedPlan, stages: Stages
+    *, pipeline: DeploymentPipeline, checked: CheckedPlan, stages: Stages
 ) -> list[DeploymentStage]:
     """Write the pipeline's stage rows and specs, keeping each row (so its port) while it stays on its
     node; a stage that moves to another node retires its old row (stopped by reconcile)."""
-    deployment = replica.deployment
-    beyond = deployment.stages.filter(wanted=True, replica=replica.index, stage_index__gte=len(stages))
+    deployment = pipeline.deployment
+    beyond = deployment.stages.filter(wanted=True, pipeline=pipeline.index, stage_index__gte=len(stages))
     beyond.update(wanted=False)
-    rows = [_stage_row(deployment=deployment, replica=replica.index, stage_index=i, device=device)
+    rows = [_stage_row(deployment=deployment, pipeline=pipeline.index, stage_index=i, device=device)
             for i, (device, _) in enumerate(stages)]
     addresses = [_address(row) for row in rows]
     for i, (row, (device, stage)) in enumerate(zip(rows, stages)):
-        spec = _stage_spec(replica=replica, stage=stage, stage_index=i, device=device, addresses=addresses,
+        spec = _stage_spec(pipeline=pipeline, stage=stage, stage_index=i, device=device, addresses=addresses,
                            checked=checked)
         row.spec = spec.to_json()
         row.device = device
-        row.slot = replica.slot
+        row.plan_replica = pipeline.plan_replica
         row.save()
     return rows
 
 
-def _stage_row(*, deployment: Deployment, replica: int, stage_index: int, device: Device) -> DeploymentStage:
-    row = deployment.stages.filter(wanted=True, replica=replica, stage_index=stage_index).first()
+def _stage_row(*, deployment: Deployment, pipeline: int, stage_index: int, device: Device) -> DeploymentStage:
+    row = deployment.stages.filter(wanted=True, pipeline=pipeline, stage_index=stage_index).first()
     if row is not None and row.node_id == device.node_id:
         return row
     if row is not None:
@@ -236,10 +240,10 @@ def _stage_row(*, deployment: Deployment, replica: int, stage_index: int, device
         row.save(update_fields=["wanted"])
     # A retired row of the same key on this node is replaced: the new start supersedes that process.
     deployment.stages.filter(
-        wanted=False, replica=replica, stage_index=stage_index, node=device.node
+        wanted=False, pipeline=pipeline, stage_index=stage_index, node=device.node
     ).delete()
     return DeploymentStage.objects.create(
-        deployment=deployment, replica=replica, stage_index=stage_index, node=device.node, device=device,
+        deployment=deployment, pipeline=pipeline, stage_index=stage_index, node=device.node, device=device,
         port=_free_port(node=device.node), spec={},
     )
 
@@ -265,20 +269,20 @@ def _address(row: DeploymentStage) -> str:
 
 
 def _stage_spec(
-    *, replica: DeploymentReplica, stage: StagePlan, stage_index: int, device: Device,
+    *, pipeline: DeploymentPipeline, stage: StagePlan, stage_index: int, device: Device,
     addresses: list[str], checked: CheckedPlan,
 ) -> StageSpec:
     """The stage spec of contracts §1; emulated devices run on the CPU, paced to the card they stand for.
 
     Its KV pool is ``_kv_tokens``. The head (stage 0) schedules the pipeline: it keeps as many
-    micro-batches in flight as its plan slot was planned with.
+    micro-batches in flight as its plan replica was planned with.
     """
     start, end = stage.layers
-    micro_batches = checked.micro_batches[replica.slot]
+    micro_batches = checked.micro_batches[pipeline.plan_replica]
     spec = StageSpec(
-        pipeline_id=replica.pipeline_id,
-        auth_token=replica.auth_token,
-        model_path=replica.deployment.model.path,
+        pipeline_id=pipeline.pipeline_id,
+        auth_token=pipeline.auth_token,
+        model_path=pipeline.deployment.model.path,
         stage_index=stage_index,
         num_stages=len(addresses),
         layers=(start, end),

@@ -192,7 +192,7 @@ def node_link_broken_record(*, reporter: Node, status: Mapping[str, Any]) -> Non
     key, broken = parse_stage_key(str(status.get("stage_key", ""))), status.get("broken_stage")
     if key is None or key.stage_index != 0 or type(broken) is not int:
         return
-    pipeline = {"deployment_id": key.deployment_id, "replica": key.replica}
+    pipeline = {"deployment_id": key.deployment_id, "pipeline": key.pipeline}
     if not DeploymentStage.objects.filter(node=reporter, stage_index=0, **pipeline).exists():
         return  # only a head placed on the reporting node speaks for its pipeline
     lost_nodes = DeploymentStage.objects.filter(stage_index=broken, **pipeline).exclude(node=reporter)

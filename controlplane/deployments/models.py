@@ -96,7 +96,7 @@ class Deployment(TimestampedModel):
     )
     routing_strategy = models.CharField(
         max_length=32, choices=ROUTING_STRATEGY_CHOICES, default=DEFAULT_ROUTING_STRATEGY,
-        help_text="How the gateway chooses among the replicas (docs/gateway.md).",
+        help_text="How the gateway chooses among the pipelines (docs/gateway.md).",
     )
     rebalance_policy = models.CharField(
         max_length=16, choices=RebalancePolicy.choices, default=RebalancePolicy.PROPOSE,
@@ -114,29 +114,29 @@ class Deployment(TimestampedModel):
         return self.name
 
 
-class DeploymentReplica(models.Model):
+class DeploymentPipeline(models.Model):
     """One physical pipeline of a deployment; its auth token is shared by its stages and the gateway only.
 
-    ``index`` names the pipeline (``d<dep>-r<index>``, its stage keys) for its whole life; ``slot`` is
-    the plan replica it serves (``revision.priced.replicas[slot]``). They differ after a handover: a changed
-    slot may be served by a new pipeline started beside the old one (handover.py, docs/deployments.md
-    "Handover (make before break)"), and ``phase`` says where each pipeline is in that.
+    ``index`` names the pipeline (``d<dep>-r<index>``, its stage keys) for its whole life; ``plan_replica``
+    is the plan replica it serves (``revision.priced.replicas[plan_replica]``). They differ after a
+    handover: a changed replica may be served by a new pipeline started beside the old one (handover.py,
+    docs/deployments.md "Handover (make before break)"), and ``phase`` says where each pipeline is in that.
     """
 
     class Phase(models.TextChoices):
         SERVING = "serving", "Serving"
-        INCOMING = "incoming", "Incoming"  # started beside the slot's serving pipeline; not served yet
+        INCOMING = "incoming", "Incoming"  # started beside its replica's serving pipeline; not served yet
         OUTGOING = "outgoing", "Outgoing"  # replaced: finishes its in-flight requests, then stopped
         RELOADING = "reloading", "Reloading"  # its changed stages restart in place; not served meanwhile
 
-    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="replicas")
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="pipelines")
     index = models.PositiveSmallIntegerField()
     auth_token = models.CharField(max_length=64)
-    slot = models.PositiveSmallIntegerField(default=0)
+    plan_replica = models.PositiveSmallIntegerField(default=0)
     phase = models.CharField(max_length=16, choices=Phase.choices, default=Phase.SERVING)
     phase_since = models.DateTimeField(default=timezone.now)
     # The handover that made an outgoing pipeline outgoing: when it was decided (the revision applied),
-    # when the slot switched away from it, when its head was told to stop, and when the rest were.
+    # when its replica switched away from it, when its head was told to stop, and when the rest were.
     handover_started_at = models.DateTimeField(null=True, blank=True)
     switched_at = models.DateTimeField(null=True, blank=True)
     head_stopped_at = models.DateTimeField(null=True, blank=True)
@@ -144,7 +144,7 @@ class DeploymentReplica(models.Model):
 
     class Meta:
         ordering = ["deployment", "index"]
-        constraints = [models.UniqueConstraint(fields=["deployment", "index"], name="replica_unique_index")]
+        constraints = [models.UniqueConstraint(fields=["deployment", "index"], name="pipeline_unique_index")]
 
     @property
     def pipeline_id(self) -> str:
@@ -152,12 +152,12 @@ class DeploymentReplica(models.Model):
 
     def stages(self) -> models.QuerySet[DeploymentStage]:
         """Its wanted stage rows, in pipeline order."""
-        return DeploymentStage.objects.filter(deployment_id=self.deployment_id, replica=self.index,
+        return DeploymentStage.objects.filter(deployment_id=self.deployment_id, pipeline=self.index,
                                               wanted=True).select_related("node").order_by("stage_index")
 
     def held_stages(self) -> models.QuerySet[DeploymentStage]:
         """Its stages started beside it ahead of a prepared in-place handover (``DeploymentStage.held``)."""
-        return DeploymentStage.objects.filter(deployment_id=self.deployment_id, replica=self.index,
+        return DeploymentStage.objects.filter(deployment_id=self.deployment_id, pipeline=self.index,
                                               held=True).select_related("node").order_by("stage_index")
 
 
@@ -181,10 +181,10 @@ class DeploymentStage(models.Model):
         FAILED = "failed", "Failed"
 
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="stages")
-    replica = models.PositiveSmallIntegerField()  # the physical pipeline's index (its stage key)
-    # Its pipeline's plan slot (DeploymentReplica.slot, fixed for the pipeline's life): where its
-    # predictions are in the plan, ``revision.priced.replicas[slot].stages[stage_index]``.
-    slot = models.PositiveSmallIntegerField(default=0)
+    pipeline = models.PositiveSmallIntegerField()  # the physical pipeline's index (its stage key)
+    # Its pipeline's plan replica (DeploymentPipeline.plan_replica, fixed for the pipeline's life): where
+    # its predictions are in the plan, ``revision.priced.replicas[plan_replica].stages[stage_index]``.
+    plan_replica = models.PositiveSmallIntegerField(default=0)
     stage_index = models.PositiveSmallIntegerField()
     wanted = models.BooleanField(default=True)
     held = models.BooleanField(default=False)
@@ -211,10 +211,10 @@ class DeploymentStage(models.Model):
     observed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        ordering = ["deployment", "replica", "stage_index", "-wanted"]
+        ordering = ["deployment", "pipeline", "stage_index", "-wanted"]
         constraints = [
             models.UniqueConstraint(
-                fields=["deployment", "replica", "stage_index"], condition=Q(wanted=True),
+                fields=["deployment", "pipeline", "stage_index"], condition=Q(wanted=True),
                 name="stage_unique_wanted",
             ),
         ]
@@ -224,11 +224,11 @@ class DeploymentStage(models.Model):
 
     def reference_label(self) -> str:
         """How the stage is named when it keeps its node from being deleted (common/errors.py)."""
-        return f"deployment {self.deployment.name} (stage r{self.replica}-s{self.stage_index})"
+        return f"deployment {self.deployment.name} (stage r{self.pipeline}-s{self.stage_index})"
 
     @property
     def stage_key(self) -> str:
-        return stage_key(self.deployment_id, self.replica, self.stage_index)
+        return stage_key(self.deployment_id, self.pipeline, self.stage_index)
 
     @property
     def lost(self) -> bool:
@@ -266,8 +266,8 @@ class DeploymentEvent(models.Model):
         CALIBRATED = "calibrated", "Calibrated"  # the planner's costs from measured step times
         THROTTLED = "throttled", "Throttled"  # a device slowed by its clocks, power or temperature
         POLICY = "policy", "Policy decision"  # what an automatic policy decided and why
-        HANDOVER_STARTED = "handover_started", "Handover started"  # a changed slot: beside or in place
-        HANDOVER_SWITCHED = "handover_switched", "Handover switched"  # the new pipeline serves the slot
+        HANDOVER_STARTED = "handover_started", "Handover started"  # a changed replica: beside or in place
+        HANDOVER_SWITCHED = "handover_switched", "Handover switched"  # the new pipeline serves the replica
         HANDOVER_DRAINED = "handover_drained", "Handover drained"  # the old pipeline is stopped
         HANDOVER_DONE = "handover_done", "Handover done"
 

@@ -25,7 +25,7 @@ from controlplane.deployments.events import STATUS_KINDS, event_record
 from controlplane.deployments.models import (
     Deployment,
     DeploymentEvent,
-    DeploymentReplica,
+    DeploymentPipeline,
     DeploymentStage,
     PlanRevision,
 )
@@ -55,7 +55,7 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
     leaving = _leaving_by_device(rows)
     # Loads nobody waits for (a pipeline beside a serving one, a held stage) yield the CPU
     # (agents/load_priority.py); one in an in-place handover's pause does not.
-    beside = set(deployment.replicas.filter(phase=DeploymentReplica.Phase.INCOMING)
+    beside = set(deployment.pipelines.filter(phase=DeploymentPipeline.Phase.INCOMING)
                  .values_list("index", flat=True))
     for row in rows:
         lost = row.lost
@@ -82,7 +82,7 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
                     _stage_stop(row=row, now=now)
                 _stage_wait(row=row, message=f"waiting for {', '.join(blocking)} to leave {row.device}")
                 continue
-            _stage_start(row=row, now=now, background=row.held or row.replica in beside)
+            _stage_start(row=row, now=now, background=row.held or row.pipeline in beside)
     if deployment.stop_requested:
         remaining = deployment.stages.count()
         _status_set(deployment, Deployment.Status.STOPPED if not remaining else deployment.status,
@@ -97,20 +97,20 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
 
 def _status_decide(*, deployment: Deployment, rows: list[DeploymentStage], was_message: str) -> None:
     """The status from the pipelines that serve or will serve (an outgoing one counts for nothing):
-    READY while every plan slot has a serving pipeline whose stages are all ready, a handover or not
-    (its message says what is handed over); DEPLOYING while a slot has no serving pipeline (a new
+    READY while every plan replica has a serving pipeline whose stages are all ready, a handover or not
+    (its message says what is handed over); DEPLOYING while a replica has no serving pipeline (a new
     deployment, a reload in place); DEGRADED when a serving pipeline lost readiness, a stage is on
     a lost node (then re-planned), or only an incoming pipeline's stage failed (the old one serves on);
     FAILED when a stage failed otherwise."""
-    replicas = list(deployment.replicas.all())
-    outgoing = {r.index for r in replicas if r.phase == DeploymentReplica.Phase.OUTGOING}
-    wanted = [row for row in rows if row.replica not in outgoing]
+    pipelines = list(deployment.pipelines.all())
+    outgoing = {p.index for p in pipelines if p.phase == DeploymentPipeline.Phase.OUTGOING}
+    wanted = [row for row in rows if row.pipeline not in outgoing]
     lost = [row for row in wanted if row.lost]
     failed = [row for row in wanted if row.state == row.State.FAILED]
-    ready = {row.replica for row in rows} - {row.replica for row in rows if row.state != row.State.READY}
-    serving = [r for r in replicas if r.phase == DeploymentReplica.Phase.SERVING]
-    slots = set(range(len(deployment.revision.placements)))
-    summary = handover.handover_summary(replicas)
+    ready = {row.pipeline for row in rows} - {row.pipeline for row in rows if row.state != row.State.READY}
+    serving = [p for p in pipelines if p.phase == DeploymentPipeline.Phase.SERVING]
+    replicas = set(range(len(deployment.revision.placements)))
+    summary = handover.handover_summary(pipelines)
     if lost:
         names = ", ".join(sorted({row.node.name for row in lost}))
         _status_set(deployment, Deployment.Status.DEGRADED, f"stages on lost node(s) {names}")
@@ -119,24 +119,24 @@ def _status_decide(*, deployment: Deployment, rows: list[DeploymentStage], was_m
     elif failed:
         reasons = "; ".join(f"{row.stage_key} failed: {row.message or f'exit code {row.exit_code}'}"
                             for row in failed)
-        served = {r.slot for r in serving if r.index in ready}
-        slot_of = {r.index: r.slot for r in replicas}
-        if served >= slots and all(slot_of.get(row.replica) in served for row in failed):
+        served = {p.plan_replica for p in serving if p.index in ready}
+        replica_of = {p.index: p.plan_replica for p in pipelines}
+        if served >= replicas and all(replica_of.get(row.pipeline) in served for row in failed):
             # Only a handover's new pipeline failed: the old one still serves, so the deployment does too.
             _status_set(deployment, Deployment.Status.DEGRADED, f"{summary}; {reasons}")
         else:
             _status_set(deployment, Deployment.Status.FAILED, reasons)
-    elif {r.slot for r in serving if r.index in ready} >= slots:
+    elif {p.plan_replica for p in serving if p.index in ready} >= replicas:
         _status_set(deployment, Deployment.Status.READY,
                     summary or f"plan revision {deployment.revision.number} ready")
-    elif not {r.slot for r in serving} >= slots:
-        reloading = any(r.phase == DeploymentReplica.Phase.RELOADING for r in replicas)
+    elif not {p.plan_replica for p in serving} >= replicas:
+        reloading = any(p.phase == DeploymentPipeline.Phase.RELOADING for p in pipelines)
         _status_set(deployment, Deployment.Status.DEPLOYING,
                     summary if reloading else deployment.status_message)
     elif deployment.status in (Deployment.Status.READY, Deployment.Status.DEGRADED):
-        serving_indexes = {r.index for r in serving}
+        serving_indexes = {p.index for p in serving}
         waiting = ", ".join(row.stage_key for row in rows
-                            if row.replica in serving_indexes and row.state != row.State.READY)
+                            if row.pipeline in serving_indexes and row.state != row.State.READY)
         _status_set(deployment, Deployment.Status.DEGRADED, f"not ready: {waiting}")
 
 

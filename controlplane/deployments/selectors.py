@@ -8,7 +8,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db.models import Prefetch, QuerySet
 
-from controlplane.deployments.models import Deployment, DeploymentReplica, DeploymentStage
+from controlplane.deployments.models import Deployment, DeploymentPipeline, DeploymentStage
 from controlplane.inventory.models import Device, Node
 from controlplane.models_catalog.models import LlmModel
 from controlplane.planning import PlanningError, replica_placements
@@ -17,20 +17,20 @@ from controlplane.planning import PlanningError, replica_placements
 def deployment_list() -> QuerySet[Deployment]:
     return Deployment.objects.select_related("model", "revision").prefetch_related(
         Prefetch("stages", queryset=DeploymentStage.objects.select_related("node", "device__node")),
-        "replicas"
+        "pipelines"
     )
 
 
 def desired_stages(*, deployment: Deployment) -> list[DeploymentStage]:
     """The wanted stages of the pipelines the deployment ends with once its handovers are done: per
-    plan slot the incoming pipeline if one is starting, else the one serving (or reloading) it; an
+    plan replica the incoming pipeline if one is starting, else the one serving (or reloading) it; an
     outgoing pipeline, or one an incoming pipeline replaces, is on its way out."""
-    replicas = list(deployment.replicas.all())
-    incoming = {r.slot for r in replicas if r.phase == DeploymentReplica.Phase.INCOMING}
-    kept = {r.index for r in replicas if r.phase == DeploymentReplica.Phase.INCOMING
-            or r.phase != DeploymentReplica.Phase.OUTGOING and r.slot not in incoming}
-    wanted = deployment.stages.filter(wanted=True).select_related("node").order_by("replica", "stage_index")
-    return [s for s in wanted if s.replica in kept]
+    pipelines = list(deployment.pipelines.all())
+    incoming = {p.plan_replica for p in pipelines if p.phase == DeploymentPipeline.Phase.INCOMING}
+    kept = {p.index for p in pipelines if p.phase == DeploymentPipeline.Phase.INCOMING
+            or p.phase != DeploymentPipeline.Phase.OUTGOING and p.plan_replica not in incoming}
+    wanted = deployment.stages.filter(wanted=True).select_related("node").order_by("pipeline", "stage_index")
+    return [s for s in wanted if s.pipeline in kept]
 
 
 def deployment_ids_to_reconcile() -> list[int]:
@@ -39,7 +39,7 @@ def deployment_ids_to_reconcile() -> list[int]:
 
 @dataclass(frozen=True)
 class StagePlace:
-    """One stage of a replica and the device it runs on (``<node>/gpu<i>``; None when unknown): the
+    """One stage of a pipeline and the device it runs on (``<node>/gpu<i>``; None when unknown): the
     gateway matches them to the agents' telemetry (stage statistics by key, GPU metrics by device)."""
 
     stage_key: str
@@ -48,59 +48,61 @@ class StagePlace:
 
 
 @dataclass(frozen=True)
-class ReplicaHead:
-    """Where the gateway sends a replica's requests (its head, stage 0) and the token they carry.
+class PipelineHead:
+    """Where the gateway sends a pipeline's requests (its head, stage 0) and the token they carry.
 
     The gateway turns it into its own ``gateway.serving.directory.ReplicaEndpoint``, with routing figures.
-    ``slot`` is the plan replica it serves (``priced.replicas[slot]``: its predicted costs and KV);
-    ``serving`` is False while the controller hands the replica over (a newer pipeline of the same
-    slot takes its place, or its changed stages reload in place): the gateway then admits nothing new
-    to it, and a request it still runs that breaks is resumed elsewhere. ``kv_tokens``: the smallest
-    KV budget its stages were started with (their specs), which is what its head holds; the slot's
-    plan may say otherwise (an emulated stage gets the workload's KV, and during a handover the slot
-    already has the new plan). ``successor``: of an outgoing pipeline, the one that serves its slot
-    now; the gateway keeps routing to the outgoing one until it has heard that one say it is ok.
+    ``pipeline`` is the pipeline's index; ``plan_replica`` the plan replica it serves
+    (``priced.replicas[plan_replica]``: its predicted costs and KV); ``serving`` is False while the
+    controller hands the pipeline over (a newer pipeline of the same replica takes its place, or its
+    changed stages reload in place): the gateway then admits nothing new to it, and a request it still
+    runs that breaks is resumed elsewhere. ``kv_tokens``: the smallest KV budget its stages were started
+    with (their specs), which is what its head holds; the replica's plan may say otherwise (an emulated
+    stage gets the workload's KV, and during a handover the replica already has the new plan).
+    ``successor``: of an outgoing pipeline, the one that serves its replica now; the gateway keeps
+    routing to the outgoing one until it has heard that one say it is ok.
     """
 
-    replica: int
+    pipeline: int
     pipeline_id: str
     head_address: str
     auth_token: str
     ready: bool
     stages: tuple[StagePlace, ...] = ()
-    slot: int = 0
+    plan_replica: int = 0
     serving: bool = True
     kv_tokens: int | None = None
     successor: str | None = None
 
 
-def deployment_endpoints(*, deployment: Deployment) -> list[ReplicaHead]:
+def deployment_endpoints(*, deployment: Deployment) -> list[PipelineHead]:
     """Every pipeline of the deployment whose head is wanted; ``ready`` when all its stages reported
-    ready, ``serving`` when it is its slot's serving pipeline (an incoming one is not yet, an outgoing
+    ready, ``serving`` when it is its replica's serving pipeline (an incoming one is not yet, an outgoing
     or reloading one no longer: docs/deployments.md, "Handover (make before break)")."""
     stages = list(deployment.stages.filter(wanted=True).select_related("device__node")
-                  .order_by("replica", "stage_index"))
+                  .order_by("pipeline", "stage_index"))
     endpoints = []
-    replicas = list(DeploymentReplica.objects.filter(deployment=deployment).order_by("index"))
-    serving = {r.slot: r.pipeline_id for r in replicas if r.phase == DeploymentReplica.Phase.SERVING}
-    for replica in replicas:
-        own = [s for s in stages if s.replica == replica.index]
+    pipelines = list(DeploymentPipeline.objects.filter(deployment=deployment).order_by("index"))
+    serving = {p.plan_replica: p.pipeline_id for p in pipelines
+               if p.phase == DeploymentPipeline.Phase.SERVING}
+    for pipeline in pipelines:
+        own = [s for s in stages if s.pipeline == pipeline.index]
         if not own or own[0].stage_index != 0:  # none, or an outgoing pipeline whose head was stopped
             continue
-        endpoints.append(ReplicaHead(
-            replica=replica.index,
-            pipeline_id=replica.pipeline_id,
+        endpoints.append(PipelineHead(
+            pipeline=pipeline.index,
+            pipeline_id=pipeline.pipeline_id,
             head_address=own[0].spec["head"],
-            auth_token=replica.auth_token,
+            auth_token=pipeline.auth_token,
             ready=all(s.state == DeploymentStage.State.READY for s in own),
             stages=tuple(
                 StagePlace(s.stage_key, s.stage_index, s.device.name if s.device else None) for s in own
             ),
-            slot=replica.slot,
-            serving=replica.phase == DeploymentReplica.Phase.SERVING,
+            plan_replica=pipeline.plan_replica,
+            serving=pipeline.phase == DeploymentPipeline.Phase.SERVING,
             kv_tokens=min((s.spec["kv_tokens"] for s in own if s.spec.get("kv_tokens")), default=None),
-            successor=(serving.get(replica.slot)
-                       if replica.phase == DeploymentReplica.Phase.OUTGOING else None),
+            successor=(serving.get(pipeline.plan_replica)
+                       if pipeline.phase == DeploymentPipeline.Phase.OUTGOING else None),
         ))
     return endpoints
 

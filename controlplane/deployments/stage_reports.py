@@ -72,7 +72,7 @@ def stage_status_record(
     key, observed = parsed
     row = (
         DeploymentStage.objects.filter(
-            node=node, deployment_id=key.deployment_id, replica=key.replica, stage_index=key.stage_index
+            node=node, deployment_id=key.deployment_id, pipeline=key.pipeline, stage_index=key.stage_index
         ).order_by("-wanted").first()
     )
     if row is None or not stage_report_is_news(row, status, observed, received_at):
@@ -101,7 +101,7 @@ def stage_reports_record_news(*, reports: Mapping[Node, tuple[datetime, Iterable
         return
     stored: dict[tuple[int, int, int, int], list[DeploymentStage]] = {}
     for row in DeploymentStage.objects.filter(node_id__in=reporting):
-        stored.setdefault((row.node_id, row.deployment_id, row.replica, row.stage_index), []).append(row)
+        stored.setdefault((row.node_id, row.deployment_id, row.pipeline, row.stage_index), []).append(row)
     for node_id, (node, received_at, statuses) in reporting.items():
         for status in statuses:
             parsed = stage_report_parse(status) if isinstance(status, Mapping) else None

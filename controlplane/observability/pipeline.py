@@ -73,7 +73,7 @@ class PipelineCollector(Collector):
         parts = parse_stage_key(key)
         stage = wanted.get(key)
         device = stage.device.name if stage is not None and stage.device is not None else node
-        return [deployment.model.name, deployment.name, pipeline_id(parts.deployment_id, parts.replica),
+        return [deployment.model.name, deployment.name, pipeline_id(parts.deployment_id, parts.pipeline),
                 str(parts.stage_index), device]
 
     def _predicted(self, deployments: dict[int, Deployment], wanted: dict[str, DeploymentStage]):
@@ -82,7 +82,7 @@ class PipelineCollector(Collector):
         plans = {pk: d.revision.priced if d.revision else None for pk, d in deployments.items()}
         for key, stage in sorted(wanted.items()):
             deployment = deployments[stage.deployment_id]
-            planned = _plan_stage(plans[stage.deployment_id], stage.slot, stage.stage_index)
+            planned = _plan_stage(plans[stage.deployment_id], stage.plan_replica, stage.stage_index)
             for field, family in gauges.items() if planned is not None else ():
                 if (value := as_number(getattr(planned, field))) is not None:
                     family.add_metric(self._labels(deployment, key, wanted), value * 1e-3)
@@ -134,9 +134,9 @@ class PipelineCollector(Collector):
         return family
 
 
-def _plan_stage(plan: Plan | None, replica: int, stage_index: int) -> StagePlan | None:
+def _plan_stage(plan: Plan | None, plan_replica: int, stage_index: int) -> StagePlan | None:
     """The stage of the applied plan a stage row runs (None: the plan has no figures, or no such stage)."""
-    if plan is None or not 0 <= replica < len(plan.replicas):
+    if plan is None or not 0 <= plan_replica < len(plan.replicas):
         return None
-    stages = plan.replicas[replica].stages
+    stages = plan.replicas[plan_replica].stages
     return stages[stage_index] if 0 <= stage_index < len(stages) else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from controlplane.deployments.models import Deployment, DeploymentReplica
+from controlplane.deployments.models import Deployment, DeploymentPipeline
 from controlplane.deployments.selectors import deployment_endpoints
 from controlplane.rebalance.models import RebalanceProposal
 
@@ -18,13 +18,13 @@ def deployment_ids_to_evaluate() -> list[int]:
 
 def change_in_flight(*, deployment: Deployment) -> bool:
     """A change of placement is under way: the deployment is not READY, a pipeline is in a handover
-    (``DeploymentReplica.phase`` incoming, outgoing or reloading: the deployment stays READY
-    meanwhile), a replica is not ready, or a stage of a previous plan is still being stopped."""
+    (``DeploymentPipeline.phase`` incoming, outgoing or reloading: the deployment stays READY
+    meanwhile), a pipeline is not ready, or a stage of a previous plan is still being stopped."""
     if deployment.status != Deployment.Status.READY or deployment.stop_requested:
         return True
     if deployment.stages.filter(wanted=False).exists():
         return True
-    if deployment.replicas.exclude(phase=DeploymentReplica.Phase.SERVING).exists():
+    if deployment.pipelines.exclude(phase=DeploymentPipeline.Phase.SERVING).exists():
         return True
     return any(not head.ready for head in deployment_endpoints(deployment=deployment))
 

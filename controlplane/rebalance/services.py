@@ -5,7 +5,7 @@ Whatever the trigger, the decision is the same (docs/deployments.md, "Rebalance 
 the fleet as it is now with the revision's own request, and act only when the gain is worth a change
 and nothing else is changing. The damping, in the order it is checked:
 
-- a deployment that is not READY, or has a replica the controller is handing over or a stage still
+- a deployment that is not READY, or has a pipeline the controller is handing over or a stage still
   being stopped, is not evaluated at all (one change in flight at most);
 - within ``MOTLEY_REBALANCE_COOLDOWN_S`` of the last applied change the decision waits (``held``);
 - the planner's plan must pass its own ``validate`` and beat the applied one, priced on the same

@@ -90,7 +90,7 @@ def device_sample(name: str) -> Latest | None:
 
 
 def stage_sample(stage_key: str) -> Latest | None:
-    """The latest report of the stage ``stage_key`` ("d<deployment>-r<replica>-s<stage>").
+    """The latest report of the stage ``stage_key`` ("d<deployment>-r<pipeline>-s<stage>").
 
     Two reads: which node last reported it, then that node's sample; a stage reported elsewhere
     since (or not indexed yet) is found among every node's samples.

@@ -47,9 +47,9 @@ def test_editor_applies_are_audited_by_kind_and_shown_on_the_audit_page(page, se
     editor = f"/deployments/{server.seed['deployment_id']}/plan/"
     page.goto(editor)
     page.wait_for_selector("#check-status.ok")
-    # Move the boundary of a pipeline of two stages or more by one layer (its stage 0 takes one more).
-    pipeline = page.locator("table.replica-table").filter(has=page.locator("tbody tr:nth-child(2)")).first
-    boundary = pipeline.locator("input.end").first
+    # Move the boundary of a plan replica of two stages or more by one layer (its stage 0 takes one more).
+    replica = page.locator("table.replica-table").filter(has=page.locator("tbody tr:nth-child(2)")).first
+    boundary = replica.locator("input.end").first
     boundary.fill(str(int(boundary.input_value()) + 1))
     boundary.dispatch_event("change")
     page.wait_for_selector("#check-status.ok")

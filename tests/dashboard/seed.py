@@ -24,7 +24,7 @@ def running_deployment_create(*, model, name: str = "chat"):
     from django.utils import timezone
 
     from controlplane.deployments.events import event_record
-    from controlplane.deployments.models import Deployment, DeploymentReplica, DeploymentStage, PlanRevision
+    from controlplane.deployments.models import Deployment, DeploymentPipeline, DeploymentStage, PlanRevision
     from controlplane.inventory.models import Device
     from controlplane.planning import plan, plan_to_dict
     from controlplane.plans.selectors import plan_request_from_inventory
@@ -40,7 +40,8 @@ def running_deployment_create(*, model, name: str = "chat"):
     devices = {d.name: d for d in Device.objects.select_related("node")}
     port = 5600
     for r, replica in enumerate(planned["replicas"]):
-        DeploymentReplica.objects.create(deployment=deployment, index=r, slot=r, auth_token=f"token-{r}")
+        DeploymentPipeline.objects.create(deployment=deployment, index=r, plan_replica=r,
+                                          auth_token=f"token-{r}")
         for s, stage in enumerate(replica["stages"]):
             device = devices[stage["device"]]
             port += 1
@@ -48,8 +49,8 @@ def running_deployment_create(*, model, name: str = "chat"):
                     "listen": f"tcp://127.0.0.1:{port}", "kv_tokens": stage["kv_tokens"],
                     "batch": REQUEST["batch"]}
             DeploymentStage.objects.create(
-                deployment=deployment, replica=r, stage_index=s, node=device.node, device=device, port=port,
-                spec=spec, sent_spec=spec, state=DeploymentStage.State.READY,
+                deployment=deployment, pipeline=r, plan_replica=r, stage_index=s, node=device.node,
+                device=device, port=port, spec=spec, sent_spec=spec, state=DeploymentStage.State.READY,
             )
     # The events the controller records on the way (deployments/events.py).
     event_record(kind="applied", deployment=deployment, message="plan revision 1 applied (planner)",
@@ -91,7 +92,7 @@ def lab_with_deployment(*, cordoned: tuple[str, ...] = ()) -> dict:
     operator = get_user_model().objects.create_user(username=OPERATOR[0], password=OPERATOR[1])
     operator.groups.add(Group.objects.get_or_create(name=OPERATORS_GROUP)[0])
     stages = [{"stage_key": s.stage_key, "node": s.node.name, "deployment_id": deployment.pk,
-               "replica": s.replica,
+               "replica": s.pipeline,
                "stage_index": s.stage_index} for s in deployment.stages.select_related("node")]
     return {"agents": agents, "deployment_id": deployment.pk, "stages": stages}
 

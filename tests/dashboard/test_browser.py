@@ -87,7 +87,7 @@ def test_topology_shows_the_emulated_fleet_the_deployment_and_live_colours(page,
     stages = page.locator("g.stage")
     assert stages.count() == len(server.seed["stages"])
     assert page.locator("g.stage.bottleneck").count() >= 1
-    assert page.locator("path.pipeline-arrow").count() == len(server.seed["stages"]) - _replicas(server)
+    assert page.locator("path.pipeline-arrow").count() == len(server.seed["stages"]) - _pipelines(server)
     page.wait_for_selector("#live-status[data-state=live]")
     page.wait_for_function("document.querySelectorAll('g.gpu[data-value]').length === 13")  # coloured live
     page.wait_for_function(
@@ -140,17 +140,17 @@ def test_invalid_edit_shows_the_error_a_valid_one_is_applied_and_rebalance_propo
     last_end.fill("32")
     last_end.dispatch_event("change")
     page.wait_for_selector("#check-status.ok")
-    pipeline = page.locator("table.replica-table").filter(has=page.locator("tbody tr:nth-child(2)")).first
+    replica = page.locator("table.replica-table").filter(has=page.locator("tbody tr:nth-child(2)")).first
     # The last layers of a stage at int4 are priced, and over this deployment's quality budget (0).
-    tail = pipeline.locator("select.low-bits").last
+    tail = replica.locator("select.low-bits").last
     tail.select_option("4")
     page.wait_for_selector("#problems li[data-code=over_quality_budget]")
-    assert pipeline.locator("input.low-from").last.input_value() != ""
+    assert replica.locator("input.low-from").last.input_value() != ""
     tail.select_option("0")
     page.wait_for_selector("#check-status.ok")
     assert page.locator("#apply").is_disabled()  # back to the applied plan
-    # Move the boundary of a two-stage pipeline by one layer (stage 0 takes one more).
-    boundary = pipeline.locator("input.end").first
+    # Move the boundary of a two-stage replica by one layer (stage 0 takes one more).
+    boundary = replica.locator("input.end").first
     boundary.fill(str(int(boundary.input_value()) + 1))
     boundary.dispatch_event("change")
     page.wait_for_selector("#apply:not([disabled])")
@@ -179,5 +179,5 @@ def test_invalid_edit_shows_the_error_a_valid_one_is_applied_and_rebalance_propo
     page.keyboard.press("Escape")
 
 
-def _replicas(server) -> int:
-    return len({s["replica"] for s in server.seed["stages"]})
+def _pipelines(server) -> int:
+    return len({s["replica"] for s in server.seed["stages"]})  # StageStatus.replica: the pipeline index

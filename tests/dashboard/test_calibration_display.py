@@ -20,7 +20,7 @@ def report(deployment, *, decode_ms: float = 30.0) -> None:
     by_node: dict = {}
     for stage in deployment.stages.select_related("node"):
         by_node.setdefault((stage.node_id, stage.node.name), []).append({
-            "stage_key": stage.stage_key, "deployment_id": deployment.pk, "replica": stage.replica,
+            "stage_key": stage.stage_key, "deployment_id": deployment.pk, "replica": stage.pipeline,
             "stage_index": stage.stage_index, "state": "ready",
             "stats": {"decode_steps": 10, "decode_ms": decode_ms, "decode_batch": 4,
                       "decode_kv_tokens": 1200}})

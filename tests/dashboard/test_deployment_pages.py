@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from django.db.models import F
 from django.urls import reverse
 
 from controlplane.deployments.events import event_record
@@ -25,9 +26,25 @@ def test_topology_lays_each_stage_over_its_gpu_and_marks_the_bottleneck(operator
     overlay = operator_client.get(reverse("dashboard:topology-json")).json()["deployments"]
     plan = running_deployment.revision.plan
     assert [d["name"] for d in overlay] == ["chat"]
-    replica = overlay[0]["replicas"][0]
-    assert [s["device"] for s in replica["stages"]] == [s["device"] for s in plan["replicas"][0]["stages"]]
-    assert replica["bottleneck_device"] == plan["replicas"][0]["bottleneck"]["device"]
+    pipeline = overlay[0]["pipelines"][0]
+    assert (pipeline["pipeline"], pipeline["plan_replica"]) == (0, 0)
+    assert [s["device"] for s in pipeline["stages"]] == [s["device"] for s in plan["replicas"][0]["stages"]]
+    assert pipeline["bottleneck_device"] == plan["replicas"][0]["bottleneck"]["device"]
+    # The deprecated names carry the same: the list as "replicas", a pipeline's index as "index".
+    assert overlay[0]["replicas"] == overlay[0]["pipelines"] and pipeline["index"] == pipeline["pipeline"]
+
+
+def test_a_pipeline_is_marked_with_the_bottleneck_of_the_plan_replica_it_serves(operator_client,
+                                                                                running_deployment):
+    """After handovers beside, pipelines keep their plan replica under new indexes: each is marked with
+    the bottleneck of the replica it serves, not of the replica its index would name."""
+    running_deployment.pipelines.update(index=F("index") + 10)
+    running_deployment.stages.update(pipeline=F("pipeline") + 10)
+    overlay = operator_client.get(reverse("dashboard:topology-json")).json()["deployments"]
+    plan = running_deployment.revision.plan
+    shown = [(p["pipeline"], p["plan_replica"], p["bottleneck_device"]) for p in overlay[0]["pipelines"]]
+    assert shown == [(10 + r, r, plan_replica["bottleneck"]["device"])
+                     for r, plan_replica in enumerate(plan["replicas"])]
 
 
 def test_plan_editor_starts_from_the_applied_plan_and_its_request(operator_client, running_deployment):

@@ -17,8 +17,9 @@ def stage_cells(body: str, key: str) -> list[str]:
 
 def test_a_held_stage_is_shown_held_and_a_retired_one_stopping(operator_client, running_deployment):
     last = running_deployment.stages.order_by("-stage_index").first()
-    DeploymentStage.objects.create(deployment=running_deployment, replica=last.replica, slot=last.slot,
-                                   stage_index=last.stage_index, wanted=False, held=True, node=last.node,
+    DeploymentStage.objects.create(deployment=running_deployment, pipeline=last.pipeline,
+                                   plan_replica=last.plan_replica, stage_index=last.stage_index, wanted=False,
+                                   held=True, node=last.node,
                                    device=last.device, port=last.port + 100, spec={**last.spec, "hold": True})
     body = operator_client.get(reverse("dashboard:deployments")).content.decode()
     cells = stage_cells(body, last.stage_key)

@@ -129,6 +129,6 @@ def revision(llm):
 def report(stage, state: str, pid: int | None = None, **extra) -> dict[str, Any]:
     """A StageStatus (contracts §3) for a stage row, about the spec last sent to it (as an agent says)."""
     digest = spec_digest(stage.sent_spec) if stage.sent_spec is not None else None
-    return {"stage_key": stage.stage_key, "deployment_id": stage.deployment_id, "replica": stage.replica,
+    return {"stage_key": stage.stage_key, "deployment_id": stage.deployment_id, "replica": stage.pipeline,
             "stage_index": stage.stage_index, "state": state, "pid": pid, "exit_code": None, "restarts": 0,
             "message": "", "stats": {}, "spec_digest": digest, **extra}

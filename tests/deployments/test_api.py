@@ -34,12 +34,39 @@ def test_create_from_a_plan_then_list_and_get_without_the_pipeline_token(api, no
     assert body["status"] == "deploying" and body["revision_number"] == 1 and body["model_name"] == "tiny"
     assert [(s["stage_key"][-2:], s["node_name"], s["layers"]) for s in body["stages"]] == [
         ("s0", "n0", [0, 2]), ("s1", "n1", [2, 4]), ("s2", "n2", [4, 6])]
-    token = Deployment.objects.get().replicas.get().auth_token
+    token = Deployment.objects.get().pipelines.get().auth_token
     listed = api.get(URL)
     assert listed.json()["count"] == 1 and token not in listed.content.decode()
     assert token not in api.get(f"{URL}{body['id']}/").content.decode()
     revisions = api.get(f"{URL}{body['id']}/revisions/").json()
     assert [(r["number"], r["status"], r["source"]) for r in revisions] == [(1, "applied", "edited")]
+
+
+def test_stages_and_pipelines_show_pipeline_and_plan_replica_and_their_deprecated_aliases(api, nodes,
+                                                                                           revision, sent):
+    """``pipeline`` (a stage's pipeline index) and ``plan_replica`` (the plan replica served) are shown,
+    and so are their deprecated names ``replica`` and ``slot`` with the same values: after a handover
+    beside, pipeline 3 serves plan replica 0."""
+    deployment = deployment_create(name="tiny", revision=revision)
+    deployment.pipelines.update(index=3)
+    deployment.stages.update(pipeline=3)
+    body = api.get(f"{URL}{deployment.pk}/").json()
+    assert [(s["stage_key"][-5:], s["pipeline"], s["plan_replica"]) for s in body["stages"]] == [
+        ("r3-s0", 3, 0), ("r3-s1", 3, 0), ("r3-s2", 3, 0)]
+    assert all((s["replica"], s["slot"]) == (s["pipeline"], s["plan_replica"]) for s in body["stages"])
+    (pipeline,) = body["pipelines"]
+    assert (pipeline["pipeline_id"], pipeline["index"], pipeline["plan_replica"], pipeline["slot"]) == (
+        f"d{deployment.pk}-r3", 3, 0, 0)
+    assert api.get(URL).json()["results"][0]["stages"] == body["stages"]
+
+
+def test_the_schema_marks_the_old_names_deprecated(api):
+    components = api.get("/api/schema/", {"format": "json"}).json()["components"]["schemas"]
+    stage, pipeline = components["Stage"]["properties"], components["Pipeline"]["properties"]
+    for fields, old, new in [(stage, "replica", "pipeline"), (stage, "slot", "plan_replica"),
+                             (pipeline, "slot", "plan_replica")]:
+        assert fields[old]["deprecated"] is True and f"use `{new}`" in fields[old]["description"], old
+        assert not fields[new].get("deprecated"), new
 
 
 def test_create_from_a_draft_revision(api, nodes, revision, sent):
@@ -133,7 +160,7 @@ def _deployments_with_stages(count: int, *, llm, nodes) -> None:
         deployment = Deployment.objects.create(name=f"d{i:02}", model=llm, revision=revision)
         for index, node in enumerate(nodes[:3]):
             DeploymentStage.objects.create(
-                deployment=deployment, replica=0, stage_index=index, node=node, device=node.devices.first(),
+                deployment=deployment, pipeline=0, stage_index=index, node=node, device=node.devices.first(),
                 port=7000 + index,
                 spec={"listen": f"tcp://{node.name}:{7000 + index}", "layers": [index, index + 1]},
             )

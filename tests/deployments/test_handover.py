@@ -1,4 +1,4 @@
-"""Handover, make before break: a changed slot's new pipeline beside the old one when it fits, else a
+"""Handover, make before break: a changed replica's new pipeline beside the old one when it fits, else a
 reload in place; the switch, the head drained first, the rest after, events once each."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from agents.memory_budget import spec_footprint
 from contracts.model_profile import ModelProfile
 from contracts.stage_spec import StageSpec
 from controlplane.deployments.liveness import node_agent_restarted
-from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentReplica
+from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentPipeline
 from controlplane.deployments.node_actions import node_drain
 from controlplane.deployments.reconcile import deployment_reconcile
 from controlplane.deployments.revisions import plan_revision_create
@@ -30,7 +30,7 @@ MOVED = edited_plan(("n0/gpu0", 0, 3), ("n1/gpu0", 3, 4), ("n2/gpu0", 4, 6))
 
 def report_all(deployment, index: int, state: str, pid_base: int, **extra) -> None:
     """Every stage row of pipeline ``index`` (wanted or being stopped) reports ``state``."""
-    for stage in deployment.stages.filter(replica=index):
+    for stage in deployment.stages.filter(pipeline=index):
         status = report(stage, state, pid_base + stage.stage_index, **extra)
         stage_status_record(node=stage.node, status=status)
 
@@ -40,12 +40,13 @@ def sent_keys(sent, name: str) -> list[str]:
 
 
 def phases(deployment) -> dict[int, tuple[int, str]]:
-    return {r.index: (r.slot, r.phase) for r in DeploymentReplica.objects.filter(deployment=deployment)}
+    return {p.index: (p.plan_replica, p.phase)
+            for p in DeploymentPipeline.objects.filter(deployment=deployment)}
 
 
 def heads(deployment) -> list[tuple[str, int, bool, bool]]:
     endpoints = deployment_endpoints(deployment=deployment)
-    return [(e.pipeline_id[-2:], e.slot, e.ready, e.serving) for e in endpoints]
+    return [(e.pipeline_id[-2:], e.plan_replica, e.ready, e.serving) for e in endpoints]
 
 
 def kinds(deployment) -> list[str]:
@@ -77,7 +78,7 @@ def test_a_boundary_move_with_room_starts_beside_switches_then_stops_the_head_fi
     deployment = serving_ready(revision, sent)
     d = deployment.pk
     deployment = apply(deployment, llm, MOVED)
-    # Beside: a whole new pipeline r1 for slot 0 on fresh ports; r0 untouched and still serving. Its
+    # Beside: a whole new pipeline r1 for replica 0 on fresh ports; r0 untouched and still serving. Its
     # stages load in the background (nobody waits for them: agents/load_priority.py).
     starts = [kw for _, name, kw in sent.take() if name == START]
     assert sorted(kw["stage_key"] for kw in starts) == [f"d{d}-r1-s{i}" for i in range(3)]
@@ -86,10 +87,10 @@ def test_a_boundary_move_with_room_starts_beside_switches_then_stops_the_head_fi
     assert heads(deployment) == [("r0", 0, True, True), ("r1", 0, False, False)]
     assert deployment.status == Deployment.Status.READY
     assert deployment.status_message == f"handing over replica r0: d{d}-r1 starting"
-    # Every stage knows its plan slot: where its predictions are (dashboard, /metrics).
-    assert set(deployment.stages.values_list("replica", "slot")) == {(0, 0), (1, 0)}
-    old_ports = set(deployment.stages.filter(replica=0).values_list("port", flat=True))
-    assert not old_ports & set(deployment.stages.filter(replica=1).values_list("port", flat=True))
+    # Every stage knows its plan replica: where its predictions are (dashboard, /metrics).
+    assert set(deployment.stages.values_list("pipeline", "plan_replica")) == {(0, 0), (1, 0)}
+    old_ports = set(deployment.stages.filter(pipeline=0).values_list("port", flat=True))
+    assert not old_ports & set(deployment.stages.filter(pipeline=1).values_list("port", flat=True))
     (started,) = DeploymentEvent.objects.filter(deployment=deployment, kind="handover_started")
     assert started.detail["mode"] == "beside" and started.detail["changed"] == [0, 1]
     assert started.detail["from"] == f"d{d}-r0" and started.detail["to"] == f"d{d}-r1"
@@ -105,8 +106,8 @@ def test_a_boundary_move_with_room_starts_beside_switches_then_stops_the_head_fi
     assert sent.take() == []  # the window is not over
 
     # Window over: the head alone is stopped (it finishes its in-flight requests), the rest later.
-    DeploymentReplica.objects.filter(deployment=deployment, index=0).update(
-        switched_at=deployment.replicas.get(index=0).switched_at - timedelta(seconds=60))
+    DeploymentPipeline.objects.filter(deployment=deployment, index=0).update(
+        switched_at=deployment.pipelines.get(index=0).switched_at - timedelta(seconds=60))
     sent.later.clear()
     deployment_reconcile(deployment_id=d)
     assert sent_keys(sent, STOP) == [f"d{d}-r0-s0"]
@@ -116,13 +117,13 @@ def test_a_boundary_move_with_room_starts_beside_switches_then_stops_the_head_fi
     assert sent.take() == []
 
     # The head exited: now the relays behind it.
-    head = deployment.stages.get(replica=0, stage_index=0)
+    head = deployment.stages.get(pipeline=0, stage_index=0)
     stage_status_record(node=head.node, status=report(head, "exited", 100, exit_code=0))
     deployment_reconcile(deployment_id=d)
     assert sent_keys(sent, STOP) == [f"d{d}-r0-s1", f"d{d}-r0-s2"]
     report_all(deployment, 0, "exited", 100, exit_code=0)
     deployment = deployment_reconcile(deployment_id=d)
-    assert phases(deployment) == {1: (0, "serving")} and not deployment.stages.filter(replica=0).exists()
+    assert phases(deployment) == {1: (0, "serving")} and not deployment.stages.filter(pipeline=0).exists()
     assert deployment.status == Deployment.Status.READY
     assert deployment.status_message == "plan revision 2 ready"
     assert kinds(deployment) == ["handover_started", "handover_switched", "handover_drained", "handover_done"]
@@ -139,11 +140,11 @@ def test_the_drain_bound_stops_the_rest_when_the_head_does_not_exit(nodes, llm, 
     apply(deployment, llm, MOVED)
     report_all(deployment, 1, "ready", 200)
     deployment_reconcile(deployment_id=deployment.pk)
-    long_ago = deployment.replicas.get(index=0).switched_at - timedelta(seconds=60)
-    DeploymentReplica.objects.filter(deployment=deployment, index=0).update(switched_at=long_ago)
+    long_ago = deployment.pipelines.get(index=0).switched_at - timedelta(seconds=60)
+    DeploymentPipeline.objects.filter(deployment=deployment, index=0).update(switched_at=long_ago)
     deployment_reconcile(deployment_id=deployment.pk)
     sent.take()
-    DeploymentReplica.objects.filter(deployment=deployment, index=0).update(head_stopped_at=long_ago)
+    DeploymentPipeline.objects.filter(deployment=deployment, index=0).update(head_stopped_at=long_ago)
     deployment_reconcile(deployment_id=deployment.pk)
     assert sent_keys(sent, STOP) == [f"d{deployment.pk}-r0-s1", f"d{deployment.pk}-r0-s2"]
     drained = DeploymentEvent.objects.get(deployment=deployment, kind="handover_drained")
@@ -191,7 +192,7 @@ def test_a_second_apply_during_a_handover_keeps_a_matching_pipeline_and_replaces
     report_all(deployment, 2, "ready", 300)
     deployment = deployment_reconcile(deployment_id=d)
     assert phases(deployment) == {0: (0, "outgoing"), 2: (0, "serving")}
-    assert [s["node"] for s in deployment.stages.filter(replica=2).values("node")] == [
+    assert [s["node"] for s in deployment.stages.filter(pipeline=2).values("node")] == [
         n.pk for n in (nodes[0], nodes[1], nodes[3])]
 
 
@@ -202,8 +203,8 @@ def test_a_drain_moves_the_stages_beside_and_the_drained_node_keeps_serving_unti
     node_drain(node=nodes[2])
     deployment = deployment_reconcile(deployment_id=deployment.pk)
     assert phases(deployment) == {0: (0, "serving"), 1: (0, "incoming")}
-    assert deployment.stages.get(replica=0, stage_index=2).node == nodes[2]  # still serving
-    assert nodes[2].pk not in set(deployment.stages.filter(replica=1).values_list("node", flat=True))
+    assert deployment.stages.get(pipeline=0, stage_index=2).node == nodes[2]  # still serving
+    assert nodes[2].pk not in set(deployment.stages.filter(pipeline=1).values_list("node", flat=True))
     assert deployment.status == Deployment.Status.READY
     started = DeploymentEvent.objects.get(deployment=deployment, kind="handover_started")
     assert started.detail["mode"] == "beside"
@@ -229,7 +230,7 @@ def test_a_replan_after_a_loss_reloads_in_place_since_the_old_pipeline_cannot_se
 def test_a_failed_incoming_pipeline_degrades_but_the_old_one_serves_on(nodes, llm, revision, sent):
     deployment = serving_ready(revision, sent)
     deployment = apply(deployment, llm, MOVED)
-    stage = deployment.stages.get(replica=1, stage_index=1)
+    stage = deployment.stages.get(pipeline=1, stage_index=1)
     failed = report(stage, "failed", 201, exit_code=1, message="does not fit on emulated n1/gpu0")
     stage_status_record(node=stage.node, status=failed)
     deployment = deployment_reconcile(deployment_id=deployment.pk)

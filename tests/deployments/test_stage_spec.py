@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db(transaction=True)  # sends happen on commit, 
 
 def stored_specs(deployment: Deployment) -> list[StageSpec]:
     """Every wanted stage's stored spec, read back the way the agent's worker reads it."""
-    rows = deployment.stages.filter(wanted=True).order_by("replica", "stage_index")
+    rows = deployment.stages.filter(wanted=True).order_by("pipeline", "stage_index")
     return [StageSpec.from_dict(row.spec) for row in rows]
 
 

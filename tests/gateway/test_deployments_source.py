@@ -26,7 +26,7 @@ def test_a_ready_deployment_serves_its_model_on_its_ready_replicas(deployment):
     assert served.name == deployment.model.name and served.tokenizer_path == deployment.model.path
     assert len(served.replicas) == len(plan["replicas"])
     first = served.replicas[0]
-    assert first.head_address == DeploymentStage.objects.get(deployment=deployment, replica=0,
+    assert first.head_address == DeploymentStage.objects.get(deployment=deployment, pipeline=0,
                                                              stage_index=0).spec["head"]
     assert first.auth_token == "token-0"
     assert first.kv_tokens == min(s["kv_tokens"] for s in plan["replicas"][0]["stages"])
@@ -46,7 +46,7 @@ def test_each_replica_names_its_stages_and_their_devices_for_the_telemetry(deplo
 
 
 def test_replicas_not_ready_and_deployments_not_live_are_left_out(deployment):
-    DeploymentStage.objects.filter(deployment=deployment, replica=0).update(
+    DeploymentStage.objects.filter(deployment=deployment, pipeline=0).update(
         state=DeploymentStage.State.STARTING)
     served = served_models_from_deployments()
     assert sum(len(s.replicas) for s in served) == len(deployment.revision.plan["replicas"]) - 1
@@ -89,7 +89,7 @@ def test_a_deployment_that_cannot_serve_now_is_listed_without_replicas_and_says_
 def test_a_replicas_kv_capacity_is_what_its_stages_were_started_with(deployment):
     """Not the plan's figure: an emulated stage gets the workload's KV, and while a replica is handed
     over its slot already has the new plan. The smallest stage's budget is what the head holds."""
-    for stage in DeploymentStage.objects.filter(deployment=deployment, replica=0):
+    for stage in DeploymentStage.objects.filter(deployment=deployment, pipeline=0):
         stage.spec = {**stage.spec, "kv_tokens": 4096 + 16 * stage.stage_index}
         stage.save(update_fields=["spec"])
     (served,) = served_models_from_deployments()
@@ -109,7 +109,8 @@ def test_a_replica_being_handed_over_stays_listed_but_unroutable_with_its_slots_
     from controlplane.gateway.serving import deployments_source
 
     heads = deployments_source.deployment_endpoints(deployment=deployment)
-    handed_over = [replace(heads[0], serving=False), replace(heads[1], replica=7, slot=0, kv_tokens=None)]
+    handed_over = [replace(heads[0], serving=False),
+                   replace(heads[1], pipeline=7, plan_replica=0, kv_tokens=None)]
     monkeypatch.setattr(deployments_source, "deployment_endpoints", lambda deployment: handed_over)
     (served,) = served_models_from_deployments()
     old, new = served.replicas
@@ -128,19 +129,19 @@ def test_a_replica_being_handed_over_stays_listed_but_unroutable_with_its_slots_
 def test_a_pipeline_handed_over_beside_names_the_one_that_serves_its_slot_now(deployment):
     """Its successor: the gateway routes to it until it has heard that one's head say ok (live_health).
     An incoming pipeline or one reloading in place names none."""
-    from controlplane.deployments.models import DeploymentReplica
+    from controlplane.deployments.models import DeploymentPipeline
 
-    old, new = deployment.replicas.order_by("index")[:2]
-    old.phase = DeploymentReplica.Phase.OUTGOING
+    old, new = deployment.pipelines.order_by("index")[:2]
+    old.phase = DeploymentPipeline.Phase.OUTGOING
     old.save(update_fields=["phase"])
-    new.slot = old.slot
-    new.save(update_fields=["slot"])
+    new.plan_replica = old.plan_replica
+    new.save(update_fields=["plan_replica"])
     (served,) = served_models_from_deployments()
     by_id = {r.pipeline_id: r for r in served.replicas}
     assert by_id[old.pipeline_id].successor == new.pipeline_id and not by_id[old.pipeline_id].health.ok
     assert by_id[new.pipeline_id].successor is None and by_id[new.pipeline_id].health.ok
 
-    old.phase = DeploymentReplica.Phase.RELOADING
+    old.phase = DeploymentPipeline.Phase.RELOADING
     old.save(update_fields=["phase"])
     (served,) = served_models_from_deployments()
     assert all(r.successor is None for r in served.replicas)

@@ -35,13 +35,13 @@ def keep(node_name: str, node_id: int, devices: list[dict], stages: list[dict], 
 
 
 def stage_entry(stage: DeploymentStage, **stats) -> dict:
-    return {"stage_key": stage.stage_key, "deployment_id": stage.deployment_id, "replica": stage.replica,
+    return {"stage_key": stage.stage_key, "deployment_id": stage.deployment_id, "replica": stage.pipeline,
             "stage_index": stage.stage_index, "state": "ready", "pid": 1, "exit_code": None, "restarts": 0,
             "message": "", "stats": stats}
 
 
 def test_gpu_and_stage_gauges_are_the_stored_sample(client, running_deployment):
-    stages = list(DeploymentStage.objects.filter(deployment=running_deployment, replica=0)
+    stages = list(DeploymentStage.objects.filter(deployment=running_deployment, pipeline=0)
                   .select_related("device__node").order_by("stage_index"))
     first = stages[0]
     node, index = first.device.node, first.device.index

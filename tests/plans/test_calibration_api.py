@@ -82,7 +82,7 @@ def test_the_calibration_api_lists_factors_and_observed_stages(api, anonymous, l
     stage = deployment.stages.select_related("node").get(device__node__name="node-a", device__index=0)
     stats = {"decode_steps": 10, "decode_ms": 30.0, "decode_batch": 4, "decode_kv_tokens": 1200}
     heartbeat = {"sent_at": 1.0, "devices": [], "stages": [{
-        "stage_key": stage.stage_key, "deployment_id": deployment.pk, "replica": stage.replica,
+        "stage_key": stage.stage_key, "deployment_id": deployment.pk, "replica": stage.pipeline,
         "stage_index": stage.stage_index, "state": "ready", "stats": stats}]}
     telemetry_keep(telemetry_sample(node_id=stage.node_id, node_name="node-a", heartbeat=heartbeat,
                                     received_at=time.time()))

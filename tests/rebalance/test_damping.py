@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from controlplane.audit.models import AuditEntry
-from controlplane.deployments.models import Deployment, DeploymentReplica, DeploymentStage, PlanRevision
+from controlplane.deployments.models import Deployment, DeploymentPipeline, DeploymentStage, PlanRevision
 from controlplane.rebalance.models import RebalanceProposal, RebalanceState
 from controlplane.rebalance.selectors import deployment_ids_to_evaluate
 from controlplane.rebalance.services import rebalance_evaluate
@@ -69,12 +69,12 @@ def test_nothing_while_a_change_is_in_flight(deployment, t0, in_flight):
     if in_flight == "deploying":
         Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.DEPLOYING)
         assert deployment.pk not in deployment_ids_to_evaluate()
-    elif in_flight == "handover":  # READY, a slot's old pipeline still finishing its requests
-        deployment.replicas.filter(index=0).update(phase=DeploymentReplica.Phase.OUTGOING)
+    elif in_flight == "handover":  # READY, a replica's old pipeline still finishing its requests
+        deployment.pipelines.filter(index=0).update(phase=DeploymentPipeline.Phase.OUTGOING)
     else:  # a stage of the previous plan not yet confirmed stopped
         stage = deployment.stages.first()
         DeploymentStage.objects.create(
-            deployment=deployment, replica=stage.replica, stage_index=stage.stage_index, wanted=False,
+            deployment=deployment, pipeline=stage.pipeline, stage_index=stage.stage_index, wanted=False,
             node=stage.node, device=stage.device, port=stage.port + 1000, spec=stage.spec)
     assert evaluate(deployment, t0 + 10) is None
     assert not proposals(deployment) and not policy_events(deployment)

@@ -61,7 +61,7 @@ def report(deployment, ratios: dict[str, float], *, at: float, batch: int = 4, c
                  "decode_ms": measured, "decode_batch": batch, "decode_kv_tokens": batch * context}
         node = (node_of or {}).get(stage.stage_key, stage.node.name)
         by_node.setdefault(node, []).append({
-            "stage_key": stage.stage_key, "deployment_id": deployment.pk, "replica": stage.replica,
+            "stage_key": stage.stage_key, "deployment_id": deployment.pk, "replica": stage.pipeline,
             "stage_index": stage.stage_index, "state": state, "stats": stats})
     for i, (node, stages) in enumerate(sorted(by_node.items())):
         devices = [{"index": k, "throttle_reasons": list(throttle)} for k in range(8)]

@@ -1,22 +1,35 @@
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from contracts.routing import DEFAULT_ROUTING_STRATEGY
 from controlplane.deployments.models import (
     ROUTING_STRATEGY_CHOICES,
     Deployment,
-    DeploymentReplica,
+    DeploymentPipeline,
     DeploymentStage,
     PlanRevision,
 )
 from controlplane.models_catalog.models import LlmModel
 
+# Deprecated aliases of renamed fields, kept in responses with the values they always had; they go away
+# in a later release (docs/api.md, "Deprecated fields").
+DEPRECATED_PIPELINE = ("Deprecated: use `pipeline` (the physical pipeline's index); "
+                       "removed in a later release.")
+DEPRECATED_PLAN_REPLICA = ("Deprecated: use `plan_replica` (the plan replica served, `plan.replicas[i]`); "
+                           "removed in a later release.")
 
+
+@extend_schema_serializer(deprecate_fields=["replica", "slot"])
 class StageSerializer(serializers.ModelSerializer):
-    """A stage's place and observed state; the spec's auth token is never shown."""
+    """A stage's place and observed state; the spec's auth token is never shown. ``pipeline`` is the
+    index of its physical pipeline (the ``r`` of its stage key), ``plan_replica`` the plan replica that
+    pipeline serves; ``replica`` and ``slot`` are their deprecated names."""
 
     stage_key = serializers.CharField(read_only=True)
+    replica = serializers.IntegerField(source="pipeline", read_only=True, help_text=DEPRECATED_PIPELINE)
+    slot = serializers.IntegerField(source="plan_replica", read_only=True, help_text=DEPRECATED_PLAN_REPLICA)
     node_name = serializers.CharField(source="node.name", read_only=True)
     device_name = serializers.CharField(source="device.name", read_only=True, default=None)
     address = serializers.CharField(source="spec.listen", read_only=True, default=None)
@@ -28,21 +41,24 @@ class StageSerializer(serializers.ModelSerializer):
     class Meta:
         model = DeploymentStage
         fields = [
-            "stage_key", "replica", "slot", "stage_index", "wanted", "held", "node", "node_name", "device",
-            "device_name", "address", "layers", "bits", "low_bits", "low_from", "state", "pid", "exit_code",
-            "restarts", "message", "observed_at",
+            "stage_key", "pipeline", "plan_replica", "stage_index", "wanted", "held", "node", "node_name",
+            "device", "device_name", "address", "layers", "bits", "low_bits", "low_from", "state", "pid",
+            "exit_code", "restarts", "message", "observed_at", "replica", "slot",
         ]
 
 
+@extend_schema_serializer(deprecate_fields=["slot"])
 class PipelineSerializer(serializers.ModelSerializer):
     """One pipeline of the deployment and where it is in a handover (its auth token is never shown):
-    a change of placement is done when every pipeline is ``serving``."""
+    a change of placement is done when every pipeline is ``serving``. ``plan_replica`` is the plan
+    replica it serves; ``slot`` its deprecated name."""
 
     pipeline_id = serializers.CharField(read_only=True)
+    slot = serializers.IntegerField(source="plan_replica", read_only=True, help_text=DEPRECATED_PLAN_REPLICA)
 
     class Meta:
-        model = DeploymentReplica
-        fields = ["pipeline_id", "index", "slot", "phase", "phase_since"]
+        model = DeploymentPipeline
+        fields = ["pipeline_id", "index", "plan_replica", "phase", "phase_since", "slot"]
 
 
 class PlanRevisionSerializer(serializers.ModelSerializer):
@@ -58,8 +74,9 @@ class DeploymentSerializer(serializers.ModelSerializer):
     url = serializers.HyperlinkedIdentityField(view_name="deployment-detail")
     model_name = serializers.CharField(source="model.name", read_only=True)
     revision_number = serializers.IntegerField(source="revision.number", read_only=True, default=None)
-    stages = serializers.SerializerMethodField()
-    pipelines = PipelineSerializer(source="replicas", many=True, read_only=True)
+    stages = serializers.SerializerMethodField(
+        help_text="Wanted stages first; stages still being stopped after a move follow.")
+    pipelines = PipelineSerializer(many=True, read_only=True)
 
     class Meta:
         model = Deployment
@@ -69,6 +86,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "pipelines", "created", "last_updated",
         ]
 
+    @extend_schema_field(StageSerializer(many=True))
     def get_stages(self, deployment: Deployment) -> list[dict]:
         """Wanted stages first; stages still being stopped after a move follow."""
         return StageSerializer(deployment.stages.all(), many=True).data

@@ -6,7 +6,7 @@ a models file is configured.
 A model whose deployments have no routable replica (ready, and ``serving``: not being handed over by
 the controller) is still served, with no replica and a ``reason`` ("deployment d1 is deploying plan
 revision 3"): its requests wait for one instead of getting a 404 (waiting.py). A replica the
-controller is handing over (``ReplicaHead.serving`` False) stays listed, stated unhealthy, so the
+controller is handing over (``PipelineHead.serving`` False) stays listed, stated unhealthy, so the
 requests it still runs keep their client and booking while nothing new is admitted to it; one handed
 over beside names its ``successor``, and takes requests until the gateway heard that one say ok.
 
@@ -39,12 +39,14 @@ LISTED = (Deployment.Status.PENDING, Deployment.Status.DEPLOYING, Deployment.Sta
           Deployment.Status.DEGRADED, Deployment.Status.FAILED)
 
 
-def _planned(plan: Plan | None, replica: int) -> tuple[int | None, ReplicaCosts | None, list[float | None]]:
-    """The replica's KV capacity, predicted costs (None: no prediction, as for a plan an operator edited)
-    and stages' predicted step ms."""
-    if plan is None or replica >= len(plan.replicas):
+def _planned(
+    plan: Plan | None, plan_replica: int
+) -> tuple[int | None, ReplicaCosts | None, list[float | None]]:
+    """The plan replica's KV capacity, predicted costs (None: no prediction, as for a plan an operator
+    edited) and stages' predicted step ms."""
+    if plan is None or plan_replica >= len(plan.replicas):
         return None, None, []
-    planned = plan.replicas[replica]
+    planned = plan.replicas[plan_replica]
     kv = min((s.kv_tokens for s in planned.stages if s.kv_tokens), default=None)
     step_ms = [s.step_ms or None for s in planned.stages]
     latency_ms, prefill_ms = planned.predicted.token_latency_ms, planned.predicted.prefill_ms
@@ -90,7 +92,7 @@ def served_models_from_deployments() -> list[ServedModel]:
         for endpoint in deployment_endpoints(deployment=deployment):
             if not endpoint.ready:
                 continue
-            kv, costs, step_ms = _planned(plan, endpoint.slot)
+            kv, costs, step_ms = _planned(plan, endpoint.plan_replica)
             stages = tuple(
                 StageLink(s.stage_key, s.device,
                           step_ms[s.stage_index] if s.stage_index < len(step_ms) else None)

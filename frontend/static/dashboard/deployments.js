@@ -10,7 +10,7 @@ const fmt = (v, digits = 1) => (v === undefined || v === null ? "—" : Number(v
 
 function onSnapshot(snapshot) {
   for (const section of document.querySelectorAll("section.deployment")) {
-    const lastStage = {};  // replica -> stats of its last stage (its tokens/s is the replica's)
+    const lastStage = {};  // pipeline -> stats of its last stage (its tokens/s is the pipeline's)
     let slowest = null;
     for (const row of section.querySelectorAll("tr[data-stage]")) {
       const stats = snapshot.stages[row.dataset.stage];
@@ -25,17 +25,17 @@ function onSnapshot(snapshot) {
         badge.textContent = stats.state;
         badge.className = `status status-${stats.state}`;
       }
-      const replica = row.dataset.replica, index = Number(row.dataset.index);
-      if (!lastStage[replica] || lastStage[replica].index < index) lastStage[replica] = { index, stats };
+      const pipeline = row.dataset.pipeline, index = Number(row.dataset.index);
+      if (!lastStage[pipeline] || lastStage[pipeline].index < index) lastStage[pipeline] = { index, stats };
       if (stats.step_ms !== undefined && (!slowest || stats.step_ms > slowest.step_ms)) slowest = { ...stats, key: row.dataset.stage };
     }
-    const replicas = Object.values(lastStage);
-    if (!replicas.length) continue;
-    const tokens = replicas.reduce((sum, r) => sum + (r.stats.tokens_per_s || 0), 0);
-    section.querySelector('[data-measured="replicas"]').textContent = replicas.length;
+    const pipelines = Object.values(lastStage);
+    if (!pipelines.length) continue;
+    const tokens = pipelines.reduce((sum, p) => sum + (p.stats.tokens_per_s || 0), 0);
+    section.querySelector('[data-measured="pipelines"]').textContent = pipelines.length;
     section.querySelector('[data-measured="tokens_per_s"]').textContent = fmt(tokens);
     const steps = [...section.querySelectorAll('[data-live="step_ms"]')].map((c) => Number(c.textContent)).filter((v) => !Number.isNaN(v));
-    section.querySelector('[data-measured="latency"]').textContent = steps.length ? `${fmt(steps.reduce((a, b) => a + b, 0) / replicas.length)} ms` : "—";
+    section.querySelector('[data-measured="latency"]').textContent = steps.length ? `${fmt(steps.reduce((a, b) => a + b, 0) / pipelines.length)} ms` : "—";
     section.querySelector('[data-measured="slowest"]').textContent = slowest ? `${slowest.key} · ${fmt(slowest.step_ms, 2)} ms` : "—";
   }
 }

@@ -31,7 +31,7 @@ const strokeFor = (gbs) => Math.max(1.5, Math.min(9, Math.log2(1 + gbs) * 1.2));
 function stagesOn(topology, node) {
   const names = new Set(node.devices.map((d) => d.name));
   const counts = {};
-  for (const d of topology.deployments || []) for (const r of d.replicas) for (const s of r.stages) {
+  for (const d of topology.deployments || []) for (const p of d.pipelines) for (const s of p.stages) {
     if (names.has(s.device)) counts[s.device] = (counts[s.device] || 0) + 1;
   }
   return Math.max(0, ...Object.values(counts));
@@ -133,27 +133,27 @@ export function drawTopology(svg, topology) {
 function drawDeployments(layer, deployments, gpuAt) {
   const rows = new Map();  // device -> stage tags already drawn under it
   for (const deployment of deployments) {
-    for (const replica of deployment.replicas) {
-      replica.stages.forEach((stage, si) => {
+    for (const pipeline of deployment.pipelines) {
+      pipeline.stages.forEach((stage, si) => {
         const gpu = gpuAt.get(stage.device);
         if (!gpu) return;
-        // A one-stage replica is trivially its own bottleneck: only pipelines get the mark.
-        const bottleneck = replica.stages.length > 1 && replica.bottleneck_device === stage.device;
+        // A one-stage pipeline is trivially its own bottleneck: only longer pipelines get the mark.
+        const bottleneck = pipeline.stages.length > 1 && pipeline.bottleneck_device === stage.device;
         const row = rows.get(stage.device) || 0;
         rows.set(stage.device, row + 1);
         const y = gpu.y + gpu.h + 6 + row * 32;
         const bits = precisionLabel(stage);
         const tag = el("g", { class: `stage${bottleneck ? " bottleneck" : ""}`, "data-stage": stage.stage_key || "", "data-device": stage.device });
-        tag.append(el("title", {}, `${deployment.name} replica ${replica.index} stage ${si}: layers [${stage.layers[0]}, ${stage.layers[1]}) at ${bits}${bottleneck ? " — the replica's bottleneck" : ""}`));
+        tag.append(el("title", {}, `${deployment.name} pipeline ${pipeline.pipeline} (plan replica ${pipeline.plan_replica}) stage ${si}: layers [${stage.layers[0]}, ${stage.layers[1]}) at ${bits}${bottleneck ? " — the pipeline's bottleneck" : ""}`));
         tag.append(el("rect", { x: gpu.x, y, width: gpu.w, height: 28, rx: 3, class: "stage-tag" }));
-        tag.append(el("text", { x: gpu.x + 4, y: y + 11, class: "stage-text" }, `${deployment.name} r${replica.index}·s${si}`));
+        tag.append(el("text", { x: gpu.x + 4, y: y + 11, class: "stage-text" }, `${deployment.name} r${pipeline.pipeline}·s${si}`));
         tag.append(el("text", { x: gpu.x + 4, y: y + 23, class: "stage-text strong" }, `L${stage.layers[0]}–${stage.layers[1]} ${bits}`));
         if (bottleneck) {
           tag.append(el("rect", { x: gpu.x - 3, y: gpu.y - 3, width: gpu.w + 6, height: gpu.h + 6, rx: 6, class: "bottleneck-ring" }));
           tag.append(el("text", { x: gpu.x + gpu.w / 2, y: gpu.y - 6, class: "bottleneck-text", "text-anchor": "middle" }, "▼ bottleneck"));
         }
         layer.append(tag);
-        const next = replica.stages[si + 1] && gpuAt.get(replica.stages[si + 1].device);
+        const next = pipeline.stages[si + 1] && gpuAt.get(pipeline.stages[si + 1].device);
         if (next) {
           const ax = gpu.x + gpu.w / 2, ay = gpu.y + gpu.h / 2, bx = next.x + next.w / 2, by = next.y + next.h / 2;
           const lift = 34 + Math.abs(by - ay) * 0.1;
