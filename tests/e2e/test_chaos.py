@@ -17,7 +17,7 @@ import pytest
 from benchmarks.chaos_bench import SupervisedSystem, deploy, inject, rows_check, service_env
 from benchmarks.steady_clients import Outcome, SteadyClients
 from tests.e2e.harness import stage_processes
-from tests.support.processes import REDIS_ADDRESS, redis_up
+from tests.support.processes import redis_address, redis_up
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -28,7 +28,7 @@ def supervised_system(tmp_path):
     if not database_url.startswith(("postgres://", "postgresql://")) or not redis_up():
         pytest.skip("service mode: needs DATABASE_URL=postgres://… and a Redis server")
     # dbs 5 and 4: no other test uses them
-    with service_env(tmp_path, database_url, redis_db=5, redis_address=REDIS_ADDRESS) as env:
+    with service_env(tmp_path, database_url, redis_db=5, redis_address=redis_address()) as env:
         system = SupervisedSystem(workdir=tmp_path, env=env, restart_delay_s=1.0)
         try:
             system.start()

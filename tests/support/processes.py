@@ -15,13 +15,10 @@ from pathlib import Path
 
 import httpx
 
-from tests.worker_services import stage_port_share
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVICE_VARIABLES = ("DATABASE_URL", "CELERY_BROKER_URL", "CHANNEL_REDIS_URL", "MOTLEY_CACHE_URL")
-# The Redis server of this test process: a pytest-xdist worker's own (tests/worker_services.py), else
-# the machine's.
-REDIS_ADDRESS = os.environ.get("MOTLEY_TEST_REDIS", "127.0.0.1:6379")
+SHARED_REDIS = "127.0.0.1:6379"  # the machine's Redis
+STAGE_PORTS = (20000, 31999)  # below Linux's ephemeral range (32768-60999): a test system's stages
 
 
 def free_port() -> int:
@@ -30,11 +27,35 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def accepts(address: str) -> bool:
+    """Whether a server listens at ``host:port``."""
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def worker_index() -> int | None:
+    """0, 1, ... in a pytest-xdist worker ("gw0", "gw1", ...); None in a run without workers."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(name[2:]) if name.startswith("gw") else None
+
+
+def stage_port_share() -> tuple[int, int]:
+    """The block of STAGE_PORTS this test process may hand to the systems it starts."""
+    low, high = STAGE_PORTS
+    index, count = worker_index() or 0, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    size = (high - low + 1) // count
+    return low + index * size, low + (index + 1) * size - 1
+
+
 def stage_ports() -> str:
     """``MOTLEY_STAGE_PORTS`` of a system of its own: 100 ports from a block picked at random in this
-    test process's share of the stage ports (tests/worker_services.py), all below Linux's ephemeral
-    range (32768-60999), where an outgoing connection's local port could already hold a stage's port
-    ("Address already in use", seen with handovers' fresh ports)."""
+    test process's share of STAGE_PORTS, all below Linux's ephemeral range, where an outgoing
+    connection's local port could already hold a stage's port ("Address already in use", seen with
+    handovers' fresh ports)."""
     low, high = stage_port_share()
     base = low + (uuid.uuid4().int % ((high - low + 1) // 100)) * 100
     return f"{base}-{base + 99}"
@@ -100,19 +121,20 @@ def database_migrate(env: dict[str, str]) -> None:
     shutil.copyfile(_migrated, var_dir / "motley.sqlite3")
 
 
+def redis_address() -> str:
+    """``host:port`` of this test process's Redis server: a pytest-xdist worker's own
+    (tests/worker_services.py), else the machine's."""
+    return os.environ.get("MOTLEY_TEST_REDIS", SHARED_REDIS)
+
+
 def redis_url(db: int) -> str:
-    """Database ``db`` of this test process's Redis server (REDIS_ADDRESS)."""
-    return f"redis://{REDIS_ADDRESS}/{db}"
+    """Database ``db`` of this test process's Redis server."""
+    return f"redis://{redis_address()}/{db}"
 
 
 def redis_up() -> bool:
     """Whether this test process's Redis server accepts connections (service-mode tests skip without)."""
-    host, port = REDIS_ADDRESS.rsplit(":", 1)
-    try:
-        socket.create_connection((host, int(port)), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
+    return accepts(redis_address())
 
 
 def read_credentials(var_dir: Path) -> dict[str, str]:
