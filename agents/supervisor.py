@@ -223,11 +223,12 @@ class Supervisor:
             admitted = self._admission.admit(parsed, self._holding_memory(besides=stage), device_index)
         except (SpecError, StageRefused):
             return None  # replaced the ordinary way, which says why it is refused
+        written = admitted.spec.to_json()
         if admitted.device_index != stage.admitted.device_index or not respec(stage.run, self._dir / key,
-                                                                              admitted.spec.to_json()):
+                                                                              written):
             return None
         stage.requested, stage.admitted = requested, admitted
-        stage.loading_digest = spec_digest(admitted.spec.to_json())
+        stage.loading_digest = spec_digest(written)
         stage_states.respecced(stage.status, spec_digest(spec))
         self._emit(stage)
         return _copy(stage.status)
@@ -270,15 +271,16 @@ class Supervisor:
         def on_message(run: StageRun, message: dict[str, Any], at: float) -> None:  # on the reader thread
             self._inbox.put((self._on_message, (key, run, message, at), None))
 
+        written = stage.admitted.spec.to_json()
         try:
-            run = spawn(self._command, self._dir / key, stage.admitted.spec.to_json(), on_message,
+            run = spawn(self._command, self._dir / key, written, on_message,
                         self._forks.take if self._forks is not None else None, inbox=self._serve_command)
         except SpawnFailed as exc:
             stage_states.failed(stage.status, str(exc))
             self._emit(stage)
             return
         stage.run, stage.last_stats, stage.usage = run, None, (0.0, 0.0, 0.0)
-        stage.loading_digest = spec_digest(stage.admitted.spec.to_json())
+        stage.loading_digest = spec_digest(written)
         stage_states.spawned(stage.status, run.pid)
         stage.loads_idle_until = self._priority.lowered(run.pid, stage.background)
         self._emit(stage)
