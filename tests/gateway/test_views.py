@@ -151,6 +151,31 @@ async def test_a_client_that_goes_away_cancels_its_request(fake_pipeline, api_ke
     assert len(fake.cancelled) == 2
 
 
+async def test_a_cancel_that_meets_a_token_is_not_lost(fake_pipeline, api_key, demo_model):
+    """Tokens back to back, the client leaving at every tick of the event loop after its third chunk: at
+    some tick the cancel lands as a token arrives, where Python 3.11's ``asyncio.wait_for`` returned the
+    token and dropped the cancel, and the stream ran on for a client that had gone."""
+    fake = fake_pipeline({"r0": Script(tokens=tokens(demo_model) * 10)})
+    body = {"model": "demo", "prompt": "x", "max_tokens": 200, "stream": True}
+    for ticks in range(8):
+        response = await post(AsyncClient(), "/v1/completions", body, api_key)
+        received = []
+
+        async def consume():
+            async for chunk in response.streaming_content:
+                received.append(chunk)
+
+        task = asyncio.ensure_future(consume())
+        while len(received) < 3:
+            await asyncio.sleep(0)
+        for _ in range(ticks):
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert len(fake.cancelled) == ticks + 1, ticks
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [

@@ -154,10 +154,11 @@ class PipelineClient:
                 }
             )
             while True:
-                if queue.empty():  # wait_for costs a task per call: only pay it when we must wait
+                if queue.empty():
                     try:
-                        item = await asyncio.wait_for(queue.get(), timeout=min(0.25, self.timeout_s))
-                    except asyncio.TimeoutError:
+                        async with asyncio.timeout(min(0.25, self.timeout_s)):
+                            item = await queue.get()
+                    except TimeoutError:
                         if time.monotonic() - self._heard[request_id] > self.timeout_s:
                             raise PipelineBroken(
                                 f"the head at {self.head_address} said nothing of request {request_id} "
@@ -190,8 +191,9 @@ class PipelineClient:
         self._calls[call_id] = future
         try:
             await self._send({"type": kind, "call_id": call_id, **fields})
-            return await asyncio.wait_for(future, self.timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.timeout_s):
+                return await future
+        except TimeoutError:
             raise PipelineBroken(f"the head at {self.head_address} did not answer {kind!r} within "
                                  f"{self.timeout_s} s") from None
         finally:

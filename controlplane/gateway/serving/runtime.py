@@ -204,7 +204,8 @@ class Gateway:
     async def _poll_forever(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(self._hurry.wait(), self._poll_interval_s())
+                async with asyncio.timeout(self._poll_interval_s()):
+                    await self._hurry.wait()
             except TimeoutError:
                 pass
             hurried = self._hurry.is_set()

@@ -80,7 +80,8 @@ class ModelQueue:
     async def changed(self, timeout_s: float) -> None:
         """Until something changed (``notify``) or ``timeout_s`` passed."""
         try:
-            await asyncio.wait_for(self._changed.wait(), max(timeout_s, 0.0))
+            async with asyncio.timeout(max(timeout_s, 0.0)):
+                await self._changed.wait()
         except TimeoutError:
             pass
 
