@@ -158,8 +158,10 @@ def test_a_card_slower_than_its_catalog_is_calibrated_and_planned_by_it(paced_sy
         assert stage["calibration"]["factor"] == pytest.approx(factor[name], rel=0.05)
         assert stage["predicted"]["compute_ms"] == pytest.approx(
             stage["predicted_raw"]["compute_ms"] * stage["calibration"]["factor"])
+    # Its speed falls by the factor's ratio: about half, as far as the measured ratio is from 2 (under a
+    # loaded machine both cards' steps grow by the same added time, which pulls the ratio toward 1).
     speeds = {name: body["predicted"]["decode_tokens_per_s"] for name, body in after.items()}
-    assert speeds[SLOW] / speeds[ALIKE] == pytest.approx(0.5, rel=0.2)
+    assert speeds[SLOW] / speeds[ALIKE] == pytest.approx(factor[ALIKE] / factor[SLOW], rel=0.1), speeds
     # Each device's calibration was announced as an event.
     events = system.get("/api/v1/events/?kind=calibrated")["results"]
     assert {e["device"] for e in events} == set(expected)

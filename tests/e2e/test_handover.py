@@ -90,7 +90,7 @@ def run_changes(system: System, demo_model, overrides: str) -> None:
         for name, change in changes:
             marks.append((name, time.monotonic()))
             response = change()
-            assert response.status_code == 200, f"{name}: {response.text}"
+            assert response.status_code == 200, f"{name}: {response.text}\n{system.logs()}"
             revision += 1
             final = settled(system, pk, revision)
             time.sleep(1)
