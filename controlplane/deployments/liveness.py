@@ -53,7 +53,7 @@ _LIVENESS_KINDS = {Node.Status.SUSPECT: DeploymentEvent.Kind.NODE_SUSPECT,
 @transaction.atomic
 def node_heartbeat_record(*, node: Node, heartbeat: dict[str, Any]) -> None:
     """A heartbeat: the node is alive (``_heard_from``) and its stages are as reported."""
-    node.status = Node.objects.select_for_update().values_list("status", flat=True).get(pk=node.pk)
+    node.status = Node.objects.select_for_update(no_key=True).values_list("status", flat=True).get(pk=node.pk)
     Node.objects.filter(pk=node.pk).update(last_heartbeat=timezone.now())
     _heard_from(node)
     for status in heartbeat.get("stages") or ():
@@ -84,7 +84,11 @@ def node_heartbeats_flush(*, seen: list[HeartbeatSeen]) -> dict[int, str]:
     wins). An entry of a deleted node or an older incarnation changes nothing and is refused (its
     socket is closed).
     """
-    nodes = {n.pk: n for n in Node.objects.select_for_update().filter(pk__in={e.node_id for e in seen})}
+    # Locked in one order (every multi-row lock is by primary key) and FOR NO KEY UPDATE, which rows
+    # inserted with a foreign key to a node (a stage, an event) do not wait for: FOR UPDATE held here
+    # deadlocked a drain that held one node and placed stages on the others.
+    locked = Node.objects.select_for_update(no_key=True).filter(pk__in={e.node_id for e in seen})
+    nodes = {n.pk: n for n in locked.order_by("pk")}
     refused: dict[int, str] = {}
     latest: dict[int, HeartbeatSeen] = {}
     for i, entry in enumerate(seen):
@@ -181,7 +185,7 @@ def node_connection_closed(*, node_id: int, incarnation: int) -> None:
     (``_agent_died``)."""
     now = timezone.now()
     if Node.objects.filter(pk=node_id, incarnation=incarnation).update(connection_closed_at=now):
-        _lost_if_agent_died(Node.objects.select_for_update().get(pk=node_id), now)
+        _lost_if_agent_died(Node.objects.select_for_update(no_key=True).get(pk=node_id), now)
 
 
 @transaction.atomic
@@ -197,7 +201,8 @@ def node_link_broken_record(*, reporter: Node, status: Mapping[str, Any]) -> Non
         return  # only a head placed on the reporting node speaks for its pipeline
     lost_nodes = DeploymentStage.objects.filter(stage_index=broken, **pipeline).exclude(node=reporter)
     now = timezone.now()
-    for node in Node.objects.select_for_update().filter(pk__in=lost_nodes.values("node_id")):
+    locked = Node.objects.select_for_update(no_key=True).filter(pk__in=lost_nodes.values("node_id"))
+    for node in locked.order_by("pk"):
         node.link_broken_at = now
         node.save(update_fields=["link_broken_at"])
         _lost_if_agent_died(node, now)
@@ -260,7 +265,8 @@ def node_health_check() -> list[tuple[Node, str]]:
         seconds=settings.MOTLEY_AGENT_HEARTBEAT_INTERVAL_S * settings.MOTLEY_NODE_SUSPECT_MISSED_HEARTBEATS
     )
     lost_before = now - timedelta(seconds=settings.MOTLEY_NODE_LOST_AFTER_S)
-    watched = Node.objects.select_for_update().filter(incarnation__gt=0, last_heartbeat__isnull=False)
+    watched = Node.objects.select_for_update(no_key=True).filter(
+        incarnation__gt=0, last_heartbeat__isnull=False).order_by("pk")
     changes = []
     for node in watched.filter(last_heartbeat__lt=suspect_before).exclude(status=Node.Status.LOST):
         silent_s = round((now - node.last_heartbeat).total_seconds(), 1)

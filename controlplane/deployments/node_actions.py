@@ -95,7 +95,8 @@ def node_drain(*, node: Node, actor: Actor = SYSTEM) -> NodeActionResult:
     on_node = DeploymentStage.objects.filter(node=node, wanted=True, deployment__stop_requested=False)
     # A pipeline being handed over off the node still runs there until its successor serves: only the
     # stages a deployment ends with count (a second drain while the first moves things moves nothing).
-    candidates = Deployment.objects.select_for_update().filter(pk__in=on_node.values("deployment_id"))
+    candidates = Deployment.objects.select_for_update(no_key=True).filter(
+        pk__in=on_node.values("deployment_id")).order_by("pk")
     affected = [d for d in candidates if any(s.node_id == node.pk for s in desired_stages(deployment=d))]
     checked = []
     for deployment in affected:
@@ -137,7 +138,7 @@ def node_undrain(*, node: Node, actor: Actor = SYSTEM) -> NodeActionResult:
 
 
 def _locked(node: Node) -> Node:
-    return Node.objects.select_for_update().get(pk=node.pk)
+    return Node.objects.select_for_update(no_key=True).get(pk=node.pk)
 
 
 def _intent_change(

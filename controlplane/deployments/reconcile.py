@@ -44,7 +44,8 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
     stops retired ones, forgets those confirmed stopped or lost with their node, re-plans around a
     LOST node when the deployment allows it, and sets the status from what the stages report.
     """
-    locked = Deployment.objects.select_for_update(of=("self",))  # PostgreSQL: not the nullable revision
+    # of self: PostgreSQL cannot lock the nullable revision's side of the join
+    locked = Deployment.objects.select_for_update(of=("self",), no_key=True)
     deployment = locked.select_related("revision", "model").get(pk=deployment_id)
     was_message = deployment.status_message
     now = timezone.now()

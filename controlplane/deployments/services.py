@@ -60,7 +60,7 @@ def deployment_update(
     refresh (in-flight requests finish where they are), the rebalance policy its next pass. A change
     is audited (``deployment.updated``, each field's before and after); a request that changes
     nothing records nothing."""
-    deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
+    deployment = Deployment.objects.select_for_update(no_key=True).get(pk=deployment.pk)
     changes = {}
     if routing_strategy is not None:
         _require_strategy(routing_strategy)
@@ -91,7 +91,7 @@ def deployment_apply(*, deployment: Deployment, revision: PlanRevision, actor: A
     the planner's proposal, e.g. the plan editor's Rebalance (``plan.proposal_accepted``), else
     ``plan.applied``.
     """
-    deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
+    deployment = Deployment.objects.select_for_update(no_key=True).get(pk=deployment.pk)
     if deployment.stop_requested:
         raise ValidationError({"deployment": f"deployment {deployment.name} is stopped"})
     _require_draft(revision)
@@ -121,7 +121,7 @@ APPLY_ACTIONS = {
 def deployment_stop(*, deployment: Deployment, actor: Actor = SYSTEM) -> Deployment:
     """Stop every stage; the deployment is STOPPED once each one's agent confirmed (or is lost).
     The first request is audited (``deployment.stopped``); a repeated one changes nothing."""
-    deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
+    deployment = Deployment.objects.select_for_update(no_key=True).get(pk=deployment.pk)
     if not deployment.stop_requested:
         event_record(kind=DeploymentEvent.Kind.STOPPING, message="stop requested", deployment=deployment)
         audit_record(actor=actor, action="deployment.stopped", target=deployment)

@@ -97,7 +97,7 @@ def agent_register(
     that restarted kills what is no longer wanted and restarts what is. Audited as ``node.registered``
     by ``agent <name>`` from ``remote_addr`` (the join token's prefix, never the token).
     """
-    token = JoinToken.objects.select_for_update().filter(digest=secret_digest(join_token)).first()
+    token = JoinToken.objects.select_for_update(no_key=True).filter(digest=secret_digest(join_token)).first()
     if token is None:
         raise JoinTokenRefused("unknown join token")
     if token.revoked_at is not None:

@@ -90,7 +90,8 @@ def device_calibration_observe(*, device: Device, bits: int, observations: Itera
     moved by more than ``MOTLEY_CALIBRATION_EVENT_CHANGE`` since the last one announced).
     """
     with transaction.atomic():
-        row = DeviceCalibration.objects.select_for_update().filter(device=device, bits=bits).first()
+        locked = DeviceCalibration.objects.select_for_update(no_key=True)
+        row = locked.filter(device=device, bits=bits).first()
         window = window_add(row.window if row else [], observations, now=now,
                             size=settings.MOTLEY_CALIBRATION_WINDOW,
                             max_age_s=settings.MOTLEY_CALIBRATION_WINDOW_S)

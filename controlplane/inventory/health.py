@@ -127,7 +127,7 @@ def device_health_observe(*, node_id: int, observed: Mapping[int, Observation]) 
     Only rows whose observation differs are written, in one statement; ``health_override`` is never
     touched, and ``health`` becomes the override else the new observation.
     """
-    devices = Device.objects.select_for_update().select_related("node").filter(
+    devices = Device.objects.select_for_update(of=("self",), no_key=True).select_related("node").filter(
         node_id=node_id, index__in=list(observed))
     changed = []
     now = timezone.now()

@@ -70,7 +70,7 @@ def _register(
         parsed = ModelConfig.from_dict(raw)
     except UnsupportedModelError as exc:
         raise ValidationError({"config": str(exc)}) from None
-    existing = LlmModel.objects.select_for_update().filter(name=name).first()
+    existing = LlmModel.objects.select_for_update(no_key=True).filter(name=name).first()
     if existing is not None and not (stored_path and existing.path == stored_path):
         raise ValidationError({"name": f"a model named {name!r} is already registered; choose another name"})
     profile = profile_model(parsed, name)

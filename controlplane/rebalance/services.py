@@ -98,12 +98,12 @@ def _watched(*, deployment_id: int) -> tuple[Deployment, RebalanceState] | None:
     """The deployment and its policy state, both locked, when the policy watches it now: policy not
     off, a revision applied, no change in flight."""
     # of=("self",): PostgreSQL cannot lock the nullable side (revision) of the outer join.
-    locked = Deployment.objects.select_for_update(of=("self",))
+    locked = Deployment.objects.select_for_update(of=("self",), no_key=True)
     deployment = locked.select_related("revision", "model").get(pk=deployment_id)
     if (deployment.rebalance_policy == Deployment.RebalancePolicy.OFF or deployment.revision is None
             or change_in_flight(deployment=deployment)):
         return None
-    state, _ = RebalanceState.objects.select_for_update().get_or_create(deployment=deployment)
+    state, _ = RebalanceState.objects.select_for_update(no_key=True).get_or_create(deployment=deployment)
     return deployment, state
 
 
@@ -231,7 +231,7 @@ def proposal_dismiss(*, proposal: RebalanceProposal, actor: Actor) -> RebalanceP
 
 
 def _open(proposal: RebalanceProposal) -> RebalanceProposal:
-    locked = RebalanceProposal.objects.select_for_update(of=("self",)).select_related(
+    locked = RebalanceProposal.objects.select_for_update(of=("self",), no_key=True).select_related(
         "deployment", "revision").get(pk=proposal.pk)
     if locked.status != RebalanceProposal.Status.OPEN:
         raise ValidationError({"proposal": f"rebalance proposal {locked.pk} is {locked.status}, not open"})
