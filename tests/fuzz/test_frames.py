@@ -235,10 +235,13 @@ def test_generated_frames_leave_both_stages_up_without_leaks(pipeline, sockets):
             seen.append(rss(pipeline))
         return seen
 
-    warm = rounds(small, 4000)  # the first rounds grow the allocator's arenas
-    settled = rounds(small, 4000)
-    grown = [max(r[i] for r in settled) - max(r[i] for r in warm) for i in (0, 1)]
-    assert all(g < 1 << 20 for g in grown), f"RSS grew by {grown} bytes over 12000 small bad frames"
+    # The first phase grows the allocator's arenas. A leak grows the peak of every later phase; the
+    # arenas may still step up once (1.1 MiB, in one phase of one run in five), so a stage fails only
+    # when both later phases grew by a MiB.
+    peaks = [[max(r[i] for r in rounds(small, 4000)) for i in (0, 1)] for _ in range(3)]
+    grown = [[later[i] - earlier[i] for i in (0, 1)] for earlier, later in zip(peaks, peaks[1:])]
+    assert all(min(g[i] for g in grown) < 1 << 20 for i in (0, 1)), (
+        f"RSS grew by {grown} bytes (per stage) in each of two phases of 12000 small bad frames")
     first, *later = rounds([huge], 50)
     kept = 2 * len(huge[1])  # the allocator may keep two freed buffers of the largest frame
     grown = [max(r[i] for r in later) - first[i] for i in (0, 1)]
