@@ -60,6 +60,13 @@ class StageSpec:
     micro_batches: int | None = None  # micro-batches in flight; default num_stages
     max_batch_tokens: int = 4096  # tokens per micro-batch (a longer prompt still goes alone)
     max_queue: int = 256  # requests waiting for KV space before new ones are refused
+    # Automatic prefix caching (docs/pipeline.md, "Prefix caching"): the head names full KV blocks and
+    # every stage keeps them for reuse; off, every prompt is prefilled from its first token. The head's
+    # value decides for the pipeline; every stage carries the deployment's.
+    prefix_caching: bool = True
+    # KV tokens of blocks evicted from the device kept in host memory (pinned on CUDA) and copied back
+    # instead of recomputed: the plan sets it where copying is cheaper than prefilling (0: no host tier).
+    host_kv_tokens: int = 0
     # Started beside its pipeline ahead of an in-place handover: load, bind and say ready, then wait for
     # the spec that lets it join (the same without ``hold``, given in place). No heartbeat meanwhile.
     hold: bool = False
@@ -118,6 +125,7 @@ class StageSpec:
             (bool(self.auth_token), "auth_token must not be empty"),
             (self.micro_batches is None or self.micro_batches >= 1, "micro_batches must be at least 1"),
             (self.max_batch_tokens > 0 and self.max_queue >= 0, "max_batch_tokens/max_queue out of range"),
+            (self.host_kv_tokens >= 0, "host_kv_tokens must not be negative"),
         ]
         try:
             self.precision.layer_bits(start, end)
