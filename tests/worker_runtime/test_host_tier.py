@@ -1,0 +1,106 @@
+"""The host tier's store: named KV blocks copied out of a device cache and back bit for bit, least
+recently stored dropped first within its budget, lazily committed on the CPU, pinned for a CUDA stage."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from worker_runtime.host_tier import HostTier
+from worker_runtime.kv_cache import KVCache
+
+LAYERS, HEADS, HEAD_DIM, BLOCK = 3, 2, 8, 4
+
+
+def cache(device: str = "cpu") -> KVCache:
+    kv = KVCache(LAYERS, HEADS, HEAD_DIM, 8 * BLOCK, block_size=BLOCK, device=device)
+    kv.k.copy_(torch.randn_like(kv.k))
+    kv.v.copy_(torch.randn_like(kv.v))
+    return kv
+
+
+def block(kv: KVCache, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views of one device block's K and V: ``[layers, block_size, kv_heads, head_dim]``."""
+    slots = slice(index * BLOCK, (index + 1) * BLOCK)
+    return kv.k[:, slots], kv.v[:, slots]
+
+
+def tier(blocks: int, device: str = "cpu") -> HostTier:
+    return HostTier(LAYERS, HEADS, HEAD_DIM, blocks * BLOCK + BLOCK - 1, block_size=BLOCK, device=device,
+                    dtype=torch.float32)
+
+
+def test_a_block_comes_back_bit_for_bit_into_another_device_block_and_leaves_the_tier():
+    kv, host = cache(), tier(2)
+    assert host.num_blocks == 2  # whole blocks of the budget only
+    k, v = (t.clone() for t in block(kv, 1))
+    assert host.offload(0xAB, *block(kv, 1)) is None
+    kv.k.zero_()
+    kv.v.zero_()
+    assert 0xAB in host and len(host) == 1
+    host.restore(0xAB, *block(kv, 5))
+    assert torch.equal(block(kv, 5)[0], k) and torch.equal(block(kv, 5)[1], v)
+    assert 0xAB not in host and len(host) == 0
+    assert block(kv, 4)[0].abs().sum() == 0 and block(kv, 6)[1].abs().sum() == 0  # neighbours untouched
+    with pytest.raises(KeyError):
+        host.restore(0xAB, *block(kv, 5))
+
+
+def test_the_least_recently_stored_block_makes_room_and_is_named():
+    kv, host = cache(), tier(2)
+    assert host.offload(1, *block(kv, 0)) is None
+    assert host.offload(2, *block(kv, 1)) is None
+    assert host.offload(1, *block(kv, 0)) is None  # held already: now the most recent, nothing copied
+    assert host.offload(3, *block(kv, 2)) == 2
+    assert (1 in host, 2 in host, 3 in host) == (True, False, True)
+    host.restore(3, *block(kv, 7))
+    assert torch.equal(block(kv, 7)[0], block(kv, 2)[0])
+    assert host.offload(4, *block(kv, 3)) is None  # the restored block's slot was free again
+    assert host.offload(5, *block(kv, 4)) == 1
+    host.restore(4, *block(kv, 6))
+    assert torch.equal(block(kv, 6)[1], block(kv, 3)[1])
+
+
+def test_drop_and_clear_forget_and_free_the_room():
+    kv, host = cache(), tier(2)
+    host.offload(1, *block(kv, 0))
+    host.offload(2, *block(kv, 1))
+    assert host.drop(1) and not host.drop(1) and len(host) == 1
+    assert host.offload(3, *block(kv, 2)) is None
+    host.clear()
+    assert len(host) == 0 and 2 not in host and 3 not in host
+    assert [host.offload(n, *block(kv, n)) for n in (4, 5)] == [None, None]
+
+
+def test_a_budget_below_one_block_holds_nothing():
+    host = HostTier(LAYERS, HEADS, HEAD_DIM, BLOCK - 1, block_size=BLOCK, device="cpu", dtype=torch.float32)
+    assert host.num_blocks == 0 and len(host) == 0
+    with pytest.raises(ValueError, match="no host tier"):
+        host.offload(1, *block(cache(), 0))
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_large_cpu_tier_commits_memory_only_as_blocks_arrive():
+    before = _rss_bytes()
+    host = HostTier(8, 4, 64, 131072, block_size=16, device="cpu", dtype=torch.float32)  # 2 x 1 GiB
+    assert host.k.shape == (8192, 8, 16, 4, 64)
+    assert _rss_bytes() - before < 64 * 2**20
+    host.offload(7, torch.ones(8, 16, 4, 64), torch.ones(8, 16, 4, 64))
+    assert _rss_bytes() - before < 64 * 2**20
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_stage_copies_through_pinned_memory():
+    kv, host = cache("cuda:0"), tier(2, "cuda:0")
+    assert host.k.is_pinned() and host.v.is_pinned()
+    k = block(kv, 1)[0].clone()
+    host.offload(9, *block(kv, 1))
+    host.restore(9, *block(kv, 6))
+    torch.cuda.synchronize()
+    assert torch.equal(block(kv, 6)[0], k)
