@@ -11,9 +11,11 @@ block first), so a block goes either way in one transfer. It is pinned when the 
 CUDA, so copies run at the link's full speed; on the CPU it is lazily zeroed (``kv_cache``), so a
 tier nothing was evicted to costs no memory.
 
-The head decides what enters and leaves, so every stage holds the same names: a block lives in one
-tier at a time (``restore`` takes it out of this one), and within its budget the pool drops its least
-recently stored block to take a new one, the same choice on every stage given the same orders.
+The head decides what enters and leaves, so every stage holds the same names. Only ``offload`` and
+``drop`` change the set: ``restore`` copies a block back and keeps it (evicted again, it needs no
+copy), so stages that restore at other moments than the head still hold what it holds. Within its
+budget the pool drops its least recently used block to take a new one; the head sends the blocks its
+own pool dropped with each offload, and the other stages drop those first, so their pools never choose.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class HostTier:
             self.k = _lazy_zeros(shape, torch.device("cpu"), dtype)
             self.v = _lazy_zeros(shape, torch.device("cpu"), dtype)
         self._free = list(range(self.num_blocks - 1, -1, -1))
-        self._held: OrderedDict[int, int] = OrderedDict()  # name -> slot, least recently stored first
+        self._held: OrderedDict[int, int] = OrderedDict()  # name -> slot, least recently used first
 
     def __len__(self) -> int:
         """Blocks held now."""
@@ -70,14 +72,14 @@ class HostTier:
         return dropped
 
     def restore(self, name: int, k_block: torch.Tensor, v_block: torch.Tensor) -> None:
-        """Copy block ``name`` back into a device block's K and V and take it out of this tier
-        (KeyError if it is not held). From pinned memory the copy is queued on the current stream:
-        the stage's next forward, on the same stream, reads it after it lands, and a later ``offload``
-        into the freed slot waits for it, being a copy on that stream too."""
-        slot = self._held.pop(name)
+        """Copy block ``name`` back into a device block's K and V, keeping it here as the most recently
+        used (KeyError if it is not held). From pinned memory the copy is queued on the current stream:
+        the stage's next forward, on the same stream, reads it after it lands, and an ``offload`` that
+        later reuses the slot waits for it, being a copy on that stream too."""
+        slot = self._held[name]
+        self._held.move_to_end(name)
         k_block.copy_(self.k[slot], non_blocking=True)
         v_block.copy_(self.v[slot], non_blocking=True)
-        self._free.append(slot)
 
     def drop(self, name: int) -> bool:
         """Forget block ``name``; whether it was held."""
