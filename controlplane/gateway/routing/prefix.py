@@ -1,0 +1,33 @@
+"""How much of a prompt a replica's head already holds, from the summary the head reports.
+
+The router asks every candidate replica, several times per decision (admission, the strategy, the
+booking), so a prompt's block names are computed once per chain (seed, block size) and kept with the
+request: each head chains from its own seed (``contracts.prefix_cache.chain_seed``), so replicas
+that share nothing cost one hashing pass each, and every later question is a few Bloom probes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from contracts.prefix_cache import PrefixSummary, block_hashes
+
+
+class PromptPrefix:
+    """A prompt's token ids, with its block names per chain once asked for."""
+
+    __slots__ = ("_names", "_tokens")
+
+    def __init__(self, token_ids: Sequence[int]) -> None:
+        self._tokens = token_ids
+        self._names: dict[tuple[int, int], list[int]] = {}
+
+    def cached_tokens(self, summary: PrefixSummary) -> int:
+        """``summary.cached_tokens(token_ids)``: whole blocks up to the first the head lacks, the
+        prompt's last token never among them (the head computes at least that one)."""
+        key = (summary.seed, summary.block_size)
+        if (names := self._names.get(key)) is None:
+            reusable = self._tokens[:max(0, len(self._tokens) - 1)]
+            names = self._names[key] = block_hashes(reusable, summary.block_size, summary.seed)
+        held = next((i for i, name in enumerate(names) if name not in summary), len(names))
+        return held * summary.block_size
