@@ -14,6 +14,7 @@ count, in its own time to first token and, while it waits, in the queue of the r
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 from contracts.prefix_cache import PrefixSummary
@@ -71,11 +72,12 @@ class RequestShape:
         """KV space the request may use at most: reserved in full, so an admitted request can finish."""
         return self.prompt_tokens + self.max_tokens
 
-    def cached_on(self, summary: PrefixSummary | None) -> int:
-        """Leading prompt tokens a head with this summary is expected to hold (0 without one)."""
+    def cached_on(self, summary: PrefixSummary | None, also: Container[int] = ()) -> int:
+        """Leading prompt tokens a head with this summary (and the blocks named in ``also``) is expected
+        to hold (0 without a summary)."""
         if summary is None or self.prefix is None:
             return 0
-        return min(self.prefix.cached_tokens(summary), self.prompt_tokens - 1)
+        return min(self.prefix.cached_tokens(summary, also), self.prompt_tokens - 1)
 
 
 def _context_sum(context: int, steps: int) -> int:

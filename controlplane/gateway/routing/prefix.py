@@ -8,7 +8,7 @@ that share nothing cost one hashing pass each, and every later question is a few
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 from contracts.prefix_cache import PrefixSummary, block_hashes
 
@@ -22,12 +22,18 @@ class PromptPrefix:
         self._tokens = token_ids
         self._names: dict[tuple[int, int], list[int]] = {}
 
-    def cached_tokens(self, summary: PrefixSummary) -> int:
-        """``summary.cached_tokens(token_ids)``: whole blocks up to the first the head lacks, the
-        prompt's last token never among them (the head computes at least that one)."""
-        key = (summary.seed, summary.block_size)
+    def names(self, seed: int, block_size: int) -> list[int]:
+        """The names of the prompt's full blocks, its last token left out (the head computes it)."""
+        key = (seed, block_size)
         if (names := self._names.get(key)) is None:
             reusable = self._tokens[:max(0, len(self._tokens) - 1)]
-            names = self._names[key] = block_hashes(reusable, summary.block_size, summary.seed)
-        held = next((i for i, name in enumerate(names) if name not in summary), len(names))
+            names = self._names[key] = block_hashes(reusable, block_size, seed)
+        return names
+
+    def cached_tokens(self, summary: PrefixSummary, also: Container[int] = ()) -> int:
+        """``summary.cached_tokens(token_ids)``: whole blocks up to the first the head lacks, the
+        prompt's last token never among them; a block named in ``also`` counts as held too."""
+        names = self.names(summary.seed, summary.block_size)
+        held = next((i for i, name in enumerate(names) if name not in summary and name not in also),
+                    len(names))
         return held * summary.block_size

@@ -13,12 +13,14 @@ from enum import Enum
 
 from contracts.prefix_cache import PrefixSummary
 from controlplane.gateway.routing.costs import ReplicaCosts, RequestShape, time_to_finish, time_to_first_token
+from controlplane.gateway.routing.prefix import PromptPrefix
 
 ERROR_PENALTY = 10.0  # an error rate of 10% makes a replica look twice as slow
 # Above this share of a device's memory in use a replica looks slower: past what any plan fills (the
 # planner leaves 5% of each card and 384 MiB free), so only memory taken by something else counts.
 MEMORY_PRESSURE_KNEE = 0.96
 MEMORY_PRESSURE_PENALTY = 25.0  # 99% in use: 1.75x
+SENT_MAX = 4096  # prompts remembered between two summaries: a head silent for long forgets the oldest
 
 
 class _Unchanged(Enum):
@@ -76,6 +78,10 @@ class ReplicaState:
     _head_kv_free: int | None = field(default=None, repr=False)
     _reserved_when_heard: int = field(default=0, repr=False)
     _external_queued: int = field(default=0, repr=False)
+    # Prompts sent here that the head's last summary may not show yet: request id -> (its prompt,
+    # prefilled or ended), and the names of their blocks in the summary's chain.
+    _sent: dict[str, tuple[PromptPrefix, bool]] = field(default_factory=dict, repr=False)
+    _sent_names: set[int] = field(default_factory=set, repr=False)
 
     # -- load figures -------------------------------------------------------------------------------
     @property
@@ -127,8 +133,9 @@ class ReplicaState:
         return self.kv_need(request) <= self.kv_capacity
 
     def cached_tokens(self, request: RequestShape) -> int:
-        """Leading prompt tokens of the request that this replica's head is expected to hold."""
-        return request.cached_on(self.prefix_summary)
+        """Leading prompt tokens of the request that this replica's head is expected to hold: in its
+        last summary, or sent here since (a conversation's next turn may come before the next poll)."""
+        return request.cached_on(self.prefix_summary, self._sent_names)
 
     def _queued_ahead(self, request: RequestShape) -> int:
         """Prompt tokens ahead of the request: ours, exactly; another gateway's queued requests each
@@ -153,17 +160,27 @@ class ReplicaState:
             request.prompt_tokens, request.prompt_tokens - self.cached_tokens(request), request.max_tokens,
             self.kv_need(request),
         )
+        if request.prefix is not None and (summary := self.prefix_summary) is not None:
+            if len(self._sent) >= SENT_MAX:
+                self._sent.pop(next(iter(self._sent)))
+            self._sent[request_id] = (request.prefix, False)
+            self._sent_names.update(request.prefix.names(summary.seed, summary.block_size))
 
     def token(self, request_id: str) -> None:
         """One more token of the request was sampled (the first one ends its prefill)."""
         if (r := self._in_flight.get(request_id)) is not None:
+            if r.prefill_left and request_id in self._sent:
+                self._sent[request_id] = (self._sent[request_id][0], True)
             r.prefill_left = 0
             r.decode_left = max(0, r.decode_left - 1)
             r.generated += 1
 
     def finish(self, request_id: str) -> None:
-        """Finished, failed or cancelled: its KV space is free again. Idempotent."""
+        """Finished, failed or cancelled: its KV space is free again (its prompt's blocks stay cached at
+        the head, until the next summary says what it kept). Idempotent."""
         self._in_flight.pop(request_id, None)
+        if request_id in self._sent:
+            self._sent[request_id] = (self._sent[request_id][0], True)
 
     def observe(
         self, *, health: ReplicaHealth | None = None, kv_tokens_free: int | None = None,
@@ -175,7 +192,7 @@ class ReplicaState:
         KV space beyond those of ours not started yet are someone else's) and the summary of the
         prefixes it caches (None: it caches none; left out: unchanged)."""
         if not isinstance(prefix_summary, _Unchanged):
-            self.prefix_summary = prefix_summary
+            self._summarized(prefix_summary)
         if health is not None:
             self.health = health
         if kv_tokens_free is not None:
@@ -183,3 +200,12 @@ class ReplicaState:
         if queue_depth is not None:
             ours = sum(1 for r in self._in_flight.values() if r.prefill_left)
             self._external_queued = max(0, queue_depth - ours)
+
+    def _summarized(self, summary: PrefixSummary | None) -> None:
+        """A new summary covers every prompt sent here that was prefilled (or ended) before it; those
+        still waiting are remembered until a later one, named in its chain."""
+        self.prefix_summary = summary
+        self._sent = {} if summary is None else {
+            rid: (prefix, done) for rid, (prefix, done) in self._sent.items() if not done}
+        self._sent_names = {name for prefix, _ in self._sent.values()
+                            for name in prefix.names(summary.seed, summary.block_size)} if summary else set()
