@@ -24,11 +24,11 @@ COSTS = ReplicaCosts(prefill_s_per_token=0.001, decode_s_per_token=0.002, decode
 BLOCK = 16
 
 
-def summary_of(replica: str, *prompts: list[int], capacity_blocks: int = 4096) -> PrefixSummary:
+def summary_of(replica: str, *prompts: list[int], epoch: int = 1) -> PrefixSummary:
     """What a head whose pipeline is ``replica`` reports after serving ``prompts``."""
-    seed = chain_seed("demo", replica, 1)
+    seed = chain_seed("demo", replica, epoch)
     names = [name for p in prompts for name in block_hashes(p, BLOCK, seed)]
-    return PrefixSummary.of(seed, BLOCK, names, capacity_blocks)
+    return PrefixSummary.of(seed, BLOCK, names, 4096)
 
 
 def shape(prompt: list[int], max_tokens: int = 20) -> RequestShape:
@@ -162,3 +162,12 @@ def test_a_prompt_sent_since_the_last_summary_counts_as_cached_until_the_next_on
     assert held.cached_tokens(next_turn) == 0
     held.observe(prefix_summary=None)  # caching turned off
     assert held.cached_tokens(next_turn) == 0
+
+
+def test_a_re_formed_pipeline_forgets_the_prompts_sent_to_the_old_one():
+    history = tokens(400, 14)
+    (r, _) = two()
+    r.observe(prefix_summary=summary_of("r0"))
+    r.start("turn1", shape(history))  # still waiting for its prefill when the pipeline re-forms
+    r.observe(prefix_summary=summary_of("r0", epoch=2))  # a new epoch: its caches start empty
+    assert r.cached_tokens(shape(history + [1])) == 0

@@ -13,7 +13,6 @@ from enum import Enum
 
 from contracts.prefix_cache import PrefixSummary
 from controlplane.gateway.routing.costs import ReplicaCosts, RequestShape, time_to_finish, time_to_first_token
-from controlplane.gateway.routing.prefix import PromptPrefix
 
 ERROR_PENALTY = 10.0  # an error rate of 10% makes a replica look twice as slow
 # Above this share of a device's memory in use a replica looks slower: past what any plan fills (the
@@ -78,9 +77,9 @@ class ReplicaState:
     _head_kv_free: int | None = field(default=None, repr=False)
     _reserved_when_heard: int = field(default=0, repr=False)
     _external_queued: int = field(default=0, repr=False)
-    # Prompts sent here that the head's last summary may not show yet: request id -> (its prompt,
-    # prefilled or ended), and the names of their blocks in the summary's chain.
-    _sent: dict[str, tuple[PromptPrefix, bool]] = field(default_factory=dict, repr=False)
+    # Prompts sent here that the head's last summary may not show yet: request id -> (the names of
+    # its blocks in the summary's chain, prefilled or ended), and all those names.
+    _sent: dict[str, tuple[list[int], bool]] = field(default_factory=dict, repr=False)
     _sent_names: set[int] = field(default_factory=set, repr=False)
 
     # -- load figures -------------------------------------------------------------------------------
@@ -163,8 +162,9 @@ class ReplicaState:
         if request.prefix is not None and (summary := self.prefix_summary) is not None:
             if len(self._sent) >= SENT_MAX:
                 self._sent.pop(next(iter(self._sent)))
-            self._sent[request_id] = (request.prefix, False)
-            self._sent_names.update(request.prefix.names(summary.seed, summary.block_size))
+            names = request.prefix.names(summary.seed, summary.block_size)
+            self._sent[request_id] = (names, False)
+            self._sent_names.update(names)
 
     def token(self, request_id: str) -> None:
         """One more token of the request was sampled (the first one ends its prefill)."""
@@ -203,9 +203,10 @@ class ReplicaState:
 
     def _summarized(self, summary: PrefixSummary | None) -> None:
         """A new summary covers every prompt sent here that was prefilled (or ended) before it; those
-        still waiting are remembered until a later one, named in its chain."""
-        self.prefix_summary = summary
-        self._sent = {} if summary is None else {
-            rid: (prefix, done) for rid, (prefix, done) in self._sent.items() if not done}
-        self._sent_names = {name for prefix, _ in self._sent.values()
-                            for name in prefix.names(summary.seed, summary.block_size)} if summary else set()
+        still waiting are remembered until a later one. A summary in another chain (a re-formed
+        pipeline, a new epoch: its caches start empty) or none forgets them all."""
+        old, self.prefix_summary = self.prefix_summary, summary
+        same_chain = (summary is not None and old is not None
+                      and (old.seed, old.block_size) == (summary.seed, summary.block_size))
+        self._sent = {rid: sent for rid, sent in self._sent.items() if not sent[1]} if same_chain else {}
+        self._sent_names = {name for names, _ in self._sent.values() for name in names}
