@@ -88,11 +88,13 @@ def prefix_caching_write(*, deployment: Deployment) -> list[DeploymentStage]:
     """Write the deployment's ``prefix_caching`` into the spec of every stage that serves it or will (a
     held one, and the spec a prepared handover gives at its release), and ask for a reconcile, which
     sends each changed spec. A stage takes it in place (contracts §1, "respec": same layers, precision
-    and KV pool, nothing reloaded); an outgoing pipeline finishes with the spec it runs. The changed
-    rows are returned."""
-    outgoing = deployment.pipelines.filter(phase=DeploymentPipeline.Phase.OUTGOING).values_list(
-        "index", flat=True)
-    rows = deployment.stages.filter(Q(wanted=True) | Q(held=True)).exclude(pipeline__in=list(outgoing))
+    and KV pool, nothing reloaded), leaving its pipeline meanwhile: a serving pipeline is reloading
+    (not routed to, ``handover.reload_started``) until its stages are ready again, so no request is
+    sent into that pause. An outgoing pipeline finishes with the spec it runs. The changed rows are
+    returned."""
+    pipelines = {p.index: p for p in deployment.pipelines.all()}
+    rows = deployment.stages.filter(Q(wanted=True) | Q(held=True)).exclude(pipeline__in=[
+        index for index, p in pipelines.items() if p.phase == DeploymentPipeline.Phase.OUTGOING])
     changed = []
     for row in rows.order_by("pipeline", "stage_index"):
         fields = [name for name in ("spec", "next_spec") if getattr(row, name)  # {}: not written yet
@@ -102,6 +104,11 @@ def prefix_caching_write(*, deployment: Deployment) -> list[DeploymentStage]:
         if fields:
             row.save(update_fields=fields)
             changed.append(row)
+    now, reason = timezone.now(), f"prefix caching turned {'on' if deployment.prefix_caching else 'off'}"
+    for index, pipeline in pipelines.items():
+        starting = [row.stage_key for row in changed if row.pipeline == index and row.wanted]
+        if starting and pipeline.phase == DeploymentPipeline.Phase.SERVING:
+            handover.reload_started(pipeline=pipeline, starting=starting, reason=reason, now=now)
     dispatch.reconcile_on_commit(deployment_id=deployment.pk)
     return changed
 

@@ -54,8 +54,15 @@ def test_patch_rewrites_every_stage_spec_and_the_reconcile_sends_them_in_place(a
     started = starts(sent.take())
     assert {key: spec for key, (_, spec) in started.items()} == {key: row.spec for key, row in rows.items()}
     assert all(respec_blocker(was[key], spec) is None for key, (_, spec) in started.items())  # no reload
-    deployment_reconcile(deployment_id=deployment.pk)
-    assert sent.take() == []
+    # Not routed to while its stages rejoin (the pause), then serving again: no request sent into it.
+    assert deployment_reconcile(deployment_id=deployment.pk).status == Deployment.Status.DEPLOYING
+    assert sent.take() == [] and deployment.pipelines.get().phase == "reloading"
+    ready_all(deployment, pid_base=200)
+    assert deployment_reconcile(deployment_id=deployment.pk).status == Deployment.Status.READY
+    assert deployment.pipelines.get().phase == "serving"
+    started, done = (deployment.events.get(kind=kind) for kind in ("handover_started", "handover_done"))
+    assert "prefix caching turned off" in started.message and started.detail["starting"] == sorted(was)
+    assert "serves again" in done.message
     entry = AuditEntry.objects.get(action="deployment.updated")
     assert entry.detail == {"prefix_caching": [True, False]}
 
