@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from contracts.pipeline_errors import DeadlineExceeded, PipelineBroken, PipelineError, RequestRejected
@@ -246,9 +247,8 @@ class HeadLoop:
             # the gateway resumes them elsewhere (PipelineBroken) once the pipeline is whole again.
             self.membership.break_pipeline(h["stage_index"] + 1, str(h.get("message")))
         else:
-            self._fail(self.scheduler.on_failed(h["mb"]), PipelineError(str(h.get("message"))))
-            if self.prefix is not None:
-                self.prefix.evict_unused()
+            with self.prefix.distrusted() if self.prefix is not None else nullcontext():
+                self._fail(self.scheduler.on_failed(h["mb"]), PipelineError(str(h.get("message"))))
 
     def on_tokens(self, mb_id: int, seq_ids: list[int], tokens: list[int]) -> None:
         """Stream a micro-batch's tokens: one ``tokens`` frame per client, not one frame per token.

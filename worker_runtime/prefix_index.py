@@ -13,7 +13,8 @@ before it.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from contracts.prefix_cache import PrefixSummary, block_hashes, chain_seed
@@ -31,6 +32,7 @@ class PrefixIndex:
         self._prompt_names: dict[int, list[int]] = {}  # waiting seq_id -> its prompt's reusable blocks
         self.evicted: list[int] = []  # evicted here, for the other stages with the next ``free`` frame
         self._summary: tuple[tuple[int, int, int], dict[str, Any]] | None = None
+        self._suspended = False
         self.new_epoch(epoch)
 
     def new_epoch(self, epoch: int) -> None:
@@ -48,7 +50,7 @@ class PrefixIndex:
         names = self._prompt_names.get(request.seq_id)
         if names is None:  # the block of the prompt's last token is never reused: its logits are needed
             names = block_hashes(request.prompt[:-1], size, self.seed)
-        reused = list(itertools.takewhile(self.kv.holds, names))
+        reused = [] if self._suspended else list(itertools.takewhile(self.kv.holds, names))
         total = self.ledger.blocks(request.kv_tokens)
         if short := self.ledger.shortfall(total - len(reused)):
             pinned = set(reused)
@@ -91,13 +93,19 @@ class PrefixIndex:
         self._names.pop(seq_id, None)
         self._prompt_names.pop(seq_id, None)
 
-    def evict_unused(self) -> None:
-        """Evict every cached block no sequence holds: after a micro-batch failed on some stage, that stage
-        may lack blocks that stage 0 named, and only the blocks held by running sequences are known
-        to be alike everywhere."""
-        victims = list(self.kv.evictable())
-        self.kv.evict(victims)
-        self.evicted.extend(victims)
+    @contextmanager
+    def distrusted(self) -> Iterator[None]:
+        """Release a micro-batch that failed on some stage inside this: that stage may lack blocks stage
+        0 named, so meanwhile admissions reuse nothing, and after it every cached block no sequence
+        holds is evicted on every stage (the blocks running sequences hold are alike everywhere)."""
+        self._suspended = True
+        try:
+            yield
+        finally:
+            self._suspended = False
+            victims = list(self.kv.evictable())
+            self.kv.evict(victims)
+            self.evicted.extend(victims)
 
     def summary(self) -> dict[str, Any]:
         """The Bloom summary of the cached names for the gateway's router, made again only when they

@@ -101,3 +101,21 @@ def test_caching_off_is_the_whole_length_admission():
     scheduler = Scheduler(ledger, 1, 1000, 8)
     scheduler.submit(request("a", list(range(1, 10)), max_tokens=3))
     assert scheduler.ready[0].cached == 0 and ledger.free_tokens() == {0: 64 - 12}
+
+
+def test_while_a_failed_micro_batch_is_released_nothing_is_reused_and_then_unheld_blocks_go():
+    scheduler, index = head()
+    system = list(range(1, 13))
+    scheduler.submit(request("a", system + [50]))
+    run_to_end(scheduler, index)
+    scheduler.submit(request("held", system + [51]))  # holds 3 cached blocks
+    with index.distrusted():  # a stage may lack what stage 0 named
+        scheduler.submit(request("meanwhile", system + [52]))
+    held, meanwhile = scheduler.ready
+    assert held.cached == 12 and meanwhile.cached == 0
+    assert index.evicted == [] and index.kv.prefix_cached_blocks == 3  # held blocks stay
+    scheduler.remove("held")
+    index.kv.free(held.seq_id)
+    with index.distrusted():
+        pass
+    assert len(index.evicted) == 3 and index.kv.prefix_cached_blocks == 0
