@@ -16,6 +16,7 @@ import torch
 
 from contracts.precision import Precision
 from contracts.prefix_cache import PrefixSummary
+from contracts.stage_spec import StageSpec
 from controlplane.gateway.serving.pipeline_client import PipelineClient
 from worker_runtime.chain import generate
 from worker_runtime.stage import Stage
@@ -130,3 +131,31 @@ async def test_stage_processes_reuse_prefixes_and_forget_them_when_a_stage_resta
         stats = await client.stats()
     assert stats["prefix_cache"]["seed"] != seed and tokens[0] == tokens[1]
     assert tokens[0] == reference(tiny_model, pipeline, [(prompt, 8)], 16)[0]
+
+
+async def test_a_boundary_moved_in_place_reuses_nothing_of_the_old_split_and_gives_its_tokens(start_pipeline):
+    """A handover in place (contracts §1): the processes stay, their caches and names do not; what the new
+    split caches is reused again."""
+    pipeline = start_pipeline(3, kv_tokens=512)  # layers [0, 2), [2, 4), [4, 6)
+    prompt = SYSTEM + [3, 4]
+
+    async def serve(client) -> tuple[list[int], dict]:
+        tokens = [e.token_id async for e in client.submit(prompt, max_tokens=8)]
+        return tokens, await client.stats()
+
+    async with PipelineClient(pipeline.head, TOKEN, "p0", timeout_s=10.0) as client:
+        assert (await wait_healthy(client))["ok"]
+        before, _ = await serve(client)
+        reused, stats = await serve(client)
+        seed, hits = stats["prefix_cache"]["seed"], stats["stages"][0]["prefix_hit_tokens"]
+        for index, layers in ((0, [0, 3]), (1, [3, 4])):
+            pipeline.respec(index, StageSpec.from_dict({**pipeline.specs[index].to_json(), "layers": layers}))
+        for index in (0, 1):
+            pipeline.stages[index].wait_event("ready")
+        assert (await wait_healthy(client))["ok"]
+        after, stats = await serve(client)
+        assert stats["prefix_cache"]["seed"] != seed
+        assert stats["stages"][0]["prefix_hit_tokens"] == 0  # stage 0's cache is new with its layers
+        again, stats = await serve(client)
+    assert before == reused == after == again and hits == 32
+    assert stats["stages"][0]["prefix_hit_tokens"] == 32
