@@ -25,6 +25,9 @@ from .scheduler import KVLedger, Request
 
 
 class PrefixIndex:
+    """Prefix caching for one head: ``admit`` is the scheduler's admission, ``operations`` and ``commit``
+    go with each micro-batch, ``evicted`` with the next ``free`` frame, ``summary`` to the router."""
+
     def __init__(self, kv: KVCache, ledger: KVLedger, model_path: str, pipeline_id: str, epoch: int):
         self.kv, self.ledger = kv, ledger
         self._identity = (model_path, pipeline_id)
