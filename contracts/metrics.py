@@ -51,8 +51,13 @@ GPU_FIELDS = (
 # budget (contracts §3): sustained, they make its observed health DEGRADED. ``power_cap`` is left
 # out: a busy card at its power limit is working as designed.
 SLOWDOWN_REASONS = ("hw_slowdown", "sw_thermal", "hw_thermal", "power_brake")
+# Prefix caching's statistics (contracts §4) that the dashboard charts: prompt tokens looked up and
+# reused since the stage started (their ratio is its hit rate), and the KV blocks it keeps named for
+# reuse on its device and in host memory. A stage reports them only while it caches prefixes, so they
+# stay absent from its series until then.
+PREFIX_FIELDS = ("prefix_queried_tokens", "prefix_hit_tokens", "prefix_cached_blocks", "prefix_host_blocks")
 # The stage statistics (contracts §4) kept per stage as history and rollups.
 STAGE_FIELDS = (
     "step_ms", "compute_ms", "transfer_ms", "tokens_per_s", "batch_size", "queue_depth",
-    "kv_tokens_used", "kv_tokens_free", "bubble_fraction",
+    "kv_tokens_used", "kv_tokens_free", "bubble_fraction", *PREFIX_FIELDS,
 )

@@ -4,7 +4,9 @@ It owns all request state (the :class:`~worker_runtime.scheduler.Scheduler`) and
 :class:`~worker_runtime.pipeline_membership.PipelineMembership` decides of the pipeline's stages:
 when the pipeline breaks it fails every request in flight with
 :class:`~contracts.pipeline_errors.PipelineBroken`; when it is whole again it sends the stages a ``reset``
-and, for a new pipeline, runs its warm-up request (warm_up.py) before its health says ok.
+and, for a new pipeline, runs its warm-up request (warm_up.py) before its health says ok. With
+``prefix_caching`` its :class:`~worker_runtime.prefix_index.PrefixIndex` decides which cached blocks
+each request reuses and tells every stage (docs/pipeline.md, "Prefix caching").
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from contracts.pipeline_errors import DeadlineExceeded, PipelineBroken, PipelineError, RequestRejected
@@ -22,6 +25,7 @@ from .events import EventWriter, Every
 from .frames import Frame
 from .kv_cache import KVBudgetExceeded
 from .pipeline_membership import PipelineMembership
+from .prefix_index import PrefixIndex
 from .protocol import batch_message
 from .relay import heartbeat_interval
 from .scheduler import KVLedger, Request, Scheduler
@@ -40,14 +44,17 @@ class HeadLoop:
                  warmed: bool = False):
         self.spec, self.worker, self.transport, self.events = spec, worker, transport, events
         kv = worker.stage.kv
-        self.ledger = KVLedger()
+        self.ledger = KVLedger(kv)
         self.ledger.set_stage(0, kv.capacity_tokens, kv.block_size)
-        self.scheduler = Scheduler(
-            self.ledger, spec.micro_batches or spec.num_stages, spec.max_batch_tokens, spec.max_queue
-        )
         self.membership = PipelineMembership(spec.pipeline_id, spec.num_stages, spec.peer_timeout_s,
                                              warmed=warmed, on_health=self._health_changed,
                                              on_break=self._broken)
+        self.prefix = (PrefixIndex(kv, self.ledger, spec.model_path, spec.pipeline_id, self.membership.epoch)
+                       if spec.prefix_caching else None)
+        self.scheduler = Scheduler(
+            self.ledger, spec.micro_batches or spec.num_stages, spec.max_batch_tokens, spec.max_queue,
+            admission=self.prefix.admit if self.prefix else None,
+        )
         self.draining = False
         self._pending_free: list[int] = []
         self._keepalive = Every(KEEPALIVE_S)
@@ -92,17 +99,23 @@ class HeadLoop:
     def step(self) -> None:
         """Start micro-batches while slots are free: stage 0's layers here, the rest downstream.
 
-        Pending ``free`` frames go first: a request admitted into space just freed must not reach a
-        stage before that space is freed there.
+        Pending ``free`` frames go first: a request admitted into space just freed (or evicted) must
+        not reach a stage before that space is freed there.
         """
         self._flush_frees()
         while (mb := self.scheduler.next_micro_batch()) is not None:
+            self._flush_frees()  # a request that failed here meanwhile freed, or an admission evicted
+            if not self.membership.healthy:
+                return
             inputs = [r.next_input() for r in mb.requests]
             batch = Batch.of_tokens([r.seq_id for r in mb.requests], [t for t, _ in inputs],
                                     [s for _, s in inputs])
             params = [r.params for r in mb.requests]
+            ops = self.prefix.operations(mb.requests, inputs) if self.prefix else None
             try:
                 out, compute_s = self.worker.step(batch, params)
+                if ops is not None:
+                    self.prefix.commit(batch.seq_ids, ops)
             except (KVBudgetExceeded, ValueError) as exc:
                 self._fail(self.scheduler.on_failed(mb.id), PipelineError(f"stage 0: {exc}"))
                 continue
@@ -110,7 +123,7 @@ class HeadLoop:
             if self.spec.num_stages == 1:
                 self.on_tokens(mb.id, batch.seq_ids, out.tolist())
             else:
-                header, tensors = batch_message(self.membership.epoch, mb.id, batch, params, out)
+                header, tensors = batch_message(self.membership.epoch, mb.id, batch, params, out, ops)
                 try:
                     self.transport.send_next(header, tensors)
                 except PeerUnavailable as exc:
@@ -170,6 +183,8 @@ class HeadLoop:
                    PipelineBroken(f"pipeline {self.spec.pipeline_id} broken: {reason}"))
         self.worker.stage.kv.clear()
         self._pending_free.clear()
+        if self.prefix is not None:
+            self.prefix.new_epoch(self.membership.epoch)
 
     def _health_changed(self) -> None:
         """Tell the agent at once (a ``health`` event on stdout)."""
@@ -181,8 +196,9 @@ class HeadLoop:
             log.warning("heartbeat from an unknown stage %r", index)
             return
         incarnation, linked = str(header.get("incarnation")), header.get("linked", True) is not False
-        self.membership.heartbeat(index, incarnation, linked, dict(header.get("stats") or {}))
+        # The capacity first: a stage whose figures the ledger refuses is not counted as heard.
         self.ledger.set_stage(index, int(header["kv_capacity"]), int(header["block_size"]))
+        self.membership.heartbeat(index, incarnation, linked, dict(header.get("stats") or {}))
         if not self.membership.healthy:  # the last stage heard again completes it now, not at the next check
             self.check_peers(time.monotonic())
 
@@ -231,7 +247,8 @@ class HeadLoop:
             # the gateway resumes them elsewhere (PipelineBroken) once the pipeline is whole again.
             self.membership.break_pipeline(h["stage_index"] + 1, str(h.get("message")))
         else:
-            self._fail(self.scheduler.on_failed(h["mb"]), PipelineError(str(h.get("message"))))
+            with self.prefix.distrusted() if self.prefix is not None else nullcontext():
+                self._fail(self.scheduler.on_failed(h["mb"]), PipelineError(str(h.get("message"))))
 
     def on_tokens(self, mb_id: int, seq_ids: list[int], tokens: list[int]) -> None:
         """Stream a micro-batch's tokens: one ``tokens`` frame per client, not one frame per token.
@@ -316,25 +333,36 @@ class HeadLoop:
             "rejected": s.rejected,
             "kv_tokens_free_by_stage": self.ledger.free_tokens(),
             "max_request_tokens": self.ledger.largest(),
+            "prefix_cache": self.prefix.summary() if self.prefix is not None else None,
         }
 
     # ----- ending requests
 
     def _release(self, request: Request) -> None:
-        """Free a sequence's KV here now and on the other stages with the next ``free`` frame."""
+        """Free a sequence's KV here now and on the other stages with the next ``free`` frame, then admit
+        what the freed blocks make room for (the ledger counts stage 0's blocks: the scheduler's own
+        admission, before this, still saw them held)."""
         self.worker.stage.kv.free(request.seq_id)
         self._pending_free.append(request.seq_id)
+        if self.prefix is not None:
+            self.prefix.forget(request.seq_id)
         if request.request_id == self.membership.warming:  # every request that ends, ends here
             self.membership.warmed()
+        self.scheduler.admit()
 
     def _flush_frees(self) -> None:
-        if self._pending_free and self.spec.num_stages > 1:
+        """Tell the other stages which sequences ended and which cached blocks were evicted here."""
+        evicted = self.prefix.evicted if self.prefix is not None else []
+        if (self._pending_free or evicted) and self.spec.num_stages > 1:
+            header = {"type": "free", "epoch": self.membership.epoch, "seq_ids": self._pending_free}
+            if evicted:
+                header["evict"] = list(evicted)
             try:
-                self.transport.send_next({"type": "free", "epoch": self.membership.epoch,
-                                          "seq_ids": self._pending_free})
+                self.transport.send_next(header)
             except PeerUnavailable as exc:
                 self.membership.break_pipeline(1, f"stage 1 is unreachable: {exc}")
         self._pending_free = []
+        evicted.clear()
 
     def _end(self, request: Request, error: PipelineError) -> None:
         self.scheduler.remove(request.request_id)

@@ -8,12 +8,22 @@ out-of-memory crash in the middle of a step.
 
 The cache also owns each sequence's length (its next position), which is all the per-sequence state
 a stage keeps; :meth:`KVCache.plan` turns a ragged batch into the few index tensors every layer shares.
+
+Prefix caching (docs/pipeline.md, "Prefix caching"): a full block can be given a name
+(:meth:`KVCache.commit`, a hash chained over its prefix, ``contracts.prefix_cache``); a new sequence
+may start with named blocks (:meth:`KVCache.attach`), shared by reference count. A named block no
+sequence holds stays cached, in least-recently-used order, until :meth:`KVCache.evict` names it. The
+cache never evicts on its own: the head decides every eviction and every stage executes it, so all
+stages of a pipeline hold the same named blocks whatever their capacities. A partial block never has
+a name, so a shared block is never written: a sequence computes its own copy of a partial tail.
 """
 
 from __future__ import annotations
 
 import math
 import mmap
+from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -69,6 +79,16 @@ class KVCache:
         self._free_blocks = list(range(self.num_blocks - 1, -1, -1))
         self._blocks: dict[int, list[int]] = {}
         self._lengths: dict[int, int] = {}
+        self._block_of: dict[int, int] = {}  # name -> block
+        self._name_of: dict[int, int] = {}  # block -> name
+        self._refs: dict[int, int] = {}  # named block -> sequences holding it
+        self._unused: OrderedDict[int, None] = OrderedDict()  # names no sequence holds, least recent first
+        self._fresh: set[int] = set()  # attached sequences that have not run a step yet
+        self.names_version = 0  # changes whenever the set of names does (the head's summary is lazy)
+        # Cumulative since the process started (the statistics' prefix_* figures):
+        self.prefix_queried_tokens = 0  # tokens of new sequences' first steps, cached ones included
+        self.prefix_hit_tokens = 0  # tokens new sequences found cached (attached)
+        self.prefix_evicted_blocks = 0
 
     @property
     def capacity_tokens(self) -> int:
@@ -78,6 +98,36 @@ class KVCache:
     def free_tokens(self) -> int:
         """Tokens that can still be reserved (whole free blocks)."""
         return len(self._free_blocks) * self.block_size
+
+    @property
+    def used_blocks(self) -> int:
+        """Blocks held by sequences or cached under a name (not on the free list)."""
+        return self.num_blocks - len(self._free_blocks)
+
+    @property
+    def evictable_blocks(self) -> int:
+        """Named blocks no sequence holds: cached, and free for the taking once evicted."""
+        return len(self._unused)
+
+    @property
+    def prefix_cached_blocks(self) -> int:
+        return len(self._block_of)
+
+    @property
+    def names(self) -> list[int]:
+        """The names of every cached block."""
+        return list(self._block_of)
+
+    def holds(self, name: int) -> bool:
+        return name in self._block_of
+
+    def evictable(self) -> Iterator[int]:
+        """Names of the blocks no sequence holds, least recently used first (a chain's tail before its
+        head: :meth:`free` releases a sequence's blocks from its end)."""
+        return iter(self._unused)
+
+    def blocks_of(self, seq_id: int) -> int:
+        return len(self._blocks.get(seq_id, ()))
 
     @property
     def nbytes(self) -> int:
@@ -131,21 +181,95 @@ class KVCache:
             blocks.extend(self._free_blocks.pop() for _ in range(count))
 
     def free(self, seq_id: int) -> None:
-        """Forget ``seq_id`` and return its blocks; freeing an unknown sequence is a no-op (idempotent)."""
-        self._free_blocks.extend(reversed(self._blocks.pop(seq_id, [])))
+        """Forget ``seq_id``: its private blocks go back to the free list, its named ones lose a reference
+        (and, at none, become the most recently used of the evictable, its tail block first); freeing an
+        unknown sequence is a no-op (idempotent)."""
+        for block in reversed(self._blocks.pop(seq_id, [])):
+            name = self._name_of.get(block)
+            if name is None:
+                self._free_blocks.append(block)
+                continue
+            self._refs[block] -= 1
+            if not self._refs[block]:
+                self._unused[name] = None
         self._lengths.pop(seq_id, None)
+        self._fresh.discard(seq_id)
+
+    def attach(self, seq_id: int, names: list[int]) -> None:
+        """Start the new sequence ``seq_id`` with the cached blocks ``names`` (its first
+        ``len(names) * block_size`` tokens). Raises ``ValueError`` and changes nothing if the sequence
+        exists or a name is not cached here."""
+        if seq_id in self._lengths:
+            raise ValueError(f"sequence {seq_id} already holds blocks: only a new sequence attaches")
+        missing = next((name for name in names if name not in self._block_of), None)
+        if missing is not None:
+            raise ValueError(f"sequence {seq_id}: block {missing:#018x} is not cached on this stage")
+        if not names:
+            return
+        blocks = [self._block_of[name] for name in names]
+        for name, block in zip(names, blocks):
+            self._refs[block] += 1
+            self._unused.pop(name, None)
+        self._blocks[seq_id] = blocks
+        self._lengths[seq_id] = len(blocks) * self.block_size
+        self._fresh.add(seq_id)
+        self.prefix_hit_tokens += self._lengths[seq_id]
+
+    def commit(self, seq_id: int, first: int, names: list[int]) -> None:
+        """Name ``seq_id``'s full blocks ``first, first + 1, ...``, so later sequences can attach them. A
+        name another block already has leaves this block private: the decision depends only on the
+        names held, so every stage makes it alike. Raises ``ValueError`` and changes nothing if a block
+        is not full or has a name."""
+        full = self._lengths.get(seq_id, 0) // self.block_size
+        if first < 0 or first + len(names) > full:
+            raise ValueError(f"sequence {seq_id}: blocks {first}..{first + len(names) - 1} are not all full "
+                             f"({full} are)")
+        blocks = self._blocks.get(seq_id, [])[first:first + len(names)]
+        if any(block in self._name_of for block in blocks):
+            raise ValueError(f"sequence {seq_id}: a block from {first} on already has a name")
+        for name, block in zip(names, blocks):
+            if name in self._block_of:
+                continue
+            self._block_of[name], self._name_of[block], self._refs[block] = block, name, 1
+            self.names_version += 1
+
+    def evict(self, names: list[int]) -> int:
+        """Forget the named blocks ``names`` no sequence holds and return them to the free list; a name not
+        cached here, or still held, is skipped (after a failed micro-batch a stage may lack names the
+        head holds). Returns how many were evicted."""
+        evicted = 0
+        for name in names:
+            if name not in self._unused:
+                continue
+            del self._unused[name]
+            block = self._block_of.pop(name)
+            del self._name_of[block], self._refs[block]
+            self._free_blocks.append(block)
+            evicted += 1
+        if evicted:
+            self.prefix_evicted_blocks += evicted
+            self.names_version += 1
+        return evicted
 
     def clear(self) -> None:
-        """Forget every sequence (a pipeline's new epoch, a stage given a new spec)."""
-        for seq_id in self.sequences:
-            self.free(seq_id)
+        """Forget every sequence and every name (a pipeline's new epoch, a stage given a new spec)."""
+        self._free_blocks = list(range(self.num_blocks - 1, -1, -1))
+        self._blocks.clear()
+        self._lengths.clear()
+        self._fresh.clear()
+        if self._block_of:
+            self.names_version += 1
+        self._block_of.clear()
+        self._name_of.clear()
+        self._refs.clear()
+        self._unused.clear()
 
     def plan(self, seq_ids: list[int], starts: list[int], lengths: list[int]) -> AttentionPlan:
         """Reserve room for a ragged batch, advance each sequence's length, and build the index tensors.
 
         ``starts[i]`` is the position of sequence ``i``'s first new token. It may be lower than the
         cached length (the tail is recomputed and overwritten, e.g. a retried step) but not higher,
-        since the cache would have a hole.
+        since the cache would have a hole, nor within a named block, which other sequences may share.
         """
         if not (len(seq_ids) == len(starts) == len(lengths)) or not seq_ids:
             raise ValueError("a batch needs equally long, non-empty seq_ids, starts and lengths")
@@ -159,9 +283,16 @@ class KVCache:
                     f"sequence {seq_id}: start position {start} "
                     f"but the cache holds {self.length(seq_id)} tokens"
                 )
+            written = self._blocks.get(seq_id, [])[start // self.block_size:]
+            if start < self.length(seq_id) and any(block in self._name_of for block in written):
+                raise ValueError(f"sequence {seq_id}: start position {start} would overwrite a shared block")
+        new = [seq_id not in self._lengths or seq_id in self._fresh for seq_id in seq_ids]
         self._reserve({seq_id: start + n for seq_id, start, n in zip(seq_ids, starts, lengths)})
-        for seq_id, start, n in zip(seq_ids, starts, lengths):
+        for seq_id, start, n, first in zip(seq_ids, starts, lengths, new):
             self._lengths[seq_id] = start + n
+            if first:
+                self.prefix_queried_tokens += start + n
+                self._fresh.discard(seq_id)
         return self._build_plan(seq_ids, starts, lengths)
 
     def _block_table(self, seq_ids: list[int], num_blocks: int) -> torch.Tensor:

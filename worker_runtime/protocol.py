@@ -1,7 +1,9 @@
 """The messages of the data plane, as (JSON header, tensors) pairs, and the one that carries a batch.
 
-Stage to stage: ``batch`` (a micro-batch's hidden states), ``free`` (sequences done), ``reset`` (drop
-every sequence: the head starts a new epoch after a failure). To the head: ``tokens`` (sampled by the
+Stage to stage: ``batch`` (a micro-batch's hidden states, and with prefix caching the cached blocks
+each new sequence starts with and the blocks each sequence filled: :class:`PrefixOps`), ``free``
+(sequences done, and the cached blocks the head evicted: ``evict``), ``reset`` (drop every sequence
+and cached block: the head starts a new epoch after a failure). To the head: ``tokens`` (sampled by the
 last stage), ``failed`` (a stage could not run a micro-batch), ``heartbeat`` (liveness, KV figures
 and statistics of a stage). Client to head: ``submit``, ``cancel``, ``stats``, ``health``; head to
 client: ``tokens`` (that client's tokens of one micro-batch), ``error``, ``reply``, ``alive``. Every
@@ -11,6 +13,7 @@ state that was reset.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,11 +23,56 @@ from contracts.sampling import SamplingParams
 from .frames import Frame, FrameError
 from .stage import Batch
 
+NAME_LIMIT = 1 << 64  # block names are 64-bit (contracts.prefix_cache)
+
+
+@dataclass(frozen=True)
+class PrefixOps:
+    """What a micro-batch does to each stage's cached blocks, one entry per sequence in batch order:
+    ``attach``, the names of the cached blocks a new sequence starts with (before the step);
+    ``commit``, the index of the first block the step filled and the names of those blocks (after
+    it). In the header only where some entry is not empty."""
+
+    attach: list[list[int]]
+    commit: list[tuple[int, list[int]]]
+
+    def to_header(self) -> dict[str, Any]:
+        header: dict[str, Any] = {}
+        if any(self.attach):
+            header["attach"] = self.attach
+        if any(names for _, names in self.commit):
+            header["commit"] = [[first, names] for first, names in self.commit]
+        return header
+
+    @classmethod
+    def from_header(cls, h: dict[str, Any], count: int) -> PrefixOps:
+        """The operations of a ``batch`` header of ``count`` sequences; raises :class:`FrameError`."""
+        try:
+            attach = [names_of(entry) for entry in h.get("attach", [[]] * count)]
+            commit = [(int(first), names_of(names)) for first, names in h.get("commit", [[0, []]] * count)]
+        except (TypeError, ValueError) as exc:
+            raise FrameError(f"malformed prefix operations: {exc!r}") from exc
+        if len(attach) != count or len(commit) != count:
+            raise FrameError("a batch's attach and commit lists have one entry per sequence")
+        return cls(attach, commit)
+
+
+def names_of(raw: Any) -> list[int]:
+    """A list of block names from a header; raises ``TypeError`` or ``ValueError``."""
+    if not isinstance(raw, list):
+        raise TypeError(f"block names come as a list, not {type(raw).__name__}")
+    names = [int(name) for name in raw]
+    if any(not 0 <= name < NAME_LIMIT for name in names):
+        raise ValueError("a block name is a 64-bit unsigned integer")
+    return names
+
 
 def batch_message(
-    epoch: int, micro_batch: int, batch: Batch, params: list[SamplingParams], payload: torch.Tensor
+    epoch: int, micro_batch: int, batch: Batch, params: list[SamplingParams], payload: torch.Tensor,
+    prefix: PrefixOps | None = None,
 ) -> tuple[dict[str, Any], list[torch.Tensor]]:
-    """A micro-batch for the next stage: its layout, each sequence's sampling parameters, and ``payload``."""
+    """A micro-batch for the next stage: its layout, each sequence's sampling parameters, ``payload``, and
+    what it does to the cached blocks (``prefix``)."""
     header = {
         "type": "batch",
         "epoch": epoch,
@@ -33,6 +81,7 @@ def batch_message(
         "starts": batch.start_positions,
         "lengths": batch.lengths,
         "sampling": [vars(p) for p in params],  # a frozen dataclass's fields, without asdict's deep copy
+        **(prefix.to_header() if prefix is not None else {}),
     }
     return header, [payload]
 

@@ -3,7 +3,8 @@ tokens).
 
 Such a stage keeps no request state beyond its KV cache, so it needs no failure logic of its own:
 it heartbeats to the head, which decides; a ``reset`` or a newer epoch wipes its cache, which is how
-a restarted neighbour or head brings it back into a consistent pipeline.
+a restarted neighbour or head brings it back into a consistent pipeline. Its cached blocks follow the
+head's decisions too: it attaches, names and evicts exactly the blocks the frames say.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from contracts.stage_spec import StageSpec
 from .events import EventWriter, Every
 from .frames import Frame, FrameError
 from .kv_cache import KVBudgetExceeded
-from .protocol import batch_from_frame, batch_message
+from .protocol import PrefixOps, batch_from_frame, batch_message, names_of
 from .transport import Incoming, PeerUnavailable, Transport
 from .worker import StageWorker
 
@@ -132,8 +133,10 @@ class RelayLoop:
         if frame.type == "batch":
             self.run_batch(frame)
         elif frame.type in ("free", "reset"):
+            evict = names_of(frame.header.get("evict", []))
             for seq_id in frame.header.get("seq_ids", []):
                 self.worker.stage.kv.free(seq_id)
+            self.worker.stage.kv.evict(evict)
             self._forward(frame.header)
 
     def _forward(self, header: dict) -> None:
@@ -146,9 +149,17 @@ class RelayLoop:
 
     def run_batch(self, frame: Frame) -> None:
         mb = frame.header.get("mb")
+        kv = self.worker.stage.kv
         try:
             batch, params = batch_from_frame(frame, first_stage=False)
+            ops = PrefixOps.from_header(frame.header, len(batch.seq_ids))
+            for seq_id, names in zip(batch.seq_ids, ops.attach):
+                if names:
+                    kv.attach(seq_id, names)
             out, compute_s = self.worker.step(batch, params)
+            for seq_id, (first, names) in zip(batch.seq_ids, ops.commit):
+                if names:
+                    kv.commit(seq_id, first, names)
         except (FrameError, KVBudgetExceeded, ValueError) as exc:
             self._report_failure(mb, frame.header.get("seq_ids", []), f"stage {self.spec.stage_index}: {exc}")
             return
@@ -160,7 +171,7 @@ class RelayLoop:
                      "tokens": out.tolist()}
                 )
             else:
-                header, tensors = batch_message(self.epoch, mb, batch, params, out)
+                header, tensors = batch_message(self.epoch, mb, batch, params, out, ops)
                 self.transport.send_next(header, tensors)
         except PeerUnavailable as exc:
             self._report_failure(mb, batch.seq_ids, f"stage {self.spec.stage_index} cannot send on: {exc}",

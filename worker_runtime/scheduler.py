@@ -2,10 +2,11 @@
 
 Pure bookkeeping (no sockets, no torch), so every rule is tested alone. A request is admitted only
 when every stage's KV cache can hold its whole length (prompt + ``max_tokens``): it then never fails
-halfway for lack of memory, and the stages can allocate on demand. Admitted sequences rotate through
-``micro_batches`` groups: a sequence is in at most one micro-batch at a time (its next token depends
-on the last), and while one micro-batch is in a later stage the head starts the next one, so with
-``micro_batches >= num_stages`` every stage has work at once.
+halfway for lack of memory, and the stages can allocate on demand. With prefix caching the blocks a
+request finds cached are not counted again (worker_runtime/prefix_index.py decides what it reuses).
+Admitted sequences rotate through ``micro_batches`` groups: a sequence is in at most one micro-batch
+at a time (its next token depends on the last), and while one micro-batch is in a later stage the
+head starts the next one, so with ``micro_batches >= num_stages`` every stage has work at once.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import itertools
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from contracts.pipeline_errors import RequestRejected
 from contracts.sampling import SamplingParams
@@ -31,16 +34,17 @@ class Request:
     deadline: float | None = None  # time.monotonic() by which it must finish
     seq_id: int = -1
     output: list[int] = field(default_factory=list)
+    cached: int = 0  # leading prompt tokens found in the KV cache at admission: its first step starts there
 
     @property
     def kv_tokens(self) -> int:
         return len(self.prompt) + self.max_tokens
 
     def next_input(self) -> tuple[list[int], int]:
-        """The tokens this sequence feeds next and the position of the first: the prompt, then its last
-        token."""
+        """The tokens this sequence feeds next and the position of the first: the prompt from its first
+        uncached token, then its last token."""
         if not self.output:
-            return self.prompt, 0
+            return self.prompt[self.cached:], self.cached
         return [self.output[-1]], len(self.prompt) + len(self.output) - 1
 
     def finish_reason(self) -> str | None:
@@ -51,42 +55,86 @@ class Request:
         return None
 
 
-class KVLedger:
-    """Blocks reserved per stage, counted the way each stage's paged cache counts them."""
+class BlockUse(Protocol):
+    """What the head's own KV cache says of its blocks. Every stage holds the same blocks for each
+    sequence and the same cached ones (docs/pipeline.md, "Prefix caching"), so stage 0's cache is the
+    model of every stage's; the stages differ only in capacity."""
 
-    def __init__(self) -> None:
-        self.capacity: dict[int, tuple[int, int]] = {}  # stage -> (blocks, block_size)
-        self.reserved: dict[int, int] = {}  # stage -> blocks
-        self._held: dict[int, int] = {}  # seq_id -> tokens
+    @property
+    def used_blocks(self) -> int: ...
+
+    @property
+    def evictable_blocks(self) -> int: ...
+
+    def blocks_of(self, seq_id: int) -> int: ...
+
+
+class NothingAllocated:
+    """A ledger without a cache to ask (the scheduler alone): every admitted block is still to come."""
+
+    used_blocks = evictable_blocks = 0
+
+    def blocks_of(self, seq_id: int) -> int:
+        return 0
+
+
+class KVLedger:
+    """Blocks in use or promised, counted against every stage's capacity.
+
+    A stage's blocks are those its cache holds (sequences' and cached ones, ``cache.used_blocks``) plus
+    those the admitted sequences may still take to reach their whole length. A request is admitted
+    when that, plus its own blocks not found cached, fits the tightest stage; the head evicts cached
+    blocks first where it does not (``shortfall``). Every stage must use one block size.
+    """
+
+    def __init__(self, cache: BlockUse | None = None) -> None:
+        self.cache = cache or NothingAllocated()
+        self.capacity: dict[int, int] = {}  # stage -> blocks
+        self.block_size: int | None = None
+        self._totals: dict[int, int] = {}  # admitted seq_id -> blocks at its whole length
 
     def set_stage(self, stage: int, capacity_tokens: int, block_size: int) -> None:
-        self.capacity[stage] = (capacity_tokens // block_size, block_size)
-        self.reserved.setdefault(stage, 0)
+        if self.block_size not in (None, block_size):
+            raise ValueError(f"stage {stage} has KV blocks of {block_size} tokens, the head "
+                             f"{self.block_size}: a pipeline's stages share one block size")
+        self.block_size = block_size
+        self.capacity[stage] = capacity_tokens // block_size
 
-    def _blocks(self, stage: int, tokens: int) -> int:
-        return math.ceil(tokens / self.capacity[stage][1])
+    def blocks(self, tokens: int) -> int:
+        return math.ceil(tokens / self.block_size)
 
     def largest(self) -> int:
         """The longest sequence the pipeline could ever hold (the smallest stage's whole cache)."""
-        return min(blocks * size for blocks, size in self.capacity.values())
+        return min(self.capacity.values()) * self.block_size
+
+    def _committed(self) -> int:
+        """Blocks every stage holds or has promised to the admitted sequences."""
+        promised = sum(max(0, total - self.cache.blocks_of(seq_id)) for seq_id, total in self._totals.items())
+        return self.cache.used_blocks + promised
+
+    def shortfall(self, blocks: int) -> int:
+        """How many cached blocks must be evicted before ``blocks`` more fit on every stage (0: they fit)."""
+        committed = self._committed()
+        return max([0, *(committed + blocks - capacity for capacity in self.capacity.values())])
 
     def free_tokens(self) -> dict[int, int]:
-        return {s: (blocks - self.reserved[s]) * size for s, (blocks, size) in self.capacity.items()}
+        """Tokens a new request could still take per stage, cached blocks no sequence holds included."""
+        free = self.cache.evictable_blocks - self._committed()
+        return {s: (capacity + free) * self.block_size for s, capacity in self.capacity.items()}
+
+    def reserve(self, seq_id: int, blocks: int) -> None:
+        """Count ``seq_id`` as admitted, reaching ``blocks`` blocks (those it attached included)."""
+        self._totals[seq_id] = blocks
 
     def try_reserve(self, seq_id: int, tokens: int) -> bool:
-        if any(self.reserved[s] + self._blocks(s, tokens) > blocks
-               for s, (blocks, _) in self.capacity.items()):
+        blocks = self.blocks(tokens)
+        if self.shortfall(blocks):
             return False
-        for s in self.capacity:
-            self.reserved[s] += self._blocks(s, tokens)
-        self._held[seq_id] = tokens
+        self.reserve(seq_id, blocks)
         return True
 
     def release(self, seq_id: int) -> None:
-        tokens = self._held.pop(seq_id, None)
-        if tokens is not None:
-            for s in self.capacity:
-                self.reserved[s] -= self._blocks(s, tokens)
+        self._totals.pop(seq_id, None)
 
 
 @dataclass
@@ -97,8 +145,12 @@ class MicroBatch:
 
 
 class Scheduler:
-    def __init__(self, ledger: KVLedger, micro_batches: int, max_batch_tokens: int, max_queue: int):
+    def __init__(self, ledger: KVLedger, micro_batches: int, max_batch_tokens: int, max_queue: int,
+                 admission: Callable[[Request], bool] | None = None):
+        """``admission(request)``: reserve the request's KV and say whether it was admitted (default: its
+        whole length from the ledger; the head's prefix index finds cached blocks first)."""
         self.ledger = ledger
+        self.admission = admission or (lambda r: ledger.try_reserve(r.seq_id, r.kv_tokens))
         self.micro_batches, self.max_batch_tokens, self.max_queue = micro_batches, max_batch_tokens, max_queue
         self.requests: dict[str, Request] = {}  # every request not yet finished: waiting, ready or in flight
         self.waiting: deque[Request] = deque()  # not admitted yet
@@ -133,7 +185,7 @@ class Scheduler:
 
     def admit(self) -> None:
         """First come, first served: admit waiting requests while every stage has room for them."""
-        while self.waiting and self.ledger.try_reserve(self.waiting[0].seq_id, self.waiting[0].kv_tokens):
+        while self.waiting and self.admission(self.waiting[0]):
             self.ready.append(self.waiting.popleft())
 
     def next_micro_batch(self) -> MicroBatch | None:

@@ -45,14 +45,21 @@ class StageWorker:
         self.stats.record_step(compute_s, transfer_s, len(batch.seq_ids), batch.num_tokens, kv_tokens)
 
     def snapshot(self, transport: Transport) -> dict:
-        """The §4 statistics of this stage, plus ``frames_rejected`` (bad token or malformed)."""
+        """The §4 statistics of this stage, plus ``frames_rejected`` (bad token or malformed) and the
+        prefix cache's figures. Cached blocks no sequence holds count as free: they are evicted as
+        soon as a new sequence needs the room."""
         kv = self.stage.kv
+        free = kv.free_tokens + kv.evictable_blocks * kv.block_size
         return {
             **self.stats.snapshot(
-                kv_used=kv.capacity_tokens - kv.free_tokens,
-                kv_free=kv.free_tokens,
+                kv_used=kv.capacity_tokens - free,
+                kv_free=free,
                 bytes_sent=transport.bytes_sent,
                 bytes_received=transport.bytes_received,
             ),
             "frames_rejected": transport.rejected,
+            "prefix_queried_tokens": kv.prefix_queried_tokens,
+            "prefix_hit_tokens": kv.prefix_hit_tokens,
+            "prefix_cached_blocks": kv.prefix_cached_blocks,
+            "prefix_evicted_blocks": kv.prefix_evicted_blocks,
         }

@@ -130,7 +130,7 @@ def _deployment(deployment: Deployment, figures: dict[str, dict] | None = None) 
         "id": deployment.pk, "name": deployment.name, "model": deployment.model.name,
         "model_id": deployment.model_id,
         "status": deployment.status, "status_display": deployment.get_status_display(),
-        "status_message": deployment.status_message,
+        "status_message": deployment.status_message, "prefix_caching": deployment.prefix_caching,
         "revision_number": getattr(deployment.revision, "number", None),
         "replicas": _replica_count(deployment.revision),
         "predicted": asdict(plan.predicted) if plan else None,

@@ -18,6 +18,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.db.models import Q
 from django.utils import timezone
 
 from contracts.hardware import pcie_bandwidth_gbs
@@ -82,6 +83,35 @@ def revision_apply(*, deployment: Deployment, checked: CheckedPlan) -> None:
                                      f"({revision.get_source_display()})")
         deployment.save(update_fields=["status", "status_message", "last_updated"])
     dispatch.reconcile_on_commit(deployment_id=deployment.pk)
+
+
+def prefix_caching_write(*, deployment: Deployment) -> list[DeploymentStage]:
+    """Write the deployment's ``prefix_caching`` into the spec of every stage that serves it or will (a
+    held one, and the spec a prepared handover gives at its release), and ask for a reconcile, which
+    sends each changed spec. A stage takes it in place (contracts §1, "respec": same layers, precision
+    and KV pool, nothing reloaded), leaving its pipeline meanwhile: a serving pipeline is reloading
+    (not routed to, ``handover.reload_started``) until its stages are ready again, so no request is
+    sent into that pause. An outgoing pipeline finishes with the spec it runs. The changed rows are
+    returned."""
+    pipelines = {p.index: p for p in deployment.pipelines.all()}
+    rows = deployment.stages.filter(Q(wanted=True) | Q(held=True)).exclude(pipeline__in=[
+        index for index, p in pipelines.items() if p.phase == DeploymentPipeline.Phase.OUTGOING])
+    changed = []
+    for row in rows.order_by("pipeline", "stage_index"):
+        fields = [name for name in ("spec", "next_spec") if getattr(row, name)  # {}: not written yet
+                  and getattr(row, name).get("prefix_caching") != deployment.prefix_caching]
+        for name in fields:
+            setattr(row, name, {**getattr(row, name), "prefix_caching": deployment.prefix_caching})
+        if fields:
+            row.save(update_fields=fields)
+            changed.append(row)
+    now, reason = timezone.now(), f"prefix caching turned {'on' if deployment.prefix_caching else 'off'}"
+    for index, pipeline in pipelines.items():
+        starting = [row.stage_key for row in changed if row.pipeline == index and row.wanted]
+        if starting and pipeline.phase == DeploymentPipeline.Phase.SERVING:
+            handover.reload_started(pipeline=pipeline, starting=starting, reason=reason, now=now)
+    dispatch.reconcile_on_commit(deployment_id=deployment.pk)
+    return changed
 
 
 Stages = list[tuple[Device, StagePlan]]
@@ -304,6 +334,7 @@ def _stage_spec(
             if device.emulated else None
         ),
         micro_batches=micro_batches if stage_index == 0 else None,
+        prefix_caching=pipeline.deployment.prefix_caching,
     )
     try:
         spec.validate()

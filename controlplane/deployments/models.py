@@ -98,6 +98,10 @@ class Deployment(TimestampedModel):
         max_length=32, choices=ROUTING_STRATEGY_CHOICES, default=DEFAULT_ROUTING_STRATEGY,
         help_text="How the gateway chooses among the pipelines (docs/gateway.md).",
     )
+    prefix_caching = models.BooleanField(
+        default=True, help_text="Stages keep the KV of full prompt blocks and reuse it for a request that "
+        "starts with the same tokens (docs/deployments.md, \"Prefix caching\").",
+    )
     rebalance_policy = models.CharField(
         max_length=16, choices=RebalancePolicy.choices, default=RebalancePolicy.PROPOSE,
         help_text="What the rebalance policy does when a better plan exists (docs/deployments.md).",

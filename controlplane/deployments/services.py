@@ -17,7 +17,7 @@ from django.db import transaction
 from contracts.routing import DEFAULT_ROUTING_STRATEGY, ROUTING_STRATEGIES
 from controlplane.audit.services import SYSTEM, Actor, audit_record
 from controlplane.deployments import dispatch
-from controlplane.deployments.desired_state import revision_apply
+from controlplane.deployments.desired_state import prefix_caching_write, revision_apply
 from controlplane.deployments.events import event_record
 from controlplane.deployments.models import Deployment, DeploymentEvent, PlanRevision
 from controlplane.deployments.revisions import plan_revision_check
@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 @transaction.atomic
 def deployment_create(
     *, name: str, revision: PlanRevision, replan_on_failure: bool = True,
-    routing_strategy: str = DEFAULT_ROUTING_STRATEGY, created_by: AbstractBaseUser | None = None,
-    actor: Actor = SYSTEM,
+    routing_strategy: str = DEFAULT_ROUTING_STRATEGY, prefix_caching: bool = True,
+    created_by: AbstractBaseUser | None = None, actor: Actor = SYSTEM,
 ) -> Deployment:
     """Create a deployment whose desired state is ``revision`` and start deploying it (audited:
     ``deployment.created``, by ``actor``)."""
@@ -41,12 +41,13 @@ def deployment_create(
     checked = plan_revision_check(revision=revision)
     deployment = Deployment.objects.create(
         name=name, model=revision.model, replan_on_failure=replan_on_failure,
-        routing_strategy=routing_strategy, created_by=created_by,
+        routing_strategy=routing_strategy, prefix_caching=prefix_caching, created_by=created_by,
     )
     revision_apply(deployment=deployment, checked=checked)
     audit_record(actor=actor, action="deployment.created", target=deployment, detail={
         "model": revision.model.name, "revision": revision.pk, "source": revision.source,
         "routing_strategy": routing_strategy, "replan_on_failure": replan_on_failure,
+        "prefix_caching": prefix_caching,
     })
     return deployment
 
@@ -54,10 +55,11 @@ def deployment_create(
 @transaction.atomic
 def deployment_update(
     *, deployment: Deployment, routing_strategy: str | None = None, replan_on_failure: bool | None = None,
-    rebalance_policy: str | None = None, actor: Actor = SYSTEM,
+    rebalance_policy: str | None = None, prefix_caching: bool | None = None, actor: Actor = SYSTEM,
 ) -> Deployment:
     """Change the settings that need no new plan; the gateway picks a new strategy up at its next
-    refresh (in-flight requests finish where they are), the rebalance policy its next pass. A change
+    refresh (in-flight requests finish where they are), the rebalance policy its next pass, and the
+    stages a changed ``prefix_caching`` with their spec, in place (``prefix_caching_write``). A change
     is audited (``deployment.updated``, each field's before and after); a request that changes
     nothing records nothing."""
     deployment = Deployment.objects.select_for_update(no_key=True).get(pk=deployment.pk)
@@ -76,10 +78,15 @@ def deployment_update(
                                                        f"choose one of {', '.join(policies)}"})
         changes["rebalance_policy"] = [deployment.rebalance_policy, rebalance_policy]
         deployment.rebalance_policy = rebalance_policy
+    if prefix_caching is not None:
+        changes["prefix_caching"] = [deployment.prefix_caching, prefix_caching]
+        deployment.prefix_caching = prefix_caching
     changes = {field: values for field, values in changes.items() if values[0] != values[1]}
     if changes:
         deployment.save(update_fields=[*changes, "last_updated"])
         audit_record(actor=actor, action="deployment.updated", target=deployment, detail=changes)
+    if "prefix_caching" in changes:
+        prefix_caching_write(deployment=deployment)
     return deployment
 
 

@@ -1,5 +1,5 @@
-"""The deployments at scrape time: status, every stage's predicted and measured figures, KV use and
-the placement decisions taken.
+"""The deployments at scrape time: status, every stage's predicted and measured figures, KV use,
+prefix caching (``prefix_cache.py``) and the placement decisions taken.
 
 Computed when Prometheus scrapes from what every process shares: the database (deployments, their
 applied plan revision, wanted stages, events) and each stage's latest statistics in the telemetry
@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from contracts.names import parse_stage_key, pipeline_id
 from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentStage
 from controlplane.observability.fleet import as_number, enum_gauge
+from controlplane.observability.prefix_cache import PrefixCacheFamilies
 from controlplane.planning import Plan, StagePlan
 from controlplane.telemetry.selectors import stage_samples
 
@@ -52,7 +53,8 @@ REBALANCE_KINDS = ("applied", "replanned", "drained", "replan_failed", "policy")
 
 
 class PipelineCollector(Collector):
-    """``motley_deployment_*``, ``motley_stage_*``, ``vllm:kv_cache_usage_perc`` and rebalance decisions."""
+    """``motley_deployment_*``, ``motley_stage_*``, ``vllm:kv_cache_usage_perc``, ``vllm:prefix_cache_*``
+    and rebalance decisions."""
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         deployments = {d.pk: d for d in Deployment.objects.select_related("model", "revision")}
@@ -94,6 +96,7 @@ class PipelineCollector(Collector):
         kv = GaugeMetricFamily("motley_stage_kv_tokens", "KV-cache tokens of the stage, used and free.",
                                labels=[*STAGE_LABELS, "state"])
         usage: dict[tuple[str, str], float] = {}  # (model, replica) -> the fullest stage's share
+        prefix = PrefixCacheFamilies(STAGE_LABELS)
         for key, latest in sorted(stage_samples().items()):
             parts = parse_stage_key(key)
             deployment = deployments.get(parts.deployment_id) if parts else None
@@ -111,8 +114,10 @@ class PipelineCollector(Collector):
                 share = used / (used + free) if used + free > 0 else 0.0
                 replica = (labels[0], labels[2])
                 usage[replica] = max(usage.get(replica, 0.0), share)
+            prefix.add(labels, stats, head=parts.stage_index == 0)
         yield from gauges.values()
         yield kv
+        yield from prefix.families()
         perc = GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage (the "
                                  "replica's fullest stage).", labels=["model_name", "replica"])
         for (model, replica), share in sorted(usage.items()):

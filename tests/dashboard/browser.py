@@ -112,7 +112,7 @@ class SimulatedAgents:
     """One thread per node sending contracts §3 heartbeats every ``interval_s`` on /ws/agents/.
 
     Utilization follows a slow sine per GPU so a chart visibly moves; stages on the node report
-    ``ready`` with per-stage statistics (§4).
+    ``ready`` with per-stage statistics (§4), prefix caching's among them (``prefix_cache_stats``).
     """
 
     def __init__(self, server_url: str, agents: list[dict], stages: list[dict], interval_s: float = 0.5):
@@ -144,6 +144,14 @@ class SimulatedAgents:
         assert not self.errors, self.errors
 
 
+def prefix_cache_stats(stage_index: int, seq: int) -> dict:
+    """A caching stage's prefix figures: 3 of every 4 prompt tokens reused (a 75 % hit rate), 10 + its
+    index blocks cached on the device, and a host tier on the heads only."""
+    stats = {"prefix_queried_tokens": 400 * seq, "prefix_hit_tokens": 300 * seq,
+             "prefix_cached_blocks": 10 + stage_index, "prefix_evicted_blocks": 0}
+    return {**stats, "prefix_host_blocks": 5} if stage_index == 0 else stats
+
+
 def heartbeat(agent: dict, stages: list[dict], seq: int) -> dict:
     now = time.time()
     devices = []
@@ -161,7 +169,8 @@ def heartbeat(agent: dict, stages: list[dict], seq: int) -> dict:
                            "transfer_ms": 3.0, "tokens_per_s": 40 + 10 * math.sin(now / 3), "batch_size": 4,
                            "queue_depth": seq % 3, "kv_tokens_used": 2000 + 50 * (seq % 40),
                            "kv_tokens_free": 6000,
-                           "bytes_sent": 0, "bytes_received": 0, "bubble_fraction": 0.15, "steps": seq}}
+                           "bytes_sent": 0, "bytes_received": 0, "bubble_fraction": 0.15, "steps": seq,
+                           **prefix_cache_stats(s["stage_index"], seq)}}
                 for s in stages]
     return {"type": "heartbeat", "incarnation": agent["incarnation"], "seq": seq, "sent_at": now,
             "devices": devices, "stages": statuses}

@@ -1,8 +1,9 @@
 """The dashboard in Debian's chromium, against a real server fed by simulated agents' websockets.
 
 Covers: log in; the topology of an emulated fleet with a running deployment; a utilization chart
-updating live from agent telemetry; an invalid plan edit showing the planner's error; a valid edit
-applied as a new revision. Screenshots of each page go to test-artifacts/screenshots/.
+updating live from agent telemetry; prefix caching's figures on the Utilization and Deployments pages;
+an invalid plan edit showing the planner's error; a valid edit applied as a new revision; the prefix
+caching switch. Screenshots of each page go to test-artifacts/screenshots/.
 (READY on the new plan needs real agents and stage processes: tests/dashboard/test_e2e.py.)
 
 Each test stands alone, in any order: the read-only ones share a module's server and a page logged in
@@ -104,6 +105,13 @@ def test_utilization_chart_updates_live_from_agent_telemetry(page):
     page.wait_for_function(f"{points} >= {before + 3}")  # three more agent heartbeats drawn
     assert page.evaluate("document.getElementById('chart-utilization').data.length") == 6  # node-a's GPUs
     page.wait_for_function("document.getElementById('chart-step-split').data?.[0]?.x?.length > 0")
+    # Prefix caching: every stage reports a 75 % hit rate and its cached blocks; only heads a host tier.
+    page.wait_for_function("document.getElementById('chart-prefix-hit').data?.[0]?.y?.length > 0")
+    stages = len(page.evaluate("document.getElementById('chart-tokens').data"))
+    assert len(page.evaluate("document.getElementById('chart-prefix-blocks').data")) == stages
+    assert page.evaluate("document.getElementById('chart-prefix-hit').data[0].y.at(-1)") == pytest.approx(75)
+    heads = page.evaluate("document.getElementById('chart-prefix-host').data.map((t) => t.name)")
+    assert heads and all(name.endswith("-s0") for name in heads)
     page.wait_for_timeout(1000)
     shot(page, "utilization")
 
@@ -112,6 +120,10 @@ def test_deployments_page_shows_measured_next_to_predicted(page):
     page.goto("/deployments/")
     page.wait_for_function("document.querySelector('[data-measured=tokens_per_s]').textContent !== '—'")
     assert page.locator("section.deployment .status", has_text="ready").first.is_visible()
+    page.wait_for_function("document.querySelector('[data-live=prefix_hit_rate]').textContent === '75 %'")
+    head = page.locator("tr[data-stage][data-index='0']").first
+    assert head.locator("[data-live=prefix_blocks]").inner_text() == "10 + 5 host"
+    assert page.locator("[data-caching] [data-field=prefix_caching]").first.inner_text() == "on"
     shot(page, "deployments")
 
 
@@ -164,6 +176,17 @@ def test_invalid_edit_shows_the_error_a_valid_one_is_applied_and_rebalance_propo
     assert result.get_attribute("class") == "ok", result.inner_text()
     page.wait_for_url(re.compile(r"/deployments/$"))
     assert "revision 2 applied (edited by an operator)" in page.content()
+
+    # Prefix caching off and on again: the page says so at once and after a reload.
+    switch = page.locator(f"[data-caching='{server.seed['deployment_id']}']")
+    switch.locator("button", has_text="Turn off").click()
+    page.wait_for_function(f"document.querySelector(\"[data-caching='{server.seed['deployment_id']}']\")"
+                           ".dataset.on === 'false'")
+    page.reload()
+    assert switch.locator("[data-field=prefix_caching]").inner_text() == "off"
+    switch.locator("button", has_text="Turn on").click()
+    page.wait_for_function(f"document.querySelector(\"[data-caching='{server.seed['deployment_id']}']\")"
+                           ".dataset.on === 'true'")
 
     # Rebalance proposes the planner's plan from current health.
     page.goto(f"/deployments/{server.seed['deployment_id']}/plan/")

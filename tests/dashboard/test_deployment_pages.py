@@ -22,6 +22,16 @@ def test_deployments_page_shows_status_revisions_and_predicted_figures(operator_
     assert body.count('data-stage="d') == running_deployment.stages.count()
 
 
+def test_deployments_page_says_whether_prefix_caching_is_on_and_has_a_cell_per_stage_for_it(
+        operator_client, running_deployment):
+    running_deployment.prefix_caching = False
+    running_deployment.save(update_fields=["prefix_caching"])
+    body = operator_client.get(reverse("dashboard:deployments")).content.decode()
+    assert f'data-caching="{running_deployment.pk}" data-on="false"' in body and "Turn on</button>" in body
+    stages = running_deployment.stages.count()
+    assert body.count('data-live="prefix_hit_rate"') == body.count('data-live="prefix_blocks"') == stages
+
+
 def test_topology_lays_each_stage_over_its_gpu_and_marks_the_bottleneck(operator_client, running_deployment):
     overlay = operator_client.get(reverse("dashboard:topology-json")).json()["deployments"]
     plan = running_deployment.revision.plan

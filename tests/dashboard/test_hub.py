@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from contracts.metrics import GPU_FIELDS, STAGE_FIELDS, GpuMetrics
+from contracts.metrics import GPU_FIELDS, PREFIX_FIELDS, STAGE_FIELDS, GpuMetrics
 from contracts.stage_status import StageStatus
 from controlplane.telemetry.hub import TelemetryHub
 from controlplane.telemetry.models import TelemetryRollup
@@ -47,12 +47,19 @@ def test_gpu_fields_are_figures_agents_send():
 
 def test_stage_fields_are_statistics_stages_report():
     stats = StageStats().snapshot(kv_used=3, kv_free=5, bytes_sent=0, bytes_received=0)
-    assert set(STAGE_FIELDS) <= set(stats)
+    assert set(STAGE_FIELDS) - set(PREFIX_FIELDS) <= set(stats)  # prefix figures: a caching stage's
+
+
+def _caching_stage_stats() -> dict:
+    """A stage's statistics as it reports them while it caches prefixes."""
+    stats = StageStats().snapshot(kv_used=3, kv_free=5, bytes_sent=0, bytes_received=0)
+    return {**stats, "prefix_queried_tokens": 400, "prefix_hit_tokens": 300, "prefix_cached_blocks": 7,
+            "prefix_host_blocks": 2, "prefix_evicted_blocks": 1}
 
 
 def test_every_kept_field_of_a_real_heartbeat_reaches_the_snapshot_and_history():
     hub = TelemetryHub(clock=Clock(1000.0))
-    stats = StageStats().snapshot(kv_used=3, kv_free=5, bytes_sent=0, bytes_received=0)
+    stats = _caching_stage_stats()
     stage = StageStatus(stage_key="d1-r0-s0", deployment_id=1, replica=0, stage_index=0, state="ready",
                         pid=42, stats=stats)
     hub.ingest(_published("a", 1000.0, 10.0, stages=[stage.to_json()]))
@@ -62,6 +69,16 @@ def test_every_kept_field_of_a_real_heartbeat_reaches_the_snapshot_and_history()
     assert set(STAGE_FIELDS) <= set(kept_stage) and kept_stage["state"] == "ready"
     assert all(v[0] is not None for v in hub.recent("device")["a/gpu0"].values())
     assert all(v[0] is not None for v in hub.recent("stage")["d1-r0-s0"].values())
+
+
+def test_a_stage_that_caches_no_prefix_has_no_prefix_figures():
+    hub = TelemetryHub(clock=Clock(1000.0))
+    stats = StageStats().snapshot(kv_used=3, kv_free=5, bytes_sent=0, bytes_received=0)
+    stage = StageStatus(stage_key="d1-r0-s0", deployment_id=1, replica=0, stage_index=0, state="ready",
+                        pid=42, stats=stats)
+    hub.ingest(_published("a", 1000.0, 10.0, stages=[stage.to_json()]))
+    kept_stage = json.loads(hub.snapshot_text())["stages"]["d1-r0-s0"]
+    assert not set(PREFIX_FIELDS) & set(kept_stage) and "kv_tokens_free" in kept_stage
 
 
 def test_snapshot_holds_the_latest_sample_and_is_rendered_once_per_change():

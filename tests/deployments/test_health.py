@@ -81,7 +81,9 @@ def test_a_node_whose_agent_connection_closed_is_lost_sooner_while_other_agents_
     closed(node, 4.5)
     assert [(n.name, s) for n, s in node_health_check()] == [("n0", Node.Status.LOST)]
     lost = DeploymentEvent.objects.filter(kind=DeploymentEvent.Kind.NODE_LOST, node="n0").latest("at")
-    assert "its agent's connection closed 4.5 s ago, no heartbeat for 5.0 s" in lost.message, lost.message
+    # Tenths of a second pass between setting the times and the check on a loaded machine.
+    expected = r"its agent's connection closed 4\.[5-9] s ago, no heartbeat for 5\.\d s"
+    assert re.search(expected, lost.message), lost.message
 
     node_heartbeat_record(node=node, heartbeat={"stages": []})  # back (a reconnected agent)
     assert status(node) == Node.Status.READY

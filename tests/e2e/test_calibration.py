@@ -38,8 +38,9 @@ nodes:
     address: 127.0.0.1
     gpus: [{model: T4, count: 2}]
 """
-# Pacing dominates the tiny model's CPU time; calibration passes every second, counting from 5 samples.
-PACED = {"MOTLEY_EMULATION_TIME_SCALE": "8000", "MOTLEY_CALIBRATION_INTERVAL_S": "1",
+# Pacing dominates the tiny model's CPU time, with room to spare: a loaded machine adds CPU time to every
+# step alike, which pulls the slow card's ratio toward 1. Calibration passes every second, from 5 samples.
+PACED = {"MOTLEY_EMULATION_TIME_SCALE": "16000", "MOTLEY_CALIBRATION_INTERVAL_S": "1",
          "MOTLEY_CALIBRATION_MIN_SAMPLES": "5"}
 REQUEST = {"batch": 4, "context": 256, "replicas": 1, "bits": [16]}
 # n1/gpu0 (slow) and n2/gpu0 hold alike stages: two middle layers, no embedding, no head.

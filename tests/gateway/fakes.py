@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from contracts.pipeline_errors import PipelineBroken
+from contracts.prefix_cache import PrefixSummary
 from contracts.sampling import SamplingParams
 from controlplane.gateway.routing import ReplicaHealth, StageLink
 from controlplane.gateway.serving.directory import ReplicaEndpoint, ServedModel
@@ -32,6 +33,8 @@ class Script:
     # n-th submission: PipelineBroken after so many tokens
     break_after: list[int] = field(default_factory=list)
     successor: str | None = None  # handed over beside to this replica (the directory states it unhealthy)
+    # what its statistics report as "prefix_cache": a summary (sent as its JSON), None, or anything raw
+    prefix_cache: PrefixSummary | Any = None
 
 
 class FakePipelineClient:
@@ -85,11 +88,11 @@ class FakePipelineClient:
                 self.cancelled.append(request_id)
 
     async def stats(self) -> dict:
-        kv = self.scripts[self.pipeline_id].kv_tokens
-        ok = self.scripts[self.pipeline_id].healthy
+        script = self.scripts[self.pipeline_id]
+        kv, ok, prefix = script.kv_tokens, script.healthy, script.prefix_cache
         return {"ok": ok, "kv_tokens_free_by_stage": {"0": kv}, "max_request_tokens": kv, "stages": [],
-                "queue_depth": self.scripts[self.pipeline_id].queue_depth,
-                "reason": "" if ok else "stage 1 has not joined"}
+                "queue_depth": script.queue_depth, "reason": "" if ok else "stage 1 has not joined",
+                "prefix_cache": prefix.to_json() if isinstance(prefix, PrefixSummary) else prefix}
 
     async def close(self) -> None:
         self.closed.append(self.head_address)

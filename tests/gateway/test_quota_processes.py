@@ -19,7 +19,8 @@ from tests.telemetry.test_shared_state import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 REDIS_URL = redis_url(12)  # a database no other test uses
-WINDOW_S = 3.0
+# Seven requests fall in one window: a few seconds of them on a loaded machine.
+WINDOW_S = 6.0
 
 SEED = """
 import json
@@ -96,7 +97,7 @@ def test_limits_hold_across_two_gateway_processes_and_recover_after_the_window(s
         refused = complete(server, seed["rpm"])
         assert refused.status_code == 429
         assert refused.json()["error"]["code"] == "rate_limit_exceeded"
-        assert "rate limit of 4 requests per 3 s window" in refused.json()["error"]["message"]
+        assert f"rate limit of 4 requests per {WINDOW_S:g} s window" in refused.json()["error"]["message"]
         assert 1 <= int(refused.headers["Retry-After"]) <= WINDOW_S
     client = openai.OpenAI(base_url=f"{first.url}/v1", api_key=seed["rpm"], max_retries=0)
     with pytest.raises(openai.RateLimitError) as caught:  # what OpenAI's own client makes of it

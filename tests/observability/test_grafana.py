@@ -93,7 +93,8 @@ def test_the_dashboard_is_grafana_json_with_three_sections():
                    "motley_gpu_throttled", "motley_gpu_pcie_throughput_bytes_per_second",
                    "motley_gpu_nvlink_throughput_bytes_per_second", "motley_node_status",
                    "motley_deployment_status", "motley_rebalance_decisions_total",
-                   "motley_router_decisions_total"):
+                   "motley_router_decisions_total", "vllm:prefix_cache_hits_total",
+                   "vllm:gpu_prefix_cache_hit_rate", "motley_stage_prefix_cache_blocks"):
         assert wanted in names, wanted
 
 
@@ -111,7 +112,8 @@ async def test_every_metric_the_dashboard_reads_is_exported(running_deployment, 
                    nvlink_rx_bytes_per_s=1e9)
         stats = {"step_ms": 10.0, "compute_ms": 8.0, "transfer_ms": 2.0, "decode_ms": 7.0,
                  "bubble_fraction": 0.1, "tokens_per_s": 100.0, "batch_size": 2.0, "queue_depth": 0,
-                 "kv_tokens_used": 10, "kv_tokens_free": 90}
+                 "kv_tokens_used": 10, "kv_tokens_free": 90, "prefix_queried_tokens": 40,
+                 "prefix_hit_tokens": 30, "prefix_cached_blocks": 4, "prefix_host_blocks": 1}
         keep(node.name, node.pk, [busy], [stage_entry(stage, **stats)], received_at=time.time())
 
     await telemetry()

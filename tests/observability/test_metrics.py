@@ -103,6 +103,42 @@ def test_gpu_and_stage_gauges_are_the_stored_sample(client, running_deployment):
         assert not s.find("motley_stage_step_seconds", stage="1", replica=replica)
 
 
+def test_prefix_caching_per_replica_from_its_head_and_blocks_per_stage(client, running_deployment):
+    head = DeploymentStage.objects.select_related("device__node").get(
+        deployment=running_deployment, pipeline=0, stage_index=0)
+    relay = DeploymentStage(deployment=running_deployment, pipeline=0, stage_index=1)  # as a relay reports
+    cache = {"prefix_queried_tokens": 4000, "prefix_hit_tokens": 3000, "prefix_cached_blocks": 40,
+             "prefix_evicted_blocks": 7}
+    relay_stats = {**cache, "prefix_queried_tokens": 9999}
+    keep(head.node.name, head.node.pk, [], [stage_entry(head, **cache, prefix_host_blocks=12),
+                                            stage_entry(relay, **relay_stats)], time.time())
+
+    s = scrape(client)
+    replica = {"model_name": running_deployment.model.name, "replica": f"d{running_deployment.pk}-r0"}
+    assert s.value("vllm:prefix_cache_queries_total", **replica) == 4000  # the head's, not a relay's
+    assert s.value("vllm:prefix_cache_hits_total", **replica) == 3000
+    assert s.value("vllm:gpu_prefix_cache_hit_rate", **replica) == pytest.approx(0.75)
+    assert s.families["vllm:prefix_cache_queries"].type == "counter"
+    assert s.families["vllm:gpu_prefix_cache_hit_rate"].type == "gauge"
+    at = {**replica, "deployment": running_deployment.name}
+    assert s.value("motley_stage_prefix_cache_blocks", stage="0", tier="device", **at) == 40
+    assert s.value("motley_stage_prefix_cache_blocks", stage="0", tier="host", **at) == 12
+    assert s.value("motley_stage_prefix_cache_blocks", stage="1", tier="device", **at) == 40
+    assert not s.find("motley_stage_prefix_cache_blocks", stage="1", tier="host")  # no host tier there
+    assert s.value("motley_stage_prefix_cache_evicted_blocks_total", stage="1", **at) == 7
+
+
+def test_a_stage_without_prefix_figures_has_no_prefix_series(client, running_deployment):
+    head = DeploymentStage.objects.select_related("device__node").get(
+        deployment=running_deployment, pipeline=0, stage_index=0)
+    keep(head.node.name, head.node.pk, [], [stage_entry(head, step_ms=1.0, prefix_queried_tokens=0,
+                                                         prefix_hit_tokens=0)], time.time())
+    s = scrape(client)
+    assert s.value("vllm:prefix_cache_queries_total", replica=f"d{running_deployment.pk}-r0") == 0
+    assert not s.find("vllm:gpu_prefix_cache_hit_rate")  # nothing looked up: no rate
+    assert not s.find("motley_stage_prefix_cache_blocks")
+
+
 def test_statuses_and_rebalance_decisions_come_from_the_database(client, running_deployment):
     from controlplane.deployments.events import event_record
     from controlplane.inventory.models import Node

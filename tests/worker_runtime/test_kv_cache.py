@@ -138,3 +138,105 @@ def test_a_large_cpu_pool_commits_memory_only_as_it_is_used_and_reads_zero_where
     assert cache.k[3, 1000].eq(1.5).all() and cache.v[7, 131071].eq(-2.0).all()
     assert cache.k[3, 999].abs().sum() == 0 and cache.v[0, :4096].abs().sum() == 0
     assert _rss_bytes() - before < 64 * 2**20
+
+
+# ----- prefix caching: named blocks shared by reference, kept until the head evicts them
+
+A, B, C = 0xA, 0xB, 0xC
+
+
+def filled(cache: KVCache, seq_id: int, tokens: int) -> None:
+    """``seq_id`` holding ``tokens`` tokens, as a step of that many would leave it (no model needed)."""
+    cache.plan([seq_id], [cache.length(seq_id)], [tokens - cache.length(seq_id)])
+
+
+def test_named_blocks_are_shared_by_reference_and_cached_once_unheld():
+    cache = KVCache(2, 2, 8, kv_tokens=64, block_size=4)  # 16 blocks
+    filled(cache, 1, 10)  # 2 full blocks and a partial one
+    cache.commit(1, 0, [A, B])
+    cache.attach(2, [A, B])
+    assert cache.length(2) == 8 and cache.prefix_hit_tokens == 8 and cache.prefix_cached_blocks == 2
+    filled(cache, 2, 11)  # its own copy of the partial tail: a shared block is never written
+    assert cache.used_blocks == 4 and cache.prefix_queried_tokens == 10 + 11
+    cache.free(1)  # its private partial block returns, the shared ones stay held by 2
+    assert cache.used_blocks == 3 and cache.evictable_blocks == 0 and cache.evict([A, B]) == 0
+    cache.free(2)
+    assert cache.used_blocks == 2 and list(cache.evictable()) == [B, A]  # a chain goes from its end
+    assert cache.free_tokens == 56 and cache.holds(A) and cache.holds(B)
+
+
+def test_lru_order_follows_the_last_release_and_attaching_takes_a_block_out_of_it():
+    cache = KVCache(2, 2, 8, kv_tokens=64, block_size=4)
+    filled(cache, 1, 4)
+    cache.commit(1, 0, [A])
+    filled(cache, 2, 4)
+    cache.commit(2, 0, [B])
+    cache.free(1), cache.free(2)
+    assert list(cache.evictable()) == [A, B]
+    cache.attach(3, [A])
+    assert list(cache.evictable()) == [B]
+    cache.free(3)
+    assert list(cache.evictable()) == [B, A]  # A was used last
+    assert cache.evict([B, C]) == 1 and cache.prefix_evicted_blocks == 1  # C is not cached: skipped
+    assert not cache.holds(B) and cache.free_tokens == 60 and cache.names == [A]
+
+
+def test_attach_of_an_unknown_name_or_an_existing_sequence_raises_and_changes_nothing():
+    cache = KVCache(2, 2, 8, kv_tokens=64, block_size=4)
+    filled(cache, 1, 8)
+    cache.commit(1, 0, [A, B])
+    with pytest.raises(ValueError, match="not cached on this stage"):
+        cache.attach(2, [A, C])
+    with pytest.raises(ValueError, match="only a new sequence"):
+        cache.attach(1, [A])
+    assert cache.length(2) == 0 and cache.sequences == [1] and cache.prefix_hit_tokens == 0
+    cache.free(1)
+    assert cache.evictable_blocks == 2  # no reference was left behind by the failed attach
+
+
+def test_commit_names_only_full_unnamed_blocks_and_a_name_held_elsewhere_stays_private():
+    cache = KVCache(2, 2, 8, kv_tokens=64, block_size=4)
+    filled(cache, 1, 6)
+    with pytest.raises(ValueError, match="not all full"):
+        cache.commit(1, 0, [A, B])  # block 1 holds 2 of 4 tokens: a partial block has no name
+    cache.commit(1, 0, [A])
+    with pytest.raises(ValueError, match="already has a name"):
+        cache.commit(1, 0, [A])
+    filled(cache, 2, 4)  # the same prefix computed again by a sequence that did not attach it
+    cache.commit(2, 0, [A])  # A names sequence 1's block: this one stays private
+    assert cache.prefix_cached_blocks == 1
+    cache.free(2)
+    assert cache.used_blocks == 2  # its block went back to the free list, not to the cached ones
+
+
+def test_a_step_may_not_rewrite_a_shared_block():
+    cache = KVCache(2, 2, 8, kv_tokens=64, block_size=4)
+    filled(cache, 1, 8)
+    cache.commit(1, 0, [A])
+    with pytest.raises(ValueError, match="overwrite a shared block"):
+        cache.plan([1], [2], [1])
+    cache.plan([1], [5], [1])  # the private tail may be recomputed
+
+
+def test_clear_forgets_names_too():
+    cache = KVCache(2, 2, 8, kv_tokens=64, block_size=4)
+    filled(cache, 1, 8)
+    cache.commit(1, 0, [A, B])
+    version = cache.names_version
+    cache.clear()
+    assert cache.free_tokens == 64 and cache.names == [] and not cache.holds(A)
+    assert cache.names_version != version and list(cache.evictable()) == []
+
+
+def test_a_sequence_attaching_a_cached_prefix_gets_the_logits_of_a_whole_prefill(model_path):
+    stages = two_stages(model_path, block_size=4)
+    prompt = PROMPTS[3]  # 30 tokens: 7 full blocks
+    whole = run_stages(stages, Batch.of_tokens([1], [prompt], [0]))
+    names = list(range(100, 107))
+    for stage in stages:
+        stage.kv.commit(1, 0, names)
+        stage.kv.free(1)
+        stage.kv.attach(2, names[:5])  # 20 tokens reused, 10 computed
+    reused = run_stages(stages, Batch.of_tokens([2], [prompt[20:]], [20]))
+    torch.testing.assert_close(reused, whole, atol=1e-5, rtol=0)
+    assert all(s.kv.prefix_queried_tokens == 60 and s.kv.prefix_hit_tokens == 20 for s in stages)

@@ -82,8 +82,8 @@ class DeploymentSerializer(serializers.ModelSerializer):
         model = Deployment
         fields = [
             "id", "url", "name", "model", "model_name", "revision", "revision_number", "replan_on_failure",
-            "routing_strategy", "rebalance_policy", "status", "status_message", "stop_requested", "stages",
-            "pipelines", "created", "last_updated",
+            "routing_strategy", "rebalance_policy", "prefix_caching", "status", "status_message",
+            "stop_requested", "stages", "pipelines", "created", "last_updated",
         ]
 
     @extend_schema_field(StageSerializer(many=True))
@@ -121,6 +121,7 @@ class DeploymentCreateSerializer(PlanInputSerializer):
     replan_on_failure = serializers.BooleanField(default=True)
     routing_strategy = serializers.ChoiceField(choices=ROUTING_STRATEGY_CHOICES,
                                                default=DEFAULT_ROUTING_STRATEGY)
+    prefix_caching = serializers.BooleanField(default=True)
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
@@ -135,6 +136,7 @@ class DeploymentUpdateSerializer(serializers.Serializer):
     routing_strategy = serializers.ChoiceField(choices=ROUTING_STRATEGY_CHOICES, required=False)
     replan_on_failure = serializers.BooleanField(required=False)
     rebalance_policy = serializers.ChoiceField(choices=Deployment.RebalancePolicy.choices, required=False)
+    prefix_caching = serializers.BooleanField(required=False)
 
     def validate(self, attrs):
         unknown = sorted(set(self.initial_data) - set(self.fields))

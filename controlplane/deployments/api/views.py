@@ -40,15 +40,16 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
             revision = _revision_from(values, model=values.get("model"))
             deployment = services.deployment_create(
                 name=values["name"], revision=revision, replan_on_failure=values["replan_on_failure"],
-                routing_strategy=values["routing_strategy"], created_by=request.user,
+                routing_strategy=values["routing_strategy"], prefix_caching=values["prefix_caching"],
+                created_by=request.user,
                 actor=audit_context(request),
             )
         return Response(self._detail(deployment), status=status.HTTP_201_CREATED)
 
     @extend_schema(request=serializers.DeploymentUpdateSerializer, responses=serializers.DeploymentSerializer)
     def partial_update(self, request, pk=None):
-        """Change the routing strategy, replan_on_failure or the rebalance policy; a new plan goes
-        through apply."""
+        """Change the routing strategy, replan_on_failure, the rebalance policy or prefix_caching (sent to
+        the running stages); a new plan goes through apply."""
         data = serializers.DeploymentUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         deployment = services.deployment_update(

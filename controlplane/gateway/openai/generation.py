@@ -33,7 +33,7 @@ from controlplane.gateway.conf import gateway_setting
 from controlplane.gateway.openai.errors import OpenAIError, deadline_exceeded, saturated, unavailable
 from controlplane.gateway.openai.protocol import GenerationRequest
 from controlplane.gateway.openai.textstream import IncrementalDetokenizer, StopStrings
-from controlplane.gateway.routing import Decision, RequestShape
+from controlplane.gateway.routing import Decision, PromptPrefix, RequestShape
 from controlplane.gateway.serving.admission import Refused, replica_admit
 from controlplane.gateway.serving.decision_log import RouteRecord, recorder
 from controlplane.gateway.serving.runtime import ModelRoute
@@ -86,8 +86,10 @@ class Generation:
         return self.deadline_s - (time.monotonic() - self.started)
 
     def _shape(self) -> RequestShape:
-        """What is left to do: the prompt and the tokens so far to prefill, the rest to decode."""
-        return RequestShape(len(self.prompt_ids) + len(self.generated), self.max_tokens - len(self.generated))
+        """What is left to do: the prompt and the tokens so far to prefill (the heads may cache a prefix of
+        them), the rest to decode."""
+        prompt = self.prompt_ids + self.generated
+        return RequestShape(len(prompt), self.max_tokens - len(self.generated), PromptPrefix(prompt))
 
     async def place(self, *, exclude: frozenset[str] = frozenset()) -> None:
         """Book the request on a replica (at start, or resumed after a break) or raise the OpenAIError."""
@@ -113,7 +115,8 @@ class Generation:
         recorder.record(RouteRecord(
             self.request_id, name, route.router.strategy, time.time(), decision.replica.replica_id, "running",
             estimated_ttft_s=decision.estimated_ttft_s, estimated_finish_s=decision.estimated_finish_s,
-            prompt_tokens=shape.prompt_tokens, inputs=[asdict(i) for i in decision.inputs],
+            prompt_tokens=shape.prompt_tokens, cached_tokens=decision.cached_tokens,
+            inputs=[asdict(i) for i in decision.inputs],
             waited_s=round(waited_s, 3),
         ))
 

@@ -27,7 +27,9 @@ from controlplane.gateway.routing.strategies import CAPACITY_AWARE, STRATEGIES
 class ReplicaInputs:
     """What the router knew of one replica when it decided: shown with every decision, so an operator
     can see why a request went where it went. ``reason``: why it was not a candidate ("" if it was);
-    ``estimated_finish_s``: for healthy replicas, the request's estimated end-to-end time there."""
+    ``cached_tokens``: the request's leading prompt tokens its head is expected to hold, not
+    prefilled again (None: its head reports no prefix summary); ``estimated_finish_s``: for healthy
+    replicas, the request's estimated end-to-end time there."""
 
     replica: str
     healthy: bool
@@ -43,16 +45,18 @@ class ReplicaInputs:
     outstanding_tokens: int
     in_flight: int
     external_queued: int
+    cached_tokens: int | None
     estimated_finish_s: float | None
 
     @classmethod
-    def of(cls, replica: ReplicaState, *, candidate: bool, reason: str,
+    def of(cls, replica: ReplicaState, request: RequestShape, *, candidate: bool, reason: str,
            finish: float | None) -> ReplicaInputs:
         h = replica.health
         return cls(
             replica.replica_id, h.ok, candidate, reason, round(h.slowdown, 4), h.throttle, h.memory_pressure,
             h.error_rate, replica.costs_source, replica.costs.decode_step_s, replica.kv_free,
             replica.outstanding_tokens, replica.in_flight, replica.external_queued,
+            None if replica.prefix_summary is None else replica.cached_tokens(request),
             None if finish is None else round(finish, 4),
         )
 
@@ -65,6 +69,7 @@ class Decision:
     estimated_finish_s: float
     candidates: int
     inputs: tuple[ReplicaInputs, ...] = ()
+    cached_tokens: int = 0  # of the prompt, expected at the chosen replica's head
 
 
 @dataclass(frozen=True)
@@ -112,7 +117,7 @@ class Router:
         if not healthy:
             detail = "; ".join(f"{name}: {reason}" for name, reason in why.items())
             message = "no healthy replica of this model is available" + (f" ({detail})" if detail else "")
-            return Rejection("unavailable", message, self._inputs(why, finish))
+            return Rejection("unavailable", message, self._inputs(request, why, finish))
         candidates = []
         for r in healthy:
             if r.could_ever_fit(request):
@@ -125,7 +130,7 @@ class Router:
                 "too_large",
                 f"prompt ({request.prompt_tokens} tokens) plus max_tokens ({request.max_tokens}) exceeds "
                 f"the largest replica's KV capacity of {biggest} tokens",
-                self._inputs(why, finish),
+                self._inputs(request, why, finish),
             )
         if self.strategy in CAPACITY_AWARE or self.explain:
             finish = {r.replica_id: r.estimate_finish(request) for r in candidates}
@@ -143,7 +148,7 @@ class Router:
             return Rejection(
                 "saturated",
                 f"all {len(healthy)} replicas are busy: none can finish this request within {deadline_s:g} s",
-                self._inputs(why, finish),
+                self._inputs(request, why, finish),
             )
         chosen = self._choose(request, candidates, self._cursor)
         self._cursor += 1
@@ -153,14 +158,16 @@ class Router:
             estimated_ttft_s=chosen.estimate_ttft(request),
             estimated_finish_s=finish.get(chosen.replica_id) or chosen.estimate_finish(request),
             candidates=len(candidates),
-            inputs=self._inputs(why, finish),
+            cached_tokens=chosen.cached_tokens(request),
+            inputs=self._inputs(request, why, finish),
         )
 
-    def _inputs(self, why: dict[str, str], finish: dict[str, float]) -> tuple[ReplicaInputs, ...]:
+    def _inputs(self, request: RequestShape, why: dict[str, str],
+                finish: dict[str, float]) -> tuple[ReplicaInputs, ...]:
         if not self.explain:
             return ()
         return tuple(
-            ReplicaInputs.of(r, candidate=r.replica_id not in why, reason=why.get(r.replica_id, ""),
+            ReplicaInputs.of(r, request, candidate=r.replica_id not in why, reason=why.get(r.replica_id, ""),
                              finish=finish.get(r.replica_id))
             for r in self.replicas
         )

@@ -2,13 +2,16 @@
 
 The gateway is the only way requests reach a replica, so its own bookkeeping (what it admitted and
 how far each request got) is the exact, up-to-the-token picture of the load; telemetry adds what
-bookkeeping cannot know: KV space used by others, thermal throttling, memory pressure, errors.
+bookkeeping cannot know: KV space used by others, thermal throttling, memory pressure, errors, and
+which prompt prefixes its head caches (the summary its statistics carry).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
+from contracts.prefix_cache import PrefixSummary
 from controlplane.gateway.routing.costs import ReplicaCosts, RequestShape, time_to_finish, time_to_first_token
 
 ERROR_PENALTY = 10.0  # an error rate of 10% makes a replica look twice as slow
@@ -16,6 +19,13 @@ ERROR_PENALTY = 10.0  # an error rate of 10% makes a replica look twice as slow
 # planner leaves 5% of each card and 384 MiB free), so only memory taken by something else counts.
 MEMORY_PRESSURE_KNEE = 0.96
 MEMORY_PRESSURE_PENALTY = 25.0  # 99% in use: 1.75x
+SENT_MAX = 4096  # prompts remembered between two summaries: a head silent for long forgets the oldest
+
+
+class _Unchanged(Enum):
+    """``observe``'s default for the prefix summary, whose ``None`` means the head caches nothing."""
+
+    UNCHANGED = "unchanged"
 
 
 @dataclass(frozen=True)
@@ -42,7 +52,7 @@ class ReplicaHealth:
 @dataclass
 class _InFlight:
     prompt: int
-    prefill_left: int
+    prefill_left: int  # the prompt's tokens not cached at the head, until its first token
     decode_left: int
     kv_tokens: int  # reserved: whole KV blocks
     generated: int = 0
@@ -51,7 +61,8 @@ class _InFlight:
 @dataclass
 class ReplicaState:
     """One replica of a deployment. ``kv_capacity``: the smallest stage's KV budget, tokens;
-    ``kv_block_tokens``: its KV page size (the head reserves whole pages, worker_runtime's 16)."""
+    ``kv_block_tokens``: its KV page size (the head reserves whole pages, worker_runtime's 16);
+    ``prefix_summary``: the prompt prefixes its head last said it caches (None: none, or caching off)."""
 
     replica_id: str
     costs: ReplicaCosts
@@ -59,12 +70,17 @@ class ReplicaState:
     health: ReplicaHealth = field(default_factory=ReplicaHealth)
     kv_block_tokens: int = 16
     costs_source: str = "assumed"  # where ``costs`` come from: measured | planned | stated | assumed
+    prefix_summary: PrefixSummary | None = None
     _in_flight: dict[str, _InFlight] = field(default_factory=dict, repr=False)
     # The head's last free-KV figure and our reservations when it was read: what the head lacks beyond
     # those is someone else's, against whatever the capacity is now (it changes with a new plan).
     _head_kv_free: int | None = field(default=None, repr=False)
     _reserved_when_heard: int = field(default=0, repr=False)
     _external_queued: int = field(default=0, repr=False)
+    # Prompts sent here that the head's last summary may not show yet: request id -> (the names of
+    # its blocks in the summary's chain, prefilled or ended), and all those names.
+    _sent: dict[str, tuple[list[int], bool]] = field(default_factory=dict, repr=False)
+    _sent_names: set[int] = field(default_factory=set, repr=False)
 
     # -- load figures -------------------------------------------------------------------------------
     @property
@@ -84,7 +100,7 @@ class ReplicaState:
 
     @property
     def queued_tokens(self) -> int:
-        """Prompt tokens admitted but not yet prefilled."""
+        """Prompt tokens admitted but not yet prefilled (those the head caches are not prefilled)."""
         return sum(r.prefill_left for r in self._in_flight.values())
 
     @property
@@ -115,44 +131,68 @@ class ReplicaState:
     def could_ever_fit(self, request: RequestShape) -> bool:
         return self.kv_need(request) <= self.kv_capacity
 
+    def cached_tokens(self, request: RequestShape) -> int:
+        """Leading prompt tokens of the request that this replica's head is expected to hold: in its
+        last summary, or sent here since (a conversation's next turn may come before the next poll)."""
+        return request.cached_on(self.prefix_summary, self._sent_names)
+
     def _queued_ahead(self, request: RequestShape) -> int:
         """Prompt tokens ahead of the request: ours, exactly; another gateway's queued requests each
         counted as one of the request's own size (their sizes are unknown here)."""
         return self.queued_tokens + self._external_queued * request.prompt_tokens
 
     def estimate_ttft(self, request: RequestShape) -> float:
-        return time_to_first_token(self.costs, request, self._queued_ahead(request)) * self.health.slowdown
+        queued, cached = self._queued_ahead(request), self.cached_tokens(request)
+        return time_to_first_token(self.costs, request, queued, cached) * self.health.slowdown
 
     def estimate_finish(self, request: RequestShape) -> float:
         running = [(r.prompt + r.generated, r.decode_left) for r in self._in_flight.values()]
-        return (time_to_finish(self.costs, request, self._queued_ahead(request), running)
+        return (time_to_finish(self.costs, request, self._queued_ahead(request), running,
+                               self.cached_tokens(request))
                 * self.health.slowdown)
 
     # -- bookkeeping --------------------------------------------------------------------------------
     def start(self, request_id: str, request: RequestShape) -> None:
-        """The request was sent here: reserve its KV space and count its tokens."""
+        """The request was sent here: reserve its KV space (the whole length: the head reserves it, cached
+        or not) and count its tokens (its prefill: those the head does not cache)."""
         self._in_flight[request_id] = _InFlight(
-            request.prompt_tokens, request.prompt_tokens, request.max_tokens, self.kv_need(request)
+            request.prompt_tokens, request.prompt_tokens - self.cached_tokens(request), request.max_tokens,
+            self.kv_need(request),
         )
+        if request.prefix is not None and (summary := self.prefix_summary) is not None:
+            if len(self._sent) >= SENT_MAX:
+                self._sent.pop(next(iter(self._sent)))
+            names = request.prefix.names(summary.seed, summary.block_size)
+            self._sent[request_id] = (names, False)
+            self._sent_names.update(names)
 
     def token(self, request_id: str) -> None:
         """One more token of the request was sampled (the first one ends its prefill)."""
         if (r := self._in_flight.get(request_id)) is not None:
+            if r.prefill_left and request_id in self._sent:
+                self._sent[request_id] = (self._sent[request_id][0], True)
             r.prefill_left = 0
             r.decode_left = max(0, r.decode_left - 1)
             r.generated += 1
 
     def finish(self, request_id: str) -> None:
-        """Finished, failed or cancelled: its KV space is free again. Idempotent."""
+        """Finished, failed or cancelled: its KV space is free again (its prompt's blocks stay cached at
+        the head, until the next summary says what it kept). Idempotent."""
         self._in_flight.pop(request_id, None)
+        if request_id in self._sent:
+            self._sent[request_id] = (self._sent[request_id][0], True)
 
     def observe(
         self, *, health: ReplicaHealth | None = None, kv_tokens_free: int | None = None,
         queue_depth: int | None = None,
+        prefix_summary: PrefixSummary | None | _Unchanged = _Unchanged.UNCHANGED,
     ) -> None:
         """Telemetry: health, the head's free KV tokens (what it lacks beyond our own reservations is
-        used by someone else, e.g. another gateway process) and the head's queue (requests waiting for
-        KV space beyond those of ours not started yet are someone else's)."""
+        used by someone else, e.g. another gateway process), the head's queue (requests waiting for
+        KV space beyond those of ours not started yet are someone else's) and the summary of the
+        prefixes it caches (None: it caches none; left out: unchanged)."""
+        if not isinstance(prefix_summary, _Unchanged):
+            self._summarized(prefix_summary)
         if health is not None:
             self.health = health
         if kv_tokens_free is not None:
@@ -160,3 +200,13 @@ class ReplicaState:
         if queue_depth is not None:
             ours = sum(1 for r in self._in_flight.values() if r.prefill_left)
             self._external_queued = max(0, queue_depth - ours)
+
+    def _summarized(self, summary: PrefixSummary | None) -> None:
+        """A new summary covers every prompt sent here that was prefilled (or ended) before it; those
+        still waiting are remembered until a later one. A summary in another chain (a re-formed
+        pipeline, a new epoch: its caches start empty) or none forgets them all."""
+        old, self.prefix_summary = self.prefix_summary, summary
+        same_chain = (summary is not None and old is not None
+                      and (old.seed, old.block_size) == (summary.seed, summary.block_size))
+        self._sent = {rid: sent for rid, sent in self._sent.items() if not sent[1]} if same_chain else {}
+        self._sent_names = {name for names, _ in self._sent.values() for name in names}

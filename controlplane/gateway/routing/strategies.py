@@ -18,7 +18,9 @@ Strategy = Callable[[RequestShape, Sequence[ReplicaState], int], ReplicaState]
 
 
 def cost_aware(request: RequestShape, candidates: Sequence[ReplicaState], cursor: int) -> ReplicaState:
-    """The replica that finishes the request soonest (ties: the one with more free KV)."""
+    """The replica that finishes the request soonest (ties: the one with more free KV). Its estimate
+    counts only the prompt tokens that replica's head does not cache, so a conversation returns to
+    the replica holding its history until that replica's queue costs more than the reuse saves."""
     return min(candidates, key=lambda r: (r.estimate_finish(request), -r.kv_free))
 
 

@@ -38,6 +38,7 @@ class RouteRecord:
     queue_s: float | None = None  # routed → first token: time waiting in the replica plus prefill
     e2e_s: float | None = None
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt, expected at the chosen replica's head (not prefilled again)
     completion_tokens: int = 0
     inputs: list[dict] = field(default_factory=list)  # what the router saw of each replica (ReplicaInputs)
     waited_s: float = 0.0  # in the gateway's queue for a routable replica (waiting.py), resumptions included

@@ -7,8 +7,9 @@ Per replica (``ReplicaEndpoint.stages`` says where its stages run):
   device, throttling (``1 - sm_clock / sm_clock_max`` while NVML reports a throttle reason) and
   memory in use; per stage, its state and statistics (step time at the current batch). A sample
   older than ``TELEMETRY_STALE_S`` or missing makes the replica unhealthy (``routing.signals``);
-- **the head** (polled every ``REFRESH_S``): whether the pipeline serves, free KV per stage and the
-  queue (``runtime.Gateway._poll``); a head that does not answer makes it unhealthy;
+- **the head** (polled every ``REFRESH_S``): whether the pipeline serves, free KV per stage, the
+  queue and the summary of the prompt prefixes it caches (``runtime.Gateway._poll``); a head that
+  does not answer makes it unhealthy; a malformed summary is logged once and counts as none;
 - **the gateway's outcomes** (``telemetry.recorder``): the share of its recent requests that failed;
 - **measured costs**: the plan's costs scaled by the stages' measured / predicted step time
   (``routing.MeasuredCosts``) once three telemetry samples with steps exist.
@@ -20,12 +21,14 @@ False routes blind to telemetry (the head's statistics and the source's figures 
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from django.conf import settings
 
+from contracts.prefix_cache import PrefixSummary
 from controlplane.gateway.conf import gateway_setting
 from controlplane.gateway.routing import (
     DeviceSample,
@@ -39,6 +42,8 @@ from controlplane.gateway.routing import (
 from controlplane.gateway.serving.decision_log import recorder
 from controlplane.gateway.serving.directory import ReplicaEndpoint
 from controlplane.telemetry.selectors import device_samples, stage_samples
+
+log = logging.getLogger(__name__)
 
 
 def stale_after_s() -> float:
@@ -96,12 +101,27 @@ def telemetry_view(*, now: float | None = None) -> TelemetryView:
 
 @dataclass
 class HeadView:
-    """The last answer of a replica's head to a statistics call."""
+    """The last answer of a replica's head to a statistics call. ``prefix_summary``: its parsed
+    ``prefix_cache`` (None: caching off, or ``prefix_error`` says why it could not be read)."""
 
     ok: bool
     reason: str
     at: float  # wall clock
     stats: dict = field(default_factory=dict)
+    prefix_summary: PrefixSummary | None = None
+    prefix_error: str = ""
+
+    @property
+    def shown_stats(self) -> dict:
+        """The statistics as operators read them: the summary's filter by its size, not its bits (up
+        to 32 KiB a replica, polled every ``REFRESH_S``)."""
+        raw = self.stats.get("prefix_cache")
+        if not isinstance(raw, dict) or "bloom" not in raw:
+            return self.stats
+        shown = {k: v for k, v in raw.items() if k != "bloom"}
+        if self.prefix_summary is not None:
+            shown["bloom_bytes"] = len(self.prefix_summary.bits)
+        return {**self.stats, "prefix_cache": shown}
 
     @property
     def kv_tokens_free(self) -> int | None:
@@ -151,6 +171,7 @@ class LiveHealth:
         self.readings: dict[str, Reading] = {}
         self.measured = MeasuredCosts(min_samples=int(gateway_setting("COSTS_MIN_SAMPLES")))
         self.telemetry: TelemetryView | None = None
+        self._malformed: set[str] = set()  # replicas whose malformed prefix summary was logged
 
     @staticmethod
     def enabled() -> bool:
@@ -158,7 +179,23 @@ class LiveHealth:
 
     def head_answered(self, replica_id: str, stats: dict) -> None:
         reason = "" if stats.get("ok") else (stats.get("reason") or "its pipeline is not serving")
-        self.heads[replica_id] = HeadView(bool(stats.get("ok")), reason, time.time(), stats)
+        summary, error = self._prefix_summary(replica_id, stats.get("prefix_cache"))
+        self.heads[replica_id] = HeadView(bool(stats.get("ok")), reason, time.time(), stats, summary, error)
+
+    def _prefix_summary(self, replica_id: str, raw: Any) -> tuple[PrefixSummary | None, str]:
+        """The head's summary, or none and why: a malformed one routes as if nothing were cached there
+        (the request is then prefilled in full, which is always correct), logged once until it mends."""
+        if raw is None:
+            return None, ""
+        try:
+            summary = PrefixSummary.from_json(raw)
+        except ValueError as exc:
+            if replica_id not in self._malformed:
+                self._malformed.add(replica_id)
+                log.warning("replica %s: %s; routed as if its head cached nothing", replica_id, exc)
+            return None, str(exc)
+        self._malformed.discard(replica_id)
+        return summary, ""
 
     def head_ok(self, replica_id: str) -> bool:
         """Whether the replica's head said ok when last asked."""
@@ -167,8 +204,8 @@ class LiveHealth:
 
     def head_failed(self, replica_id: str, reason: str) -> None:
         """No answer, or a request found the pipeline broken: unhealthy until the head answers ok."""
-        previous = self.heads.get(replica_id)
-        self.heads[replica_id] = HeadView(False, reason, time.time(), previous.stats if previous else {})
+        previous = self.heads.get(replica_id) or HeadView(False, reason, time.time())
+        self.heads[replica_id] = replace(previous, ok=False, reason=reason, at=time.time())
 
     def apply(self, state: ReplicaState, endpoint: ReplicaEndpoint, *, head_answer: bool = False) -> None:
         """Set the replica's health and costs from everything known now. ``head_answer``: the head's
@@ -195,6 +232,7 @@ class LiveHealth:
             health=health,
             kv_tokens_free=head.kv_tokens_free if fresh else None,
             queue_depth=head.stats.get("queue_depth") if fresh else None,
+            **({"prefix_summary": head.prefix_summary} if fresh else {}),
         )
         costs, factor = self.measured.costs(replica_id, endpoint.costs, now=now) if self.enabled() else (
             endpoint.costs, None)
@@ -213,6 +251,7 @@ class LiveHealth:
         for table in (self.heads, self.readings):
             for replica_id in set(table) - keep_ids:
                 table.pop(replica_id, None)
+        self._malformed &= keep_ids
         self.measured.forget(keep_ids)
 
     def describe(self, state: ReplicaState, endpoint: ReplicaEndpoint) -> dict:
@@ -240,9 +279,21 @@ class LiveHealth:
                                               "age_s": round(now - head.at, 2),
                                               "queue_depth": head.stats.get("queue_depth"),
                                               "kv_tokens_free": head.kv_tokens_free},
+            "prefix_cache": _describe_summary(state.prefix_summary, head),
             "telemetry": {
                 "expected": bool(endpoint.stages) and self.enabled(),
                 "stale_after_s": stale_after_s(),
                 **(reading.as_dict() if reading is not None else {}),
             },
         }
+
+
+def _describe_summary(summary: PrefixSummary | None, head: HeadView | None) -> dict:
+    """The prefix summary the router uses for a replica: its chain, its filter's size and fill (the
+    share of bits set: past about a half, false positives grow), or why there is none."""
+    if summary is None:
+        return {"reported": False, "error": head.prefix_error if head is not None else ""}
+    bits = len(summary.bits) * 8
+    set_bits = sum(byte.bit_count() for byte in summary.bits)
+    return {"reported": True, "error": "", "seed": summary.seed, "block_size": summary.block_size,
+            "bloom_bytes": len(summary.bits), "fill": round(set_bits / bits, 4) if bits else 0.0}

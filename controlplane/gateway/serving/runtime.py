@@ -2,9 +2,10 @@
 
 One ``Gateway`` per event loop (the ASGI server runs one), since pipeline clients belong to the loop
 that opened them. The served models are re-read from the directory every ``REFRESH_S`` seconds and
-each replica's head is asked for its statistics at the same pace (free KV, queue, health); the
-agents' telemetry is read every ``HEALTH_REFRESH_S`` (live_health.py: throttling, memory, stale
-agents, measured step times), all in the background, so no request waits on telemetry.
+each replica's head is asked for its statistics at the same pace (free KV, queue, health, the
+summary of the prompt prefixes it caches); the agents' telemetry is read every ``HEALTH_REFRESH_S``
+(live_health.py: throttling, memory, stale agents, measured step times), all in the background, so
+no request waits on telemetry.
 
 A replica is routed to only once its head said it is healthy: a deployment is READY when each stage
 process reported ready, but the stages connect to each other just after, and until then the head's
@@ -253,7 +254,8 @@ class Gateway:
                 self.live.telemetry = None
 
     async def _poll(self, route: ModelRoute, state: ReplicaState) -> None:
-        """One statistics call to the head: its health, free KV per stage, queue and largest request."""
+        """One statistics call to the head: its health, free KV per stage, queue, largest request and
+        prefix summary."""
         self._asked.add(state.replica_id)
         try:
             stats = await route.clients[state.replica_id].stats()
@@ -305,7 +307,7 @@ async def gateway_stats() -> dict:
             endpoint = route.endpoint(state.replica_id)
             head = g.live.heads.get(state.replica_id)
             replicas[state.replica_id] = {
-                "pipeline": head.stats if head is not None else {},
+                "pipeline": head.shown_stats if head is not None else {},
                 "router": g.live.describe(state, endpoint),
                 "stages": [{"stage_key": s.stage_key, "device": s.device} for s in endpoint.stages],
             }

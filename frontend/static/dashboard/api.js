@@ -26,3 +26,4 @@ async function request(method, url, body) {
 
 export const getJSON = (url) => request("GET", url);
 export const postJSON = (url, body) => request("POST", url, body);
+export const patchJSON = (url, body) => request("PATCH", url, body);

@@ -1,9 +1,11 @@
 // Live time series per GPU and per stage (plotly, served locally). The last 5 minutes come from the
 // server's memory and grow with every snapshot; the last hour comes from stored 10 s rollups.
-// A chart with a `source` is drawn only for the devices that report one of its fields (NVLink: cards
-// with active NVLinks, or emulated ones in an NVLink island); with no such device it is not shown.
+// A chart with a `source` is drawn only for the devices or stages that report one of its fields
+// (NVLink: cards with active NVLinks, or emulated ones in an NVLink island; prefix caching: stages
+// that cache prefixes, the host tier only where a stage has one); with none it is not shown.
 import { connectLive } from "./live.js";
 import { getJSON } from "./api.js";
+import { hitRatePct } from "./prefix.js";
 
 const GIB = 2 ** 30;
 const sum = (a, b) => (a == null && b == null ? null : (a || 0) + (b || 0));
@@ -20,6 +22,12 @@ const STAGE_CHARTS = [
   { id: "chart-tokens", title: "Tokens/s per stage", value: (s) => s.tokens_per_s },
   { id: "chart-queue", title: "Queue depth per stage", value: (s) => s.queue_depth },
   { id: "chart-kv", title: "KV cache used (%)", value: (s) => kvPct(s), range: [0, 100] },
+  { id: "chart-prefix-hit", title: "Prefix cache hit rate since the stage started (%)", value: hitRatePct, range: [0, 100],
+    source: ["prefix_queried_tokens"] },
+  { id: "chart-prefix-blocks", title: "Prefix-cached KV blocks on the device", value: (s) => s.prefix_cached_blocks,
+    source: ["prefix_cached_blocks"] },
+  { id: "chart-prefix-host", title: "Prefix-cached KV blocks in host memory", value: (s) => s.prefix_host_blocks,
+    source: ["prefix_host_blocks"] },
 ];
 const LAYOUT = { margin: { l: 48, r: 12, t: 34, b: 34 }, legend: { orientation: "h", y: -0.18, font: { size: 10 } },
   font: { size: 11 }, xaxis: { type: "date" }, uirevision: "keep" };
@@ -91,9 +99,10 @@ function extend(charts, keys, samples) {
   for (const key of fresh) state.lastT[key] = samples[key].t;
 }
 
-// A device that starts reporting a chart's source (an NVLink card's first rate) needs its trace drawn.
-function newSource(samples) {
-  return GPU_CHARTS.some((chart) => chart.source && state.devices.some(
+// A device or stage that starts reporting a chart's source (an NVLink card's first rate, a stage's
+// first prefix-cache figure) needs its trace drawn.
+function newSource(charts, keys, samples) {
+  return charts.some((chart) => chart.source && keys.some(
     (key) => sampleHas(samples[key], chart.source) && !(state.chartKeys[chart.id] ?? []).includes(key)));
 }
 
@@ -114,7 +123,8 @@ function onSnapshot(snapshot) {
   drawStepSplit(snapshot.stages);
   if (!state.live) return;
   const newStages = Object.keys(snapshot.stages).filter((k) => !state.stageKeys.includes(k));
-  if (newStages.length || newSource(snapshot.devices)) { resync(); return; }  // a new trace: redraw
+  if (newStages.length || newSource(GPU_CHARTS, state.devices, snapshot.devices)
+      || newSource(STAGE_CHARTS, state.stageKeys, snapshot.stages)) { resync(); return; }  // a new trace: redraw
   extend(GPU_CHARTS, state.devices, snapshot.devices);
   extend(STAGE_CHARTS, state.stageKeys, snapshot.stages);
 }
