@@ -11,20 +11,22 @@ block first), so a block goes either way in one transfer. It is pinned when the 
 CUDA, so copies run at the link's full speed; on the CPU it is lazily zeroed (``kv_cache``), so a
 tier nothing was evicted to costs no memory.
 
-The head decides what enters and leaves, so every stage holds the same names. Only ``offload`` and
-``drop`` change the set: ``restore`` copies a block back and keeps it (evicted again, it needs no
-copy), so stages that restore at other moments than the head still hold what it holds. Within its
-budget the pool drops its least recently used block to take a new one; the head sends the blocks its
-own pool dropped with each offload, and the other stages drop those first, so their pools never choose.
+The head decides what enters and leaves, so every stage holds the same names: it makes room itself
+(``least_recent``, then ``drop``), sparing the blocks it is about to copy back, and the other stages
+replay its drops, offloads and restores in its order (docs/pipeline.md, "Host KV tier"). ``restore``
+copies a block back and keeps it, the most recently used (evicted again, it needs no second copy).
+A full pool asked to take one more drops its least recently used block itself: only a stage whose
+pool no longer matches the head's (a failed micro-batch) gets there.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Collection
 
 import torch
 
-from .kv_cache import _lazy_zeros
+from .kv_cache import KVCache, _lazy_zeros
 
 
 class HostTier:
@@ -45,6 +47,28 @@ class HostTier:
             self.v = _lazy_zeros(shape, torch.device("cpu"), dtype)
         self._free = list(range(self.num_blocks - 1, -1, -1))
         self._held: OrderedDict[int, int] = OrderedDict()  # name -> slot, least recently used first
+
+    @classmethod
+    def of(cls, kv: KVCache, host_kv_tokens: int) -> HostTier:
+        """A tier for the blocks of ``kv``, a stage's device cache: its layers, heads, block size and
+        dtype, pinned if its device is CUDA."""
+        layers, _, heads, head_dim = kv.k.shape
+        return cls(layers, heads, head_dim, host_kv_tokens, block_size=kv.block_size, device=kv.device,
+                   dtype=kv.k.dtype)
+
+    @property
+    def full(self) -> bool:
+        return not self._free
+
+    def least_recent(self, keep: Collection[int] = ()) -> int | None:
+        """The least recently used block not in ``keep`` (None if there is none): the head's choice of
+        the block to drop for room."""
+        return next((name for name in self._held if name not in keep), None)
+
+    @property
+    def names(self) -> list[int]:
+        """The blocks held, least recently used first."""
+        return list(self._held)
 
     def __len__(self) -> int:
         """Blocks held now."""

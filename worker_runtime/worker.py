@@ -39,6 +39,30 @@ class StageWorker:
             self.pacer.pace(batch, time.perf_counter() - started)
         return out, time.perf_counter() - started
 
+    def restore(self, names: list[int]) -> int:
+        """Copy the blocks ``names`` back from the host tier (``KVCache.restore``), paced as a copy
+        over the emulated card's host link; returns how many came back."""
+        started = time.perf_counter()
+        restored = sum(self.stage.kv.restore(name) for name in names)
+        if self.pacer is not None and restored:
+            self.pacer.pace_copy(restored * self.stage.kv.block_size, time.perf_counter() - started)
+        return restored
+
+    def replay_host(self, ops: list[tuple[str, int]]) -> None:
+        """Do what the head did to its host tier, in its order (``PrefixIndex.host_ops``)."""
+        kv = self.stage.kv
+        for op, name in ops:
+            if op == "restore":
+                self.restore([name])
+            elif kv.host is None:
+                continue
+            elif op == "offload":
+                kv.offload(name)
+            elif op == "drop":
+                kv.host.drop(name)
+            elif op == "clear":
+                kv.host.clear()
+
     def record(self, batch: Batch, compute_s: float, transfer_s: float) -> None:
         """Count one step in the statistics, with the KV tokens its sequences read (as the pacer does)."""
         kv_tokens = sum(s + n for s, n in zip(batch.start_positions, batch.lengths))
@@ -62,4 +86,5 @@ class StageWorker:
             "prefix_hit_tokens": kv.prefix_hit_tokens,
             "prefix_cached_blocks": kv.prefix_cached_blocks,
             "prefix_evicted_blocks": kv.prefix_evicted_blocks,
+            "prefix_host_blocks": len(kv.host) if kv.host is not None else 0,
         }

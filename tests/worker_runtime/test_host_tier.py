@@ -10,6 +10,7 @@ import torch
 
 from worker_runtime.host_tier import HostTier
 from worker_runtime.kv_cache import KVCache
+from worker_runtime.protocol import host_ops_of
 
 LAYERS, HEADS, HEAD_DIM, BLOCK = 3, 2, 8, 4
 
@@ -103,3 +104,30 @@ def test_a_cuda_stage_copies_through_pinned_memory():
     host.restore(9, *block(kv, 6))
     torch.cuda.synchronize()
     assert torch.equal(block(kv, 6)[0], k)
+
+
+def test_the_device_cache_moves_a_named_block_out_and_back_and_clears_the_tier_with_itself():
+    kv = cache()
+    kv.host = tier(2)
+    kv.plan([1], [0], [BLOCK])  # one full block of sequence 1: the fresh cache's block 0
+    kv.commit(1, 0, [77])
+    k = block(kv, 0)[0].clone()
+    assert not kv.offload(77)  # held by a sequence: not evictable
+    kv.free(1)
+    assert kv.offload(77) and not kv.holds(77) and 77 in kv.host
+    kv.k.zero_()
+    assert kv.restore(77) and kv.holds(77) and not kv.restore(77)  # cached again: nothing to do
+    assert torch.equal(block(kv, 0)[0], k)  # into the block the eviction freed
+    kv.attach(2, [77])
+    assert kv.length(2) == BLOCK
+    assert not kv.restore(78)  # not in the tier
+    kv.clear()
+    assert len(kv.host) == 0
+
+
+def test_a_free_frames_host_operations_are_checked():
+    assert host_ops_of([["offload", 5], ["drop", 6], ["restore", 5], ["clear", 0]]) == [
+        ("offload", 5), ("drop", 6), ("restore", 5), ("clear", 0)]
+    for bad in ([["evict", 1]], [["offload", -1]], [["offload"]], {"offload": 1}):
+        with pytest.raises((TypeError, ValueError)):
+            host_ops_of(bad)
