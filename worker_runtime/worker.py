@@ -1,4 +1,5 @@
-"""One step of one stage: forward a micro-batch, sample on the last stage, pace if emulated, count it.
+"""One step of one stage: forward a micro-batch, sample on the last stage, pace if emulated, count it;
+and the host KV tier's copies back (``restore``, ``replay_host``), paced alike.
 
 Both loops (the head's and the other stages') run their compute through here, so the statistics and
 the emulation pacing mean the same thing on every stage.
@@ -6,17 +7,21 @@ the emulation pacing mean the same thing on every stage.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
 
 from contracts.sampling import SamplingParams
 
+from .kv_cache import KVBudgetExceeded
 from .pacing import Pacer
 from .sampling import sample
 from .stage import Batch, Stage
 from .stats import StageStats
 from .transport import Transport
+
+log = logging.getLogger(__name__)
 
 
 class StageWorker:
@@ -49,11 +54,16 @@ class StageWorker:
         return restored
 
     def replay_host(self, ops: list[tuple[str, int]]) -> None:
-        """Do what the head did to its host tier, in its order (``PrefixIndex.host_ops``)."""
+        """Do what the head did to its host tier, in its order (``PrefixIndex.host_ops``). A block that
+        cannot come back (this stage no longer matches the head: a failed micro-batch) is skipped: the
+        micro-batch attaching it fails here, and the head clears every tier."""
         kv = self.stage.kv
         for op, name in ops:
             if op == "restore":
-                self.restore([name])
+                try:
+                    self.restore([name])
+                except KVBudgetExceeded as exc:
+                    log.warning("block %#018x not copied back: %s", name, exc)
             elif kv.host is None:
                 continue
             elif op == "offload":

@@ -4,6 +4,7 @@ recently used dropped first within its budget, lazily committed on the CPU, pinn
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import torch
 from worker_runtime.host_tier import HostTier
 from worker_runtime.kv_cache import KVCache
 from worker_runtime.protocol import host_ops_of
+from worker_runtime.worker import StageWorker
 
 LAYERS, HEADS, HEAD_DIM, BLOCK = 3, 2, 8, 4
 
@@ -131,3 +133,18 @@ def test_a_free_frames_host_operations_are_checked():
     for bad in ([["evict", 1]], [["offload", -1]], [["offload"]], {"offload": 1}):
         with pytest.raises((TypeError, ValueError)):
             host_ops_of(bad)
+
+
+def test_a_relay_without_room_skips_the_copy_back_instead_of_failing(caplog):
+    """A relay that no longer matches the head (a failed micro-batch) may lack a free block: the copy is
+    skipped and logged, the frame's other operations still done."""
+    kv = cache()
+    kv.host = tier(2)
+    kv.plan([1], [0], [BLOCK])
+    kv.commit(1, 0, [77])
+    kv.free(1)
+    kv.offload(77)
+    kv.allocate(2, kv.capacity_tokens)  # every block taken
+    worker = StageWorker(SimpleNamespace(kv=kv), stats=None)
+    worker.replay_host([("restore", 77), ("drop", 77)])
+    assert not kv.holds(77) and 77 not in kv.host and "not copied back" in caplog.text
