@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, fields
 from datetime import datetime, timezone
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,7 +16,9 @@ from controlplane.telemetry.hub import TelemetryHub
 from controlplane.telemetry.models import TelemetryRollup
 from controlplane.telemetry.rollups import rollup_series, rollups_save
 from controlplane.telemetry.services import telemetry_message, telemetry_sample
+from worker_runtime.kv_cache import KVCache
 from worker_runtime.stats import StageStats
+from worker_runtime.worker import StageWorker
 
 
 class Clock:
@@ -46,8 +49,10 @@ def test_gpu_fields_are_figures_agents_send():
 
 
 def test_stage_fields_are_statistics_stages_report():
-    stats = StageStats().snapshot(kv_used=3, kv_free=5, bytes_sent=0, bytes_received=0)
-    assert set(STAGE_FIELDS) - set(PREFIX_FIELDS) <= set(stats)  # prefix figures: a caching stage's
+    """What a stage's worker reports (worker_runtime/worker.py), its prefix cache's figures included."""
+    worker = StageWorker(SimpleNamespace(kv=KVCache(1, 1, 4, 64)), StageStats())
+    stats = worker.snapshot(SimpleNamespace(bytes_sent=0, bytes_received=0, rejected=0))
+    assert set(STAGE_FIELDS) - {"prefix_host_blocks"} <= set(stats)  # the host tier's: with a host tier
 
 
 def _caching_stage_stats() -> dict:
