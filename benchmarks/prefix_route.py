@@ -1,22 +1,22 @@
 """Prefix caching, part (b): routing by prefix over two replicas (``prefix_bench.py route``).
 
-`make run`'s system (``manage.py run_local``, SmolLM2-135M-Instruct on the demo fleet) and the
-official ``openai`` client; many concurrent conversations (``--clients`` threads, each running
-conversations of ``--turns`` turns back to back, resending the history, under one of ``--prompts``
-shared ~700-token system prompts), caching on throughout, three times: one replica alone (`make
-run`'s own plan, one pipeline over the demo's four cards: the hit-rate reference), then two replicas
-routed by ``cost_aware_prefix_blind`` (the cost router blind to cached prefixes), then by
-``cost_aware`` (a PATCH of ``routing_strategy`` between). The two replicas are the planner's plan for
-``{"batch": 4, "context": 2048, "replicas": 2}`` on the demo fleet (``POST /api/v1/plans/``), applied
-through ``POST /api/v1/deployments/<pk>/apply/``: the A100 alone, and a T4 then the RTX 3090 (the
-demo's own 16 sequences of 2048 tokens do not fit twice on its cards). Each window has system prompts
-of its own, so none reuses what an earlier one cached; ``--warmup-s`` unmeasured (each prompt's first
-prefill), then ``--window-s`` measured: the times to first token of the turns started in it, and the
-hit rate, the heads' ``vllm:prefix_cache_hits_total`` over ``vllm:prefix_cache_queries_total`` in
-``/metrics``, their increase summed over the replicas. Goals: p99 time to first token of
-``cost_aware`` at most 0.6x of the blind router's, and its hit rate at least 80 % of one replica's.
-The stages' peer timeout is raised (``--peer-timeout-s``): on a 2-core host a micro-batch of
-concurrent prefills lasts seconds.
+`make run`'s system (``manage.py run_local``, SmolLM2-135M-Instruct on the demo fleet) and the official
+``openai`` client; many concurrent conversations (``--clients`` threads, each running conversations of
+``--turns`` turns back to back, resending the history, under one of ``--prompts`` shared ~700-token
+system prompts), caching on throughout, three times: one replica alone (`make run`'s own plan, one
+pipeline over the demo's four cards: the hit-rate reference), then two replicas routed by
+``cost_aware_prefix_blind`` (the cost router blind to cached prefixes), then by ``cost_aware`` (a PATCH
+of ``routing_strategy`` between). The two replicas are the planner's plan for ``{"batch": 4, "context":
+2048, "replicas": 2}`` on the demo fleet (``POST /api/v1/plans/``), applied through ``POST
+/api/v1/deployments/<pk>/apply/``: the four cards split as the planner chooses (the A100 alone and a T4
+then the RTX 3090, or a T4 then the A100 and the other T4 then the RTX 3090; the demo's own 16 sequences
+of 2048 tokens do not fit twice on its cards, 4 do). Each window has system prompts of its own, so none
+reuses what an earlier one cached; ``--warmup-s`` unmeasured (each prompt's first prefill), then
+``--window-s`` measured: the times to first token of the turns started in it, and the hit rate, the
+heads' ``vllm:prefix_cache_hits_total`` over ``vllm:prefix_cache_queries_total`` in ``/metrics``, their
+increase summed over the replicas. Goals: p99 time to first token of ``cost_aware`` at most 0.6x of the
+blind router's, and its hit rate at least 80 % of one replica's. The stages' peer timeout is raised
+(``--peer-timeout-s``): on a 2-core host a micro-batch of concurrent prefills lasts seconds.
 """
 
 from __future__ import annotations
@@ -173,14 +173,31 @@ def route_table(one: dict, blind: dict, aware: dict) -> dict:
     return {"p99_ratio": p99_ratio, "hit_share": hit_share}
 
 
+def bench_env(args: argparse.Namespace, var: Path) -> dict[str, str]:
+    """``make run``'s embedded environment, with two allowances for CPU stages on a small host.
+    Concurrent ~700-token prefills share the cores with every stage: a micro-batch's step lasts
+    seconds, longer than the stages' default 5 s before a silent peer breaks the pipeline
+    (``--peer-timeout-s``). And the gateway keeps each replica's planned costs (``--calibrate`` to
+    measure them): measured on CPU stages, the step times of seconds full of prefill make a decode step
+    cost seconds (a factor of 130 from the first 3 samples of one replica), so the router expects no
+    request to finish within its deadline and refuses most with 429."""
+    env = embedded_env(var) | {"MOTLEY_STAGE_PEER_TIMEOUT_S": str(args.peer_timeout_s)}
+    if args.calibrate:
+        return env
+    (args.work / "prefix_route_settings.py").write_text(
+        "from controlplane.settings import *  # noqa: F403\n"
+        "MOTLEY_GATEWAY = {**MOTLEY_GATEWAY, 'COSTS_MIN_SAMPLES': 1000}  # noqa: F405\n")
+    path = [str(args.work), str(REPO), *filter(None, [env.get("PYTHONPATH")])]
+    return env | {"DJANGO_SETTINGS_MODULE": "prefix_route_settings", "PYTHONPATH": ":".join(path)}
+
+
 def route_bench(args: argparse.Namespace) -> dict:
     import openai
 
     var = args.work / "var"
     var.mkdir(parents=True, exist_ok=True)
-    # Concurrent ~700-token prefills share two CPU cores with every stage: a micro-batch's step lasts
-    # seconds, longer than the stages' default 5 s before a silent peer breaks the pipeline.
-    env = embedded_env(var) | {"MOTLEY_STAGE_PEER_TIMEOUT_S": str(args.peer_timeout_s)}
+    args.work = args.work.resolve()
+    env = bench_env(args, var)
     manage = [sys.executable, str(REPO / "manage.py")]
     subprocess.run([*manage, "migrate", "--noinput", "-v0"], env=env, cwd=REPO, check=True, timeout=300)
     port = free_port()
@@ -220,4 +237,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window-s", type=float, default=90.0)
     parser.add_argument("--warmup-s", type=float, default=30.0)
     parser.add_argument("--peer-timeout-s", type=float, default=30.0)
+    parser.add_argument("--calibrate", action="store_true", help="the gateway measures each replica's costs")
     parser.add_argument("--json", type=Path)
