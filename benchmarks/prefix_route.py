@@ -177,16 +177,20 @@ def bench_env(args: argparse.Namespace, var: Path) -> dict[str, str]:
     """``make run``'s embedded environment, with two allowances for CPU stages on a small host.
     Concurrent ~700-token prefills share the cores with every stage: a micro-batch's step lasts
     seconds, longer than the stages' default 5 s before a silent peer breaks the pipeline
-    (``--peer-timeout-s``). And the gateway keeps each replica's planned costs (``--calibrate`` to
-    measure them): measured on CPU stages, the step times of seconds full of prefill make a decode step
-    cost seconds (a factor of 130 from the first 3 samples of one replica), so the router expects no
-    request to finish within its deadline and refuses most with 429."""
+    (``--peer-timeout-s``), or than the gateway's 5 s before a silent head counts as a broken replica
+    (``CLIENT_TIMEOUT_S``, the same figure: each such request is resumed elsewhere and raises its
+    replica's error rate, a slowdown of 5-8x in the router's eyes). And the gateway keeps each
+    replica's planned costs (``--calibrate`` to measure them): measured on CPU stages, the step times
+    of seconds full of prefill make a decode step cost seconds (a factor of 130 from the first 3
+    samples of one replica), so the router expects no request to finish within its deadline and
+    refuses most with 429."""
     env = embedded_env(var) | {"MOTLEY_STAGE_PEER_TIMEOUT_S": str(args.peer_timeout_s)}
-    if args.calibrate:
-        return env
+    gateway = {"CLIENT_TIMEOUT_S": args.peer_timeout_s}
+    if not args.calibrate:
+        gateway["COSTS_MIN_SAMPLES"] = 1000
     (args.work / "prefix_route_settings.py").write_text(
         "from controlplane.settings import *  # noqa: F403\n"
-        "MOTLEY_GATEWAY = {**MOTLEY_GATEWAY, 'COSTS_MIN_SAMPLES': 1000}  # noqa: F405\n")
+        f"MOTLEY_GATEWAY = {{**MOTLEY_GATEWAY, **{gateway!r}}}  # noqa: F405\n")
     path = [str(args.work), str(REPO), *filter(None, [env.get("PYTHONPATH")])]
     return env | {"DJANGO_SETTINGS_MODULE": "prefix_route_settings", "PYTHONPATH": ":".join(path)}
 
