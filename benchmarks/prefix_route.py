@@ -22,6 +22,7 @@ blind router's, and its hit rate at least 80 % of one replica's. The stages' pee
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import statistics
 import subprocess
@@ -36,7 +37,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gpu_check_serve import REPO, Launcher, embedded_env, free_port, wait_ready  # noqa: E402
-from benchmarks.prefix_bench import QUESTIONS, TOPICS, Load, chat_turn, set_caching, system_prompt  # noqa: E402
+from benchmarks.prefix_chat import QUESTIONS, TOPICS, Load, chat_turn, set_caching, system_prompt  # noqa: E402
 from benchmarks.replacement_bench import Api, serving_alone  # noqa: E402
 
 TWO_REPLICAS = {"batch": 4, "context": 2048, "replicas": 2}
@@ -195,7 +196,7 @@ def bench_env(args: argparse.Namespace, var: Path) -> dict[str, str]:
     return env | {"DJANGO_SETTINGS_MODULE": "prefix_route_settings", "PYTHONPATH": ":".join(path)}
 
 
-def route_bench(args: argparse.Namespace) -> dict:
+def run_route(args: argparse.Namespace) -> dict:
     import openai
 
     var = args.work / "var"
@@ -230,6 +231,12 @@ def route_bench(args: argparse.Namespace) -> dict:
         return {"one": one, "blind": blind, "aware": aware, **route_table(one, blind, aware)}
     finally:
         launcher.stop()
+
+
+def route_bench(args: argparse.Namespace) -> None:
+    result = run_route(args)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

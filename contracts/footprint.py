@@ -11,6 +11,8 @@ A stage holding layers [start, end) of a model keeps:
   at 16 bits on the stage that holds layer 0 (a lookup: never quantized), and the final norm and
   ``lm_head`` at the precision of the stage's last layer on the stage that holds the last layer;
 - KV: ``kv_tokens`` tokens of context (summed over sequences) of its layers, 16-bit;
+- host KV: ``host_kv_tokens`` tokens of the same layers in host memory (the host tier: blocks evicted
+  from the device, copied back instead of recomputed), counted apart: it is not the device's memory;
 - workspace: a prefill chunk's activations (``PREFILL_CHUNK_TOKENS`` tokens, ``ACTIVATION_WORKSPACE_FACTOR``
   hidden states each: the MLP's up/gate tensors dominate), plus on the stage holding the head the
   fp32 logits of ``batch`` sequences (one decode step of every sequence the plan priced it for).
@@ -52,10 +54,16 @@ class StageFootprint:
     kv_bytes_per_token: int  # KV one token of context costs on this stage's layers
     kv_tokens: int  # the KV pool, tokens of context summed over sequences
     workspace_bytes: int  # a prefill chunk's activations, + the batch's fp32 logits on the last stage
+    host_kv_tokens: int = 0  # the host tier, in host memory: never part of ``total_bytes``
 
     @property
     def kv_bytes(self) -> int:
         return self.kv_bytes_per_token * self.kv_tokens
+
+    @property
+    def host_kv_bytes(self) -> int:
+        """Host memory the stage's host tier holds at most (pinned on CUDA)."""
+        return self.kv_bytes_per_token * self.host_kv_tokens
 
     @property
     def total_bytes(self) -> int:
@@ -75,10 +83,10 @@ class StageFootprint:
 
 
 def stage_footprint(profile: ModelProfile, start: int, end: int, precision: Precision = FULL, *,
-                    kv_tokens: int = 0, batch: int) -> StageFootprint:
+                    kv_tokens: int = 0, host_kv_tokens: int = 0, batch: int) -> StageFootprint:
     """The footprint of a stage holding layers [start, end) at ``precision`` (its head at its last
-    layer's), with a KV pool of ``kv_tokens`` tokens (0: none; see ``StageFootprint.holding``) and
-    priced for ``batch`` sequences.
+    layer's), with a KV pool of ``kv_tokens`` tokens (0: none; see ``StageFootprint.holding``), a host
+    tier of ``host_kv_tokens`` and priced for ``batch`` sequences.
 
     ValueError for layers outside the model or a precision ``Precision.layer_bits`` refuses.
     """
@@ -97,6 +105,7 @@ def stage_footprint(profile: ModelProfile, start: int, end: int, precision: Prec
         kv_bytes_per_token=sum(layer.kv_bytes_per_token for layer in layers),
         kv_tokens=kv_tokens,
         workspace_bytes=activation_workspace_bytes(profile) + logits_bytes(profile, batch) * holds_head,
+        host_kv_tokens=host_kv_tokens,
     )
 
 

@@ -58,9 +58,13 @@ class DeviceSpec:
 
     @property
     def pcie_bandwidth_gbs(self) -> float:
-        """Usable one-direction PCIe bandwidth: ~0.985 GB/s per lane at gen3, doubling each gen."""
-        per_lane = 0.985 * (2 ** (self.pcie_gen - 3))
-        return per_lane * self.pcie_lanes
+        return pcie_bandwidth_gbs(self.pcie_gen, self.pcie_lanes)
+
+
+def pcie_bandwidth_gbs(gen: int, lanes: int) -> float:
+    """Usable one-direction PCIe bandwidth: ~0.985 GB/s per lane at gen3, doubling each gen. A card's
+    link to its host: activations between cards of a node and the host KV tier's copies take it."""
+    return 0.985 * (2 ** (gen - 3)) * lanes
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,14 @@ class SpecError(ValueError):
 @dataclass(frozen=True)
 class Emulation:
     """A modeled device: each step is paced to ``time_scale × max(bytes / bandwidth, FLOPs / peak)``,
-    divided by ``speed_factor`` and by the live throttle factor read from ``throttle_file``."""
+    divided by ``speed_factor`` and by the live throttle factor read from ``throttle_file``; a copy back
+    from the host KV tier to ``time_scale × bytes / host_link_gbs``."""
 
     memory_bandwidth_gbs: float
     fp16_tflops: float
     time_scale: float = 1.0
+    # The card's link to its host (its PCIe figure), which host-tier copies take; None: copies unpaced.
+    host_link_gbs: float | None = None
     # The card's real speed against its catalog figures (the fleet file's ``speed_factor``): a card
     # slower than its spec sheet says, not a throttled one. Set by the agent, not the control plane.
     speed_factor: float = 1.0
@@ -114,6 +117,7 @@ class StageSpec:
 
     def validate(self) -> None:
         start, end = self.layers
+        link = self.emulation.host_link_gbs if self.emulation is not None else None
         checks = [
             (0 <= self.stage_index < self.num_stages, "stage_index must be in [0, num_stages)"),
             (0 <= start < end, "layers must be a half-open range [start, end) with start < end"),
@@ -122,6 +126,7 @@ class StageSpec:
              "kv_tokens, threads and batch must be positive"),
             (self.peer_timeout_s > 0, "peer_timeout_s must be positive"),
             (self.emulation is None or self.emulation.speed_factor > 0, "emulation.speed_factor must be > 0"),
+            (link is None or link > 0, "emulation.host_link_gbs must be > 0"),
             (bool(self.auth_token), "auth_token must not be empty"),
             (self.micro_batches is None or self.micro_batches >= 1, "micro_batches must be at least 1"),
             (self.max_batch_tokens > 0 and self.max_queue >= 0, "max_batch_tokens/max_queue out of range"),

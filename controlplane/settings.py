@@ -271,6 +271,9 @@ MOTLEY_STAGE_PEER_TIMEOUT_S = env_float("MOTLEY_STAGE_PEER_TIMEOUT_S", 5.0)
 MOTLEY_HANDOVER_SWITCH_S = env_float("MOTLEY_HANDOVER_SWITCH_S", 4.0)
 MOTLEY_HANDOVER_DRAIN_S = env_float("MOTLEY_HANDOVER_DRAIN_S", 10.0)
 MOTLEY_EMULATION_TIME_SCALE = env_float("MOTLEY_EMULATION_TIME_SCALE", 20)
+# Host memory each stage may fill with KV blocks evicted from its device, where the planner finds copying
+# them back cheaper than recomputing them (docs/planner.md, "Host KV tier").
+MOTLEY_HOST_KV_GIB = env_float("MOTLEY_HOST_KV_GIB", 4.0)
 # How long a card must stay throttled before it is observed DEGRADED (controlplane/inventory/health.py).
 MOTLEY_DEVICE_THROTTLE_SUSTAINED_S = env_float("MOTLEY_DEVICE_THROTTLE_SUSTAINED_S", 10.0)
 # Latest telemetry (controlplane/telemetry/selectors.py): how long a node's latest sample stays in the

@@ -49,7 +49,8 @@ class HeadLoop:
         self.membership = PipelineMembership(spec.pipeline_id, spec.num_stages, spec.peer_timeout_s,
                                              warmed=warmed, on_health=self._health_changed,
                                              on_break=self._broken)
-        self.prefix = (PrefixIndex(kv, self.ledger, spec.model_path, spec.pipeline_id, self.membership.epoch)
+        self.prefix = (PrefixIndex(kv, self.ledger, spec.model_path, spec.pipeline_id, self.membership.epoch,
+                                   restore=worker.restore, tell=self._flush_frees)
                        if spec.prefix_caching else None)
         self.scheduler = Scheduler(
             self.ledger, spec.micro_batches or spec.num_stages, spec.max_batch_tokens, spec.max_queue,
@@ -351,18 +352,23 @@ class HeadLoop:
         self.scheduler.admit()
 
     def _flush_frees(self) -> None:
-        """Tell the other stages which sequences ended and which cached blocks were evicted here."""
+        """Tell the other stages which sequences ended, which cached blocks were evicted here, and what
+        the host tier did (``PrefixIndex.host_ops``)."""
         evicted = self.prefix.evicted if self.prefix is not None else []
-        if (self._pending_free or evicted) and self.spec.num_stages > 1:
+        host = self.prefix.host_ops if self.prefix is not None else []
+        if (self._pending_free or evicted or host) and self.spec.num_stages > 1:
             header = {"type": "free", "epoch": self.membership.epoch, "seq_ids": self._pending_free}
             if evicted:
                 header["evict"] = list(evicted)
+            if host:
+                header["host"] = [list(op) for op in host]
             try:
                 self.transport.send_next(header)
             except PeerUnavailable as exc:
                 self.membership.break_pipeline(1, f"stage 1 is unreachable: {exc}")
         self._pending_free = []
         evicted.clear()
+        host.clear()
 
     def _end(self, request: Request, error: PipelineError) -> None:
         self.scheduler.remove(request.request_id)

@@ -25,8 +25,12 @@ import mmap
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from .host_tier import HostTier
 
 
 class KVBudgetExceeded(RuntimeError):
@@ -89,6 +93,8 @@ class KVCache:
         self.prefix_queried_tokens = 0  # tokens of new sequences' first steps, cached ones included
         self.prefix_hit_tokens = 0  # tokens new sequences found cached (attached)
         self.prefix_evicted_blocks = 0
+        # The host tier (host_tier.py), set by whoever runs the stage from its spec's host_kv_tokens.
+        self.host: HostTier | None = None
 
     @property
     def capacity_tokens(self) -> int:
@@ -251,8 +257,38 @@ class KVCache:
             self.names_version += 1
         return evicted
 
+    def offload(self, name: int) -> bool:
+        """Copy the cached block ``name``, no sequence holding it, to the host tier and evict it here;
+        False, with nothing done, where it is not such a block here."""
+        if name not in self._unused or self.host is None:
+            return False
+        self.host.offload(name, *self._views(self._block_of[name]))
+        self.evict([name])
+        return True
+
+    def restore(self, name: int) -> bool:
+        """Copy block ``name`` back from the host tier into a free block, cached under its name with no
+        sequence holding it, for the next ``attach``; False where the host tier lacks it or it is
+        cached here already. ``KVBudgetExceeded`` when no block is free."""
+        if self.host is None or name not in self.host or name in self._block_of:
+            return False
+        if not self._free_blocks:
+            raise KVBudgetExceeded(f"no free block to copy block {name:#018x} back from the host tier into")
+        block = self._free_blocks.pop()
+        self.host.restore(name, *self._views(block))
+        self._block_of[name], self._name_of[block], self._refs[block] = block, name, 0
+        self._unused[name] = None
+        self.names_version += 1
+        return True
+
+    def _views(self, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block ``block``'s K and V, ``[layers, block_size, kv_heads, head_dim]`` views."""
+        slots = slice(block * self.block_size, (block + 1) * self.block_size)
+        return self.k[:, slots], self.v[:, slots]
+
     def clear(self) -> None:
-        """Forget every sequence and every name (a pipeline's new epoch, a stage given a new spec)."""
+        """Forget every sequence and every name, the host tier's too (a pipeline's new epoch, a stage
+        given a new spec)."""
         self._free_blocks = list(range(self.num_blocks - 1, -1, -1))
         self._blocks.clear()
         self._lengths.clear()
@@ -263,6 +299,8 @@ class KVCache:
         self._name_of.clear()
         self._refs.clear()
         self._unused.clear()
+        if self.host is not None:
+            self.host.clear()
 
     def plan(self, seq_ids: list[int], starts: list[int], lengths: list[int]) -> AttentionPlan:
         """Reserve room for a ragged batch, advance each sequence's length, and build the index tensors.

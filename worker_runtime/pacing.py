@@ -11,6 +11,10 @@ that is simply slower (or faster) than its spec sheet. The throttle factor is li
 ``{"factor": f}`` to the spec's ``throttle_file`` while the card is made to throttle (contracts §3
 ``set_throttle``), and the pacer re-reads the file at most once a second (only when its mtime
 changed), so a step takes ``modeled / (speed_factor x f)`` from then on, without a restart.
+
+A copy back from the host KV tier (``host_tier.py``) takes ``time_scale x bytes / host_link_gbs``:
+the card's link to its host, which neither knob slows (they stand for the card's clocks), with the
+bytes of a 16-bit cache, as the card holds it and the planner prices it.
 """
 
 from __future__ import annotations
@@ -97,6 +101,7 @@ class Pacer:
         self.head_params = config.vocab_size * config.hidden_size if stage.is_last else 0
         self.weight_bytes = read_weight_bytes(stage)
         self.kv_bytes_per_token = stage.kv.bytes_per_token
+        self.copy_bytes_per_token = 2 * 2 * config.kv_size * self.layers  # K and V of its layers, 16-bit
 
     def modeled_s(self, batch: Batch) -> float:
         """Seconds the emulated device needs for ``batch``: ``time_scale``, ``speed_factor`` and the
@@ -114,7 +119,24 @@ class Pacer:
 
     def pace(self, batch: Batch, elapsed_s: float) -> float:
         """Sleep whatever of the modeled time the real compute (``elapsed_s``) did not take; returns it."""
-        remaining = self.modeled_s(batch) - elapsed_s
-        if remaining > 0:
-            time.sleep(remaining)
-        return max(0.0, remaining)
+        return _sleep_rest(self.modeled_s(batch), elapsed_s)
+
+    def copy_s(self, tokens: int) -> float:
+        """Seconds the emulated card's host link needs to copy ``tokens`` tokens' KV back (0 when the
+        spec gives no link figure)."""
+        link = self.emulation.host_link_gbs
+        if link is None:
+            return 0.0
+        return self.emulation.time_scale * tokens * self.copy_bytes_per_token / (link * 1e9)
+
+    def pace_copy(self, tokens: int, elapsed_s: float) -> float:
+        """Sleep whatever of the modeled copy of ``tokens`` tokens the real one (``elapsed_s``) did not
+        take; returns it."""
+        return _sleep_rest(self.copy_s(tokens), elapsed_s)
+
+
+def _sleep_rest(modeled_s: float, elapsed_s: float) -> float:
+    remaining = modeled_s - elapsed_s
+    if remaining > 0:
+        time.sleep(remaining)
+    return max(0.0, remaining)

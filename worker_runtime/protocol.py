@@ -2,7 +2,8 @@
 
 Stage to stage: ``batch`` (a micro-batch's hidden states, and with prefix caching the cached blocks
 each new sequence starts with and the blocks each sequence filled: :class:`PrefixOps`), ``free``
-(sequences done, and the cached blocks the head evicted: ``evict``), ``reset`` (drop every sequence
+(sequences done, the cached blocks the head evicted: ``evict``, and what its host tier did:
+``host``), ``reset`` (drop every sequence
 and cached block: the head starts a new epoch after a failure). To the head: ``tokens`` (sampled by the
 last stage), ``failed`` (a stage could not run a micro-batch), ``heartbeat`` (liveness, KV figures
 and statistics of a stage). Client to head: ``submit``, ``cancel``, ``stats``, ``health``; head to
@@ -55,6 +56,23 @@ class PrefixOps:
         if len(attach) != count or len(commit) != count:
             raise FrameError("a batch's attach and commit lists have one entry per sequence")
         return cls(attach, commit)
+
+
+HOST_OPS = ("offload", "drop", "restore", "clear")
+
+
+def host_ops_of(raw: Any) -> list[tuple[str, int]]:
+    """A ``free`` frame's host-tier operations, ``[[op, name], ...]`` in the head's order; raises
+    ``TypeError`` or ``ValueError``."""
+    if not isinstance(raw, list):
+        raise TypeError(f"host operations come as a list, not {type(raw).__name__}")
+    ops = []
+    for entry in raw:
+        op, name = entry
+        if op not in HOST_OPS:
+            raise ValueError(f"unknown host operation {op!r}")
+        ops.append((op, names_of([name])[0]))
+    return ops
 
 
 def names_of(raw: Any) -> list[int]:

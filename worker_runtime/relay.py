@@ -18,7 +18,7 @@ from contracts.stage_spec import StageSpec
 from .events import EventWriter, Every
 from .frames import Frame, FrameError
 from .kv_cache import KVBudgetExceeded
-from .protocol import PrefixOps, batch_from_frame, batch_message, names_of
+from .protocol import PrefixOps, batch_from_frame, batch_message, host_ops_of, names_of
 from .transport import Incoming, PeerUnavailable, Transport
 from .worker import StageWorker
 
@@ -134,10 +134,13 @@ class RelayLoop:
             self.run_batch(frame)
         elif frame.type in ("free", "reset"):
             evict = names_of(frame.header.get("evict", []))
+            host = host_ops_of(frame.header.get("host", []))
             for seq_id in frame.header.get("seq_ids", []):
                 self.worker.stage.kv.free(seq_id)
-            self.worker.stage.kv.evict(evict)
+            offloaded = {name for op, name in host if op == "offload"}
+            self.worker.stage.kv.evict([name for name in evict if name not in offloaded])
             self._forward(frame.header)
+            self.worker.replay_host(host)  # passed on first: the next stage copies its blocks back meanwhile
 
     def _forward(self, header: dict) -> None:
         if self.spec.is_last:

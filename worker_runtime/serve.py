@@ -32,6 +32,8 @@ from .config import weight_cache_dir
 from .events import EventWriter
 from .frames import FrameCodec
 from .head import HeadLoop
+from .host_tier import HostTier
+from .kv_cache import KVCache
 from .pacing import Pacer
 from .relay import RelayLoop
 from .spec_inbox import SpecInbox
@@ -77,6 +79,7 @@ def serve(raw: dict, events: EventWriter, stop: threading.Event, replaced: threa
                     f"layers {list(spec.layers)} of a {stage.config.num_layers}-layer model do not fit stage "
                     f"{spec.stage_index} of {spec.num_stages}"
                 )
+            stage.kv.host = _host_tier(spec, stage.kv)
             pacer = Pacer(stage, spec.emulation) if spec.emulation else None
             worker = StageWorker(stage, StageStats(), pacer)
             head = None if spec.is_head else spec.head
@@ -115,6 +118,17 @@ def _stage_for(spec: StageSpec, running: Stage | None, running_raw: dict) -> Sta
         running.kv.clear()
         return running
     return load_stage(spec, reuse=running)
+
+
+def _host_tier(spec: StageSpec, kv: KVCache) -> HostTier | None:
+    """The spec's host KV tier for the stage's cache ``kv``: none below one block; the one ``kv`` has when
+    its size is unchanged (pinned memory is slow to allocate), else a new one."""
+    blocks = spec.host_kv_tokens // kv.block_size
+    if not blocks:
+        return None
+    if kv.host is not None and kv.host.num_blocks == blocks:
+        return kv.host
+    return HostTier.of(kv, spec.host_kv_tokens)
 
 
 def _announce(spec: StageSpec, stage: Stage, events: EventWriter, raw: dict, began: float) -> None:

@@ -1,4 +1,5 @@
-"""One step of one stage: forward a micro-batch, sample on the last stage, pace if emulated, count it.
+"""One step of one stage: forward a micro-batch, sample on the last stage, pace if emulated, count it;
+and the host KV tier's copies back (``restore``, ``replay_host``), paced alike.
 
 Both loops (the head's and the other stages') run their compute through here, so the statistics and
 the emulation pacing mean the same thing on every stage.
@@ -6,17 +7,21 @@ the emulation pacing mean the same thing on every stage.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
 
 from contracts.sampling import SamplingParams
 
+from .kv_cache import KVBudgetExceeded
 from .pacing import Pacer
 from .sampling import sample
 from .stage import Batch, Stage
 from .stats import StageStats
 from .transport import Transport
+
+log = logging.getLogger(__name__)
 
 
 class StageWorker:
@@ -38,6 +43,35 @@ class StageWorker:
         if self.pacer is not None:
             self.pacer.pace(batch, time.perf_counter() - started)
         return out, time.perf_counter() - started
+
+    def restore(self, names: list[int]) -> int:
+        """Copy the blocks ``names`` back from the host tier (``KVCache.restore``), paced as a copy
+        over the emulated card's host link; returns how many came back."""
+        started = time.perf_counter()
+        restored = sum(self.stage.kv.restore(name) for name in names)
+        if self.pacer is not None and restored:
+            self.pacer.pace_copy(restored * self.stage.kv.block_size, time.perf_counter() - started)
+        return restored
+
+    def replay_host(self, ops: list[tuple[str, int]]) -> None:
+        """Do what the head did to its host tier, in its order (``PrefixIndex.host_ops``). A block that
+        cannot come back (this stage no longer matches the head: a failed micro-batch) is skipped: the
+        micro-batch attaching it fails here, and the head clears every tier."""
+        kv = self.stage.kv
+        for op, name in ops:
+            if op == "restore":
+                try:
+                    self.restore([name])
+                except KVBudgetExceeded as exc:
+                    log.warning("block %#018x not copied back: %s", name, exc)
+            elif kv.host is None:
+                continue
+            elif op == "offload":
+                kv.offload(name)
+            elif op == "drop":
+                kv.host.drop(name)
+            elif op == "clear":
+                kv.host.clear()
 
     def record(self, batch: Batch, compute_s: float, transfer_s: float) -> None:
         """Count one step in the statistics, with the KV tokens its sequences read (as the pacer does)."""
@@ -62,4 +96,5 @@ class StageWorker:
             "prefix_hit_tokens": kv.prefix_hit_tokens,
             "prefix_cached_blocks": kv.prefix_cached_blocks,
             "prefix_evicted_blocks": kv.prefix_evicted_blocks,
+            "prefix_host_blocks": len(kv.host) if kv.host is not None else 0,
         }

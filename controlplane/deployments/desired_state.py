@@ -21,6 +21,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import Q
 from django.utils import timezone
 
+from contracts.hardware import pcie_bandwidth_gbs
 from contracts.model_profile import ModelProfile
 from contracts.stage_spec import Emulation, SpecError, StageSpec
 from controlplane.deployments import dispatch, handover
@@ -304,8 +305,8 @@ def _stage_spec(
 ) -> StageSpec:
     """The stage spec of contracts §1; emulated devices run on the CPU, paced to the card they stand for.
 
-    Its KV pool is ``_kv_tokens``. The head (stage 0) schedules the pipeline: it keeps as many
-    micro-batches in flight as its plan replica was planned with.
+    Its KV pool is ``_kv_tokens``, its host KV tier ``_host_kv_tokens``. The head (stage 0) schedules the
+    pipeline: it keeps as many micro-batches in flight as its plan replica was planned with.
     """
     start, end = stage.layers
     micro_batches = checked.micro_batches[pipeline.plan_replica]
@@ -323,11 +324,13 @@ def _stage_spec(
         device="cpu" if device.emulated else f"cuda:{device.index}",
         threads=settings.MOTLEY_STAGE_THREADS,
         kv_tokens=_kv_tokens(stage, device, checked),
+        host_kv_tokens=_host_kv_tokens(stage, device, checked),
         batch=checked.batch,
         peer_timeout_s=settings.MOTLEY_STAGE_PEER_TIMEOUT_S,
         emulation=(
             Emulation(memory_bandwidth_gbs=device.memory_bandwidth_gbs, fp16_tflops=device.fp16_tflops,
-                      time_scale=settings.MOTLEY_EMULATION_TIME_SCALE)
+                      time_scale=settings.MOTLEY_EMULATION_TIME_SCALE,
+                      host_link_gbs=pcie_bandwidth_gbs(device.pcie_gen, device.pcie_lanes))
             if device.emulated else None
         ),
         micro_batches=micro_batches if stage_index == 0 else None,
@@ -351,3 +354,9 @@ def _kv_tokens(stage: StagePlan, device: Device, checked: CheckedPlan) -> int:
     """The stage's KV pool: the plan's, but only what the workload needs on an emulated device (the host's
     RAM, shared by every emulated stage, stands for the card's memory)."""
     return min(stage.kv_tokens, checked.workload_kv_tokens) if device.emulated else stage.kv_tokens
+
+
+def _host_kv_tokens(stage: StagePlan, device: Device, checked: CheckedPlan) -> int:
+    """The stage's host KV tier: the plan's, at most the workload's KV on an emulated device (whose KV
+    pool is in host memory already, like the tier)."""
+    return min(stage.host_kv_tokens, checked.workload_kv_tokens) if device.emulated else stage.host_kv_tokens

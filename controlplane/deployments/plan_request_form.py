@@ -10,7 +10,8 @@ request travels unchanged from the API or the plan editor into a revision:
      "bits": [16, 8, 4], "max_quantized": 0.5, "quality": null, "replicas": "auto",
      "pins": [{"device": "n1/gpu0", "start": 0, "end": 8}], "exclude_nodes": [], "exclude_devices": []}
 
-Every key is optional; missing ones take the planner's defaults.
+Every key is optional; missing ones take the planner's defaults. The host memory each stage may give
+the KV host tier is not part of the form: it is the install's (``MOTLEY_HOST_KV_GIB``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from contracts.hardware import FleetSpec
+from django.conf import settings
+
+from contracts.hardware import GIB, FleetSpec
 from contracts.model_profile import ModelProfile
 from controlplane.planning import Pin, PlanningError, PlanRequest, Workload
 
@@ -62,4 +65,5 @@ def plan_request_from_dict(
         options["exclude_devices"] = tuple(data.get("exclude_devices", ())) + tuple(exclude_devices)
     except (TypeError, ValueError) as exc:
         raise PlanningError(f"request: malformed ({exc})") from None
-    return PlanRequest(fleet=fleet, model=profile, **options)
+    return PlanRequest(fleet=fleet, model=profile, host_kv_bytes=int(settings.MOTLEY_HOST_KV_GIB * GIB),
+                       **options)

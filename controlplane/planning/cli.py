@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from contracts.fleet_file import FleetFileError, load_fleet_file
+from contracts.hardware import GIB
 from contracts.model_config import ModelConfig, UnsupportedModelError
 from contracts.profiler import profile_model
 from controlplane.planning.baselines import baseline_plan
@@ -69,6 +70,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--exclude-device", action="append", default=[], help="never use this device (repeatable)")
     p.add_argument("--pin", type=_pin, action="append", default=[],
                    help="DEVICE:START-END, the device holds layers [START, END) (repeatable)")
+    p.add_argument("--host-kv-gib", type=float, default=0.0,
+                   help="host memory per stage for KV blocks evicted from the device (the host tier)")
     p.add_argument("--baseline", choices=("even", "memory"), help="print a baseline split instead")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (docs/planner.md)")
     return root
@@ -87,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             objective=args.objective, bits=args.bits, max_quantized=args.max_quantized, max_kl=args.max_kl,
             replicas=args.replicas, exclude_nodes=tuple(args.exclude_node),
             exclude_devices=tuple(args.exclude_device), pins=tuple(args.pin),
+            host_kv_bytes=int(args.host_kv_gib * GIB),
         )
         result = baseline_plan(request, args.baseline) if args.baseline else plan(request)
     except (PlanningError, FleetFileError, UnsupportedModelError) as exc:

@@ -16,6 +16,7 @@ from typing import Sequence
 
 from contracts.hardware import DeviceSpec
 from controlplane.planning.cost_model import CostModel
+from controlplane.planning.host_tier import host_tier
 from controlplane.planning.plan import (
     Bottleneck,
     Figures,
@@ -65,7 +66,7 @@ def network_hops(cost: CostModel, placements: Sequence[Placement]) -> int:
 
 
 def stage_plan(cost: CostModel, placement: Placement, following: DeviceSpec | None, compute: float,
-               transfer: float) -> StagePlan:
+               transfer: float, host_kv_tokens: int) -> StagePlan:
     device = cost.device(placement.device)
     memory = cost.memory(device, placement)
     kv_tokens = min(memory.kv_tokens, 2**53)
@@ -77,9 +78,11 @@ def stage_plan(cost: CostModel, placement: Placement, following: DeviceSpec | No
             weights_bytes=memory.weights_bytes, kv_bytes=int(kv_bytes),
             workspace_bytes=memory.workspace_bytes,
             total_bytes=int(memory.weights_bytes + kv_bytes + memory.workspace_bytes),
-            capacity_bytes=memory.capacity_bytes),
+            capacity_bytes=memory.capacity_bytes,
+            host_kv_bytes=host_kv_tokens * memory.kv_bytes_per_token),
         compute_ms=compute * 1e3, transfer_ms=transfer * 1e3, step_ms=max(compute, transfer) * 1e3,
         link=cost.link(device, following).kind if following is not None else None,
+        host_kv_tokens=host_kv_tokens,
     )
 
 
@@ -89,11 +92,12 @@ def evaluate_replica(cost: CostModel, placements: Sequence[Placement], micro_bat
     micro_batches = max(1, min(micro_batches, cost.batch))
     mb = micro_batch_size(cost.batch, micro_batches)
     times, back = _timings(cost, placements, mb)
-    stages = tuple(stage_plan(cost, p, devices[i + 1] if i + 1 < len(devices) else None, *times[i])
-                   for i, p in enumerate(placements))
     round_time, trip = _round(times, back, micro_batches)
     prefill = sum(cost.prefill_s(d, p, cost.prompt) for d, p in zip(devices, placements))
     prefill += sum(cost.hop_s(devices[i], devices[i + 1], cost.prompt) for i in range(len(devices) - 1))
+    host = host_tier(cost, placements, float(prefill)).tokens
+    stages = tuple(stage_plan(cost, p, devices[i + 1] if i + 1 < len(devices) else None, *times[i], host)
+                   for i, p in enumerate(placements))
     figures = Figures(decode_tokens_per_s=cost.batch / round_time, token_latency_ms=round_time * 1e3,
                       prefill_ms=float(prefill) * 1e3, round_ms=round_time * 1e3)
     return ReplicaPlan(stages, micro_batches, mb, figures,

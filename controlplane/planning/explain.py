@@ -11,6 +11,7 @@ from typing import Sequence
 from contracts.footprint import usable_bytes
 from contracts.hardware import GIB, DeviceSpec
 from controlplane.planning.cost_model import CostModel
+from controlplane.planning.host_tier import host_tier
 from controlplane.planning.plan import Placement, ReplicaPlan, StagePlan
 from controlplane.planning.quality_budget import has_sensitivity, plan_kl, quantized_layers
 from controlplane.planning.request import PlanRequest
@@ -83,7 +84,22 @@ def _replica_lines(request: PlanRequest, cost: CostModel, index: int, replica: R
     lines.append(f"KV cache: the tightest stage, {tight.device}, holds {tight.kv_tokens} tokens for the "
                  f"{request.workload.kv_tokens_required} the workload needs "
                  f"({_gib(tight.memory.total_bytes)} of {_gib(tight.memory.capacity_bytes)} used).")
+    lines.append(_host_tier_line(request, cost, replica))
     return lines
+
+
+def _host_tier_line(request: PlanRequest, cost: CostModel, replica: ReplicaPlan) -> str:
+    """Whether blocks evicted from the devices are kept in host memory, and the two prices that decide."""
+    tier = host_tier(cost, [s.placement for s in replica.stages], replica.predicted.prefill_ms / 1e3)
+    head = (f"Host KV tier: copy back {tier.copy_s * 1e3:.4g} ms/token against recompute "
+            f"{tier.recompute_s * 1e3:.4g} ms/token")
+    if tier.copy_s >= tier.recompute_s:
+        return f"{head}: off (recomputing is as cheap)."
+    if not tier.tokens:
+        return f"{head}: off (no host memory granted per stage)."
+    host = max(s.memory.host_kv_bytes for s in replica.stages)
+    return (f"{head}: on, {tier.tokens} tokens on every stage (they hold the same blocks), in at most "
+            f"{_gib(host)} of the {_gib(request.host_kv_bytes)} of host memory granted per stage.")
 
 
 def _why_low_bits(cost: CostModel, device: DeviceSpec, stage: StagePlan, micro_batch: int,

@@ -85,6 +85,7 @@ class MemoryBreakdown:
     workspace_bytes: int  # activations of a prefill chunk, logits on the last stage
     total_bytes: int
     capacity_bytes: int  # usable memory of the device (after other users and a reserve)
+    host_kv_bytes: int = 0  # the host KV tier: host memory, not in total_bytes (host_tier.py)
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ class StagePlan(StagePrecision):
     link: str | None  # kind of link to the next stage: nvlink | pcie | network
     low_bits: int | None = None
     low_from: int | None = None
+    host_kv_tokens: int = 0  # KV tokens evicted from the device kept in host memory (host_tier.py)
 
     @property
     def layers(self) -> tuple[int, int]:

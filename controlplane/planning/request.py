@@ -75,8 +75,13 @@ class PlanRequest:
     pins: tuple[Pin, ...] = ()
     exclude_nodes: tuple[str, ...] = ()
     exclude_devices: tuple[str, ...] = ()
+    # Host memory each stage may fill with KV blocks evicted from its device (the host tier,
+    # host_tier.py); the plan uses it only where copying a block back beats recomputing it.
+    host_kv_bytes: int = 0
 
     def __post_init__(self) -> None:
+        if self.host_kv_bytes < 0:
+            raise PlanningError("host_kv_bytes must not be negative")
         if self.objective not in ("throughput", "latency"):
             raise PlanningError(f"objective: {self.objective!r} is not throughput or latency")
         if not self.bits or any(b not in (16, 8, 4) for b in self.bits):

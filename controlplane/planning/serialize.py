@@ -22,7 +22,7 @@ from controlplane.planning.plan import (
 from controlplane.planning.request import PlanningError
 
 _FIGURES = ("decode_tokens_per_s", "token_latency_ms", "prefill_ms", "round_ms")
-_MEMORY = ("weights_bytes", "kv_bytes", "workspace_bytes", "total_bytes", "capacity_bytes")
+_MEMORY = ("weights_bytes", "kv_bytes", "workspace_bytes", "total_bytes", "capacity_bytes", "host_kv_bytes")
 _BOTTLENECK = ("replica", "device", "resource", "detail")
 
 
@@ -38,6 +38,7 @@ def _stage(s: StagePlan) -> dict[str, Any]:
     return {
         "device": s.device, "node": s.node, "gpu_model": s.gpu_model, "layers": [s.start, s.end],
         "bits": s.bits, **s.precision.split_fields(), "kv_tokens": s.kv_tokens,
+        "host_kv_tokens": s.host_kv_tokens,
         "memory": {k: getattr(s.memory, k) for k in _MEMORY},
         "predicted": {"compute_ms": s.compute_ms, "transfer_ms": s.transfer_ms, "step_ms": s.step_ms},
         "link": s.link,
@@ -58,13 +59,14 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 
 
 def plan_from_dict(data: Mapping[str, Any]) -> Plan:
-    """The full plan back from ``plan_to_dict``'s output (KeyError / TypeError on a partial one)."""
+    """The full plan back from ``plan_to_dict``'s output (KeyError / TypeError on a partial one); a
+    stage without ``host_kv_tokens`` (nor ``memory.host_kv_bytes``) has no host tier."""
     def stage(d: Mapping[str, Any]) -> StagePlan:
         start, end = d["layers"]
         return StagePlan(device=d["device"], node=d["node"], gpu_model=d["gpu_model"], start=start, end=end,
                          bits=d["bits"], low_bits=d.get("low_bits"), low_from=d.get("low_from"),
-                         kv_tokens=d["kv_tokens"], memory=MemoryBreakdown(**d["memory"]), link=d["link"],
-                         **d["predicted"])
+                         kv_tokens=d["kv_tokens"], host_kv_tokens=d.get("host_kv_tokens", 0),
+                         memory=MemoryBreakdown(**d["memory"]), link=d["link"], **d["predicted"])
 
     return Plan(
         kind=data["kind"], model=data["model"], fleet=data["fleet"], objective=data["objective"],

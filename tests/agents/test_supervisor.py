@@ -226,7 +226,7 @@ def test_an_emulated_cpu_spec_goes_to_the_first_device_of_its_model_with_room(
     assert refused.state == "failed" and "box/gpu0" in refused.message
     written = json.loads((tmp_path / "state/stages/d1-r0-s1/spec.json").read_text())
     # The control plane's figures are kept (the file is the parsed spec's JSON: every field of it).
-    assert written["emulation"] == {**t4, "speed_factor": 1.0, "throttle_file": None}
+    assert written["emulation"] == {**t4, "speed_factor": 1.0, "throttle_file": None, "host_link_gbs": None}
     devices = {s.stage_key: usage.device_index for s, usage in supervisor.snapshot()}
     assert devices == {"d1-r0-s1": 0, "d1-r0-s2": None}
 

@@ -105,7 +105,7 @@ def test_admission_gives_an_emulated_stage_its_cards_speed_factor_and_throttle_f
     admitted = admission.admit(StageSpec.from_dict(spec), [], device_index=2)
     assert admitted.spec.to_json()["emulation"] == {
         "memory_bandwidth_gbs": 320.0, "fp16_tflops": 65.0, "time_scale": 3.0, "speed_factor": 0.5,
-        "throttle_file": str(throttles.path(2))}
+        "throttle_file": str(throttles.path(2)), "host_link_gbs": None}
     parsed = StageSpec.from_dict(admitted.spec.to_json())
     assert parsed.emulation.speed_factor == 0.5  # what the stage process will read
     # The control plane's figures are kept; what only the node knows is the node's.

@@ -55,6 +55,10 @@ def test_the_formula_by_hand():
     assert middle.kv_tokens_within(middle.total_bytes) == 10
     assert middle.kv_tokens_within(middle.total_bytes - 1) == 9
     assert middle.kv_tokens_within(chunk) == 0
+    # The host tier is host memory: counted apart, never in what the device holds.
+    tiered = stage_footprint(model, 2, 4, Precision(8), kv_tokens=10, host_kv_tokens=300, batch=3)
+    assert (tiered.host_kv_bytes, tiered.total_bytes) == (300 * 2 * 4096, middle.total_bytes)
+    assert middle.host_kv_bytes == 0
     device = fleet({"n": ["T4"]}).devices[0]
     assert usable_bytes(device) == int(16 * GIB * (1 - RESERVED_FRACTION)) - RESERVED_BYTES
     assert usable_bytes(replace(device, memory_used_bytes=GIB)) == usable_bytes(device) - GIB

@@ -40,6 +40,10 @@ def test_a_planners_plan_is_stored_as_valid_stage_specs_priced_as_planned(nodes,
         assert spec.kv_tokens == min(stage["kv_tokens"], workload_kv)
         assert spec.micro_batches == (replica["micro_batches"] if spec.is_head else None)
         assert spec.device == "cpu" and spec.emulation is not None
+        # A tiny model's prefill costs more per token than its KV's copy over PCIe: the plan's host tier,
+        # capped like the KV pool, and copies paced to the card's PCIe figure (gen4 x16).
+        assert spec.host_kv_tokens == min(stage["host_kv_tokens"], workload_kv) > 0
+        assert spec.emulation.host_link_gbs == pytest.approx(0.985 * 2 * 16)
     # A spec round-trips through the contract unchanged: what is stored is what a worker runs.
     row = deployment.stages.filter(wanted=True).first()
     assert StageSpec.from_dict(row.spec).to_json() == row.spec
@@ -63,3 +67,11 @@ def test_a_spec_the_worker_would_refuse_is_refused_at_the_controller(nodes, revi
     with pytest.raises(ValidationError, match="threads"):
         deployment_create(name="tiny", revision=revision)
     assert not Deployment.objects.exists() and sent.tasks == [] and sent.reconciles == []
+
+
+def test_no_host_memory_granted_no_host_tier_in_the_specs(nodes, llm, settings, sent):
+    settings.MOTLEY_HOST_KV_GIB = 0
+    planned = plan_to_dict(plan(plan_request_from_inventory(model=llm, request=REQUEST)))
+    revision = plan_revision_create(model=llm, plan=planned, request=REQUEST, source="planner")
+    specs = stored_specs(deployment_create(name="tiny", revision=revision))
+    assert specs and {s.host_kv_tokens for s in specs} == {0}

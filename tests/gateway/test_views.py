@@ -29,6 +29,17 @@ async def post(client: AsyncClient, path: str, body, key: str):
     return await client.post(path, data, content_type="application/json", **auth(key))
 
 
+def streaming(response) -> tuple[asyncio.Task, list[bytes]]:
+    """A task reading a streamed response as a client does, and the chunks it has read so far."""
+    received: list[bytes] = []
+
+    async def consume():
+        async for chunk in response.streaming_content:
+            received.append(chunk)
+
+    return asyncio.ensure_future(consume()), received
+
+
 async def sse_events(response) -> list:
     raw = b"".join([chunk async for chunk in response.streaming_content]).decode()
     assert raw.endswith("data: [DONE]\n\n")
@@ -129,15 +140,8 @@ async def test_a_stop_string_cuts_the_text_and_cancels_the_request(fake_pipeline
 async def test_a_client_that_goes_away_cancels_its_request(fake_pipeline, api_key, demo_model):
     fake = fake_pipeline({"r0": Script(tokens=tokens(demo_model) * 10, delay_s=0.05)})
     body = {"model": "demo", "prompt": "x", "max_tokens": 200, "stream": True}
-    response = await post(AsyncClient(), "/v1/completions", body, api_key)
-    received = []
-
-    async def consume():
-        async for chunk in response.streaming_content:
-            received.append(chunk)
-
     # On a disconnect Django's ASGI handler cancels the task sending the response (or running the view).
-    task = asyncio.ensure_future(consume())
+    task, received = streaming(await post(AsyncClient(), "/v1/completions", body, api_key))
     await asyncio.sleep(0.3)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -158,14 +162,7 @@ async def test_a_cancel_that_meets_a_token_is_not_lost(fake_pipeline, api_key, d
     fake = fake_pipeline({"r0": Script(tokens=tokens(demo_model) * 10)})
     body = {"model": "demo", "prompt": "x", "max_tokens": 200, "stream": True}
     for ticks in range(8):
-        response = await post(AsyncClient(), "/v1/completions", body, api_key)
-        received = []
-
-        async def consume():
-            async for chunk in response.streaming_content:
-                received.append(chunk)
-
-        task = asyncio.ensure_future(consume())
+        task, received = streaming(await post(AsyncClient(), "/v1/completions", body, api_key))
         while len(received) < 3:
             await asyncio.sleep(0)
         for _ in range(ticks):

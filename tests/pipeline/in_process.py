@@ -14,6 +14,7 @@ from contracts.stage_spec import StageSpec
 from worker_runtime.events import EventWriter
 from worker_runtime.frames import Frame
 from worker_runtime.head import HeadLoop
+from worker_runtime.host_tier import HostTier
 from worker_runtime.relay import RelayLoop
 from worker_runtime.stage import Stage
 from worker_runtime.stats import StageStats
@@ -55,6 +56,9 @@ class InProcessPipeline:
         self.submitted = 0
         self.stages = [Stage.load(model, *spec.layers, precision=Precision(bits), kv_tokens=spec.kv_tokens)
                        for spec in self.specs]
+        for stage, spec in zip(self.stages, self.specs):
+            if spec.host_kv_tokens:
+                stage.kv.host = HostTier.of(stage.kv, spec.host_kv_tokens)
         workers = [StageWorker(stage, StageStats()) for stage in self.stages]
         self.head = HeadLoop(self.specs[0], workers[0], Wire(self, 0), EventWriter(io.StringIO()),
                              warmed=True)

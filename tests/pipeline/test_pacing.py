@@ -7,6 +7,7 @@ import json
 import os
 import time
 
+import pytest
 import torch
 
 from contracts.footprint import stage_footprint
@@ -117,3 +118,16 @@ def test_a_throttled_stage_really_sleeps_longer_and_recovers(tiny_model, tmp_pat
     recovered_s = min(timed_step(stage, pacer, 3) for _ in range(3))
     assert 0.049 < full_s < 0.1 and 0.099 < throttled_s < 0.2  # generous tops: the build machine is shared
     assert 1.7 < throttled_s / full_s < 2.3 and recovered_s < 0.75 * throttled_s
+
+
+def test_a_copy_back_from_the_host_tier_is_paced_by_the_cards_host_link(tiny_model):
+    """16-bit K and V of the stage's layers over ``host_link_gbs``, times ``time_scale``; the card's
+    speed factor does not slow its link, and a spec without the figure leaves copies unpaced."""
+    stage = Stage.load(tiny_model, 1, 4, kv_tokens=256)
+    config = ModelConfig.from_file(tiny_model)
+    per_token = 3 * 2 * config.num_kv_heads * config.head_dim * 2
+    link = Pacer(stage, Emulation(2.0, 1.0, time_scale=10.0, host_link_gbs=0.001, speed_factor=0.5))
+    assert link.copy_s(100) == pytest.approx(10.0 * 100 * per_token / 1e6)
+    assert Pacer(stage, Emulation(2.0, 1.0)).copy_s(100) == 0.0
+    slept = link.pace_copy(1, 0.0)
+    assert slept == pytest.approx(link.copy_s(1)) and link.pace_copy(1, 1.0) == 0.0

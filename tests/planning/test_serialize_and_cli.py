@@ -57,11 +57,12 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def test_cli_prints_the_documented_schema():
     done = run_cli("plan", "--fleet", str(FLEETS / "lab-3node.yaml"), "--model", str(MODELS / "Llama-3-8B"),
                    "--batch", "8", "--context", "4096", "--bits", "16,8,4", "--max-quantized", "0.5",
-                   "--replicas", "auto", "--json")
+                   "--replicas", "auto", "--host-kv-gib", "2", "--json")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["predicted"]["decode_tokens_per_s"] > 0
     assert data["bottleneck"]["device"] and isinstance(data["explanation"], list)
+    assert any(line.startswith("Host KV tier: ") for line in data["explanation"])
     for replica in data["replicas"]:
         assert replica["predicted"]["decode_tokens_per_s"] > 0
         for stage in replica["stages"]:
@@ -73,6 +74,7 @@ def test_cli_prints_the_documented_schema():
                 assert stage["low_bits"] < stage["bits"] and start < stage["low_from"] < end
             assert stage["kv_tokens"] >= 8 * 4096
             assert stage["memory"]["total_bytes"] <= stage["memory"]["capacity_bytes"]
+            assert stage["memory"]["host_kv_bytes"] <= 2 * 1024**3 and stage["host_kv_tokens"] >= 0
             assert stage["predicted"]["step_ms"] > 0
     baseline = run_cli("plan", "--fleet", str(FLEETS / "lab-3node.yaml"),
                        "--model", str(MODELS / "Llama-3-8B"), "--baseline", "even", "--replicas", "2",
