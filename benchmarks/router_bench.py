@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.replica_sim import LiveFeed, SimReplica, SimRequest, simulate  # noqa: E402
 from contracts.routing import ROUTING_STRATEGIES  # noqa: E402
-from controlplane.gateway.routing import ReplicaCosts  # noqa: E402
+from controlplane.gateway.routing import PREFIX_BLIND, ReplicaCosts  # noqa: E402
 
 # The 1x replica: a 7B-class model on a fast GPU (20 ms decode step, 0.2 ms per extra sequence,
 # 0.25 µs per cached token read (0.5 MB of fp16 KV per token at 2 TB/s), 0.15 ms per prompt token)
@@ -117,6 +117,8 @@ def run_matrix(duration: float, seed: int) -> dict:
         trace = poisson_trace(random.Random(seed + 1), load * total, duration)
         results["loads"][load] = {}
         for strategy in ROUTING_STRATEGIES:
+            if strategy in PREFIX_BLIND:  # no prompt here has a prefix to be blind to: cost_aware's run
+                continue
             fleet = make_fleet()
             requests = simulate(trace, fleet, {r.name: r.costs for r in fleet}, strategy, DEADLINE_S)
             results["loads"][load][strategy] = summarize(requests, duration, fleet)

@@ -5,5 +5,5 @@ A deployment picks one (``Deployment.routing_strategy``); the router maps each n
 here so the deployments app names them without importing the gateway that reads deployments.
 """
 
-ROUTING_STRATEGIES = ("cost_aware", "least_outstanding_tokens", "round_robin")
+ROUTING_STRATEGIES = ("cost_aware", "cost_aware_prefix_blind", "least_outstanding_tokens", "round_robin")
 DEFAULT_ROUTING_STRATEGY = "cost_aware"

@@ -133,6 +133,8 @@ def test_routing_strategy_is_set_on_create_and_changed_by_patch(api, nodes, llm,
     assert patched.status_code == 200, patched.content
     assert patched.json()["routing_strategy"] == "least_outstanding_tokens"
     assert Deployment.objects.get().routing_strategy == "least_outstanding_tokens"
+    blind = api.patch(detail, {"routing_strategy": "cost_aware_prefix_blind"}, format="json")
+    assert blind.status_code == 200 and blind.json()["routing_strategy"] == "cost_aware_prefix_blind"
     assert_error(api.patch(detail, {"routing_strategy": "fastest"}, format="json"), 400, "routing_strategy")
     assert_error(api.patch(detail, {"name": "other"}, format="json"), 400, "cannot change name")
     assert Deployment.objects.get().name == "tiny"

@@ -171,3 +171,24 @@ def test_a_re_formed_pipeline_forgets_the_prompts_sent_to_the_old_one():
     r.start("turn1", shape(history))  # still waiting for its prefill when the pipeline re-forms
     r.observe(prefix_summary=summary_of("r0", epoch=2))  # a new epoch: its caches start empty
     assert r.cached_tokens(shape(history + [1])) == 0
+
+
+@pytest.mark.parametrize("strategy, expected", [("cost_aware", "r1"), ("cost_aware_prefix_blind", "r0")])
+def test_the_prefix_blind_baseline_is_not_drawn_to_the_replica_holding_the_history(strategy, expected):
+    """``cost_aware_prefix_blind`` is the cost router with nothing counted as cached (the baseline of
+    ``benchmarks/prefix_bench.py route``): r1 holds the conversation but runs a short request, so only
+    the reuse makes it the cheaper replica; the blind router's estimates are those of a cold prompt."""
+    system, first_turn = tokens(500, 6), tokens(200, 7)
+    r0, r1 = two()
+    r1.observe(prefix_summary=summary_of("r1", system + first_turn))
+    r0.observe(prefix_summary=summary_of("r0"))
+    r1.start("other", shape(tokens(10, 12), max_tokens=5))
+    second_turn = shape(system + first_turn + tokens(40, 9))
+    decision = Router([r0, r1], strategy).route(second_turn, deadline_s=60)
+    assert isinstance(decision, Decision) and decision.replica.replica_id == expected
+    finish = {i.replica: i.estimated_finish_s for i in decision.inputs}
+    cold = second_turn.prefix_blind()
+    if strategy == "cost_aware_prefix_blind":
+        assert finish == pytest.approx({"r0": r0.estimate_finish(cold), "r1": r1.estimate_finish(cold)})
+    else:
+        assert finish["r1"] < r1.estimate_finish(cold)

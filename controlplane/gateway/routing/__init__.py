@@ -26,9 +26,10 @@ from controlplane.gateway.routing.signals import (
     replica_reading,
 )
 from controlplane.gateway.routing.state import ReplicaHealth, ReplicaState
-from controlplane.gateway.routing.strategies import STRATEGIES
+from controlplane.gateway.routing.strategies import PREFIX_BLIND, STRATEGIES
 
 __all__ = [
+    "PREFIX_BLIND",
     "STRATEGIES",
     "Decision",
     "DeviceSample",

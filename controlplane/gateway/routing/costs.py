@@ -67,6 +67,10 @@ class RequestShape:
         if self.prompt_tokens < 1 or self.max_tokens < 1:
             raise ValueError(f"a request has at least one prompt token and one output token: {self}")
 
+    def prefix_blind(self) -> RequestShape:
+        """The same request with its prompt unknown: no replica is expected to cache any of it."""
+        return RequestShape(self.prompt_tokens, self.max_tokens)
+
     @property
     def kv_tokens(self) -> int:
         """KV space the request may use at most: reserved in full, so an admitted request can finish."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from contracts.routing import DEFAULT_ROUTING_STRATEGY
 from controlplane.gateway.routing.costs import RequestShape
 from controlplane.gateway.routing.state import ReplicaState
-from controlplane.gateway.routing.strategies import CAPACITY_AWARE, STRATEGIES
+from controlplane.gateway.routing.strategies import CAPACITY_AWARE, PREFIX_BLIND, STRATEGIES
 
 
 @dataclass(frozen=True)
@@ -132,8 +132,10 @@ class Router:
                 f"the largest replica's KV capacity of {biggest} tokens",
                 self._inputs(request, why, finish),
             )
+        # what the strategy weighs: a prefix-blind one admits, as it chooses, as if nothing were cached
+        weighed = request.prefix_blind() if self.strategy in PREFIX_BLIND else request
         if self.strategy in CAPACITY_AWARE or self.explain:
-            finish = {r.replica_id: r.estimate_finish(request) for r in candidates}
+            finish = {r.replica_id: r.estimate_finish(weighed) for r in candidates}
         if self.strategy in CAPACITY_AWARE:
             admitted = []
             for r in candidates:
@@ -155,8 +157,8 @@ class Router:
         return Decision(
             replica=chosen,
             strategy=self.strategy,
-            estimated_ttft_s=chosen.estimate_ttft(request),
-            estimated_finish_s=finish.get(chosen.replica_id) or chosen.estimate_finish(request),
+            estimated_ttft_s=chosen.estimate_ttft(weighed),
+            estimated_finish_s=finish.get(chosen.replica_id) or chosen.estimate_finish(weighed),
             candidates=len(candidates),
             cached_tokens=chosen.cached_tokens(request),
             inputs=self._inputs(request, why, finish),

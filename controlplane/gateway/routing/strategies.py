@@ -24,6 +24,14 @@ def cost_aware(request: RequestShape, candidates: Sequence[ReplicaState], cursor
     return min(candidates, key=lambda r: (r.estimate_finish(request), -r.kv_free))
 
 
+def cost_aware_prefix_blind(
+    request: RequestShape, candidates: Sequence[ReplicaState], cursor: int
+) -> ReplicaState:
+    """Baseline for prefix reuse: ``cost_aware`` with every replica's cached tokens taken as 0, the cost
+    router blind to where a prompt's prefix is cached (the heads still reuse what they hold)."""
+    return cost_aware(request.prefix_blind(), candidates, cursor)
+
+
 def least_outstanding_tokens(
     request: RequestShape, candidates: Sequence[ReplicaState], cursor: int
 ) -> ReplicaState:
@@ -38,6 +46,7 @@ def round_robin(request: RequestShape, candidates: Sequence[ReplicaState], curso
 
 STRATEGIES: dict[str, Strategy] = {
     "cost_aware": cost_aware,
+    "cost_aware_prefix_blind": cost_aware_prefix_blind,
     "least_outstanding_tokens": least_outstanding_tokens,
     "round_robin": round_robin,
 }
@@ -45,4 +54,6 @@ STRATEGIES: dict[str, Strategy] = {
 if tuple(sorted(STRATEGIES)) != tuple(sorted(ROUTING_STRATEGIES)):
     raise ImportError(f"router strategies {sorted(STRATEGIES)} differ from contracts.routing's "
                       f"{sorted(ROUTING_STRATEGIES)}")
-CAPACITY_AWARE = frozenset({"cost_aware"})
+CAPACITY_AWARE = frozenset({"cost_aware", "cost_aware_prefix_blind"})
+# the strategies whose admission, as their choice, does not count the cached prefix
+PREFIX_BLIND = frozenset({"cost_aware_prefix_blind"})
