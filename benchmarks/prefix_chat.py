@@ -8,7 +8,8 @@ the deployment: the stages take the new spec in place). Goal: later turns at mos
 turns without caching. Then throughput at the same p99: ``--clients`` concurrent conversations for
 ``--window-s`` each, caching off at the lowest concurrency, caching on at each concurrency; the most
 turns a second caching serves with its p99 time to first token within the uncached p99, against the
-uncached throughput. Goal: at least 1.5x.
+uncached throughput. Goal: at least 1.5x. The peer timeouts are raised (``--peer-timeout-s``;
+benchmarks/demo_system.py says why).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -25,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gpu_check_serve import REPO, Launcher, embedded_env, free_port, wait_ready  # noqa: E402
+from benchmarks.demo_system import demo_system  # noqa: E402
+from benchmarks.gpu_check_serve import REPO  # noqa: E402
 from benchmarks.replacement_bench import Api  # noqa: E402
 
 TOPICS = ("rivers", "mountains", "deserts", "forests", "oceans", "islands", "glaciers", "volcanoes")
@@ -149,24 +150,11 @@ def load_window(make_client, model: str, clients: int, args: argparse.Namespace,
 def run_chat(args: argparse.Namespace) -> dict:
     import openai
 
-    var = args.work / "var"
-    var.mkdir(parents=True, exist_ok=True)
-    env = embedded_env(var)
-    manage = [sys.executable, str(REPO / "manage.py")]
-    subprocess.run([*manage, "migrate", "--noinput", "-v0"], env=env, cwd=REPO, check=True, timeout=300)
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    launcher = Launcher([*manage, "run_local", "--port", str(port)], env, args.work / "run_local.log")
-    try:
-        key = wait_ready(launcher, var / "demo-api-key.txt", time.monotonic() + 900)
-        lines = (var / "admin-credentials.txt").read_text().splitlines()
-        credentials = dict(line.split(": ", 1) for line in lines)
-        api = Api(base, credentials["api_token"])
-        deployment = api.deployment()
-        pk, model = deployment["id"], deployment["model_name"]
+    with demo_system(args.work, peer_timeout_s=args.peer_timeout_s) as system:
+        api, pk, model = system.api, system.pk, system.model
 
         def make_client():
-            return openai.OpenAI(base_url=f"{base}/v1", api_key=key, timeout=300, max_retries=0)
+            return openai.OpenAI(base_url=f"{system.base}/v1", api_key=system.key, timeout=300, max_retries=0)
 
         client = make_client()
         result: dict = {"turns": args.turns}
@@ -200,8 +188,6 @@ def run_chat(args: argparse.Namespace) -> dict:
         figures = [vars(load) | {"rate": load.rate, "p99": load.p99} for load in [baseline, *loads]]
         result.update(later_ratio=later_on / later_off, throughput_ratio=ratio, loads=figures)
         return result
-    finally:
-        launcher.stop()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -211,6 +197,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--clients", type=int, nargs="+", default=[2, 4, 6])
     parser.add_argument("--window-s", type=float, default=40.0)
+    parser.add_argument("--peer-timeout-s", type=float, default=30.0)
     parser.add_argument("--json", type=Path)
 
 

@@ -15,8 +15,8 @@ reuses what an earlier one cached; ``--warmup-s`` unmeasured (each prompt's firs
 ``--window-s`` measured: the times to first token of the turns started in it, and the hit rate, the
 heads' ``vllm:prefix_cache_hits_total`` over ``vllm:prefix_cache_queries_total`` in ``/metrics``, their
 increase summed over the replicas. Goals: p99 time to first token of ``cost_aware`` at most 0.6x of the
-blind router's, and its hit rate at least 80 % of one replica's. The stages' peer timeout is raised
-(``--peer-timeout-s``): on a 2-core host a micro-batch of concurrent prefills lasts seconds.
+blind router's, and its hit rate at least 80 % of one replica's. The stages' and the gateway's peer
+timeouts are raised (``--peer-timeout-s``; benchmarks/demo_system.py says why).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import argparse
 import json
 import re
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -36,7 +35,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gpu_check_serve import REPO, Launcher, embedded_env, free_port, wait_ready  # noqa: E402
+from benchmarks.demo_system import demo_system  # noqa: E402
+from benchmarks.gpu_check_serve import REPO  # noqa: E402
 from benchmarks.prefix_chat import QUESTIONS, TOPICS, Load, chat_turn, set_caching, system_prompt  # noqa: E402
 from benchmarks.replacement_bench import Api, serving_alone  # noqa: E402
 
@@ -174,63 +174,25 @@ def route_table(one: dict, blind: dict, aware: dict) -> dict:
     return {"p99_ratio": p99_ratio, "hit_share": hit_share}
 
 
-def bench_env(args: argparse.Namespace, var: Path) -> dict[str, str]:
-    """``make run``'s embedded environment, with two allowances for CPU stages on a small host.
-    Concurrent ~700-token prefills share the cores with every stage: a micro-batch's step lasts
-    seconds, longer than the stages' default 5 s before a silent peer breaks the pipeline
-    (``--peer-timeout-s``), or than the gateway's 5 s before a silent head counts as a broken replica
-    (``CLIENT_TIMEOUT_S``, the same figure: each such request is resumed elsewhere and raises its
-    replica's error rate, a slowdown of 5-8x in the router's eyes). And the gateway keeps each
-    replica's planned costs (``--calibrate`` to measure them): measured on CPU stages, the step times
-    of seconds full of prefill make a decode step cost seconds (a factor of 130 from the first 3
-    samples of one replica), so the router expects no request to finish within its deadline and
-    refuses most with 429."""
-    env = embedded_env(var) | {"MOTLEY_STAGE_PEER_TIMEOUT_S": str(args.peer_timeout_s)}
-    gateway = {"CLIENT_TIMEOUT_S": args.peer_timeout_s}
-    if not args.calibrate:
-        gateway["COSTS_MIN_SAMPLES"] = 1000
-    (args.work / "prefix_route_settings.py").write_text(
-        "from controlplane.settings import *  # noqa: F403\n"
-        f"MOTLEY_GATEWAY = {{**MOTLEY_GATEWAY, **{gateway!r}}}  # noqa: F405\n")
-    path = [str(args.work), str(REPO), *filter(None, [env.get("PYTHONPATH")])]
-    return env | {"DJANGO_SETTINGS_MODULE": "prefix_route_settings", "PYTHONPATH": ":".join(path)}
-
-
 def run_route(args: argparse.Namespace) -> dict:
     import openai
 
-    var = args.work / "var"
-    var.mkdir(parents=True, exist_ok=True)
-    args.work = args.work.resolve()
-    env = bench_env(args, var)
-    manage = [sys.executable, str(REPO / "manage.py")]
-    subprocess.run([*manage, "migrate", "--noinput", "-v0"], env=env, cwd=REPO, check=True, timeout=300)
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    launcher = Launcher([*manage, "run_local", "--port", str(port)], env, args.work / "run_local.log")
-    try:
-        key = wait_ready(launcher, var / "demo-api-key.txt", time.monotonic() + 900)
-        lines = (var / "admin-credentials.txt").read_text().splitlines()
-        credentials = dict(line.split(": ", 1) for line in lines)
-        api = Api(base, credentials["api_token"])
-        deployment = api.deployment()
-        pk, model = deployment["id"], deployment["model_name"]
+    with demo_system(args.work, peer_timeout_s=args.peer_timeout_s, calibrate=args.calibrate) as system:
+        api, pk, model = system.api, system.pk, system.model
         set_caching(api, pk, True)
 
         def make_client():
-            return openai.OpenAI(base_url=f"{base}/v1", api_key=key, timeout=600, max_retries=0)
+            return openai.OpenAI(base_url=f"{system.base}/v1", api_key=system.key, timeout=600, max_retries=0)
 
         set_strategy(api, pk, model, "cost_aware", 1)
         one = measured_window(api, make_client, model, args, "one replica")
-        apply_two_replicas(api, deployment)
+        apply_two_replicas(api, api.deployment())
         windows = {}
         for strategy in ("cost_aware_prefix_blind", "cost_aware"):
             set_strategy(api, pk, model, strategy, 2)
             windows[strategy] = measured_window(api, make_client, model, args, strategy)
         blind, aware = windows["cost_aware_prefix_blind"], windows["cost_aware"]
         return {"one": one, "blind": blind, "aware": aware, **route_table(one, blind, aware)}
-    finally:
-        launcher.stop()
 
 
 def route_bench(args: argparse.Namespace) -> None:
