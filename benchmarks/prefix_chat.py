@@ -34,8 +34,9 @@ QUESTIONS = ("What is the largest one?", "Name another one.", "Where is it?", "W
              "Say one more fact.", "Which is the oldest?", "Give a short summary.")
 
 
-def system_prompt(topic: str, sentences: int = 44) -> str:
-    """About 700 tokens of instructions on ``topic`` (SmolLM2's tokenizer: ~16 tokens a sentence)."""
+def system_prompt(topic: str, sentences: int = 24) -> str:
+    """Instructions on ``topic``, ~29 tokens a sentence in SmolLM2's tokenizer: 24 make a first turn's
+    prompt of about 700 tokens with the chat template and a short question."""
     return " ".join(f"Rule {i + 1}: when asked about {topic}, answer briefly, in plain words, and mention "
                     f"fact number {i + 1} only if it helps." for i in range(sentences))
 
@@ -115,18 +116,21 @@ class Load:
 
 
 def load_window(make_client, model: str, clients: int, args: argparse.Namespace, salt: str) -> Load:
-    """``clients`` threads each running conversations back to back for ``--window-s``; counted: the
-    turns that ended inside the window and their times to first token."""
+    """``clients`` threads each running conversations back to back for ``--window-s``, all under the
+    window's one system prompt (``salt`` keeps what an earlier window cached from counting), each its
+    own from its first question on; counted: the turns that ended inside the window and their times
+    to first token."""
     load, lock, stop = Load(clients), threading.Lock(), threading.Event()
     started = time.monotonic()
 
     def client_loop(index: int) -> None:
         client, n = make_client(), 0
         while not stop.is_set():
-            topic = f"{TOPICS[index % len(TOPICS)]} ({salt}{index}-{n})"
-            messages = [{"role": "system", "content": system_prompt(topic)}]
+            messages = [{"role": "system", "content": system_prompt(f"{TOPICS[0]} ({salt})")}]
             for i in range(args.turns):
-                messages.append({"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]})
+                asked = QUESTIONS[i % len(QUESTIONS)]
+                asked = asked if i else f"Conversation {index}.{n}. {asked}"
+                messages.append({"role": "user", "content": asked})
                 turn = chat_turn(client, model, messages, args.max_tokens)
                 messages.append({"role": "assistant", "content": turn.text})
                 if stop.is_set():

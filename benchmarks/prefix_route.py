@@ -2,7 +2,7 @@
 
 `make run`'s system (``manage.py run_local``, SmolLM2-135M-Instruct on the demo fleet) and the official
 ``openai`` client; many concurrent conversations (``--clients`` threads, each running conversations of
-``--turns`` turns back to back, resending the history, under one of ``--prompts`` shared ~700-token
+``--turns`` turns back to back, resending the history, under one of ``--prompts`` shared ~1,260-token
 system prompts), caching on throughout, three times: one replica alone (`make run`'s own plan, one
 pipeline over the demo's four cards: the hit-rate reference), then two replicas routed by
 ``cost_aware_prefix_blind`` (the cost router blind to cached prefixes), then by ``cost_aware`` (a PATCH
@@ -100,7 +100,8 @@ def shared_conversations(
 
     load, lock, stop, measuring = Load(args.clients), threading.Lock(), threading.Event(), threading.Event()
     failed: list[str] = []
-    prompts = [system_prompt(f"{TOPICS[i % len(TOPICS)]} ({label} {i})") for i in range(args.prompts)]
+    prompts = [system_prompt(f"{TOPICS[i % len(TOPICS)]} ({label} {i})", args.prompt_sentences)
+               for i in range(args.prompts)]
 
     def client_loop(index: int) -> None:
         client, n = make_client(), 0
@@ -205,6 +206,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work", type=Path, default=REPO / "var" / "bench" / "prefix-route")
     parser.add_argument("--clients", type=int, default=6)
     parser.add_argument("--prompts", type=int, default=3)
+    parser.add_argument("--prompt-sentences", type=int, default=44,
+                        help="of each system prompt: 44 make ~1,260 tokens (prefix_chat.system_prompt)")
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--window-s", type=float, default=90.0)
