@@ -35,7 +35,7 @@ def test_a_real_stage_starts_reports_and_drains(tmp_path, tiny_fleet, demo_model
         assert status.state == "starting", status.message
         written = json.loads((tmp_path / "state/stages/d5-r0-s0/spec.json").read_text())
         assert written["emulation"] == {"memory_bandwidth_gbs": 320.0, "fp16_tflops": 65.0, "time_scale": 2.0,
-                                        "speed_factor": 1.0, "throttle_file": None}
+                                        "speed_factor": 1.0, "throttle_file": None, "host_link_gbs": None}
         events.wait_for(lambda s: s.state == "ready", timeout_s=60)
         stats = wait_until(lambda: supervisor.snapshot()[0][0].stats, timeout_s=10, what="a stats line")
         assert {"step_ms", "tokens_per_s", "kv_tokens_free", "steps"} <= set(stats)
