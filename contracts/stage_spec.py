@@ -15,6 +15,10 @@ from typing import Any
 from contracts.precision import Precision
 
 
+SPECULATION_MODES = ("off", "lookup")
+MAX_SPECULATIVE_TOKENS = 16
+
+
 class SpecError(ValueError):
     """A stage spec the server cannot run; the message names the field at fault."""
 
@@ -70,6 +74,11 @@ class StageSpec:
     # KV tokens of blocks evicted from the device kept in host memory (pinned on CUDA) and copied back
     # instead of recomputed: the plan sets it where copying is cheaper than prefilling (0: no host tier).
     host_kv_tokens: int = 0
+    # Speculative decoding (docs/pipeline.md, "Speculative decoding"): the head proposes tokens for each
+    # decoding sequence ("lookup": n-grams of its prompt and output) and every stage verifies them in one
+    # pass; "off": one token per sequence and step. The head's values decide for the pipeline.
+    speculation: str = "off"
+    speculative_tokens: int = 4  # the most proposals per sequence and step: the adaptive count's ceiling
     # Started beside its pipeline ahead of an in-place handover: load, bind and say ready, then wait for
     # the spec that lets it join (the same without ``hold``, given in place). No heartbeat meanwhile.
     hold: bool = False
@@ -131,6 +140,9 @@ class StageSpec:
             (self.micro_batches is None or self.micro_batches >= 1, "micro_batches must be at least 1"),
             (self.max_batch_tokens > 0 and self.max_queue >= 0, "max_batch_tokens/max_queue out of range"),
             (self.host_kv_tokens >= 0, "host_kv_tokens must not be negative"),
+            (self.speculation in SPECULATION_MODES, f"speculation must be one of {SPECULATION_MODES}"),
+            (1 <= self.speculative_tokens <= MAX_SPECULATIVE_TOKENS,
+             f"speculative_tokens must be in [1, {MAX_SPECULATIVE_TOKENS}]"),
         ]
         try:
             self.precision.layer_bits(start, end)
