@@ -14,7 +14,6 @@ from typing import Any
 
 from contracts.precision import Precision
 
-
 SPECULATION_MODES = ("off", "lookup")
 MAX_SPECULATIVE_TOKENS = 16
 

@@ -29,6 +29,7 @@ from .prefix_index import PrefixIndex
 from .protocol import batch_message
 from .relay import heartbeat_interval
 from .scheduler import KVLedger, Request, Scheduler
+from .speculation import Speculator
 from .stage import Batch
 from .transport import Incoming, PeerUnavailable, Transport
 from .warm_up import CLIENT as WARM_UP
@@ -56,6 +57,7 @@ class HeadLoop:
             self.ledger, spec.micro_batches or spec.num_stages, spec.max_batch_tokens, spec.max_queue,
             admission=self.prefix.admit if self.prefix else None,
         )
+        self.speculator = Speculator(spec.speculative_tokens) if spec.speculation != "off" else None
         self.draining = False
         self._pending_free: list[int] = []
         self._keepalive = Every(KEEPALIVE_S)
@@ -108,9 +110,14 @@ class HeadLoop:
             self._flush_frees()  # a request that failed here meanwhile freed, or an admission evicted
             if not self.membership.healthy:
                 return
+            if self.speculator is not None:
+                self.speculator.propose(mb.requests, self.spec.max_batch_tokens)
             inputs = [r.next_input() for r in mb.requests]
+            verifying = any(r.proposals for r in mb.requests)
             batch = Batch.of_tokens([r.seq_id for r in mb.requests], [t for t, _ in inputs],
-                                    [s for _, s in inputs])
+                                    [s for _, s in inputs],
+                                    [len(r.proposals) + 1 for r in mb.requests] if verifying else None)
+            mb.tokens = batch.num_tokens
             params = [r.params for r in mb.requests]
             ops = self.prefix.operations(mb.requests, inputs) if self.prefix else None
             try:
@@ -122,7 +129,7 @@ class HeadLoop:
                 continue
             sent = time.perf_counter()
             if self.spec.num_stages == 1:
-                self.on_tokens(mb.id, batch.seq_ids, out.tolist())
+                self.on_tokens(mb.id, batch.seq_ids, batch.per_sequence(out.tolist()))
             else:
                 header, tensors = batch_message(self.membership.epoch, mb.id, batch, params, out, ops)
                 try:
@@ -251,12 +258,18 @@ class HeadLoop:
             with self.prefix.distrusted() if self.prefix is not None else nullcontext():
                 self._fail(self.scheduler.on_failed(h["mb"]), PipelineError(str(h.get("message"))))
 
-    def on_tokens(self, mb_id: int, seq_ids: list[int], tokens: list[int]) -> None:
+    def on_tokens(self, mb_id: int, seq_ids: list[int], tokens: list[int | list[int]]) -> None:
         """Stream a micro-batch's tokens: one ``tokens`` frame per client, not one frame per token.
 
         A client (the gateway) usually holds most of a micro-batch's requests, and every frame costs
-        an encode, an HMAC and a wake-up on both sides.
+        an encode, an HMAC and a wake-up on both sides. A verified speculation (a list of the target's
+        tokens) emits what its proposals got accepted first (``Speculator.settle``).
         """
+        mb = self.scheduler.in_flight.get(mb_id)
+        if self.speculator is not None and mb is not None:
+            decoding = all(r.output for r in mb.requests)
+            round_trip = (mb.tokens, time.monotonic() - mb.sent_at) if decoding else None
+            tokens = self.speculator.settle(mb.requests, seq_ids, tokens, round_trip)
         by_client: dict[bytes, list[list]] = {}
         for request, token, reason in self.scheduler.on_tokens(mb_id, seq_ids, tokens):
             by_client.setdefault(request.client, []).append([request.request_id, token, reason])
@@ -285,13 +298,16 @@ class HeadLoop:
             max_tokens = int(h["max_tokens"])
             stop = frozenset(int(t) for t in h.get("stop_token_ids", ()))
             deadline_s = None if h.get("deadline_s") is None else float(h["deadline_s"])
+            speculate = h.get("speculate", True)
+            if not isinstance(speculate, bool):
+                raise TypeError(f"speculate must be true or false, not {speculate!r}")
         except (KeyError, TypeError, ValueError) as exc:
             raise RequestRejected(f"malformed request: {exc}") from exc
         if not prompt or max_tokens < 1 or any(not 0 <= t < vocab for t in prompt):
             raise RequestRejected(f"a request needs a non-empty prompt of token ids below {vocab} and "
                                   "max_tokens >= 1")
         deadline = None if deadline_s is None else time.monotonic() + deadline_s
-        return Request(request_id, client, prompt, params, max_tokens, stop, deadline)
+        return Request(request_id, client, prompt, params, max_tokens, stop, deadline, speculate=speculate)
 
     def on_cancel(self, client: bytes, h: dict[str, Any]) -> None:
         request = self.scheduler.remove(str(h.get("request_id")))
@@ -318,7 +334,8 @@ class HeadLoop:
         return {"ok": ok, "broken_stage": membership.broken_stage, "reason": membership.reason}
 
     def own_stats(self) -> dict[str, Any]:
-        return self.worker.snapshot(self.transport)
+        figures = self.speculator.figures() if self.speculator is not None else {}
+        return {**self.worker.snapshot(self.transport), **figures}
 
     def stats(self) -> dict[str, Any]:
         s = self.scheduler
@@ -347,6 +364,8 @@ class HeadLoop:
         self._pending_free.append(request.seq_id)
         if self.prefix is not None:
             self.prefix.forget(request.seq_id)
+        if self.speculator is not None:
+            self.speculator.forget(request.seq_id)
         if request.request_id == self.membership.warming:  # every request that ends, ends here
             self.membership.warmed()
         self.scheduler.admit()

@@ -115,7 +115,8 @@ class PrefixIndex:
         for request, (tokens, start) in zip(requests, inputs):
             known = self._names[request.seq_id]
             attach.append(list(known) if not request.output else [])
-            end, first = start + len(tokens), len(known)
+            # Proposals a speculative step verifies are not the sequence's until accepted: never named.
+            end, first = start + len(tokens) - len(request.proposals), len(known)
             if end // size > first:  # the step fills blocks: name them, chained on the last one named
                 sequence = (request.prompt + request.output)[:end]
                 known.extend(block_hashes(sequence, size, self.seed, start=first,

@@ -1,11 +1,12 @@
 """The messages of the data plane, as (JSON header, tensors) pairs, and the one that carries a batch.
 
-Stage to stage: ``batch`` (a micro-batch's hidden states, and with prefix caching the cached blocks
-each new sequence starts with and the blocks each sequence filled: :class:`PrefixOps`), ``free``
-(sequences done, the cached blocks the head evicted: ``evict``, and what its host tier did:
-``host``), ``reset`` (drop every sequence
-and cached block: the head starts a new epoch after a failure). To the head: ``tokens`` (sampled by the
-last stage), ``failed`` (a stage could not run a micro-batch), ``heartbeat`` (liveness, KV figures
+Stage to stage: ``batch`` (a micro-batch's hidden states, with ``logits``, the rows per sequence the
+last stage samples where a speculative step verifies proposals, and with prefix caching the cached
+blocks each new sequence starts with and the blocks each sequence filled: :class:`PrefixOps`),
+``free`` (sequences done, the cached blocks the head evicted: ``evict``, and what its host tier did:
+``host``), ``reset`` (drop every sequence and cached block: the head starts a new epoch after a
+failure). To the head: ``tokens`` (sampled by the last stage: a token per sequence, a list of them for
+a verified one), ``failed`` (a stage could not run a micro-batch), ``heartbeat`` (liveness, KV figures
 and statistics of a stage). Client to head: ``submit``, ``cancel``, ``stats``, ``health``; head to
 client: ``tokens`` (that client's tokens of one micro-batch), ``error``, ``reply``, ``alive``. Every
 data-plane message carries the head's ``epoch`` so that a stage drops what belongs to a pipeline
@@ -99,6 +100,7 @@ def batch_message(
         "starts": batch.start_positions,
         "lengths": batch.lengths,
         "sampling": [vars(p) for p in params],  # a frozen dataclass's fields, without asdict's deep copy
+        **({"logits": batch.logit_rows} if batch.logit_rows is not None else {}),
         **(prefix.to_header() if prefix is not None else {}),
     }
     return header, [payload]
@@ -112,13 +114,17 @@ def batch_from_frame(frame: Frame, first_stage: bool) -> tuple[Batch, list[Sampl
         seq_ids, starts, lengths = (list(map(int, h["seq_ids"])), list(map(int, h["starts"])),
                                     list(map(int, h["lengths"])))
         params = [SamplingParams(**p) for p in h["sampling"]]
+        logit_rows = None if h.get("logits") is None else list(map(int, h["logits"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise FrameError(f"malformed batch header: {exc}") from exc
     if len(frame.tensors) != 1 or not (len(seq_ids) == len(starts) == len(lengths) == len(params)):
         raise FrameError("a batch has one tensor and one start, length and sampling entry per sequence")
+    if logit_rows is not None and (len(logit_rows) != len(seq_ids)
+                                   or any(not 1 <= r <= n for r, n in zip(logit_rows, lengths))):
+        raise FrameError("a batch's logits has one count per sequence, from 1 to its length")
     payload = frame.tensors[0]
-    batch = Batch(seq_ids, starts, lengths)
+    batch = Batch(seq_ids, starts, lengths, logit_rows=logit_rows)
     if payload.shape[0] != batch.num_tokens:
         raise FrameError(f"batch payload has {payload.shape[0]} rows for {batch.num_tokens} tokens")
     return (batch.with_hidden(payload) if not first_stage
-            else Batch(seq_ids, starts, lengths, input_ids=payload)), params
+            else Batch(seq_ids, starts, lengths, input_ids=payload, logit_rows=logit_rows)), params

@@ -171,7 +171,7 @@ class RelayLoop:
             if self.spec.is_last:
                 self.transport.send_head(
                     {"type": "tokens", "epoch": self.epoch, "mb": mb, "seq_ids": batch.seq_ids,
-                     "tokens": out.tolist()}
+                     "tokens": batch.per_sequence(out.tolist())}
                 )
             else:
                 header, tensors = batch_message(self.epoch, mb, batch, params, out, ops)

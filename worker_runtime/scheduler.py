@@ -35,6 +35,8 @@ class Request:
     seq_id: int = -1
     output: list[int] = field(default_factory=list)
     cached: int = 0  # leading prompt tokens found in the KV cache at admission: its first step starts there
+    speculate: bool = True  # whether the head may propose tokens for it (speculation.py)
+    proposals: list[int] = field(default_factory=list)  # tokens its step in flight verifies
 
     @property
     def kv_tokens(self) -> int:
@@ -42,10 +44,10 @@ class Request:
 
     def next_input(self) -> tuple[list[int], int]:
         """The tokens this sequence feeds next and the position of the first: the prompt from its first
-        uncached token, then its last token."""
+        uncached token, then its last token and the proposals to verify after it."""
         if not self.output:
             return self.prompt[self.cached:], self.cached
-        return [self.output[-1]], len(self.prompt) + len(self.output) - 1
+        return [self.output[-1], *self.proposals], len(self.prompt) + len(self.output) - 1
 
     def finish_reason(self) -> str | None:
         if self.output and self.output[-1] in self.stop_token_ids:
@@ -142,6 +144,7 @@ class MicroBatch:
     id: int
     requests: list[Request]
     sent_at: float
+    tokens: int = 0  # fed to the pipeline, proposals included: set by the head once it starts
 
 
 class Scheduler:
@@ -207,17 +210,23 @@ class Scheduler:
         return mb
 
     def on_tokens(self, mb_id: int, seq_ids: list[int],
-                  tokens: list[int]) -> list[tuple[Request, int, str | None]]:
-        """Record the sampled tokens of a returned micro-batch; finished requests leave the scheduler."""
+                  tokens: list[int | list[int]]) -> list[tuple[Request, int, str | None]]:
+        """Record the sampled tokens of a returned micro-batch (a list where a sequence emits several,
+        a verified speculation); finished requests leave the scheduler, their tokens past the end
+        dropped."""
         self.in_flight.pop(mb_id, None)
         events = []
-        for seq_id, token in zip(seq_ids, tokens):
+        for seq_id, emitted in zip(seq_ids, tokens):
             request = self._by_seq.get(seq_id)
             if request is None:  # cancelled or failed meanwhile
                 continue
-            request.output.append(int(token))
-            reason = request.finish_reason()
-            events.append((request, int(token), reason))
+            reason = None
+            for token in emitted if isinstance(emitted, list) else [emitted]:
+                request.output.append(int(token))
+                reason = request.finish_reason()
+                events.append((request, int(token), reason))
+                if reason is not None:
+                    break
             if reason is None:
                 self.ready.append(request)
             else:

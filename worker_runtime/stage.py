@@ -36,8 +36,10 @@ class Batch:
     """A ragged batch: the new tokens of many sequences, packed flat in the order of ``seq_ids``.
 
     Sequence ``i`` contributes ``lengths[i]`` tokens at positions ``start_positions[i] ...``: a prompt
-    (or a chunk of one) for prefill, a single token for decode; both kinds may share one batch. The
-    first stage takes ``input_ids`` [tokens] (int64); the others ``hidden`` [tokens, hidden_size].
+    (or a chunk of one) for prefill, a single token for decode, its last token and the proposals to
+    verify after it for a speculative step; all kinds may share one batch. The first stage takes
+    ``input_ids`` [tokens] (int64); the others ``hidden`` [tokens, hidden_size]. ``logit_rows[i]``: how
+    many of sequence ``i``'s last tokens the last stage returns logits of (None: one each).
     """
 
     seq_ids: list[int]
@@ -45,13 +47,34 @@ class Batch:
     lengths: list[int]
     input_ids: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
+    logit_rows: list[int] | None = None
 
     @classmethod
-    def of_tokens(cls, seq_ids: list[int], tokens: list[list[int]], start_positions: list[int]) -> "Batch":
+    def of_tokens(cls, seq_ids: list[int], tokens: list[list[int]], start_positions: list[int],
+                  logit_rows: list[int] | None = None) -> "Batch":
         """Pack per-sequence token lists into a flat batch for the first stage."""
         flat = [t for seq in tokens for t in seq]
         lengths = [len(t) for t in tokens]
-        return cls(list(seq_ids), list(start_positions), lengths, input_ids=torch.tensor(flat))
+        return cls(list(seq_ids), list(start_positions), lengths, input_ids=torch.tensor(flat),
+                   logit_rows=logit_rows)
+
+    def rows(self) -> list[int]:
+        """Logit rows per sequence (``logit_rows``, or one each)."""
+        return self.logit_rows or [1] * len(self.seq_ids)
+
+    def produced_positions(self) -> list[int]:
+        """The position of the token each logit row samples, in row order."""
+        return [start + n - r + 1 + j for start, n, r in zip(self.start_positions, self.lengths, self.rows())
+                for j in range(r)]
+
+    def per_sequence(self, values: list) -> list:
+        """Values of the logit rows grouped by sequence: one value where a sequence has one row, a list
+        where it has several (a verification's target tokens)."""
+        grouped, at = [], 0
+        for r in self.rows():
+            grouped.append(values[at] if r == 1 else values[at:at + r])
+            at += r
+        return grouped
 
     def with_hidden(self, hidden: torch.Tensor) -> "Batch":
         """The same sequences carrying a previous stage's output, as the next stage receives them."""
@@ -303,8 +326,7 @@ class Stage(nn.Module):
         if not self.is_last:
             return x.contiguous()
         if not all_logits:
-            last = torch.tensor(batch.lengths, device=self.device).cumsum(0) - 1
-            x = x.index_select(0, last)
+            x = x.index_select(0, _logit_index(batch).to(self.device))
         return self.lm_head(self.norm(x)).float()
 
     def memory(self) -> StageMemory:
@@ -325,3 +347,15 @@ class Stage(nn.Module):
             kv_bytes_per_token=self.kv.bytes_per_token,
             kv_tokens=self.kv.capacity_tokens,
         )
+
+
+def _logit_index(batch: Batch) -> torch.Tensor:
+    """The flat row of every token whose logits the last stage returns: each sequence's last
+    ``batch.rows()`` tokens."""
+    ends = torch.tensor(batch.lengths).cumsum(0)
+    if batch.logit_rows is None:
+        return ends - 1
+    rows = torch.tensor(batch.logit_rows)
+    first = torch.repeat_interleave(ends - rows, rows)
+    offset = torch.arange(int(rows.sum())) - torch.repeat_interleave(rows.cumsum(0) - rows, rows)
+    return first + offset

@@ -29,7 +29,8 @@ class StageWorker:
         self.stage, self.stats, self.pacer = stage, stats, pacer
 
     def step(self, batch: Batch, params: list[SamplingParams]) -> tuple[torch.Tensor, float]:
-        """Hidden states for the next stage, or on the last stage each sequence's next token (int64).
+        """Hidden states for the next stage, or on the last stage the token of each logit row (int64:
+        each sequence's next token, and after each proposal of a speculative step the target's).
 
         Returns the output and the compute seconds (pacing included); the caller records the step once
         it knows the transfer time too. Raises what :meth:`Stage.forward` raises (``KVBudgetExceeded``,
@@ -38,8 +39,9 @@ class StageWorker:
         started = time.perf_counter()
         out = self.stage.forward(batch)
         if self.stage.is_last:
-            positions = [s + n for s, n in zip(batch.start_positions, batch.lengths)]
-            out = sample(out, params, positions)
+            rows = batch.rows()
+            row_params = [p for p, r in zip(params, rows) for _ in range(r)]
+            out = sample(out, row_params, batch.produced_positions())
         if self.pacer is not None:
             self.pacer.pace(batch, time.perf_counter() - started)
         return out, time.perf_counter() - started

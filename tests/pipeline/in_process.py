@@ -78,15 +78,16 @@ class InProcessPipeline:
             message = Incoming(Frame(header, tensors), b"")
             (self.head if index == 0 else self.relays[index - 1]).handle(message)
 
-    def run(self, jobs: list[tuple[list[int], int]]) -> list[list[int] | str]:
-        """Submit ``jobs`` (prompt, max_tokens) at once, greedy, and run until all end: each one's tokens,
-        or its error's kind."""
+    def run(self, jobs: list[tuple]) -> list[list[int] | str]:
+        """Submit ``jobs`` (prompt, max_tokens[, more submit fields: sampling, speculate, ...]) at once,
+        greedy unless a job says otherwise, and run until all end: each one's tokens, or its error's
+        kind."""
         self.replies.clear()
         self.submitted += len(jobs)
         ids = [f"r{self.submitted - len(jobs) + i}" for i in range(len(jobs))]
-        for request_id, (prompt, max_tokens) in zip(ids, jobs):
+        for request_id, (prompt, max_tokens, *more) in zip(ids, jobs):
             self.head.on_submit(CLIENT, {"request_id": request_id, "prompt": prompt,
-                                         "max_tokens": max_tokens})
+                                         "max_tokens": max_tokens, **(more[0] if more else {})})
         while self.head.scheduler.requests:
             self.head.step()
             self.deliver()

@@ -1,0 +1,104 @@
+"""The head's proposals: prompt lookup finds the most recent earlier occurrence of the longest suffix;
+the policy proposes while it pays by the measured step cost and the sequences' acceptance rates, and
+nothing at low acceptance or large batches."""
+
+from __future__ import annotations
+
+import pytest
+
+from contracts.sampling import SamplingParams
+from worker_runtime.prompt_lookup import PromptLookup
+from worker_runtime.scheduler import Request
+from worker_runtime.speculation import Candidate, SpeculationPolicy, Speculator, StepCost, accepted_count
+
+
+def test_lookup_copies_what_followed_the_longest_most_recent_suffix():
+    lookup = PromptLookup(ngram_max=3)
+    text = [1, 2, 3, 4, 9, 2, 3, 5, 6, 7, 1, 2, 3]
+    # [1, 2, 3] occurred at the start (then 4); [2, 3] more recently (then 5): the longest wins
+    assert lookup.propose(text, 3) == [4, 9, 2]
+    text += [4]
+    assert lookup.propose(text, 2) == [9, 2]  # [2, 3, 4] occurred once, then 9
+    assert lookup.propose(text + [8], 4) == []  # 8 never occurred before
+    assert PromptLookup().propose([5, 5, 5], 0) == []
+
+
+def test_lookup_index_grows_with_the_sequence_and_matches_a_full_scan():
+    lookup, tokens = PromptLookup(ngram_max=2), []
+    for i in range(60):
+        tokens.append((i * i) % 7)
+        got = lookup.propose(tokens, 3)
+        expected = []
+        for n in (2, 1):
+            if len(tokens) < n:
+                continue
+            ends = [e for e in range(n, len(tokens)) if tokens[e - n:e] == tokens[-n:]]
+            if ends:
+                expected = tokens[ends[-1]:ends[-1] + 3]
+                break
+        assert got == expected, i
+
+
+def test_accepted_count_stops_at_the_first_rejection():
+    assert accepted_count([4, 5, 6], [4, 5, 7, 8]) == 2
+    assert accepted_count([4, 5, 6], [9, 5, 6, 8]) == 0
+    assert accepted_count([4, 5, 6], [4, 5, 6, 1]) == 3
+
+
+def test_step_cost_fits_fixed_and_per_token_seconds():
+    cost = StepCost()
+    for tokens in (1, 3, 5, 2, 8) * 4:
+        cost.observe(tokens, 0.010 + 0.002 * tokens)
+    fixed, per_token = cost.fit()
+    assert fixed == pytest.approx(0.010) and per_token == pytest.approx(0.002)
+    flat = StepCost()
+    for _ in range(5):
+        flat.observe(4, 0.02)
+    assert flat.fit() == pytest.approx((0.02, 0.001))  # nothing to fit on: the prior share
+
+
+def chosen(policy: SpeculationPolicy, rates: list[float], sequences: int, tokens: int) -> list[int]:
+    candidates = [Candidate([1] * 8, rate) for rate in rates]
+    policy.choose(candidates, sequences, tokens, token_room=1000)
+    return [c.chosen for c in candidates]
+
+
+def test_proposals_where_a_step_is_latency_bound_none_at_low_acceptance_or_large_batches():
+    policy = SpeculationPolicy()
+    for tokens in (1, 2, 5, 9) * 5:  # a cross-host pipeline at batch 1: 50 ms of hops, 0.5 ms a token
+        policy.cost.observe(tokens, 0.050 + 0.0005 * tokens)
+    # gain rate**j against 0.01 x expected tokens: proposals while the chance of reaching them pays
+    assert chosen(policy, [0.9], 1, 1) == [8]
+    assert chosen(policy, [0.5], 1, 1) == [5]
+    assert chosen(policy, [0.005], 1, 1) == [0]
+    assert chosen(policy, [0.9, 0.1], 2, 2) == [8, 1]
+    assert chosen(policy, [0.5] * 256, 256, 256) == [0] * 256  # a large batch: a token slows 256 sequences
+    compute_bound = SpeculationPolicy()
+    for tokens in (1, 2, 5, 9) * 5:
+        compute_bound.cost.observe(tokens, 0.001 + 0.001 * tokens)
+    assert chosen(compute_bound, [0.9], 1, 1) == [3]
+    assert chosen(compute_bound, [0.5], 1, 1) == [0]
+
+
+def test_acceptance_rates_follow_outcomes_and_new_sequences_start_from_all_of_them():
+    policy = SpeculationPolicy()
+    for _ in range(20):
+        policy.verified(1, 4, 0)
+    assert policy.acceptance(1) < 0.01 and policy.acceptance(2) < 0.2
+    policy.verified(3, 4, 4)
+    assert policy.acceptance(3) > policy.acceptance(2)
+
+
+def test_speculator_caps_proposals_by_what_a_request_may_still_emit():
+    speculator = Speculator(ceiling=6)
+    request = Request("r", b"c", [1, 2, 3, 1, 2, 3, 1, 2, 3, 1], SamplingParams(), max_tokens=4, seq_id=7)
+    request.output = [2]
+    speculator.propose([request], max_batch_tokens=64)
+    assert request.proposals == [3, 1]  # 4 - 1 emitted - 1 the step's own
+    settled = speculator.settle([request], [7], [[3, 9, 5]], round_trip=(3, 0.01))
+    assert settled == [[3, 9]] and request.proposals == []
+    assert speculator.figures() == {"spec_drafts": 1, "spec_draft_tokens": 2, "spec_accepted_tokens": 1}
+    opted_out = Request("s", b"c", [1, 1, 1], SamplingParams(), max_tokens=9, seq_id=8, speculate=False)
+    opted_out.output = [1]
+    speculator.propose([opted_out], max_batch_tokens=64)
+    assert opted_out.proposals == []

@@ -1,0 +1,197 @@
+"""Speculative decoding at the head: how many proposals each sequence carries, and which are accepted.
+
+A verification step feeds a decoding sequence its last token and ``k`` proposed ones; every stage runs
+them in one pass (``Batch.logit_rows``) and the last samples the target's token after each position.
+Proposal ``i`` is accepted when it equals the target's token before it, and the step emits the target's
+tokens up to the first rejection and the one after it: between 1 and k + 1 tokens for one pass through
+the pipeline. The target's token at each position is drawn as decoding without speculation draws it
+(``sampling.sample``: per-request seed and position), so the output is the same token for token, greedy
+or seeded; for a deterministic proposal this coupling is the standard rejection rule (accept with the
+target's probability of the proposal, else draw from the target without it), so the output
+distribution is the target model's.
+
+How many proposals pay depends on the pipeline and the load, so it is measured, not configured
+(:class:`StepCost`): extra positions cost almost nothing where a step is latency-bound (hops between
+hosts, a memory-bound old card at batch 1) and their full compute where it is not (a large batch).
+Each sequence keeps its own acceptance rate; :class:`SpeculationPolicy` adds proposals while the
+expected tokens they bring outweigh what they slow every sequence of the micro-batch, and proposes
+nothing where they do not, so speculation never makes a workload slower than decoding without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .prompt_lookup import PromptLookup
+from .scheduler import Request
+
+PRIOR_ACCEPTANCE = 0.5  # a sequence's acceptance rate before it verified anything
+ACCEPTANCE_MEMORY = 0.7  # weight of a sequence's past in its acceptance rate, step after step
+OVERALL_MEMORY = 0.95  # the same for the rate of every sequence together
+COST_MEMORY = 0.98  # weight of the past in the step-cost fit: about the last 50 micro-batches
+PRIOR_TOKEN_COST = 0.05  # a token's share of a step's fixed cost until the fit can tell it
+
+
+def accepted_count(proposals: Sequence[int], targets: Sequence[int]) -> int:
+    """How many leading proposals the target's tokens confirm: ``targets[i]`` is the target's token
+    after the position of ``proposals[i - 1]`` (``targets[0]`` follows the sequence's last token)."""
+    count = 0
+    for proposal, target in zip(proposals, targets):
+        if proposal != target:
+            break
+        count += 1
+    return count
+
+
+class StepCost:
+    """A micro-batch's round trip through the pipeline against its tokens, ``fixed + per_token x
+    tokens``, fitted by least squares with exponential forgetting, so it follows the load."""
+
+    def __init__(self, memory: float = COST_MEMORY):
+        self.memory = memory
+        self._sums = [0.0] * 5  # weight, x, y, xx, xy
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        self._sums = [s * self.memory for s in self._sums]
+        for i, value in enumerate((1.0, tokens, seconds, tokens * tokens, tokens * seconds)):
+            self._sums[i] += value
+
+    def fit(self) -> tuple[float, float]:
+        """``(fixed, per_token)`` seconds; ``per_token`` falls back to ``PRIOR_TOKEN_COST`` of the fixed
+        part while the observed micro-batches all had about the same tokens (nothing to fit it on)."""
+        weight, x, y, xx, xy = self._sums
+        if weight <= 0:
+            return 1.0, PRIOR_TOKEN_COST
+        spread = weight * xx - x * x
+        if spread <= weight * weight * 0.25:  # tokens vary by less than half a token
+            mean = y / weight
+            return mean, PRIOR_TOKEN_COST * mean
+        per_token = max(0.0, (weight * xy - x * y) / spread)
+        fixed = max(1e-9, (y - per_token * x) / weight)
+        return fixed, per_token
+
+
+@dataclass
+class Candidate:
+    """A decoding sequence of the micro-batch being formed: its proposals (at most what may be verified
+    for it) and its acceptance rate."""
+
+    proposals: list[int]
+    acceptance: float
+    chosen: int = 0  # how many of the proposals it carries
+
+
+class SpeculationPolicy:
+    """The head's proposal counts: per-sequence acceptance rates and the measured step cost."""
+
+    def __init__(self) -> None:
+        self.cost = StepCost()
+        self._acceptance: dict[int, float] = {}  # seq_id -> rate
+        # Every sequence's outcomes, more slowly: a new sequence's rate until it verified something, so
+        # a workload whose proposals fail stops paying for them from its next request on.
+        self.overall = PRIOR_ACCEPTANCE
+
+    def acceptance(self, seq_id: int) -> float:
+        return self._acceptance.get(seq_id, self.overall)
+
+    def verified(self, seq_id: int, proposed: int, accepted: int) -> None:
+        """Fold one verification's outcome into the sequence's rate (accepted proposals over proposals,
+        the first rejection ending the count, as it ends the step)."""
+        if proposed:
+            rate = accepted / proposed
+            self._acceptance[seq_id] = (ACCEPTANCE_MEMORY * self.acceptance(seq_id)
+                                        + (1 - ACCEPTANCE_MEMORY) * rate)
+            self.overall = OVERALL_MEMORY * self.overall + (1 - OVERALL_MEMORY) * rate
+
+    def forget(self, seq_id: int) -> None:
+        self._acceptance.pop(seq_id, None)
+
+    def choose(self, candidates: list[Candidate], sequences: int, tokens: int, token_room: int) -> None:
+        """Set each candidate's ``chosen``: add the proposal of the highest expected gain (the chance that
+        it and every proposal before it are accepted) while that gain outweighs what one more token
+        costs every sequence of the micro-batch (``sequences`` of them, ``tokens`` tokens without
+        proposals), and while the micro-batch has ``token_room`` tokens left."""
+        fixed, per_token = self.cost.fit()
+        expected = float(sequences)  # tokens the micro-batch emits: one per sequence, plus the accepted
+        while token_room > 0:
+            best, gain = None, 0.0
+            for candidate in candidates:
+                if candidate.chosen < len(candidate.proposals):
+                    chance = candidate.acceptance ** (candidate.chosen + 1)
+                    if chance > gain:
+                        best, gain = candidate, chance
+            # More tokens per second: (expected + gain) / (time + per_token) > expected / time
+            if best is None or gain * (fixed + per_token * tokens) <= per_token * expected:
+                return
+            best.chosen += 1
+            expected += gain
+            tokens += 1
+            token_room -= 1
+
+
+class Speculator:
+    """The head's speculative decoding: proposals from each sequence's prompt lookup, counted by the
+    policy, set on the requests of a micro-batch before it starts (:meth:`propose`), and settled when
+    its tokens return (:meth:`settle`); with the figures the head reports (``spec_*``, vLLM's
+    spec-decode counters)."""
+
+    def __init__(self, ceiling: int):
+        self.ceiling = ceiling
+        self.policy = SpeculationPolicy()
+        self._lookups: dict[int, PromptLookup] = {}
+        self.drafts = 0  # sequence-steps that carried proposals
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
+
+    def propose(self, requests: Sequence[Request], max_batch_tokens: int) -> None:
+        """Give each decoding request of a micro-batch about to start the proposals that pay, never
+        more than it may still emit less one (its KV was reserved for its whole length, no more)."""
+        tokens = sum(len(r.next_input()[0]) for r in requests)
+        candidates, chosen_for = [], []
+        for request in requests:
+            room = min(self.ceiling, request.max_tokens - len(request.output) - 1)
+            if not request.output or not request.speculate or room <= 0:
+                continue
+            lookup = self._lookups.setdefault(request.seq_id, PromptLookup())
+            proposals = lookup.propose(request.prompt + request.output, room)
+            if proposals:
+                candidates.append(Candidate(proposals, self.policy.acceptance(request.seq_id)))
+                chosen_for.append(request)
+        if candidates:
+            self.policy.choose(candidates, len(requests), tokens, max_batch_tokens - tokens)
+        for request, candidate in zip(chosen_for, candidates):
+            request.proposals = candidate.proposals[:candidate.chosen]
+
+    def settle(self, requests: Sequence[Request], seq_ids: Sequence[int], tokens: Sequence,
+               round_trip: tuple[int, float] | None) -> list:
+        """The tokens each sequence of a returned micro-batch emits: for a verified one (a list of the
+        target's tokens), those up to its first rejected proposal and the target's token there.
+        ``round_trip``: the micro-batch's tokens and seconds, for the step-cost fit (decode steps
+        only: a prefill's cost per token is its compute's, which a decode step's extra positions
+        rarely pay)."""
+        by_seq = {r.seq_id: r for r in requests}
+        settled = []
+        for seq_id, entry in zip(seq_ids, tokens):
+            request = by_seq.get(seq_id)
+            if request is None or not isinstance(entry, list):
+                settled.append(entry)
+                continue
+            proposals, request.proposals = request.proposals, []
+            accepted = accepted_count(proposals, entry)
+            self.policy.verified(seq_id, len(proposals), accepted)
+            self.drafts += 1
+            self.draft_tokens += len(proposals)
+            self.accepted_tokens += accepted
+            settled.append(entry[:accepted + 1])
+        if round_trip is not None:
+            self.policy.cost.observe(*round_trip)
+        return settled
+
+    def forget(self, seq_id: int) -> None:
+        self._lookups.pop(seq_id, None)
+        self.policy.forget(seq_id)
+
+    def figures(self) -> dict[str, int]:
+        return {"spec_drafts": self.drafts, "spec_draft_tokens": self.draft_tokens,
+                "spec_accepted_tokens": self.accepted_tokens}
