@@ -67,6 +67,7 @@ def start_pipeline(tiny_model, tmp_path):
 
 @pytest.fixture(scope="module")
 def shared_pipeline(tiny_model, tmp_path_factory) -> Iterator[Pipeline]:
-    """Three stages with a 512-token KV budget each, shared by the tests of a module that leave it clean."""
+    """Three stages with a 512-token KV budget each and prompt-lookup speculation, shared by the tests
+    of a module that leave it clean."""
     with launcher(tiny_model, tmp_path_factory.mktemp("shared")) as start:
-        yield start(3, kv_tokens=512)
+        yield start(3, kv_tokens=512, speculation="lookup")

@@ -35,7 +35,8 @@ async def collect(client: PipelineClient, prompt, max_tokens, params=SamplingPar
 
 
 async def test_three_processes_generate_the_tokens_of_one_process(shared_pipeline, tiny_model):
-    """32 concurrent requests, mixed lengths, and a KV budget that forces queueing (512 < 32 x 48)."""
+    """32 concurrent requests, mixed lengths, and a KV budget that forces queueing (512 < 32 x 48); then
+    one alone whose output repeats its prompt, which speculation verifies several tokens at a time."""
     pipeline = shared_pipeline
     rng = random.Random(0)
     jobs = [([rng.randrange(1, 256) for _ in range(rng.randrange(1, 21))], rng.randrange(1, 25))
@@ -46,12 +47,16 @@ async def test_three_processes_generate_the_tokens_of_one_process(shared_pipelin
         before = (await client.stats())["completed"]  # the module's other tests share the pipeline
         outputs = await asyncio.gather(*(collect(client, p, n) for p, n in jobs),
                                        collect(client, jobs[0][0], 12, seeded))
+        repeating = [5, 6, 7] * 8
+        outputs.append(await collect(client, repeating, 40))
         stats = await client.stats()
     stage = Stage.load(tiny_model, 0, 6, kv_tokens=1024)
     expected = [generate([stage], [p], max_new_tokens=n)[0] for p, n in jobs]
     expected.append(generate([stage], [jobs[0][0]], seeded, max_new_tokens=12)[0])
+    expected.append(generate([stage], [repeating], max_new_tokens=40)[0])
     assert outputs == expected
-    assert stats["completed"] - before == 33 and stats["queue_depth"] == 0 and len(stats["stages"]) == 3
+    assert stats["stages"][0]["spec_accepted_tokens"] > 0
+    assert stats["completed"] - before == 34 and stats["queue_depth"] == 0 and len(stats["stages"]) == 3
     assert (stats["stages"][0]["steps"] > 0
             and stats["kv_tokens_free_by_stage"] == {"0": 512, "1": 512, "2": 512})
     for stage_process in pipeline.stages:
