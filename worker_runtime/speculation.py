@@ -107,12 +107,18 @@ class SpeculationPolicy:
     def forget(self, seq_id: int) -> None:
         self._acceptance.pop(seq_id, None)
 
+    def pays(self, gain: float, expected: float, tokens: int) -> bool:
+        """Whether one more token in a micro-batch of ``tokens`` tokens that emits ``expected`` tokens
+        raises its tokens per second, where it adds ``gain`` expected tokens:
+        ``(expected + gain) / (time + per_token) > expected / time``."""
+        fixed, per_token = self.cost.fit()
+        return gain * (fixed + per_token * tokens) > per_token * expected
+
     def choose(self, candidates: list[Candidate], sequences: int, tokens: int, token_room: int) -> None:
         """Set each candidate's ``chosen``: add the proposal of the highest expected gain (the chance that
         it and every proposal before it are accepted) while that gain outweighs what one more token
         costs every sequence of the micro-batch (``sequences`` of them, ``tokens`` tokens without
         proposals), and while the micro-batch has ``token_room`` tokens left."""
-        fixed, per_token = self.cost.fit()
         expected = float(sequences)  # tokens the micro-batch emits: one per sequence, plus the accepted
         while token_room > 0:
             best, gain = None, 0.0
@@ -121,8 +127,7 @@ class SpeculationPolicy:
                     chance = candidate.acceptance ** (candidate.chosen + 1)
                     if chance > gain:
                         best, gain = candidate, chance
-            # More tokens per second: (expected + gain) / (time + per_token) > expected / time
-            if best is None or gain * (fixed + per_token * tokens) <= per_token * expected:
+            if best is None or not self.pays(gain, expected, tokens):
                 return
             best.chosen += 1
             expected += gain
@@ -148,11 +153,14 @@ class Speculator:
         """Give each decoding request of a micro-batch about to start the proposals that pay, never
         more than it may still emit less one (its KV was reserved for its whole length, no more)."""
         tokens = sum(len(r.next_input()[0]) for r in requests)
+        eligible = [r for r in requests
+                    if r.output and r.speculate and r.max_tokens - len(r.output) > 1]
+        best = max((self.policy.acceptance(r.seq_id) for r in eligible), default=0.0)
+        if not self.policy.pays(best, len(requests), tokens):  # a large batch: no lookup at all
+            return
         candidates, chosen_for = [], []
-        for request in requests:
+        for request in eligible:
             room = min(self.ceiling, request.max_tokens - len(request.output) - 1)
-            if not request.output or not request.speculate or room <= 0:
-                continue
             lookup = self._lookups.setdefault(request.seq_id, PromptLookup())
             proposals = lookup.propose(request.prompt + request.output, room)
             if proposals:
