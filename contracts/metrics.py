@@ -56,8 +56,13 @@ SLOWDOWN_REASONS = ("hw_slowdown", "sw_thermal", "hw_thermal", "power_brake")
 # reuse on its device and in host memory. A stage reports them only while it caches prefixes, so they
 # stay absent from its series until then.
 PREFIX_FIELDS = ("prefix_queried_tokens", "prefix_hit_tokens", "prefix_cached_blocks", "prefix_host_blocks")
+# Speculative decoding's statistics (contracts §4), the head's (stage 0's) alone: counters since it
+# started of the sequence-steps that carried proposals, the tokens proposed and those accepted (their
+# ratio is the acceptance rate; (accepted + drafts) / drafts the tokens per step). A head reports them
+# only while its pipeline speculates, so they stay absent from its series until then.
+SPEC_FIELDS = ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
 # The stage statistics (contracts §4) kept per stage as history and rollups.
 STAGE_FIELDS = (
     "step_ms", "compute_ms", "transfer_ms", "tokens_per_s", "batch_size", "queue_depth",
-    "kv_tokens_used", "kv_tokens_free", "bubble_fraction", *PREFIX_FIELDS,
+    "kv_tokens_used", "kv_tokens_free", "bubble_fraction", *PREFIX_FIELDS, *SPEC_FIELDS,
 )

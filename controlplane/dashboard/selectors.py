@@ -13,6 +13,7 @@ from django.db.models import Count, Prefetch, Q
 
 from contracts.hardware import GIB
 from contracts.names import device_name
+from contracts.stage_spec import MAX_SPECULATIVE_TOKENS, SPECULATION_MODES
 from controlplane.deployments.events import event_list
 from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentStage, PlanRevision
 from controlplane.inventory.models import Device, Link, Node
@@ -131,6 +132,8 @@ def _deployment(deployment: Deployment, figures: dict[str, dict] | None = None) 
         "model_id": deployment.model_id,
         "status": deployment.status, "status_display": deployment.get_status_display(),
         "status_message": deployment.status_message, "prefix_caching": deployment.prefix_caching,
+        "speculation": deployment.speculation, "speculative_tokens": deployment.speculative_tokens,
+        "speculation_modes": SPECULATION_MODES, "max_speculative_tokens": MAX_SPECULATIVE_TOKENS,
         "revision_number": getattr(deployment.revision, "number", None),
         "replicas": _replica_count(deployment.revision),
         "predicted": asdict(plan.predicted) if plan else None,

@@ -85,27 +85,54 @@ def revision_apply(*, deployment: Deployment, checked: CheckedPlan) -> None:
     dispatch.reconcile_on_commit(deployment_id=deployment.pk)
 
 
-def prefix_caching_write(*, deployment: Deployment) -> list[DeploymentStage]:
-    """Write the deployment's ``prefix_caching`` into the spec of every stage that serves it or will (a
-    held one, and the spec a prepared handover gives at its release), and ask for a reconcile, which
-    sends each changed spec. A stage takes it in place (contracts §1, "respec": same layers, precision
-    and KV pool, nothing reloaded), leaving its pipeline meanwhile: a serving pipeline is reloading
-    (not routed to, ``handover.reload_started``) until its stages are ready again, so no request is
-    sent into that pause. An outgoing pipeline finishes with the spec it runs. The changed rows are
-    returned."""
+# The deployment's settings that every stage spec carries and a running stage takes in place: the
+# serving switches an operator changes without a new plan (contracts §1, "respec").
+SERVING_SWITCHES = ("prefix_caching", "speculation", "speculative_tokens")
+
+
+def serving_switches(deployment: Deployment) -> dict[str, Any]:
+    """The deployment's serving switches, as its stage specs carry them."""
+    return {name: getattr(deployment, name) for name in SERVING_SWITCHES}
+
+
+def _switches_reason(deployment: Deployment, names: set[str]) -> str:
+    """What changed, in words: the reason of the reload it starts."""
+    reasons = []
+    if "prefix_caching" in names:
+        reasons.append(f"prefix caching turned {'on' if deployment.prefix_caching else 'off'}")
+    if names & {"speculation", "speculative_tokens"}:
+        reasons.append("speculation off" if deployment.speculation == "off" else
+                       f"speculation {deployment.speculation}, at most {deployment.speculative_tokens} "
+                       f"proposed tokens per step")
+    return "; ".join(reasons)
+
+
+def serving_switches_write(*, deployment: Deployment) -> list[DeploymentStage]:
+    """Write the deployment's serving switches (``SERVING_SWITCHES``) into the spec of every stage that
+    serves it or will (a held one, and the spec a prepared handover gives at its release), and ask for
+    a reconcile, which sends each changed spec. A stage takes them in place (contracts §1, "respec":
+    same layers, precision and KV pool, nothing reloaded), leaving its pipeline meanwhile: a serving
+    pipeline is reloading (not routed to, ``handover.reload_started``) until its stages are ready
+    again, so no request is sent into that pause. An outgoing pipeline finishes with the spec it runs.
+    The changed rows are returned."""
     pipelines = {p.index: p for p in deployment.pipelines.all()}
     rows = deployment.stages.filter(Q(wanted=True) | Q(held=True)).exclude(pipeline__in=[
         index for index, p in pipelines.items() if p.phase == DeploymentPipeline.Phase.OUTGOING])
-    changed = []
+    switches = serving_switches(deployment)
+    changed, names = [], set()
     for row in rows.order_by("pipeline", "stage_index"):
-        fields = [name for name in ("spec", "next_spec") if getattr(row, name)  # {}: not written yet
-                  and getattr(row, name).get("prefix_caching") != deployment.prefix_caching]
-        for name in fields:
-            setattr(row, name, {**getattr(row, name), "prefix_caching": deployment.prefix_caching})
+        fields = []
+        for name in ("spec", "next_spec"):
+            spec = getattr(row, name)
+            differ = {key for key, value in switches.items() if spec and spec.get(key) != value}
+            if differ:  # {}: not written yet
+                setattr(row, name, {**spec, **switches})
+                fields.append(name)
+                names |= differ
         if fields:
             row.save(update_fields=fields)
             changed.append(row)
-    now, reason = timezone.now(), f"prefix caching turned {'on' if deployment.prefix_caching else 'off'}"
+    now, reason = timezone.now(), _switches_reason(deployment, names)
     for index, pipeline in pipelines.items():
         starting = [row.stage_key for row in changed if row.pipeline == index and row.wanted]
         if starting and pipeline.phase == DeploymentPipeline.Phase.SERVING:
@@ -334,7 +361,7 @@ def _stage_spec(
             if device.emulated else None
         ),
         micro_batches=micro_batches if stage_index == 0 else None,
-        prefix_caching=pipeline.deployment.prefix_caching,
+        **serving_switches(pipeline.deployment),
     )
     try:
         spec.validate()

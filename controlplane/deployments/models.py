@@ -7,12 +7,14 @@ Desired state is written only through the services the API calls; observed state
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
 from contracts.names import pipeline_id, stage_key
 from contracts.routing import DEFAULT_ROUTING_STRATEGY, ROUTING_STRATEGIES
+from contracts.stage_spec import MAX_SPECULATIVE_TOKENS, SPECULATION_MODES
 from controlplane.common.models import TimestampedModel
 from controlplane.inventory.models import Device, Node
 from controlplane.models_catalog.models import LlmModel
@@ -101,6 +103,15 @@ class Deployment(TimestampedModel):
     prefix_caching = models.BooleanField(
         default=True, help_text="Stages keep the KV of full prompt blocks and reuse it for a request that "
         "starts with the same tokens (docs/deployments.md, \"Prefix caching\").",
+    )
+    speculation = models.CharField(
+        max_length=16, choices=[(mode, mode) for mode in SPECULATION_MODES], default="off",
+        help_text="How the head proposes tokens that every stage verifies in one pass, or off "
+        "(docs/deployments.md, \"Speculative decoding\").",
+    )
+    speculative_tokens = models.PositiveSmallIntegerField(
+        default=4, validators=[MinValueValidator(1), MaxValueValidator(MAX_SPECULATIVE_TOKENS)],
+        help_text="The most tokens proposed per sequence and step (the adaptive count's ceiling).",
     )
     rebalance_policy = models.CharField(
         max_length=16, choices=RebalancePolicy.choices, default=RebalancePolicy.PROPOSE,

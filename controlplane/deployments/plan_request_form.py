@@ -11,7 +11,8 @@ request travels unchanged from the API or the plan editor into a revision:
      "pins": [{"device": "n1/gpu0", "start": 0, "end": 8}], "exclude_nodes": [], "exclude_devices": []}
 
 Every key is optional; missing ones take the planner's defaults. The host memory each stage may give
-the KV host tier is not part of the form: it is the install's (``MOTLEY_HOST_KV_GIB``).
+the KV host tier is not part of the form: it is the install's (``MOTLEY_HOST_KV_GIB``); nor is
+speculation: it is the deployment's (``plans.selectors.deployment_speculation``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from django.conf import settings
 from contracts.hardware import GIB, FleetSpec
 from contracts.model_profile import ModelProfile
 from controlplane.planning import Pin, PlanningError, PlanRequest, Workload
+from controlplane.planning.speculation import Speculation
 
 WORKLOAD_KEYS = ("batch", "context", "prompt_tokens")
 RULE_KEYS = ("objective", "bits", "max_quantized", "quality", "replicas", "pins", "exclude_nodes",
@@ -38,6 +40,7 @@ def plan_request_from_dict(
     profile: ModelProfile,
     exclude_nodes: tuple[str, ...] = (),
     exclude_devices: tuple[str, ...] = (),
+    speculation: Speculation = Speculation(),
 ) -> PlanRequest:
     """A PlanRequest for this fleet and model, with more exclusions than the stored ones (a node being
     drained, devices other deployments use); PlanningError names a malformed or unknown field."""
@@ -66,4 +69,4 @@ def plan_request_from_dict(
     except (TypeError, ValueError) as exc:
         raise PlanningError(f"request: malformed ({exc})") from None
     return PlanRequest(fleet=fleet, model=profile, host_kv_bytes=int(settings.MOTLEY_HOST_KV_GIB * GIB),
-                       **options)
+                       speculation=speculation, **options)

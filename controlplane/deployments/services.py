@@ -15,9 +15,10 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from contracts.routing import DEFAULT_ROUTING_STRATEGY, ROUTING_STRATEGIES
+from contracts.stage_spec import MAX_SPECULATIVE_TOKENS, SPECULATION_MODES
 from controlplane.audit.services import SYSTEM, Actor, audit_record
 from controlplane.deployments import dispatch
-from controlplane.deployments.desired_state import prefix_caching_write, revision_apply
+from controlplane.deployments.desired_state import SERVING_SWITCHES, revision_apply, serving_switches_write
 from controlplane.deployments.events import event_record
 from controlplane.deployments.models import Deployment, DeploymentEvent, PlanRevision
 from controlplane.deployments.revisions import plan_revision_check
@@ -30,24 +31,28 @@ if TYPE_CHECKING:
 def deployment_create(
     *, name: str, revision: PlanRevision, replan_on_failure: bool = True,
     routing_strategy: str = DEFAULT_ROUTING_STRATEGY, prefix_caching: bool = True,
+    speculation: str = "off", speculative_tokens: int = 4,
     created_by: AbstractBaseUser | None = None, actor: Actor = SYSTEM,
 ) -> Deployment:
     """Create a deployment whose desired state is ``revision`` and start deploying it (audited:
     ``deployment.created``, by ``actor``)."""
     _require_draft(revision)
     _require_strategy(routing_strategy)
+    _require_speculation(speculation, speculative_tokens)
     if Deployment.objects.filter(name=name).exists():
         raise ValidationError({"name": f"a deployment named {name!r} exists"})
     checked = plan_revision_check(revision=revision)
     deployment = Deployment.objects.create(
         name=name, model=revision.model, replan_on_failure=replan_on_failure,
-        routing_strategy=routing_strategy, prefix_caching=prefix_caching, created_by=created_by,
+        routing_strategy=routing_strategy, prefix_caching=prefix_caching, speculation=speculation,
+        speculative_tokens=speculative_tokens, created_by=created_by,
     )
     revision_apply(deployment=deployment, checked=checked)
     audit_record(actor=actor, action="deployment.created", target=deployment, detail={
         "model": revision.model.name, "revision": revision.pk, "source": revision.source,
         "routing_strategy": routing_strategy, "replan_on_failure": replan_on_failure,
-        "prefix_caching": prefix_caching,
+        "prefix_caching": prefix_caching, "speculation": speculation,
+        "speculative_tokens": speculative_tokens,
     })
     return deployment
 
@@ -55,11 +60,13 @@ def deployment_create(
 @transaction.atomic
 def deployment_update(
     *, deployment: Deployment, routing_strategy: str | None = None, replan_on_failure: bool | None = None,
-    rebalance_policy: str | None = None, prefix_caching: bool | None = None, actor: Actor = SYSTEM,
+    rebalance_policy: str | None = None, prefix_caching: bool | None = None, speculation: str | None = None,
+    speculative_tokens: int | None = None, actor: Actor = SYSTEM,
 ) -> Deployment:
     """Change the settings that need no new plan; the gateway picks a new strategy up at its next
     refresh (in-flight requests finish where they are), the rebalance policy its next pass, and the
-    stages a changed ``prefix_caching`` with their spec, in place (``prefix_caching_write``). A change
+    stages a changed serving switch (``prefix_caching``, ``speculation``, ``speculative_tokens``) with
+    their spec, in place (``serving_switches_write``). A change
     is audited (``deployment.updated``, each field's before and after); a request that changes
     nothing records nothing."""
     deployment = Deployment.objects.select_for_update(no_key=True).get(pk=deployment.pk)
@@ -78,15 +85,19 @@ def deployment_update(
                                                        f"choose one of {', '.join(policies)}"})
         changes["rebalance_policy"] = [deployment.rebalance_policy, rebalance_policy]
         deployment.rebalance_policy = rebalance_policy
-    if prefix_caching is not None:
-        changes["prefix_caching"] = [deployment.prefix_caching, prefix_caching]
-        deployment.prefix_caching = prefix_caching
+    _require_speculation(deployment.speculation if speculation is None else speculation,
+                         deployment.speculative_tokens if speculative_tokens is None else speculative_tokens)
+    for name, value in (("prefix_caching", prefix_caching), ("speculation", speculation),
+                        ("speculative_tokens", speculative_tokens)):
+        if value is not None:
+            changes[name] = [getattr(deployment, name), value]
+            setattr(deployment, name, value)
     changes = {field: values for field, values in changes.items() if values[0] != values[1]}
     if changes:
         deployment.save(update_fields=[*changes, "last_updated"])
         audit_record(actor=actor, action="deployment.updated", target=deployment, detail=changes)
-    if "prefix_caching" in changes:
-        prefix_caching_write(deployment=deployment)
+    if set(changes) & set(SERVING_SWITCHES):
+        serving_switches_write(deployment=deployment)
     return deployment
 
 
@@ -144,6 +155,15 @@ def _require_strategy(strategy: str) -> None:
     if strategy not in ROUTING_STRATEGIES:
         raise ValidationError({"routing_strategy": f"unknown routing strategy {strategy!r}; "
                                                    f"choose one of {', '.join(ROUTING_STRATEGIES)}"})
+
+
+def _require_speculation(mode: str, tokens: int) -> None:
+    if mode not in SPECULATION_MODES:
+        raise ValidationError({"speculation": f"unknown speculation mode {mode!r}; "
+                                              f"choose one of {', '.join(SPECULATION_MODES)}"})
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_SPECULATIVE_TOKENS:
+        raise ValidationError({"speculative_tokens": f"must be an integer in [1, {MAX_SPECULATIVE_TOKENS}]; "
+                                                     f"got {tokens!r}"})
 
 
 def _require_draft(revision: PlanRevision) -> None:

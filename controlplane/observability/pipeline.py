@@ -1,5 +1,6 @@
 """The deployments at scrape time: status, every stage's predicted and measured figures, KV use,
-prefix caching (``prefix_cache.py``) and the placement decisions taken.
+prefix caching (``prefix_cache.py``), speculative decoding (``speculation.py``) and the placement
+decisions taken.
 
 Computed when Prometheus scrapes from what every process shares: the database (deployments, their
 applied plan revision, wanted stages, events) and each stage's latest statistics in the telemetry
@@ -23,6 +24,7 @@ from contracts.names import parse_stage_key, pipeline_id
 from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentStage
 from controlplane.observability.fleet import as_number, enum_gauge
 from controlplane.observability.prefix_cache import PrefixCacheFamilies
+from controlplane.observability.speculation import SpecDecodeFamilies
 from controlplane.planning import Plan, StagePlan
 from controlplane.telemetry.selectors import stage_samples
 
@@ -53,8 +55,8 @@ REBALANCE_KINDS = ("applied", "replanned", "drained", "replan_failed", "policy")
 
 
 class PipelineCollector(Collector):
-    """``motley_deployment_*``, ``motley_stage_*``, ``vllm:kv_cache_usage_perc``, ``vllm:prefix_cache_*``
-    and rebalance decisions."""
+    """``motley_deployment_*``, ``motley_stage_*``, ``vllm:kv_cache_usage_perc``, ``vllm:prefix_cache_*``,
+    ``vllm:spec_decode_*`` and rebalance decisions."""
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         deployments = {d.pk: d for d in Deployment.objects.select_related("model", "revision")}
@@ -96,7 +98,7 @@ class PipelineCollector(Collector):
         kv = GaugeMetricFamily("motley_stage_kv_tokens", "KV-cache tokens of the stage, used and free.",
                                labels=[*STAGE_LABELS, "state"])
         usage: dict[tuple[str, str], float] = {}  # (model, replica) -> the fullest stage's share
-        prefix = PrefixCacheFamilies(STAGE_LABELS)
+        prefix, spec = PrefixCacheFamilies(STAGE_LABELS), SpecDecodeFamilies()
         for key, latest in sorted(stage_samples().items()):
             parts = parse_stage_key(key)
             deployment = deployments.get(parts.deployment_id) if parts else None
@@ -115,9 +117,11 @@ class PipelineCollector(Collector):
                 replica = (labels[0], labels[2])
                 usage[replica] = max(usage.get(replica, 0.0), share)
             prefix.add(labels, stats, head=parts.stage_index == 0)
+            spec.add(labels, stats, head=parts.stage_index == 0)
         yield from gauges.values()
         yield kv
         yield from prefix.families()
+        yield from spec.families()
         perc = GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage (the "
                                  "replica's fullest stage).", labels=["model_name", "replica"])
         for (model, replica), share in sorted(usage.items()):

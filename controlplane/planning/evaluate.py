@@ -6,12 +6,15 @@ The planner's own plans, the baselines and an operator's edited plan all go thro
 Pipeline model (docs/planner.md): a replica serves ``batch`` sequences split into ``m``
 micro-batches. A decode round advances every sequence by one token; it lasts
 ``max(m * slowest stage step, one micro-batch's trip through all stages and hops back)``.
-Decode throughput is batch / round, and a sequence waits one round between two tokens.
+Decode throughput is batch / round, and a sequence waits one round between two tokens. With the
+request's speculation on, a round of k + 1 positions per sequence is priced too and the throughput is
+the better of the two (``speculation.py``); ``round_ms`` stays the round of one position.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Sequence
 
 from contracts.hardware import DeviceSpec
@@ -29,6 +32,7 @@ from controlplane.planning.plan import (
 )
 from controlplane.planning.quality_budget import quantized_layers
 from controlplane.planning.request import PlanRequest
+from controlplane.planning.speculation import SpeculationFigures, speculation_figures
 
 
 def micro_batch_size(batch: int, micro_batches: int) -> int:
@@ -55,6 +59,21 @@ def round_seconds(cost: CostModel, placements: Sequence[Placement], micro_batche
     micro_batches = max(1, min(micro_batches, cost.batch))
     times, back = _timings(cost, placements, micro_batch_size(cost.batch, micro_batches))
     return _round(times, back, micro_batches)[0]
+
+
+def replica_speculation(cost: CostModel, placements: Sequence[Placement],
+                        micro_batches: int) -> SpeculationFigures | None:
+    """The replica's decode throughput with the request's speculation and without (None: it is off).
+    Each sequence carries k + 1 positions: the stage time model prices a micro-batch of (k + 1) x its
+    tokens (weights read once; FLOPs, KV traffic and hops k + 1 times)."""
+    speculation = cost.request.speculation
+    if not speculation.on:
+        return None
+    micro_batches = max(1, min(micro_batches, cost.batch))
+    mb = micro_batch_size(cost.batch, micro_batches)
+    plain = _round(*_timings(cost, placements, mb), micro_batches)[0]
+    wide = _round(*_timings(cost, placements, mb * (speculation.tokens + 1)), micro_batches)[0]
+    return speculation_figures(speculation, batch=cost.batch, plain_round_s=plain, speculative_round_s=wide)
 
 
 def network_hops(cost: CostModel, placements: Sequence[Placement]) -> int:
@@ -100,6 +119,10 @@ def evaluate_replica(cost: CostModel, placements: Sequence[Placement], micro_bat
                    for i, p in enumerate(placements))
     figures = Figures(decode_tokens_per_s=cost.batch / round_time, token_latency_ms=round_time * 1e3,
                       prefill_ms=float(prefill) * 1e3, round_ms=round_time * 1e3)
+    speculation = replica_speculation(cost, placements, micro_batches)
+    if speculation is not None:
+        figures = replace(figures, decode_tokens_per_s=speculation.tokens_per_s,
+                          token_latency_ms=speculation.token_latency_s * 1e3)
     return ReplicaPlan(stages, micro_batches, mb, figures,
                        _bottleneck(cost, stages, micro_batches, trip, round_time, replica))
 

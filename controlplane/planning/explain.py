@@ -11,6 +11,7 @@ from typing import Sequence
 from contracts.footprint import usable_bytes
 from contracts.hardware import GIB, DeviceSpec
 from controlplane.planning.cost_model import CostModel
+from controlplane.planning.evaluate import replica_speculation
 from controlplane.planning.host_tier import host_tier
 from controlplane.planning.plan import Placement, ReplicaPlan, StagePlan
 from controlplane.planning.quality_budget import has_sensitivity, plan_kl, quantized_layers
@@ -55,6 +56,8 @@ def _replica_lines(request: PlanRequest, cost: CostModel, index: int, replica: R
              f"{replica.micro_batch_size}, {figures.decode_tokens_per_s:.0f} tokens/s, "
              f"{figures.token_latency_ms:.2f} ms between tokens, {figures.prefill_ms:.0f} ms prefill of "
              f"{request.workload.prompt} tokens."]
+    if (speculation := _speculation_line(cost, replica)) is not None:
+        lines.append(speculation)
     nodes = []
     for s in stages:
         if not nodes or nodes[-1] != s.node:
@@ -86,6 +89,23 @@ def _replica_lines(request: PlanRequest, cost: CostModel, index: int, replica: R
                  f"({_gib(tight.memory.total_bytes)} of {_gib(tight.memory.capacity_bytes)} used).")
     lines.append(_host_tier_line(request, cost, replica))
     return lines
+
+
+def _speculation_line(cost: CostModel, replica: ReplicaPlan) -> str | None:
+    """How speculative decoding enters the replica's predicted tokens/s (speculation.py), if it is on."""
+    figures = replica_speculation(cost, [s.placement for s in replica.stages], replica.micro_batches)
+    if figures is None:
+        return None
+    spec = figures.speculation
+    source = "measured" if spec.source == "measured" else "assumed until one is measured"
+    head = (f"Speculation ({spec.mode}, up to {spec.tokens} proposals per step, acceptance "
+            f"{spec.acceptance:.2f} {source}): {figures.tokens_per_step:.2f} tokens per sequence and step, "
+            f"a round of {figures.speculative_round_s * 1e3:.2f} ms against "
+            f"{figures.plain_round_s * 1e3:.2f} ms, so {figures.speculative_tokens_per_s:.0f} tokens/s "
+            f"against {figures.plain_tokens_per_s:.0f} without")
+    if figures.pays:
+        return f"{head}; the predicted tokens/s count it."
+    return f"{head}: it does not pay here, the proposals fall to none and the prediction is without it."
 
 
 def _host_tier_line(request: PlanRequest, cost: CostModel, replica: ReplicaPlan) -> str:

@@ -11,6 +11,7 @@ from typing import Literal
 
 from contracts.hardware import DeviceSpec, FleetSpec
 from contracts.model_profile import ModelProfile
+from controlplane.planning.speculation import Speculation
 
 Objective = Literal["throughput", "latency"]
 
@@ -78,10 +79,17 @@ class PlanRequest:
     # Host memory each stage may fill with KV blocks evicted from its device (the host tier,
     # host_tier.py); the plan uses it only where copying a block back beats recomputing it.
     host_kv_bytes: int = 0
+    # The deployment's speculative decoding, which the predicted decode tokens/s count (speculation.py);
+    # it does not change where layers go.
+    speculation: Speculation = field(default_factory=Speculation)
 
     def __post_init__(self) -> None:
         if self.host_kv_bytes < 0:
             raise PlanningError("host_kv_bytes must not be negative")
+        measured = self.speculation.measured_acceptance
+        if self.speculation.tokens < 1 or (measured is not None and not 0.0 <= measured <= 1.0):
+            raise PlanningError(f"speculation: {self.speculation!r} needs tokens >= 1 and an acceptance "
+                                "rate within [0, 1]")
         if self.objective not in ("throughput", "latency"):
             raise PlanningError(f"objective: {self.objective!r} is not throughput or latency")
         if not self.bits or any(b not in (16, 8, 4) for b in self.bits):

@@ -6,6 +6,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from contracts.hardware import FleetSpec
+from contracts.names import parse_stage_key
+from controlplane.deployments.models import Deployment
 from controlplane.deployments.plan_request_form import plan_request_from_dict
 from controlplane.inventory.calibration import calibrations
 from controlplane.inventory.models import Device
@@ -13,18 +15,41 @@ from controlplane.inventory.selectors import fleet_spec_from_inventory
 from controlplane.models_catalog.models import LlmModel
 from controlplane.models_catalog.selectors import model_profile
 from controlplane.planning import Plan, PlanRequest, plan_to_dict
+from controlplane.planning.speculation import Speculation
 from controlplane.telemetry.calibration import stage_calibration
+from controlplane.telemetry.selectors import stage_samples
 
 
 def plan_request_from_inventory(
-    *, model: LlmModel, request: Mapping[str, Any], node_ids: Iterable[int] | None = None
+    *, model: LlmModel, request: Mapping[str, Any], node_ids: Iterable[int] | None = None,
+    deployment: Deployment | None = None,
 ) -> PlanRequest:
     """The stored-form ``request`` (controlplane/deployments/plan_request_form.py) on the whole
     inventory (or the given nodes) as it is now: lost, cordoned and draining nodes and unhealthy
-    devices arrive marked down, so the planner routes around them."""
+    devices arrive marked down, so the planner routes around them. For a ``deployment``, its
+    speculation counts in the predicted tokens/s (``deployment_speculation``)."""
     return plan_request_from_dict(
-        request, fleet=fleet_spec_from_inventory(node_ids=node_ids), profile=model_profile(model=model)
+        request, fleet=fleet_spec_from_inventory(node_ids=node_ids), profile=model_profile(model=model),
+        speculation=deployment_speculation(deployment) if deployment is not None else Speculation(),
     )
+
+
+def deployment_speculation(deployment: Deployment) -> Speculation:
+    """The deployment's speculation as the planner prices it: its mode and ceiling, and the acceptance
+    rate its heads measured (accepted over proposed tokens, summed over the latest report of every
+    head that reported ``spec_*`` figures; contracts §4), else None for the mode's prior."""
+    if deployment.speculation == "off":
+        return Speculation()
+    proposed = accepted = 0.0
+    for key, latest in stage_samples(deployment_id=deployment.pk).items():
+        parts, stats = parse_stage_key(key), latest.value.get("stats")
+        if parts is None or parts.stage_index != 0 or not isinstance(stats, dict):
+            continue
+        draft, taken = stats.get("spec_draft_tokens"), stats.get("spec_accepted_tokens")
+        if isinstance(draft, (int, float)) and isinstance(taken, (int, float)) and draft > 0:
+            proposed, accepted = proposed + draft, accepted + min(taken, draft)
+    return Speculation(deployment.speculation, deployment.speculative_tokens,
+                       accepted / proposed if proposed > 0 else None)
 
 
 

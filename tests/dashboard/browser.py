@@ -152,6 +152,13 @@ def prefix_cache_stats(stage_index: int, seq: int) -> dict:
     return {**stats, "prefix_host_blocks": 5} if stage_index == 0 else stats
 
 
+def spec_stats(stage_index: int, seq: int) -> dict:
+    """A speculating head's figures: 4 proposals per draft, 3 of them accepted (75 %, 4 tokens per
+    step); the other stages report none."""
+    return ({"spec_drafts": 100 * seq, "spec_draft_tokens": 400 * seq, "spec_accepted_tokens": 300 * seq}
+            if stage_index == 0 else {})
+
+
 def heartbeat(agent: dict, stages: list[dict], seq: int) -> dict:
     now = time.time()
     devices = []
@@ -170,7 +177,7 @@ def heartbeat(agent: dict, stages: list[dict], seq: int) -> dict:
                            "queue_depth": seq % 3, "kv_tokens_used": 2000 + 50 * (seq % 40),
                            "kv_tokens_free": 6000,
                            "bytes_sent": 0, "bytes_received": 0, "bubble_fraction": 0.15, "steps": seq,
-                           **prefix_cache_stats(s["stage_index"], seq)}}
+                           **prefix_cache_stats(s["stage_index"], seq), **spec_stats(s["stage_index"], seq)}}
                 for s in stages]
     return {"type": "heartbeat", "incarnation": agent["incarnation"], "seq": seq, "sent_at": now,
             "devices": devices, "stages": statuses}

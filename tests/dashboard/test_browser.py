@@ -123,6 +123,10 @@ def test_deployments_page_shows_measured_next_to_predicted(page):
     page.wait_for_function("document.querySelector('[data-live=prefix_hit_rate]').textContent === '75 %'")
     head = page.locator("tr[data-stage][data-index='0']").first
     assert head.locator("[data-live=prefix_blocks]").inner_text() == "10 + 5 host"
+    assert head.locator("[data-live=spec_acceptance]").inner_text() == "75 %"
+    assert head.locator("[data-live=spec_tokens_per_step]").inner_text() == "4.00"
+    relay = page.locator("tr[data-stage][data-index='1']").first
+    assert relay.locator("[data-live=spec_acceptance]").inner_text() == "—"
     assert page.locator("[data-caching] [data-field=prefix_caching]").first.inner_text() == "on"
     shot(page, "deployments")
 
@@ -187,6 +191,15 @@ def test_invalid_edit_shows_the_error_a_valid_one_is_applied_and_rebalance_propo
     switch.locator("button", has_text="Turn on").click()
     page.wait_for_function(f"document.querySelector(\"[data-caching='{server.seed['deployment_id']}']\")"
                            ".dataset.on === 'true'")
+    # Speculation by prompt lookup, at most 6 proposals: applied, and so after a reload.
+    speculation = page.locator(f"[data-speculation='{server.seed['deployment_id']}']")
+    speculation.locator("[data-field=speculation]").select_option("lookup")
+    speculation.locator("[data-field=speculative_tokens]").fill("6")
+    speculation.locator("button", has_text="Apply").click()
+    speculation.locator("[role=status]", has_text="applied").wait_for()
+    page.reload()
+    assert speculation.locator("[data-field=speculation]").input_value() == "lookup"
+    assert speculation.locator("[data-field=speculative_tokens]").input_value() == "6"
 
     # Rebalance proposes the planner's plan from current health.
     page.goto(f"/deployments/{server.seed['deployment_id']}/plan/")

@@ -32,6 +32,20 @@ def test_deployments_page_says_whether_prefix_caching_is_on_and_has_a_cell_per_s
     assert body.count('data-live="prefix_hit_rate"') == body.count('data-live="prefix_blocks"') == stages
 
 
+def test_deployments_page_has_the_speculation_switch_and_a_cell_per_stage_for_its_figures(
+        operator_client, running_deployment):
+    running_deployment.speculation, running_deployment.speculative_tokens = "lookup", 6
+    running_deployment.save(update_fields=["speculation", "speculative_tokens"])
+    body = operator_client.get(reverse("dashboard:deployments")).content.decode()
+    assert f'data-speculation="{running_deployment.pk}"' in body
+    assert '<option value="lookup" selected>lookup</option>' in body
+    assert '<option value="off">off</option>' in body
+    assert 'data-field="speculative_tokens"' in body and 'max="16" value="6"' in body
+    stages = running_deployment.stages.count()
+    cells = [body.count(f'data-live="{name}"') for name in ("spec_acceptance", "spec_tokens_per_step")]
+    assert cells == [stages, stages]
+
+
 def test_topology_lays_each_stage_over_its_gpu_and_marks_the_bottleneck(operator_client, running_deployment):
     overlay = operator_client.get(reverse("dashboard:topology-json")).json()["deployments"]
     plan = running_deployment.revision.plan

@@ -56,10 +56,11 @@ def test_stage_fields_are_statistics_stages_report():
 
 
 def _caching_stage_stats() -> dict:
-    """A stage's statistics as it reports them while it caches prefixes."""
+    """A head's statistics as it reports them while it caches prefixes and speculates."""
     stats = StageStats().snapshot(kv_used=3, kv_free=5, bytes_sent=0, bytes_received=0)
     return {**stats, "prefix_queried_tokens": 400, "prefix_hit_tokens": 300, "prefix_cached_blocks": 7,
-            "prefix_host_blocks": 2, "prefix_evicted_blocks": 1}
+            "prefix_host_blocks": 2, "prefix_evicted_blocks": 1,
+            "spec_drafts": 10, "spec_draft_tokens": 40, "spec_accepted_tokens": 25}  # a speculating head's
 
 
 def test_every_kept_field_of_a_real_heartbeat_reaches_the_snapshot_and_history():

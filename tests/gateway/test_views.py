@@ -105,6 +105,20 @@ async def test_chat_completion_renders_the_models_chat_template(fake_pipeline, a
     assert fake.submitted[0]["prompt_ids"] == expected
 
 
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/completions", {"prompt": "x"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
+])
+async def test_a_request_opts_out_of_speculation_with_speculate_false(fake_pipeline, api_key, path, body):
+    fake = fake_pipeline({"r0": Script(tokens=[5, 6])})
+    for speculate in (None, True, False):
+        extra = {} if speculate is None else {"speculate": speculate}
+        request = {"model": "demo", "max_tokens": 2, **body, **extra}
+        response = await post(AsyncClient(), path, request, api_key)
+        assert response.status_code == 200, response.content
+    assert [s["speculate"] for s in fake.submitted] == [True, True, False]
+
+
 async def test_streamed_text_is_exact_across_multibyte_characters(fake_pipeline, api_key, demo_model):
     fake_pipeline({"r0": Script(tokens=tokens(demo_model))})
     body = {"model": "demo", "prompt": "x", "max_tokens": 100, "stream": True,
@@ -185,6 +199,8 @@ async def test_a_cancel_that_meets_a_token_is_not_lost(fake_pipeline, api_key, d
         ({"model": "demo", "prompt": "x", "n": 2}, "n"),
         ({"model": "demo", "prompt": "x", "stop": [1]}, "stop"),
         ({"model": "demo", "prompt": "x", "stream": "yes"}, "stream"),
+        ({"model": "demo", "prompt": "x", "speculate": "no"}, "speculate"),
+        ({"model": "demo", "prompt": "x", "speculate": 0}, "speculate"),
         ({"model": 7, "prompt": "x"}, "model"),
         ({"model": "demo", "prompt": "x " * 300}, "prompt"),
         ({"model": "demo", "prompt": "x", "max_tokens": 1000}, "prompt"),

@@ -139,6 +139,31 @@ def test_a_stage_without_prefix_figures_has_no_prefix_series(client, running_dep
     assert not s.find("motley_stage_prefix_cache_blocks")
 
 
+def test_spec_decode_counters_per_replica_from_its_head(client, running_deployment):
+    head = DeploymentStage.objects.select_related("device__node").get(
+        deployment=running_deployment, pipeline=0, stage_index=0)
+    relay = DeploymentStage(deployment=running_deployment, pipeline=0, stage_index=1)
+    figures = {"spec_drafts": 100, "spec_draft_tokens": 400, "spec_accepted_tokens": 250}
+    keep(head.node.name, head.node.pk, [], [stage_entry(head, **figures),
+                                            stage_entry(relay, spec_drafts=9999)], time.time())
+    s = scrape(client)
+    replica = {"model_name": running_deployment.model.name, "replica": f"d{running_deployment.pk}-r0"}
+    assert s.value("vllm:spec_decode_num_drafts_total", **replica) == 100  # the head's, not a relay's
+    assert s.value("vllm:spec_decode_num_draft_tokens_total", **replica) == 400
+    assert s.value("vllm:spec_decode_num_accepted_tokens_total", **replica) == 250
+    assert s.families["vllm:spec_decode_num_drafts"].type == "counter"
+
+
+def test_a_head_without_spec_figures_has_no_spec_decode_series(client, running_deployment):
+    head = DeploymentStage.objects.select_related("device__node").get(
+        deployment=running_deployment, pipeline=0, stage_index=0)
+    keep(head.node.name, head.node.pk, [], [stage_entry(head, step_ms=1.0, prefix_queried_tokens=0)],
+         time.time())
+    s = scrape(client)
+    assert not any(s.find(f"vllm:spec_decode_num_{name}_total")
+                   for name in ("drafts", "draft_tokens", "accepted_tokens"))
+
+
 def test_statuses_and_rebalance_decisions_come_from_the_database(client, running_deployment):
     from controlplane.deployments.events import event_record
     from controlplane.inventory.models import Node

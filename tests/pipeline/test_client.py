@@ -18,7 +18,9 @@ pytestmark = pytest.mark.timeout(30)
 
 
 async def test_token_frames_fan_out_to_their_streams_and_a_malformed_one_is_dropped():
+    """And a submit carries ``speculate`` only where the request opts out."""
     address, codec = f"tcp://127.0.0.1:{free_port()}", FrameCodec("p0", TOKEN)
+    headers = {}
     context = zmq.asyncio.Context()
     head = context.socket(zmq.ROUTER)
     head.bind(address)
@@ -27,7 +29,8 @@ async def test_token_frames_fan_out_to_their_streams_and_a_malformed_one_is_drop
         peers = {}
         while len(peers) < 2:  # both submits first, then one frame carrying a token of each
             peer, *parts = await head.recv_multipart()
-            peers[codec.decode(parts).header["request_id"]] = peer
+            header = codec.decode(parts).header
+            peers[header["request_id"]], headers[header["request_id"]] = peer, header
         peer = peers["a"]
         await head.send_multipart(
             [peer, *codec.encode({"type": "tokens", "items": [["a", "not a number", None]]})]
@@ -41,13 +44,15 @@ async def test_token_frames_fan_out_to_their_streams_and_a_malformed_one_is_drop
         async with PipelineClient(address, TOKEN, "p0", timeout_s=5) as client:
 
             async def stream(request_id: str) -> list[TokenEvent]:
-                return [e async for e in client.submit([1, 2], max_tokens=4, request_id=request_id)]
+                return [e async for e in client.submit([1, 2], max_tokens=4, request_id=request_id,
+                                                       speculate=request_id == "a")]
 
             head_task = asyncio.create_task(scripted_head())
             a, b = await asyncio.gather(stream("a"), stream("b"))
             await head_task
         assert a == [TokenEvent("a", 7, None), TokenEvent("a", 8, "stop")]
         assert b == [TokenEvent("b", 9, "length")]
+        assert "speculate" not in headers["a"] and headers["b"]["speculate"] is False
     finally:
         context.destroy(linger=0)
 

@@ -196,3 +196,32 @@ def test_save_stores_a_draft_revision_with_the_request_as_sent(api, lab, llama3_
 def test_stored_requests_with_unknown_fields_are_refused(lab, llama3_8b):
     with pytest.raises(PlanningError, match="unknown field.*workload"):
         plan_request_from_inventory(model=llama3_8b, request={"workload": {"batch": 2}})
+
+
+def test_a_deployments_speculation_counts_with_its_measured_acceptance(api, lab, llama3_8b):
+    import time
+
+    from controlplane.deployments.models import Deployment
+    from controlplane.telemetry.services import telemetry_keep, telemetry_sample
+
+    deployment = Deployment.objects.create(name="spec", model=llama3_8b, speculation="lookup",
+                                           speculative_tokens=3)
+    request = {"model": llama3_8b.id, "batch": 1, "context": 2048, "replicas": 1}
+    plain = api.post("/api/v1/plans/", request, format="json").json()
+    prior = api.post("/api/v1/plans/", {**request, "deployment": deployment.pk}, format="json").json()
+    assert not any(line.startswith("Speculation") for line in plain["explanation"])
+    assert any(line.startswith("Speculation (lookup, up to 3 proposals per step, acceptance 0.50 assumed")
+               for line in prior["explanation"])
+    node = Node.objects.first()
+    head = {"stage_key": f"d{deployment.pk}-r0-s0", "deployment_id": deployment.pk, "replica": 0,
+            "stage_index": 0, "state": "ready", "pid": 1, "exit_code": None, "restarts": 0, "message": "",
+            "stats": {"spec_drafts": 100, "spec_draft_tokens": 300, "spec_accepted_tokens": 240}}
+    now = time.time()
+    telemetry_keep(telemetry_sample(node_id=node.pk, node_name=node.name, received_at=now,
+                                    heartbeat={"sent_at": now, "devices": [], "stages": [head]}))
+    measured = api.post("/api/v1/plans/validate/", {**request, "deployment": deployment.pk,
+                                                    "plan": plain}, format="json").json()
+    assert any(line.startswith("Speculation (lookup, up to 3 proposals per step, acceptance 0.80 measured")
+               for line in measured["predicted"]["explanation"])
+    faster = measured["predicted"]["predicted"]["decode_tokens_per_s"]
+    assert faster > plain["predicted"]["decode_tokens_per_s"]

@@ -4,6 +4,7 @@ from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from contracts.routing import DEFAULT_ROUTING_STRATEGY
+from contracts.stage_spec import MAX_SPECULATIVE_TOKENS, SPECULATION_MODES
 from controlplane.deployments.models import (
     ROUTING_STRATEGY_CHOICES,
     Deployment,
@@ -82,7 +83,8 @@ class DeploymentSerializer(serializers.ModelSerializer):
         model = Deployment
         fields = [
             "id", "url", "name", "model", "model_name", "revision", "revision_number", "replan_on_failure",
-            "routing_strategy", "rebalance_policy", "prefix_caching", "status", "status_message",
+            "routing_strategy", "rebalance_policy", "prefix_caching", "speculation", "speculative_tokens",
+            "status", "status_message",
             "stop_requested", "stages", "pipelines", "created", "last_updated",
         ]
 
@@ -122,6 +124,8 @@ class DeploymentCreateSerializer(PlanInputSerializer):
     routing_strategy = serializers.ChoiceField(choices=ROUTING_STRATEGY_CHOICES,
                                                default=DEFAULT_ROUTING_STRATEGY)
     prefix_caching = serializers.BooleanField(default=True)
+    speculation = serializers.ChoiceField(choices=SPECULATION_MODES, default="off")
+    speculative_tokens = serializers.IntegerField(min_value=1, max_value=MAX_SPECULATIVE_TOKENS, default=4)
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
@@ -137,6 +141,9 @@ class DeploymentUpdateSerializer(serializers.Serializer):
     replan_on_failure = serializers.BooleanField(required=False)
     rebalance_policy = serializers.ChoiceField(choices=Deployment.RebalancePolicy.choices, required=False)
     prefix_caching = serializers.BooleanField(required=False)
+    speculation = serializers.ChoiceField(choices=SPECULATION_MODES, required=False)
+    speculative_tokens = serializers.IntegerField(min_value=1, max_value=MAX_SPECULATIVE_TOKENS,
+                                                  required=False)
 
     def validate(self, attrs):
         unknown = sorted(set(self.initial_data) - set(self.fields))

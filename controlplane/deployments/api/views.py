@@ -41,6 +41,7 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
             deployment = services.deployment_create(
                 name=values["name"], revision=revision, replan_on_failure=values["replan_on_failure"],
                 routing_strategy=values["routing_strategy"], prefix_caching=values["prefix_caching"],
+                speculation=values["speculation"], speculative_tokens=values["speculative_tokens"],
                 created_by=request.user,
                 actor=audit_context(request),
             )
@@ -48,8 +49,9 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
 
     @extend_schema(request=serializers.DeploymentUpdateSerializer, responses=serializers.DeploymentSerializer)
     def partial_update(self, request, pk=None):
-        """Change the routing strategy, replan_on_failure, the rebalance policy or prefix_caching (sent to
-        the running stages); a new plan goes through apply."""
+        """Change the routing strategy, replan_on_failure, the rebalance policy or a serving switch
+        (prefix_caching, speculation, speculative_tokens: sent to the running stages); a new plan goes
+        through apply."""
         data = serializers.DeploymentUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         deployment = services.deployment_update(

@@ -134,7 +134,7 @@ class Generation:
                     self.prompt_ids + self.generated, params,
                     max_tokens=self.max_tokens - len(self.generated),
                     stop_token_ids=tokenizer.eos_token_ids, request_id=self.request_id,
-                    deadline_s=max(self._left(), 0.001),
+                    deadline_s=max(self._left(), 0.001), speculate=request.speculate,
                 )
                 try:
                     async with aclosing(events):

@@ -2,6 +2,8 @@
 
 Every rule answers a 400 naming the field (``param``), so a client sees what to fix. Fields OpenAI
 defines that motley cannot honour (n > 1, logprobs, echo, best_of) are refused rather than ignored.
+One extension of motley's own: ``speculate`` (a boolean, default true; false: this request does not
+speculate where its deployment does, docs/gateway.md).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class GenerationRequest:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    speculate: bool = True  # false: no proposals for this request where the deployment speculates
 
 
 def _is_int(value: Any) -> bool:
@@ -57,6 +60,15 @@ def _optional_int(body: dict, name: str, *, minimum: int | None = None) -> int |
     if minimum is not None and value < minimum:
         message = f"'{name}' must be at least {minimum}; got {value}"
         raise bad_request(message, param=name, code="invalid_value")
+    return value
+
+
+def _boolean(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"'{name}' must be a boolean", param=name, code="invalid_type")
     return value
 
 
@@ -160,5 +172,6 @@ def generation_request(body: dict, *, chat: bool) -> GenerationRequest:
         stop=_stop(body),
         stream=stream,
         include_usage=bool(options.get("include_usage", False)),
+        speculate=_boolean(body, "speculate", True),
     )
 

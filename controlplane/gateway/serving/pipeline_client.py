@@ -130,8 +130,10 @@ class PipelineClient:
         stop_token_ids: Sequence[int] = (),
         request_id: str | None = None,
         deadline_s: float | None = None,
+        speculate: bool = True,
     ) -> AsyncIterator[TokenEvent]:
         """Stream the tokens of one request; raises a :class:`PipelineError` subclass if it fails.
+        ``speculate=False``: the head proposes no tokens for it, whatever its pipeline's speculation.
 
         Leaving the loop early cancels the request (its KV space is freed on every stage); a request
         cancelled through :meth:`cancel` just ends its stream.
@@ -151,6 +153,7 @@ class PipelineClient:
                     "max_tokens": max_tokens,
                     "stop_token_ids": [int(t) for t in stop_token_ids],
                     "deadline_s": deadline_s,
+                    **({} if speculate else {"speculate": False}),
                 }
             )
             while True:

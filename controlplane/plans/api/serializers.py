@@ -81,6 +81,9 @@ class PlanValidateSerializer(PlanOptionsSerializer):
     """An operator-edited plan (the planner's JSON, see docs/planner.md) and the request to judge it by."""
 
     plan = serializers.JSONField()
+    deployment = serializers.PrimaryKeyRelatedField(
+        queryset=Deployment.objects.all(), required=False,
+        help_text="The deployment the plan is for: its speculation counts in the predicted tokens/s.")
 
     def validate_plan(self, value):
         if not isinstance(value, dict) or not isinstance(value.get("replicas"), list):

@@ -34,7 +34,9 @@ def _planner_request(serializer) -> tuple[PlanRequest, dict[str, Any], dict[str,
     values = serializer.validated_data
     stored = {key: values[key] for key in REQUEST_KEYS}
     try:
-        return plan_request_from_inventory(model=values["model"], request=stored), stored, values
+        request = plan_request_from_inventory(model=values["model"], request=stored,
+                                              deployment=values.get("deployment"))
+        return request, stored, values
     except PlanningError as exc:
         raise ValidationError({"request": str(exc)}) from None
 

@@ -1,5 +1,6 @@
 // Deployments page: measured figures from live stage statistics next to the predicted ones (prefix
-// caching's hit rate and cached blocks among them), and statuses and the caching switch refreshed
+// caching's hit rate and cached blocks, speculation's acceptance rate and tokens per step among them),
+// and statuses and the caching and speculation switches refreshed
 // from the REST API whenever the socket (re)connects. The events lists are the
 // stored events (GET /api/v1/events/), redrawn on every (re)connect and every EVENTS_REFRESH_MS.
 import { connectLive } from "./live.js";
@@ -8,6 +9,7 @@ import { startRouting } from "./routing.js";
 import { startCalibration } from "./calibration.js";
 import { cachedBlocksText, hitRateText } from "./prefix.js";
 import { showCaching } from "./caching.js";
+import { acceptanceText, showSpeculation, tokensPerStepText } from "./speculation.js";
 
 const fmt = (v, digits = 1) => (v === undefined || v === null ? "—" : Number(v).toFixed(digits));
 
@@ -25,6 +27,8 @@ function onSnapshot(snapshot) {
       row.querySelector('[data-live="kv"]').textContent = kvTotal ? `${fmt((100 * stats.kv_tokens_used) / kvTotal, 0)} %` : "—";
       row.querySelector('[data-live="prefix_hit_rate"]').textContent = hitRateText(stats);
       row.querySelector('[data-live="prefix_blocks"]').textContent = cachedBlocksText(stats);
+      row.querySelector('[data-live="spec_acceptance"]').textContent = acceptanceText(stats);
+      row.querySelector('[data-live="spec_tokens_per_step"]').textContent = tokensPerStepText(stats);
       if (stats.state) {
         const badge = row.querySelector('[data-field="state"]');
         badge.textContent = stats.state;
@@ -97,6 +101,7 @@ async function onResync() {
     badge.className = `status status-${deployment.status}`;
     section.querySelector('[data-field="status_message"]').textContent = deployment.status_message;
     showCaching(section.querySelector("[data-caching]"), deployment.prefix_caching);
+    showSpeculation(section.querySelector("[data-speculation]"), deployment);
     for (const stage of deployment.stages) {
       const cell = section.querySelector(`tr[data-stage="${stage.stage_key}"] [data-field="state"]`);
       if (cell) { cell.textContent = stage.state; cell.className = `status status-${stage.state}`; }

@@ -175,7 +175,8 @@ async function validate() {
   document.getElementById("apply").disabled = true;
   renderCheck();
   try {
-    const result = await postJSON("/api/v1/plans/validate/", { ...stored, model: editor.model.id, plan: edited });
+    const result = await postJSON("/api/v1/plans/validate/",
+      { ...stored, model: editor.model.id, deployment: editor.deployment.id, plan: edited });
     if (seq === checkSeq) { check = result; renderCheck(); }
   } catch (error) {
     if (seq !== checkSeq) return;
