@@ -10,13 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from contracts.metrics import GPU_FIELDS, PREFIX_FIELDS, STAGE_FIELDS, GpuMetrics
+from contracts.metrics import GPU_FIELDS, PREFIX_FIELDS, SPEC_FIELDS, STAGE_FIELDS, GpuMetrics
 from contracts.stage_status import StageStatus
 from controlplane.telemetry.hub import TelemetryHub
 from controlplane.telemetry.models import TelemetryRollup
 from controlplane.telemetry.rollups import rollup_series, rollups_save
 from controlplane.telemetry.services import telemetry_message, telemetry_sample
 from worker_runtime.kv_cache import KVCache
+from worker_runtime.speculation import Speculator
 from worker_runtime.stats import StageStats
 from worker_runtime.worker import StageWorker
 
@@ -49,10 +50,13 @@ def test_gpu_fields_are_figures_agents_send():
 
 
 def test_stage_fields_are_statistics_stages_report():
-    """What a stage's worker reports (worker_runtime/worker.py), its prefix cache's figures included."""
+    """What a stage's worker reports (worker_runtime/worker.py), its prefix cache's figures included,
+    and what a speculating head adds (worker_runtime/speculation.py)."""
     worker = StageWorker(SimpleNamespace(kv=KVCache(1, 1, 4, 64)), StageStats())
     stats = worker.snapshot(SimpleNamespace(bytes_sent=0, bytes_received=0, rejected=0))
-    assert set(STAGE_FIELDS) - {"prefix_host_blocks"} <= set(stats)  # the host tier's: with a host tier
+    # the host tier's figure comes with a host tier, the spec_* ones from a speculating head
+    assert set(STAGE_FIELDS) - {"prefix_host_blocks", *SPEC_FIELDS} <= set(stats)
+    assert set(SPEC_FIELDS) == set(Speculator(ceiling=4).figures())
 
 
 def _caching_stage_stats() -> dict:
