@@ -33,7 +33,9 @@ def reference(model) -> list[int]:
     return generate([stage], [PROMPT], SamplingParams(), max_new_tokens=MAX_TOKENS)[0]
 
 
-def tokens_through(system: System, deployment_id: int) -> list[int]:
+def tokens_through(system: System, deployment_id: int, head_stats: list | None = None) -> list[int]:
+    """The greedy tokens of PROMPT through the deployment's replica; ``head_stats`` gets its head's
+    statistics after them."""
     # READY means the replica's endpoint is ready: a coalesced heartbeat flush does not apply a stage
     # report older than the stage's last observation (stage_reports.py).
     (endpoint,) = system.endpoints(deployment_id)
@@ -47,7 +49,10 @@ def tokens_through(system: System, deployment_id: int) -> list[int]:
             while not (health := await client.health())["ok"] and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
             assert health["ok"], health
-            return [e.token_id async for e in client.submit(PROMPT, SamplingParams(), max_tokens=MAX_TOKENS)]
+            tokens = [e.token_id async for e in client.submit(PROMPT, SamplingParams(), max_tokens=MAX_TOKENS)]
+            if head_stats is not None:
+                head_stats.append((await client.stats())["stages"][0])
+            return tokens
 
     return asyncio.run(run())
 
@@ -57,7 +62,7 @@ def deploy(system: System, demo_model) -> int:
     model = system.get("/api/v1/models/?name=demo")["results"][0]["id"]
     system.start_agents(["n0", "n1", "n2"])
     body = {"name": "demo", "model": model, "plan": three_stages(2, 4), "request": REQUEST,
-            "source": "edited"}
+            "source": "edited", "speculation": "lookup"}
     response = system.post("/api/v1/deployments/", body)
     assert response.status_code == 201, response.text
     return response.json()["id"]
@@ -75,7 +80,9 @@ def test_embedded_deploy_and_generate_and_refuse_bad_join_tokens(embedded_system
     system = embedded_system
     pk = deploy(system, demo_model)
     system.wait_status(pk, "ready", 90)
-    assert tokens_through(system, pk) == reference(demo_model)
+    head_stats: list[dict] = []
+    assert tokens_through(system, pk, head_stats) == reference(demo_model)
+    assert head_stats[0]["spec_drafts"] >= 0  # the deployment's speculation reached its head's spec
 
     # An agent with a wrong join token, then one with a revoked token, is refused and exits.
     system.revoke_join_token()
