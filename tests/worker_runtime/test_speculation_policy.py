@@ -7,9 +7,12 @@ from __future__ import annotations
 import pytest
 
 from contracts.sampling import SamplingParams
+from worker_runtime.frames import Frame, FrameError
 from worker_runtime.prompt_lookup import PromptLookup
+from worker_runtime.protocol import batch_from_frame, batch_message
 from worker_runtime.scheduler import Request
 from worker_runtime.speculation import Candidate, SpeculationPolicy, Speculator, StepCost, accepted_count
+from worker_runtime.stage import Batch
 
 
 def test_lookup_copies_what_followed_the_longest_most_recent_suffix():
@@ -102,3 +105,16 @@ def test_speculator_caps_proposals_by_what_a_request_may_still_emit():
     opted_out.output = [1]
     speculator.propose([opted_out], max_batch_tokens=64)
     assert opted_out.proposals == []
+
+
+def test_a_batch_frame_carries_its_logit_rows_and_refuses_bad_ones():
+    batch = Batch.of_tokens([1, 2], [[5, 6, 7], [8]], [10, 3], logit_rows=[3, 1])
+    header, tensors = batch_message(4, 9, batch, [SamplingParams()] * 2, batch.input_ids)
+    parsed, _ = batch_from_frame(Frame(header, tensors), first_stage=True)
+    assert parsed.logit_rows == [3, 1] and parsed.produced_positions() == [11, 12, 13, 4]
+    assert parsed.per_sequence([21, 22, 23, 24]) == [[21, 22, 23], 24]
+    for bad in ([4, 1], [3], [0, 1], "x"):
+        with pytest.raises(FrameError, match="logits|malformed"):
+            batch_from_frame(Frame({**header, "logits": bad}, tensors), first_stage=True)
+    plain = Batch.of_tokens([1], [[5]], [0])
+    assert "logits" not in batch_message(4, 9, plain, [SamplingParams()], plain.input_ids)[0]
