@@ -49,7 +49,8 @@ def tokens_through(system: System, deployment_id: int, head_stats: list | None =
             while not (health := await client.health())["ok"] and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
             assert health["ok"], health
-            tokens = [e.token_id async for e in client.submit(PROMPT, SamplingParams(), max_tokens=MAX_TOKENS)]
+            stream = client.submit(PROMPT, SamplingParams(), max_tokens=MAX_TOKENS)
+            tokens = [e.token_id async for e in stream]
             if head_stats is not None:
                 head_stats.append((await client.stats())["stages"][0])
             return tokens
