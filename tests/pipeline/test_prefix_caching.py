@@ -5,6 +5,9 @@ Greedy output is the same with the cache on, off, and in one in-process model, a
 later requests reuse a shared system prompt and a conversation's resent history on every stage
 alike; a relay lacking a block the head names fails that micro-batch cleanly; a re-formed pipeline
 starts from empty caches under new names.
+
+The tests of real processes share the module's pipeline (conftest's ``shared_pipeline``), in either
+order: each sends a prompt of its own and counts the hits it adds to every stage's figures.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from .harness import TOKEN, wait_healthy
 from .in_process import InProcessPipeline, relay_heartbeat
 
 SYSTEM = [(i * 7) % 250 + 1 for i in range(40)]  # 2 full blocks and a half
+OTHER_SYSTEM = [(i * 5) % 250 + 3 for i in range(40)]  # as long, sharing no block with SYSTEM
 
 
 def conversation(pipeline) -> tuple[list[list[int]], list[tuple[list[int], int]]]:
@@ -98,29 +102,43 @@ def test_a_restarted_stage_starts_a_new_epoch_of_empty_caches_and_new_names(tiny
     assert [s["prefix_hit_tokens"] - h for s, h in zip(pipeline.stage_stats(), hits)] == [80] * 3
 
 
-async def test_stage_processes_reuse_prefixes_and_forget_them_when_a_stage_restarts(start_pipeline,
+async def settled_hits(client) -> list[int]:
+    """Every stage's ``prefix_hit_tokens`` once the relays' heartbeats carry what the module's other
+    tests served: two readings a heartbeat apart (at most 0.25 s) that agree."""
+    last = None
+    for _ in range(100):
+        hits = [s and s["prefix_hit_tokens"] for s in (await client.stats())["stages"]]
+        if None not in hits and hits == last:
+            return hits
+        last = hits
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"stage figures never settled: {last}")
+
+
+async def test_stage_processes_reuse_prefixes_and_forget_them_when_a_stage_restarts(shared_pipeline,
                                                                                     tiny_model):
     """Real processes: every stage's heartbeat statistics count the same hits, the head's summary
     names the cached prefix, and a killed and restarted stage re-forms the pipeline under new names
     with the same tokens."""
-    pipeline = start_pipeline(3, kv_tokens=512)
+    pipeline = shared_pipeline  # 3 stages, 512 tokens of KV each
     prompt = SYSTEM + [3, 4]
 
     async def serve_twice(client) -> list[list[int]]:
         return [[e.token_id async for e in client.submit(prompt, max_tokens=8)] for _ in range(2)]
 
-    async def stages_agree(client, hits: int) -> dict:
+    async def stages_agree(client, hits: list[int]) -> dict:
         for _ in range(100):  # the relays' figures come with their next heartbeat
             stats = await client.stats()
-            if all(s and s["prefix_hit_tokens"] == hits for s in stats["stages"]):
+            if [s and s["prefix_hit_tokens"] for s in stats["stages"]] == hits:
                 return stats
             await asyncio.sleep(0.05)
         raise AssertionError(f"stages disagree: {stats['stages']}")
 
     async with PipelineClient(pipeline.head, TOKEN, "p0") as client:
         assert (await wait_healthy(client))["ok"]
+        before = await settled_hits(client)
         tokens = await serve_twice(client)
-        stats = await stages_agree(client, 32)
+        stats = await stages_agree(client, [hits + 32 for hits in before])
         seed = stats["prefix_cache"]["seed"]
         assert PrefixSummary.from_json(stats["prefix_cache"]).cached_tokens(prompt) == 32
         pipeline.stages[1].popen.kill()
@@ -133,11 +151,12 @@ async def test_stage_processes_reuse_prefixes_and_forget_them_when_a_stage_resta
     assert tokens[0] == reference(tiny_model, pipeline, [(prompt, 8)], 16)[0]
 
 
-async def test_a_boundary_moved_in_place_reuses_nothing_of_the_old_split_and_gives_its_tokens(start_pipeline):
+async def test_a_boundary_moved_in_place_reuses_nothing_of_the_old_split_and_gives_its_tokens(
+        shared_pipeline):
     """A handover in place (contracts §1): the processes stay, their caches and names do not; what the new
     split caches is reused again."""
-    pipeline = start_pipeline(3, kv_tokens=512)  # layers [0, 2), [2, 4), [4, 6)
-    prompt = SYSTEM + [3, 4]
+    pipeline = shared_pipeline  # layers [0, 2), [2, 4), [4, 6)
+    prompt = OTHER_SYSTEM + [3, 4]
 
     async def serve(client) -> tuple[list[int], dict]:
         tokens = [e.token_id async for e in client.submit(prompt, max_tokens=8)]
@@ -145,9 +164,10 @@ async def test_a_boundary_moved_in_place_reuses_nothing_of_the_old_split_and_giv
 
     async with PipelineClient(pipeline.head, TOKEN, "p0", timeout_s=10.0) as client:
         assert (await wait_healthy(client))["ok"]
+        counted = (await client.stats())["stages"][0]["prefix_hit_tokens"]  # the head's: never late
         before, _ = await serve(client)
         reused, stats = await serve(client)
-        seed, hits = stats["prefix_cache"]["seed"], stats["stages"][0]["prefix_hit_tokens"]
+        seed, hits = stats["prefix_cache"]["seed"], stats["stages"][0]["prefix_hit_tokens"] - counted
         for index, layers in ((0, [0, 3]), (1, [3, 4])):
             pipeline.respec(index, StageSpec.from_dict({**pipeline.specs[index].to_json(), "layers": layers}))
         for index in (0, 1):
