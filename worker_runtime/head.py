@@ -21,6 +21,7 @@ from contracts.pipeline_errors import DeadlineExceeded, PipelineBroken, Pipeline
 from contracts.sampling import SamplingParams
 from contracts.stage_spec import StageSpec
 
+from .draft_client import POLL_S, DraftClient, ModelDrafter
 from .events import EventWriter, Every
 from .frames import Frame
 from .kv_cache import KVBudgetExceeded
@@ -57,7 +58,11 @@ class HeadLoop:
             self.ledger, spec.micro_batches or spec.num_stages, spec.max_batch_tokens, spec.max_queue,
             admission=self.prefix.admit if self.prefix else None,
         )
-        self.speculator = Speculator(spec.speculative_tokens) if spec.speculation != "off" else None
+        self.speculator = (
+            Speculator(spec.speculative_tokens,
+                       ModelDrafter(DraftClient(spec.draft)) if spec.speculation == "draft" else None)
+            if spec.speculation != "off" else None
+        )
         self.draining = False
         self._pending_free: list[int] = []
         self._keepalive = Every(KEEPALIVE_S)
@@ -76,6 +81,13 @@ class HeadLoop:
         whose relays the in-flight requests need; they can never finish, so they fail at once
         (``PipelineBroken``) and the gateway resumes them elsewhere instead of waiting out the drain.
         """
+        try:
+            self._serve(stopping, replaced)
+        finally:
+            if self.speculator is not None:
+                self.speculator.close()
+
+    def _serve(self, stopping: Callable[[], bool], replaced: Callable[[], bool]) -> None:
         drain_until = None
         while True:
             if replaced():
@@ -90,7 +102,8 @@ class HeadLoop:
             busy = (self.membership.healthy and self.scheduler.ready
                     and len(self.scheduler.in_flight) < self.scheduler.micro_batches)
             waited = time.perf_counter()
-            incoming = self.transport.receive(0 if busy else 0.02)
+            # sequences held for their drafts: their answers arrive on the draft client's socket
+            incoming = self.transport.receive(0 if busy else POLL_S if self.scheduler.held else 0.02)
             if not busy:
                 self.worker.stats.record_idle(time.perf_counter() - waited)
             for message in incoming:
@@ -106,6 +119,8 @@ class HeadLoop:
         not reach a stage before that space is freed there.
         """
         self._flush_frees()
+        if self.speculator is not None:
+            self.speculator.prepare(self.scheduler)
         while (mb := self.scheduler.next_micro_batch()) is not None:
             self._flush_frees()  # a request that failed here meanwhile freed, or an admission evicted
             if not self.membership.healthy:

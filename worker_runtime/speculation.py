@@ -16,15 +16,20 @@ hosts, a memory-bound old card at batch 1) and their full compute where it is no
 Each sequence keeps its own acceptance rate; :class:`SpeculationPolicy` adds proposals while the
 expected tokens they bring outweigh what they slow every sequence of the micro-batch, and proposes
 nothing where they do not, so speculation never makes a workload slower than decoding without it.
+
+Where the proposals come from is a :class:`Drafter`: :class:`LookupDrafter` (n-grams of the sequence
+itself, prompt_lookup.py) or a draft model served as its own pipeline (draft_client.py); the policy,
+the verification's outcome and the figures are the same for both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from .prompt_lookup import PromptLookup
-from .scheduler import Request
+from .scheduler import Request, Scheduler
 
 PRIOR_ACCEPTANCE = 0.5  # a sequence's acceptance rate before it verified anything
 ACCEPTANCE_MEMORY = 0.7  # weight of a sequence's past in its acceptance rate, step after step
@@ -130,31 +135,75 @@ class SpeculationPolicy:
             token_room -= 1
 
 
-class Speculator:
-    """The head's speculative decoding: proposals from each sequence's prompt lookup, counted by the
-    policy, set on the requests of a micro-batch before it starts (:meth:`propose`), and settled when
-    its tokens return (:meth:`settle`); with the figures the head reports (``spec_*``, vLLM's
-    spec-decode counters)."""
+def proposal_room(request: Request, ceiling: int) -> int:
+    """How many proposals a request's next step may carry: none before its first token or where it opted
+    out, never more than it may still emit less one (its KV was reserved for its whole length, no more)."""
+    if not request.output or not request.speculate:
+        return 0
+    return max(0, min(ceiling, request.max_tokens - len(request.output) - 1))
 
-    def __init__(self, ceiling: int):
+
+class Drafter(Protocol):
+    """Where proposals come from. ``prepare`` runs before the head forms micro-batches (a drafter that
+    must wait for its proposals holds the requests it drafts for: ``Scheduler.hold``); ``propose`` gives
+    up to ``room`` proposals for a request of a micro-batch about to start."""
+
+    def prepare(self, scheduler: Scheduler, policy: SpeculationPolicy, ceiling: int) -> None: ...
+
+    def propose(self, request: Request, room: int) -> list[int]: ...
+
+    def forget(self, seq_id: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class LookupDrafter:
+    """Prompt lookup: each sequence's n-gram index (prompt_lookup.py), ready at once."""
+
+    def __init__(self) -> None:
+        self._lookups: dict[int, PromptLookup] = {}
+
+    def prepare(self, scheduler: Scheduler, policy: SpeculationPolicy, ceiling: int) -> None:
+        pass
+
+    def propose(self, request: Request, room: int) -> list[int]:
+        lookup = self._lookups.setdefault(request.seq_id, PromptLookup())
+        return lookup.propose(request.prompt + request.output, room)
+
+    def forget(self, seq_id: int) -> None:
+        self._lookups.pop(seq_id, None)
+
+    def close(self) -> None:
+        pass
+
+
+class Speculator:
+    """The head's speculative decoding: proposals from its drafter, counted by the policy, set on the
+    requests of a micro-batch before it starts (:meth:`propose`), and settled when its tokens return
+    (:meth:`settle`); with the figures the head reports (``spec_*``, vLLM's spec-decode counters)."""
+
+    def __init__(self, ceiling: int, drafter: Drafter | None = None):
         self.ceiling = ceiling
         self.policy = SpeculationPolicy()
-        self._lookups: dict[int, PromptLookup] = {}
+        self.drafter = drafter or LookupDrafter()
         self.drafts = 0  # sequence-steps that carried proposals
         self.draft_tokens = 0
         self.accepted_tokens = 0
 
+    def prepare(self, scheduler: Scheduler) -> None:
+        """The drafter's turn before micro-batches form (see :class:`Drafter`)."""
+        self.drafter.prepare(scheduler, self.policy, self.ceiling)
+
     def propose(self, requests: Sequence[Request], max_batch_tokens: int) -> None:
-        """Give each decoding request of a micro-batch about to start the proposals that pay, never
-        more than it may still emit less one (its KV was reserved for its whole length, no more)."""
+        """Give each decoding request of a micro-batch about to start the proposals that pay
+        (at most :func:`proposal_room`)."""
         tokens = sum(len(r.next_input()[0]) for r in requests)
         candidates, chosen_for = [], []
         for request in requests:
-            room = min(self.ceiling, request.max_tokens - len(request.output) - 1)
-            if not request.output or not request.speculate or room <= 0:
+            room = proposal_room(request, self.ceiling)
+            if room <= 0:
                 continue
-            lookup = self._lookups.setdefault(request.seq_id, PromptLookup())
-            proposals = lookup.propose(request.prompt + request.output, room)
+            proposals = self.drafter.propose(request, room)[:room]
             if proposals:
                 candidates.append(Candidate(proposals, self.policy.acceptance(request.seq_id)))
                 chosen_for.append(request)
@@ -189,8 +238,11 @@ class Speculator:
         return settled
 
     def forget(self, seq_id: int) -> None:
-        self._lookups.pop(seq_id, None)
+        self.drafter.forget(seq_id)
         self.policy.forget(seq_id)
+
+    def close(self) -> None:
+        self.drafter.close()
 
     def figures(self) -> dict[str, int]:
         return {"spec_drafts": self.drafts, "spec_draft_tokens": self.draft_tokens,
