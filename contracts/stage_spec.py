@@ -14,7 +14,7 @@ from typing import Any
 
 from contracts.precision import Precision
 
-SPECULATION_MODES = ("off", "lookup")
+SPECULATION_MODES = ("off", "lookup", "draft")
 MAX_SPECULATIVE_TOKENS = 16
 
 
@@ -39,6 +39,16 @@ class Emulation:
     # A JSON file ``{"factor": f}`` (0 < f <= 1) the agent rewrites while the card is made to throttle
     # (contracts §3 ``set_throttle``); the stage re-reads it at most once a second. Set by the agent.
     throttle_file: str | None = None
+
+
+@dataclass(frozen=True)
+class DraftLink:
+    """The draft pipeline a head with ``speculation: "draft"`` asks for proposals: a one-stage pipeline
+    serving a small model that shares the target's tokenizer (worker_runtime/draft_client.py)."""
+
+    address: str  # its head's listen address
+    pipeline_id: str
+    auth_token: str
 
 
 @dataclass(frozen=True)
@@ -74,10 +84,12 @@ class StageSpec:
     # instead of recomputed: the plan sets it where copying is cheaper than prefilling (0: no host tier).
     host_kv_tokens: int = 0
     # Speculative decoding (docs/pipeline.md, "Speculative decoding"): the head proposes tokens for each
-    # decoding sequence ("lookup": n-grams of its prompt and output) and every stage verifies them in one
-    # pass; "off": one token per sequence and step. The head's values decide for the pipeline.
+    # decoding sequence ("lookup": n-grams of its prompt and output; "draft": a draft model's greedy
+    # continuation, from the pipeline ``draft`` names) and every stage verifies them in one pass; "off":
+    # one token per sequence and step. The head's values decide for the pipeline.
     speculation: str = "off"
     speculative_tokens: int = 4  # the most proposals per sequence and step: the adaptive count's ceiling
+    draft: DraftLink | None = None  # head only, with speculation "draft"
     # Started beside its pipeline ahead of an in-place handover: load, bind and say ready, then wait for
     # the spec that lets it join (the same without ``hold``, given in place). No heartbeat meanwhile.
     hold: bool = False
@@ -110,6 +122,8 @@ class StageSpec:
         try:
             if values.get("emulation") is not None:
                 values["emulation"] = Emulation(**values["emulation"])
+            if values.get("draft") is not None:
+                values["draft"] = DraftLink(**values["draft"])
             values["layers"] = tuple(values["layers"])
             spec = cls(**values)
             spec.validate()
@@ -142,6 +156,10 @@ class StageSpec:
             (self.speculation in SPECULATION_MODES, f"speculation must be one of {SPECULATION_MODES}"),
             (1 <= self.speculative_tokens <= MAX_SPECULATIVE_TOKENS,
              f"speculative_tokens must be in [1, {MAX_SPECULATIVE_TOKENS}]"),
+            (self.speculation != "draft" or not self.is_head or self.draft is not None,
+             'speculation "draft" needs draft (the draft pipeline\'s address, pipeline_id and auth_token)'),
+            (self.draft is None or all((self.draft.address, self.draft.pipeline_id, self.draft.auth_token)),
+             "draft needs a non-empty address, pipeline_id and auth_token"),
         ]
         try:
             self.precision.layer_bits(start, end)

@@ -18,9 +18,9 @@ from contextlib import nullcontext
 from typing import Any
 
 from contracts.pipeline_errors import DeadlineExceeded, PipelineBroken, PipelineError, RequestRejected
-from contracts.sampling import SamplingParams
 from contracts.stage_spec import StageSpec
 
+from .draft_client import POLL_S, speculator_for
 from .events import EventWriter, Every
 from .frames import Frame
 from .kv_cache import KVBudgetExceeded
@@ -29,7 +29,6 @@ from .prefix_index import PrefixIndex
 from .protocol import batch_message
 from .relay import heartbeat_interval
 from .scheduler import KVLedger, Request, Scheduler
-from .speculation import Speculator
 from .stage import Batch
 from .transport import Incoming, PeerUnavailable, Transport
 from .warm_up import CLIENT as WARM_UP
@@ -57,7 +56,7 @@ class HeadLoop:
             self.ledger, spec.micro_batches or spec.num_stages, spec.max_batch_tokens, spec.max_queue,
             admission=self.prefix.admit if self.prefix else None,
         )
-        self.speculator = Speculator(spec.speculative_tokens) if spec.speculation != "off" else None
+        self.speculator = speculator_for(spec)
         self.draining = False
         self._pending_free: list[int] = []
         self._keepalive = Every(KEEPALIVE_S)
@@ -76,6 +75,13 @@ class HeadLoop:
         whose relays the in-flight requests need; they can never finish, so they fail at once
         (``PipelineBroken``) and the gateway resumes them elsewhere instead of waiting out the drain.
         """
+        try:
+            self._serve(stopping, replaced)
+        finally:
+            if self.speculator is not None:
+                self.speculator.close()
+
+    def _serve(self, stopping: Callable[[], bool], replaced: Callable[[], bool]) -> None:
         drain_until = None
         while True:
             if replaced():
@@ -90,7 +96,8 @@ class HeadLoop:
             busy = (self.membership.healthy and self.scheduler.ready
                     and len(self.scheduler.in_flight) < self.scheduler.micro_batches)
             waited = time.perf_counter()
-            incoming = self.transport.receive(0 if busy else 0.02)
+            # sequences held for their drafts: their answers arrive on the draft client's socket
+            incoming = self.transport.receive(0 if busy else POLL_S if self.scheduler.held else 0.02)
             if not busy:
                 self.worker.stats.record_idle(time.perf_counter() - waited)
             for message in incoming:
@@ -106,6 +113,8 @@ class HeadLoop:
         not reach a stage before that space is freed there.
         """
         self._flush_frees()
+        if self.speculator is not None:
+            self.speculator.prepare(self.scheduler)
         while (mb := self.scheduler.next_micro_batch()) is not None:
             self._flush_frees()  # a request that failed here meanwhile freed, or an admission evicted
             if not self.membership.healthy:
@@ -285,29 +294,10 @@ class HeadLoop:
                 raise PipelineBroken(f"pipeline {self.spec.pipeline_id} is not serving: {membership.reason}")
             if self.draining:
                 raise PipelineBroken(f"pipeline {self.spec.pipeline_id} is draining")
-            request = self._parse_submit(client, request_id, h)
+            request = Request.from_submit(client, request_id, h, self.worker.stage.config.vocab_size)
             self.scheduler.submit(request)
         except PipelineError as exc:
             self._send_error(client, request_id, exc)
-
-    def _parse_submit(self, client: bytes, request_id: str, h: dict[str, Any]) -> Request:
-        vocab = self.worker.stage.config.vocab_size
-        try:
-            prompt = [int(t) for t in h["prompt"]]
-            params = SamplingParams(**h.get("sampling", {}))
-            max_tokens = int(h["max_tokens"])
-            stop = frozenset(int(t) for t in h.get("stop_token_ids", ()))
-            deadline_s = None if h.get("deadline_s") is None else float(h["deadline_s"])
-            speculate = h.get("speculate", True)
-            if not isinstance(speculate, bool):
-                raise TypeError(f"speculate must be true or false, not {speculate!r}")
-        except (KeyError, TypeError, ValueError) as exc:
-            raise RequestRejected(f"malformed request: {exc}") from exc
-        if not prompt or max_tokens < 1 or any(not 0 <= t < vocab for t in prompt):
-            raise RequestRejected(f"a request needs a non-empty prompt of token ids below {vocab} and "
-                                  "max_tokens >= 1")
-        deadline = None if deadline_s is None else time.monotonic() + deadline_s
-        return Request(request_id, client, prompt, params, max_tokens, stop, deadline, speculate=speculate)
 
     def on_cancel(self, client: bytes, h: dict[str, Any]) -> None:
         request = self.scheduler.remove(str(h.get("request_id")))

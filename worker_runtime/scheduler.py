@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from contracts.pipeline_errors import RequestRejected
 from contracts.sampling import SamplingParams
@@ -37,6 +37,27 @@ class Request:
     cached: int = 0  # leading prompt tokens found in the KV cache at admission: its first step starts there
     speculate: bool = True  # whether the head may propose tokens for it (speculation.py)
     proposals: list[int] = field(default_factory=list)  # tokens its step in flight verifies
+
+    @classmethod
+    def from_submit(cls, client: bytes, request_id: str, h: dict[str, Any], vocab: int) -> Request:
+        """The request a client's ``submit`` header asks for; :class:`RequestRejected` naming what is
+        wrong with it."""
+        try:
+            prompt = [int(t) for t in h["prompt"]]
+            params = SamplingParams(**h.get("sampling", {}))
+            max_tokens = int(h["max_tokens"])
+            stop = frozenset(int(t) for t in h.get("stop_token_ids", ()))
+            deadline_s = None if h.get("deadline_s") is None else float(h["deadline_s"])
+            speculate = h.get("speculate", True)
+            if not isinstance(speculate, bool):
+                raise TypeError(f"speculate must be true or false, not {speculate!r}")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RequestRejected(f"malformed request: {exc}") from exc
+        if not prompt or max_tokens < 1 or any(not 0 <= t < vocab for t in prompt):
+            raise RequestRejected(f"a request needs a non-empty prompt of token ids below {vocab} and "
+                                  "max_tokens >= 1")
+        deadline = None if deadline_s is None else time.monotonic() + deadline_s
+        return cls(request_id, client, prompt, params, max_tokens, stop, deadline, speculate=speculate)
 
     @property
     def kv_tokens(self) -> int:
@@ -158,6 +179,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # every request not yet finished: waiting, ready or in flight
         self.waiting: deque[Request] = deque()  # not admitted yet
         self.ready: deque[Request] = deque()  # admitted, waiting for their next micro-batch
+        self.held: dict[int, Request] = {}  # admitted, waiting for their proposals first (hold)
         self.in_flight: dict[int, MicroBatch] = {}
         self._by_seq: dict[int, Request] = {}
         self._seq_ids = itertools.count(1)  # never reused, so a late token of a dead sequence is just ignored
@@ -191,12 +213,27 @@ class Scheduler:
         while self.waiting and self.admission(self.waiting[0]):
             self.ready.append(self.waiting.popleft())
 
+    def share(self) -> int:
+        """The sequences of a micro-batch: an even share of the admitted ones."""
+        admitted = len(self.ready) + len(self.held) + sum(len(mb.requests) for mb in self.in_flight.values())
+        return math.ceil(admitted / self.micro_batches)
+
+    def hold(self, request: Request) -> None:
+        """Keep a ready request out of micro-batches until :meth:`unhold` (its drafts are on the way)."""
+        self.ready.remove(request)
+        self.held[request.seq_id] = request
+
+    def unhold(self, seq_id: int) -> None:
+        """A held request is ready again (nothing happens to one that ended meanwhile)."""
+        request = self.held.pop(seq_id, None)
+        if request is not None:
+            self.ready.append(request)
+
     def next_micro_batch(self) -> MicroBatch | None:
         """The next group to run, if a micro-batch slot is free: an even share of the admitted sequences."""
         if not self.ready or len(self.in_flight) >= self.micro_batches:
             return None
-        admitted = len(self.ready) + sum(len(mb.requests) for mb in self.in_flight.values())
-        share = math.ceil(admitted / self.micro_batches)
+        share = self.share()
         chosen: list[Request] = []
         tokens = 0
         while self.ready and len(chosen) < share:
@@ -278,6 +315,7 @@ class Scheduler:
         self.requests.pop(request.request_id, None)
         self._by_seq.pop(request.seq_id, None)
         self.ledger.release(request.seq_id)
+        self.held.pop(request.seq_id, None)
         for queue in (self.waiting, self.ready):
             if request in queue:
                 queue.remove(request)

@@ -16,21 +16,28 @@ hosts, a memory-bound old card at batch 1) and their full compute where it is no
 Each sequence keeps its own acceptance rate; :class:`SpeculationPolicy` adds proposals while the
 expected tokens they bring outweigh what they slow every sequence of the micro-batch, and proposes
 nothing where they do not, so speculation never makes a workload slower than decoding without it.
+
+Where the proposals come from is a :class:`Drafter`: :class:`LookupDrafter` (n-grams of the sequence
+itself, prompt_lookup.py) or a draft model served as its own pipeline (draft_client.py); the policy,
+the verification's outcome and the figures are the same for both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from .prompt_lookup import PromptLookup
-from .scheduler import Request
+from .scheduler import Request, Scheduler
 
 PRIOR_ACCEPTANCE = 0.5  # a sequence's acceptance rate before it verified anything
 ACCEPTANCE_MEMORY = 0.7  # weight of a sequence's past in its acceptance rate, step after step
 OVERALL_MEMORY = 0.95  # the same for the rate of every sequence together
 COST_MEMORY = 0.98  # weight of the past in the step-cost fit: about the last 50 micro-batches
 PRIOR_TOKEN_COST = 0.05  # a token's share of a step's fixed cost until the fit can tell it
+FIT_SAMPLES = 8.0  # micro-batches (weighted) before the fit is trusted over the prior
+FIXED_SHARE = 0.25  # the least share of a decode round trip the fit leaves fixed
 
 
 def accepted_count(proposals: Sequence[int], targets: Sequence[int]) -> int:
@@ -59,17 +66,21 @@ class StepCost:
 
     def fit(self) -> tuple[float, float]:
         """``(fixed, per_token)`` seconds; ``per_token`` falls back to ``PRIOR_TOKEN_COST`` of the fixed
-        part while the observed micro-batches all had about the same tokens (nothing to fit it on)."""
+        part while few micro-batches were seen or all had about the same tokens (nothing to fit it on).
+
+        At least ``FIXED_SHARE`` of the mean round trip stays fixed: noise on a few points can tilt
+        the line until nothing is fixed, which would rule out every proposal, and with no proposal
+        the points would never spread again to correct it. (A decode round trip always has a fixed
+        part: the weights read once, the hops, the loop.)"""
         weight, x, y, xx, xy = self._sums
         if weight <= 0:
             return 1.0, PRIOR_TOKEN_COST
+        mean_x, mean_y = x / weight, y / weight
         spread = weight * xx - x * x
-        if spread <= weight * weight * 0.25:  # tokens vary by less than half a token
-            mean = y / weight
-            return mean, PRIOR_TOKEN_COST * mean
-        per_token = max(0.0, (weight * xy - x * y) / spread)
-        fixed = max(1e-9, (y - per_token * x) / weight)
-        return fixed, per_token
+        if weight < FIT_SAMPLES or spread <= weight * weight * 0.25:  # tokens vary by under half a token
+            return mean_y, PRIOR_TOKEN_COST * mean_y
+        per_token = min(max(0.0, (weight * xy - x * y) / spread), (1 - FIXED_SHARE) * mean_y / mean_x)
+        return mean_y - per_token * mean_x, per_token
 
 
 @dataclass
@@ -135,34 +146,77 @@ class SpeculationPolicy:
             token_room -= 1
 
 
-class Speculator:
-    """The head's speculative decoding: proposals from each sequence's prompt lookup, counted by the
-    policy, set on the requests of a micro-batch before it starts (:meth:`propose`), and settled when
-    its tokens return (:meth:`settle`); with the figures the head reports (``spec_*``, vLLM's
-    spec-decode counters)."""
+def proposal_room(request: Request, ceiling: int) -> int:
+    """How many proposals a request's next step may carry: none before its first token or where it opted
+    out, never more than it may still emit less one (its KV was reserved for its whole length, no more)."""
+    if not request.output or not request.speculate:
+        return 0
+    return max(0, min(ceiling, request.max_tokens - len(request.output) - 1))
 
-    def __init__(self, ceiling: int):
+
+class Drafter(Protocol):
+    """Where proposals come from. ``prepare`` runs before the head forms micro-batches (a drafter that
+    must wait for its proposals holds the requests it drafts for: ``Scheduler.hold``); ``propose`` gives
+    up to ``room`` proposals for a request of a micro-batch about to start."""
+
+    def prepare(self, scheduler: Scheduler, policy: SpeculationPolicy, ceiling: int) -> None: ...
+
+    def propose(self, request: Request, room: int) -> list[int]: ...
+
+    def forget(self, seq_id: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class LookupDrafter:
+    """Prompt lookup: each sequence's n-gram index (prompt_lookup.py), ready at once."""
+
+    def __init__(self) -> None:
+        self._lookups: dict[int, PromptLookup] = {}
+
+    def prepare(self, scheduler: Scheduler, policy: SpeculationPolicy, ceiling: int) -> None:
+        pass
+
+    def propose(self, request: Request, room: int) -> list[int]:
+        lookup = self._lookups.setdefault(request.seq_id, PromptLookup())
+        return lookup.propose(request.prompt + request.output, room)
+
+    def forget(self, seq_id: int) -> None:
+        self._lookups.pop(seq_id, None)
+
+    def close(self) -> None:
+        pass
+
+
+class Speculator:
+    """The head's speculative decoding: proposals from its drafter, counted by the policy, set on the
+    requests of a micro-batch before it starts (:meth:`propose`), and settled when its tokens return
+    (:meth:`settle`); with the figures the head reports (``spec_*``, vLLM's spec-decode counters)."""
+
+    def __init__(self, ceiling: int, drafter: Drafter | None = None):
         self.ceiling = ceiling
         self.policy = SpeculationPolicy()
-        self._lookups: dict[int, PromptLookup] = {}
+        self.drafter = drafter or LookupDrafter()
         self.drafts = 0  # sequence-steps that carried proposals
         self.draft_tokens = 0
         self.accepted_tokens = 0
 
+    def prepare(self, scheduler: Scheduler) -> None:
+        """The drafter's turn before micro-batches form (see :class:`Drafter`)."""
+        self.drafter.prepare(scheduler, self.policy, self.ceiling)
+
     def propose(self, requests: Sequence[Request], max_batch_tokens: int) -> None:
-        """Give each decoding request of a micro-batch about to start the proposals that pay, never
-        more than it may still emit less one (its KV was reserved for its whole length, no more)."""
+        """Give each decoding request of a micro-batch about to start the proposals that pay
+        (at most :func:`proposal_room`)."""
         tokens = sum(len(r.next_input()[0]) for r in requests)
-        eligible = [r for r in requests
-                    if r.output and r.speculate and r.max_tokens - len(r.output) > 1]
+        eligible = [r for r in requests if proposal_room(r, self.ceiling) > 0]
         best = max((self.policy.acceptance(r.seq_id) for r in eligible), default=0.0)
-        if not self.policy.pays(best, len(requests), tokens):  # a large batch: no lookup at all
+        if not self.policy.pays(best, len(requests), tokens):  # a large batch: no drafting at all
             return
         candidates, chosen_for = [], []
         for request in eligible:
-            room = min(self.ceiling, request.max_tokens - len(request.output) - 1)
-            lookup = self._lookups.setdefault(request.seq_id, PromptLookup())
-            proposals = lookup.propose(request.prompt + request.output, room)
+            room = proposal_room(request, self.ceiling)
+            proposals = self.drafter.propose(request, room)[:room]
             if proposals:
                 candidates.append(Candidate(proposals, self.policy.acceptance(request.seq_id)))
                 chosen_for.append(request)
@@ -197,8 +251,11 @@ class Speculator:
         return settled
 
     def forget(self, seq_id: int) -> None:
-        self._lookups.pop(seq_id, None)
+        self.drafter.forget(seq_id)
         self.policy.forget(seq_id)
+
+    def close(self) -> None:
+        self.drafter.close()
 
     def figures(self) -> dict[str, int]:
         return {"spec_drafts": self.drafts, "spec_draft_tokens": self.draft_tokens,

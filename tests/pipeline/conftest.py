@@ -11,6 +11,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from worker_runtime.speculation import StepCost
+
 from .harness import Pipeline, pipeline_specs
 
 NUM_LAYERS = 6
@@ -31,6 +33,14 @@ def make_tiny_llama(out: Path, num_layers: int = NUM_LAYERS, seed: int = 0) -> P
     )
     LlamaForCausalLM(config).save_pretrained(out, safe_serialization=True)
     return out
+
+
+@pytest.fixture
+def latency_bound(monkeypatch):
+    """The head's step cost fixed as a latency-bound pipeline's (hops between hosts: an extra position
+    costs nothing), where the speculation policy proposes whatever may be accepted: in process the fit
+    follows the CPU's noise, and a test of exactness needs proposals, not the policy's judgement."""
+    monkeypatch.setattr(StepCost, "fit", lambda self: (0.05, 0.0))
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from contracts.precision import Precision
@@ -78,18 +80,24 @@ class InProcessPipeline:
             message = Incoming(Frame(header, tensors), b"")
             (self.head if index == 0 else self.relays[index - 1]).handle(message)
 
-    def run(self, jobs: list[tuple]) -> list[list[int] | str]:
+    def run(self, jobs: list[tuple],
+            each_step: Callable[[int], object] = lambda n: None) -> list[list[int] | str]:
         """Submit ``jobs`` (prompt, max_tokens[, more submit fields: sampling, speculate, ...]) at once,
         greedy unless a job says otherwise, and run until all end: each one's tokens, or its error's
-        kind."""
+        kind. ``each_step(n)`` is called before the head's ``n``-th step."""
         self.replies.clear()
         self.submitted += len(jobs)
         ids = [f"r{self.submitted - len(jobs) + i}" for i in range(len(jobs))]
         for request_id, (prompt, max_tokens, *more) in zip(ids, jobs):
             self.head.on_submit(CLIENT, {"request_id": request_id, "prompt": prompt,
                                          "max_tokens": max_tokens, **(more[0] if more else {})})
+        steps = 0
         while self.head.scheduler.requests:
+            each_step(steps)
+            steps += 1
             self.head.step()
+            if not self.queue and self.head.scheduler.held:  # waiting for drafts from a draft pipeline
+                time.sleep(0.001)
             self.deliver()
         self.head.step()  # the head's next turn tells the other stages which sequences ended
         self.deliver()

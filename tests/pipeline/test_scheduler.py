@@ -60,6 +60,21 @@ def test_micro_batches_split_the_admitted_sequences_and_cap_in_flight():
     assert s.next_micro_batch() is None  # both slots busy
 
 
+def test_a_held_request_waits_out_of_micro_batches_but_counts_in_their_share():
+    s = scheduler(micro_batches=2, max_batch_tokens=1000)
+    for i in range(4):
+        s.submit(request(f"r{i}", 4, 4))
+    held, gone = s.ready[0], s.ready[1]
+    s.hold(held)
+    s.hold(gone)
+    assert s.share() == 2
+    assert [r.request_id for r in s.next_micro_batch().requests] == ["r2", "r3"]
+    s.remove("r1")  # ended while held: unhold does nothing for it
+    s.unhold(gone.seq_id)
+    s.unhold(held.seq_id)
+    assert list(s.ready) == [held] and not s.held
+
+
 def test_max_batch_tokens_limits_prefill_but_a_long_prompt_runs_alone():
     s = scheduler(capacities=(1024, 1024), micro_batches=1, max_batch_tokens=20)
     s.submit(request("long", 30, 2))

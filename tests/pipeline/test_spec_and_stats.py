@@ -20,6 +20,7 @@ BASE = {
     "next": "tcp://127.0.0.1:2",
     "head": "tcp://127.0.0.1:1",
 }
+DRAFT = {"address": "tcp://127.0.0.1:3", "pipeline_id": "d0", "auth_token": "dt"}
 
 
 def test_a_valid_spec_round_trips():
@@ -30,6 +31,8 @@ def test_a_valid_spec_round_trips():
     assert StageSpec.from_dict(spec.to_json()) == spec
     mixed = StageSpec.from_dict({**BASE, "low_bits": 4, "low_from": 2})
     assert (mixed.bits, mixed.low_bits, mixed.low_from) == (16, 4, 2)
+    drafted = StageSpec.from_dict({**BASE, "speculation": "draft", "draft": DRAFT})
+    assert drafted.draft.pipeline_id == "d0" and StageSpec.from_dict(drafted.to_json()) == drafted
 
 
 @pytest.mark.parametrize(
@@ -44,6 +47,8 @@ def test_a_valid_spec_round_trips():
         ({"auth_token": ""}, "auth_token"),
         ({"surprise": 1}, "unknown spec fields"),
         ({"emulation": {"bandwidth": 1}}, "invalid stage spec"),
+        ({"speculation": "draft"}, "needs draft"),
+        ({"speculation": "draft", "draft": {**DRAFT, "address": ""}}, "draft needs a non-empty address"),
     ],
 )
 def test_bad_specs_name_the_field(change, match):

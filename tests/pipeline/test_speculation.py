@@ -5,6 +5,8 @@ Greedy output is the same with speculation on and off and as one in-process mode
 precision and with several stages; seeded sampling is the same token for token; unseeded sampling
 draws from the target model's distribution (a chi-square test against its exact probabilities); a
 request may opt out; stop tokens and max_tokens end a verified step where they would end decoding.
+The head's step cost is fixed as a latency-bound pipeline's (``latency_bound``), so the policy
+proposes whatever may be accepted (its judgement: tests/worker_runtime/test_speculation_policy.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from worker_runtime.stage import Batch, Stage
 from .conftest import NUM_LAYERS
 from .in_process import InProcessPipeline
 
+pytestmark = pytest.mark.usefixtures("latency_bound")
 QUOTED = [(i * 11) % 200 + 3 for i in range(24)]
 # A text to repeat (lookup-friendly: the output copies the prompt), an open-ended prompt, and a prompt
 # whose greedy continuation of the tiny model falls into a loop the lookup then predicts.

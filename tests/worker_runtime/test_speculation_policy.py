@@ -78,9 +78,29 @@ def test_proposals_where_a_step_is_latency_bound_none_at_low_acceptance_or_large
     assert chosen(policy, [0.5] * 256, 256, 256) == [0] * 256  # a large batch: a token slows 256 sequences
     compute_bound = SpeculationPolicy()
     for tokens in (1, 2, 5, 9) * 5:
-        compute_bound.cost.observe(tokens, 0.001 + 0.001 * tokens)
-    assert chosen(compute_bound, [0.9], 1, 1) == [3]
-    assert chosen(compute_bound, [0.5], 1, 1) == [0]
+        compute_bound.cost.observe(tokens, 0.002 + 0.001 * tokens)
+    fixed, per_token = compute_bound.cost.fit()
+    assert (fixed, per_token) == pytest.approx((0.002, 0.001))
+    for rate in (0.3, 0.5, 0.7, 0.9, 0.99):  # one sequence: the brute-force best count
+        best = max(range(9), key=lambda k: expected_tokens(rate, k) / (fixed + per_token * (1 + k)))
+        assert chosen(compute_bound, [rate], 1, 1) == [best], rate
+    assert chosen(compute_bound, [0.3], 1, 1) == [0] and chosen(compute_bound, [0.9], 1, 1) < [8]
+
+
+def expected_tokens(rate: float, k: int) -> float:
+    return sum(rate ** j for j in range(k + 1))
+
+
+def test_the_fit_keeps_a_fixed_part_when_noise_tilts_it():
+    cost = StepCost()
+    for tokens, seconds in [(1, 0.001), (3, 0.030), (1, 0.0012), (2, 0.020)] * 3:
+        cost.observe(tokens, seconds)
+    fixed, per_token = cost.fit()
+    mean = sum(s for _, s in [(1, 0.001), (3, 0.030), (1, 0.0012), (2, 0.020)]) / 4
+    assert fixed == pytest.approx(0.25 * mean, rel=0.05) and per_token > 0
+    policy = SpeculationPolicy()
+    policy.cost = cost
+    assert chosen(policy, [0.95], 1, 1)[0] >= 1  # a likely proposal is still tried, and tells the fit more
 
 
 def test_acceptance_rates_follow_outcomes_and_new_sequences_start_from_all_of_them():
