@@ -122,6 +122,13 @@ def fleet_events(*, limit: int) -> list[dict[str, Any]]:
     return event_rows(event_list().filter(deployment__isnull=True)[:limit])
 
 
+def _draft_models(deployment: Deployment) -> list[dict[str, Any]]:
+    """The models that could draft for the deployment's: others with weights and its vocabulary."""
+    vocab = deployment.model.config.get("vocab_size")
+    return [{"id": m.pk, "name": m.name} for m in LlmModel.objects.filter(has_weights=True)
+            .exclude(pk=deployment.model_id).order_by("name") if m.config.get("vocab_size") == vocab]
+
+
 def _deployment(deployment: Deployment, figures: dict[str, dict] | None = None) -> dict[str, Any]:
     plan = deployment.revision.priced if deployment.revision else None  # None: no figures (an edited plan)
     predicted_stages = {(r, s): stage for r, replica in enumerate(plan.replicas if plan else ())
@@ -134,6 +141,9 @@ def _deployment(deployment: Deployment, figures: dict[str, dict] | None = None) 
         "status_message": deployment.status_message, "prefix_caching": deployment.prefix_caching,
         "speculation": deployment.speculation, "speculative_tokens": deployment.speculative_tokens,
         "speculation_modes": SPECULATION_MODES, "max_speculative_tokens": MAX_SPECULATIVE_TOKENS,
+        "draft_deployment": deployment.draft_deployment.name if deployment.draft_deployment else None,
+        "draft_model_id": deployment.draft_deployment.model_id if deployment.draft_deployment else None,
+        "draft_models": _draft_models(deployment),
         "revision_number": getattr(deployment.revision, "number", None),
         "replicas": _replica_count(deployment.revision),
         "predicted": asdict(plan.predicted) if plan else None,

@@ -18,12 +18,11 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db.models import Q
 from django.utils import timezone
 
 from contracts.hardware import pcie_bandwidth_gbs
 from contracts.model_profile import ModelProfile
-from contracts.stage_spec import Emulation, SpecError, StageSpec
+from contracts.stage_spec import DraftLink, Emulation, SpecError, StageSpec
 from controlplane.deployments import dispatch, handover
 from controlplane.deployments.events import event_record
 from controlplane.deployments.models import (
@@ -35,6 +34,7 @@ from controlplane.deployments.models import (
 )
 from controlplane.deployments.revisions import CheckedPlan
 from controlplane.deployments.room import room_shortfalls
+from controlplane.deployments.serving_switches import serving_switches
 from controlplane.inventory.models import Device, Node
 from controlplane.planning.plan import StagePlan
 
@@ -83,62 +83,6 @@ def revision_apply(*, deployment: Deployment, checked: CheckedPlan) -> None:
                                      f"({revision.get_source_display()})")
         deployment.save(update_fields=["status", "status_message", "last_updated"])
     dispatch.reconcile_on_commit(deployment_id=deployment.pk)
-
-
-# The deployment's settings that every stage spec carries and a running stage takes in place: the
-# serving switches an operator changes without a new plan (contracts §1, "respec").
-SERVING_SWITCHES = ("prefix_caching", "speculation", "speculative_tokens")
-
-
-def serving_switches(deployment: Deployment) -> dict[str, Any]:
-    """The deployment's serving switches, as its stage specs carry them."""
-    return {name: getattr(deployment, name) for name in SERVING_SWITCHES}
-
-
-def _switches_reason(deployment: Deployment, names: set[str]) -> str:
-    """What changed, in words: the reason of the reload it starts."""
-    reasons = []
-    if "prefix_caching" in names:
-        reasons.append(f"prefix caching turned {'on' if deployment.prefix_caching else 'off'}")
-    if names & {"speculation", "speculative_tokens"}:
-        reasons.append("speculation off" if deployment.speculation == "off" else
-                       f"speculation {deployment.speculation}, at most {deployment.speculative_tokens} "
-                       f"proposed tokens per step")
-    return "; ".join(reasons)
-
-
-def serving_switches_write(*, deployment: Deployment) -> list[DeploymentStage]:
-    """Write the deployment's serving switches (``SERVING_SWITCHES``) into the spec of every stage that
-    serves it or will (a held one, and the spec a prepared handover gives at its release), and ask for
-    a reconcile, which sends each changed spec. A stage takes them in place (contracts §1, "respec":
-    same layers, precision and KV pool, nothing reloaded), leaving its pipeline meanwhile: a serving
-    pipeline is reloading (not routed to, ``handover.reload_started``) until its stages are ready
-    again, so no request is sent into that pause. An outgoing pipeline finishes with the spec it runs.
-    The changed rows are returned."""
-    pipelines = {p.index: p for p in deployment.pipelines.all()}
-    rows = deployment.stages.filter(Q(wanted=True) | Q(held=True)).exclude(pipeline__in=[
-        index for index, p in pipelines.items() if p.phase == DeploymentPipeline.Phase.OUTGOING])
-    switches = serving_switches(deployment)
-    changed, names = [], set()
-    for row in rows.order_by("pipeline", "stage_index"):
-        fields = []
-        for name in ("spec", "next_spec"):
-            spec = getattr(row, name)
-            differ = {key for key, value in switches.items() if spec and spec.get(key) != value}
-            if differ:  # {}: not written yet
-                setattr(row, name, {**spec, **switches})
-                fields.append(name)
-                names |= differ
-        if fields:
-            row.save(update_fields=fields)
-            changed.append(row)
-    now, reason = timezone.now(), _switches_reason(deployment, names)
-    for index, pipeline in pipelines.items():
-        starting = [row.stage_key for row in changed if row.pipeline == index and row.wanted]
-        if starting and pipeline.phase == DeploymentPipeline.Phase.SERVING:
-            handover.reload_started(pipeline=pipeline, starting=starting, reason=reason, now=now)
-    dispatch.reconcile_on_commit(deployment_id=deployment.pk)
-    return changed
 
 
 Stages = list[tuple[Device, StagePlan]]
@@ -337,6 +281,8 @@ def _stage_spec(
     """
     start, end = stage.layers
     micro_batches = checked.micro_batches[pipeline.plan_replica]
+    switches = serving_switches(pipeline.deployment)
+    draft = switches.pop("draft")
     spec = StageSpec(
         pipeline_id=pipeline.pipeline_id,
         auth_token=pipeline.auth_token,
@@ -361,7 +307,8 @@ def _stage_spec(
             if device.emulated else None
         ),
         micro_batches=micro_batches if stage_index == 0 else None,
-        **serving_switches(pipeline.deployment),
+        draft=DraftLink(**draft) if draft is not None else None,
+        **switches,
     )
     try:
         spec.validate()

@@ -113,6 +113,11 @@ class Deployment(TimestampedModel):
         default=4, validators=[MinValueValidator(1), MaxValueValidator(MAX_SPECULATIVE_TOKENS)],
         help_text="The most tokens proposed per sequence and step (the adaptive count's ceiling).",
     )
+    draft_deployment = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="drafting_for",
+        help_text="With speculation \"draft\": the deployment serving the draft model that proposes "
+        "tokens (docs/deployments.md, \"Draft model\").",
+    )
     rebalance_policy = models.CharField(
         max_length=16, choices=RebalancePolicy.choices, default=RebalancePolicy.PROPOSE,
         help_text="What the rebalance policy does when a better plan exists (docs/deployments.md).",

@@ -31,6 +31,7 @@ from controlplane.deployments.models import (
 )
 from controlplane.deployments.revisions import plan_revision_check, replan_revision_create
 from controlplane.deployments.room import room_shortfalls
+from controlplane.deployments.serving_switches import serving_switches_stale, serving_switches_write
 from controlplane.planning import PlanningError
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,11 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
     start_timeout = timedelta(seconds=settings.MOTLEY_STAGE_START_TIMEOUT_S)
     if not deployment.stop_requested:
         handover.handovers_advance(deployment=deployment, now=now)
+        if serving_switches_stale(deployment=deployment):  # its draft's pipeline changed
+            serving_switches_write(deployment=deployment)
+    target = getattr(deployment, "drafting_for", None)
+    if target is not None and serving_switches_stale(deployment=target):  # this draft's pipeline changed
+        dispatch.reconcile_on_commit(deployment_id=target.pk)
     rows = list(deployment.stages.select_related("node", "device"))
     leaving = _leaving_by_device(rows)
     # Loads nobody waits for (a pipeline beside a serving one, a held stage) yield the CPU

@@ -17,11 +17,13 @@ from django.db import transaction
 from contracts.routing import DEFAULT_ROUTING_STRATEGY, ROUTING_STRATEGIES
 from contracts.stage_spec import MAX_SPECULATIVE_TOKENS, SPECULATION_MODES
 from controlplane.audit.services import SYSTEM, Actor, audit_record
-from controlplane.deployments import dispatch
-from controlplane.deployments.desired_state import SERVING_SWITCHES, revision_apply, serving_switches_write
+from controlplane.deployments import dispatch, drafts
+from controlplane.deployments.desired_state import revision_apply
 from controlplane.deployments.events import event_record
 from controlplane.deployments.models import Deployment, DeploymentEvent, PlanRevision
 from controlplane.deployments.revisions import plan_revision_check
+from controlplane.deployments.serving_switches import SERVING_SWITCHES, serving_switches_write
+from controlplane.models_catalog.models import LlmModel
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -31,28 +33,34 @@ if TYPE_CHECKING:
 def deployment_create(
     *, name: str, revision: PlanRevision, replan_on_failure: bool = True,
     routing_strategy: str = DEFAULT_ROUTING_STRATEGY, prefix_caching: bool = True,
-    speculation: str = "off", speculative_tokens: int = 4,
+    speculation: str = "off", speculative_tokens: int = 4, draft_model: LlmModel | None = None,
     created_by: AbstractBaseUser | None = None, actor: Actor = SYSTEM,
 ) -> Deployment:
     """Create a deployment whose desired state is ``revision`` and start deploying it (audited:
-    ``deployment.created``, by ``actor``)."""
-    _require_draft(revision)
+    ``deployment.created``, by ``actor``); with speculation ``"draft"``, ``draft_model`` is deployed
+    first as a deployment of its own where the planner places it (``drafts.py``)."""
+    _require_draft_revision(revision)
     _require_strategy(routing_strategy)
     _require_speculation(speculation, speculative_tokens)
     if Deployment.objects.filter(name=name).exists():
         raise ValidationError({"name": f"a deployment named {name!r} exists"})
+    if draft_model is not None and speculation != "draft":
+        raise ValidationError({"draft_model": 'a draft model serves only speculation "draft"'})
     checked = plan_revision_check(revision=revision)
+    draft = (_draft_create(target=name, target_revision=revision, draft_model=draft_model,
+                           proposals=speculative_tokens, actor=actor)
+             if speculation == "draft" else None)
     deployment = Deployment.objects.create(
         name=name, model=revision.model, replan_on_failure=replan_on_failure,
         routing_strategy=routing_strategy, prefix_caching=prefix_caching, speculation=speculation,
-        speculative_tokens=speculative_tokens, created_by=created_by,
+        speculative_tokens=speculative_tokens, draft_deployment=draft, created_by=created_by,
     )
     revision_apply(deployment=deployment, checked=checked)
     audit_record(actor=actor, action="deployment.created", target=deployment, detail={
         "model": revision.model.name, "revision": revision.pk, "source": revision.source,
         "routing_strategy": routing_strategy, "replan_on_failure": replan_on_failure,
         "prefix_caching": prefix_caching, "speculation": speculation,
-        "speculative_tokens": speculative_tokens,
+        "speculative_tokens": speculative_tokens, "draft_deployment": draft.name if draft else None,
     })
     return deployment
 
@@ -61,14 +69,15 @@ def deployment_create(
 def deployment_update(
     *, deployment: Deployment, routing_strategy: str | None = None, replan_on_failure: bool | None = None,
     rebalance_policy: str | None = None, prefix_caching: bool | None = None, speculation: str | None = None,
-    speculative_tokens: int | None = None, actor: Actor = SYSTEM,
+    speculative_tokens: int | None = None, draft_model: LlmModel | None = None, actor: Actor = SYSTEM,
 ) -> Deployment:
     """Change the settings that need no new plan; the gateway picks a new strategy up at its next
     refresh (in-flight requests finish where they are), the rebalance policy its next pass, and the
     stages a changed serving switch (``prefix_caching``, ``speculation``, ``speculative_tokens``) with
-    their spec, in place (``serving_switches_write``). A change
-    is audited (``deployment.updated``, each field's before and after); a request that changes
-    nothing records nothing."""
+    their spec, in place (``serving_switches_write``). Speculation turned to ``"draft"`` (or a new
+    ``draft_model``) deploys the draft model first (``drafts.py``); turned away from it, the draft
+    deployment is stopped. A change is audited (``deployment.updated``, each field's before and
+    after); a request that changes nothing records nothing."""
     deployment = Deployment.objects.select_for_update(no_key=True).get(pk=deployment.pk)
     changes = {}
     if routing_strategy is not None:
@@ -93,10 +102,11 @@ def deployment_update(
             changes[name] = [getattr(deployment, name), value]
             setattr(deployment, name, value)
     changes = {field: values for field, values in changes.items() if values[0] != values[1]}
+    _draft_follow(deployment=deployment, draft_model=draft_model, changes=changes, actor=actor)
     if changes:
         deployment.save(update_fields=[*changes, "last_updated"])
         audit_record(actor=actor, action="deployment.updated", target=deployment, detail=changes)
-    if set(changes) & set(SERVING_SWITCHES):
+    if set(changes) & {*SERVING_SWITCHES, "draft_deployment"}:
         serving_switches_write(deployment=deployment)
     return deployment
 
@@ -112,7 +122,7 @@ def deployment_apply(*, deployment: Deployment, revision: PlanRevision, actor: A
     deployment = Deployment.objects.select_for_update(no_key=True).get(pk=deployment.pk)
     if deployment.stop_requested:
         raise ValidationError({"deployment": f"deployment {deployment.name} is stopped"})
-    _require_draft(revision)
+    _require_draft_revision(revision)
     if revision.model_id != deployment.model_id:
         raise ValidationError(
             {"revision": f"the plan is for {revision.model}, the deployment serves {deployment.model}"}
@@ -148,8 +158,42 @@ def deployment_stop(*, deployment: Deployment, actor: Actor = SYSTEM) -> Deploym
     deployment.save(update_fields=["stop_requested", "status_message", "last_updated"])
     deployment.stages.filter(wanted=True).update(wanted=False)
     dispatch.reconcile_on_commit(deployment_id=deployment.pk)
+    if deployment.draft_deployment is not None:  # its draft serves nothing else
+        deployment_stop(deployment=deployment.draft_deployment, actor=actor)
     return deployment
 
+
+def _draft_create(*, target: str, target_revision: PlanRevision, draft_model: LlmModel | None,
+                  proposals: int, actor: Actor) -> Deployment:
+    """Deploy ``draft_model`` for the deployment ``target`` serving ``target_revision``'s plan."""
+    if draft_model is None:
+        raise ValidationError({"draft_model": 'speculation "draft" needs a draft_model: a smaller model '
+                                              "sharing the deployment's tokenizer"})
+    drafts.draft_model_check(target=target_revision.model, draft=draft_model)
+    revision = drafts.draft_revision(target_revision=target_revision, draft=draft_model, proposals=proposals)
+    return deployment_create(name=drafts.draft_name(target), revision=revision, actor=actor)
+
+
+def _draft_follow(*, deployment: Deployment, draft_model: LlmModel | None, changes: dict,
+                  actor: Actor) -> None:
+    """Deploy, replace or stop the deployment's draft deployment as its speculation now asks, recording
+    the change in ``changes`` (``draft_deployment``: the names before and after)."""
+    old = deployment.draft_deployment
+    wanted = deployment.speculation == "draft"
+    if draft_model is not None and not wanted:
+        raise ValidationError({"draft_model": 'a draft model serves only speculation "draft"'})
+    if wanted and old is not None and not old.stop_requested and draft_model in (None, old.model):
+        return
+    new = None
+    if wanted:
+        new = _draft_create(target=deployment.name, target_revision=deployment.revision,
+                            draft_model=draft_model or (old.model if old is not None else None),
+                            proposals=deployment.speculative_tokens, actor=actor)
+    if old is not None:
+        deployment_stop(deployment=old, actor=actor)
+    if new is not old:
+        deployment.draft_deployment = new
+        changes["draft_deployment"] = [old.name if old else None, new.name if new else None]
 
 def _require_strategy(strategy: str) -> None:
     if strategy not in ROUTING_STRATEGIES:
@@ -166,6 +210,6 @@ def _require_speculation(mode: str, tokens: int) -> None:
                                                      f"got {tokens!r}"})
 
 
-def _require_draft(revision: PlanRevision) -> None:
+def _require_draft_revision(revision: PlanRevision) -> None:
     if revision.status != PlanRevision.Status.DRAFT:
         raise ValidationError({"revision": f"plan revision {revision.pk} is {revision.status}, not a draft"})

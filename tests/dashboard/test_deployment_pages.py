@@ -8,7 +8,7 @@ from django.db.models import F
 from django.urls import reverse
 
 from controlplane.deployments.events import event_record
-from controlplane.deployments.models import DeploymentEvent
+from controlplane.deployments.models import Deployment, DeploymentEvent
 from tests.dashboard.seed import REQUEST
 
 
@@ -44,6 +44,19 @@ def test_deployments_page_has_the_speculation_switch_and_a_cell_per_stage_for_it
     stages = running_deployment.stages.count()
     cells = [body.count(f'data-live="{name}"') for name in ("spec_acceptance", "spec_tokens_per_step")]
     assert cells == [stages, stages]
+
+
+def test_deployments_page_offers_the_models_that_can_draft_and_names_the_draft_deployment(
+        operator_client, running_deployment):
+    small = running_deployment.model
+    small.pk, small.name, small.has_weights = None, "small", True  # another model, the same vocabulary
+    small.save()
+    draft = Deployment.objects.create(name="chat-draft", model=small)
+    running_deployment.speculation, running_deployment.draft_deployment = "draft", draft
+    running_deployment.save(update_fields=["speculation", "draft_deployment"])
+    body = operator_client.get(reverse("dashboard:deployments")).content.decode()
+    assert '<option value="draft" selected>draft</option>' in body
+    assert f'<option value="{small.pk}" selected>small</option>' in body and "served by chat-draft" in body
 
 
 def test_topology_lays_each_stage_over_its_gpu_and_marks_the_bottleneck(operator_client, running_deployment):

@@ -75,6 +75,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
     url = serializers.HyperlinkedIdentityField(view_name="deployment-detail")
     model_name = serializers.CharField(source="model.name", read_only=True)
     revision_number = serializers.IntegerField(source="revision.number", read_only=True, default=None)
+    draft_deployment_name = serializers.CharField(source="draft_deployment.name", read_only=True, default=None)
     stages = serializers.SerializerMethodField(
         help_text="Wanted stages first; stages still being stopped after a move follow.")
     pipelines = PipelineSerializer(many=True, read_only=True)
@@ -84,7 +85,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
         fields = [
             "id", "url", "name", "model", "model_name", "revision", "revision_number", "replan_on_failure",
             "routing_strategy", "rebalance_policy", "prefix_caching", "speculation", "speculative_tokens",
-            "status", "status_message",
+            "draft_deployment", "draft_deployment_name", "status", "status_message",
             "stop_requested", "stages", "pipelines", "created", "last_updated",
         ]
 
@@ -126,6 +127,10 @@ class DeploymentCreateSerializer(PlanInputSerializer):
     prefix_caching = serializers.BooleanField(default=True)
     speculation = serializers.ChoiceField(choices=SPECULATION_MODES, default="off")
     speculative_tokens = serializers.IntegerField(min_value=1, max_value=MAX_SPECULATIVE_TOKENS, default=4)
+    draft_model = serializers.PrimaryKeyRelatedField(
+        queryset=LlmModel.objects.all(), required=False, default=None,
+        help_text='With speculation "draft": the model that proposes tokens, deployed where the planner '
+        "places it (a smaller model sharing the tokenizer).")
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
@@ -144,6 +149,10 @@ class DeploymentUpdateSerializer(serializers.Serializer):
     speculation = serializers.ChoiceField(choices=SPECULATION_MODES, required=False)
     speculative_tokens = serializers.IntegerField(min_value=1, max_value=MAX_SPECULATIVE_TOKENS,
                                                   required=False)
+    draft_model = serializers.PrimaryKeyRelatedField(
+        queryset=LlmModel.objects.all(), required=False,
+        help_text='With speculation "draft": the model that proposes tokens (another one replaces the '
+        "draft deployment).")
 
     def validate(self, attrs):
         unknown = sorted(set(self.initial_data) - set(self.fields))

@@ -42,7 +42,7 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
                 name=values["name"], revision=revision, replan_on_failure=values["replan_on_failure"],
                 routing_strategy=values["routing_strategy"], prefix_caching=values["prefix_caching"],
                 speculation=values["speculation"], speculative_tokens=values["speculative_tokens"],
-                created_by=request.user,
+                draft_model=values["draft_model"], created_by=request.user,
                 actor=audit_context(request),
             )
         return Response(self._detail(deployment), status=status.HTTP_201_CREATED)

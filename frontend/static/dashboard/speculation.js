@@ -21,6 +21,20 @@ export function tokensPerStepText(stats) {
 export function showSpeculation(box, deployment) {
   box.querySelector('[data-field="speculation"]').value = deployment.speculation;
   box.querySelector('[data-field="speculative_tokens"]').value = deployment.speculative_tokens;
+  box.querySelector('[data-field="draft_deployment"]').textContent =
+    deployment.draft_deployment_name ? `served by ${deployment.draft_deployment_name}` : "";
+}
+
+// The PATCH body: the mode and the ceiling, and with speculation "draft" the chosen draft model (the
+// API deploys it where the planner places it; the same model as now changes nothing).
+export function speculationBody(box) {
+  const mode = box.querySelector('[data-field="speculation"]').value;
+  const draftModel = box.querySelector('[data-field="draft_model"]').value;
+  return {
+    speculation: mode,
+    speculative_tokens: Number(box.querySelector('[data-field="speculative_tokens"]').value),
+    ...(mode === "draft" && draftModel ? { draft_model: Number(draftModel) } : {}),
+  };
 }
 
 for (const box of document.querySelectorAll("[data-speculation]")) {
@@ -29,10 +43,7 @@ for (const box of document.querySelectorAll("[data-speculation]")) {
     result.textContent = "";
     result.className = "";
     try {
-      const deployment = await patchJSON(`/api/v1/deployments/${box.dataset.speculation}/`, {
-        speculation: box.querySelector('[data-field="speculation"]').value,
-        speculative_tokens: Number(box.querySelector('[data-field="speculative_tokens"]').value),
-      });
+      const deployment = await patchJSON(`/api/v1/deployments/${box.dataset.speculation}/`, speculationBody(box));
       showSpeculation(box, deployment);
       result.textContent = "applied";
     } catch (error) {
