@@ -75,7 +75,8 @@ def test_create_deploys_the_draft_on_the_spare_card_and_links_every_stage(api, n
 ])
 def test_a_bad_draft_is_a_400_naming_draft_model_and_creates_nothing(api, nodes, llm, small, tmp_path, sent,
                                                                       body, message):
-    models = {"small": small.pk, "tiny": llm.pk, "other-vocab": registered(tmp_path, "other", vocab_size=512).pk}
+    other = registered(tmp_path, "other", vocab_size=512)
+    models = {"small": small.pk, "tiny": llm.pk, "other-vocab": other.pk}
     if "draft_model" in body:
         body = {**body, "draft_model": models[body["draft_model"]]}
     response = api.post(URL, {"name": "tiny", "model": llm.pk, "plan": THREE_STAGES, "request": REQUEST,
@@ -132,7 +133,8 @@ def test_the_controller_follows_the_draft_to_its_new_pipeline(api, nodes, llm, s
     moved = edited_plan(("n3/gpu0", 0, 2))
     moved["replicas"][0]["stages"][0]["bits"] = 8
     deployment_apply(deployment=draft, revision=plan_revision_create(
-        model=small, plan=moved, request={**REQUEST, "max_quantized": 1.0}, source="edited", deployment=draft))
+        model=small, plan=moved, request={**REQUEST, "max_quantized": 1.0}, source="edited",
+        deployment=draft))
     assert links(target) == [was] * 3  # the old pipeline serves until the new one does
     sent.reconciles.clear()
     for _ in range(3):  # the new pipeline reports ready, takes over, the old one leaves

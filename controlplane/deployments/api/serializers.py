@@ -75,7 +75,8 @@ class DeploymentSerializer(serializers.ModelSerializer):
     url = serializers.HyperlinkedIdentityField(view_name="deployment-detail")
     model_name = serializers.CharField(source="model.name", read_only=True)
     revision_number = serializers.IntegerField(source="revision.number", read_only=True, default=None)
-    draft_deployment_name = serializers.CharField(source="draft_deployment.name", read_only=True, default=None)
+    draft_deployment_name = serializers.CharField(source="draft_deployment.name", read_only=True,
+                                                  default=None)
     stages = serializers.SerializerMethodField(
         help_text="Wanted stages first; stages still being stopped after a move follow.")
     pipelines = PipelineSerializer(many=True, read_only=True)
