@@ -18,8 +18,19 @@ from tests.support.processes import REPO_ROOT, redis_up, redis_url, stage_ports
 
 @pytest.fixture(scope="session")
 def demo_model(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("e2e-model") / "demo-6"
-    shape = ["--layers", "6", "--hidden", "64", "--intermediate", "128", "--heads", "4", "--kv-heads", "2"]
+    return _demo(tmp_path_factory, layers=6)
+
+
+@pytest.fixture(scope="session")
+def draft_model(tmp_path_factory) -> Path:
+    """A two-layer demo model: the demo tokenizer, so it can draft for ``demo_model``."""
+    return _demo(tmp_path_factory, layers=2)
+
+
+def _demo(tmp_path_factory, layers: int) -> Path:
+    out = tmp_path_factory.mktemp("e2e-model") / f"demo-{layers}"
+    shape = ["--layers", str(layers), "--hidden", "64", "--intermediate", "128", "--heads", "4",
+             "--kv-heads", "2"]
     subprocess.run([sys.executable, "-m", "worker_runtime.make_demo_model", str(out), *shape], cwd=REPO_ROOT,
                    check=True, capture_output=True)
     return out

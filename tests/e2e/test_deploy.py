@@ -58,12 +58,16 @@ def tokens_through(system: System, deployment_id: int, head_stats: list | None =
     return asyncio.run(run())
 
 
-def deploy(system: System, demo_model) -> int:
-    system.manage("register_model", str(demo_model), "--name", "demo")
-    model = system.get("/api/v1/models/?name=demo")["results"][0]["id"]
-    system.start_agents(["n0", "n1", "n2"])
+def registered(system: System, checkpoint, name: str) -> int:
+    system.manage("register_model", str(checkpoint), "--name", name)
+    return system.get(f"/api/v1/models/?name={name}")["results"][0]["id"]
+
+
+def deploy(system: System, demo_model, agents=("n0", "n1", "n2"), **options) -> int:
+    model = registered(system, demo_model, "demo")
+    system.start_agents(list(agents))
     body = {"name": "demo", "model": model, "plan": three_stages(2, 4), "request": REQUEST,
-            "source": "edited", "speculation": "lookup"}
+            "source": "edited", "speculation": "lookup", **options}
     response = system.post("/api/v1/deployments/", body)
     assert response.status_code == 201, response.text
     return response.json()["id"]
@@ -77,20 +81,28 @@ def pids(deployment: dict) -> dict[str, int]:
     return {s["stage_key"]: s["pid"] for s in deployment["stages"] if s["wanted"]}
 
 
-def test_embedded_deploy_and_generate_and_refuse_bad_join_tokens(embedded_system, demo_model):
+def test_embedded_deploy_and_generate_and_refuse_bad_join_tokens(embedded_system, demo_model, draft_model):
+    """With a draft model: deployed on the spare node, its pipeline linked from the head's spec, and
+    its proposals verified by the pipeline with the tokens unchanged."""
     system = embedded_system
-    pk = deploy(system, demo_model)
-    system.wait_status(pk, "ready", 90)
-    head_stats: list[dict] = []
-    assert tokens_through(system, pk, head_stats) == reference(demo_model)
-    assert head_stats[0]["spec_drafts"] >= 0  # the deployment's speculation reached its head's spec
+    small = registered(system, draft_model, "demo-draft")
+    pk = deploy(system, demo_model, agents=("n0", "n1", "n2", "n3"), speculation="draft", draft_model=small)
+    deployment = system.wait_status(pk, "ready", 90)
+    draft = system.wait_status(deployment["draft_deployment"], "ready", 90)
+    assert [s["node_name"] for s in draft["stages"]] == ["n3"]
+    expected, head_stats = reference(demo_model), []
+    for _ in range(10):  # the head's link to the draft pipeline comes up within its retry
+        assert tokens_through(system, pk, head_stats) == expected
+        if head_stats[-1]["spec_drafts"] > 0:
+            break
+    assert head_stats[-1]["spec_drafts"] > 0, head_stats[-1]
 
     # An agent with a wrong join token, then one with a revoked token, is refused and exits.
     system.revoke_join_token()
     for name, token in [("intruder", "mjt_wrong"), ("late", system.join_token)]:
         code = system.run_agent_until_exit(name, token, timeout_s=30)
         assert code != 0, name
-    assert sorted(n["name"] for n in system.get("/api/v1/nodes/")["results"]) == ["n0", "n1", "n2"]
+    assert sorted(n["name"] for n in system.get("/api/v1/nodes/")["results"]) == ["n0", "n1", "n2", "n3"]
 
 
 def test_service_deploy_move_a_boundary_and_survive_a_lost_node(service_system, demo_model):
