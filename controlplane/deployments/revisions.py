@@ -63,6 +63,9 @@ def plan_revision_check(
     model = revision.model
     if not model.has_weights:
         raise ValidationError({"model": planning_only_message(model)})
+    grouped = _tensor_parallel_stages(revision)
+    if grouped:
+        raise ValidationError({"plan": grouped})
     busy = devices_in_use(deployment=deployment)
     devices, problems = plan_devices(revision.plan, busy=busy, exclude_nodes=exclude_nodes)
     if problems:
@@ -81,6 +84,18 @@ def plan_revision_check(
         workload_kv_tokens=edited.batch * edited.context,
         micro_batches=[replica.micro_batches for replica in edited.replicas],
     )
+
+
+def _tensor_parallel_stages(revision: PlanRevision) -> list[str]:
+    """One message per stage of the plan that is a tensor-parallel group: the planner places them
+    (``PlanRequest.tensor_parallel``), the stage processes do not run them yet."""
+    try:
+        replicas = revision.placements
+    except PlanningError:
+        return []  # the planner's check names what is malformed
+    return [f"replica {r} stage {s} ({p.device} + {len(p.group) - 1} more on layers [{p.start}, {p.end})): "
+            f"tensor-parallel groups are planned but not yet served"
+            for r, stages in enumerate(replicas) for s, p in enumerate(stages) if p.group]
 
 
 def replan_revision_create(

@@ -72,6 +72,8 @@ def parser() -> argparse.ArgumentParser:
                    help="DEVICE:START-END, the device holds layers [START, END) (repeatable)")
     p.add_argument("--host-kv-gib", type=float, default=0.0,
                    help="host memory per stage for KV blocks evicted from the device (the host tier)")
+    p.add_argument("--tensor-parallel", action="store_true",
+                   help="search tensor-parallel groups of one node's cards jointly with the pipeline")
     p.add_argument("--baseline", choices=("even", "memory"), help="print a baseline split instead")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (docs/planner.md)")
     return root
@@ -90,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             objective=args.objective, bits=args.bits, max_quantized=args.max_quantized, max_kl=args.max_kl,
             replicas=args.replicas, exclude_nodes=tuple(args.exclude_node),
             exclude_devices=tuple(args.exclude_device), pins=tuple(args.pin),
-            host_kv_bytes=int(args.host_kv_gib * GIB),
+            host_kv_bytes=int(args.host_kv_gib * GIB), tensor_parallel=args.tensor_parallel,
         )
         result = baseline_plan(request, args.baseline) if args.baseline else plan(request)
     except (PlanningError, FleetFileError, UnsupportedModelError) as exc:
@@ -114,5 +116,7 @@ def render(result: Plan) -> str:
                          f"{s.bits:>2}-bit kv {s.kv_tokens:>9} step {s.step_ms:8.3f} ms  "
                          f"mem {s.memory.total_bytes / 2**30:6.1f}"
                          f"/{s.memory.capacity_bytes / 2**30:.1f} GiB")
+            lines.extend(f"    rank {r.device:<16} {r.kv_heads:>3} kv heads {r.columns:>6} MLP columns "
+                         f"{r.bits:>2}-bit" for r in s.group)
     lines.extend(f"- {line}" for line in result.explanation)
     return "\n".join(lines)

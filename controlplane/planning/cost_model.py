@@ -14,7 +14,6 @@ stage's through ``stage_footprint`` itself, every range's through the same sums 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -30,50 +29,21 @@ from contracts.footprint import (  # noqa: F401 (RESERVED_*: read through this m
     usable_bytes,
 )
 from contracts.hardware import DeviceSpec, FleetSpec, LinkSpec
+from controlplane.planning import tensor_parallel
 from controlplane.planning.plan import StagePrecision
 from controlplane.planning.request import PlanRequest
+from controlplane.planning.roofline import (  # noqa: F401 (read through this module too)
+    BANDWIDTH_EFFICIENCY,
+    DECODE_COMPUTE_EFFICIENCY,
+    LAYER_OVERHEAD_S,
+    PREFILL_COMPUTE_EFFICIENCY,
+    StageFit,
+    _peak,
+    bandwidth,
+    slowdown,
+)
 
-# Fractions of the spec sheet that real kernels reach. Calibration corrects them per device.
-BANDWIDTH_EFFICIENCY = 0.80
-DECODE_COMPUTE_EFFICIENCY = 0.50
-PREFILL_COMPUTE_EFFICIENCY = 0.60
-LAYER_OVERHEAD_S = 20e-6  # kernel launches and synchronisation per layer per step
 TOKEN_ID_BYTES = 4  # sampled token ids returned from the last stage to the first
-
-
-@dataclass(frozen=True)
-class StageFit:
-    """A stage's footprint (``contracts.footprint``) against the memory its device lets stages fill:
-    the planner gives the stage's KV pool whatever its weights and workspace leave."""
-
-    footprint: StageFootprint  # without a KV pool
-    capacity_bytes: int
-
-    @property
-    def weights_bytes(self) -> int:
-        return self.footprint.weights_bytes
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """KV bytes one token of context costs on this stage."""
-        return self.footprint.kv_bytes_per_token
-
-    @property
-    def workspace_bytes(self) -> int:
-        return self.footprint.workspace_bytes
-
-    def holding(self, kv_tokens: int) -> int:
-        """Bytes the stage needs with a KV cache of ``kv_tokens`` tokens."""
-        return self.footprint.holding(kv_tokens)
-
-    @property
-    def free_for_kv(self) -> int:
-        return self.capacity_bytes - self.weights_bytes - self.workspace_bytes
-
-    @property
-    def kv_tokens(self) -> int:
-        """Tokens of context (summed over sequences) this stage can cache."""
-        return self.footprint.kv_tokens_within(self.capacity_bytes)
 
 
 class StageFigures(NamedTuple):
@@ -85,28 +55,6 @@ class StageFigures(NamedTuple):
     excess_bytes: np.ndarray  # weights, KV and workspace beyond the device's capacity (<= 0: fits)
     slowdown: float  # calibration at the stages' last precision over throttling: times are multiplied by it
     bandwidth: float  # bytes per second
-
-
-def slowdown(device: DeviceSpec, bits: int = 16) -> float:
-    """What every time of a stage on this device is multiplied by: the device's calibration at the
-    precision of the stage's last layer (``StagePrecision.last_bits``, which its head shares), over
-    its throttling.
-
-    A stage that runs its last layers at a lower precision takes that precision's factor whatever
-    the number of them, so the split search counts low-bit layers under one factor
-    (``split_prices.py``); the calibration fit files such a stage's measurements under the same
-    precision (controlplane/telemetry/calibration.py).
-    """
-    return device.calibration_at(bits) / max(device.throttle_factor, 1e-3)
-
-
-def bandwidth(device: DeviceSpec) -> float:
-    """Bytes per second real kernels read from this device's memory."""
-    return device.memory_bandwidth_gbs * 1e9 * BANDWIDTH_EFFICIENCY
-
-
-def _peak(device: DeviceSpec) -> float:
-    return max(device.fp16_tflops, device.bf16_tflops) * 1e12
 
 
 def device_key(device: DeviceSpec) -> tuple:
@@ -172,17 +120,24 @@ class CostModel:
     # -- one stage ------------------------------------------------------------------------------
 
     def memory(self, device: DeviceSpec, stage: StagePrecision) -> StageFit:
-        """The stage's footprint on this device (``contracts.footprint``, as the agent admits it)."""
+        """The stage's footprint on this device (``contracts.footprint``, as the agent admits it); a
+        tensor-parallel group's per rank (``tensor_parallel.GroupFit``)."""
+        if getattr(stage, "group", ()):
+            return tensor_parallel.group_fit(self, stage)
         footprint = stage_footprint(self.model, stage.start, stage.end, stage.precision, batch=self.batch)
         return StageFit(footprint, usable_bytes(device))
 
     def decode_s(self, device: DeviceSpec, stage: StagePrecision, micro_batch: float) -> float:
-        """One decode step of a micro-batch through the stage's layers on this device."""
+        """One decode step of a micro-batch through the stage's layers on this device (or its group)."""
+        if getattr(stage, "group", ()):
+            return tensor_parallel.group_decode_s(self, stage, micro_batch)
         return float(self._decode(device, np.array(stage.start), np.array(stage.split), np.array(stage.end),
                                   stage.bits, stage.last_bits, micro_batch))
 
     def prefill_s(self, device: DeviceSpec, stage: StagePrecision, tokens: int) -> float:
         """Prefill of one prompt of ``tokens`` tokens: FLOP-bound, weights read at least once."""
+        if getattr(stage, "group", ()):
+            return tensor_parallel.group_prefill_s(self, stage, tokens)
         start, end = stage.start, stage.end
         last = end == self.num_layers
         flops = tokens * (self.flops[end] - self.flops[start] + self.head_flops * last / max(tokens, 1))
@@ -209,7 +164,10 @@ class CostModel:
         return micro_batch * TOKEN_ID_BYTES / (link.bandwidth_gbs * 1e9) + link.latency_us * 1e-6
 
     def limiting_resource(self, device: DeviceSpec, stage: StagePrecision, micro_batch: float) -> str:
-        """Whether the stage's decode step waits on memory bandwidth or on compute."""
+        """Whether the stage's decode step waits on memory bandwidth or on compute (or, for a
+        tensor-parallel group, on its all-reduces)."""
+        if getattr(stage, "group", ()):
+            return tensor_parallel.group_resource(self, stage, micro_batch)
         memory_s, compute_s = self._parts(device, np.array(stage.start), np.array(stage.split),
                                           np.array(stage.end), stage.bits, stage.last_bits, micro_batch)
         return "memory bandwidth" if memory_s >= compute_s else "compute"

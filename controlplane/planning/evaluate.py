@@ -101,7 +101,7 @@ def stage_plan(cost: CostModel, placement: Placement, following: DeviceSpec | No
             host_kv_bytes=host_kv_tokens * memory.kv_bytes_per_token),
         compute_ms=compute * 1e3, transfer_ms=transfer * 1e3, step_ms=max(compute, transfer) * 1e3,
         link=cost.link(device, following).kind if following is not None else None,
-        host_kv_tokens=host_kv_tokens,
+        host_kv_tokens=host_kv_tokens, group=placement.group,
     )
 
 

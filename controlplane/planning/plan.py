@@ -63,8 +63,22 @@ class StagePrecision:
 
 
 @dataclass(frozen=True)
+class Share:
+    """One rank of a tensor-parallel group: the key-value heads (with their query heads) and the MLP
+    columns of every layer of the stage it holds, and its precision (docs/planner.md, "Tensor-parallel
+    groups")."""
+
+    device: str
+    kv_heads: int
+    columns: int  # intermediate (MLP) columns, whole blocks of the quantization group
+    bits: int
+
+
+@dataclass(frozen=True)
 class Placement(StagePrecision):
-    """Where a stage runs and what it holds: the part of a plan an operator may edit."""
+    """Where a stage runs and what it holds: the part of a plan an operator may edit. A stage with a
+    ``group`` runs on two or more devices of one node, each holding its share of every layer;
+    ``device`` is then the group's first rank (it receives and passes on the hidden states)."""
 
     device: str
     start: int
@@ -72,10 +86,12 @@ class Placement(StagePrecision):
     bits: int
     low_bits: int | None = None
     low_from: int | None = None
+    group: tuple[Share, ...] = ()
 
     @classmethod
-    def at(cls, device: str, start: int, end: int, precision: Precision) -> "Placement":
-        return cls(device, start, end, precision.bits, precision.low_bits, precision.low_from)
+    def at(cls, device: str, start: int, end: int, precision: Precision,
+           group: tuple[Share, ...] = ()) -> "Placement":
+        return cls(device, start, end, precision.bits, precision.low_bits, precision.low_from, group)
 
 
 @dataclass(frozen=True)
@@ -105,6 +121,7 @@ class StagePlan(StagePrecision):
     low_bits: int | None = None
     low_from: int | None = None
     host_kv_tokens: int = 0  # KV tokens evicted from the device kept in host memory (host_tier.py)
+    group: tuple[Share, ...] = ()  # a tensor-parallel group's ranks, the first on ``device``; () for one card
 
     @property
     def layers(self) -> tuple[int, int]:
@@ -112,7 +129,7 @@ class StagePlan(StagePrecision):
 
     @property
     def placement(self) -> Placement:
-        return Placement.at(self.device, self.start, self.end, self.precision)
+        return Placement.at(self.device, self.start, self.end, self.precision, self.group)
 
 
 @dataclass(frozen=True)

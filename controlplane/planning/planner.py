@@ -26,6 +26,7 @@ from controlplane.planning.evaluate import (
     round_seconds,
 )
 from controlplane.planning.explain import explain, infeasible_message, min_replica_bytes, unused_devices
+from controlplane.planning.joint import joint_partition
 from controlplane.planning.ordering import EXACT_ORDER_LIMIT, candidate_orders, speed, topology_order
 from controlplane.planning.partition import bottleneck_partition, sum_partition, sum_partition_kl
 from controlplane.planning.plan import Placement, Plan
@@ -115,6 +116,13 @@ def _count_range(request: PlanRequest, cost: CostModel, devices: list[DeviceSpec
     limit = max(1, min(len(devices), int(sum(capacities) // max(need, 1))))
     for_memory = math.ceil(need / min(capacities))
     largest = useful_group_size(cost.batch, cost.num_layers, for_memory)
+    if request.tensor_parallel:  # a replica may use a whole node's cards as one group
+        nodes: dict[str, int] = {}
+        for d in devices:
+            nodes[d.node] = nodes.get(d.node, 0) + 1
+        largest = max(largest, *nodes.values())
+        if request.objective == "latency":  # one replica on the fastest node may be the fastest
+            return 1, limit
     return min(limit, max(1, len(devices) // largest)), limit
 
 
@@ -171,13 +179,17 @@ class _Search:
             found = self._plan_group(ordered)
             if found is not None:
                 names = [d.name for d in ordered]
-                found = ([names.index(p.device) for p in found[0]], found)
+                found = ([(names.index(p.device), tuple(names.index(s.device) for s in p.group))
+                          for p in found[0]], found)
             if key is not None:
                 self._memo[key] = found
         if found is None:
             return None
         positions, (placements, micro_batches) = found
-        placements = tuple(replace(p, device=ordered[i].name) for i, p in zip(positions, placements))
+        placements = tuple(
+            replace(p, device=ordered[i].name,
+                    group=tuple(replace(s, device=ordered[k].name) for s, k in zip(p.group, ranks)))
+            for (i, ranks), p in zip(positions, placements))
         return _GroupPlan(placements, micro_batches, round_seconds(self.cost, placements, micro_batches))
 
     def _signature(self, ordered: list[DeviceSpec]) -> tuple | None:
@@ -223,6 +235,8 @@ class _Search:
                      else sum_partition_kl(cost, orders[0], batch, bits, self.kl, self.pins))
             if chain is not None:
                 options.append((chain.stages, 1))
+        if request.tensor_parallel and not self.pins and self.kl is None:
+            options.extend(self._joint(ordered, budget, bits))
         if not options:
             return None
         rounds = [round_seconds(cost, *option) for option in options]
@@ -233,6 +247,24 @@ class _Search:
         return min((o for o, r in zip(options, rounds) if r * (1.0 - THROUGHPUT_TOLERANCE) <= fastest),
                    key=lambda o: (self._quality(o[0]), network_hops(cost, o[0]), rounds[options.index(o)],
                                   len(o[0])))
+
+    def _joint(self, ordered: list[DeviceSpec], budget: int, bits) -> list[tuple[tuple[Placement, ...], int]]:
+        """Plans with tensor-parallel groups (joint.py): the least bottleneck with the pipeline full, and
+        the least trip of one micro-batch, each at the micro-batch counts that pace it."""
+        cost, batch, options = self.cost, self.cost.batch, []
+        micro_batches, tried = min(batch, len(ordered)), set()
+        while batch > 1 and micro_batches not in tried:
+            tried.add(micro_batches)
+            found = joint_partition(cost, ordered, micro_batch_size(batch, micro_batches), budget, bits,
+                                    "bottleneck")
+            if found is None:
+                break
+            options.extend((found.stages, m) for m in range(1, min(batch, 2 * len(found.stages)) + 1))
+            micro_batches = min(batch, len(found.stages))
+        found = joint_partition(cost, ordered, batch, budget, bits, "chain")
+        if found is not None:
+            options.append((found.stages, 1))
+        return options
 
     def _respect_pins(self, order: list[DeviceSpec]) -> list[DeviceSpec]:
         """A fixed order must visit pinned devices in the order of their layers: keep the free

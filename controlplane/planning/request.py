@@ -82,6 +82,10 @@ class PlanRequest:
     # The deployment's speculative decoding, which the predicted decode tokens/s count (speculation.py);
     # it does not change where layers go.
     speculation: Speculation = field(default_factory=Speculation)
+    # Search tensor-parallel groups jointly with the pipeline (joint.py). Off by default: deployments
+    # refuse plans with groups until the stage runtime serves them (docs/planner.md,
+    # "Tensor-parallel groups").
+    tensor_parallel: bool = False
 
     def __post_init__(self) -> None:
         if self.host_kv_bytes < 0:

@@ -17,6 +17,7 @@ from controlplane.planning.plan import (
     Placement,
     Plan,
     ReplicaPlan,
+    Share,
     StagePlan,
 )
 from controlplane.planning.request import PlanningError
@@ -34,6 +35,19 @@ def _bottleneck(b: Bottleneck) -> dict[str, Any]:
     return {k: getattr(b, k) for k in _BOTTLENECK}
 
 
+_SHARE = ("device", "kv_heads", "columns", "bits")
+
+
+def _group(shares) -> dict[str, Any]:
+    """A tensor-parallel stage's ``group`` (absent for a stage on one card, so such plans read as before)."""
+    return {"group": [{k: getattr(share, k) for k in _SHARE} for share in shares]} if shares else {}
+
+
+def _shares(d: Mapping[str, Any]) -> tuple[Share, ...]:
+    return tuple(Share(str(g["device"]), int(g["kv_heads"]), int(g["columns"]), int(g["bits"]))
+                 for g in d.get("group") or ())
+
+
 def _stage(s: StagePlan) -> dict[str, Any]:
     return {
         "device": s.device, "node": s.node, "gpu_model": s.gpu_model, "layers": [s.start, s.end],
@@ -41,7 +55,7 @@ def _stage(s: StagePlan) -> dict[str, Any]:
         "host_kv_tokens": s.host_kv_tokens,
         "memory": {k: getattr(s.memory, k) for k in _MEMORY},
         "predicted": {"compute_ms": s.compute_ms, "transfer_ms": s.transfer_ms, "step_ms": s.step_ms},
-        "link": s.link,
+        "link": s.link, **_group(s.group),
     }
 
 
@@ -66,7 +80,8 @@ def plan_from_dict(data: Mapping[str, Any]) -> Plan:
         return StagePlan(device=d["device"], node=d["node"], gpu_model=d["gpu_model"], start=start, end=end,
                          bits=d["bits"], low_bits=d.get("low_bits"), low_from=d.get("low_from"),
                          kv_tokens=d["kv_tokens"], host_kv_tokens=d.get("host_kv_tokens", 0),
-                         memory=MemoryBreakdown(**d["memory"]), link=d["link"], **d["predicted"])
+                         memory=MemoryBreakdown(**d["memory"]), link=d["link"], group=_shares(d),
+                         **d["predicted"])
 
     return Plan(
         kind=data["kind"], model=data["model"], fleet=data["fleet"], objective=data["objective"],
@@ -104,9 +119,11 @@ def placements_from_dict(data: Mapping[str, Any]) -> tuple[tuple[tuple[Placement
             stages = []
             for s in r["stages"]:
                 start, end = s["layers"]
-                stages.append(Placement.at(str(s["device"]), int(start), int(end), Precision.of(s)))
+                stages.append(Placement.at(str(s["device"]), int(start), int(end), Precision.of(s),
+                                           _shares(s)))
             replicas.append((tuple(stages), r.get("micro_batches")))
         return tuple(replicas)
     except (KeyError, TypeError, ValueError) as exc:
         raise PlanningError(f"plan: malformed ({exc!r}); expected replicas[].stages[] with device, "
-                            f"layers [start, end), bits and optionally low_bits with low_from") from None
+                            f"layers [start, end), bits and optionally low_bits with low_from "
+                            f"and a group") from None

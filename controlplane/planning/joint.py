@@ -1,0 +1,234 @@
+"""The joint search of pipeline stages and tensor-parallel groups (docs/planner.md, "Tensor-parallel groups").
+
+A *unit* is one card or a tensor-parallel group (``tensor_parallel.can_group``: two or more cards of
+one node linked by NVLink or PCIe). A plan is a sequence of disjoint units, each taking one
+contiguous range of layers at one precision (a group's ranks all at it), with at most the request's
+budget of low-bit layers. Two objectives, as for pipelines of cards:
+
+- ``bottleneck``: the slowest stage step or hop, for a micro-batch (the pipeline full);
+- ``chain``: the sum of stage steps and hops and the return of the sampled tokens, for the whole
+  batch as one micro-batch (what a token waits at batch 1).
+
+A dynamic programme over (low-bit layers so far, layer boundary) extends a plan by one unit at a
+time: ``V'[c, j] = min over i, precision of op(E[c - low layers, i], M[i, j])`` with ``op`` the max
+(bottleneck) or the sum (chain) and E the previous unit's values combined with the hop into it.
+
+The space searched: with up to ``EXACT_DEVICES`` devices, every sequence of disjoint units over every
+subset of the devices, every group of every node (a depth-first walk over sequences sharing the
+values of their common prefixes): exact, as ``tests/planning/test_exact_groups.py`` holds against
+enumeration. Beyond that (the cap that keeps it tractable): each node contributes its k fastest
+group-eligible cards as one group, the same k on every node for k = 2 .. the most a node has, the
+other cards staying single, and the units are taken in topology order, each used or skipped with
+the hop from the unit before it (as the fixed-order pipeline search).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from contracts.hardware import DeviceSpec
+from controlplane.planning.cost_model import CostModel
+from controlplane.planning.ordering import speed, topology_order
+from controlplane.planning.plan import Placement
+from controlplane.planning.tensor_parallel import can_group, group_matrix, group_placement, layout
+
+EXACT_DEVICES = 4  # every subset and order up to this many devices in a replica's group of devices
+INF = float("inf")
+Op = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Unit:
+    devices: tuple[DeviceSpec, ...]
+    full: np.ndarray  # M[i, j] at 16 bits (inf: not allowed or does not fit)
+    low: np.ndarray  # the fastest low precision
+    low_bits: np.ndarray  # which one (0 where none)
+
+
+@dataclass(frozen=True)
+class JointResult:
+    stages: tuple[Placement, ...]
+    objective_s: float
+    quantized: int
+
+
+def _unit(cost: CostModel, devices: tuple[DeviceSpec, ...], bits: Sequence[int], micro_batch: float) -> Unit:
+    n = cost.num_layers + 1
+    prices = {b: (cost.decode_matrix(devices[0], b, micro_batch) if len(devices) == 1
+                  else group_matrix(cost, devices, b, micro_batch)) for b in bits}
+    full = prices.get(16, np.full((n, n), INF))
+    low, low_bits = np.full((n, n), INF), np.zeros((n, n), dtype=int)
+    for b in sorted((b for b in bits if b < 16), reverse=True):  # the highest of equally fast ones
+        better = prices[b] < low
+        low, low_bits = np.where(better, prices[b], low), np.where(better, b, low_bits)
+    return Unit(devices, full, low, low_bits)
+
+
+def candidate_groups(cost: CostModel, devices: Sequence[DeviceSpec]) -> list[tuple[DeviceSpec, ...]]:
+    """Every group of the devices the search considers (see the module doc)."""
+    if layout(cost.model) is None:
+        return []
+    by_node: dict[str, list[DeviceSpec]] = {}
+    for d in topology_order(list(devices), cost.fleet):
+        by_node.setdefault(d.node, []).append(d)
+    if len(devices) <= EXACT_DEVICES:
+        return [g for cards in by_node.values() for k in range(2, len(cards) + 1)
+                for g in itertools.combinations(cards, k) if can_group(cost, g)]
+    found = []
+    for cards in by_node.values():
+        fastest = sorted(cards, key=lambda d: -speed(d))
+        found += [g for k in range(2, len(cards) + 1) if can_group(cost, g := tuple(fastest[:k]))]
+    return found
+
+
+class _Tables:
+    """Index arrays of the extension step for one (budget, layers) shape."""
+
+    def __init__(self, budget: int, layers: int) -> None:
+        counts, n = budget + 1, layers + 1
+        c, i, j = np.arange(counts)[:, None, None], np.arange(n)[None, :, None], np.arange(n)[None, None, :]
+        shifted = c - (j - i)
+        self.valid = (shifted >= 0) & (j > i)
+        self.rows = np.where(self.valid, shifted, 0)
+        self.cols = np.broadcast_to(i, self.rows.shape)
+        self.start = np.full((counts, n), INF)
+        self.start[0, 0] = 0.0
+
+
+def _extend(tables: _Tables, entry: np.ndarray, unit: Unit, op: Op) -> np.ndarray:
+    """V[c, j] = min over i and precision of op(E[c - low layers, i], M[i, j])."""
+    full = op(entry[:, :, None], unit.full[None]).min(axis=1)
+    shifted = np.where(tables.valid, entry[tables.rows, tables.cols], INF)
+    return np.minimum(full, op(shifted, unit.low[None]).min(axis=1))
+
+
+def _stage(cost: CostModel, entry: np.ndarray, value: np.ndarray, unit: Unit, op: Op, count: int, end: int,
+           micro_batch: float) -> tuple[Placement, int, int]:
+    """The stage ending at ``end`` that gave V[count, end]: (placement, its start, its low layers)."""
+    target = value[count, end]
+    for start in range(end):
+        if op(entry[count, start], unit.full[start, end]) == target:
+            return _placement(cost, unit, start, end, 16, micro_batch), start, 0
+        before = count - (end - start)
+        if before >= 0 and op(entry[before, start], unit.low[start, end]) == target:
+            bits = int(unit.low_bits[start, end])
+            return _placement(cost, unit, start, end, bits, micro_batch), start, end - start
+    raise AssertionError("no stage reaches the value")  # pragma: no cover
+
+
+def _placement(cost: CostModel, unit: Unit, start: int, end: int, bits: int, micro_batch: float) -> Placement:
+    if len(unit.devices) == 1:
+        return Placement(unit.devices[0].name, start, end, bits)
+    return group_placement(cost, unit.devices, start, end, bits, micro_batch)
+
+
+def joint_partition(cost: CostModel, devices: Sequence[DeviceSpec], micro_batch: float, budget: int,
+                    bits: Sequence[int], objective: str) -> JointResult | None:
+    """The best plan of the space above (its plans of single cards included); None when the devices form
+    no group or nothing fits."""
+    groups = candidate_groups(cost, devices)
+    if not groups:
+        return None
+    op: Op = np.maximum if objective == "bottleneck" else np.add
+    budget = min(budget, cost.num_layers)
+    tables = _Tables(budget, cost.num_layers)
+    units = {g: _unit(cost, g, bits, micro_batch) for g in [(d,) for d in devices] + groups}
+    hop = {(a.name, b.name): cost.hop_s(a, b, micro_batch) for a in devices for b in devices if a is not b}
+    if len(devices) <= EXACT_DEVICES:
+        return _exhaustive(cost, tables, units, hop, op, objective, micro_batch)
+    best = None
+    for k in range(2, max(len(g) for g in groups) + 1):
+        chosen = [g for g in groups if len(g) == k]
+        if chosen:
+            found = _ordered(cost, tables, units, hop, op, chosen, devices, micro_batch)
+            if found is not None and (best is None or (found.objective_s, found.quantized)
+                                      < (best.objective_s, best.quantized)):
+                best = found
+    return best
+
+
+def _best(value: np.ndarray, extra: float = 0.0) -> tuple[float, int]:
+    """(least value over the counts at the last boundary, fewest low-bit layers reaching it)."""
+    last = value[:, -1] + extra
+    best = float(last.min())
+    return best, int(np.flatnonzero(last == best)[0]) if np.isfinite(best) else 0
+
+
+def _exhaustive(cost, tables, units, hop, op, objective, micro_batch) -> JointResult | None:
+    """Depth-first over every sequence of disjoint units; a node keeps (parent, unit, entry, value)."""
+    keys = list(units)
+    best: tuple[float, int, int] | None = None  # (value, count, node)
+    nodes: list[tuple[int, tuple, np.ndarray, np.ndarray, tuple]] = []
+
+    def visit(parent: int, key: tuple, entry: np.ndarray, used: frozenset, first: tuple) -> None:
+        nonlocal best
+        value = _extend(tables, entry, units[key], op)
+        if not np.isfinite(value).any():
+            return
+        nodes.append((parent, key, entry, value, first))
+        me = len(nodes) - 1
+        back = 0.0 if objective == "bottleneck" else cost.return_s(key[0], first[0], micro_batch)
+        total, count = _best(value, back)
+        if np.isfinite(total) and (best is None or (total, count) < best[:2]):
+            best = (total, count, me)
+        for nxt in keys:
+            if used.isdisjoint(d.name for d in nxt):
+                step = hop[(key[0].name, nxt[0].name)]
+                visit(me, nxt, op(value, step), used | {d.name for d in nxt}, first)
+
+    for key in keys:
+        visit(-1, key, tables.start, frozenset(d.name for d in key), key)
+    if best is None:
+        return None
+    total, count, node = best
+    stages, end = [], cost.num_layers
+    while node >= 0:
+        parent, key, entry, value, _ = nodes[node]
+        placement, end, low = _stage(cost, entry, value, units[key], op, count, end, micro_batch)
+        stages.append(placement)
+        count -= low
+        node = parent
+    stages.reverse()
+    return JointResult(tuple(stages), total, sum(s.quantized_layers for s in stages))
+
+
+def _ordered(cost, tables, units, hop, op, groups, devices, micro_batch) -> JointResult | None:
+    """Units in topology order (the groups at their first card, the other cards single), each used or
+    skipped; the hop into a unit comes from the unit before it in the order."""
+    order = topology_order(list(devices), cost.fleet)
+    sequence, seen = [], set()
+    for d in order:
+        group = next((g for g in groups if d in g), None)
+        if group is None:
+            sequence.append((d,))
+        elif group not in seen:
+            seen.add(group)
+            sequence.append(group)
+    row = tables.start
+    trace = []
+    for index, key in enumerate(sequence):
+        entry = tables.start if index == 0 else np.minimum(
+            op(row, hop[(sequence[index - 1][0].name, key[0].name)]), tables.start)
+        taken = _extend(tables, entry, units[key], op)
+        use = taken < row
+        trace.append((entry, taken, use))
+        row = np.where(use, taken, row)
+    total, count = _best(row)
+    if not np.isfinite(total):
+        return None
+    stages, end = [], cost.num_layers
+    for index in range(len(sequence) - 1, -1, -1):
+        entry, taken, use = trace[index]
+        if end == 0:
+            break
+        if not use[count, end]:
+            continue
+        placement, end, low = _stage(cost, entry, taken, units[sequence[index]], op, count, end, micro_batch)
+        stages.append(placement)
+        count -= low
+    stages.reverse()
+    return JointResult(tuple(stages), total, sum(s.quantized_layers for s in stages))

@@ -1,0 +1,270 @@
+"""Tensor-parallel groups: uneven shares of a stage's layers on two or more cards of one node.
+
+A group stage holds layers [start, end) on every rank: rank r keeps ``kv_heads[r]`` of the model's
+key-value heads (with their query heads and their rows of the output projection) and ``columns[r]``
+of the MLP's intermediate columns (gate/up columns and down rows), a whole number of quantization
+groups, and the same share of the ``lm_head``'s vocabulary on the last stage. A rank's weights,
+FLOPs and KV are its fractions of the stage's: attention scales with its heads, the MLP and the head
+with its columns (``Layout.attention``: the share of a layer's matmul weights in attention). Each
+rank is priced by the cost model's roofline for one stage (``cost_model``: bytes at the bandwidth,
+FLOPs at the peak, the per-layer overhead, the calibration at its precision); the group's decode
+step is the slowest rank plus two all-reduces of the micro-batch's hidden states per layer (after
+attention and after the MLP) and, on the last stage, a gather of the fp32 logits to the first rank.
+
+Collectives over the group's link (the slowest pairwise ``FleetSpec.link_between`` of its cards:
+bandwidth ``bw``, latency ``a``), n ranks, B bytes per rank (the alpha-beta model):
+
+    all_reduce(B) = min(ring: 2(n-1) a + 2(n-1)/n B / bw,  one-shot: a + (n-1) B / bw)
+    gather(B)     = a + (n-1)/n B / bw
+
+the ring for large messages (prefill), the one-shot (every rank sends its partial sums to every
+peer and adds what it receives) for decode's small ones.
+
+Shares: the heads and columns in proportion to each card's speed (its memory bandwidth over its
+calibration: decode reads weights), or, where that does not fit a card, to its usable memory;
+per range and precision the faster of the two that fits every rank. Each rank gets at least one
+head and one block of columns. The embedding stays whole on the first rank, every rank keeps the
+workspace (hidden states are replicated) and the last stage's logits.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from contracts.footprint import StageFootprint, usable_bytes
+from contracts.hardware import DeviceSpec, LinkSpec
+from controlplane.planning.plan import Placement, Share, StagePrecision
+from controlplane.planning.roofline import (
+    DECODE_COMPUTE_EFFICIENCY,
+    LAYER_OVERHEAD_S,
+    PREFILL_COMPUTE_EFFICIENCY,
+    StageFit,
+    _peak,
+    bandwidth,
+    slowdown,
+)
+
+GROUP_LINKS = ("nvlink", "pcie")  # links a group's cards may share
+LOGIT_BYTES = 4
+DEFAULT_BLOCK = 128  # MLP columns per block when the profile names no quantization group
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the shares split: key-value heads, MLP columns in blocks, and attention's share of a
+    layer's matmul weights and FLOPs."""
+
+    kv_heads: int
+    columns: int
+    block: int
+    attention: float
+
+
+def layout(model) -> Layout | None:
+    """The model's layout from its profile (``contracts.profiler``'s ``extra``); None when it does not
+    say its heads (no group is then considered)."""
+    extra = model.extra or {}
+    try:
+        hidden, heads, kv = model.hidden_size, int(extra["num_heads"]), int(extra["num_kv_heads"])
+        head_dim, columns = int(extra.get("head_dim") or hidden // heads), int(extra["intermediate_size"])
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    block = int((extra.get("quantization") or {}).get("group_size") or DEFAULT_BLOCK)
+    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv * head_dim
+    mlp = 3 * hidden * columns
+    if kv < 2 or columns < 2 * block:
+        return None
+    return Layout(kv, columns, block, attention / (attention + mlp))
+
+
+def _whole(weights: list[float], total: int) -> list[int]:
+    """``total`` split in proportion to ``weights``, at least 1 each, by largest remainder."""
+    spare = total - len(weights)
+    exact = [spare * w / sum(weights) for w in weights]
+    parts = [int(x) for x in exact]
+    for i in sorted(range(len(weights)), key=lambda i: (parts[i] - exact[i], i))[: spare - sum(parts)]:
+        parts[i] += 1
+    return [p + 1 for p in parts]
+
+
+def share_candidates(cost, devices: tuple[DeviceSpec, ...], bits: int) -> tuple[tuple[Share, ...], ...]:
+    """The shares considered for a group at a precision: by speed, and by usable memory."""
+    lay = layout(cost.model)
+    found: list[tuple[Share, ...]] = []
+    for weights in ([bandwidth(d) / slowdown(d, bits) for d in devices],
+                    [max(usable_bytes(d), 1) for d in devices]):
+        heads = _whole(weights, lay.kv_heads)
+        blocks = _whole(weights, lay.columns // lay.block)
+        columns = [b * lay.block for b in blocks]
+        columns[-1] += lay.columns - sum(columns)
+        shares = tuple(Share(d.name, h, c, bits) for d, h, c in zip(devices, heads, columns))
+        if shares not in found:
+            found.append(shares)
+    return tuple(found)
+
+
+def group_link(cost, devices) -> LinkSpec:
+    """The slowest link between two of the group's cards (its collectives wait on it)."""
+    links = [cost.link(a, b) for a, b in itertools.permutations(devices, 2)]
+    kind = "nvlink" if all(link.kind == "nvlink" for link in links) else "pcie"
+    return LinkSpec(devices[0].name, devices[-1].name, kind, min(link.bandwidth_gbs for link in links),
+                    max(link.latency_us for link in links))
+
+
+def can_group(cost, devices) -> bool:
+    """Two or more cards of one node, linked pairwise by NVLink or PCIe, no more than the model's
+    key-value heads, on a model whose profile says its layout."""
+    lay = layout(cost.model)
+    return (lay is not None and 2 <= len(devices) <= lay.kv_heads and len({d.node for d in devices}) == 1
+            and all(cost.link(a, b).kind in GROUP_LINKS for a, b in itertools.combinations(devices, 2)))
+
+
+def all_reduce_s(link: LinkSpec, ranks: int, nbytes):
+    bw, latency = link.bandwidth_gbs * 1e9, link.latency_us * 1e-6
+    ring = 2 * (ranks - 1) * latency + 2 * (ranks - 1) / ranks * nbytes / bw
+    return np.minimum(ring, latency + (ranks - 1) * nbytes / bw)
+
+
+def gather_s(link: LinkSpec, ranks: int, nbytes):
+    return link.latency_us * 1e-6 + (ranks - 1) / ranks * nbytes / (link.bandwidth_gbs * 1e9)
+
+
+def _rank(cost, lay: Layout, share: Share, first: bool, starts, ends, micro_batch: float,
+          tokens: float | None):
+    """(seconds, bytes kept, footprint parts) of one rank for stages [starts, ends) at ``share.bits``;
+    ``tokens``: a prefill of that many tokens instead of a decode step."""
+    device, b = cost.device(share.device), share.bits
+    heads, cols = share.kv_heads / lay.kv_heads, share.columns / lay.columns
+    part = lay.attention * heads + (1.0 - lay.attention) * cols
+    last = ends == cost.num_layers
+    weights = (cost.weights[b][ends] - cost.weights[b][starts]) * part + cost.head_bytes[b] * cols * last
+    kv = (cost.kv[ends] - cost.kv[starts]) * heads
+    matmul = (cost.flops[ends] - cost.flops[starts]) * part
+    attention = (cost.attn[ends] - cost.attn[starts]) * heads
+    if tokens is None:
+        flops = micro_batch * (matmul + cost.head_flops * cols * last + attention * cost.kv_context)
+        busy = np.maximum((weights + kv * micro_batch * cost.kv_context) / bandwidth(device),
+                          flops / (_peak(device) * DECODE_COMPUTE_EFFICIENCY))
+    else:
+        flops = tokens * matmul + cost.head_flops * cols * last + attention * tokens * tokens / 2.0
+        busy = np.maximum(flops / (_peak(device) * PREFILL_COMPUTE_EFFICIENCY), weights / bandwidth(device))
+    seconds = (busy + (ends - starts) * LAYER_OVERHEAD_S) * slowdown(device, b)
+    stored = weights + cost.embedding_bytes * (starts == 0) * first
+    workspace = cost.workspace + cost.logits * last
+    return seconds, stored + kv * cost.kv_required + workspace, (stored, kv, workspace)
+
+
+def _priced(cost, shares: tuple[Share, ...], starts, ends, micro_batch: float, tokens: float | None = None):
+    """Step (or prefill) seconds of the group with these shares, inf where a rank does not fit."""
+    lay = layout(cost.model)
+    devices = [cost.device(s.device) for s in shares]
+    link = group_link(cost, devices)
+    slowest, fits = 0.0, ends > starts
+    for index, share in enumerate(shares):
+        seconds, kept, _ = _rank(cost, lay, share, index == 0, starts, ends, micro_batch, tokens)
+        slowest = np.maximum(slowest, seconds)
+        fits = fits & (kept <= usable_bytes(devices[index]))
+    moved = micro_batch if tokens is None else tokens
+    reduce = (ends - starts) * 2 * all_reduce_s(link, len(shares), moved * cost.activation_bytes)
+    sampled = 1 if tokens is not None else moved  # a prefill samples its last token only
+    logits = gather_s(link, len(shares), sampled * cost.model.vocab_size * LOGIT_BYTES)
+    return np.where(fits, slowest + reduce + logits * (ends == cost.num_layers), np.inf)
+
+
+def group_matrix(cost, devices: tuple[DeviceSpec, ...], bits: int, micro_batch: float) -> np.ndarray:
+    """M[i, j] = decode step of layers [i, j) at ``bits`` on the group, over its share candidates
+    (the faster that fits); inf where none fits."""
+    def make():
+        n = cost.num_layers + 1
+        starts, ends = np.arange(n)[:, None], np.arange(n)[None, :]
+        best = np.full((n, n), np.inf)
+        for shares in share_candidates(cost, devices, bits):
+            best = np.minimum(best, _priced(cost, shares, starts, ends, micro_batch))
+        best.setflags(write=False)
+        return best
+    return cost.remember(("group", tuple(d.name for d in devices), bits, micro_batch), make)
+
+
+def group_placement(cost, devices, start: int, end: int, bits: int, micro_batch: float) -> Placement:
+    """The placement of a group stage with the shares ``group_matrix`` priced it at."""
+    options = share_candidates(cost, devices, bits)
+    times = [float(_priced(cost, s, np.array(start), np.array(end), micro_batch)) for s in options]
+    shares = options[int(np.argmin(times))]
+    return Placement(devices[0].name, start, end, bits, group=shares)
+
+
+def group_decode_s(cost, stage: StagePrecision, micro_batch: float) -> float:
+    return float(_priced(cost, stage.group, np.array(stage.start), np.array(stage.end), micro_batch))
+
+
+def group_prefill_s(cost, stage: StagePrecision, tokens: int) -> float:
+    return float(_priced(cost, stage.group, np.array(stage.start), np.array(stage.end), 1.0, tokens))
+
+
+@dataclass(frozen=True)
+class GroupFit:
+    """A group stage's footprints, one per rank (``StageFit``s), read as one stage: bytes summed over
+    the ranks, the KV tokens every rank can cache for its heads."""
+
+    ranks: tuple
+
+    @property
+    def weights_bytes(self) -> int:
+        return sum(r.weights_bytes for r in self.ranks)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return sum(r.kv_bytes_per_token for r in self.ranks)
+
+    @property
+    def workspace_bytes(self) -> int:
+        return sum(r.workspace_bytes for r in self.ranks)
+
+    @property
+    def capacity_bytes(self) -> int:
+        return sum(r.capacity_bytes for r in self.ranks)
+
+    @property
+    def kv_tokens(self) -> int:
+        return min(r.kv_tokens for r in self.ranks)
+
+    def holding(self, kv_tokens: int) -> int:
+        """Bytes the group needs for ``kv_tokens``: summed, or beyond the usable memory where any rank
+        overflows its own (so one comparison with ``capacity_bytes`` reads as every rank's)."""
+        if any(r.holding(kv_tokens) > r.capacity_bytes for r in self.ranks):
+            return self.capacity_bytes + max(r.holding(kv_tokens) - r.capacity_bytes for r in self.ranks)
+        return sum(r.holding(kv_tokens) for r in self.ranks)
+
+
+def group_fit(cost, stage: StagePrecision) -> GroupFit:
+    lay = layout(cost.model)
+    ranks = []
+    for index, share in enumerate(stage.group):
+        _, _, (stored, kv, workspace) = _rank(cost, lay, share, index == 0, np.array(stage.start),
+                                              np.array(stage.end), 1.0, None)
+        footprint = StageFootprint(int(round(float(stored))), int(round(float(kv))), 0, int(workspace))
+        ranks.append(StageFit(footprint, usable_bytes(cost.device(share.device))))
+    return GroupFit(tuple(ranks))
+
+
+def group_resource(cost, stage: StagePrecision, micro_batch: float) -> str:
+    """What bounds a group's step: its collectives, or its slowest rank's memory bandwidth or compute."""
+    lay = layout(cost.model)
+    devices = [cost.device(s.device) for s in stage.group]
+    start, end = np.array(stage.start), np.array(stage.end)
+    ranks = [_rank(cost, lay, s, i == 0, start, end, micro_batch, None)[0] for i, s in enumerate(stage.group)]
+    reduce = (stage.end - stage.start) * 2 * float(all_reduce_s(group_link(cost, devices), len(devices),
+                                                                micro_batch * cost.activation_bytes))
+    if reduce >= max(ranks):
+        return "all-reduce"
+    slow = stage.group[int(np.argmax(ranks))]
+    device = cost.device(slow.device)
+    # The rank's share scales its bytes and FLOPs alike: the whole stage's ratio is the rank's.
+    flops_s = micro_batch * float(cost.flops[stage.end] - cost.flops[stage.start]) / (
+        _peak(device) * DECODE_COMPUTE_EFFICIENCY)
+    weights = cost.weights[slow.bits]
+    read_s = float(weights[stage.end] - weights[stage.start]) / bandwidth(device)
+    return "memory bandwidth" if read_s >= flops_s else "compute"
