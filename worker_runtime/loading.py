@@ -19,6 +19,7 @@ from safetensors import safe_open
 # Small blocks keep the transient (a block plus its quantization temporaries) far below even an
 # int4 stage's size; the per-block overhead is a few microseconds.
 CHUNK_BYTES = 64 * 2**10
+Span = tuple[int, int]  # [first, end) of rows or columns
 
 
 class CheckpointReader:
@@ -64,16 +65,21 @@ class CheckpointReader:
     def dtype(self, name: str) -> torch.dtype:
         return self._handle(name).get_slice(name)[:0].dtype  # an empty slice: no bytes read
 
-    def row_blocks(self, name: str) -> Iterator[tuple[int, torch.Tensor]]:
-        """Yield (first row, rows) of tensor ``name`` in blocks of about ``CHUNK_BYTES`` (as fp32)."""
+    def row_blocks(self, name: str, rows: Span | None = None,
+                   columns: Span | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+        """Yield (first row, rows) of tensor ``name`` in blocks of about ``CHUNK_BYTES`` (as fp32); with
+        ``rows`` / ``columns`` ([first, end) each), only those rows / columns, rows counted from ``rows``'
+        first (a tensor-parallel shard's slice: nothing outside it is read)."""
         tensor = self._handle(name).get_slice(name)
         shape = tensor.get_shape()
+        first, end = rows or (0, shape[0])
         if len(shape) == 1:
-            yield 0, tensor[:]
+            yield 0, tensor[first:end]
             return
+        cut = slice(*columns) if columns else slice(None)
         step = max(16, CHUNK_BYTES // (shape[1] * 4))
-        for start in range(0, shape[0], step):
-            yield start, tensor[start : start + step]
+        for start in range(first, end, step):
+            yield start - first, tensor[start : min(start + step, end), cut]
 
 
 RowWriter = Callable[[int, torch.Tensor], None]
@@ -88,12 +94,14 @@ def copy_rows_into(param: torch.Tensor) -> RowWriter:
     return write
 
 
-def load_concatenated(reader: CheckpointReader, names: list[str], write: RowWriter) -> None:
-    """Stream the tensors ``names``, concatenated along rows, through ``write`` (fused q/k/v, gate/up)."""
+def load_concatenated(reader: CheckpointReader, names: list[str], write: RowWriter,
+                      rows: list[Span] | None = None, columns: Span | None = None) -> None:
+    """Stream the tensors ``names``, concatenated along rows, through ``write`` (fused q/k/v, gate/up);
+    ``rows``: only these rows of each tensor, ``columns``: only these columns of all (a shard's slices)."""
     offset = 0
-    for name in names:
-        rows = 0
-        for start, block in reader.row_blocks(name):
+    for i, name in enumerate(names):
+        rows_read = 0
+        for start, block in reader.row_blocks(name, rows[i] if rows else None, columns):
             write(offset + start, block)
-            rows = start + block.shape[0]
-        offset += rows
+            rows_read = start + block.shape[0]
+        offset += rows_read

@@ -115,8 +115,14 @@ class Int8Linear(nn.Module):
         cpu_dtypes = (torch.float32,) if group is None else (torch.float32, torch.bfloat16, torch.float16)
         self.cpu_kernel = device.type == "cpu" and dtype in cpu_dtypes and kernel_enabled(group is not None)
 
-    def load_rows(self, row0: int, w: torch.Tensor) -> None:
+    def load_rows(self, row0: int, w: torch.Tensor, columns: slice | None = None) -> None:
+        """Quantize rows ``row0..``; with ``columns``, keep only those columns of whole rows, quantized
+        with the whole rows' scales (a tensor-parallel shard's columns, as the whole matrix holds them)."""
         q, scales = quantize_int8_rows(w.to(self.weight.device), self.group)
+        if columns is not None:
+            if self.group is not None:
+                raise QuantizationError("grouped int8 weights are not split by columns")
+            q = q[:, columns]
         self.weight[row0 : row0 + q.shape[0]] = q
         self.scales[row0 : row0 + q.shape[0]] = scales
 

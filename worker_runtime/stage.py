@@ -22,7 +22,7 @@ from .dense import Linear, weight_dtype
 from .fused_decode import fused_layers, takes_step
 from .kernels.decode_layers import LayerSpecs
 from .kv_cache import KVCache
-from .loading import CheckpointReader, copy_rows_into, load_concatenated
+from .loading import CheckpointReader, Span, copy_rows_into, load_concatenated
 from .model import DecoderLayer, RMSNorm, hf_tensor_names
 from .quantize import Int4Linear, Int8Linear, quantized_linear
 from .rope import RotaryEmbedding
@@ -118,6 +118,7 @@ class Stage(nn.Module):
         kv_tokens: int = 4096,
         block_size: int = 16,
         group_size: int = DEFAULT_GROUP_SIZE,
+        holds_ends: bool = True,
     ):
         super().__init__()
         if not 0 <= start < end <= config.num_layers:
@@ -139,9 +140,10 @@ class Stage(nn.Module):
             # An empty table, not nn.Embedding's random init: on the meta device normal_ imports
             # torch._dynamo, 2 s of a head's start (an in-place handover's pause) for values never used.
             self.embed = (nn.Embedding(vocab, hidden, _weight=torch.empty(vocab, hidden, dtype=self.dtype))
-                          if self.is_first else None)
-            self.norm = RMSNorm(hidden, config.rms_norm_eps).to(self.dtype) if self.is_last else None
-            self.lm_head = Linear(hidden, vocab, bias=False).to(self.dtype) if self.is_last else None
+                          if self.is_first and holds_ends else None)
+            head = self.is_last and holds_ends  # False on a tensor-parallel shard but its group's first
+            self.norm = RMSNorm(hidden, config.rms_norm_eps).to(self.dtype) if head else None
+            self.lm_head = Linear(hidden, vocab, bias=False).to(self.dtype) if head else None
         for layer, layer_bits in zip(self.layers, self.layer_bits):
             if layer_bits == 16:
                 continue
@@ -262,7 +264,7 @@ class Stage(nn.Module):
                          lambda i=i, layer=layer: self._load_layer(reader, i, layer))
         if self.embed is not None and "embed" not in kept:
             self._load_into(reader, self.embed, "weight", ["model.embed_tokens.weight"])
-        if self.is_last and "head" not in kept:
+        if self.lm_head is not None and "head" not in kept:
             self._load_into(reader, self.norm, "weight", ["model.norm.weight"])
             untied = reader.has("lm_head.weight") and not self.config.tie_word_embeddings
             if not untied and self.embed is not None and self.head_bits == 16:
@@ -276,14 +278,20 @@ class Stage(nn.Module):
         modules = dict(layer.named_modules())
         for ours, theirs in hf_tensor_names(self.start + i).items():
             module_name, attr = ours.rsplit(".", 1)
-            self._load_into(reader, modules[module_name], attr, theirs)
+            self._load_into(reader, modules[module_name], attr, theirs, *self._slices(ours))
 
-    def _load_into(self, reader: CheckpointReader, module: nn.Module, attr: str, names: list[str]) -> None:
+    def _slices(self, name: str) -> tuple[list[Span] | None, Span | None]:
+        """The rows of each checkpoint tensor and the columns that parameter ``name`` of a layer holds
+        (None: all): all of them here; a tensor-parallel shard's share of them."""
+        return None, None
+
+    def _load_into(self, reader: CheckpointReader, module: nn.Module, attr: str, names: list[str],
+                   rows: list[Span] | None = None, columns: Span | None = None) -> None:
         target = getattr(module, attr)
         if attr == "bias" and target is None:
             return
         if isinstance(module, (Int8Linear, Int4Linear)) and attr == "weight":
-            load_concatenated(reader, names, module.load_rows)
+            load_concatenated(reader, names, module.load_rows, rows, columns)
             module.finish()
             return
         if target.dtype == self.weight_dtype != self.dtype and reader.dtype(names[0]) != target.dtype:
@@ -291,7 +299,7 @@ class Stage(nn.Module):
             # self.dtype as it loads, as every tensor was before, rather than rounded to weight_dtype.
             target = nn.Parameter(torch.empty_like(target, dtype=self.dtype), requires_grad=False)
             setattr(module, attr, target)
-        load_concatenated(reader, names, copy_rows_into(target))
+        load_concatenated(reader, names, copy_rows_into(target), rows, columns)
 
     @property
     def hidden_dtype(self) -> torch.dtype:
@@ -307,15 +315,8 @@ class Stage(nn.Module):
         ``all_logits``). Raises :class:`~worker_runtime.kv_cache.KVBudgetExceeded` before running
         anything if the cache cannot hold the batch.
         """
-        tokens = batch.input_ids if self.is_first else batch.hidden
-        if tokens is None or tokens.shape[0] != batch.num_tokens:
-            kind = "input_ids" if self.is_first else "hidden"
-            raise ValueError(f"stage [{self.start}, {self.end}) needs {batch.num_tokens} rows of {kind}")
+        x = self._input(batch)
         plan = self.kv.plan(batch.seq_ids, batch.start_positions, batch.lengths)
-        if self.is_first:
-            x = self.embed(tokens.to(self.device)).to(self.dtype)
-        else:
-            x = tokens.to(device=self.device, dtype=self.dtype)
         cos, sin = self.rope.cos_sin(plan.positions, plan.seq_ends, x.dtype)
         if self.fused is not None and takes_step(x, plan):
             x = self.fused.run(x, cos.view(x.shape[0], -1), sin.view(x.shape[0], -1), plan.write_slots,
@@ -323,6 +324,20 @@ class Stage(nn.Module):
         else:
             for i, layer in enumerate(self.layers):
                 x = layer(x, plan, cos, sin, self.kv.k[i], self.kv.v[i])
+        return self._output(x, batch, all_logits)
+
+    def _input(self, batch: Batch) -> torch.Tensor:
+        """The batch's hidden states as the first layer takes them: embedded tokens on the first stage."""
+        tokens = batch.input_ids if self.is_first else batch.hidden
+        if tokens is None or tokens.shape[0] != batch.num_tokens:
+            kind = "input_ids" if self.is_first else "hidden"
+            raise ValueError(f"stage [{self.start}, {self.end}) needs {batch.num_tokens} rows of {kind}")
+        if self.is_first:
+            return self.embed(tokens.to(self.device)).to(self.dtype)
+        return tokens.to(device=self.device, dtype=self.dtype)
+
+    def _output(self, x: torch.Tensor, batch: Batch, all_logits: bool) -> torch.Tensor:
+        """The last layer's ``x`` as the stage returns it: hidden states, or the last stage's logits."""
         if not self.is_last:
             return x.contiguous()
         if not all_logits:

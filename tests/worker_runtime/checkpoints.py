@@ -93,9 +93,16 @@ def make_checkpoint(variant: str, out: Path, seed: int = 0, dtype: torch.dtype =
     """``variant``'s random weights saved in ``dtype``; config.json's torch_dtype says ``config_dtype``
     (by default ``dtype``'s name)."""
     config_cls, model_cls, extra = VARIANTS[variant]
+    return save_checkpoint(config_cls(**{**COMMON, **extra}), model_cls, out, seed, dtype, config_dtype)
+
+
+def save_checkpoint(config, model_cls: type, out: Path, seed: int = 0, dtype: torch.dtype = torch.float32,
+                    config_dtype: str | None = None) -> Path:
+    """A ``model_cls`` of ``config`` with random weights (biases too), saved as ``make_checkpoint`` says."""
     torch.manual_seed(seed)
-    model = model_cls(config_cls(**{**COMMON, **extra}))
-    if getattr(model.config, "attention_bias", False) or variant.startswith("qwen2"):
+    model = model_cls(config)
+    biases = ("attention_bias", "mlp_bias")
+    if any(getattr(config, name, False) for name in biases) or config.model_type == "qwen2":
         with torch.no_grad():  # biases start at zero; make them matter
             for name, p in model.named_parameters():
                 if name.endswith("bias"):
