@@ -32,7 +32,7 @@ from .prompt_lookup import PromptLookup
 from .scheduler import Request, Scheduler
 
 PRIOR_ACCEPTANCE = 0.5  # a sequence's acceptance rate before it verified anything
-ACCEPTANCE_MEMORY = 0.7  # weight of a sequence's past in its acceptance rate, step after step
+ACCEPTANCE_MEMORY = 0.7  # weight of a sequence's past in its acceptance counts, per verification
 OVERALL_MEMORY = 0.95  # the same for the rate of every sequence together
 COST_MEMORY = 0.98  # weight of the past in the step-cost fit: about the last 50 micro-batches
 PRIOR_TOKEN_COST = 0.05  # a token's share of a step's fixed cost until the fit can tell it
@@ -98,22 +98,28 @@ class SpeculationPolicy:
 
     def __init__(self) -> None:
         self.cost = StepCost()
-        self._acceptance: dict[int, float] = {}  # seq_id -> rate
+        self._acceptance: dict[int, tuple[float, float]] = {}  # seq_id -> (accepted, tested), fading
         # Every sequence's outcomes, more slowly: a new sequence's rate until it verified something, so
         # a workload whose proposals fail stops paying for them from its next request on.
         self.overall = PRIOR_ACCEPTANCE
 
     def acceptance(self, seq_id: int) -> float:
-        return self._acceptance.get(seq_id, self.overall)
+        counts = self._acceptance.get(seq_id)
+        return counts[0] / counts[1] if counts else self.overall
 
     def verified(self, seq_id: int, proposed: int, accepted: int) -> None:
-        """Fold one verification's outcome into the sequence's rate (accepted proposals over proposals,
-        the first rejection ending the count, as it ends the step)."""
+        """Fold one verification's outcome into the sequence's rate: the chance that a proposal is
+        accepted given that those before it were, which :meth:`choose` raises to a power, estimated as
+        accepted over tested proposals (each count fading by ``ACCEPTANCE_MEMORY`` a verification; a
+        new sequence starts from one proposal at the overall rate). The proposals after the first
+        rejection were never tested, so they count neither way: counting them as rejections would
+        take 4 proposals at 70 % for 44 %, and stop proposing where it pays."""
         if proposed:
-            rate = accepted / proposed
-            self._acceptance[seq_id] = (ACCEPTANCE_MEMORY * self.acceptance(seq_id)
-                                        + (1 - ACCEPTANCE_MEMORY) * rate)
-            self.overall = OVERALL_MEMORY * self.overall + (1 - OVERALL_MEMORY) * rate
+            tested = accepted + (accepted < proposed)
+            kept, tried = self._acceptance.get(seq_id, (self.overall, 1.0))
+            self._acceptance[seq_id] = (ACCEPTANCE_MEMORY * kept + accepted,
+                                        ACCEPTANCE_MEMORY * tried + tested)
+            self.overall = OVERALL_MEMORY * self.overall + (1 - OVERALL_MEMORY) * accepted / tested
 
     def forget(self, seq_id: int) -> None:
         self._acceptance.pop(seq_id, None)
@@ -197,6 +203,9 @@ class Speculator:
         self.ceiling = ceiling
         self.policy = SpeculationPolicy()
         self.drafter = drafter or LookupDrafter()
+        # seq_id -> the first proposal the policy did not send: checked against the token the step emits
+        # (free), so a sequence whose rate fell below what pays still learns when its text turns to copying
+        self._unsent: dict[int, int] = {}
         self.drafts = 0  # sequence-steps that carried proposals
         self.draft_tokens = 0
         self.accepted_tokens = 0
@@ -210,8 +219,10 @@ class Speculator:
         (at most :func:`proposal_room`)."""
         tokens = sum(len(r.next_input()[0]) for r in requests)
         eligible = [r for r in requests if proposal_room(r, self.ceiling) > 0]
-        best = max((self.policy.acceptance(r.seq_id) for r in eligible), default=0.0)
-        if not self.policy.pays(best, len(requests), tokens):  # a large batch: no drafting at all
+        # A large batch, where even a sure proposal would not pay: no drafting at all. Below that the
+        # drafter's proposals are asked for even where the sequence's rate rules them out, so that an
+        # unsent one can still be checked (``_unsent``).
+        if not eligible or not self.policy.pays(1.0, len(requests), tokens):
             return
         candidates, chosen_for = [], []
         for request in eligible:
@@ -224,6 +235,8 @@ class Speculator:
             self.policy.choose(candidates, len(requests), tokens, max_batch_tokens - tokens)
         for request, candidate in zip(chosen_for, candidates):
             request.proposals = candidate.proposals[:candidate.chosen]
+            if not candidate.chosen:
+                self._unsent[request.seq_id] = candidate.proposals[0]
 
     def settle(self, requests: Sequence[Request], seq_ids: Sequence[int], tokens: Sequence,
                round_trip: tuple[int, float] | None) -> list:
@@ -236,6 +249,10 @@ class Speculator:
         settled = []
         for seq_id, entry in zip(seq_ids, tokens):
             request = by_seq.get(seq_id)
+            unsent = self._unsent.pop(seq_id, None)
+            if request is not None and unsent is not None:
+                target = entry[0] if isinstance(entry, list) else entry
+                self.policy.verified(seq_id, 1, int(target == unsent))
             if request is None or not isinstance(entry, list):
                 settled.append(entry)
                 continue
@@ -252,6 +269,7 @@ class Speculator:
 
     def forget(self, seq_id: int) -> None:
         self.drafter.forget(seq_id)
+        self._unsent.pop(seq_id, None)
         self.policy.forget(seq_id)
 
     def close(self) -> None:

@@ -9,7 +9,9 @@ address of this network. Nothing else of the host is touched.
 Each node's link is shaped in both directions (``tbf`` on its ``eth0`` and on its switch port) to
 its fleet file's ``network_gbps`` divided by ``SCALE``, so a hop between two nodes runs at the
 slower of the two, as ``FleetSpec.link_between`` prices it, and transfers of a CPU box's small
-activations take measurable time (``netem`` is unavailable here: links add no latency of their own).
+activations take measurable time. The kernel here has no ``netem``, so links add no latency of their
+own; :meth:`Network.delay_line` adds it in user space (tests/support/delay_line.py): relays in the
+root namespace that hold every byte a fixed time on its way to a node's address.
 
 ``<id>`` is this process's pid in hex and a count of its runs: :func:`sweep` removes what runs of
 dead processes left.
@@ -22,10 +24,13 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 SCALE = 1000  # fleet Gbit/s -> shaped Mbit/s: 25 Gbit/s becomes 25 Mbit/s
 PREFIX = "motley-"
@@ -115,6 +120,27 @@ class Network:
 
     def destroy(self) -> None:
         remove_run(self.run_id)
+
+    @contextmanager
+    def delay_line(self, delay_ms: float, targets: list[str]) -> Iterator[list[str]]:
+        """Relays that reach each ``tcp://host:port`` of ``targets`` ``delay_ms`` later (each way), from
+        addresses of the root namespace on this network: yields those addresses, in the same order."""
+        relayed, routes = [], []
+        for target in targets:
+            with socket.socket() as sock:
+                sock.bind((self.host_address, 0))
+                listen = f"{self.host_address}:{sock.getsockname()[1]}"
+            routes.append(f"{listen}={target.removeprefix('tcp://')}")
+            relayed.append(f"tcp://{listen}")
+        relay = subprocess.Popen([sys.executable, "-m", "tests.support.delay_line", str(delay_ms), *routes],
+                                 cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, text=True)
+        try:
+            if relay.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"the delay line did not start (exit {relay.poll()})")
+            yield relayed
+        finally:
+            relay.kill()
+            relay.wait()
 
 
 def _tbf(device: str, gbps: float) -> list[str]:

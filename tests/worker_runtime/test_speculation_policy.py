@@ -138,3 +138,36 @@ def test_a_batch_frame_carries_its_logit_rows_and_refuses_bad_ones():
             batch_from_frame(Frame({**header, "logits": bad}, tensors), first_stage=True)
     plain = Batch.of_tokens([1], [[5]], [0])
     assert "logits" not in batch_message(4, 9, plain, [SamplingParams()], plain.input_ids)[0]
+
+
+def test_acceptance_counts_the_proposals_tested_not_those_after_the_first_rejection():
+    """Four proposals at a 70 % chance each: the first rejection ends the count, so accepted over
+    proposed would say about 44 % and stop proposals that pay; accepted over tested says 70 %."""
+    policy = SpeculationPolicy()
+    policy.verified(1, 4, 2)  # two accepted, the third rejected, the fourth never tested
+    assert policy.acceptance(1) == pytest.approx((0.7 * 0.5 + 2) / (0.7 + 3))
+    for _ in range(30):
+        for accepted in (4, 2, 1, 4, 0, 3, 4, 2):  # 20 accepted of 24 tested (four rejections)
+            policy.verified(2, 4, accepted)
+    assert policy.acceptance(2) == pytest.approx(20 / 24, abs=0.05)
+
+
+def test_a_sequence_that_proposes_nothing_learns_from_the_tokens_it_emits():
+    """A proposal the policy did not send is checked against the step's token, for nothing: a sequence
+    whose rate fell below what pays proposes again once its text turns to copying."""
+    speculator = Speculator(ceiling=4)
+    for tokens in (1, 2, 5) * 10:  # verifying costs: a token is as dear as half a step
+        speculator.policy.cost.observe(tokens, 0.010 + 0.005 * tokens)
+    request = Request("r", b"c", [1, 2, 3, 4, 1, 2, 3, 4], SamplingParams(), max_tokens=64, seq_id=5)
+    request.output = [1]
+    for _ in range(10):
+        speculator.policy.verified(5, 4, 0)
+    speculator.propose([request], max_batch_tokens=64)
+    assert request.proposals == []  # the lookup proposes [2, 3, 4, 1]; at this rate they do not pay
+    for _ in range(6):  # the text goes on copying itself: each unsent proposal was the step's token
+        token = [1, 2, 3, 4][(len(request.prompt) + len(request.output)) % 4]
+        assert speculator.settle([request], [5], [token], round_trip=(1, 0.015)) == [token]
+        request.output.append(token)
+        speculator.propose([request], max_batch_tokens=64)
+    assert request.proposals  # proposing again
+    assert speculator.figures()["spec_drafts"] == 0  # the checks of unsent proposals are not drafts
