@@ -32,11 +32,12 @@ from .transport import RECONNECT_MS
 
 log = logging.getLogger(__name__)
 
-# How long a held sequence waits for its draft: twice the target's fitted step time, within these
-# bounds (a draft slower than a target step costs more than its accepted tokens bring).
+# How long a held sequence waits for its draft: twice what the draft pipeline took per token so far
+# times the tokens asked for, within these bounds (the longest until it has answered once).
 DRAFT_WAIT_MIN_S = 0.02
 DRAFT_WAIT_MAX_S = 0.2
-RETRY_S = 1.0  # how long a link that failed rests before it is tried again
+TIMING_MEMORY = 0.8  # weight of the past in the draft pipeline's seconds per token, draft after draft
+RETRY_S = 1.0  # how long a link that failed (or answered nothing in time) rests before it is tried again
 POLL_S = 0.001  # the head's longest wait for frames while sequences are held for their drafts
 
 
@@ -85,6 +86,7 @@ class Draft:
     draft_id: str
     length: int  # the sequence's length (prompt and output) it continues
     wanted: int
+    asked: float  # when it was sent
     until: float  # when its sequence goes without the rest
     tokens: list[int] = field(default_factory=list)
     done: bool = False
@@ -100,18 +102,20 @@ class ModelDrafter:
         self._ids = itertools.count(1)
         self._prefix = uuid.uuid4().hex[:8]  # draft ids unique among the draft pipeline's clients
         self._resting_until = 0.0
+        self.token_s: float | None = None  # the draft pipeline's seconds per drafted token, fading
 
     def prepare(self, scheduler: Scheduler, policy: SpeculationPolicy, ceiling: int) -> None:
         """Take the answers in; release the held sequences whose drafts are complete or late; then ask
         for drafts for the ready decoding sequences that have none for their current length, as many
-        tokens as the policy would verify (proposals not known yet: each may carry ``ceiling``)."""
+        tokens as the policy would verify (proposals not known yet: each may carry ``ceiling``) and
+        as still pay once the wait for the draft is counted (``_paying``)."""
         now = time.monotonic()
         self._collect(now)
         for seq_id in list(scheduler.held):
             draft = self._drafts.get(seq_id)
             if draft is None or draft.done or now > draft.until:
                 if draft is not None and not draft.done:
-                    self._end(draft, cancel=True)
+                    self._end(draft, cancel=True, now=now)
                     if not draft.tokens:  # nothing came in time: the link is slow or gone
                         self._rest(now, "no draft tokens in time")
                 scheduler.unhold(seq_id)
@@ -124,22 +128,37 @@ class ModelDrafter:
             return
         sequences = scheduler.share()
         policy.choose([c for _, c in wanted], sequences, sequences, scheduler.max_batch_tokens - sequences)
-        fixed, _ = policy.cost.fit()
-        until = now + min(DRAFT_WAIT_MAX_S, max(DRAFT_WAIT_MIN_S, 2 * fixed))
         for request, candidate in wanted:
-            if candidate.chosen:
-                if not self._ask(request, candidate.chosen, until):
+            k = self._paying(policy, candidate, sequences)
+            if k:
+                wait = DRAFT_WAIT_MAX_S if self.token_s is None else 2 * self.token_s * k
+                if not self._ask(request, k, now, now + min(DRAFT_WAIT_MAX_S, max(DRAFT_WAIT_MIN_S, wait))):
                     self._rest(now, "not connected")
                     return
                 scheduler.hold(request)
 
-    def _ask(self, request: Request, k: int, until: float) -> bool:
+    def _paying(self, policy: SpeculationPolicy, candidate: Candidate, sequences: int) -> int:
+        """How many of the ``candidate.chosen`` tokens to ask for once the wait for them is counted: at
+        most as many as raise the sequence's tokens per second, ``E(a, k) / (step + k x (token cost +
+        draft time)) > 1 / step``, with the step the fitted round trip of a micro-batch of
+        ``sequences`` and E(a, k) = 1 + a + ... + a^k (all of them until the draft was timed)."""
+        if self.token_s is None:
+            return candidate.chosen
+        fixed, per_token = policy.cost.fit()
+        step = fixed + per_token * sequences
+        rate = candidate.acceptance
+        for k in range(candidate.chosen, 0, -1):
+            if sum(rate ** j for j in range(k + 1)) * step > step + k * (per_token + self.token_s):
+                return k
+        return 0
+
+    def _ask(self, request: Request, k: int, now: float, until: float) -> bool:
         draft_id = f"draft-{self._prefix}-{next(self._ids)}"
         tokens = request.prompt + request.output
         sent = self.client.send({"type": "submit", "request_id": draft_id, "prompt": tokens, "max_tokens": k,
                                  "speculate": False, "deadline_s": DRAFT_WAIT_MAX_S * 5})
         if sent:
-            self._drafts[request.seq_id] = Draft(draft_id, len(tokens), k, until)
+            self._drafts[request.seq_id] = Draft(draft_id, len(tokens), k, now, until)
             self._seq_of[draft_id] = request.seq_id
         return sent
 
@@ -151,7 +170,7 @@ class ModelDrafter:
                     if draft is not None:
                         draft.tokens.append(int(token))
                         if reason is not None or len(draft.tokens) >= draft.wanted:
-                            self._end(draft)
+                            self._end(draft, now=now)
             elif h.get("type") == "error" and (draft := self._awaited(h.get("request_id"))) is not None:
                 self._end(draft)
                 if h.get("kind") != "rejected":  # not this draft's fault: the draft pipeline's
@@ -161,11 +180,17 @@ class ModelDrafter:
         seq_id = self._seq_of.get(draft_id)
         return None if seq_id is None else self._drafts.get(seq_id)
 
-    def _end(self, draft: Draft, cancel: bool = False) -> None:
+    def _end(self, draft: Draft, cancel: bool = False, now: float | None = None) -> None:
+        """``draft`` is over; with ``now``, the time it took per token (a late one: at least its wait
+        per token it was asked for) joins the draft pipeline's timing."""
         draft.done = True
         self._seq_of.pop(draft.draft_id, None)
         if cancel:  # the draft pipeline stops working on it (a lost cancel: its deadline ends it)
             self.client.send({"type": "cancel", "request_id": draft.draft_id})
+        if now is not None:
+            taken = (now - draft.asked) / (draft.wanted if cancel else max(1, len(draft.tokens)))
+            self.token_s = taken if self.token_s is None else (
+                TIMING_MEMORY * self.token_s + (1 - TIMING_MEMORY) * taken)
 
     def _rest(self, now: float, why: str) -> None:
         if now >= self._resting_until:

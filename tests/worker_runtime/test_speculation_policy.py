@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from contracts.sampling import SamplingParams
+from worker_runtime.draft_client import ModelDrafter
 from worker_runtime.frames import Frame, FrameError
 from worker_runtime.prompt_lookup import PromptLookup
 from worker_runtime.protocol import batch_from_frame, batch_message
@@ -171,3 +172,32 @@ def test_a_sequence_that_proposes_nothing_learns_from_the_tokens_it_emits():
         speculator.propose([request], max_batch_tokens=64)
     assert request.proposals  # proposing again
     assert speculator.figures()["spec_drafts"] == 0  # the checks of unsent proposals are not drafts
+
+
+class NoLink:
+    """A draft client that never connects (``ModelDrafter`` only needs its four calls here)."""
+
+    address = "tcp://nowhere:1"
+
+    def send(self, header):
+        return False
+
+    def receive(self):
+        return []
+
+    def close(self):
+        pass
+
+
+def test_a_draft_is_asked_for_only_as_far_as_its_wait_pays():
+    policy = SpeculationPolicy()
+    for tokens in (1, 2, 5, 9) * 5:  # a round trip of 20 ms and 1 ms a token
+        policy.cost.observe(tokens, 0.020 + 0.001 * tokens)
+    drafter = ModelDrafter(NoLink())
+    assert drafter._paying(policy, Candidate([0] * 4, 0.8, chosen=4), 1) == 4  # not timed yet: ask
+    drafter.token_s = 0.002  # 2 ms a drafted token: 4 tokens at 80 % pay for their 12 ms
+    assert drafter._paying(policy, Candidate([0] * 4, 0.8, chosen=4), 1) == 4
+    drafter.token_s = 0.020  # 20 ms a token: even one at 80 % does not pay for its wait
+    assert drafter._paying(policy, Candidate([0] * 4, 0.8, chosen=4), 1) == 0
+    drafter.token_s = 0.012  # in between: fewer, the likelier ones
+    assert 0 < drafter._paying(policy, Candidate([0] * 4, 0.8, chosen=4), 1) < 4
