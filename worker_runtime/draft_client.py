@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 DRAFT_WAIT_MIN_S = 0.02
 DRAFT_WAIT_MAX_S = 0.2
 TIMING_MEMORY = 0.8  # weight of the past in the draft pipeline's seconds per token, draft after draft
+PROBE_EVERY = 16  # a sequence the wait ruled out still asks for one token this often, to time it again
 RETRY_S = 1.0  # how long a link that failed (or answered nothing in time) rests before it is tried again
 POLL_S = 0.001  # the head's longest wait for frames while sequences are held for their drafts
 
@@ -88,6 +89,7 @@ class Draft:
     wanted: int
     asked: float  # when it was sent
     until: float  # when its sequence goes without the rest
+    timed: bool = True  # whether its time says what a draft takes (a sequence's first prefills its prompt)
     tokens: list[int] = field(default_factory=list)
     done: bool = False
 
@@ -103,6 +105,8 @@ class ModelDrafter:
         self._prefix = uuid.uuid4().hex[:8]  # draft ids unique among the draft pipeline's clients
         self._resting_until = 0.0
         self.token_s: float | None = None  # the draft pipeline's seconds per drafted token, fading
+        self._asked: set[int] = set()  # sequences the draft pipeline has seen (their prompt is cached there)
+        self._refusals = 0  # asks ruled out by the wait since the last probe
 
     def prepare(self, scheduler: Scheduler, policy: SpeculationPolicy, ceiling: int) -> None:
         """Take the answers in; release the held sequences whose drafts are complete or late; then ask
@@ -142,7 +146,7 @@ class ModelDrafter:
         most as many as raise the sequence's tokens per second, ``E(a, k) / (step + k x (token cost +
         draft time)) > 1 / step``, with the step the fitted round trip of a micro-batch of
         ``sequences`` and E(a, k) = 1 + a + ... + a^k (all of them until the draft was timed)."""
-        if self.token_s is None:
+        if self.token_s is None or not candidate.chosen:
             return candidate.chosen
         fixed, per_token = policy.cost.fit()
         step = fixed + per_token * sequences
@@ -150,6 +154,10 @@ class ModelDrafter:
         for k in range(candidate.chosen, 0, -1):
             if sum(rate ** j for j in range(k + 1)) * step > step + k * (per_token + self.token_s):
                 return k
+        self._refusals += 1
+        if self._refusals >= PROBE_EVERY:  # the draft's time may have changed: one token measures it
+            self._refusals = 0
+            return 1
         return 0
 
     def _ask(self, request: Request, k: int, now: float, until: float) -> bool:
@@ -158,8 +166,10 @@ class ModelDrafter:
         sent = self.client.send({"type": "submit", "request_id": draft_id, "prompt": tokens, "max_tokens": k,
                                  "speculate": False, "deadline_s": DRAFT_WAIT_MAX_S * 5})
         if sent:
-            self._drafts[request.seq_id] = Draft(draft_id, len(tokens), k, now, until)
+            self._drafts[request.seq_id] = Draft(draft_id, len(tokens), k, now, until,
+                                                 timed=request.seq_id in self._asked)
             self._seq_of[draft_id] = request.seq_id
+            self._asked.add(request.seq_id)
         return sent
 
     def _collect(self, now: float) -> None:
@@ -187,7 +197,7 @@ class ModelDrafter:
         self._seq_of.pop(draft.draft_id, None)
         if cancel:  # the draft pipeline stops working on it (a lost cancel: its deadline ends it)
             self.client.send({"type": "cancel", "request_id": draft.draft_id})
-        if now is not None:
+        if now is not None and draft.timed:
             taken = (now - draft.asked) / (draft.wanted if cancel else max(1, len(draft.tokens)))
             self.token_s = taken if self.token_s is None else (
                 TIMING_MEMORY * self.token_s + (1 - TIMING_MEMORY) * taken)
@@ -209,6 +219,7 @@ class ModelDrafter:
         return draft.tokens[:room] if draft is not None and draft.done else []
 
     def forget(self, seq_id: int) -> None:
+        self._asked.discard(seq_id)
         draft = self._drafts.pop(seq_id, None)
         if draft is not None and not draft.done:
             self._end(draft, cancel=True)

@@ -113,9 +113,7 @@ class HeadLoop:
         not reach a stage before that space is freed there.
         """
         self._flush_frees()
-        if self.speculator is not None:
-            self.speculator.prepare(self.scheduler)
-        while (mb := self.scheduler.next_micro_batch()) is not None:
+        while (mb := self._next_micro_batch()) is not None:
             self._flush_frees()  # a request that failed here meanwhile freed, or an admission evicted
             if not self.membership.healthy:
                 return
@@ -147,6 +145,12 @@ class HeadLoop:
                     self.membership.break_pipeline(1, f"stage 1 is unreachable: {exc}")
                     return
             self.worker.record(batch, compute_s, time.perf_counter() - sent)
+
+    def _next_micro_batch(self):
+        """The drafter's turn first, every time: on one stage the last one's tokens came back in ``step``."""
+        if self.speculator is not None:
+            self.speculator.prepare(self.scheduler)
+        return self.scheduler.next_micro_batch()
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -303,14 +307,10 @@ class HeadLoop:
         request = self.scheduler.remove(str(h.get("request_id")))
         if request is not None:
             self._release(request)
-            self._tell(
-                request.client,
-                {"type": "error", "request_id": request.request_id, "kind": "cancelled",
-                 "message": "cancelled"},
-            )
-        self.transport.reply(client,
-                             {"type": "reply", "call_id": h.get("call_id"),
-                              "body": {"cancelled": request is not None}})
+            cancelled = {"type": "error", "request_id": request.request_id, "kind": "cancelled"}
+            self._tell(request.client, {**cancelled, "message": "cancelled"})
+        self.transport.reply(client, {"type": "reply", "call_id": h.get("call_id"),
+                                      "body": {"cancelled": request is not None}})
 
     def on_query(self, client: bytes, h: dict[str, Any]) -> None:
         body = self.stats() if h["type"] == "stats" else self.health()

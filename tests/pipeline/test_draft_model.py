@@ -86,12 +86,12 @@ def wait_serving(pipeline: Pipeline) -> None:
         pass
 
 
-@pytest.mark.parametrize("bits", [16, 4])
-def test_greedy_output_is_the_same_with_the_draft_model(models, draft, bits):
+@pytest.mark.parametrize("bits,num_stages", [(16, 2), (4, 1)])  # one stage: tokens return within a step
+def test_greedy_output_is_the_same_with_the_draft_model(models, draft, bits, num_stages):
     link = {"address": draft.head, "pipeline_id": "draft", "auth_token": TOKEN}
-    speculating = InProcessPipeline(models[0], NUM_LAYERS, 2, bits=bits, kv_tokens=512, speculation="draft",
-                                    draft=link)
-    plain = InProcessPipeline(models[0], NUM_LAYERS, 2, bits=bits, kv_tokens=512)
+    speculating = InProcessPipeline(models[0], NUM_LAYERS, num_stages, bits=bits, kv_tokens=512,
+                                    speculation="draft", draft=link)
+    plain = InProcessPipeline(models[0], NUM_LAYERS, num_stages, bits=bits, kv_tokens=512)
     try:
         assert speculating.run(jobs()) == plain.run(jobs())
         figures = speculating.head.stats()["stages"][0]  # the head's stats keep the spec_* figures
