@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 DRAFT_WAIT_MIN_S = 0.02
 DRAFT_WAIT_MAX_S = 0.2
 TIMING_MEMORY = 0.8  # weight of the past in the draft pipeline's seconds per token, draft after draft
-PROBE_EVERY = 16  # a sequence the wait ruled out still asks for one token this often, to time it again
+PROBE_EVERY = 16  # a sequence only the wait ruled out still asks for one token this often, to time it
 RETRY_S = 1.0  # how long a link that failed (or answered nothing in time) rests before it is tried again
 POLL_S = 0.001  # the head's longest wait for frames while sequences are held for their drafts
 
@@ -154,6 +154,8 @@ class ModelDrafter:
         for k in range(candidate.chosen, 0, -1):
             if sum(rate ** j for j in range(k + 1)) * step > step + k * (per_token + self.token_s):
                 return k
+        if rate * step <= per_token:  # not even a draft that took no time would pay: nothing to learn
+            return 0
         self._refusals += 1
         if self._refusals >= PROBE_EVERY:  # the draft's time may have changed: one token measures it
             self._refusals = 0
