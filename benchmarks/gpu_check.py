@@ -15,9 +15,13 @@ Steps, each in its own process with its own time limit and log (docs/benchmarks.
               the copy bandwidth measured in the same run (demo model; SmolLM2 with --smollm2 DIR)
   serve       `run_local --no-emulate`: a local agent on this GPU serving the demo model, a chat
               request through the gateway, its telemetry in the API (benchmarks/gpu_check_serve.py)
-Results go to --results (default $OUT when set, else var/gpu-check/<time>): one log per step,
-summary.json, summary.md (the docs' GPU section) and details.tar.gz (the work folder's logs): eight
-files, what the device tool brings back. Exit 1 when a step failed; a skipped step says why.
+  tp          benchmarks/tp_runtime_bench.py --device cuda: a stage split 5/8 : 3/8 over cuda:0 and
+              cuda:1 (NCCL) against the same stage on cuda:0, step times and the error; skipped (saying why)
+              with fewer than two GPUs; the dry run runs it on CPU over gloo; its log is bench's
+Results go to --results (default $OUT when set, else var/gpu-check/<time>): one log per step
+(tp appends to bench's), summary.json, summary.md (the docs' GPU section) and details.tar.gz (the
+work folder's logs): eight files, what the device tool brings back. Exit 1 when a step failed; a
+skipped step says why.
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ class Step:
     timeout_s: float  # on a GPU machine; the dry run gives each step at most DRY_TIMEOUT_S
     commands: object  # (Run) -> list of argv
     result: str = ""  # a JSON file the step writes into the work folder, kept in summary.json
+    log: str = ""  # another step whose log this one appends to (the device tool brings back 8 files)
+    may_skip: bool = False  # its GPU-CHECK-SKIP stands on a GPU machine too (it needs what one may lack)
 
 
 DRY_TIMEOUT_S = 150
@@ -135,11 +141,22 @@ def serve_commands(run: Run) -> list[list[str]]:
     return [*model_commands(run), [*serve, f"{left:.0f}", *(["--emulate"] if run.dry else [])]]
 
 
+DRY_TP = "--device cpu --prompt 16 --decode 4 --repeats 1 --time-scale 0"
+
+
+def tp_commands(run: Run) -> list[list[str]]:
+    tp = [run.python, str(BENCH / "tp_runtime_bench.py"), *(DRY_TP if run.dry else "--device cuda").split()]
+    tp += ["--model", str(run.work / "demo-model"), "--json", str(run.work / "tp.json")]
+    return [*model_commands(run), tp]
+
+
 STEPS = [
     Step("nvml", "NVML discovery (agent code)", 60, nvml_commands, "nvml.json"),
     Step("cuda-tests", "CUDA tests + parity vs transformers", 240, test_commands),
     Step("bench", "runtime_bench on cuda", 300, bench_commands, "bench-demo.json"),
     Step("serve", "run_local --no-emulate + chat + telemetry", 300, serve_commands, "serve.json"),
+    Step("tp", "two-GPU tensor-parallel stage (NCCL) vs one GPU", 180, tp_commands, "tp.json", log="bench",
+         may_skip=True),
 ]
 ALL = ["env", *(s.name for s in STEPS)]
 
@@ -159,8 +176,10 @@ def env_step(run: Run, log_path: Path) -> dict:
 
 
 def run_commands(run: Run, step: Step, log_path: Path, timeout_s: float) -> tuple[int | None, str]:
-    """Run the step's commands in order into one log; (exit code, None on time-out) and the output."""
+    """Run the step's commands in order into one log; (exit code, None on time-out) and the step's output
+    (what it added to the log)."""
     deadline = time.monotonic() + timeout_s
+    offset = log_path.stat().st_size if log_path.exists() else 0
     # tests/conftest.py overrides Django settings around every test: name them, with or without pytest-django.
     parity = str(run.work / "parity.jsonl")
     env = run.env(MOTLEY_PARITY_RECORD=parity, DJANGO_SETTINGS_MODULE="controlplane.settings")
@@ -183,10 +202,16 @@ def run_commands(run: Run, step: Step, log_path: Path, timeout_s: float) -> tupl
                 except subprocess.TimeoutExpired:
                     os.killpg(child.pid, signal.SIGKILL)
                     child.wait()
-                return None, log_path.read_text(errors="replace")
+                return None, _read_from(log_path, offset)
             if code != 0:
-                return code, log_path.read_text(errors="replace")
-    return 0, log_path.read_text(errors="replace")
+                return code, _read_from(log_path, offset)
+    return 0, _read_from(log_path, offset)
+
+
+def _read_from(path: Path, offset: int) -> str:
+    with path.open("rb") as log:
+        log.seek(offset)
+        return log.read().decode(errors="replace")
 
 
 def judge(run: Run, step: Step, code: int | None, output: str, timeout_s: float) -> tuple[str, str]:
@@ -194,7 +219,7 @@ def judge(run: Run, step: Step, code: int | None, output: str, timeout_s: float)
     if code is None:
         return "failed", f"timed out after {timeout_s:.0f} s"
     if skip := re.search(r"GPU-CHECK-SKIP: (.*)", output):
-        return ("skipped" if run.dry else "failed"), skip[1]  # on a GPU host, NVML must see it
+        return ("skipped" if run.dry or step.may_skip else "failed"), skip[1]  # NVML must see a GPU
     if step.name == "cuda-tests":
         counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", output[-600:])}
         detail = ", ".join(f"{n} {k}" for k, n in counts.items())
@@ -237,9 +262,10 @@ def main(argv: list[str] | None = None) -> int:
         "work": str(work),
         "steps": [],
     }
-    for index, name in enumerate(ALL):
+    for name in ALL:
         step = next((s for s in STEPS if s.name == name), None)
-        log_path = results / f"{index}-{name}.log"
+        shared = step.log if step and step.log else name
+        log_path = results / f"{ALL.index(shared)}-{shared}.log"
         entry = {"name": name, "title": step.title if step else "environment", "log": log_path.name}
         started, left = time.monotonic(), run.deadline - time.monotonic()
         if args.only and name not in args.only and name != "env":

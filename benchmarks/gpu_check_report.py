@@ -21,6 +21,8 @@ def step_detail(name: str, result: dict) -> str:
         return nvml_line(result)
     if name == "bench":
         return bench_line(result)
+    if name == "tp":
+        return tp_line(result)
     if name == "serve":
         chat = result.get("chat", {})
         telemetry = result.get("telemetry", {})
@@ -34,6 +36,19 @@ def step_detail(name: str, result: dict) -> str:
             f"{len(telemetry.get('stage', {}))} stage series" + api_sample(result.get("api_telemetry") or {})
         )
     return ""
+
+
+def tp_line(result: dict) -> str:
+    """The tensor-parallel step in one line: the group's steps against one device's, and the error."""
+    one, two = result["one_process"], result["two_processes"]
+    shares = ", ".join(f"{s['kv_heads']} kv heads + {s['columns']} columns" for s in result["shares"])
+    return (
+        f"{result['device']} {result['dtype']}, layers {result['layers']}, shares {shares}: decode "
+        f"{two['decode_ms']:.2f} ms vs {one['decode_ms']:.2f} ms on one "
+        f"({two['decode_ms'] / one['decode_ms']:.2f}x), prefill {result['prompt']} tokens "
+        f"{two['prefill_ms']:.2f} vs {one['prefill_ms']:.2f} ms; max |diff| {result['max_abs_error']:.1e} "
+        f"({result['error_over_std']:.1e} of the std)"
+    )
 
 
 def api_sample(api: dict) -> str:

@@ -18,7 +18,7 @@ from benchmarks import gpu_check_env, gpu_check_report
 from tests.support.processes import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "benchmarks" / "gpu_check.py"
-STEPS = ["env", "nvml", "cuda-tests", "bench", "serve"]
+STEPS = ["env", "nvml", "cuda-tests", "bench", "serve", "tp"]
 SERVICE_VARIABLES = (
     "DATABASE_URL",
     "CELERY_BROKER_URL",
@@ -67,6 +67,9 @@ def test_the_dry_run_passes_every_step_and_reports_each(tmp_path):
         "motley int8",
         "motley int4",
     }
+    tp = steps["tp"]["result"]  # the two-GPU step's plumbing: two CPU ranks over gloo, no GPU needed
+    assert tp["device"] == "cpu" and len(tp["shares"]) == 2 and tp["max_abs_error"] < 1e-4
+    assert steps["tp"]["log"] == "3-bench.log" and "decode" in steps["tp"]["detail"]
     serve = steps["serve"]["result"]
     assert serve["chat"]["status"] == 200 and serve["devices"][0]["emulated"] and not serve["left_running"]
     assert serve["telemetry"]["device"] and serve["telemetry"]["stage"]

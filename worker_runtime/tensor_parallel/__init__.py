@@ -4,7 +4,8 @@ share of every layer of the stage and reducing the partial results through ``tor
 - ``shares.py``: :class:`Share`, which heads and MLP columns a rank holds at which precision, and
   :func:`split_shares`, the validated split of a stage among a group;
 - ``group.py``: :class:`ShardGroup`, the group's collectives (gloo on CPU, NCCL on CUDA);
-- ``shard.py``: :class:`StageShard`, one rank's shard of a stage: its slices, its KV cache, the forward.
+- ``shard.py``: :class:`StageShard`, one rank's shard of a stage: its slices, its KV cache, the forward;
+- ``pacing.py``: ``ShardPacer`` and ``TimedGroup``, an emulated rank's compute paced, its collectives not.
 
 Not wired into deployments yet (docs/pipeline.md, "Tensor-parallel stages").
 """
