@@ -33,7 +33,7 @@ from .scheduler import Request, Scheduler
 
 PRIOR_ACCEPTANCE = 0.5  # a sequence's acceptance rate before it verified anything
 ACCEPTANCE_MEMORY = 0.7  # weight of a sequence's past in its acceptance counts, per verification
-OVERALL_MEMORY = 0.95  # the same for the rate of every sequence together
+OVERALL_MEMORY = 0.9  # the same for the counts of every sequence together
 COST_MEMORY = 0.98  # weight of the past in the step-cost fit: about the last 50 micro-batches
 PRIOR_TOKEN_COST = 0.05  # a token's share of a step's fixed cost until the fit can tell it
 FIT_SAMPLES = 8.0  # micro-batches (weighted) before the fit is trusted over the prior
@@ -99,9 +99,14 @@ class SpeculationPolicy:
     def __init__(self) -> None:
         self.cost = StepCost()
         self._acceptance: dict[int, tuple[float, float]] = {}  # seq_id -> (accepted, tested), fading
-        # Every sequence's outcomes, more slowly: a new sequence's rate until it verified something, so
-        # a workload whose proposals fail stops paying for them from its next request on.
-        self.overall = PRIOR_ACCEPTANCE
+        # Every sequence's outcomes as the same fading counts: a new sequence's rate until it verified
+        # something, so a workload whose proposals fail (a draft model that guesses badly) stops paying
+        # for them within a few verifications, not a few per request.
+        self._overall = (PRIOR_ACCEPTANCE, 1.0)
+
+    @property
+    def overall(self) -> float:
+        return self._overall[0] / self._overall[1]
 
     def acceptance(self, seq_id: int) -> float:
         counts = self._acceptance.get(seq_id)
@@ -119,7 +124,8 @@ class SpeculationPolicy:
             kept, tried = self._acceptance.get(seq_id, (self.overall, 1.0))
             self._acceptance[seq_id] = (ACCEPTANCE_MEMORY * kept + accepted,
                                         ACCEPTANCE_MEMORY * tried + tested)
-            self.overall = OVERALL_MEMORY * self.overall + (1 - OVERALL_MEMORY) * accepted / tested
+            kept, tried = self._overall
+            self._overall = (OVERALL_MEMORY * kept + accepted, OVERALL_MEMORY * tried + tested)
 
     def forget(self, seq_id: int) -> None:
         self._acceptance.pop(seq_id, None)
