@@ -180,6 +180,14 @@ class TestLinkAPI(APIResourceTests):
         assert ids(node=node.pk) == [pcie.pk]
         assert ids(device=pcie.device_b_id) == [pcie.pk]
 
+    @pytest.mark.parametrize("url, param", [
+        ("/api/v1/links/", "node"), ("/api/v1/links/", "device"), ("/api/v1/devices/", "memory_bytes__gte"),
+    ])
+    def test_a_number_past_what_the_database_holds_is_a_400(self, api, url, param):
+        response = api.get(url, {param: 2**63})  # SQLite's driver raised OverflowError (a 500)
+        assert_error(response, 400, param)
+        assert api.get(url, {param: 2**63 - 1}).status_code == 200
+
 
 def test_gpu_catalog_endpoint(api, anonymous):
     assert anonymous.get("/api/v1/gpu-models/").status_code in (401, 403)

@@ -7,6 +7,10 @@ from django.db.models.fields.json import KeyTransform
 
 from controlplane.inventory.models import Device, Link, Node
 
+# What the database's integer columns hold: a number beyond is a 400 naming the parameter, not an
+# overflow in the database driver (a 500).
+INT64 = {"min_value": -(2**63), "max_value": 2**63 - 1}
+
 
 class NodeFilterSet(django_filters.FilterSet):
     q = django_filters.CharFilter(method="search", label="Search name and address")
@@ -40,8 +44,8 @@ class DeviceFilterSet(django_filters.FilterSet):
     node_name = django_filters.CharFilter(field_name="node__name", lookup_expr="iexact")
     model_name = django_filters.CharFilter(lookup_expr="iexact")
     health = django_filters.MultipleChoiceFilter(choices=Device.Health.choices)
-    memory_bytes__gte = django_filters.NumberFilter(field_name="memory_bytes", lookup_expr="gte")
-    memory_bytes__lte = django_filters.NumberFilter(field_name="memory_bytes", lookup_expr="lte")
+    memory_bytes__gte = django_filters.NumberFilter(field_name="memory_bytes", lookup_expr="gte", **INT64)
+    memory_bytes__lte = django_filters.NumberFilter(field_name="memory_bytes", lookup_expr="lte", **INT64)
 
     class Meta:
         model = Device
@@ -49,8 +53,9 @@ class DeviceFilterSet(django_filters.FilterSet):
 
 
 class LinkFilterSet(django_filters.FilterSet):
-    node = django_filters.NumberFilter(method="filter_node", label="Links touching this node or its devices")
-    device = django_filters.NumberFilter(method="filter_device", label="Links touching this device")
+    node = django_filters.NumberFilter(method="filter_node", label="Links touching this node or its devices",
+                                       **INT64)
+    device = django_filters.NumberFilter(method="filter_device", label="Links touching this device", **INT64)
 
     class Meta:
         model = Link
