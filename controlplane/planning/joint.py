@@ -2,20 +2,23 @@
 
 A *unit* is one card or a tensor-parallel group (``tensor_parallel.can_group``: two or more cards of
 one node linked by NVLink or PCIe). A plan is a sequence of disjoint units, each taking one
-contiguous range of layers at one precision (a group's ranks all at it), with at most the request's
-budget of low-bit layers. Two objectives, as for pipelines of cards:
+contiguous range of layers [i, j) at 16 bits, or at 16 bits up to a layer s and a low precision from
+it (s = i: all low; a group's ranks all the same), with at most the request's budget of low-bit
+layers. Two objectives, as for pipelines of cards:
 
 - ``bottleneck``: the slowest stage step or hop, for a micro-batch (the pipeline full);
 - ``chain``: the sum of stage steps and hops and the return of the sampled tokens, for the whole
   batch as one micro-batch (what a token waits at batch 1).
 
 A dynamic programme over (low-bit layers so far, layer boundary) extends a plan by one unit at a
-time: ``V'[c, j] = min over i, precision of op(E[c - low layers, i], M[i, j])`` with ``op`` the max
-(bottleneck) or the sum (chain) and E the previous unit's values combined with the hop into it.
+time: ``V'[c, j] = min over i, s of op(E[c - (j - s), i], M[i, s, j])`` with ``op`` the max
+(bottleneck) or the sum (chain), M the fastest low precision for each split, and E the previous
+unit's values combined with the hop into it.
 
 The space searched: with up to ``EXACT_DEVICES`` devices, every sequence of disjoint units over every
 subset of the devices, every group of every node (a depth-first walk over sequences sharing the
-values of their common prefixes): exact, as ``tests/planning/test_exact_groups.py`` holds against
+values of their common prefixes; op never decreases a value, so what exceeds the best plan found is
+dropped): exact, as ``tests/planning/test_exact_groups.py`` holds against
 enumeration. Beyond that (the cap that keeps it tractable): each node contributes its k fastest
 group-eligible cards as one group, the same k on every node for k = 2 .. the most a node has, the
 other cards staying single, and the units are taken in topology order, each used or skipped with
@@ -34,7 +37,14 @@ from contracts.hardware import DeviceSpec
 from controlplane.planning.cost_model import CostModel
 from controlplane.planning.ordering import speed, topology_order
 from controlplane.planning.plan import Placement
-from controlplane.planning.tensor_parallel import can_group, group_matrix, group_placement, layout
+from controlplane.planning.tensor_parallel import (
+    can_group,
+    group_matrix,
+    group_placement,
+    group_split_matrix,
+    layout,
+    split_cells,
+)
 
 EXACT_DEVICES = 4  # every subset and order up to this many devices in a replica's group of devices
 INF = float("inf")
@@ -43,10 +53,17 @@ Op = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 @dataclass(frozen=True)
 class Unit:
+    """The stages a unit can take, flattened and sorted by end: [start, split) at 16 bits and
+    [split, end) at ``low_bits`` (split = end: all at 16 bits), with their step times (finite: they
+    fit) and the low-bit layers each spends."""
+
     devices: tuple[DeviceSpec, ...]
-    full: np.ndarray  # M[i, j] at 16 bits (inf: not allowed or does not fit)
-    low: np.ndarray  # the fastest low precision
-    low_bits: np.ndarray  # which one (0 where none)
+    starts: np.ndarray
+    splits: np.ndarray
+    ends: np.ndarray
+    low_bits: np.ndarray  # 0 where the stage is all at 16 bits
+    seconds: np.ndarray
+    spent: np.ndarray  # end - split
 
 
 @dataclass(frozen=True)
@@ -56,16 +73,37 @@ class JointResult:
     quantized: int
 
 
-def _unit(cost: CostModel, devices: tuple[DeviceSpec, ...], bits: Sequence[int], micro_batch: float) -> Unit:
+def _low_prices(cost: CostModel, devices: tuple[DeviceSpec, ...], low: int, micro_batch: float) -> np.ndarray:
+    """Per (i, s, j) of ``split_cells``: [i, s) at 16 bits, [s, j) at ``low``."""
+    if len(devices) > 1:
+        return group_split_matrix(cost, devices, low, micro_batch)
+    i, s, j = np.unravel_index(split_cells(cost.num_layers), (cost.num_layers + 1,) * 3)
+    return cost.split_times(devices[0], low, micro_batch, i, j, j - s)
+
+
+def _unit(cost: CostModel, devices: tuple[DeviceSpec, ...], bits: Sequence[int], micro_batch: float,
+          budget: int) -> Unit:
     n = cost.num_layers + 1
-    prices = {b: (cost.decode_matrix(devices[0], b, micro_batch) if len(devices) == 1
-                  else group_matrix(cost, devices, b, micro_batch)) for b in bits}
-    full = prices.get(16, np.full((n, n), INF))
-    low, low_bits = np.full((n, n), INF), np.zeros((n, n), dtype=int)
+    cells = split_cells(cost.num_layers)  # the split stages, then the ones at 16 bits
+    i, s, j = np.unravel_index(cells, (n, n, n))
+    whole = np.arange(n * n)
+    i, s, j = np.concatenate([i, whole // n]), np.concatenate([s, whole % n]), np.concatenate([j, whole % n])
+    prices, which = np.full(len(i), INF), np.zeros(len(i), dtype=np.int8)
+    if 16 in bits:
+        full = (cost.decode_matrix(devices[0], 16, micro_batch) if len(devices) == 1
+                else group_matrix(cost, devices, 16, micro_batch))
+        prices[len(cells):] = full.ravel()
     for b in sorted((b for b in bits if b < 16), reverse=True):  # the highest of equally fast ones
-        better = prices[b] < low
-        low, low_bits = np.where(better, prices[b], low), np.where(better, b, low_bits)
-    return Unit(devices, full, low, low_bits)
+        low = np.full(len(i), INF)
+        low[:len(cells)] = _low_prices(cost, devices, b, micro_batch)
+        if 16 not in bits:  # no layer at 16 bits: the whole stage low
+            low = np.where(s == i, low, INF)
+        better = low < prices
+        prices, which = np.where(better, low, prices), np.where(better, b, which)
+    keep = np.flatnonzero(np.isfinite(prices) & (j - s <= budget) & (j > i))
+    keep = keep[np.argsort(j[keep], kind="stable")]
+    starts, splits, ends = i[keep], s[keep], j[keep]
+    return Unit(devices, starts, splits, ends, which[keep], prices[keep], ends - splits)
 
 
 def candidate_groups(cost: CostModel, devices: Sequence[DeviceSpec]) -> list[tuple[DeviceSpec, ...]]:
@@ -85,45 +123,48 @@ def candidate_groups(cost: CostModel, devices: Sequence[DeviceSpec]) -> list[tup
     return found
 
 
-class _Tables:
-    """Index arrays of the extension step for one (budget, layers) shape."""
-
-    def __init__(self, budget: int, layers: int) -> None:
-        counts, n = budget + 1, layers + 1
-        c, i, j = np.arange(counts)[:, None, None], np.arange(n)[None, :, None], np.arange(n)[None, None, :]
-        shifted = c - (j - i)
-        self.valid = (shifted >= 0) & (j > i)
-        self.rows = np.where(self.valid, shifted, 0)
-        self.cols = np.broadcast_to(i, self.rows.shape)
-        self.start = np.full((counts, n), INF)
-        self.start[0, 0] = 0.0
+def _start(budget: int, layers: int) -> np.ndarray:
+    """V before any unit: nothing covered, nothing spent."""
+    start = np.full((budget + 1, layers + 1), INF)
+    start[0, 0] = 0.0
+    return start
 
 
-def _extend(tables: _Tables, entry: np.ndarray, unit: Unit, op: Op) -> np.ndarray:
-    """V[c, j] = min over i and precision of op(E[c - low layers, i], M[i, j])."""
-    full = op(entry[:, :, None], unit.full[None]).min(axis=1)
-    shifted = np.where(tables.valid, entry[tables.rows, tables.cols], INF)
-    return np.minimum(full, op(shifted, unit.low[None]).min(axis=1))
+def _extend(entry: np.ndarray, unit: Unit, op: Op, bound: float = INF) -> np.ndarray:
+    """V[c, j] = min over the unit's stages [i, j) of op(E[c - low layers, i], M), leaving out stages
+    whose value would exceed ``bound`` whatever they follow."""
+    value = np.full(entry.shape, INF)
+    keep = np.flatnonzero(op(entry.min(axis=0)[unit.starts], unit.seconds) <= bound)
+    if len(keep):
+        ends = unit.ends[keep]
+        offsets = np.concatenate([[0], np.flatnonzero(np.diff(ends)) + 1])
+        rows = np.arange(entry.shape[0])[:, None] - unit.spent[keep][None, :]
+        before = np.where(rows >= 0, entry[np.maximum(rows, 0), unit.starts[keep][None, :]], INF)
+        reached = op(before, unit.seconds[keep][None, :])
+        value[:, ends[offsets]] = np.minimum.reduceat(reached, offsets, axis=1)
+    return value
 
 
 def _stage(cost: CostModel, entry: np.ndarray, value: np.ndarray, unit: Unit, op: Op, count: int, end: int,
            micro_batch: float) -> tuple[Placement, int, int]:
     """The stage ending at ``end`` that gave V[count, end]: (placement, its start, its low layers)."""
     target = value[count, end]
-    for start in range(end):
-        if op(entry[count, start], unit.full[start, end]) == target:
-            return _placement(cost, unit, start, end, 16, micro_batch), start, 0
-        before = count - (end - start)
-        if before >= 0 and op(entry[before, start], unit.low[start, end]) == target:
-            bits = int(unit.low_bits[start, end])
-            return _placement(cost, unit, start, end, bits, micro_batch), start, end - start
+    for k in np.flatnonzero(unit.ends == end):
+        before = count - int(unit.spent[k])
+        if before >= 0 and op(entry[before, unit.starts[k]], unit.seconds[k]) == target:
+            start, split, low = int(unit.starts[k]), int(unit.splits[k]), int(unit.low_bits[k])
+            return _placement(cost, unit, start, split, end, low, micro_batch), start, end - split
     raise AssertionError("no stage reaches the value")  # pragma: no cover
 
 
-def _placement(cost: CostModel, unit: Unit, start: int, end: int, bits: int, micro_batch: float) -> Placement:
+def _placement(cost: CostModel, unit: Unit, start: int, split: int, end: int, low: int,
+               micro_batch: float) -> Placement:
+    """16 bits throughout (``low`` 0), ``low`` throughout (split at the start), or split."""
+    bits, low_bits, low_from = (16, None, None) if low == 0 else (low, None, None) if split == start \
+        else (16, low, split)
     if len(unit.devices) == 1:
-        return Placement(unit.devices[0].name, start, end, bits)
-    return group_placement(cost, unit.devices, start, end, bits, micro_batch)
+        return Placement(unit.devices[0].name, start, end, bits, low_bits, low_from)
+    return group_placement(cost, unit.devices, start, end, bits, micro_batch, low_bits, low_from)
 
 
 def joint_partition(cost: CostModel, devices: Sequence[DeviceSpec], micro_batch: float, budget: int,
@@ -135,16 +176,16 @@ def joint_partition(cost: CostModel, devices: Sequence[DeviceSpec], micro_batch:
         return None
     op: Op = np.maximum if objective == "bottleneck" else np.add
     budget = min(budget, cost.num_layers)
-    tables = _Tables(budget, cost.num_layers)
-    units = {g: _unit(cost, g, bits, micro_batch) for g in [(d,) for d in devices] + groups}
+    origin = _start(budget, cost.num_layers)
+    units = {g: _unit(cost, g, bits, micro_batch, budget) for g in [(d,) for d in devices] + groups}
     hop = {(a.name, b.name): cost.hop_s(a, b, micro_batch) for a in devices for b in devices if a is not b}
     if len(devices) <= EXACT_DEVICES:
-        return _exhaustive(cost, tables, units, hop, op, objective, micro_batch)
+        return _exhaustive(cost, origin, units, hop, op, objective, micro_batch)
     best = None
     for k in range(2, max(len(g) for g in groups) + 1):
         chosen = [g for g in groups if len(g) == k]
         if chosen:
-            found = _ordered(cost, tables, units, hop, op, chosen, devices, micro_batch)
+            found = _ordered(cost, origin, units, hop, op, chosen, devices, micro_batch)
             if found is not None and (best is None or (found.objective_s, found.quantized)
                                       < (best.objective_s, best.quantized)):
                 best = found
@@ -158,15 +199,17 @@ def _best(value: np.ndarray, extra: float = 0.0) -> tuple[float, int]:
     return best, int(np.flatnonzero(last == best)[0]) if np.isfinite(best) else 0
 
 
-def _exhaustive(cost, tables, units, hop, op, objective, micro_batch) -> JointResult | None:
+def _exhaustive(cost, origin, units, hop, op, objective, micro_batch) -> JointResult | None:
     """Depth-first over every sequence of disjoint units; a node keeps (parent, unit, entry, value)."""
-    keys = list(units)
+    keys = sorted(units, key=len, reverse=True)  # groups first: a good bound early
     best: tuple[float, int, int] | None = None  # (value, count, node)
     nodes: list[tuple[int, tuple, np.ndarray, np.ndarray, tuple]] = []
 
     def visit(parent: int, key: tuple, entry: np.ndarray, used: frozenset, first: tuple) -> None:
         nonlocal best
-        value = _extend(tables, entry, units[key], op)
+        bound = INF if best is None else best[0]  # op never decreases a value: beyond the best cannot win
+        value = _extend(entry, units[key], op, bound)
+        value = np.where(value > bound, INF, value)
         if not np.isfinite(value).any():
             return
         nodes.append((parent, key, entry, value, first))
@@ -181,7 +224,7 @@ def _exhaustive(cost, tables, units, hop, op, objective, micro_batch) -> JointRe
                 visit(me, nxt, op(value, step), used | {d.name for d in nxt}, first)
 
     for key in keys:
-        visit(-1, key, tables.start, frozenset(d.name for d in key), key)
+        visit(-1, key, origin, frozenset(d.name for d in key), key)
     if best is None:
         return None
     total, count, node = best
@@ -196,7 +239,7 @@ def _exhaustive(cost, tables, units, hop, op, objective, micro_batch) -> JointRe
     return JointResult(tuple(stages), total, sum(s.quantized_layers for s in stages))
 
 
-def _ordered(cost, tables, units, hop, op, groups, devices, micro_batch) -> JointResult | None:
+def _ordered(cost, origin, units, hop, op, groups, devices, micro_batch) -> JointResult | None:
     """Units in topology order (the groups at their first card, the other cards single), each used or
     skipped; the hop into a unit comes from the unit before it in the order."""
     order = topology_order(list(devices), cost.fleet)
@@ -208,12 +251,12 @@ def _ordered(cost, tables, units, hop, op, groups, devices, micro_batch) -> Join
         elif group not in seen:
             seen.add(group)
             sequence.append(group)
-    row = tables.start
+    row = origin
     trace = []
     for index, key in enumerate(sequence):
-        entry = tables.start if index == 0 else np.minimum(
-            op(row, hop[(sequence[index - 1][0].name, key[0].name)]), tables.start)
-        taken = _extend(tables, entry, units[key], op)
+        entry = origin if index == 0 else np.minimum(
+            op(row, hop[(sequence[index - 1][0].name, key[0].name)]), origin)
+        taken = _extend(entry, units[key], op)
         use = taken < row
         trace.append((entry, taken, use))
         row = np.where(use, taken, row)

@@ -71,7 +71,7 @@ class Share:
     device: str
     kv_heads: int
     columns: int  # intermediate (MLP) columns, whole blocks of the quantization group
-    bits: int
+    bits: int  # before the stage's ``low_from``; from it on every rank holds the stage's ``low_bits``
 
 
 @dataclass(frozen=True)

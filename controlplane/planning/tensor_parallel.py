@@ -90,11 +90,15 @@ def _whole(weights: list[float], total: int) -> list[int]:
     return [p + 1 for p in parts]
 
 
-def share_candidates(cost, devices: tuple[DeviceSpec, ...], bits: int) -> tuple[tuple[Share, ...], ...]:
-    """The shares considered for a group at a precision: by speed, and by usable memory."""
+def share_candidates(cost, devices: tuple[DeviceSpec, ...], bits: int,
+                     last_bits: int | None = None) -> tuple[tuple[Share, ...], ...]:
+    """The shares considered for a group at ``bits`` (its layers from ``last_bits``' split on at
+    ``last_bits``): by speed at the stage's last precision (whose calibration it takes), and by
+    usable memory."""
     lay = layout(cost.model)
     found: list[tuple[Share, ...]] = []
-    for weights in ([bandwidth(d) / slowdown(d, bits) for d in devices],
+    last = bits if last_bits is None else last_bits
+    for weights in ([bandwidth(d) / slowdown(d, last) for d in devices],
                     [max(usable_bytes(d), 1) for d in devices]):
         heads = _whole(weights, lay.kv_heads)
         blocks = _whole(weights, lay.columns // lay.block)
@@ -133,14 +137,20 @@ def gather_s(link: LinkSpec, ranks: int, nbytes):
 
 
 def _rank(cost, lay: Layout, share: Share, first: bool, starts, ends, micro_batch: float,
-          tokens: float | None):
-    """(seconds, bytes kept, footprint parts) of one rank for stages [starts, ends) at ``share.bits``;
+          tokens: float | None, splits=None, low_bits: int | None = None):
+    """(seconds, bytes kept, footprint parts) of one rank for stages [starts, ends): [starts, splits)
+    at ``share.bits``, [splits, ends) and the head at ``low_bits`` (``splits``: ``ends`` when None);
     ``tokens``: a prefill of that many tokens instead of a decode step."""
     device, b = cost.device(share.device), share.bits
+    low = b if low_bits is None else low_bits
+    splits = ends if splits is None else splits
     heads, cols = share.kv_heads / lay.kv_heads, share.columns / lay.columns
     part = lay.attention * heads + (1.0 - lay.attention) * cols
     last = ends == cost.num_layers
-    weights = (cost.weights[b][ends] - cost.weights[b][starts]) * part + cost.head_bytes[b] * cols * last
+    layers = (cost.weights[b][splits] - cost.weights[b][starts]
+              + cost.weights[low][ends] - cost.weights[low][splits])
+    head = np.where(splits < ends, cost.head_bytes[low], cost.head_bytes[b])
+    weights = layers * part + head * cols * last
     kv = (cost.kv[ends] - cost.kv[starts]) * heads
     matmul = (cost.flops[ends] - cost.flops[starts]) * part
     attention = (cost.attn[ends] - cost.attn[starts]) * heads
@@ -151,20 +161,25 @@ def _rank(cost, lay: Layout, share: Share, first: bool, starts, ends, micro_batc
     else:
         flops = tokens * matmul + cost.head_flops * cols * last + attention * tokens * tokens / 2.0
         busy = np.maximum(flops / (_peak(device) * PREFILL_COMPUTE_EFFICIENCY), weights / bandwidth(device))
-    seconds = (busy + (ends - starts) * LAYER_OVERHEAD_S) * slowdown(device, b)
+    # As on one card, a stage with layers at ``low_bits`` takes that precision's calibration.
+    factor = np.where(splits < ends, slowdown(device, low), slowdown(device, b))
+    seconds = (busy + (ends - starts) * LAYER_OVERHEAD_S) * factor
     stored = weights + cost.embedding_bytes * (starts == 0) * first
     workspace = cost.workspace + cost.logits * last
     return seconds, stored + kv * cost.kv_required + workspace, (stored, kv, workspace)
 
 
-def _priced(cost, shares: tuple[Share, ...], starts, ends, micro_batch: float, tokens: float | None = None):
-    """Step (or prefill) seconds of the group with these shares, inf where a rank does not fit."""
+def _priced(cost, shares: tuple[Share, ...], starts, ends, micro_batch: float, tokens: float | None = None,
+            splits=None, low_bits: int | None = None):
+    """Step (or prefill) seconds of the group with these shares, inf where a rank does not fit;
+    ``splits`` and ``low_bits`` as for ``_rank``."""
     lay = layout(cost.model)
     devices = [cost.device(s.device) for s in shares]
     link = group_link(cost, devices)
     slowest, fits = 0.0, ends > starts
     for index, share in enumerate(shares):
-        seconds, kept, _ = _rank(cost, lay, share, index == 0, starts, ends, micro_batch, tokens)
+        seconds, kept, _ = _rank(cost, lay, share, index == 0, starts, ends, micro_batch, tokens, splits,
+                                 low_bits)
         slowest = np.maximum(slowest, seconds)
         fits = fits & (kept <= usable_bytes(devices[index]))
     moved = micro_batch if tokens is None else tokens
@@ -188,20 +203,53 @@ def group_matrix(cost, devices: tuple[DeviceSpec, ...], bits: int, micro_batch: 
     return cost.remember(("group", tuple(d.name for d in devices), bits, micro_batch), make)
 
 
-def group_placement(cost, devices, start: int, end: int, bits: int, micro_batch: float) -> Placement:
-    """The placement of a group stage with the shares ``group_matrix`` priced it at."""
-    options = share_candidates(cost, devices, bits)
-    times = [float(_priced(cost, s, np.array(start), np.array(end), micro_batch)) for s in options]
+def split_cells(layers: int) -> np.ndarray:
+    """The flat indices of (i, s, j) in an (n, n, n) array, n = layers + 1, with i <= s < j."""
+    n = layers + 1
+    i, s, j = np.arange(n)[:, None, None], np.arange(n)[None, :, None], np.arange(n)[None, None, :]
+    return np.flatnonzero((i <= s) & (s < j))
+
+
+def group_split_matrix(cost, devices: tuple[DeviceSpec, ...], low_bits: int,
+                       micro_batch: float) -> np.ndarray:
+    """Per (i, s, j) of ``split_cells``: the decode step of layers [i, j) with [i, s) at 16 bits and
+    [s, j) at ``low_bits`` (s = i: all of them) on the group, over its share candidates; inf where
+    none fits."""
+    def make():
+        cells = split_cells(cost.num_layers)
+        starts, splits, ends = np.unravel_index(cells, (cost.num_layers + 1,) * 3)
+        best = np.full(len(cells), np.inf)
+        for shares in share_candidates(cost, devices, 16, low_bits):
+            best = np.minimum(best, _priced(cost, shares, starts, ends, micro_batch, None, splits, low_bits))
+        best.setflags(write=False)
+        return best
+    return cost.remember(("group split", tuple(d.name for d in devices), low_bits, micro_batch), make)
+
+
+def group_placement(cost, devices, start: int, end: int, bits: int, micro_batch: float,
+                    low_bits: int | None = None, low_from: int | None = None) -> Placement:
+    """The placement of a group stage with the shares ``group_matrix`` (or, with ``low_bits`` from
+    ``low_from``, ``group_split_matrix``) priced it at; every rank holds the same split."""
+    options = share_candidates(cost, devices, bits, low_bits)
+    split = end if low_from is None else low_from
+    times = [float(_priced(cost, s, np.array(start), np.array(end), micro_batch, None, np.array(split),
+                           low_bits)) for s in options]
     shares = options[int(np.argmin(times))]
-    return Placement(devices[0].name, start, end, bits, group=shares)
+    return Placement(devices[0].name, start, end, bits, low_bits, low_from, group=shares)
+
+
+def _split(stage: StagePrecision):
+    return np.array(stage.split), stage.low_bits if stage.split < stage.end else None
 
 
 def group_decode_s(cost, stage: StagePrecision, micro_batch: float) -> float:
-    return float(_priced(cost, stage.group, np.array(stage.start), np.array(stage.end), micro_batch))
+    return float(_priced(cost, stage.group, np.array(stage.start), np.array(stage.end), micro_batch, None,
+                         *_split(stage)))
 
 
 def group_prefill_s(cost, stage: StagePrecision, tokens: int) -> float:
-    return float(_priced(cost, stage.group, np.array(stage.start), np.array(stage.end), 1.0, tokens))
+    return float(_priced(cost, stage.group, np.array(stage.start), np.array(stage.end), 1.0, tokens,
+                         *_split(stage)))
 
 
 @dataclass(frozen=True)
@@ -244,7 +292,7 @@ def group_fit(cost, stage: StagePrecision) -> GroupFit:
     ranks = []
     for index, share in enumerate(stage.group):
         _, _, (stored, kv, workspace) = _rank(cost, lay, share, index == 0, np.array(stage.start),
-                                              np.array(stage.end), 1.0, None)
+                                              np.array(stage.end), 1.0, None, *_split(stage))
         footprint = StageFootprint(int(round(float(stored))), int(round(float(kv))), 0, int(workspace))
         ranks.append(StageFit(footprint, usable_bytes(cost.device(share.device))))
     return GroupFit(tuple(ranks))
@@ -255,7 +303,8 @@ def group_resource(cost, stage: StagePrecision, micro_batch: float) -> str:
     lay = layout(cost.model)
     devices = [cost.device(s.device) for s in stage.group]
     start, end = np.array(stage.start), np.array(stage.end)
-    ranks = [_rank(cost, lay, s, i == 0, start, end, micro_batch, None)[0] for i, s in enumerate(stage.group)]
+    ranks = [_rank(cost, lay, s, i == 0, start, end, micro_batch, None, *_split(stage))[0]
+             for i, s in enumerate(stage.group)]
     reduce = (stage.end - stage.start) * 2 * float(all_reduce_s(group_link(cost, devices), len(devices),
                                                                 micro_batch * cost.activation_bytes))
     if reduce >= max(ranks):
@@ -265,6 +314,7 @@ def group_resource(cost, stage: StagePrecision, micro_batch: float) -> str:
     # The rank's share scales its bytes and FLOPs alike: the whole stage's ratio is the rank's.
     flops_s = micro_batch * float(cost.flops[stage.end] - cost.flops[stage.start]) / (
         _peak(device) * DECODE_COMPUTE_EFFICIENCY)
-    weights = cost.weights[slow.bits]
-    read_s = float(weights[stage.end] - weights[stage.start]) / bandwidth(device)
+    low = stage.low_bits if stage.split < stage.end else slow.bits
+    read_s = float(cost.weights[slow.bits][stage.split] - cost.weights[slow.bits][stage.start]
+                   + cost.weights[low][stage.end] - cost.weights[low][stage.split]) / bandwidth(device)
     return "memory bandwidth" if read_s >= flops_s else "compute"

@@ -35,22 +35,32 @@ def request_for(layout, sizes, batch=1, share=0.5, **kwargs) -> PlanRequest:
                        max_quantized=share, **kwargs)
 
 
-def stage_price(cost, unit, start, end, bits, micro_batch) -> tuple[float, Placement]:
-    """One stage priced on its own through the cost model's scalar figures."""
+def stage_price(cost, unit, start, end, bits, micro_batch, low_bits=None, low_from=None
+                ) -> tuple[float, Placement]:
+    """One stage priced on its own through the cost model's scalar figures (a group's on every rank)."""
     if len(unit) == 1:
-        p = Placement(unit[0].name, start, end, bits)
-        memory = cost.memory(unit[0], p)
-        if memory.holding(cost.kv_required) > memory.capacity_bytes:
-            return np.inf, p
-        return cost.decode_s(unit[0], p, micro_batch), p
-    p = group_placement(cost, unit, start, end, bits, micro_batch)
+        p = Placement(unit[0].name, start, end, bits, low_bits, low_from)
+    else:
+        p = group_placement(cost, unit, start, end, bits, micro_batch, low_bits, low_from)
+    memory = cost.memory(unit[0], p)
+    if memory.holding(cost.kv_required) > memory.capacity_bytes:
+        return np.inf, p
     return cost.decode_s(unit[0], p, micro_batch), p
+
+
+def precisions_of(start, end, bits):
+    """(bits, low_bits, low_from, low-bit layers) of every precision a stage [start, end) may take: one
+    precision, or 16 bits up to a layer and a low precision from it."""
+    found = [(b, None, None, (end - start) * (b < 16)) for b in bits]
+    if 16 in bits:
+        found += [(16, b, s, end - s) for b in bits if b < 16 for s in range(start + 1, end)]
+    return found
 
 
 def brute_force(cost, devices, micro_batch, budget, bits, objective):
     """(least value, fewest low-bit layers at it) over every sequence of disjoint units, boundaries and
-    one precision per stage; the bottleneck is the slowest stage or hop, the chain the sum of stage
-    times, hops and the return of the sampled tokens."""
+    precisions of each stage (one, or split); the bottleneck is the slowest stage or hop, the chain the
+    sum of stage times, hops and the return of the sampled tokens."""
     units = [(d,) for d in devices] + candidate_groups(cost, devices)
     layers, best = cost.num_layers, (np.inf, 0)
     for k in range(1, min(len(units), layers) + 1):
@@ -61,12 +71,13 @@ def brute_force(cost, devices, micro_batch, budget, bits, objective):
             hops = [cost.hop_s(a[0], b[0], micro_batch) for a, b in zip(sequence, sequence[1:])]
             for cuts in itertools.combinations(range(1, layers), k - 1):
                 bounds = (0, *cuts, layers)
-                for precisions in itertools.product(bits, repeat=k):
-                    low = sum(bounds[i + 1] - bounds[i] for i, b in enumerate(precisions) if b < 16)
+                options = [precisions_of(bounds[i], bounds[i + 1], bits) for i in range(k)]
+                for precisions in itertools.product(*options):
+                    low = sum(p[3] for p in precisions)
                     if low > budget:
                         continue
-                    times = [stage_price(cost, u, bounds[i], bounds[i + 1], b, micro_batch)[0]
-                             for i, (u, b) in enumerate(zip(sequence, precisions))]
+                    times = [stage_price(cost, u, bounds[i], bounds[i + 1], b, micro_batch, lb, lf)[0]
+                             for i, (u, (b, lb, lf, _)) in enumerate(zip(sequence, precisions))]
                     if objective == "bottleneck":
                         value = max(times + hops)
                     else:
@@ -98,7 +109,8 @@ def test_joint_search_equals_brute_force(layout, sizes, micro, share, objective)
         return
     assert (found.objective_s, found.quantized) == pytest.approx(expected, rel=1e-9)
     units = [tuple(cost.device(s.device) for s in p.group) or (cost.device(p.device),) for p in found.stages]
-    priced = [stage_price(cost, u, p.start, p.end, p.bits, micro)[0] for u, p in zip(units, found.stages)]
+    priced = [stage_price(cost, u, p.start, p.end, p.bits, micro, p.low_bits, p.low_from)[0]
+              for u, p in zip(units, found.stages)]
     assert all(np.isfinite(priced))
     assert [p.start for p in found.stages][0] == 0 and found.stages[-1].end == cost.num_layers
 
