@@ -40,11 +40,14 @@ def expected_tokens(acceptance: float, proposals: int) -> float:
 @dataclass(frozen=True)
 class Speculation:
     """A deployment's speculation as the planner prices it: its mode, its ceiling of proposals per
-    sequence and step, and its measured acceptance rate (None: the mode's prior)."""
+    sequence and step, its measured acceptance rate (None: the mode's prior), and ``propose_s``, what a
+    draft model takes to propose ``tokens`` tokens (0 for prompt lookup, which costs nothing), which
+    every speculative round waits for before it starts."""
 
     mode: str = "off"
     tokens: int = 4
     measured_acceptance: float | None = None
+    propose_s: float = 0.0
 
     @property
     def on(self) -> bool:
@@ -96,5 +99,7 @@ class SpeculationFigures:
 
 def speculation_figures(speculation: Speculation, *, batch: int, plain_round_s: float,
                         speculative_round_s: float) -> SpeculationFigures:
+    """The figures of a replica whose rounds take ``plain_round_s`` with one position per sequence and
+    ``speculative_round_s`` with k + 1, the draft's proposing added to the latter."""
     return SpeculationFigures(speculation, expected_tokens(speculation.acceptance, speculation.tokens),
-                              plain_round_s, speculative_round_s, batch)
+                              plain_round_s, speculative_round_s + speculation.propose_s, batch)

@@ -49,7 +49,16 @@ def deployment_speculation(deployment: Deployment) -> Speculation:
         if isinstance(draft, (int, float)) and isinstance(taken, (int, float)) and draft > 0:
             proposed, accepted = proposed + draft, accepted + min(taken, draft)
     return Speculation(deployment.speculation, deployment.speculative_tokens,
-                       accepted / proposed if proposed > 0 else None)
+                       accepted / proposed if proposed > 0 else None, _propose_s(deployment))
+
+
+def _propose_s(deployment: Deployment) -> float:
+    """What the deployment's draft model takes to propose its ceiling of tokens: that many times the
+    time between two tokens its own plan predicts (0 without a draft model, or one whose plan is not
+    priced)."""
+    draft = deployment.draft_deployment if deployment.speculation == "draft" else None
+    plan = draft.revision.priced if draft is not None and draft.revision is not None else None
+    return deployment.speculative_tokens * plan.predicted.token_latency_ms / 1e3 if plan else 0.0
 
 
 

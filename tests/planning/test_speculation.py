@@ -42,6 +42,10 @@ def test_the_prior_until_measured_and_the_figures_of_two_rounds():
     slow = speculation_figures(Speculation("lookup", 4), batch=2, plain_round_s=0.010,
                                speculative_round_s=0.05)
     assert not slow.pays and slow.tokens_per_s == pytest.approx(200.0)  # 2 x 1.9375 / 50 ms = 77.5
+    drafted = speculation_figures(Speculation("draft", 4, propose_s=0.004), batch=2, plain_round_s=0.010,
+                                  speculative_round_s=0.012)  # the round waits 4 ms for the draft model
+    assert drafted.speculative_round_s == pytest.approx(0.016)
+    assert drafted.speculative_tokens_per_s == pytest.approx(2 * 1.9375 / 0.016)  # 242.2
 
 
 def test_a_memory_bound_card_at_batch_1_gains_almost_the_expected_tokens():

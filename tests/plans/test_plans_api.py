@@ -9,11 +9,12 @@ import pytest
 
 from contracts.fleet_file import load_fleet_file
 from controlplane.deployments.models import PlanRevision
+from controlplane.deployments.revisions import plan_revision_create
 from controlplane.inventory.models import Node
 from controlplane.inventory.services import fleet_import
 from controlplane.models_catalog.services import model_register
-from controlplane.planning import PlanningError
-from controlplane.plans.selectors import plan_request_from_inventory
+from controlplane.planning import PlanningError, plan, plan_to_dict
+from controlplane.plans.selectors import deployment_speculation, plan_request_from_inventory
 from tests.api.mixins import assert_error
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -225,3 +226,19 @@ def test_a_deployments_speculation_counts_with_its_measured_acceptance(api, lab,
                for line in measured["predicted"]["explanation"])
     faster = measured["predicted"]["predicted"]["decode_tokens_per_s"]
     assert faster > plain["predicted"]["decode_tokens_per_s"]
+
+
+def test_a_draft_models_proposing_is_priced_from_its_own_plan(lab, llama3_8b):
+    from controlplane.deployments.models import Deployment
+
+    priced = plan(plan_request_from_inventory(model=llama3_8b, request={"batch": 1, "context": 2048,
+                                                                       "replicas": 1}))
+    draft_revision = plan_revision_create(model=llama3_8b, plan=plan_to_dict(priced), request={},
+                                          source="planner")
+    draft = Deployment.objects.create(name="draft", model=llama3_8b, revision=draft_revision)
+    target = Deployment.objects.create(name="spec", model=llama3_8b, speculation="draft",
+                                       speculative_tokens=3, draft_deployment=draft)
+    latency_s = draft_revision.priced.predicted.token_latency_ms / 1e3
+    assert deployment_speculation(target).propose_s == pytest.approx(3 * latency_s)
+    target.speculation = "lookup"
+    assert deployment_speculation(target).propose_s == 0.0
