@@ -146,8 +146,8 @@ def test_a_card_slower_than_its_catalog_is_calibrated_and_planned_by_it(paced_sy
     for name, ratio in expected.items():
         assert calibrated[name]["by_bits"]["16"] == pytest.approx(ratio, rel=0.15), (name, calibrated)
     # The card at half its catalog speed: twice the ratio of an alike card holding an alike stage. A
-    # loaded machine adds the same time to both cards' steps, which pulls the ratio toward 1 (a run at
-    # load average 6 measured 1.59): an uncalibrated card (1.0) is still far outside.
+    # loaded machine adds the same time to both cards' steps, which pulls the ratio toward 1 (near 1.6
+    # at a load average of 6): an uncalibrated card (1.0) is still far outside.
     factor = {name: calibrated[name]["by_bits"]["16"] for name in expected}
     assert factor[SLOW] / factor[ALIKE] == pytest.approx(2.0, rel=0.25)
 
