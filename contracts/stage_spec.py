@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,22 @@ class DraftLink:
 
 
 @dataclass(frozen=True)
+class TensorRank:
+    """One rank of a tensor-parallel stage (docs/pipeline.md, "Tensor-parallel stages"): the card it runs
+    on, how many kv heads (with their query heads) and MLP columns of every layer of the stage it holds,
+    in rank order, and its bits before the stage's ``low_from`` (from there on every rank holds
+    ``low_bits``). Rank 0 is the spec's own process (its ``device`` and ``bits``); it starts the others
+    on the same node and is the stage its pipeline sees."""
+
+    device: str  # "cuda:N", or "cpu" for an emulated card
+    kv_heads: int
+    intermediate: int
+    bits: int = 16
+    device_index: int | None = None  # the node's device: its memory budget, its emulation
+    emulation: Emulation | None = None  # an emulated rank's card; rank 0's is the spec's ``emulation``
+
+
+@dataclass(frozen=True)
 class StageSpec:
     pipeline_id: str
     auth_token: str
@@ -90,6 +106,8 @@ class StageSpec:
     speculation: str = "off"
     speculative_tokens: int = 4  # the most proposals per sequence and step: the adaptive count's ceiling
     draft: DraftLink | None = None  # head only, with speculation "draft"
+    # A tensor-parallel stage: its ranks, this process first; () for a stage on one card.
+    tensor_group: tuple[TensorRank, ...] = ()
     # Started beside its pipeline ahead of an in-place handover: load, bind and say ready, then wait for
     # the spec that lets it join (the same without ``hold``, given in place). No heartbeat meanwhile.
     hold: bool = False
@@ -98,6 +116,11 @@ class StageSpec:
     def precision(self) -> Precision:
         """``bits``, ``low_bits`` and ``low_from`` as one value (the spec file keeps them flat)."""
         return Precision(self.bits, self.low_bits, self.low_from)
+
+    def rank_spec(self, rank: int) -> "StageSpec":
+        """The spec rank ``rank`` of the tensor group runs: this one on that rank's card and bits."""
+        member = self.tensor_group[rank]
+        return replace(self, device=member.device, bits=member.bits, emulation=member.emulation)
 
     @property
     def is_head(self) -> bool:
@@ -110,6 +133,7 @@ class StageSpec:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["layers"] = list(self.layers)
+        out["tensor_group"] = [asdict(rank) for rank in self.tensor_group]
         return out
 
     @classmethod
@@ -125,6 +149,7 @@ class StageSpec:
             if values.get("draft") is not None:
                 values["draft"] = DraftLink(**values["draft"])
             values["layers"] = tuple(values["layers"])
+            values["tensor_group"] = tuple(_tensor_rank(rank) for rank in values.get("tensor_group") or ())
             spec = cls(**values)
             spec.validate()
         except SpecError:
@@ -161,6 +186,7 @@ class StageSpec:
             (self.draft is None or all((self.draft.address, self.draft.pipeline_id, self.draft.auth_token)),
              "draft needs a non-empty address, pipeline_id and auth_token"),
         ]
+        checks += self._group_checks()
         try:
             self.precision.layer_bits(start, end)
         except ValueError as exc:  # a precision other than 16/8/4, or a bad split
@@ -168,6 +194,32 @@ class StageSpec:
         for ok, message in checks:
             if not ok:
                 raise SpecError(f"stage spec of {self.pipeline_id!r} stage {self.stage_index}: {message}")
+
+    def _group_checks(self) -> list[tuple[bool, str]]:
+        group = self.tensor_group
+        if not group:
+            return []
+        checks = [
+            (len(group) >= 2, "tensor_group needs at least two ranks"),
+            ((group[0].device, group[0].bits) == (self.device, self.bits),
+             "tensor_group's first rank is this process: its device and bits must be the spec's"),
+            (all(r.kv_heads >= 1 and r.intermediate >= 1 for r in group),
+             "every rank of tensor_group needs kv_heads and intermediate of at least 1"),
+            (self.host_kv_tokens == 0, "a tensor-parallel stage has no host KV tier (host_kv_tokens 0)"),
+        ]
+        for rank in range(1, len(group)):
+            try:
+                self.rank_spec(rank).precision.layer_bits(*self.layers)
+            except ValueError as exc:
+                checks.append((False, f"tensor_group rank {rank}: {exc}"))
+        return checks
+
+
+def _tensor_rank(raw: dict[str, Any]) -> TensorRank:
+    values = dict(raw)
+    if values.get("emulation") is not None:
+        values["emulation"] = Emulation(**values["emulation"])
+    return TensorRank(**values)
 
 
 def spec_file_read(path: str | Path) -> dict[str, Any]:
@@ -187,11 +239,18 @@ RESPEC_FIXED = ("pipeline_id", "auth_token", "model_path", "stage_index", "liste
                 "threads")
 
 
+# What a tensor-parallel stage loaded across its group: a change restarts the group, not one rank in place.
+GROUP_LOADED = ("tensor_group", "layers", "bits", "low_bits", "low_from", "kv_tokens")
+
+
 def respec_blocker(running: dict[str, Any], wanted: dict[str, Any]) -> str | None:
     """Why a process running the spec ``running`` cannot take ``wanted`` in place (contracts §1,
     "respec"), or None when it can: everything else (layers, precision, KV pool, its neighbours'
-    addresses, the pipeline's length, pacing) a stage changes without a new process."""
+    addresses, the pipeline's length, pacing) a stage changes without a new process. A tensor-parallel
+    stage takes a new spec in place only where its group keeps what it loaded (its neighbours moved)."""
     changed = [name for name in RESPEC_FIXED if running.get(name) != wanted.get(name)]
+    if running.get("tensor_group") or wanted.get("tensor_group"):
+        changed += [name for name in GROUP_LOADED if running.get(name) != wanted.get(name)]
     return f"{', '.join(changed)} changed" if changed else None
 
 
