@@ -28,44 +28,28 @@ from contracts.model_config import ModelConfig
 from contracts.precision import Precision
 from contracts.stage_spec import SpecError, StageSpec, respec_blocker, spec_digest, spec_file_read
 
-from .config import weight_cache_dir
 from .events import EventWriter
 from .frames import FrameCodec
 from .head import HeadLoop
 from .host_tier import HostTier
 from .kv_cache import KVCache
-from .pacing import Pacer
 from .relay import RelayLoop
 from .spec_inbox import SpecInbox
-from .stage import DTYPES, Batch, Stage
+from .spec_stage import load_stage, stage_pacer
+from .stage import Batch, Stage
 from .stats import StageStats
+from .tensor_parallel.leader import LeadStage
 from .transport import ZmqTransport
 from .worker import StageWorker
 
 log = logging.getLogger("worker_runtime.serve")
 
 
-def load_stage(spec: StageSpec, reuse: Stage | None = None) -> Stage:
-    """The spec's stage, computing in the spec's dtype; without one, in fp32 on a CPU (an emulated card, or a
-    stage the plan put on a host's CPU) and in the checkpoint's dtype elsewhere. A CPU's 16-bit matmuls are
-    several times slower than its fp32 ones, and the CPU kernels (int8, int4, the fused decode step) are
-    fp32: 16-bit weights stay 16-bit in memory and are widened in the matmul kernel's registers
-    (docs/worker_runtime.md).
-    ``reuse``: the stage this process served until a new spec came (its modules are taken over)."""
-    torch.set_num_threads(spec.threads)
-    start, end = spec.layers
-    on_cpu = torch.device(spec.device).type == "cpu"
-    dtype = DTYPES[spec.dtype] if spec.dtype else (torch.float32 if on_cpu else None)
-    return Stage.load(spec.model_path, start, end, device=spec.device, dtype=dtype,
-                      precision=spec.precision, kv_tokens=spec.kv_tokens,
-                      weight_cache=weight_cache_dir(), reuse=reuse)
-
-
 def serve(raw: dict, events: EventWriter, stop: threading.Event, replaced: threading.Event,
           inbox: SpecInbox) -> None:
     """Load, bind, announce ``ready`` and serve the spec ``raw`` until ``stop`` is set (then drain, unless
     ``replaced``); a new spec in ``inbox`` is taken in place (spec_inbox.py) and served the same way."""
-    stage: Stage | None = None
+    stage: Stage | LeadStage | None = None
     loaded: dict = raw
     transport: ZmqTransport | None = None
     warmed: str | None = None  # the pipeline this process headed through a warm-up: in place, no second one
@@ -80,7 +64,7 @@ def serve(raw: dict, events: EventWriter, stop: threading.Event, replaced: threa
                     f"{spec.stage_index} of {spec.num_stages}"
                 )
             stage.kv.host = _host_tier(spec, stage.kv)
-            pacer = Pacer(stage, spec.emulation) if spec.emulation else None
+            pacer = stage_pacer(spec, stage)
             worker = StageWorker(stage, StageStats(), pacer)
             head = None if spec.is_head else spec.head
             if transport is None:
@@ -106,9 +90,11 @@ def serve(raw: dict, events: EventWriter, stop: threading.Event, replaced: threa
     finally:
         if transport is not None:
             transport.close()
+        if isinstance(stage, LeadStage):
+            stage.close()
 
 
-def _stage_for(spec: StageSpec, running: Stage | None, running_raw: dict) -> Stage:
+def _stage_for(spec: StageSpec, running: Stage | LeadStage | None, running_raw: dict) -> Stage | LeadStage:
     """The stage to serve ``spec`` with: the running one as it is when the new spec changes nothing it
     loaded (its neighbours moved, or it was held), its sequences dropped (they end with the old spec);
     else loaded, taking over what the running one holds."""

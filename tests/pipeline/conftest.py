@@ -57,7 +57,7 @@ def launcher(model: Path, workdir: Path) -> Iterator[Callable[..., Pipeline]]:
     def start(num_stages: int = 3, **overrides) -> Pipeline:
         pipeline = Pipeline(pipeline_specs(model, NUM_LAYERS, num_stages, **overrides), workdir)
         started.append(pipeline)
-        pipeline.wait_ready()
+        pipeline.ready_events = pipeline.wait_ready()
         return pipeline
 
     try:

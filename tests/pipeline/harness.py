@@ -91,6 +91,7 @@ class Pipeline:
         """``launcher(i)``: the argv prefix stage i runs under (e.g. ``ip netns exec <its node>``)."""
         self.specs, self.workdir, self.launcher = specs, workdir, launcher
         self.stages: list[StageProcess] = [self.start(i) for i in range(len(specs))]
+        self.ready_events: list[dict] = []  # each stage's, once ``wait_ready`` saw them
 
     @property
     def head(self) -> str:

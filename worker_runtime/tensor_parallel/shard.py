@@ -79,9 +79,13 @@ class StageShard(Stage):
         returns the hidden states or logits, the others None. Only rank 0's ``input_ids`` / ``hidden`` are
         read. A :class:`~worker_runtime.kv_cache.KVBudgetExceeded` is raised on every rank alike (all ranks
         have the same ``kv_tokens``), before any collective."""
-        if self.share.holds_ends:
-            x = self._input(batch)
-        else:
+        return self.run(self._input(batch) if self.share.holds_ends else None, batch, all_logits)
+
+    @torch.inference_mode()
+    def run(self, x: torch.Tensor | None, batch: Batch, all_logits: bool = False) -> torch.Tensor | None:
+        """:meth:`forward` from the batch's input ``x`` as the first layer takes it (rank 0's; None on the
+        others): rank 0 checks and embeds its input before the group hears of the batch."""
+        if x is None:
             x = torch.empty(batch.num_tokens, self.config.hidden_size, dtype=self.dtype, device=self.device)
         plan = self.kv.plan(batch.seq_ids, batch.start_positions, batch.lengths)
         x = self.group.broadcast(x)
