@@ -5,9 +5,11 @@ share of every layer of the stage and reducing the partial results through ``tor
   :func:`split_shares`, the validated split of a stage among a group;
 - ``group.py``: :class:`ShardGroup`, the group's collectives (gloo on CPU, NCCL on CUDA);
 - ``shard.py``: :class:`StageShard`, one rank's shard of a stage: its slices, its KV cache, the forward;
-- ``pacing.py``: ``ShardPacer`` and ``TimedGroup``, an emulated rank's compute paced, its collectives not.
+- ``pacing.py``: ``ShardPacer`` and ``TimedGroup``, an emulated rank's compute paced, its collectives not;
+- serving a group stage: ``rendezvous.py`` (forming the group), ``channel.py`` (rank 0's control messages),
+  ``leader.py`` (rank 0, the stage its pipeline sees), ``follow.py`` (every other rank's process).
 
-Not wired into deployments yet (docs/pipeline.md, "Tensor-parallel stages").
+docs/pipeline.md, "Tensor-parallel stages".
 """
 
 from .group import ShardGroup, backend_for, init_group
