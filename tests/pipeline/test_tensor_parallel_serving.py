@@ -4,8 +4,9 @@ sees.
 
 Two stages, each split unevenly over two CPU ranks, serve concurrent requests, prefix-cache hits and
 speculative verification with the tokens one process computes; a rank may hold its share at 8 bits; the
-group reports every rank's bytes; a rank that dies stops its stage with the reason; stopping the stage
-stops its ranks.
+group reports every rank's bytes; a new spec that keeps what the group loaded is taken in place, one that
+changes the group is refused; a rank that dies stops its stage with the reason; stopping the stage stops
+its ranks.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from worker_runtime.stage import Stage
 from .conftest import NUM_LAYERS
 from .harness import TOKEN, pipeline_specs, wait_healthy
 
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # real stage processes
 # The tiny llama: 2 kv heads, 128 MLP columns; rank 0 holds the larger share.
 UNEVEN = [{"device": "cpu", "kv_heads": 1, "intermediate": 96},
           {"device": "cpu", "kv_heads": 1, "intermediate": 32}]
@@ -65,7 +67,10 @@ async def test_two_grouped_stages_generate_the_tokens_of_one_process(start_pipel
     assert stats["kv_tokens_free_by_stage"] == {"0": 512, "1": 512}
 
 
-async def test_a_rank_at_8_bits_serves_and_the_group_reports_every_ranks_bytes(start_pipeline, tiny_model):
+async def test_a_rank_at_8_bits_serves_reports_every_ranks_bytes_and_takes_a_relink_in_place(
+        start_pipeline, tiny_model):
+    """Then a new spec that keeps what the group loaded (a neighbour's timeout) is taken in place, ranks
+    and all; one that changes the group is refused by the running process, naming what changed."""
     pipeline = start_pipeline(2, kv_tokens=256, **grouped(1, rank_bits=8))
     one_card = Stage.load(tiny_model, *pipeline.specs[1].layers, kv_tokens=256).memory()
     group_ready = pipeline.ready_events[1]
@@ -75,6 +80,19 @@ async def test_a_rank_at_8_bits_serves_and_the_group_reports_every_ranks_bytes(s
         assert (await wait_healthy(client))["ok"]
         tokens = await collect(client, [9, 8, 7, 6], 12)
     assert len(tokens) == 12
+
+    ranks = children(pipeline.pids()[1])
+    pipeline.respec(1, StageSpec.from_dict({**pipeline.specs[1].to_json(), "peer_timeout_s": 3.0}))
+    pipeline.stages[1].wait_event("ready")
+    assert children(pipeline.pids()[1]) == ranks
+    async with PipelineClient(pipeline.head, TOKEN, "p0") as client:
+        assert (await wait_healthy(client))["ok"]
+        assert await collect(client, [9, 8, 7, 6], 12) == tokens
+
+    regrouped = grouped(1)["per_stage"][1]
+    pipeline.respec(1, StageSpec.from_dict({**pipeline.specs[1].to_json(), **regrouped}))
+    assert "tensor_group changed" in pipeline.stages[1].wait_event("error")["message"]
+    assert await asyncio.to_thread(pipeline.stages[1].popen.wait, 10) == 1
 
 
 def test_a_rank_that_dies_stops_its_stage_with_the_reason_and_stop_takes_the_ranks(start_pipeline):
