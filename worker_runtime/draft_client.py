@@ -23,6 +23,7 @@ from typing import Any
 
 import zmq
 
+from contracts.speculation import expected_tokens
 from contracts.stage_spec import DraftLink, StageSpec
 
 from .frames import FrameCodec, FrameError
@@ -145,14 +146,14 @@ class ModelDrafter:
         """How many of the ``candidate.chosen`` tokens to ask for once the wait for them is counted: at
         most as many as raise the sequence's tokens per second, ``E(a, k) / (step + k x (token cost +
         draft time)) > 1 / step``, with the step the fitted round trip of a micro-batch of
-        ``sequences`` and E(a, k) = 1 + a + ... + a^k (all of them until the draft was timed)."""
+        ``sequences`` and E(a, k) of ``contracts.speculation`` (all of them until the draft was timed)."""
         if self.token_s is None or not candidate.chosen:
             return candidate.chosen
         fixed, per_token = policy.cost.fit()
         step = fixed + per_token * sequences
         rate = candidate.acceptance
         for k in range(candidate.chosen, 0, -1):
-            if sum(rate ** j for j in range(k + 1)) * step > step + k * (per_token + self.token_s):
+            if expected_tokens(rate, k) * step > step + k * (per_token + self.token_s):
                 return k
         if rate * step <= per_token:  # not even a draft that took no time would pay: nothing to learn
             return 0

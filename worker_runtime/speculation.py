@@ -28,10 +28,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from contracts.speculation import PRIOR_ACCEPTANCE
+
 from .prompt_lookup import PromptLookup
 from .scheduler import Request, Scheduler
 
-PRIOR_ACCEPTANCE = 0.5  # a sequence's acceptance rate before it verified anything
 ACCEPTANCE_MEMORY = 0.7  # weight of a sequence's past in its acceptance counts, per verification
 OVERALL_MEMORY = 0.9  # the same for the counts of every sequence together
 COST_MEMORY = 0.98  # weight of the past in the step-cost fit: about the last 50 micro-batches

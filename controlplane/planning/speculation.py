@@ -1,40 +1,22 @@
 """What speculative decoding is predicted to give a replica: a pure model the evaluation uses.
 
 Each decode step of a speculating sequence carries k + 1 positions through the pipeline (its last
-accepted token and k proposals). With each proposal accepted with probability ``a``, independently,
-a step yields the accepted prefix plus one token of its own, in expectation
-
-    E(a, k) = 1 + a + a^2 + ... + a^k = (1 - a^(k+1)) / (1 - a)        (k + 1 at a = 1)
-
-tokens per sequence. Its cost is the stage time model's (``cost_model.py``) for (k + 1) x the
-micro-batch's tokens: the weights are read once, the FLOPs, the KV traffic and the hops grow k + 1
-times. Decode tokens/s with speculation are ``E / round(k + 1)`` against ``1 / round(1)`` per
-sequence; since the engine adapts k per sequence and drops it to 0 where it does not pay, the
-prediction is the larger of the two.
+accepted token and k proposals) and yields E(a, k) tokens per sequence (``contracts.speculation``),
+``a`` being the rate at which proposals are accepted. Its cost is the stage time model's
+(``cost_model.py``) for (k + 1) x the micro-batch's tokens: the weights are read once, the FLOPs, the
+KV traffic and the hops grow k + 1 times. Decode tokens/s with speculation are ``E / round(k + 1)``
+against ``1 / round(1)`` per sequence; since the engine adapts k per sequence and drops it to 0 where
+it does not pay, the prediction is the larger of the two.
 
 The acceptance rate is the deployment's measured one where its heads reported figures (accepted over
-proposed tokens), else the mode's prior (``PRIOR_ACCEPTANCE``).
+proposed tokens), else the mode's prior (``contracts.speculation.PRIOR_ACCEPTANCE``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Acceptance rate assumed per proposal before a deployment has measured its own: prompt lookup
-# proposes only where an n-gram of the prompt or the output repeats, and is right about half the time
-# on the workloads it is for (summarising, editing, code, retrieval answers). A mode without an
-# entry (a future drafter) takes ``DEFAULT_PRIOR``.
-PRIOR_ACCEPTANCE = {"lookup": 0.5}
-DEFAULT_PRIOR = 0.5
-
-
-def expected_tokens(acceptance: float, proposals: int) -> float:
-    """Tokens a sequence gains per verification step: E(a, k) of the module doc."""
-    if not 0.0 <= acceptance <= 1.0 or proposals < 0:
-        raise ValueError(f"acceptance {acceptance!r} must be in [0, 1] and proposals {proposals!r} >= 0")
-    if acceptance == 1.0:
-        return float(proposals + 1)
-    return (1.0 - acceptance ** (proposals + 1)) / (1.0 - acceptance)
+from contracts.speculation import PRIOR_ACCEPTANCE, expected_tokens
 
 
 @dataclass(frozen=True)
@@ -57,7 +39,7 @@ class Speculation:
     def acceptance(self) -> float:
         if self.measured_acceptance is not None:
             return self.measured_acceptance
-        return PRIOR_ACCEPTANCE.get(self.mode, DEFAULT_PRIOR)
+        return PRIOR_ACCEPTANCE
 
     @property
     def source(self) -> str:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from contracts.speculation import expected_tokens
 from controlplane.planning import PlanningError, PlanRequest, Workload, plan
 from controlplane.planning.cost_model import BANDWIDTH_EFFICIENCY
-from controlplane.planning.speculation import Speculation, expected_tokens, speculation_figures
+from controlplane.planning.speculation import Speculation, speculation_figures
 from tests.planning.factories import CARDS, fleet, profile
 
 LAYERS, KV_PER_LAYER = 8, 8192
