@@ -225,7 +225,8 @@ class Speculator:
         """Give each decoding request of a micro-batch about to start the proposals that pay
         (at most :func:`proposal_room`)."""
         tokens = sum(len(r.next_input()[0]) for r in requests)
-        eligible = [r for r in requests if proposal_room(r, self.ceiling) > 0]
+        rooms = {r.seq_id: room for r in requests if (room := proposal_room(r, self.ceiling)) > 0}
+        eligible = [r for r in requests if r.seq_id in rooms]
         # A large batch, where even a sure proposal would not pay: no drafting at all. Below that the
         # drafter's proposals are asked for even where the sequence's rate rules them out, so that an
         # unsent one can still be checked (``_unsent``).
@@ -233,7 +234,7 @@ class Speculator:
             return
         candidates, chosen_for = [], []
         for request in eligible:
-            room = proposal_room(request, self.ceiling)
+            room = rooms[request.seq_id]
             proposals = self.drafter.propose(request, room)[:room]
             if proposals:
                 candidates.append(Candidate(proposals, self.policy.acceptance(request.seq_id)))
