@@ -139,13 +139,14 @@ def test_a_card_slower_than_its_catalog_is_calibrated_and_planned_by_it(paced_sy
     expected = {name: statistics.median(values) for name, values in measured.items() if values}
     assert set(expected) == {name for name, _, _ in STAGES}, measured
 
-    # Every device converges to the ratio its stage's own statistics show (the fit saw the same
-    # stages through the agents' heartbeats, sampled at other moments: with the suite's other tests
-    # sharing the cores, the two samplings differ by up to about a fifth).
+    # Every device converges to the ratios its stage's own statistics show: within their spread (the fit
+    # saw the same stages through the agents' heartbeats, sampled at other moments, and the suite's other
+    # tests share the cores, so one sampling's median may sit a fifth from the other's).
     calibrated = stored(system)
     assert all_calibrated(system), f"{calibrated}\n{system.logs()}"
-    for name, ratio in expected.items():
-        assert calibrated[name]["by_bits"]["16"] == pytest.approx(ratio, rel=0.25), (name, calibrated)
+    for name, values in measured.items():
+        fit = calibrated[name]["by_bits"]["16"]
+        assert min(values) / 1.1 <= fit <= max(values) * 1.1, (name, fit, sorted(values))
     # The card at half its catalog speed: twice the ratio of an alike card holding an alike stage. A
     # loaded machine adds the same time to both cards' steps, which pulls the ratio toward 1 (near 1.6
     # at a load average of 6): an uncalibrated card (1.0) is still far outside.
