@@ -18,7 +18,9 @@ from controlplane.deployments.events import event_list
 from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentStage, PlanRevision
 from controlplane.inventory.models import Device, Link, Node
 from controlplane.models_catalog.models import LlmModel
+from controlplane.models_catalog.selectors import model_profile
 from controlplane.planning import PlanningError, StagePlan
+from controlplane.planning.tensor_parallel import layout
 from controlplane.telemetry.calibration import stage_calibration
 
 
@@ -227,18 +229,25 @@ def deployment_overlay() -> list[dict[str, Any]]:
 
 
 def deployment_editor(*, deployment_id: int) -> dict[str, Any]:
-    """What the plan editor starts from: the applied plan, the request it answered, the devices."""
+    """What the plan editor starts from: the applied plan, the request it answered, the devices (with
+    their node: a tensor-parallel group's ranks share one) and what a group's shares split (the model's
+    ``layout``: key-value heads, MLP columns, the int4 group; None where its profile does not say)."""
     deployment = Deployment.objects.select_related("model", "revision").get(pk=deployment_id)
     revision = deployment.revision
-    devices = [{"name": d.name, "model": d.model_name, "memory_gib": round(d.memory_bytes / GIB, 1),
-                "emulated": d.emulated}
+    devices = [{"name": d.name, "node": d.node.name, "model": d.model_name,
+                "memory_gib": round(d.memory_bytes / GIB, 1), "emulated": d.emulated}
                for d in Device.objects.select_related("node").order_by("node__name", "index")]
     return {
         "deployment": {"id": deployment.pk, "name": deployment.name, "status": deployment.status},
         "model": {"id": deployment.model_id, "name": deployment.model.name,
-                  "num_layers": deployment.model.num_layers},
+                  "num_layers": deployment.model.num_layers, "layout": _layout(deployment.model)},
         "revision": {"id": revision.pk, "number": revision.number} if revision else None,
         "plan": revision.plan if revision else None,
         "request": revision.request if revision else {},
         "devices": devices,
     }
+
+
+def _layout(model: LlmModel) -> dict[str, int] | None:
+    shares = layout(model_profile(model=model))
+    return {"kv_heads": shares.kv_heads, "columns": shares.columns, "block": shares.block} if shares else None

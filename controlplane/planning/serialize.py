@@ -1,8 +1,8 @@
 """The JSON form of a plan (schema: docs/planner.md) and back.
 
 ``plan_to_dict`` / ``plan_from_dict`` round-trip a full plan exactly. ``placements_from_dict``
-reads only what an operator edits (device, layers, bits and an optional low_bits / low_from per
-stage), so an edited plan may omit every predicted figure; ``validate`` re-prices it.
+reads only what an operator edits (device, layers, bits and an optional low_bits / low_from and
+group per stage), so an edited plan may omit every predicted figure; ``validate`` re-prices it.
 """
 
 from __future__ import annotations

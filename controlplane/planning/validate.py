@@ -19,17 +19,18 @@ from controlplane.planning.planner import plan as make_plan
 from controlplane.planning.quality_budget import plan_kl, quantized_layers, within_kl
 from controlplane.planning.request import PlanningError, PlanRequest
 from controlplane.planning.serialize import placements_from_dict
+from controlplane.planning.validate_group import group_problems
 
 # Problems after which the edited plan cannot be priced at all.
 _STRUCTURAL = {"unknown_device", "bad_range", "bad_split", "layer_missing", "layer_duplicated",
-               "not_contiguous", "empty_replica", "malformed"}
+               "not_contiguous", "empty_replica", "malformed", "bad_group"}
 
 
 @dataclass(frozen=True)
 class Problem:
     code: str  # unknown_device | device_unavailable | device_reused | bad_range | layer_missing |
     # layer_duplicated | not_contiguous | empty_replica | over_memory | precision_not_allowed |
-    # bad_split | over_quality_budget | pin_violated | malformed
+    # bad_split | over_quality_budget | pin_violated | malformed | bad_group
     message: str
     replica: int | None = None
     stage: int | None = None
@@ -71,7 +72,8 @@ def check(edited: Plan | Mapping[str, Any], request: PlanRequest) -> tuple[list[
             return [Problem("malformed", str(exc))], None
     problems = _problems(request, replicas)
     priced = None
-    known_bits = all({p.bits, p.last_bits} <= {16, 8, 4} for stages, _ in replicas for p in stages)
+    known_bits = all({p.bits, p.last_bits, *(g.bits for g in p.group)} <= {16, 8, 4}
+                     for stages, _ in replicas for p in stages)
     if not any(p.code in _STRUCTURAL for p in problems) and replicas and known_bits:
         cost = CostModel(request)
         evaluated = [evaluate_replica(cost, stages, m or min(cost.batch, len(stages)), i)
@@ -91,7 +93,7 @@ def _with_planner(request: PlanRequest, problems, priced: Plan | None) -> Valida
 def _problems(request: PlanRequest, replicas) -> list[Problem]:
     problems: list[Problem] = []
     known = {d.name: d for d in request.fleet.devices}
-    uses = Counter(p.device for stages, _ in replicas for p in stages)
+    uses = Counter(d for stages, _ in replicas for p in stages for d in _devices(p))
     layers = request.model.num_layers
     cost = CostModel(request)
     if not replicas:
@@ -153,8 +155,12 @@ def _stage_problems(request: PlanRequest, cost: CostModel, known, uses, p: Place
     reason = request.excluded_reason(device)
     if reason:
         yield Problem("device_unavailable", f"{where}: device is {reason}", r, s)
-    if uses[p.device] > 1:
-        yield Problem("device_reused", f"{where}: device carries {uses[p.device]} stages", r, s)
+    for name in _devices(p):
+        if uses[name] > 1:
+            who = "device" if name == p.device else f"its rank {name}"
+            yield Problem("device_reused", f"{where}: {who} carries {uses[name]} stages", r, s)
+    grouped = [Problem(code, text, r, s) for code, text in group_problems(request, cost, known, p, where)]
+    yield from grouped
     for bits in sorted({p.bits} | ({p.low_bits} if p.low_bits is not None else set()), reverse=True):
         if bits not in request.bits:
             yield Problem("precision_not_allowed",
@@ -167,7 +173,7 @@ def _stage_problems(request: PlanRequest, cost: CostModel, known, uses, p: Place
     if split:
         yield Problem("bad_split", f"{where}: {split}", r, s)
         return
-    if {p.bits, p.last_bits} <= {16, 8, 4}:
+    if {p.bits, p.last_bits} <= {16, 8, 4} and not grouped:  # a group's memory needs its shares sound
         memory = cost.memory(device, p)
         need = memory.holding(cost.kv_required)
         if need > memory.capacity_bytes:
@@ -176,6 +182,11 @@ def _stage_problems(request: PlanRequest, cost: CostModel, known, uses, p: Place
                           f"{memory.kv_bytes_per_token * cost.kv_required / GIB:.2f}, workspace "
                           f"{memory.workspace_bytes / GIB:.2f}) but {memory.capacity_bytes / GIB:.2f} GiB is "
                           f"usable: over by {(need - memory.capacity_bytes) / GIB:.2f} GiB", r, s)
+
+
+def _devices(p: Placement) -> list[str]:
+    """The devices a stage runs on: its group's ranks, or its one card."""
+    return list(dict.fromkeys(share.device for share in p.group)) or [p.device]
 
 
 def _ranges(indices: list[int]) -> str:

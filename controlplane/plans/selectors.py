@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 from contracts.hardware import FleetSpec
@@ -16,6 +17,7 @@ from controlplane.models_catalog.models import LlmModel
 from controlplane.models_catalog.selectors import model_profile
 from controlplane.planning import Plan, PlanRequest, plan_to_dict
 from controlplane.planning.speculation import Speculation
+from controlplane.planning.tensor_parallel import group_link
 from controlplane.telemetry.calibration import stage_calibration
 from controlplane.telemetry.selectors import stage_samples
 
@@ -66,7 +68,9 @@ def with_calibration(plan: Plan, *, fleet: FleetSpec) -> dict[str, Any]:
     """The planner's JSON of ``plan`` with, per stage, the calibration its figures were priced with
     (``calibration``: the factor of its device at the stage's last precision, where that comes from,
     the samples behind it) and the figures without it (``predicted_raw``: first principles alone).
-    A stored plan never carries them. Two queries."""
+    A tensor-parallel group stage also carries ``group_link``: the link its collectives are priced over
+    (``tensor_parallel.group_link``: the slowest between two of its ranks). A stored plan never
+    carries them. Two queries."""
     data = plan_to_dict(plan)
     specs = {d.name: d for d in fleet.devices}
     stored = calibrations()
@@ -74,6 +78,8 @@ def with_calibration(plan: Plan, *, fleet: FleetSpec) -> dict[str, Any]:
         d.node for d in specs.values()})}
     for replica, shown in zip(plan.replicas, data["replicas"]):
         for stage, out in zip(replica.stages, shown["stages"]):
+            if stage.group and all(share.device in specs for share in stage.group):
+                out["group_link"] = _group_link(fleet, [specs[share.device] for share in stage.group])
             spec, row = specs.get(stage.device), rows.get(stage.device)
             if spec is None or row is None:
                 continue
@@ -85,6 +91,12 @@ def with_calibration(plan: Plan, *, fleet: FleetSpec) -> dict[str, Any]:
             out["predicted_raw"] = {"compute_ms": raw, "transfer_ms": stage.transfer_ms,
                                     "step_ms": max(raw, stage.transfer_ms)}
     return data
+
+
+def _group_link(fleet: FleetSpec, devices: list) -> dict[str, Any]:
+    # group_link asks its first argument for ``link(a, b)``: the cost model's, here the fleet's own.
+    link = group_link(SimpleNamespace(link=fleet.link_between), devices)
+    return {"kind": link.kind, "bandwidth_gbs": link.bandwidth_gbs, "latency_us": link.latency_us}
 
 
 def calibration_overview(*, deployment_id: int | None = None) -> dict[str, Any]:

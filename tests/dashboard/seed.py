@@ -117,6 +117,39 @@ def lab_with_proposal() -> dict:
     return seeded
 
 
+# One stage of all 32 layers on a group of node-a's last two A100s (one NVLink island), Llama-3-8B's 8
+# key-value heads and 14336 MLP columns split evenly.
+GROUP_STAGE = {"device": "node-a/gpu2", "layers": [0, 32], "bits": 16, "group": [
+    {"device": "node-a/gpu2", "kv_heads": 4, "columns": 7168, "bits": 16},
+    {"device": "node-a/gpu3", "kv_heads": 4, "columns": 7168, "bits": 16}]}
+
+
+def stopped_group_deployment_create(*, name: str = "tp-chat") -> int:
+    """A stopped deployment of the lab's model whose applied plan holds a tensor-parallel group
+    (``GROUP_STAGE``), priced by the planner's check: what the plan editor shows a group with. The
+    revision is written directly, as ``running_deployment_create`` writes its own: a deployment refuses
+    to apply a group until the stage runtime serves them. No stage rows: nothing runs."""
+    from django.utils import timezone
+
+    from controlplane.deployments.models import Deployment, PlanRevision
+    from controlplane.models_catalog.models import LlmModel
+    from controlplane.planning import check, plan_to_dict
+    from controlplane.plans.selectors import plan_request_from_inventory
+
+    model = LlmModel.objects.get()
+    request = {**REQUEST, "replicas": 1}
+    problems, priced = check({"replicas": [{"stages": [GROUP_STAGE]}]},
+                             plan_request_from_inventory(model=model, request=request))
+    assert not problems, problems
+    deployment = Deployment.objects.create(name=name, model=model, status=Deployment.Status.STOPPED)
+    deployment.revision = PlanRevision.objects.create(
+        model=model, deployment=deployment, number=1, plan=plan_to_dict(priced), request=request,
+        source=PlanRevision.Source.PLANNER, status=PlanRevision.Status.APPLIED, applied_at=timezone.now(),
+    )
+    deployment.save()
+    return deployment.pk
+
+
 def _checkpoint_stand_in() -> Path:
     """Llama-3-8B's config beside an empty ``model.safetensors``: deployable as far as the control
     plane can tell (it never opens weights; agents do), so applying a plan works. No agent runs

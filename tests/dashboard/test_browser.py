@@ -3,18 +3,21 @@
 Covers: log in; the topology of an emulated fleet with a running deployment; a utilization chart
 updating live from agent telemetry; prefix caching's figures on the Utilization and Deployments pages;
 an invalid plan edit showing the planner's error; a valid edit applied as a new revision; the prefix
-caching switch. Screenshots of each page go to test-artifacts/screenshots/.
+caching switch; a tensor-parallel group's shares in the plan editor, edited and checked. Screenshots of
+each page go to test-artifacts/screenshots/.
 (READY on the new plan needs real agents and stage processes: tests/dashboard/test_e2e.py.)
 
 Each test stands alone, in any order: the read-only ones share a module's server and a page logged in
-by its fixture; the one that applies a new revision has a server and agents of its own. One chromium
-serves them all (Playwright's sync API runs one per thread): a test needing another session opens a
-context of its own in it.
+by its fixture (the group editor's test adds a stopped deployment there, which runs no stage and so
+changes nothing the others see); the one that applies a new revision has a server and agents of its
+own. One chromium serves them all (Playwright's sync API runs one per thread): a test needing another
+session opens a context of its own in it.
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +26,7 @@ import pytest
 
 from tests.dashboard.browser import SCREENSHOTS, SeededServer, SimulatedAgents, log_in, logged_in_page
 from tests.dashboard.seed import OPERATOR
+from tests.support.processes import REPO_ROOT, manage_argv
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 pytest.importorskip("playwright.sync_api")
@@ -213,6 +217,71 @@ def test_invalid_edit_shows_the_error_a_valid_one_is_applied_and_rebalance_propo
     page.click("#apply")
     assert page.locator("#diff li").count() == 2
     page.keyboard.press("Escape")
+
+
+@pytest.fixture(scope="module")
+def group_deployment(server) -> int:
+    """The module's server with a stopped deployment whose applied plan holds a tensor-parallel group
+    (``seed.GROUP_STAGE``). It has no stage rows: the topology and pipelines stay the other tests'."""
+    script = "from tests.dashboard.seed import stopped_group_deployment_create as c; print(f'ID={c()}')"
+    out = subprocess.run(manage_argv("shell", "-c", script), env=server.env, cwd=REPO_ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    return int(out.split("ID=", 1)[1])
+
+
+def test_plan_editor_shows_a_groups_shares_and_checks_an_edit_of_them(page, group_deployment):
+    page.goto(f"/deployments/{group_deployment}/plan/")
+    page.wait_for_selector("#check-status.ok")
+    shares = page.locator("tr.shares[data-replica='0'][data-stage='0']")
+    ranks = shares.locator("tr[data-rank]")
+
+    def column(selector: str) -> list[str]:
+        return [ranks.nth(i).locator(selector).input_value() for i in range(ranks.count())]
+
+    assert column("select.rank-device") == ["node-a/gpu2", "node-a/gpu3"]
+    assert column("input.kv-heads") == ["4", "4"] and column("input.columns") == ["7168", "7168"]
+    assert column("select.rank-bits") == ["16", "16"]
+    assert shares.locator(".group-sums").inner_text() == (
+        "kv heads 8 of 8 · MLP columns 14336 of 14336 (a rank at int4 holds whole groups of 32)")
+    figures = shares.locator(".group-figures")
+    figures.filter(has_text="group link nvlink").wait_for()
+    even = _step_ms(figures.inner_text())
+
+    # A head taken from rank 1 alone: the sums no longer add up, and the check says which.
+    _set(ranks.nth(1).locator("input.kv-heads"), "3")
+    problem = page.locator("#problems li[data-code=bad_group]")
+    problem.wait_for()
+    assert "the ranks' kv heads sum to 7, the model has 8 (4+3)" in problem.inner_text()
+    assert page.locator("#check-status.error").is_visible() and page.locator("#apply").is_disabled()
+    assert figures.inner_text() == "not priced until the plan's problems are fixed"
+    shot(page, "plan-editor-group-invalid", full_page=False)
+
+    # Rank 0 takes that head: valid, and priced with the uneven shares (its slower rank sets the step).
+    _set(ranks.nth(0).locator("input.kv-heads"), "5")
+    page.wait_for_selector("#check-status.ok")
+    figures.filter(has_text="group link").wait_for()
+    assert _step_ms(figures.inner_text()) > even
+    edited_rate = page.locator("#figures tr[data-figure=decode_tokens_per_s] td").nth(2)
+    assert edited_rate.get_attribute("class") == "worse"
+    shot(page, "plan-editor-group", full_page=False)
+
+    # A third rank from the node's spare cards: it takes half the heads and columns of the largest ranks.
+    page.locator("button.add-rank").first.click()
+    page.wait_for_selector("#check-status.ok")
+    assert ranks.count() == 3 and column("input.kv-heads") == ["3", "3", "2"]
+    ranks.nth(2).locator("button.remove-rank").click()
+    page.wait_for_selector("#check-status.ok")
+    assert column("input.kv-heads") == ["5", "3"]
+
+
+def _set(field, value: str) -> None:
+    field.fill(value)
+    field.dispatch_event("change")
+
+
+def _step_ms(text: str) -> float:
+    """The step of 'predicted step 1.234 ms (compute …) · group link …'."""
+    return float(re.match(r"predicted step ([\d.]+) ms", text).group(1))
 
 
 def _pipelines(server) -> int:

@@ -16,18 +16,7 @@ from controlplane.models_catalog.services import model_register
 from controlplane.planning import PlanningError, plan, plan_to_dict
 from controlplane.plans.selectors import deployment_speculation, plan_request_from_inventory
 from tests.api.mixins import assert_error
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-@pytest.fixture
-def lab(db):
-    fleet_import(fleet=load_fleet_file(EXAMPLES / "fleets" / "lab-3node.yaml"))
-
-
-@pytest.fixture
-def llama3_8b(db):
-    return model_register(path=EXAMPLES / "models" / "Llama-3-8B" / "config.json")
+from tests.plans.conftest import EXAMPLES
 
 
 def _layers_covered(replica: dict) -> list[int]:

@@ -1,6 +1,8 @@
 // Plan editor: edit the applied plan's placement, have every edit priced by the planner
 // (POST /api/v1/plans/validate/), and apply a valid plan as a new revision after confirming the diff.
 import { postJSON } from "./api.js";
+import { h } from "./dom.js";
+import { addRank, canAddRank, groupLabel, ranksOf, sharesRow, showGroupFigures } from "./group_editor.js";
 import { bitsLabel, precisionLabel } from "./precision.js";
 import { liveStages, REFRESH_MS, stagePredictions } from "./calibration.js";
 
@@ -11,7 +13,8 @@ const stored = editor.request || {};
 const layers = editor.model.num_layers;
 const placement = (plan) => ({ replicas: plan.replicas.map((r) => ({
   micro_batches: r.micro_batches, stages: r.stages.map((s) => ({ device: s.device, layers: [...s.layers], bits: s.bits,
-    ...(s.low_bits ? { low_bits: s.low_bits, low_from: s.low_from } : {}) })) })) });
+    ...(s.low_bits ? { low_bits: s.low_bits, low_from: s.low_from } : {}),
+    ...(s.group ? { group: s.group.map((g) => ({ ...g })) } : {}) })) })) });
 const current = editor.plan && placement(editor.plan);
 let edited = editor.plan && placement(editor.plan);
 let check = null, checkSeq = 0, timer = null, live = {};
@@ -27,22 +30,18 @@ function colour(name) {
   const i = deviceIndex.get(name) ?? 0;
   return `hsl(${(i * 137.5) % 360}, 55%, 42%)`;
 }
-const h = (tag, attrs = {}, ...children) => {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k.startsWith("on")) node.addEventListener(k.slice(2), v); else if (v !== false) node.setAttribute(k, v === true ? "" : v);
-  }
-  node.append(...children);
-  return node;
-};
+
+const HEADINGS = ["", "device", "from layer", "to layer (excl.)", "precision", "last layers at", "from layer", "ranks"];
 
 function renderTables() {
   const root = document.getElementById("stage-tables");
+  const used = new Set(edited.replicas.flatMap((replica) => replica.stages.flatMap((s) => s.group ? s.group.map((g) => g.device) : [s.device])));
+  const groups = { devices: editor.devices, layout: editor.model.layout, edit, span: HEADINGS.length };
   root.replaceChildren(...edited.replicas.map((replica, r) => {
-    const rows = replica.stages.map((stage, s) => h("tr", { "data-replica": r, "data-stage": s },
+    const rows = replica.stages.flatMap((stage, s) => [h("tr", { "data-replica": r, "data-stage": s },
       h("td", {}, `stage ${s}`),
       h("td", {}, h("select", { class: "device", "aria-label": `replica ${r} stage ${s} device`,
-        onchange: (e) => edit(() => { stage.device = e.target.value; }) },
+        onchange: (e) => edit(() => { stage.device = e.target.value; if (stage.group) stage.group[0].device = stage.device; }) },
         ...editor.devices.map((d) => h("option", { value: d.name, selected: d.name === stage.device },
           `${d.name} · ${d.model} · ${d.memory_gib} GiB${d.emulated ? " (emulated)" : ""}`)))),
       h("td", { class: "num" }, String(stage.layers[0])),
@@ -50,18 +49,22 @@ function renderTables() {
         "aria-label": `replica ${r} stage ${s} last layer (exclusive)`,
         onchange: (e) => edit(() => moveBoundary(replica, s, Number(e.target.value))) })),
       h("td", {}, h("select", { class: "bits", "aria-label": `replica ${r} stage ${s} precision`,
-        onchange: (e) => edit(() => { stage.bits = Number(e.target.value); }) },
+        onchange: (e) => edit(() => { stage.bits = Number(e.target.value); stage.group?.forEach((g) => { g.bits = stage.bits; }); }) },
         ...[16, 8, 4].map((b) => h("option", { value: b, selected: b === stage.bits }, bitsLabel(b))))),
       h("td", {}, h("select", { class: "low-bits", "aria-label": `replica ${r} stage ${s} precision of its last layers`,
         onchange: (e) => edit(() => setLowBits(stage, Number(e.target.value))) },
         ...[0, 8, 4].map((b) => h("option", { value: b, selected: b === (stage.low_bits || 0) }, b ? bitsLabel(b) : "—")))),
       h("td", {}, h("input", { type: "number", class: "low-from", min: stage.layers[0] + 1, max: stage.layers[1] - 1,
         value: stage.low_from ?? "", disabled: !stage.low_bits, "aria-label": `replica ${r} stage ${s} first layer at the lower precision`,
-        onchange: (e) => edit(() => { stage.low_from = Number(e.target.value); }) }))));
+        onchange: (e) => edit(() => { stage.low_from = Number(e.target.value); }) })),
+      h("td", {}, h("button", { type: "button", class: "secondary add-rank", "aria-label": `replica ${r} stage ${s} add a rank`,
+        disabled: !canAddRank(stage, editor.devices, editor.model.layout, used),
+        title: "split the stage's layers with another card of its node (tensor parallel)",
+        onclick: () => edit(() => addRank(stage, editor.devices, editor.model.layout, used)) }, "+ rank"))),
+    ...(stage.group ? [sharesRow(stage, r, s, groups)] : [])]);
     return h("table", { class: "grid replica-table" },
       h("caption", {}, `Replica ${r}`),
-      h("thead", {}, h("tr", {}, ...["", "device", "from layer", "to layer (excl.)", "precision", "last layers at", "from layer"]
-        .map((t) => h("th", {}, t)))),
+      h("thead", {}, h("tr", {}, ...HEADINGS.map((t) => h("th", {}, t)))),
       h("tbody", {}, ...rows));
   }));
 }
@@ -83,8 +86,8 @@ function bar(replica, label) {
   return h("div", {}, h("div", { class: "muted" }, label),
     h("div", { class: "bar" }, ...replica.stages.map((s) => {
       const width = Math.max(0, s.layers[1] - s.layers[0]) / layers * 100;
-      return h("div", { style: `width:${width}%;background:${colour(s.device)}`, title: `${s.device} layers [${s.layers[0]}, ${s.layers[1]}) ${precisionLabel(s)}` },
-        `${s.device} ${s.layers[0]}–${s.layers[1]} ${s.bits === 16 && !s.low_bits ? "" : precisionLabel(s)}`);
+      return h("div", { style: `width:${width}%;background:${colour(s.device)}`, title: `${s.device} layers [${s.layers[0]}, ${s.layers[1]}) ${precisionLabel(s)}${groupLabel(s)}` },
+        `${ranksOf(s)} ${s.layers[0]}–${s.layers[1]} ${s.bits === 16 && !s.low_bits ? "" : precisionLabel(s)}`);
     })));
 }
 
@@ -97,7 +100,7 @@ function renderCheck() {
   const status = document.getElementById("check-status");
   const problems = document.getElementById("problems");
   const changed = diff().length > 0;
-  if (!check) { status.textContent = "checking…"; return; }
+  if (!check) { status.className = ""; status.textContent = "checking…"; return; }
   problems.replaceChildren(...check.problems.map((p) => h("li", { "data-code": p.code }, p.message)));
   status.className = check.valid ? "ok" : "error";
   status.textContent = check.valid ? (changed ? "valid: this plan can be applied" : "valid (no change yet)")
@@ -119,6 +122,7 @@ function renderCheck() {
   }
   renderMemory();
   renderPredictions();
+  showGroupFigures(check.predicted);
   document.getElementById("apply").disabled = !(check.valid && changed);
 }
 
@@ -144,12 +148,12 @@ function renderMemory() {
   if (!check.predicted) { root.replaceChildren(h("p", { class: "hint" }, "the edited plan cannot be priced until its structure is fixed")); return; }
   root.replaceChildren(...check.predicted.replicas.flatMap((r) => r.stages).map((s) => {
     // Weights and workspace are fixed; the planner gives the KV cache whatever is left, so the
-    // bar shows what the layers take and how much room the cache keeps.
+    // bar shows what the layers take and how much room the cache keeps (a group's: summed over its ranks).
     const { weights_bytes: weights, workspace_bytes: workspace, kv_bytes: kv, total_bytes: used, capacity_bytes: cap } = s.memory;
     const over = used > cap;
     const pct = (bytes) => `${Math.min(100, (100 * bytes) / Math.max(cap, used))}%`;
     return h("div", { class: `memory-row${over ? " over" : ""}`, "data-device": s.device },
-      h("span", {}, s.device),
+      h("span", {}, ranksOf(s)),
       h("div", { class: "track", title: `weights ${fmt(weights / GIB, 2)} GiB, workspace ${fmt(workspace / GIB, 2)} GiB, KV cache ${fmt(kv / GIB, 2)} GiB (${s.kv_tokens} tokens) of ${fmt(cap / GIB, 2)} GiB usable` },
         h("div", { class: "fill weights", style: `width:${pct(weights)}` }),
         h("div", { class: "fill workspace", style: `width:${pct(workspace)}` }),
@@ -162,7 +166,7 @@ function diff() {
   const lines = [];
   edited.replicas.forEach((replica, r) => replica.stages.forEach((s, i) => {
     const before = current.replicas[r]?.stages[i];
-    const describe = (x) => `${x.device} [${x.layers[0]}, ${x.layers[1]}) ${precisionLabel(x)}`;
+    const describe = (x) => `${x.device} [${x.layers[0]}, ${x.layers[1]}) ${precisionLabel(x)}${groupLabel(x)}`;
     if (!before) lines.push(`replica ${r} stage ${i}: new, ${describe(s)}`);
     else if (describe(before) !== describe(s)) lines.push(`replica ${r} stage ${i}: ${describe(before)} → ${describe(s)}`);
   }));
@@ -185,8 +189,12 @@ async function validate() {
   }
 }
 
+// An edit makes the last check stale at once: it reads "checking…" and Apply waits for the next one.
 function edit(change) {
   change();
+  check = null;
+  document.getElementById("apply").disabled = true;
+  renderCheck();
   renderTables();
   renderBars();
   clearTimeout(timer);
