@@ -38,6 +38,7 @@ NODE = """  - name: {name}
     address: 127.0.0.1
     gpus:
       - model: T4
+        count: {count}
         overrides: {overrides}
 """
 # Short clocks so failures show within seconds; an emulated T4 paced lightly (CPU time dominates).
@@ -86,11 +87,13 @@ class System:
         self.api_token = read_credentials(Path(self.env["MOTLEY_VAR_DIR"]))["api_token"]
         self.join_token = self.manage("create_join_token", "--ttl", "10m").strip()
 
-    def start_agents(self, names: list[str], overrides: str = "{}") -> None:
-        """One agent per name, each emulating a node with one T4 (``overrides``: the fleet file's, e.g.
-        ``{memory_gib: 0.5}``)."""
+    def start_agents(self, names: list[str], overrides: str = "{}",
+                     cards: dict[str, int] | None = None) -> None:
+        """One agent per name, each emulating a node with one T4 (``cards``: how many on a node, if more;
+        ``overrides``: the fleet file's, e.g. ``{memory_gib: 0.5}``)."""
         fleet = self.workdir / "fleet.yaml"
-        fleet.write_text(FLEET.format(nodes="".join(self.fleet_node(n, overrides) for n in names)))
+        fleet.write_text(FLEET.format(nodes="".join(self.fleet_node(n, overrides, (cards or {}).get(n, 1))
+                                                    for n in names)))
         for name in names:
             self.start_agent(name)
         wait_until(lambda: len(self.get("/api/v1/nodes/")["results"]) == len(names), 60, "agents registered")
@@ -105,8 +108,8 @@ class System:
         ], env={"MOTLEY_JOIN_TOKEN": join_token or self.join_token})
 
     # Where each node lives: here one host, loopback; tests/multihost gives each its own namespace.
-    def fleet_node(self, name: str, overrides: str) -> str:
-        return NODE.format(name=name, overrides=overrides)
+    def fleet_node(self, name: str, overrides: str, count: int = 1) -> str:
+        return NODE.format(name=name, overrides=overrides, count=count)
 
     def launcher(self, name: str) -> list[str]:
         return []

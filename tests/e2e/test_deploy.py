@@ -63,9 +63,10 @@ def registered(system: System, checkpoint, name: str) -> int:
     return system.get(f"/api/v1/models/?name={name}")["results"][0]["id"]
 
 
-def deploy(system: System, demo_model, agents=("n0", "n1", "n2"), **options) -> int:
+def deploy(system: System, demo_model, agents=("n0", "n1", "n2"), cards: dict[str, int] | None = None,
+           **options) -> int:
     model = registered(system, demo_model, "demo")
-    system.start_agents(list(agents))
+    system.start_agents(list(agents), cards=cards)
     body = {"name": "demo", "model": model, "plan": three_stages(2, 4), "request": REQUEST,
             "source": "edited", "speculation": "lookup", **options}
     response = system.post("/api/v1/deployments/", body)
@@ -82,12 +83,20 @@ def pids(deployment: dict) -> dict[str, int]:
 
 
 def test_embedded_deploy_and_generate_and_refuse_bad_join_tokens(embedded_system, demo_model, draft_model):
-    """With a draft model: deployed on the spare node, its pipeline linked from the head's spec, and
-    its proposals verified by the pipeline with the tokens unchanged."""
+    """The last stage a tensor-parallel group of n2's two cards (uneven shares of the demo's two kv heads
+    and 128 MLP columns), and a draft model: deployed on the spare node, its pipeline linked from the
+    head's spec, and its proposals verified by the pipeline with the tokens unchanged."""
     system = embedded_system
     small = registered(system, draft_model, "demo-draft")
-    pk = deploy(system, demo_model, agents=("n0", "n1", "n2", "n3"), speculation="draft", draft_model=small)
+    plan = three_stages(2, 4)
+    plan["replicas"][0]["stages"][2]["group"] = [
+        {"device": "n2/gpu0", "kv_heads": 1, "columns": 96, "bits": 16},
+        {"device": "n2/gpu1", "kv_heads": 1, "columns": 32, "bits": 16}]
+    pk = deploy(system, demo_model, agents=("n0", "n1", "n2", "n3"), cards={"n2": 2}, plan=plan,
+                speculation="draft", draft_model=small)
     deployment = system.wait_status(pk, "ready", 90)
+    (grouped,) = [s for s in deployment["stages"] if s["stage_index"] == 2 and s["wanted"]]
+    assert [(r["kv_heads"], r["intermediate"]) for r in grouped["tensor_group"]] == [(1, 96), (1, 32)]
     draft = system.wait_status(deployment["draft_deployment"], "ready", 90)
     assert [s["node_name"] for s in draft["stages"]] == ["n3"]
     expected, head_stats = reference(demo_model), []

@@ -24,9 +24,9 @@ class NetnsSystem(System):
     def index(self, name: str) -> int:
         return int(name.removeprefix("n"))
 
-    def fleet_node(self, name: str, overrides: str) -> str:
+    def fleet_node(self, name: str, overrides: str, count: int = 1) -> str:
         k = self.index(name)
-        return NODE.format(name=name, overrides=overrides).replace(
+        return NODE.format(name=name, overrides=overrides, count=count).replace(
             "address: 127.0.0.1",
             f"address: {self.network.address(k)}\n    network_gbps: {self.network.gbps[k]}")
 

@@ -38,13 +38,17 @@ class StageSerializer(serializers.ModelSerializer):
     bits = serializers.IntegerField(source="spec.bits", read_only=True, default=None)
     low_bits = serializers.IntegerField(source="spec.low_bits", read_only=True, default=None)
     low_from = serializers.IntegerField(source="spec.low_from", read_only=True, default=None)
+    tensor_group = serializers.JSONField(
+        source="spec.tensor_group", read_only=True, default=list,
+        help_text="A tensor-parallel stage's ranks, the first on ``device`` (docs/contracts.md §1); [] for "
+                  "one card.")
 
     class Meta:
         model = DeploymentStage
         fields = [
             "stage_key", "pipeline", "plan_replica", "stage_index", "wanted", "held", "node", "node_name",
-            "device", "device_name", "address", "layers", "bits", "low_bits", "low_from", "state", "pid",
-            "exit_code", "restarts", "message", "observed_at", "replica", "slot",
+            "device", "device_name", "address", "layers", "bits", "low_bits", "low_from", "tensor_group",
+            "state", "pid", "exit_code", "restarts", "message", "observed_at", "replica", "slot",
         ]
 
 
