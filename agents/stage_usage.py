@@ -18,3 +18,10 @@ class StageUsage:
     # and so devices, its activations go to and come from (NVLink or PCIe, agents/discovery/emulated.py).
     listen: str | None = None
     next: str | None = None
+    # A tensor-parallel stage's other ranks: (device index, bytes) each, held on their own devices.
+    group_held: tuple[tuple[int, int], ...] = ()
+
+    def bytes_on(self, device_index: int) -> int:
+        """The memory the stage holds on the device ``device_index``, its ranks' included."""
+        own = self.memory_bytes if self.device_index == device_index else 0
+        return own + sum(nbytes for index, nbytes in self.group_held if index == device_index)

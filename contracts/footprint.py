@@ -21,6 +21,14 @@ A device's usable memory is what it has free (``memory_bytes - memory_used_bytes
 for the CUDA context, allocator slack and fragmentation: ``RESERVED_FRACTION`` of the card and
 ``RESERVED_BYTES``.
 
+A rank of a tensor-parallel stage (``rank_footprint``) holds its share of the same stage: of every
+layer its key-value heads' fraction ``h = kv_heads / K`` of the attention matmuls and of the KV, its
+columns' fraction ``c = intermediate / I`` of the MLP matmuls (``TensorLayout.fractions``: the layer's
+bytes times ``a h + (1 - a) c``, ``a`` attention's share of the layer's matmul weights), and ``c`` of
+the ``lm_head`` on the last stage; the first rank alone keeps the embedding, whole; every rank keeps
+the whole workspace (hidden states are replicated, the logits gathered). Weights and KV per token are
+rounded to whole bytes.
+
 Pure Python, imports nothing heavy: the planner (numpy), the agent and the workers (torch) all use it.
 The planner's price matrices compute the same sums from prefix sums, for every range at once, with
 these constants; ``tests/contracts/test_footprint.py`` holds the two to the same bytes.
@@ -106,6 +114,65 @@ def stage_footprint(profile: ModelProfile, start: int, end: int, precision: Prec
         kv_tokens=kv_tokens,
         workspace_bytes=activation_workspace_bytes(profile) + logits_bytes(profile, batch) * holds_head,
         host_kv_tokens=host_kv_tokens,
+    )
+
+
+@dataclass(frozen=True)
+class TensorLayout:
+    """What a tensor-parallel group splits of every layer: ``kv_heads`` key-value heads (each with its
+    query heads), ``columns`` MLP intermediate columns, and ``attention``, attention's share of the
+    layer's matmul weights (and FLOPs)."""
+
+    kv_heads: int
+    columns: int
+    attention: float
+
+    def fractions(self, kv_heads: int, columns: int) -> tuple[float, float, float]:
+        """A rank's fractions of a layer holding ``kv_heads`` heads and ``columns`` columns: of its
+        heads (attention and KV), of its columns (MLP and ``lm_head``), and of its matmul weights."""
+        heads, cols = kv_heads / self.kv_heads, columns / self.columns
+        return heads, cols, self.attention * heads + (1.0 - self.attention) * cols
+
+
+def tensor_layout(profile: ModelProfile) -> TensorLayout | None:
+    """The model's ``TensorLayout`` from its profile (``contracts.profiler``'s ``extra``); None when the
+    profile does not say its heads."""
+    extra = profile.extra or {}
+    try:
+        hidden, heads, kv = profile.hidden_size, int(extra["num_heads"]), int(extra["num_kv_heads"])
+        head_dim, columns = int(extra.get("head_dim") or hidden // heads), int(extra["intermediate_size"])
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv * head_dim
+    mlp = 3 * hidden * columns
+    return TensorLayout(kv, columns, attention / (attention + mlp))
+
+
+def rank_footprint(profile: ModelProfile, start: int, end: int, precision: Precision = FULL, *,
+                   kv_heads: int, intermediate: int, first: bool, kv_tokens: int = 0,
+                   batch: int) -> StageFootprint:
+    """The footprint of one rank of a tensor-parallel stage holding layers [start, end) at ``precision``
+    (its bits before ``low_from``), ``kv_heads`` key-value heads and ``intermediate`` MLP columns of each
+    (see the module doc); ``first``: the group's first rank, which keeps the embedding of a first stage.
+
+    ValueError as ``stage_footprint``, and for a profile that does not say its heads.
+    """
+    layout = tensor_layout(profile)
+    if layout is None:
+        raise ValueError(f"the profile of {profile.name} does not say its heads: it cannot be split")
+    whole = stage_footprint(profile, start, end, precision, batch=batch)  # what the rank has a share of
+    heads, cols, part = layout.fractions(kv_heads, intermediate)
+    bits = precision.layer_bits(start, end)
+    weights = float(sum(layer.weight_bytes[b] for layer, b in zip(profile.layers[start:end], bits))) * part
+    if end == profile.num_layers:
+        weights += profile.head.weight_bytes[bits[-1]] * cols
+    if start == 0 and first:
+        weights += profile.embedding.weight_bytes[EMBEDDING_BITS]
+    return StageFootprint(
+        weights_bytes=round(weights),
+        kv_bytes_per_token=round(whole.kv_bytes_per_token * heads),
+        kv_tokens=kv_tokens,
+        workspace_bytes=whole.workspace_bytes,
     )
 
 

@@ -76,6 +76,7 @@ class EmulatedMetrics:
         for device in self._devices:
             mine = [(i, usage) for i, usage in enumerate(usages) if usage.device_index == device.index]
             utilization = min(1.0, sum(usage.busy_fraction for _, usage in mine))
+            held = sum(usage.bytes_on(device.index) for usage in usages)  # a group's ranks' included
             factor = self.throttles.factor(device.index) if self.throttles else 1.0
             temperature = IDLE_TEMPERATURE_C + (FULL_USE_TEMPERATURE_C - IDLE_TEMPERATURE_C) * utilization
             if factor < 1:
@@ -89,7 +90,7 @@ class EmulatedMetrics:
                 GpuMetrics(
                     index=device.index,
                     utilization_pct=round(100.0 * utilization, 1),
-                    memory_used_bytes=device.memory_used_bytes + sum(usage.memory_bytes for _, usage in mine),
+                    memory_used_bytes=held + device.memory_used_bytes,
                     memory_total_bytes=device.memory_bytes,
                     temperature_c=round(temperature, 1),
                     power_w=round(MODELED_POWER_LIMIT_W * (IDLE_POWER_FRACTION + (1 - IDLE_POWER_FRACTION)

@@ -13,6 +13,7 @@ validated here: a spec the worker would refuse is refused at the controller, bef
 from __future__ import annotations
 
 import secrets
+from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
@@ -20,9 +21,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from contracts.hardware import pcie_bandwidth_gbs
 from contracts.model_profile import ModelProfile
-from contracts.stage_spec import DraftLink, Emulation, SpecError, StageSpec
+from contracts.stage_spec import DraftLink, SpecError, StageSpec
 from controlplane.deployments import dispatch, handover
 from controlplane.deployments.events import event_record
 from controlplane.deployments.models import (
@@ -35,6 +35,7 @@ from controlplane.deployments.models import (
 from controlplane.deployments.revisions import CheckedPlan
 from controlplane.deployments.room import room_shortfalls
 from controlplane.deployments.serving_switches import serving_switches
+from controlplane.deployments.stage_devices import emulation_of, spec_device, tensor_group
 from controlplane.inventory.models import Device, Node
 from controlplane.planning.plan import StagePlan
 
@@ -274,7 +275,9 @@ def _stage_spec(
     *, pipeline: DeploymentPipeline, stage: StagePlan, stage_index: int, device: Device,
     addresses: list[str], checked: CheckedPlan,
 ) -> StageSpec:
-    """The stage spec of contracts §1; emulated devices run on the CPU, paced to the card they stand for.
+    """The stage spec of contracts §1; emulated devices run on the CPU, paced to the card they stand for
+    (``stage_devices.py``). A tensor-parallel stage lists its ranks (``tensor_group``), the first on
+    ``device``; its one process starts the others on the same node.
 
     Its KV pool is ``_kv_tokens``, its host KV tier ``_host_kv_tokens``. The head (stage 0) schedules the
     pipeline: it keeps as many micro-batches in flight as its plan replica was planned with.
@@ -294,18 +297,14 @@ def _stage_spec(
         head=addresses[0],
         next=addresses[stage_index + 1] if stage_index + 1 < len(addresses) else None,
         **stage.precision.fields(),
-        device="cpu" if device.emulated else f"cuda:{device.index}",
+        device=spec_device(device),
         threads=settings.MOTLEY_STAGE_THREADS,
         kv_tokens=_kv_tokens(stage, device, checked),
         host_kv_tokens=_host_kv_tokens(stage, device, checked),
         batch=checked.batch,
         peer_timeout_s=settings.MOTLEY_STAGE_PEER_TIMEOUT_S,
-        emulation=(
-            Emulation(memory_bandwidth_gbs=device.memory_bandwidth_gbs, fp16_tflops=device.fp16_tflops,
-                      time_scale=settings.MOTLEY_EMULATION_TIME_SCALE,
-                      host_link_gbs=pcie_bandwidth_gbs(device.pcie_gen, device.pcie_lanes))
-            if device.emulated else None
-        ),
+        emulation=emulation_of(device),
+        tensor_group=tensor_group(stage, checked.devices),
         micro_batches=micro_batches if stage_index == 0 else None,
         draft=DraftLink(**draft) if draft is not None else None,
         **switches,
@@ -319,9 +318,10 @@ def _stage_spec(
 
 def _footprint_spec(stage: StagePlan, device: Device, checked: CheckedPlan) -> dict[str, Any]:
     """What a plan stage's footprint depends on (room.py's test), as its spec says it: its layers and
-    precision, its KV pool and batch."""
+    precision, its KV pool and batch, and a group's ranks."""
     return {"layers": list(stage.layers), **stage.precision.fields(),
-            "kv_tokens": _kv_tokens(stage, device, checked), "batch": checked.batch}
+            "kv_tokens": _kv_tokens(stage, device, checked), "batch": checked.batch,
+            "tensor_group": [asdict(rank) for rank in tensor_group(stage, checked.devices)]}
 
 
 def _kv_tokens(stage: StagePlan, device: Device, checked: CheckedPlan) -> int:
@@ -332,5 +332,7 @@ def _kv_tokens(stage: StagePlan, device: Device, checked: CheckedPlan) -> int:
 
 def _host_kv_tokens(stage: StagePlan, device: Device, checked: CheckedPlan) -> int:
     """The stage's host KV tier: the plan's, at most the workload's KV on an emulated device (whose KV
-    pool is in host memory already, like the tier)."""
+    pool is in host memory already, like the tier); none for a tensor-parallel stage."""
+    if stage.group:
+        return 0
     return min(stage.host_kv_tokens, checked.workload_kv_tokens) if device.emulated else stage.host_kv_tokens

@@ -30,7 +30,7 @@ from controlplane.deployments.models import (
     PlanRevision,
 )
 from controlplane.deployments.revisions import plan_revision_check, replan_revision_create
-from controlplane.deployments.room import room_shortfalls
+from controlplane.deployments.room import room_shortfalls, spec_device_ids
 from controlplane.deployments.serving_switches import serving_switches_stale, serving_switches_write
 from controlplane.planning import PlanningError
 
@@ -58,7 +58,7 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
     target = getattr(deployment, "drafting_for", None)
     if target is not None and serving_switches_stale(deployment=target):  # this draft's pipeline changed
         dispatch.reconcile_on_commit(deployment_id=target.pk)
-    rows = list(deployment.stages.select_related("node", "device"))
+    rows = list(deployment.stages.select_related("node", "device", "sent_device"))
     leaving = _leaving_by_device(rows)
     # Loads nobody waits for (a pipeline beside a serving one, a held stage) yield the CPU
     # (agents/load_priority.py); one in an in-place handover's pause does not.
@@ -79,7 +79,8 @@ def deployment_reconcile(*, deployment_id: int) -> Deployment:
             row.state == row.State.PENDING and row.sent_at is not None and row.sent_at < now - start_timeout
         )
         if changed or unconfirmed or row.state == row.State.EXITED:
-            if (blocking := [key for key in leaving.get(row.device_id, ()) if key != row.stage_key]) and (
+            if (blocking := [key for pk in sorted(spec_device_ids(row.device, row.spec))
+                             for key in leaving.get(pk, ()) if key != row.stage_key]) and (
                     room_shortfalls(profile=ModelProfile.from_dict(deployment.model.profile),
                                     new=[(row.device, row.spec)], exclude=frozenset({row.pk}))):
                 # The leaving stages still hold the memory it needs: the agent would refuse the start.
@@ -158,10 +159,13 @@ def _leaving_by_device(rows: list[DeploymentStage]) -> dict[int, list[str]]:
     for row in rows:
         if row.lost or row.held or row.sent_at is None or row.state in (row.State.EXITED, row.State.FAILED):
             continue
-        if not row.wanted and row.device_id is not None:
-            leaving.setdefault(row.device_id, []).append(row.stage_key)
-        elif row.wanted and row.sent_device_id not in (None, row.device_id):
-            leaving.setdefault(row.sent_device_id, []).append(row.stage_key)
+        if not row.wanted:
+            devices = spec_device_ids(row.device, row.sent_spec or row.spec)
+        else:  # a tensor-parallel stage's ranks count on their own devices
+            devices = (spec_device_ids(row.sent_device, row.sent_spec)
+                       - spec_device_ids(row.device, row.spec))
+        for pk in sorted(devices):
+            leaving.setdefault(pk, []).append(row.stage_key)
     return leaving
 
 

@@ -48,6 +48,7 @@ class CheckedPlan:
     batch: int  # sequences the plan was priced for (each stage's spec carries it)
     workload_kv_tokens: int  # batch x context: the KV one replica's workload needs on every stage
     micro_batches: list[int]  # per replica: micro-batches its head keeps in flight
+    devices: dict[str, Device]  # every device the plan names (tensor-parallel ranks too), by name
 
 
 def plan_revision_check(
@@ -63,11 +64,11 @@ def plan_revision_check(
     model = revision.model
     if not model.has_weights:
         raise ValidationError({"model": planning_only_message(model)})
-    grouped = _tensor_parallel_stages(revision)
-    if grouped:
-        raise ValidationError({"plan": grouped})
     busy = devices_in_use(deployment=deployment)
     devices, problems = plan_devices(revision.plan, busy=busy, exclude_nodes=exclude_nodes)
+    if problems:
+        raise ValidationError({"plan": problems})
+    problems = _group_problems(revision, devices)
     if problems:
         raise ValidationError({"plan": problems})
     try:
@@ -83,19 +84,30 @@ def plan_revision_check(
         batch=edited.batch,
         workload_kv_tokens=edited.batch * edited.context,
         micro_batches=[replica.micro_batches for replica in edited.replicas],
+        devices=devices,
     )
 
 
-def _tensor_parallel_stages(revision: PlanRevision) -> list[str]:
-    """One message per stage of the plan that is a tensor-parallel group: the planner places them
-    (``PlanRequest.tensor_parallel``), the stage processes do not run them yet."""
-    try:
-        replicas = revision.placements
-    except PlanningError:
-        return []  # the planner's check names what is malformed
-    return [f"replica {r} stage {s} ({p.device} + {len(p.group) - 1} more on layers [{p.start}, {p.end})): "
-            f"tensor-parallel groups are planned but not yet served"
-            for r, stages in enumerate(replicas) for s, p in enumerate(stages) if p.group]
+def _group_problems(revision: PlanRevision, devices: dict[str, Device]) -> list[str]:
+    """One message per tensor-parallel stage of the plan that its process could not run: its first
+    rank's process is the stage (on the stage's device) and starts the others on its own node, one
+    per device (contracts §1 ``tensor_group``)."""
+    problems = []
+    for r, stages in enumerate(revision.placements):
+        for s, placement in enumerate(stages):
+            names = [share.device for share in placement.group]
+            nodes = sorted({devices[name].node.name for name in names})
+            where = f"replica {r} stage {s} (layers [{placement.start}, {placement.end}))"
+            if names and names[0] != placement.device:
+                problems.append(f"{where}: a tensor-parallel group's first rank is the stage's device "
+                                f"{placement.device}, not {names[0]}")
+            if len(set(names)) < len(names):
+                problems.append(f"{where}: a tensor-parallel group holds each device once: "
+                                f"{', '.join(names)}")
+            if len(nodes) > 1:
+                problems.append(f"{where}: a tensor-parallel group runs on one node, but its devices "
+                                f"{', '.join(names)} are on nodes {', '.join(nodes)}")
+    return problems
 
 
 def replan_revision_create(

@@ -15,9 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from django.db.models import Q
-
-from contracts.footprint import stage_footprint, usable_bytes
+from contracts.footprint import rank_footprint, stage_footprint, usable_bytes
 from contracts.hardware import GIB, DeviceSpec
 from contracts.model_profile import ModelProfile
 from contracts.precision import Precision
@@ -28,34 +26,41 @@ from controlplane.inventory.models import Device
 def room_shortfalls(*, profile: ModelProfile, new: Iterable[tuple[Device, dict[str, Any]]],
                     exclude: frozenset[int] = frozenset()) -> list[str]:
     """Why the new stages (device, §1 spec of ``profile``'s model) do not all fit beside what is held
-    on their devices; empty when they do.
+    on their devices; empty when they do. A tensor-parallel stage counts each rank on its own device.
 
     Held: every stage row on the device (any deployment) that is wanted or not yet confirmed gone,
     since a stage being stopped holds its memory until its process exits, and the process of a row
     moved off the device in place (``sent_device``) until it is replaced; rows in ``exclude`` (the
     new stages' own rows, when they are stored already) are not.
     """
+    new = list(new)
+    cards = _Cards({device.node_id for device, _ in new})
     need: dict[int, int] = {}
-    devices: dict[int, Device] = {}
     for device, spec in new:
-        need[device.pk] = need.get(device.pk, 0) + spec_bytes(profile, spec)
-        devices[device.pk] = device
+        for card, nbytes in cards.holdings(device, profile, spec):
+            need[card.pk] = need.get(card.pk, 0) + nbytes
     held = dict.fromkeys(need, 0)
     profiles = {}
     gone = (DeploymentStage.State.EXITED, DeploymentStage.State.FAILED)
-    rows = DeploymentStage.objects.filter(Q(device_id__in=need) | Q(sent_device_id__in=need))
-    for row in rows.select_related("deployment__model"):
+    rows = DeploymentStage.objects.filter(node_id__in=cards.nodes)  # a stage's ranks share its node
+    for row in rows.select_related("deployment__model", "device", "sent_device"):
         if not row.wanted and row.state in gone or not row.spec or row.pk in exclude:
             continue
         model = row.deployment.model
         if model.pk not in profiles:
             profiles[model.pk] = ModelProfile.from_dict(model.profile)
-        if row.device_id in held:
-            held[row.device_id] += spec_bytes(profiles[model.pk], row.spec)
-        if row.sent_device_id in held and row.sent_device_id != row.device_id and row.state not in gone:
-            held[row.sent_device_id] += spec_bytes(profiles[model.pk], row.sent_spec)
+        running = cards.holdings(row.device, profiles[model.pk], row.spec) if row.device else []
+        for card, nbytes in running:
+            if card.pk in held:
+                held[card.pk] += nbytes
+        if row.sent_device is not None and row.sent_spec and row.state not in gone:  # its running process
+            on = {card.pk for card, _ in running}
+            for card, nbytes in cards.holdings(row.sent_device, profiles[model.pk], row.sent_spec):
+                if card.pk in held and card.pk not in on:
+                    held[card.pk] += nbytes
     shortfalls = []
-    for pk, device in devices.items():
+    for pk in need:
+        device = cards.by_pk[pk]
         usable = usable_bytes(_device_spec(device))
         if held[pk] + need[pk] > usable:
             shortfalls.append(f"{device.name} needs {_gib(need[pk])} beside {_gib(held[pk])} held, "
@@ -63,11 +68,52 @@ def room_shortfalls(*, profile: ModelProfile, new: Iterable[tuple[Device, dict[s
     return shortfalls
 
 
-def spec_bytes(profile: ModelProfile, spec: dict[str, Any]) -> int:
-    """The bytes the stage of a §1 spec holds on its card (``contracts.footprint``)."""
+def spec_holdings(profile: ModelProfile, spec: dict[str, Any]) -> list[tuple[int | None, int]]:
+    """The bytes the stage of a §1 spec holds on each of its cards (``contracts.footprint``), as
+    (device index, bytes): one (None, bytes) for a stage on one card, its row's; one per rank, on the
+    rank's ``device_index`` of the stage's node, for a tensor-parallel stage."""
     start, end = spec["layers"]
-    return stage_footprint(profile, start, end, Precision.of(spec), kv_tokens=spec["kv_tokens"],
-                           batch=spec["batch"]).total_bytes
+    group = spec.get("tensor_group") or ()
+    if not group:
+        return [(None, stage_footprint(profile, start, end, Precision.of(spec), kv_tokens=spec["kv_tokens"],
+                                       batch=spec["batch"]).total_bytes)]
+    return [(rank["device_index"], rank_footprint(
+        profile, start, end, Precision.of({**spec, "bits": rank["bits"]}), kv_heads=rank["kv_heads"],
+        intermediate=rank["intermediate"], first=r == 0, kv_tokens=spec["kv_tokens"], batch=spec["batch"],
+    ).total_bytes) for r, rank in enumerate(group)]
+
+
+def spec_device_ids(device: Device | None, spec: dict[str, Any] | None) -> set[int]:
+    """Ids of the devices the stage of ``spec`` on ``device`` holds memory on: its own, and for a
+    tensor-parallel stage its ranks' (devices of its node)."""
+    if device is None:
+        return set()
+    indexes = [rank["device_index"] for rank in (spec or {}).get("tensor_group") or ()]
+    if not indexes:
+        return {device.pk}
+    ranks = Device.objects.filter(node_id=device.node_id, index__in=indexes).values_list("pk", flat=True)
+    return {device.pk, *ranks}
+
+
+class _Cards:
+    """The devices of some nodes, by id and by (node, index): where a stage's ranks are."""
+
+    def __init__(self, nodes: set[int]):
+        self.nodes = nodes
+        devices = list(Device.objects.filter(node_id__in=nodes).select_related("node"))
+        self.by_pk = {device.pk: device for device in devices}
+        self._by_place = {(device.node_id, device.index): device for device in devices}
+
+    def holdings(self, device: Device, profile: ModelProfile,
+                 spec: dict[str, Any]) -> list[tuple[Device, int]]:
+        """The bytes the stage of ``spec`` on ``device`` holds, per card (a rank on a card of its node
+        the inventory does not know is not counted: the agent refuses it)."""
+        found = []
+        for index, nbytes in spec_holdings(profile, spec):
+            card = device if index is None else self._by_place.get((device.node_id, index))
+            if card is not None:
+                found.append((card, nbytes))
+        return found
 
 
 def _device_spec(device: Device) -> DeviceSpec:

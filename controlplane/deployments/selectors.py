@@ -8,6 +8,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db.models import Prefetch, QuerySet
 
+from contracts.names import device_name
 from controlplane.deployments.models import Deployment, DeploymentPipeline, DeploymentStage
 from controlplane.inventory.models import Device, Node
 from controlplane.models_catalog.models import LlmModel
@@ -149,17 +150,24 @@ def plan_devices(
 
 
 def plan_device_names(plan_data: Any) -> list[str]:
-    """The devices a plan (stored, or as the API received it) puts a stage on."""
+    """The devices a plan (stored, or as the API received it) puts a stage or a tensor-parallel rank on."""
     try:
-        return sorted({stage.device for replica in replica_placements(plan_data) for stage in replica})
+        return sorted({device for replica in replica_placements(plan_data) for stage in replica
+                       for device in (stage.device, *(share.device for share in stage.group))})
     except PlanningError as exc:
         raise ValidationError({"plan": str(exc)}) from None
 
 
 def devices_in_use(*, deployment: Deployment | None) -> dict[str, str]:
-    """Device name -> name of the other deployment whose wanted stage it carries."""
+    """Device name -> name of the other deployment whose wanted stage it carries (as its card, or as a
+    rank of its tensor-parallel group: a device of the stage's node, ``device_index`` in its spec)."""
     stages = (
         DeploymentStage.objects.filter(wanted=True, deployment__stop_requested=False, device__isnull=False)
         .exclude(deployment=deployment).select_related("device__node", "deployment")
     )
-    return {stage.device.name: stage.deployment.name for stage in stages}
+    used = {}
+    for stage in stages:
+        used[stage.device.name] = stage.deployment.name
+        for rank in stage.spec.get("tensor_group") or ():
+            used[device_name(stage.device.node.name, rank["device_index"])] = stage.deployment.name
+    return used

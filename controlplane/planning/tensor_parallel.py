@@ -34,8 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from contracts.footprint import StageFootprint, usable_bytes
+from contracts.footprint import TensorLayout, rank_footprint, tensor_layout, usable_bytes
 from contracts.hardware import DeviceSpec, LinkSpec
+from contracts.precision import Precision
 from controlplane.planning.plan import Placement, Share, StagePrecision
 from controlplane.planning.roofline import (
     DECODE_COMPUTE_EFFICIENCY,
@@ -53,31 +54,22 @@ DEFAULT_BLOCK = 128  # MLP columns per block when the profile names no quantizat
 
 
 @dataclass(frozen=True)
-class Layout:
-    """What the shares split: key-value heads, MLP columns in blocks, and attention's share of a
-    layer's matmul weights and FLOPs."""
+class Layout(TensorLayout):
+    """What the shares split (``contracts.footprint.TensorLayout``), with the MLP columns in blocks."""
 
-    kv_heads: int
-    columns: int
-    block: int
-    attention: float
+    block: int = DEFAULT_BLOCK
 
 
 def layout(model) -> Layout | None:
-    """The model's layout from its profile (``contracts.profiler``'s ``extra``); None when it does not
-    say its heads (no group is then considered)."""
-    extra = model.extra or {}
-    try:
-        hidden, heads, kv = model.hidden_size, int(extra["num_heads"]), int(extra["num_kv_heads"])
-        head_dim, columns = int(extra.get("head_dim") or hidden // heads), int(extra["intermediate_size"])
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+    """The model's layout from its profile; None when it does not say its heads or has too few heads or
+    columns to split (no group is then considered)."""
+    split = tensor_layout(model)
+    if split is None:
         return None
-    block = int((extra.get("quantization") or {}).get("group_size") or DEFAULT_BLOCK)
-    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv * head_dim
-    mlp = 3 * hidden * columns
-    if kv < 2 or columns < 2 * block:
+    block = int(((model.extra or {}).get("quantization") or {}).get("group_size") or DEFAULT_BLOCK)
+    if split.kv_heads < 2 or split.columns < 2 * block:
         return None
-    return Layout(kv, columns, block, attention / (attention + mlp))
+    return Layout(split.kv_heads, split.columns, split.attention, block)
 
 
 def _whole(weights: list[float], total: int) -> list[int]:
@@ -138,14 +130,14 @@ def gather_s(link: LinkSpec, ranks: int, nbytes):
 
 def _rank(cost, lay: Layout, share: Share, first: bool, starts, ends, micro_batch: float,
           tokens: float | None, splits=None, low_bits: int | None = None):
-    """(seconds, bytes kept, footprint parts) of one rank for stages [starts, ends): [starts, splits)
-    at ``share.bits``, [splits, ends) and the head at ``low_bits`` (``splits``: ``ends`` when None);
-    ``tokens``: a prefill of that many tokens instead of a decode step."""
+    """(seconds, bytes kept) of one rank for stages [starts, ends): [starts, splits) at ``share.bits``,
+    [splits, ends) and the head at ``low_bits`` (``splits``: ``ends`` when None); ``tokens``: a prefill
+    of that many tokens instead of a decode step. The bytes are ``contracts.footprint.rank_footprint``'s
+    with the workload's KV, for every range at once."""
     device, b = cost.device(share.device), share.bits
     low = b if low_bits is None else low_bits
     splits = ends if splits is None else splits
-    heads, cols = share.kv_heads / lay.kv_heads, share.columns / lay.columns
-    part = lay.attention * heads + (1.0 - lay.attention) * cols
+    heads, cols, part = lay.fractions(share.kv_heads, share.columns)
     last = ends == cost.num_layers
     layers = (cost.weights[b][splits] - cost.weights[b][starts]
               + cost.weights[low][ends] - cost.weights[low][splits])
@@ -164,9 +156,8 @@ def _rank(cost, lay: Layout, share: Share, first: bool, starts, ends, micro_batc
     # As on one card, a stage with layers at ``low_bits`` takes that precision's calibration.
     factor = np.where(splits < ends, slowdown(device, low), slowdown(device, b))
     seconds = (busy + (ends - starts) * LAYER_OVERHEAD_S) * factor
-    stored = weights + cost.embedding_bytes * (starts == 0) * first
-    workspace = cost.workspace + cost.logits * last
-    return seconds, stored + kv * cost.kv_required + workspace, (stored, kv, workspace)
+    stored = np.round(weights + cost.embedding_bytes * (starts == 0) * first)  # whole bytes, as the rank's
+    return seconds, stored + np.round(kv) * cost.kv_required + cost.workspace + cost.logits * last
 
 
 def _priced(cost, shares: tuple[Share, ...], starts, ends, micro_batch: float, tokens: float | None = None,
@@ -178,7 +169,7 @@ def _priced(cost, shares: tuple[Share, ...], starts, ends, micro_batch: float, t
     link = group_link(cost, devices)
     slowest, fits = 0.0, ends > starts
     for index, share in enumerate(shares):
-        seconds, kept, _ = _rank(cost, lay, share, index == 0, starts, ends, micro_batch, tokens, splits,
+        seconds, kept = _rank(cost, lay, share, index == 0, starts, ends, micro_batch, tokens, splits,
                                  low_bits)
         slowest = np.maximum(slowest, seconds)
         fits = fits & (kept <= usable_bytes(devices[index]))
@@ -288,14 +279,15 @@ class GroupFit:
 
 
 def group_fit(cost, stage: StagePrecision) -> GroupFit:
-    lay = layout(cost.model)
-    ranks = []
-    for index, share in enumerate(stage.group):
-        _, _, (stored, kv, workspace) = _rank(cost, lay, share, index == 0, np.array(stage.start),
-                                              np.array(stage.end), 1.0, None, *_split(stage))
-        footprint = StageFootprint(int(round(float(stored))), int(round(float(kv))), 0, int(workspace))
-        ranks.append(StageFit(footprint, usable_bytes(cost.device(share.device))))
-    return GroupFit(tuple(ranks))
+    """Each rank's ``contracts.footprint.rank_footprint`` against its card's usable memory: the bytes the
+    agent admits the rank by (``_rank`` prices every range with the same sums)."""
+    return GroupFit(tuple(
+        StageFit(rank_footprint(cost.model, stage.start, stage.end,
+                                Precision(share.bits, stage.low_bits, stage.low_from),
+                                kv_heads=share.kv_heads, intermediate=share.columns, first=index == 0,
+                                batch=cost.batch),
+                 usable_bytes(cost.device(share.device)))
+        for index, share in enumerate(stage.group)))
 
 
 def group_resource(cost, stage: StagePrecision, micro_batch: float) -> str:

@@ -9,22 +9,25 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from agents.memory_budget import spec_footprint
+from agents.memory_budget import rank_footprints, spec_footprint
 from contracts.footprint import (
     RESERVED_BYTES,
     RESERVED_FRACTION,
     UNBOUNDED_KV_TOKENS,
+    rank_footprint,
     stage_footprint,
+    tensor_layout,
     usable_bytes,
 )
 from contracts.hardware import GIB
 from contracts.model_config import ModelConfig
 from contracts.precision import Precision
 from contracts.profiler import profile_model
-from contracts.stage_spec import StageSpec
+from contracts.stage_spec import StageSpec, TensorRank
 from controlplane.planning import PlanRequest, Workload
 from controlplane.planning.cost_model import CostModel
-from controlplane.planning.plan import Placement
+from controlplane.planning.plan import Placement, Share
+from controlplane.planning.tensor_parallel import _rank, layout
 from tests.planning.factories import fleet, profile
 
 CONFIG = {
@@ -163,3 +166,78 @@ def test_the_int8_head_is_priced_as_the_stage_holds_it(hidden):
     assert model.head.weight_bytes[8] == 1000 * hidden + 2 * scales + 2 * hidden  # + the final norm
     stage = Stage(config, 1, 2, dtype=torch.bfloat16, precision=Precision(8), kv_tokens=16)
     assert stage.memory().weight_bytes == stage_footprint(model, 1, 2, Precision(8), batch=1).weights_bytes
+
+
+# A model whose 4 kv heads split unevenly: 3 heads and 448 MLP columns on one rank, 1 and 192 on the other.
+GROUP_CONFIG = {**CONFIG, "num_attention_heads": 8, "num_key_value_heads": 4}
+SHARES = ((3, 448), (1, 192))
+
+
+def _group_model(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(GROUP_CONFIG))
+    return profile_model(ModelConfig.from_file(tmp_path), name=str(tmp_path))
+
+
+def test_a_ranks_footprint_is_its_share_of_the_stage(tmp_path):
+    model = _group_model(tmp_path)
+    # Attention: q and o (256 x 8 heads x 32) and k and v (256 x 4 x 32); the MLP: 3 x 256 x 640.
+    assert tensor_layout(model).attention == pytest.approx(2 / 7)
+    precision = Precision(16, 4, 6)
+    whole = stage_footprint(model, 0, 12, precision, kv_tokens=50, batch=2)
+    ranks = [rank_footprint(model, 0, 12, precision, kv_heads=h, intermediate=c, first=r == 0, kv_tokens=50,
+                            batch=2) for r, (h, c) in enumerate(SHARES)]
+    assert [r.kv_bytes_per_token for r in ranks] == [3 * whole.kv_bytes_per_token // 4,
+                                                     whole.kv_bytes_per_token // 4]
+    assert all(r.workspace_bytes == whole.workspace_bytes and r.kv_tokens == 50 for r in ranks)
+    assert abs(sum(r.weights_bytes for r in ranks) - whole.weights_bytes) <= len(ranks)  # rounding only
+    layers = 6 * model.layers[0].weight_bytes[16] + 6 * model.layers[0].weight_bytes[4]
+    part = 2 / 7 * 1 / 4 + 5 / 7 * 192 / 640
+    head = model.head.weight_bytes[4] * 192 / 640
+    assert ranks[1].weights_bytes == pytest.approx(layers * part + head, abs=1)
+    # The embedding is whole on the first rank of a first stage, and nowhere else.
+    middle, first = ([rank_footprint(model, start, 6, kv_heads=3, intermediate=448, first=first, batch=2)
+                      for first in (True, False)] for start in (2, 0))
+    assert middle[0] == middle[1]
+    assert first[0].weights_bytes - first[1].weights_bytes == model.embedding.weight_bytes[16]
+    with pytest.raises(ValueError, match="does not say its heads"):
+        rank_footprint(profile(4), 0, 2, kv_heads=1, intermediate=64, first=True, batch=1)
+
+
+def test_the_planners_group_prices_hold_every_rank_to_its_footprint(tmp_path):
+    """The joint search prices every rank of every [i, j) from prefix sums (``tensor_parallel._rank``):
+    the same bytes as the rank's footprint, for every range, precision and split."""
+    model = _group_model(tmp_path)
+    cost = CostModel(PlanRequest(fleet({"n": ["A100", "T4"]}), model, Workload(batch=3, context=256)))
+    n, lay = model.num_layers, layout(model)
+    for bits, low_bits in ((16, None), (8, None), (4, None), (16, 8), (16, 4)):
+        for start in range(n):
+            for end in range(start + 1, n + 1):
+                for split in [end] if low_bits is None else range(start + 1, end):
+                    precision = Precision(bits) if split == end else Precision(bits, low_bits, split)
+                    for r, (heads, columns) in enumerate(SHARES):
+                        share = Share(f"n/gpu{r}", heads, columns, bits)
+                        _, kept = _rank(cost, lay, share, r == 0, np.array(start), np.array(end), 1.0, None,
+                                        np.array(split), low_bits)
+                        want = rank_footprint(model, start, end, precision, kv_heads=heads,
+                                              intermediate=columns, first=r == 0, batch=3)
+                        assert float(kept) == want.holding(cost.kv_required), (start, end, split, bits, r)
+
+
+def test_the_planner_and_the_agent_compute_the_same_footprint_of_each_rank(tmp_path):
+    model = _group_model(tmp_path)
+    request = PlanRequest(fleet({"n": ["A100", "T4"]}), model, Workload(batch=5, context=256))
+    cost = CostModel(request)
+    ranks = tuple(TensorRank("cpu", h, c, 16, r) for r, (h, c) in enumerate(SHARES))
+    for start, end, bits, low_bits, low_from in STAGES:
+        shares = tuple(Share(f"n/gpu{r}", h, c, bits) for r, (h, c) in enumerate(SHARES))
+        placement = Placement("n/gpu0", start, end, bits, low_bits, low_from, group=shares)
+        planner = cost.memory(request.fleet.device("n/gpu0"), placement)
+        spec = StageSpec(pipeline_id="d1-r0", auth_token="t", model_path=str(tmp_path),
+                         stage_index=0 if start == 0 else 1, num_stages=3, layers=(start, end),
+                         listen="tcp://127.0.0.1:1", head="tcp://127.0.0.1:1", next="tcp://127.0.0.1:2",
+                         **Precision(bits, low_bits, low_from).fields(), kv_tokens=planner.kv_tokens, batch=5,
+                         tensor_group=tuple(replace(rank, bits=bits) for rank in ranks))
+        agent = rank_footprints(spec)
+        assert [a.total_bytes for a in agent] == [r.holding(planner.kv_tokens) for r in planner.ranks]
+        assert all(r.holding(planner.kv_tokens) <= r.capacity_bytes for r in planner.ranks)
+        assert [r.capacity_bytes for r in planner.ranks] == [usable_bytes(d) for d in request.fleet.devices]

@@ -15,7 +15,7 @@ from controlplane.deployments.models import Deployment, DeploymentEvent, Deploym
 from controlplane.deployments.node_actions import node_drain
 from controlplane.deployments.reconcile import deployment_reconcile
 from controlplane.deployments.revisions import plan_revision_create
-from controlplane.deployments.room import spec_bytes
+from controlplane.deployments.room import spec_holdings
 from controlplane.deployments.selectors import deployment_endpoints
 from controlplane.deployments.services import deployment_apply, deployment_create
 from controlplane.deployments.stage_reports import stage_status_record
@@ -248,7 +248,7 @@ def test_the_controllers_footprint_of_a_stage_is_the_agents(nodes, llm, revision
     profile = ModelProfile.from_dict(llm.profile)
     for stage in deployment.stages.all():
         agent = spec_footprint(StageSpec.from_dict(stage.spec))  # as the agent reads the spec it is sent
-        assert spec_bytes(profile, stage.spec) == agent.total_bytes > 0
+        assert spec_holdings(profile, stage.spec) == [(None, agent.total_bytes)] and agent.total_bytes > 0
 
 
 def test_a_stage_moving_onto_a_card_another_stage_is_leaving_starts_once_that_one_is_gone(
