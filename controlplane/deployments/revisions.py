@@ -68,9 +68,6 @@ def plan_revision_check(
     devices, problems = plan_devices(revision.plan, busy=busy, exclude_nodes=exclude_nodes)
     if problems:
         raise ValidationError({"plan": problems})
-    problems = _group_problems(revision, devices)
-    if problems:
-        raise ValidationError({"plan": problems})
     try:
         request = plan_request_now(revision=revision, busy=busy, exclude_nodes=exclude_nodes)
     except PlanningError as exc:
@@ -86,28 +83,6 @@ def plan_revision_check(
         micro_batches=[replica.micro_batches for replica in edited.replicas],
         devices=devices,
     )
-
-
-def _group_problems(revision: PlanRevision, devices: dict[str, Device]) -> list[str]:
-    """One message per tensor-parallel stage of the plan that its process could not run: its first
-    rank's process is the stage (on the stage's device) and starts the others on its own node, one
-    per device (contracts §1 ``tensor_group``)."""
-    problems = []
-    for r, stages in enumerate(revision.placements):
-        for s, placement in enumerate(stages):
-            names = [share.device for share in placement.group]
-            nodes = sorted({devices[name].node.name for name in names})
-            where = f"replica {r} stage {s} (layers [{placement.start}, {placement.end}))"
-            if names and names[0] != placement.device:
-                problems.append(f"{where}: a tensor-parallel group's first rank is the stage's device "
-                                f"{placement.device}, not {names[0]}")
-            if len(set(names)) < len(names):
-                problems.append(f"{where}: a tensor-parallel group holds each device once: "
-                                f"{', '.join(names)}")
-            if len(nodes) > 1:
-                problems.append(f"{where}: a tensor-parallel group runs on one node, but its devices "
-                                f"{', '.join(names)} are on nodes {', '.join(nodes)}")
-    return problems
 
 
 def replan_revision_create(
