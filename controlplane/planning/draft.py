@@ -84,7 +84,8 @@ def place_draft(request: PlanRequest, replicas: Sequence[ReplicaPlan | Sequence[
     except KeyError:
         raise PlanningError(f"draft: the target's head card {stages[0][0].device!r} is not in the fleet "
                             f"{request.fleet.name}") from None
-    used = {s.device for replica in stages for s in replica}
+    used = {device for replica in stages for s in replica
+            for device in (s.device, *(share.device for share in s.group))}  # a group's every rank
     allowed, refused = _allowed_bits(request, draft)
     candidates, unfit = [], []
     for device in request.fleet.devices:

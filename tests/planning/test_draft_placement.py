@@ -14,6 +14,7 @@ from controlplane.planning import Placement, PlanningError, PlanRequest, Workloa
 from controlplane.planning.cost_model import CostModel
 from controlplane.planning.draft import place_draft
 from controlplane.planning.ordering import speed
+from controlplane.planning.plan import Share
 from tests.planning.factories import CARDS, fleet, profile
 
 TARGET = profile(8, name="target")  # 8 x 200M-parameter layers: 3.2 GB at 16 bits
@@ -192,6 +193,14 @@ def test_no_spare_card_names_each_card_s_reason():
                     DRAFT, 4)
     with pytest.raises(PlanningError, match="proposals 0 must be at least 1"):
         place_draft(request, [[Placement("a/gpu0", 0, 8, 16)]], DRAFT, 0)
+
+
+def test_every_rank_of_a_tensor_parallel_group_carries_the_target():
+    """The draft never lands on a card a rank of the target's group holds, not only the group's first."""
+    request = PlanRequest(fleet({"a": ["A100", "A100", "T4"]}), TARGET, WORKLOAD)
+    group = (Share("a/gpu0", 4, 4096, 16), Share("a/gpu1", 4, 4096, 16))
+    placed = place_draft(request, [[Placement("a/gpu0", 0, 8, 16, group=group)]], DRAFT, 4)
+    assert placed.placement.device == "a/gpu2"
 
 
 def test_the_batch_s_kv_must_fit_the_draft_s_card():
