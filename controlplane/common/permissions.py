@@ -1,10 +1,13 @@
-"""Who may change what through the API: every signed-in user reads, operators change.
+"""Who may change what through the API: every signed-in user reads, operators change, staff audit.
 
 Placement is an operator's decision (deployments, plans applied, nodes cordoned or drained, proposals
 accepted, devices throttled, the inventory edited), so a plain account is read-only by default; it is
 the API's default permission (settings.REST_FRAMEWORK), and a view that lets plain users write (their
 own API keys, what-if planning) says so with ``IsAuthenticated``. Operators are staff, or members of
 the ``operators`` group (created by the migration of this app; add users to it in the admin).
+
+What names people, their keys and where they came from (the audit trail) is for staff alone
+(``StaffOnly``): an operator changes the fleet, an administrator answers for its accounts.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
 OPERATORS_GROUP = "operators"
+STAFF_ONLY_MESSAGE = "this names users, their API keys and the addresses they came from: staff only"
 
 
 def is_operator(user) -> bool:
@@ -31,3 +35,12 @@ class ReadOnlyUnlessOperator(BasePermission):
         if not (request.user and request.user.is_authenticated):
             return False
         return request.method in SAFE_METHODS or is_operator(request.user)
+
+
+class StaffOnly(BasePermission):
+    """Staff only, whatever the method: what names users, their API keys and their addresses."""
+
+    message = STAFF_ONLY_MESSAGE
+
+    def has_permission(self, request, view) -> bool:
+        return bool(request.user and request.user.is_authenticated and request.user.is_staff)

@@ -1,11 +1,11 @@
 """The API's error answers, in its OpenAPI schema: drf-spectacular documents only successes.
 
 Every operation can answer 400 (a bad body or query), 401 (no or bad credentials), 403 (a plain user
-changing placement) and 404 (no such object, or an unknown ``?format=``); one that writes 409 (a
-conflict with the current state, a delete of a row still in use), 413 (a body over the limit) and 415
-(a body that is not JSON or a form); registration 429 (too many attempts); every one in the shape
-``controlplane.common.errors`` renders. Said in the schema, a client generated from it (and the schema
-fuzz tests, tests/fuzz/) knows them.
+changing placement, anyone but staff reading the audit trail) and 404 (no such object, or an unknown
+``?format=``); one that writes 409 (a conflict with the current state, a delete of a row still in use),
+413 (a body over the limit) and 415 (a body that is not JSON or a form); registration 429 (too many
+attempts); every one in the shape ``controlplane.common.errors`` renders. Said in the schema, a client
+generated from it (and the schema fuzz tests, tests/fuzz/) knows them.
 """
 
 from __future__ import annotations

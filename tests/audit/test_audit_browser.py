@@ -1,6 +1,7 @@
 """In chromium against a real server: the plan editor's Apply of an edited plan is audited as
 ``plan.edited``, its Rebalance proposal applied unchanged as ``plan.proposal_accepted``, both by the
-operator from the browser's session; the Audit page shows them and filters through the API."""
+operator from the browser's session; the operator has no Audit link (not staff), and staff's Audit page
+shows both and filters through the API."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import re
 
 import pytest
 
-from tests.dashboard.browser import SeededServer, logged_in_page
-from tests.dashboard.seed import OPERATOR
+from tests.dashboard.browser import SeededServer, log_in, logged_in_page, own_context
+from tests.dashboard.seed import ADMIN, OPERATOR
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 pytest.importorskip("playwright.sync_api")
@@ -17,7 +18,7 @@ pytest.importorskip("playwright.sync_api")
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    server = SeededServer(tmp_path_factory.mktemp("var"), "lab_with_deployment")
+    server = SeededServer(tmp_path_factory.mktemp("var"), "lab_with_auditor")
     yield server
     server.stop()
 
@@ -62,16 +63,20 @@ def test_editor_applies_are_audited_by_kind_and_shown_on_the_audit_page(page, se
         "document.getElementById('proposal').textContent.startsWith('Proposal from the planner')")
     page.wait_for_selector("#check-status.ok")
     apply(page)  # the proposal, unchanged
+    assert page.locator("nav >> text=Audit").count() == 0  # the operator is not staff
 
-    page.click("nav >> text=Audit")
-    page.wait_for_url(re.compile(r"/audit/$"))
-    actions = [(r[1].split()[0], r[1].split()[-1], r[2], r[4]) for r in rows(page)]
-    assert actions[:2] == [("operator", "session", "plan.proposal_accepted", "127.0.0.1"),
-                           ("operator", "session", "plan.edited", "127.0.0.1")]
-    assert "deployment chat" in " ".join(rows(page)[0])
+    with own_context(page, server.url) as staff:
+        log_in(staff, ADMIN)
+        staff.click("nav >> text=Audit")
+        staff.wait_for_url(re.compile(r"/audit/$"))
+        actions = [(r[1].split()[0], r[1].split()[-1], r[2], r[4]) for r in rows(staff)]
+        assert actions[:2] == [("operator", "session", "plan.proposal_accepted", "127.0.0.1"),
+                               ("operator", "session", "plan.edited", "127.0.0.1")]
+        assert "deployment chat" in " ".join(rows(staff)[0])
 
-    page.fill("#audit-filters input[name=action]", "plan.edited")
-    page.click("#audit-filters button[type=submit]")
-    page.wait_for_function("document.querySelectorAll('#audit-table tbody tr[data-entry]').length === 1")
-    assert rows(page)[0][2] == "plan.edited" and page.url.endswith("?action=plan.edited")
-    assert page.locator("#audit-status").inner_text() == "1 entry"
+        staff.fill("#audit-filters input[name=action]", "plan.edited")
+        staff.click("#audit-filters button[type=submit]")
+        staff.wait_for_function(
+            "document.querySelectorAll('#audit-table tbody tr[data-entry]').length === 1")
+        assert rows(staff)[0][2] == "plan.edited" and staff.url.endswith("?action=plan.edited")
+        assert staff.locator("#audit-status").inner_text() == "1 entry"

@@ -1,4 +1,4 @@
-"""The trail is readable (API with filters, admin, dashboard page) and editable through none of them."""
+"""The trail is read by staff (API with filters, admin, dashboard page) and edited through none of them."""
 
 from __future__ import annotations
 
@@ -16,6 +16,15 @@ from tests.api.mixins import APIResourceTests, assert_error
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/audit/"
+
+
+@pytest.fixture
+def user(user):
+    """The shared operator, made staff: the trail is staff's to read (tests/security/test_visibility.py
+    has the refusals)."""
+    user.is_staff = True
+    user.save(update_fields=["is_staff"])
+    return user
 
 
 def record(action: str = "model.registered", actor: Actor = SYSTEM, target: Target | None = None,

@@ -54,6 +54,18 @@ def chromium_page(base_url: str, *, viewport: tuple[int, int] = VIEWPORT,
             chromium.close()
 
 
+@contextmanager
+def own_context(page, url: str) -> Iterator:
+    """A new page on ``url`` in a context of its own (no session) of ``page``'s chromium."""
+    context = page.context.browser.new_context(base_url=url, viewport=page.viewport_size)
+    try:
+        fresh = context.new_page()
+        fresh.set_default_timeout(15_000)
+        yield fresh
+    finally:
+        context.close()
+
+
 def log_in(page, credentials: tuple[str, str], *, start: str | None = LOGIN,
            landing: str | None = TOPOLOGY) -> None:
     """Open ``start`` (the login form, or a page that sends there; None: the page shows the form

@@ -17,6 +17,7 @@ LLAMA3_8B = REPO_ROOT / "examples" / "models" / "Llama-3-8B" / "config.json"
 # the topology shows pipelines and their bottlenecks (with the default budget each card holds one).
 REQUEST = {"batch": 4, "context": 2048, "max_quantized": 0.0}
 OPERATOR = ("operator", "correct horse battery")
+ADMIN = ("admin", "staple battery horse")  # staff: reads the audit trail (lab_with_auditor)
 
 
 def running_deployment_create(*, model, name: str = "chat"):
@@ -95,6 +96,15 @@ def lab_with_deployment(*, cordoned: tuple[str, ...] = ()) -> dict:
                "replica": s.pipeline,
                "stage_index": s.stage_index} for s in deployment.stages.select_related("node")]
     return {"agents": agents, "deployment_id": deployment.pk, "stages": stages}
+
+
+def lab_with_auditor() -> dict:
+    """``lab_with_deployment`` and a staff account (``ADMIN``), who alone reads the audit trail."""
+    from django.contrib.auth import get_user_model
+
+    seeded = lab_with_deployment()
+    get_user_model().objects.create_user(username=ADMIN[0], password=ADMIN[1], is_staff=True)
+    return seeded
 
 
 def lab_with_proposal() -> dict:

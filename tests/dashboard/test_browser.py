@@ -24,7 +24,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.dashboard.browser import SCREENSHOTS, SeededServer, SimulatedAgents, log_in, logged_in_page
+from tests.dashboard.browser import (
+    SCREENSHOTS,
+    SeededServer,
+    SimulatedAgents,
+    log_in,
+    logged_in_page,
+    own_context,
+)
 from tests.dashboard.seed import OPERATOR
 from tests.support.processes import REPO_ROOT, manage_argv
 
@@ -62,18 +69,6 @@ def page(server):
 
 def shot(page, name: str, full_page: bool = True) -> None:
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=full_page)
-
-
-@contextmanager
-def own_context(page, url: str) -> Iterator:
-    """A new page on ``url`` in a context of its own (no session) of ``page``'s chromium."""
-    context = page.context.browser.new_context(base_url=url, viewport=page.viewport_size)
-    try:
-        fresh = context.new_page()
-        fresh.set_default_timeout(15_000)
-        yield fresh
-    finally:
-        context.close()
 
 
 def test_login_leads_to_the_topology(server, page):

@@ -29,6 +29,8 @@ def row(anonymous, plain, operator, admin, api_key, node, other_node=None, revok
 
 API_READ = row("401", "ok", "ok", "ok", "401", "401")  # any signed-in user reads
 API_CHANGE = row("401", "403", "ok", "ok", "401", "401")  # operators and staff change
+# Staff alone: the audit trail names users, their API keys and their addresses.
+STAFF_READ = row("401", "403", "403", "ok", "401", "401")
 WHAT_IF = API_READ  # computed, not stored: what-if planning
 PAGE = row("login", "ok", "ok", "ok", "login", "login")  # the dashboard's pages need a session
 NOT_SERVED = row("405", "405", "405", "405", "405", "405")
@@ -45,11 +47,12 @@ REGISTER = row("403", "403", "403", "403", "403", "403", "403", "403")
 PAGE_ROUTES = ("/", "/deployments/", "/deployments/{pk}/plan/", "/models/", "/nodes/", "/topology/",
                "/usage/", "/utilization/")
 PAGE_GET_ONLY = row("login", "405", "405", "405", "login", "login")  # login first, then the method
-API_READS = ("/api/docs/try/", "/api/schema/", "/api/v1/api-keys/", "/api/v1/audit/", "/api/v1/audit/{pk}/",
-             "/api/v1/deployments/{pk}/proposals/", "/api/v1/deployments/{pk}/revisions/",
-             "/api/v1/events/", "/api/v1/events/{pk}/", "/api/v1/gpu-models/", "/api/v1/gpu-models/{name}/",
-             "/api/v1/models/{pk}/profile/", "/api/v1/models/{pk}/quality/", "/api/v1/plans/calibration/",
-             "/api/v1/telemetry/", "/api/v1/usage/")
+STAFF_PAGE = row("login", "403", "403", "ok", "login", "login")  # the Audit page, as its API
+API_READS = ("/api/docs/try/", "/api/schema/", "/api/v1/api-keys/", "/api/v1/deployments/{pk}/proposals/",
+             "/api/v1/deployments/{pk}/revisions/", "/api/v1/events/", "/api/v1/events/{pk}/",
+             "/api/v1/gpu-models/", "/api/v1/gpu-models/{name}/", "/api/v1/models/{pk}/profile/",
+             "/api/v1/models/{pk}/quality/", "/api/v1/plans/calibration/", "/api/v1/telemetry/",
+             "/api/v1/usage/")
 # Inventory and deployments: everyone signed in reads, operators change (create, edit, delete, actions).
 API_RESOURCES = {
     "/api/v1/deployments/": ("POST",), "/api/v1/deployments/{pk}/": ("PATCH",),
@@ -67,12 +70,14 @@ PLACEMENT_ACTIONS = ("/api/v1/deployments/{pk}/apply/", "/api/v1/deployments/{pk
 EXPECTED: dict[str, dict[str, dict]] = {
     **{route: {"GET": PAGE, "POST": PAGE} for route in PAGE_ROUTES},
     **{route: {"GET": PAGE, "POST": PAGE_GET_ONLY}
-       for route in ("/audit/", "/dashboard/telemetry/", "/dashboard/topology.json")},
+       for route in ("/dashboard/telemetry/", "/dashboard/topology.json")},
+    "/audit/": {"GET": STAFF_PAGE, "POST": PAGE_GET_ONLY},
     "/accounts/login/": {"GET": LOGIN_FORM, "POST": LOGIN_FORM, "PUT": LOGIN_FORM},
     "/accounts/logout/": {"GET": NOT_SERVED, "POST": LOGIN_FORM},
     "/admin/": {"GET": ADMIN, "POST": ADMIN},
     "/api/docs/": {"GET": PAGE},
     **{route: {"GET": API_READ} for route in API_READS},
+    **{route: {"GET": STAFF_READ} for route in ("/api/v1/audit/", "/api/v1/audit/{pk}/")},
     **{route: {"GET": API_READ, **{m: API_CHANGE for m in changes}}
        for route, changes in API_RESOURCES.items()},
     **{route: {"POST": API_CHANGE} for route in PLACEMENT_ACTIONS},

@@ -2,7 +2,8 @@
 
 Filters: ``?actor=<label or username>``, ``?action=<prefix>``, ``?target_type=``, ``?target_id=``,
 ``?since=<ISO time>``; paginated like every list. No method writes: entries are recorded by the
-actions themselves (``controlplane.audit.services.audit_record``).
+actions themselves (``controlplane.audit.services.audit_record``). Staff only: entries name users,
+their API keys' prefixes and their client addresses (``StaffOnly``; anyone else signed in gets 403).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from rest_framework import mixins, serializers, viewsets
 
 from controlplane.audit.models import AuditEntry
 from controlplane.audit.selectors import audit_entry_list
+from controlplane.common.permissions import StaffOnly
 
 
 class AuditEntrySerializer(serializers.ModelSerializer):
@@ -38,8 +40,9 @@ class AuditEntryFilterSet(django_filters.FilterSet):
 
 
 class AuditEntryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Who changed what, when and from where (docs/api.md, "Audit trail")."""
+    """Who changed what, when and from where; staff only (docs/api.md, "Audit trail")."""
 
+    permission_classes = [StaffOnly]
     queryset = audit_entry_list()
     serializer_class = AuditEntrySerializer
     filterset_class = AuditEntryFilterSet

@@ -53,7 +53,7 @@ class _Decision(APIView):
     def post(self, request: Request, pk: int) -> Response:
         proposal = get_object_or_404(RebalanceProposal, pk=pk)
         decided = type(self).decide(proposal=proposal, actor=audit_context(request))
-        return Response(RebalanceProposalSerializer(decided).data)
+        return Response(RebalanceProposalSerializer(decided, context={"request": request}).data)
 
 
 class ProposalAccept(_Decision):
