@@ -8,7 +8,8 @@ request travels unchanged from the API or the plan editor into a revision:
 
     {"batch": 8, "context": 4096, "prompt_tokens": null, "objective": "throughput",
      "bits": [16, 8, 4], "max_quantized": 0.5, "quality": null, "replicas": "auto",
-     "pins": [{"device": "n1/gpu0", "start": 0, "end": 8}], "exclude_nodes": [], "exclude_devices": []}
+     "pins": [{"device": "n1/gpu0", "start": 0, "end": 8}], "exclude_nodes": [], "exclude_devices": [],
+     "tensor_parallel": false}
 
 Every key is optional; missing ones take the planner's defaults. The host memory each stage may give
 the KV host tier is not part of the form: it is the install's (``MOTLEY_HOST_KV_GIB``); nor is
@@ -29,7 +30,7 @@ from controlplane.planning.speculation import Speculation
 
 WORKLOAD_KEYS = ("batch", "context", "prompt_tokens")
 RULE_KEYS = ("objective", "bits", "max_quantized", "quality", "replicas", "pins", "exclude_nodes",
-             "exclude_devices")
+             "exclude_devices", "tensor_parallel")
 REQUEST_KEYS = WORKLOAD_KEYS + RULE_KEYS
 
 
@@ -61,6 +62,9 @@ def plan_request_from_dict(
                                  "(known: max_kl)")
             if quality.get("max_kl") is not None:
                 options["max_kl"] = float(quality["max_kl"])
+        if not isinstance(data.get("tensor_parallel", False), bool):
+            raise ValueError(f"tensor_parallel must be true or false, not {data['tensor_parallel']!r}")
+        options["tensor_parallel"] = data.get("tensor_parallel", False)
         if "bits" in data:
             options["bits"] = tuple(int(b) for b in data["bits"])
         options["pins"] = tuple(Pin(**dict(p)) for p in data.get("pins", ()))

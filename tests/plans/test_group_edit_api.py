@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from controlplane.deployments.models import PlanRevision
 from controlplane.planning import check, plan, plan_to_dict
 from controlplane.plans.selectors import plan_request_from_inventory
 
@@ -87,3 +88,19 @@ def test_the_planners_own_groups_pass_the_check(lab, llama3_8b):
     assert any(stage.group for replica in planned.replicas for stage in replica.stages)
     problems, priced = check(plan_to_dict(planned), request)
     assert problems == [] and priced is not None
+
+
+def test_the_plans_api_asks_for_groups_and_a_saved_revision_keeps_the_question(api, lab, llama3_8b):
+    """``tensor_parallel`` reaches the planner through the API (off: one card per stage) and stays in the
+    saved revision's request, so a re-plan after a failure asks the same; a value that is no boolean is
+    a 400 naming the field."""
+    body = {"model": llama3_8b.id, "replicas": 1, "batch": 1, "objective": "latency"}
+    grouped = api.post("/api/v1/plans/", {**body, "tensor_parallel": True, "save": True}, format="json")
+    assert grouped.status_code == 201, grouped.content
+    assert any(s.get("group") for r in grouped.json()["replicas"] for s in r["stages"])
+    assert PlanRevision.objects.get(pk=grouped.json()["revision"]).request["tensor_parallel"] is True
+    plain = api.post("/api/v1/plans/", body, format="json")
+    assert plain.status_code == 200, plain.content
+    assert not any(s.get("group") for r in plain.json()["replicas"] for s in r["stages"])
+    refused = api.post("/api/v1/plans/", {**body, "tensor_parallel": "sometimes"}, format="json")
+    assert refused.status_code == 400 and "tensor_parallel" in refused.json()["error"]["details"]

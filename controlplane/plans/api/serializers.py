@@ -54,6 +54,9 @@ class PlanOptionsSerializer(serializers.Serializer):
     pins = PinSerializer(many=True, default=list)
     exclude_nodes = serializers.ListField(child=serializers.CharField(), default=list)
     exclude_devices = serializers.ListField(child=serializers.CharField(), default=list)
+    tensor_parallel = serializers.BooleanField(
+        default=False, help_text="Also search stages split over a tensor-parallel group of one node's cards "
+                                 "(docs/planner.md, \"Tensor-parallel groups\").")
 
     def validate(self, attrs):
         prompt = attrs.get("prompt_tokens")
