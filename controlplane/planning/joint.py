@@ -22,11 +22,17 @@ dropped): exact, as ``tests/planning/test_exact_groups.py`` holds against
 enumeration. Beyond that (the cap that keeps it tractable): each node contributes its k fastest
 group-eligible cards as one group, the same k on every node for k = 2 .. the most a node has, the
 other cards staying single, and the units are taken in topology order, each used or skipped with
-the hop from the unit before it (as the fixed-order pipeline search).
+the hop from the unit before it (as the fixed-order pipeline search). There the best plan of one
+precision per stage (a subset of the space, a few thousand stages per unit instead of every split)
+bounds the search of every split, and a value that cannot end within the bound, the rest of the
+layers taken at the least time per layer of the units after it, is dropped (``_ceilings``): exact
+over that space, as ``tests/planning/test_joint_ordered.py`` holds against enumeration. A unit's
+stages are priced once per request for every unit of alike cards (``_signature``).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -34,11 +40,12 @@ from typing import Callable, Sequence
 import numpy as np
 
 from contracts.hardware import DeviceSpec
-from controlplane.planning.cost_model import CostModel
+from controlplane.planning.cost_model import CostModel, device_key
 from controlplane.planning.ordering import speed, topology_order
 from controlplane.planning.plan import Placement
 from controlplane.planning.tensor_parallel import (
     can_group,
+    group_link,
     group_matrix,
     group_placement,
     group_split_matrix,
@@ -48,6 +55,7 @@ from controlplane.planning.tensor_parallel import (
 
 EXACT_DEVICES = 4  # every subset and order up to this many devices in a replica's group of devices
 INF = float("inf")
+BOUND_SLACK = 1e-9  # relative: a plan within this of the bound is kept
 Op = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
@@ -64,6 +72,18 @@ class Unit:
     low_bits: np.ndarray  # 0 where the stage is all at 16 bits
     seconds: np.ndarray
     spent: np.ndarray  # end - split
+
+    @functools.cached_property
+    def one_precision(self) -> Unit:
+        """Its stages at one precision: a subset, so the best plan of such stages bounds the search's."""
+        keep = (self.splits == self.starts) | (self.splits == self.ends)
+        return Unit(self.devices, *(a[keep] for a in (self.starts, self.splits, self.ends, self.low_bits,
+                                                      self.seconds, self.spent)))
+
+    @functools.cached_property
+    def rate(self) -> float:
+        """The least seconds per layer of any of its stages: no stage of it is faster per layer."""
+        return float((self.seconds / (self.ends - self.starts)).min(initial=INF))
 
 
 @dataclass(frozen=True)
@@ -83,6 +103,23 @@ def _low_prices(cost: CostModel, devices: tuple[DeviceSpec, ...], low: int, micr
 
 def _unit(cost: CostModel, devices: tuple[DeviceSpec, ...], bits: Sequence[int], micro_batch: float,
           budget: int) -> Unit:
+    """The unit's stages, priced once per request for every unit of alike cards (``_signature``)."""
+    key = ("joint unit", _signature(cost, devices), tuple(bits), micro_batch, budget)
+    return Unit(devices, *cost.remember(key, lambda: _stages(cost, devices, bits, micro_batch, budget)))
+
+
+def _signature(cost: CostModel, devices: tuple[DeviceSpec, ...]) -> tuple:
+    """What a unit's prices depend on: its cards' figures in rank order, and a group's link."""
+    cards = tuple(device_key(d) for d in devices)
+    if len(devices) == 1:
+        return cards
+    link = group_link(cost, devices)
+    return cards, link.kind, link.bandwidth_gbs, link.latency_us
+
+
+def _stages(cost: CostModel, devices: tuple[DeviceSpec, ...], bits: Sequence[int], micro_batch: float,
+            budget: int) -> tuple[np.ndarray, ...]:
+    """``Unit``'s arrays, starts to spent (read-only)."""
     n = cost.num_layers + 1
     cells = split_cells(cost.num_layers)  # the split stages, then the ones at 16 bits
     i, s, j = np.unravel_index(cells, (n, n, n))
@@ -102,8 +139,10 @@ def _unit(cost: CostModel, devices: tuple[DeviceSpec, ...], bits: Sequence[int],
         prices, which = np.where(better, low, prices), np.where(better, b, which)
     keep = np.flatnonzero(np.isfinite(prices) & (j - s <= budget) & (j > i))
     keep = keep[np.argsort(j[keep], kind="stable")]
-    starts, splits, ends = i[keep], s[keep], j[keep]
-    return Unit(devices, starts, splits, ends, which[keep], prices[keep], ends - splits)
+    arrays = (i[keep], s[keep], j[keep], which[keep], prices[keep], j[keep] - s[keep])
+    for array in arrays:
+        array.setflags(write=False)
+    return arrays
 
 
 def candidate_groups(cost: CostModel, devices: Sequence[DeviceSpec]) -> list[tuple[DeviceSpec, ...]]:
@@ -130,11 +169,11 @@ def _start(budget: int, layers: int) -> np.ndarray:
     return start
 
 
-def _extend(entry: np.ndarray, unit: Unit, op: Op, bound: float = INF) -> np.ndarray:
-    """V[c, j] = min over the unit's stages [i, j) of op(E[c - low layers, i], M), leaving out stages
-    whose value would exceed ``bound`` whatever they follow."""
+def _extend(entry: np.ndarray, unit: Unit, op: Op, ceiling: np.ndarray) -> np.ndarray:
+    """V[c, j] = min over the unit's stages [i, j) of op(E[c - low layers, i], M), leaving out values
+    above ``ceiling[j]`` (what a plan at boundary j may have reached and still win)."""
     value = np.full(entry.shape, INF)
-    keep = np.flatnonzero(op(entry.min(axis=0)[unit.starts], unit.seconds) <= bound)
+    keep = np.flatnonzero(op(entry.min(axis=0)[unit.starts], unit.seconds) <= ceiling[unit.ends])
     if len(keep):
         ends = unit.ends[keep]
         offsets = np.concatenate([[0], np.flatnonzero(np.diff(ends)) + 1])
@@ -142,7 +181,7 @@ def _extend(entry: np.ndarray, unit: Unit, op: Op, bound: float = INF) -> np.nda
         before = np.where(rows >= 0, entry[np.maximum(rows, 0), unit.starts[keep][None, :]], INF)
         reached = op(before, unit.seconds[keep][None, :])
         value[:, ends[offsets]] = np.minimum.reduceat(reached, offsets, axis=1)
-    return value
+    return np.where(value > ceiling[None, :], INF, value)
 
 
 def _stage(cost: CostModel, entry: np.ndarray, value: np.ndarray, unit: Unit, op: Op, count: int, end: int,
@@ -181,14 +220,21 @@ def joint_partition(cost: CostModel, devices: Sequence[DeviceSpec], micro_batch:
     hop = {(a.name, b.name): cost.hop_s(a, b, micro_batch) for a in devices for b in devices if a is not b}
     if len(devices) <= EXACT_DEVICES:
         return _exhaustive(cost, origin, units, hop, op, objective, micro_batch)
+    sequences = [_sequence(cost, devices, [g for g in groups if len(g) == k])
+                 for k in range(2, max(len(g) for g in groups) + 1) if any(len(g) == k for g in groups)]
+    # Plans of one precision per stage are plans of the search too: the best of them bounds it from above.
+    bound = INF
+    for sequence in sequences:
+        coarse = {key: units[key].one_precision for key in sequence}
+        found = _ordered(cost, origin, coarse, hop, op, sequence, micro_batch, bound)
+        bound = min(bound, INF if found is None else found.objective_s)
     best = None
-    for k in range(2, max(len(g) for g in groups) + 1):
-        chosen = [g for g in groups if len(g) == k]
-        if chosen:
-            found = _ordered(cost, origin, units, hop, op, chosen, devices, micro_batch)
-            if found is not None and (best is None or (found.objective_s, found.quantized)
-                                      < (best.objective_s, best.quantized)):
-                best = found
+    for sequence in sequences:
+        found = _ordered(cost, origin, units, hop, op, sequence, micro_batch, bound)
+        if found is not None and (best is None or (found.objective_s, found.quantized)
+                                  < (best.objective_s, best.quantized)):
+            best = found
+            bound = min(bound, found.objective_s)
     return best
 
 
@@ -208,8 +254,7 @@ def _exhaustive(cost, origin, units, hop, op, objective, micro_batch) -> JointRe
     def visit(parent: int, key: tuple, entry: np.ndarray, used: frozenset, first: tuple) -> None:
         nonlocal best
         bound = INF if best is None else best[0]  # op never decreases a value: beyond the best cannot win
-        value = _extend(entry, units[key], op, bound)
-        value = np.where(value > bound, INF, value)
+        value = _extend(entry, units[key], op, np.full(entry.shape[1], bound))
         if not np.isfinite(value).any():
             return
         nodes.append((parent, key, entry, value, first))
@@ -239,24 +284,48 @@ def _exhaustive(cost, origin, units, hop, op, objective, micro_batch) -> JointRe
     return JointResult(tuple(stages), total, sum(s.quantized_layers for s in stages))
 
 
-def _ordered(cost, origin, units, hop, op, groups, devices, micro_batch) -> JointResult | None:
-    """Units in topology order (the groups at their first card, the other cards single), each used or
-    skipped; the hop into a unit comes from the unit before it in the order."""
-    order = topology_order(list(devices), cost.fleet)
+def _sequence(cost, devices, groups) -> list[tuple[DeviceSpec, ...]]:
+    """Units in topology order: the groups at their first card, the other cards single."""
     sequence, seen = [], set()
-    for d in order:
+    for d in topology_order(list(devices), cost.fleet):
         group = next((g for g in groups if d in g), None)
         if group is None:
             sequence.append((d,))
         elif group not in seen:
             seen.add(group)
             sequence.append(group)
+    return sequence
+
+
+def _ceilings(cost, units, sequence, op, bound: float) -> list[np.ndarray]:
+    """Per unit of the sequence and boundary j, the most a plan may have reached at j, after that unit,
+    and still end within ``bound``: the units after it take [j, L) no faster than their least rate per
+    layer (the sum of their stages, or for the bottleneck the largest of at most that many stages), and
+    none can finish it short of L. A relative slack keeps plans that the sums' rounding puts at the bound."""
+    layers, limit = cost.num_layers, bound * (1.0 + BOUND_SLACK)
+    left = layers - np.arange(layers + 1)
+    ceilings = []
+    for index in range(len(sequence)):
+        after = [units[key] for key in sequence[index + 1:]]
+        rate = min((u.rate for u in after), default=INF)
+        if not np.isfinite(rate):  # nothing after it: only plans that end here
+            ceilings.append(np.where(left > 0, -INF, limit))
+        elif op is np.add:
+            ceilings.append(limit - left * rate)
+        else:
+            ceilings.append(np.where(-(-left // len(after)) * rate <= limit, limit, -INF))
+    return ceilings
+
+
+def _ordered(cost, origin, units, hop, op, sequence, micro_batch, bound: float) -> JointResult | None:
+    """The units of ``sequence`` each used or skipped, the hop into a unit from the unit before it in the
+    sequence; values that cannot end within ``bound`` dropped (``_ceilings``)."""
     row = origin
     trace = []
-    for index, key in enumerate(sequence):
+    for index, (key, ceiling) in enumerate(zip(sequence, _ceilings(cost, units, sequence, op, bound))):
         entry = origin if index == 0 else np.minimum(
             op(row, hop[(sequence[index - 1][0].name, key[0].name)]), origin)
-        taken = _extend(entry, units[key], op)
+        taken = _extend(entry, units[key], op, ceiling)
         use = taken < row
         trace.append((entry, taken, use))
         row = np.where(use, taken, row)

@@ -44,6 +44,7 @@ from controlplane.planning.roofline import (
     StageFit,
     _peak,
     bandwidth,
+    device_key,
     slowdown,
 )
 
@@ -176,8 +177,12 @@ def _priced(cost, shares: tuple[Share, ...], starts, ends, micro_batch: float, t
     lay = layout(cost.model)
     devices = [cost.device(s.device) for s in shares]
     link = group_link(cost, devices)
-    slowest, fits = 0.0, ends > starts
+    slowest, fits, alike = 0.0, ends > starts, set()
     for index, share in enumerate(shares):
+        key = (device_key(devices[index]), share.kv_heads, share.columns, share.bits, index == 0)
+        if key in alike:  # a rank like one priced already (even shares of equal cards) changes nothing
+            continue
+        alike.add(key)
         seconds, kept, _ = _rank(cost, lay, share, index == 0, starts, ends, micro_batch, tokens, splits,
                                  low_bits)
         slowest = np.maximum(slowest, seconds)
