@@ -41,6 +41,7 @@ import numpy as np
 
 from contracts.hardware import DeviceSpec
 from controlplane.planning.cost_model import CostModel, device_key
+from controlplane.planning.mixed_ranks import lowest_matrix, lowest_placement
 from controlplane.planning.ordering import speed, topology_order
 from controlplane.planning.plan import Placement
 from controlplane.planning.tensor_parallel import (
@@ -62,10 +63,12 @@ Op = Callable[[np.ndarray, np.ndarray], np.ndarray]
 @dataclass(frozen=True)
 class Unit:
     """The stages a unit can take, flattened and sorted by end: [start, split) at 16 bits and
-    [split, end) at ``low_bits`` (split = end: all at 16 bits), with their step times (finite: they
-    fit) and the low-bit layers each spends."""
+    [split, end) at ``low_bits`` (split = end: all at 16 bits; split = start: a group's ranks at the
+    fastest assignment whose lowest precision is ``low_bits``, ``mixed_ranks``), with their step times
+    (finite: they fit) and the low-bit layers each spends; ``bits``, the precisions allowed."""
 
     devices: tuple[DeviceSpec, ...]
+    bits: tuple[int, ...]
     starts: np.ndarray
     splits: np.ndarray
     ends: np.ndarray
@@ -77,8 +80,8 @@ class Unit:
     def one_precision(self) -> Unit:
         """Its stages at one precision: a subset, so the best plan of such stages bounds the search's."""
         keep = (self.splits == self.starts) | (self.splits == self.ends)
-        return Unit(self.devices, *(a[keep] for a in (self.starts, self.splits, self.ends, self.low_bits,
-                                                      self.seconds, self.spent)))
+        arrays = (self.starts, self.splits, self.ends, self.low_bits, self.seconds, self.spent)
+        return Unit(self.devices, self.bits, *(a[keep] for a in arrays))
 
     @functools.cached_property
     def rate(self) -> float:
@@ -105,7 +108,8 @@ def _unit(cost: CostModel, devices: tuple[DeviceSpec, ...], bits: Sequence[int],
           budget: int) -> Unit:
     """The unit's stages, priced once per request for every unit of alike cards (``_signature``)."""
     key = ("joint unit", _signature(cost, devices), tuple(bits), micro_batch, budget)
-    return Unit(devices, *cost.remember(key, lambda: _stages(cost, devices, bits, micro_batch, budget)))
+    return Unit(devices, tuple(bits), *cost.remember(key, lambda: _stages(cost, devices, bits, micro_batch,
+                                                                          budget)))
 
 
 def _signature(cost: CostModel, devices: tuple[DeviceSpec, ...]) -> tuple:
@@ -133,6 +137,10 @@ def _stages(cost: CostModel, devices: tuple[DeviceSpec, ...], bits: Sequence[int
     for b in sorted((b for b in bits if b < 16), reverse=True):  # the highest of equally fast ones
         low = np.full(len(i), INF)
         low[:len(cells)] = _low_prices(cost, devices, b, micro_batch)
+        if len(devices) > 1:  # all low: the fastest assignment of precisions to ranks whose lowest is b
+            whole = (s == i) & (j > i)
+            fastest = lowest_matrix(cost, devices, b, bits, micro_batch)
+            low[whole] = np.minimum(low[whole], fastest[i[whole], j[whole]])
         if 16 not in bits:  # no layer at 16 bits: the whole stage low
             low = np.where(s == i, low, INF)
         better = low < prices
@@ -198,11 +206,14 @@ def _stage(cost: CostModel, entry: np.ndarray, value: np.ndarray, unit: Unit, op
 
 def _placement(cost: CostModel, unit: Unit, start: int, split: int, end: int, low: int,
                micro_batch: float) -> Placement:
-    """16 bits throughout (``low`` 0), ``low`` throughout (split at the start), or split."""
+    """16 bits throughout (``low`` 0), ``low`` throughout (split at the start; on a group, the lowest
+    precision of its ranks), or split."""
     bits, low_bits, low_from = (16, None, None) if low == 0 else (low, None, None) if split == start \
         else (16, low, split)
     if len(unit.devices) == 1:
         return Placement(unit.devices[0].name, start, end, bits, low_bits, low_from)
+    if low and split == start:
+        return lowest_placement(cost, unit.devices, start, end, low, unit.bits, micro_batch)
     return group_placement(cost, unit.devices, start, end, bits, micro_batch, low_bits, low_from)
 
 

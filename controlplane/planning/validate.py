@@ -155,7 +155,8 @@ def _stage_problems(request: PlanRequest, cost: CostModel, known, uses, p: Place
         yield Problem("device_unavailable", f"{where}: device is {reason}", r, s)
     if uses[p.device] > 1:
         yield Problem("device_reused", f"{where}: device carries {uses[p.device]} stages", r, s)
-    for bits in sorted({p.bits} | ({p.low_bits} if p.low_bits is not None else set()), reverse=True):
+    held = {p.bits} | {share.bits for share in p.group} | ({p.low_bits} if p.low_bits is not None else set())
+    for bits in sorted(held, reverse=True):
         if bits not in request.bits:
             yield Problem("precision_not_allowed",
                           f"{where}: {bits} bits not in the allowed {list(request.bits)}", r, s)

@@ -28,7 +28,7 @@ def brute_force_ordered(cost, devices, micro_batch, budget, bits, objective):
                 hops = [cost.hop_s(a[0], b[0], micro_batch) for a, b in zip(used, used[1:])]
                 for cuts in itertools.combinations(range(1, layers), count - 1):
                     bounds = (0, *cuts, layers)
-                    options = [precisions_of(bounds[i], bounds[i + 1], bits) for i in range(count)]
+                    options = [precisions_of(bounds[i], bounds[i + 1], bits, used[i]) for i in range(count)]
                     for precisions in itertools.product(*options):
                         low = sum(p[3] for p in precisions)
                         if low > budget:
