@@ -66,20 +66,26 @@ def precisions_of(start, end, bits, unit=()):
     return found
 
 
-def brute_force(cost, devices, micro_batch, budget, bits, objective):
+def brute_force(cost, devices, micro_batch, budget, bits, objective, pins=None):
     """(least value, fewest low-bit layers at it) over every sequence of disjoint units, boundaries and
     precisions of each stage (one, or split); the bottleneck is the slowest stage or hop, the chain the
-    sum of stage times, hops and the return of the sampled tokens."""
-    units = [(d,) for d in devices] + candidate_groups(cost, devices)
+    sum of stage times, hops and the return of the sampled tokens. ``pins``: a pinned card holds its
+    range, alone or as a group's first rank, and no other rank of a group is pinned."""
+    pins = pins or {}
+    groups = [tuple(sorted(g, key=lambda d: d.name not in pins)) for g in candidate_groups(cost, devices)]
+    units = [(d,) for d in devices] + [g for g in groups if not any(d.name in pins for d in g[1:])]
     layers, best = cost.num_layers, (np.inf, 0)
     for k in range(1, min(len(units), layers) + 1):
         for sequence in itertools.permutations(units, k):
             names = [d.name for u in sequence for d in u]
-            if len(names) != len(set(names)):
+            if len(names) != len(set(names)) or not set(pins) <= set(names):
                 continue
             hops = [cost.hop_s(a[0], b[0], micro_batch) for a, b in zip(sequence, sequence[1:])]
             for cuts in itertools.combinations(range(1, layers), k - 1):
                 bounds = (0, *cuts, layers)
+                spans = list(zip(bounds, bounds[1:]))
+                if any(pins.get(u[0].name, span) != span for u, span in zip(sequence, spans)):
+                    continue
                 options = [precisions_of(bounds[i], bounds[i + 1], bits, sequence[i]) for i in range(k)]
                 for precisions in itertools.product(*options):
                     low = sum(p[3] for p in precisions)
@@ -118,8 +124,8 @@ def test_joint_search_equals_brute_force(layout, sizes, micro, share, objective,
         return
     assert (found.objective_s, found.quantized) == pytest.approx(expected, rel=1e-9)
     units = [tuple(cost.device(s.device) for s in p.group) or (cost.device(p.device),) for p in found.stages]
-    priced = [stage_price(cost, u, p.start, p.end, p.bits, micro, p.low_bits, p.low_from)[0]
-              for u, p in zip(units, found.stages)]
+    priced = [stage_price(cost, u, p.start, p.end, tuple(s.bits for s in p.group) or p.bits, micro,
+                          p.low_bits, p.low_from)[0] for u, p in zip(units, found.stages)]
     assert all(np.isfinite(priced))
     assert [p.start for p in found.stages][0] == 0 and found.stages[-1].end == cost.num_layers
 
