@@ -45,6 +45,7 @@ import numpy as np
 
 from contracts.hardware import DeviceSpec
 from controlplane.planning.cost_model import CostModel
+from controlplane.planning.joint_kl import kl_partition, kl_unit
 from controlplane.planning.joint_units import Unit, stage_placement, unit_of
 from controlplane.planning.ordering import speed, topology_order
 from controlplane.planning.plan import Placement
@@ -115,22 +116,29 @@ def _stage(cost: CostModel, entry: np.ndarray, value: np.ndarray, unit: Unit, op
 
 
 def joint_partition(cost: CostModel, devices: Sequence[DeviceSpec], micro_batch: float, budget: int,
-                    bits: Sequence[int], objective: str,
-                    pins: dict[str, tuple[int, int]] | None = None) -> JointResult | None:
+                    bits: Sequence[int], objective: str, pins: dict[str, tuple[int, int]] | None = None,
+                    kl: dict[int, np.ndarray] | None = None) -> JointResult | None:
     """The best plan of the space above (its plans of single cards included); None when the devices form
     no group or nothing fits. ``pins``: a pinned device's stage is the pinned range, on the card alone
     or as the first rank of a group (the stage's device, which the pin names), and every pinned device
-    of ``devices`` holds one; beyond ``EXACT_DEVICES`` the units are taken in the order of ``devices``."""
+    of ``devices`` holds one; beyond ``EXACT_DEVICES`` the units are taken in the order of ``devices``.
+    ``kl``: the measured budget's KL prefix sums (``joint_kl``; ``quantized`` is then the plan's KL units,
+    and beyond ``EXACT_DEVICES`` devices there is no plan)."""
     pins = {name: pin for name, pin in (pins or {}).items() if any(d.name == name for d in devices)}
     groups = _pinned_first(candidate_groups(cost, devices), pins)
-    if not groups:
+    if not groups or (kl is not None and len(devices) > EXACT_DEVICES):
         return None
     op: Op = np.maximum if objective == "bottleneck" else np.add
+    hop = {(a.name, b.name): cost.hop_s(a, b, micro_batch) for a in devices for b in devices if a is not b}
+    if kl is not None:
+        units = {g: kl_unit(cost, g, bits, micro_batch, kl) for g in [(d,) for d in devices] + groups}
+        units = _pin(units, pins)
+        found = kl_partition(cost, devices, units, hop, op, objective, micro_batch, frozenset(pins))
+        return None if found is None else JointResult(found[0], found[1], int(found[2]))
     budget = min(budget, cost.num_layers)
     origin = _start(budget, cost.num_layers)
     units = {g: unit_of(cost, g, bits, micro_batch, budget) for g in [(d,) for d in devices] + groups}
-    units = {g: u.pinned(*pins[g[0].name]) if g[0].name in pins else u for g, u in units.items()}
-    hop = {(a.name, b.name): cost.hop_s(a, b, micro_batch) for a in devices for b in devices if a is not b}
+    units = _pin(units, pins)
     if len(devices) <= EXACT_DEVICES:
         return _exhaustive(cost, origin, units, hop, op, objective, micro_batch, frozenset(pins))
     sequences = [_sequence(devices, [g for g in groups if len(g) == k])
@@ -159,6 +167,11 @@ def _pinned_first(groups: list[tuple[DeviceSpec, ...]], pins) -> list[tuple[Devi
         if len(pinned) <= 1:
             found.append(pinned + tuple(d for d in group if d.name not in pins))
     return found
+
+
+def _pin(units: dict, pins) -> dict:
+    """Each unit led by a pinned card kept to its pinned range."""
+    return {g: u.pinned(*pins[g[0].name]) if g[0].name in pins else u for g, u in units.items()}
 
 
 def _best(value: np.ndarray, extra: float = 0.0) -> tuple[float, int]:

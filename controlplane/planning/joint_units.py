@@ -1,5 +1,5 @@
 """The units of the joint search (joint.py): a card or a tensor-parallel group, and every stage it can
-take, priced once per request for every unit of alike cards (``_signature``)."""
+take, priced once per request for every unit of alike cards (``signature``)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ class Unit:
         return float((self.seconds / (self.ends - self.starts)).min(initial=INF))
 
 
-def _low_prices(cost: CostModel, devices: tuple[DeviceSpec, ...], low: int, micro_batch: float) -> np.ndarray:
+def low_prices(cost: CostModel, devices: tuple[DeviceSpec, ...], low: int, micro_batch: float) -> np.ndarray:
     """Per (i, s, j) of ``split_cells``: [i, s) at 16 bits, [s, j) at ``low``."""
     if len(devices) > 1:
         return group_split_matrix(cost, devices, low, micro_batch)
@@ -69,13 +69,13 @@ def _low_prices(cost: CostModel, devices: tuple[DeviceSpec, ...], low: int, micr
 
 def unit_of(cost: CostModel, devices: tuple[DeviceSpec, ...], bits: Sequence[int], micro_batch: float,
           budget: int) -> Unit:
-    """The unit's stages, priced once per request for every unit of alike cards (``_signature``)."""
-    key = ("joint unit", _signature(cost, devices), tuple(bits), micro_batch, budget)
+    """The unit's stages, priced once per request for every unit of alike cards (``signature``)."""
+    key = ("joint unit", signature(cost, devices), tuple(bits), micro_batch, budget)
     return Unit(devices, tuple(bits), *cost.remember(key, lambda: _stages(cost, devices, bits, micro_batch,
                                                                           budget)))
 
 
-def _signature(cost: CostModel, devices: tuple[DeviceSpec, ...]) -> tuple:
+def signature(cost: CostModel, devices: tuple[DeviceSpec, ...]) -> tuple:
     """What a unit's prices depend on: its cards' figures in rank order, and a group's link."""
     cards = tuple(device_key(d) for d in devices)
     if len(devices) == 1:
@@ -99,7 +99,7 @@ def _stages(cost: CostModel, devices: tuple[DeviceSpec, ...], bits: Sequence[int
         prices[len(cells):] = full.ravel()
     for b in sorted((b for b in bits if b < 16), reverse=True):  # the highest of equally fast ones
         low = np.full(len(i), INF)
-        low[:len(cells)] = _low_prices(cost, devices, b, micro_batch)
+        low[:len(cells)] = low_prices(cost, devices, b, micro_batch)
         if len(devices) > 1:  # all low: the fastest assignment of precisions to ranks whose lowest is b
             whole = (s == i) & (j > i)
             fastest = lowest_matrix(cost, devices, b, bits, micro_batch)

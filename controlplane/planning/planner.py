@@ -235,7 +235,7 @@ class _Search:
                      else sum_partition_kl(cost, orders[0], batch, bits, self.kl, self.pins))
             if chain is not None:
                 options.append((chain.stages, 1))
-        if request.tensor_parallel and self.kl is None:
+        if request.tensor_parallel:
             options.extend(self._joint(self._respect_pins(ordered), budget, bits))
         if not options:
             return None
@@ -257,12 +257,12 @@ class _Search:
         while batch > 1 and micro_batches not in tried:
             tried.add(micro_batches)
             found = joint_partition(cost, ordered, micro_batch_size(batch, micro_batches), budget, bits,
-                                    "bottleneck", self.pins)
+                                    "bottleneck", self.pins, self.kl)
             if found is None:
                 break
             options.extend((found.stages, m) for m in range(1, min(batch, 2 * len(found.stages)) + 1))
             micro_batches = min(batch, len(found.stages))
-        found = joint_partition(cost, ordered, batch, budget, bits, "chain", self.pins)
+        found = joint_partition(cost, ordered, batch, budget, bits, "chain", self.pins, self.kl)
         if found is not None:
             options.append((found.stages, 1))
         return options

@@ -66,11 +66,24 @@ def precisions_of(start, end, bits, unit=()):
     return found
 
 
-def brute_force(cost, devices, micro_batch, budget, bits, objective, pins=None):
-    """(least value, fewest low-bit layers at it) over every sequence of disjoint units, boundaries and
+def spent(option, start, end, kl):
+    """What a stage's precision option spends of the budget: its low-bit layers, or with ``kl`` (the
+    measured budget's prefix sums) their KL units at the lowest precision any rank holds them at."""
+    bits, low_bits, low_from, count = option
+    if kl is None:
+        return count
+    lowest = min(bits) if isinstance(bits, tuple) else bits
+    if low_bits is not None:
+        return kl[low_bits][end] - kl[low_bits][low_from]
+    return kl[lowest][end] - kl[lowest][start] if lowest < 16 else 0.0
+
+
+def brute_force(cost, devices, micro_batch, budget, bits, objective, pins=None, kl=None):
+    """(least value, least spent at it) over every sequence of disjoint units, boundaries and
     precisions of each stage (one, or split); the bottleneck is the slowest stage or hop, the chain the
     sum of stage times, hops and the return of the sampled tokens. ``pins``: a pinned card holds its
-    range, alone or as a group's first rank, and no other rank of a group is pinned."""
+    range, alone or as a group's first rank, and no other rank of a group is pinned. ``kl``: the budget
+    counts KL units (``spent``)."""
     pins = pins or {}
     groups = [tuple(sorted(g, key=lambda d: d.name not in pins)) for g in candidate_groups(cost, devices)]
     units = [(d,) for d in devices] + [g for g in groups if not any(d.name in pins for d in g[1:])]
@@ -88,7 +101,7 @@ def brute_force(cost, devices, micro_batch, budget, bits, objective, pins=None):
                     continue
                 options = [precisions_of(bounds[i], bounds[i + 1], bits, sequence[i]) for i in range(k)]
                 for precisions in itertools.product(*options):
-                    low = sum(p[3] for p in precisions)
+                    low = sum(spent(p, a, b, kl) for p, a, b in zip(precisions, bounds, bounds[1:]))
                     if low > budget:
                         continue
                     times = [stage_price(cost, u, bounds[i], bounds[i + 1], b, micro_batch, lb, lf)[0]
