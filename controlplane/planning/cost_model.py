@@ -40,6 +40,7 @@ from controlplane.planning.roofline import (  # noqa: F401 (read through this mo
     StageFit,
     _peak,
     bandwidth,
+    device_key,
     slowdown,
 )
 
@@ -55,12 +56,6 @@ class StageFigures(NamedTuple):
     excess_bytes: np.ndarray  # weights, KV and workspace beyond the device's capacity (<= 0: fits)
     slowdown: float  # calibration at the stages' last precision over throttling: times are multiplied by it
     bandwidth: float  # bytes per second
-
-
-def device_key(device: DeviceSpec) -> tuple:
-    """Everything about a device that changes its prices (not its name or place)."""
-    return (device.memory_bytes, device.memory_used_bytes, device.memory_bandwidth_gbs, device.fp16_tflops,
-            device.bf16_tflops, device.calibration, device.calibration_by_bits, device.throttle_factor)
 
 
 class CostModel:

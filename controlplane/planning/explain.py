@@ -16,6 +16,7 @@ from controlplane.planning.host_tier import host_tier
 from controlplane.planning.plan import Placement, ReplicaPlan, StagePlan
 from controlplane.planning.quality_budget import has_sensitivity, plan_kl, quantized_layers
 from controlplane.planning.request import PlanRequest
+from controlplane.planning.tensor_parallel import group_placement
 
 
 def _gib(value: float) -> str:
@@ -124,10 +125,12 @@ def _host_tier_line(request: PlanRequest, cost: CostModel, replica: ReplicaPlan)
 
 def _why_low_bits(cost: CostModel, device: DeviceSpec, stage: StagePlan, micro_batch: int,
                   bottleneck_ms: float) -> str:
+    low = ", ".join(f"[{start}, {end}) at {bits} bits" for start, end, bits in stage.segments)
+    if stage.group:
+        return _why_low_bits_group(cost, stage, micro_batch, bottleneck_ms, low)
     whole = Placement(stage.device, stage.start, stage.end, 16)
     full = cost.memory(device, whole)
     need = full.holding(cost.kv_required)
-    low = ", ".join(f"[{start}, {end}) at {bits} bits" for start, end, bits in stage.segments)
     head = (f"{device.name} ({device.model}) runs layers {low}: with all [{stage.start}, {stage.end}) "
             f"at 16 bits")
     if need > full.capacity_bytes:
@@ -136,6 +139,30 @@ def _why_low_bits(cost: CostModel, device: DeviceSpec, stage: StagePlan, micro_b
     slow = cost.decode_s(device, whole, micro_batch) * 1e3
     return (f"{head} their step would take {slow:.2f} ms against the pipeline's {bottleneck_ms:.2f} ms "
             f"(an old or small card made to keep pace).")
+
+
+def _why_low_bits_group(cost: CostModel, stage: StagePlan, micro_batch: int, bottleneck_ms: float,
+                        low: str) -> str:
+    """As ``_why_low_bits`` for a tensor-parallel group: its memory is its ranks' (each within its own
+    card), so the comparison is with the ranks' usable memory at 16 bits, with the shares the planner
+    would give them there, and the first rank that would overflow."""
+    devices = tuple(cost.device(s.device) for s in stage.group)
+    whole = group_placement(cost, devices, stage.start, stage.end, 16, micro_batch)
+    fit = cost.memory(devices[0], whole)
+    head = (f"{stage.device} and {len(devices) - 1} more rank(s) of its group run layers {low}: with all "
+            f"[{stage.start}, {stage.end}) at 16 bits")
+    over = [(share, rank) for share, rank in zip(whole.group, fit.ranks)
+            if rank.holding(cost.kv_required) > rank.capacity_bytes]
+    if over:
+        share, rank = over[0]
+        total = sum(r.holding(cost.kv_required) for r in fit.ranks)
+        return (f"{head} rank {share.device} ({cost.device(share.device).model}, {share.kv_heads} kv heads, "
+                f"{share.columns} MLP columns) would need {_gib(rank.holding(cost.kv_required))} with its "
+                f"KV cache but its card has {_gib(rank.capacity_bytes)} (the group would need {_gib(total)} "
+                f"of the {_gib(fit.capacity_bytes)} its ranks have).")
+    slow = cost.decode_s(devices[0], whole, micro_batch) * 1e3
+    return (f"{head} their step would take {slow:.2f} ms against the pipeline's {bottleneck_ms:.2f} ms "
+            f"(a group made to keep pace).")
 
 
 def unused_devices(request: PlanRequest, replicas: Sequence[ReplicaPlan]) -> list[tuple[str, str]]:

@@ -3,8 +3,9 @@
 A *unit* is one card or a tensor-parallel group (``tensor_parallel.can_group``: two or more cards of
 one node linked by NVLink or PCIe). A plan is a sequence of disjoint units, each taking one
 contiguous range of layers [i, j) at 16 bits, or at 16 bits up to a layer s and a low precision from
-it (s = i: all low; a group's ranks all the same), with at most the request's budget of low-bit
-layers. Two objectives, as for pipelines of cards:
+it (s = i: all low; on a group of up to four cards, each rank at its own precision, counted at the
+lowest, ``mixed_ranks``), with at most the request's budget of low-bit layers. Two objectives, as for
+pipelines of cards:
 
 - ``bottleneck``: the slowest stage step or hop, for a micro-batch (the pipeline full);
 - ``chain``: the sum of stage steps and hops and the return of the sampled tokens, for the whole
@@ -22,7 +23,16 @@ dropped): exact, as ``tests/planning/test_exact_groups.py`` holds against
 enumeration. Beyond that (the cap that keeps it tractable): each node contributes its k fastest
 group-eligible cards as one group, the same k on every node for k = 2 .. the most a node has, the
 other cards staying single, and the units are taken in topology order, each used or skipped with
-the hop from the unit before it (as the fixed-order pipeline search).
+the hop from the unit before it (as the fixed-order pipeline search). There the best plan of one
+precision per stage (a subset of the space, a few thousand stages per unit instead of every split)
+bounds the search of every split, and a value that cannot end within the bound, the rest of the
+layers taken at the least time per layer of the units after it, is dropped (``_ceilings``): exact
+over that space, as ``tests/planning/test_joint_ordered.py`` holds against enumeration. A unit's
+stages are priced once per request for every unit of alike cards (``joint_units``).
+
+Pins: a pinned card's stage is its pinned range, alone or as a group's first rank (the stage's device,
+which the pin names); no group holds two pinned cards, and a plan counts once every pinned card holds
+its stage (in the ordered search a pinned unit is never skipped).
 """
 
 from __future__ import annotations
@@ -35,35 +45,16 @@ import numpy as np
 
 from contracts.hardware import DeviceSpec
 from controlplane.planning.cost_model import CostModel
+from controlplane.planning.joint_kl import kl_partition, kl_unit
+from controlplane.planning.joint_units import Unit, stage_placement, unit_of
 from controlplane.planning.ordering import speed, topology_order
 from controlplane.planning.plan import Placement
-from controlplane.planning.tensor_parallel import (
-    can_group,
-    group_matrix,
-    group_placement,
-    group_split_matrix,
-    layout,
-    split_cells,
-)
+from controlplane.planning.tensor_parallel import can_group, layout
 
 EXACT_DEVICES = 4  # every subset and order up to this many devices in a replica's group of devices
 INF = float("inf")
+BOUND_SLACK = 1e-9  # relative: a plan within this of the bound is kept
 Op = Callable[[np.ndarray, np.ndarray], np.ndarray]
-
-
-@dataclass(frozen=True)
-class Unit:
-    """The stages a unit can take, flattened and sorted by end: [start, split) at 16 bits and
-    [split, end) at ``low_bits`` (split = end: all at 16 bits), with their step times (finite: they
-    fit) and the low-bit layers each spends."""
-
-    devices: tuple[DeviceSpec, ...]
-    starts: np.ndarray
-    splits: np.ndarray
-    ends: np.ndarray
-    low_bits: np.ndarray  # 0 where the stage is all at 16 bits
-    seconds: np.ndarray
-    spent: np.ndarray  # end - split
 
 
 @dataclass(frozen=True)
@@ -71,39 +62,6 @@ class JointResult:
     stages: tuple[Placement, ...]
     objective_s: float
     quantized: int
-
-
-def _low_prices(cost: CostModel, devices: tuple[DeviceSpec, ...], low: int, micro_batch: float) -> np.ndarray:
-    """Per (i, s, j) of ``split_cells``: [i, s) at 16 bits, [s, j) at ``low``."""
-    if len(devices) > 1:
-        return group_split_matrix(cost, devices, low, micro_batch)
-    i, s, j = np.unravel_index(split_cells(cost.num_layers), (cost.num_layers + 1,) * 3)
-    return cost.split_times(devices[0], low, micro_batch, i, j, j - s)
-
-
-def _unit(cost: CostModel, devices: tuple[DeviceSpec, ...], bits: Sequence[int], micro_batch: float,
-          budget: int) -> Unit:
-    n = cost.num_layers + 1
-    cells = split_cells(cost.num_layers)  # the split stages, then the ones at 16 bits
-    i, s, j = np.unravel_index(cells, (n, n, n))
-    whole = np.arange(n * n)
-    i, s, j = np.concatenate([i, whole // n]), np.concatenate([s, whole % n]), np.concatenate([j, whole % n])
-    prices, which = np.full(len(i), INF), np.zeros(len(i), dtype=np.int8)
-    if 16 in bits:
-        full = (cost.decode_matrix(devices[0], 16, micro_batch) if len(devices) == 1
-                else group_matrix(cost, devices, 16, micro_batch))
-        prices[len(cells):] = full.ravel()
-    for b in sorted((b for b in bits if b < 16), reverse=True):  # the highest of equally fast ones
-        low = np.full(len(i), INF)
-        low[:len(cells)] = _low_prices(cost, devices, b, micro_batch)
-        if 16 not in bits:  # no layer at 16 bits: the whole stage low
-            low = np.where(s == i, low, INF)
-        better = low < prices
-        prices, which = np.where(better, low, prices), np.where(better, b, which)
-    keep = np.flatnonzero(np.isfinite(prices) & (j - s <= budget) & (j > i))
-    keep = keep[np.argsort(j[keep], kind="stable")]
-    starts, splits, ends = i[keep], s[keep], j[keep]
-    return Unit(devices, starts, splits, ends, which[keep], prices[keep], ends - splits)
 
 
 def candidate_groups(cost: CostModel, devices: Sequence[DeviceSpec]) -> list[tuple[DeviceSpec, ...]]:
@@ -130,11 +88,11 @@ def _start(budget: int, layers: int) -> np.ndarray:
     return start
 
 
-def _extend(entry: np.ndarray, unit: Unit, op: Op, bound: float = INF) -> np.ndarray:
-    """V[c, j] = min over the unit's stages [i, j) of op(E[c - low layers, i], M), leaving out stages
-    whose value would exceed ``bound`` whatever they follow."""
+def _extend(entry: np.ndarray, unit: Unit, op: Op, ceiling: np.ndarray) -> np.ndarray:
+    """V[c, j] = min over the unit's stages [i, j) of op(E[c - low layers, i], M), leaving out values
+    above ``ceiling[j]`` (what a plan at boundary j may have reached and still win)."""
     value = np.full(entry.shape, INF)
-    keep = np.flatnonzero(op(entry.min(axis=0)[unit.starts], unit.seconds) <= bound)
+    keep = np.flatnonzero(op(entry.min(axis=0)[unit.starts], unit.seconds) <= ceiling[unit.ends])
     if len(keep):
         ends = unit.ends[keep]
         offsets = np.concatenate([[0], np.flatnonzero(np.diff(ends)) + 1])
@@ -142,7 +100,7 @@ def _extend(entry: np.ndarray, unit: Unit, op: Op, bound: float = INF) -> np.nda
         before = np.where(rows >= 0, entry[np.maximum(rows, 0), unit.starts[keep][None, :]], INF)
         reached = op(before, unit.seconds[keep][None, :])
         value[:, ends[offsets]] = np.minimum.reduceat(reached, offsets, axis=1)
-    return value
+    return np.where(value > ceiling[None, :], INF, value)
 
 
 def _stage(cost: CostModel, entry: np.ndarray, value: np.ndarray, unit: Unit, op: Op, count: int, end: int,
@@ -153,43 +111,67 @@ def _stage(cost: CostModel, entry: np.ndarray, value: np.ndarray, unit: Unit, op
         before = count - int(unit.spent[k])
         if before >= 0 and op(entry[before, unit.starts[k]], unit.seconds[k]) == target:
             start, split, low = int(unit.starts[k]), int(unit.splits[k]), int(unit.low_bits[k])
-            return _placement(cost, unit, start, split, end, low, micro_batch), start, end - split
+            return stage_placement(cost, unit, start, split, end, low, micro_batch), start, end - split
     raise AssertionError("no stage reaches the value")  # pragma: no cover
 
 
-def _placement(cost: CostModel, unit: Unit, start: int, split: int, end: int, low: int,
-               micro_batch: float) -> Placement:
-    """16 bits throughout (``low`` 0), ``low`` throughout (split at the start), or split."""
-    bits, low_bits, low_from = (16, None, None) if low == 0 else (low, None, None) if split == start \
-        else (16, low, split)
-    if len(unit.devices) == 1:
-        return Placement(unit.devices[0].name, start, end, bits, low_bits, low_from)
-    return group_placement(cost, unit.devices, start, end, bits, micro_batch, low_bits, low_from)
-
-
 def joint_partition(cost: CostModel, devices: Sequence[DeviceSpec], micro_batch: float, budget: int,
-                    bits: Sequence[int], objective: str) -> JointResult | None:
+                    bits: Sequence[int], objective: str, pins: dict[str, tuple[int, int]] | None = None,
+                    kl: dict[int, np.ndarray] | None = None) -> JointResult | None:
     """The best plan of the space above (its plans of single cards included); None when the devices form
-    no group or nothing fits."""
-    groups = candidate_groups(cost, devices)
-    if not groups:
+    no group or nothing fits. ``pins``: a pinned device's stage is the pinned range, on the card alone
+    or as the first rank of a group (the stage's device, which the pin names), and every pinned device
+    of ``devices`` holds one; beyond ``EXACT_DEVICES`` the units are taken in the order of ``devices``.
+    ``kl``: the measured budget's KL prefix sums (``joint_kl``; ``quantized`` is then the plan's KL units,
+    and beyond ``EXACT_DEVICES`` devices there is no plan)."""
+    pins = {name: pin for name, pin in (pins or {}).items() if any(d.name == name for d in devices)}
+    groups = _pinned_first(candidate_groups(cost, devices), pins)
+    if not groups or (kl is not None and len(devices) > EXACT_DEVICES):
         return None
     op: Op = np.maximum if objective == "bottleneck" else np.add
+    hop = {(a.name, b.name): cost.hop_s(a, b, micro_batch) for a in devices for b in devices if a is not b}
+    if kl is not None:
+        units = {g: kl_unit(cost, g, bits, micro_batch, kl) for g in [(d,) for d in devices] + groups}
+        units = _pin(units, pins)
+        found = kl_partition(cost, devices, units, hop, op, objective, micro_batch, frozenset(pins))
+        return None if found is None else JointResult(found[0], found[1], int(found[2]))
     budget = min(budget, cost.num_layers)
     origin = _start(budget, cost.num_layers)
-    units = {g: _unit(cost, g, bits, micro_batch, budget) for g in [(d,) for d in devices] + groups}
-    hop = {(a.name, b.name): cost.hop_s(a, b, micro_batch) for a in devices for b in devices if a is not b}
+    units = {g: unit_of(cost, g, bits, micro_batch, budget) for g in [(d,) for d in devices] + groups}
+    units = _pin(units, pins)
     if len(devices) <= EXACT_DEVICES:
-        return _exhaustive(cost, origin, units, hop, op, objective, micro_batch)
+        return _exhaustive(cost, origin, units, hop, op, objective, micro_batch, frozenset(pins))
+    sequences = [_sequence(devices, [g for g in groups if len(g) == k])
+                 for k in range(2, max(len(g) for g in groups) + 1) if any(len(g) == k for g in groups)]
+    # Plans of one precision per stage are plans of the search too: the best of them bounds it from above.
+    bound = INF
+    for sequence in sequences:
+        coarse = {key: units[key].one_precision for key in sequence}
+        found = _ordered(cost, origin, coarse, hop, op, sequence, micro_batch, bound, pins)
+        bound = min(bound, INF if found is None else found.objective_s)
     best = None
-    for k in range(2, max(len(g) for g in groups) + 1):
-        chosen = [g for g in groups if len(g) == k]
-        if chosen:
-            found = _ordered(cost, origin, units, hop, op, chosen, devices, micro_batch)
-            if found is not None and (best is None or (found.objective_s, found.quantized)
-                                      < (best.objective_s, best.quantized)):
-                best = found
+    for sequence in sequences:
+        found = _ordered(cost, origin, units, hop, op, sequence, micro_batch, bound, pins)
+        if found is not None and (best is None or (found.objective_s, found.quantized)
+                                  < (best.objective_s, best.quantized)):
+            best = found
+            bound = min(bound, found.objective_s)
     return best
+
+
+def _pinned_first(groups: list[tuple[DeviceSpec, ...]], pins) -> list[tuple[DeviceSpec, ...]]:
+    """The groups pins allow: at most one pinned card each, put first (a pin names the stage's device)."""
+    found = []
+    for group in groups:
+        pinned = tuple(d for d in group if d.name in pins)
+        if len(pinned) <= 1:
+            found.append(pinned + tuple(d for d in group if d.name not in pins))
+    return found
+
+
+def _pin(units: dict, pins) -> dict:
+    """Each unit led by a pinned card kept to its pinned range."""
+    return {g: u.pinned(*pins[g[0].name]) if g[0].name in pins else u for g, u in units.items()}
 
 
 def _best(value: np.ndarray, extra: float = 0.0) -> tuple[float, int]:
@@ -199,8 +181,10 @@ def _best(value: np.ndarray, extra: float = 0.0) -> tuple[float, int]:
     return best, int(np.flatnonzero(last == best)[0]) if np.isfinite(best) else 0
 
 
-def _exhaustive(cost, origin, units, hop, op, objective, micro_batch) -> JointResult | None:
-    """Depth-first over every sequence of disjoint units; a node keeps (parent, unit, entry, value)."""
+def _exhaustive(cost, origin, units, hop, op, objective, micro_batch,
+                pinned: frozenset) -> JointResult | None:
+    """Depth-first over every sequence of disjoint units; a node keeps (parent, unit, entry, value); a plan
+    counts once it uses every ``pinned`` device."""
     keys = sorted(units, key=len, reverse=True)  # groups first: a good bound early
     best: tuple[float, int, int] | None = None  # (value, count, node)
     nodes: list[tuple[int, tuple, np.ndarray, np.ndarray, tuple]] = []
@@ -208,15 +192,14 @@ def _exhaustive(cost, origin, units, hop, op, objective, micro_batch) -> JointRe
     def visit(parent: int, key: tuple, entry: np.ndarray, used: frozenset, first: tuple) -> None:
         nonlocal best
         bound = INF if best is None else best[0]  # op never decreases a value: beyond the best cannot win
-        value = _extend(entry, units[key], op, bound)
-        value = np.where(value > bound, INF, value)
+        value = _extend(entry, units[key], op, np.full(entry.shape[1], bound))
         if not np.isfinite(value).any():
             return
         nodes.append((parent, key, entry, value, first))
         me = len(nodes) - 1
         back = 0.0 if objective == "bottleneck" else cost.return_s(key[0], first[0], micro_batch)
         total, count = _best(value, back)
-        if np.isfinite(total) and (best is None or (total, count) < best[:2]):
+        if np.isfinite(total) and pinned <= used and (best is None or (total, count) < best[:2]):
             best = (total, count, me)
         for nxt in keys:
             if used.isdisjoint(d.name for d in nxt):
@@ -239,25 +222,50 @@ def _exhaustive(cost, origin, units, hop, op, objective, micro_batch) -> JointRe
     return JointResult(tuple(stages), total, sum(s.quantized_layers for s in stages))
 
 
-def _ordered(cost, origin, units, hop, op, groups, devices, micro_batch) -> JointResult | None:
-    """Units in topology order (the groups at their first card, the other cards single), each used or
-    skipped; the hop into a unit comes from the unit before it in the order."""
-    order = topology_order(list(devices), cost.fleet)
+def _sequence(devices, groups) -> list[tuple[DeviceSpec, ...]]:
+    """Units in the order of ``devices``: the groups at their first card there, the other cards single."""
     sequence, seen = [], set()
-    for d in order:
+    for d in devices:
         group = next((g for g in groups if d in g), None)
         if group is None:
             sequence.append((d,))
         elif group not in seen:
             seen.add(group)
             sequence.append(group)
+    return sequence
+
+
+def _ceilings(cost, units, sequence, op, bound: float) -> list[np.ndarray]:
+    """Per unit of the sequence and boundary j, the most a plan may have reached at j, after that unit,
+    and still end within ``bound``: the units after it take [j, L) no faster than their least rate per
+    layer (the sum of their stages, or for the bottleneck the largest of at most that many stages), and
+    none can finish it short of L. A relative slack keeps plans that the sums' rounding puts at the bound."""
+    layers, limit = cost.num_layers, bound * (1.0 + BOUND_SLACK)
+    left = layers - np.arange(layers + 1)
+    ceilings = []
+    for index in range(len(sequence)):
+        after = [units[key] for key in sequence[index + 1:]]
+        rate = min((u.rate for u in after), default=INF)
+        if not np.isfinite(rate):  # nothing after it: only plans that end here
+            ceilings.append(np.where(left > 0, -INF, limit))
+        elif op is np.add:
+            ceilings.append(limit - left * rate)
+        else:
+            ceilings.append(np.where(-(-left // len(after)) * rate <= limit, limit, -INF))
+    return ceilings
+
+
+def _ordered(cost, origin, units, hop, op, sequence, micro_batch, bound: float, pins) -> JointResult | None:
+    """The units of ``sequence`` each used or skipped (a pinned one used), the hop into a unit from the
+    unit before it in the sequence; values that cannot end within ``bound`` dropped (``_ceilings``)."""
     row = origin
     trace = []
-    for index, key in enumerate(sequence):
-        entry = origin if index == 0 else np.minimum(
-            op(row, hop[(sequence[index - 1][0].name, key[0].name)]), origin)
-        taken = _extend(entry, units[key], op)
-        use = taken < row
+    for index, (key, ceiling) in enumerate(zip(sequence, _ceilings(cost, units, sequence, op, bound))):
+        entry = origin if index == 0 else op(row, hop[(sequence[index - 1][0].name, key[0].name)])
+        if not any(k[0].name in pins for k in sequence[:index]):  # or the plan starts here
+            entry = np.minimum(entry, origin)
+        taken = _extend(entry, units[key], op, ceiling)
+        use = np.full(taken.shape, True) if key[0].name in pins else taken < row
         trace.append((entry, taken, use))
         row = np.where(use, taken, row)
     total, count = _best(row)

@@ -46,8 +46,11 @@ class StagePrecision:
 
     @property
     def segments(self) -> tuple[tuple[int, int, int], ...]:
-        """(start, end, bits) of each non-empty run of layers at one precision."""
-        runs = ((self.start, self.split, self.bits), (self.split, self.end, self.low_bits))
+        """(start, end, bits) of each non-empty run of layers at one precision; on a tensor-parallel
+        group whose ranks differ, a run's bits are the lowest any rank holds it at (what the quality
+        budget counts: a layer is below 16 bits if any part of it is)."""
+        first = min((s.bits for s in getattr(self, "group", ())), default=self.bits)
+        runs = ((self.start, self.split, first), (self.split, self.end, self.low_bits))
         return tuple(run for run in runs if run[0] < run[1])
 
     @property
@@ -57,6 +60,9 @@ class StagePrecision:
     @property
     def bits_label(self) -> str:
         """'16-bit' or '16-bit, 4-bit from layer 24', for messages."""
+        ranks = sorted({s.bits for s in getattr(self, "group", ())}, reverse=True)
+        if len(ranks) > 1 and self.split >= self.end:
+            return "/".join(map(str, ranks)) + "-bit by rank"
         if len(self.segments) < 2:
             return f"{self.last_bits}-bit"
         return f"{self.bits}-bit, {self.low_bits}-bit from layer {self.split}"
@@ -71,7 +77,7 @@ class Share:
     device: str
     kv_heads: int
     columns: int  # intermediate (MLP) columns, whole blocks of the quantization group
-    bits: int  # before the stage's ``low_from``; from it on every rank holds the stage's ``low_bits``
+    bits: int  # before the stage's ``low_from`` (ranks may differ); from it on every rank holds ``low_bits``
 
 
 @dataclass(frozen=True)

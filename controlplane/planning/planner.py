@@ -235,8 +235,8 @@ class _Search:
                      else sum_partition_kl(cost, orders[0], batch, bits, self.kl, self.pins))
             if chain is not None:
                 options.append((chain.stages, 1))
-        if request.tensor_parallel and not self.pins and self.kl is None:
-            options.extend(self._joint(ordered, budget, bits))
+        if request.tensor_parallel:
+            options.extend(self._joint(self._respect_pins(ordered), budget, bits))
         if not options:
             return None
         rounds = [round_seconds(cost, *option) for option in options]
@@ -250,18 +250,19 @@ class _Search:
 
     def _joint(self, ordered: list[DeviceSpec], budget: int, bits) -> list[tuple[tuple[Placement, ...], int]]:
         """Plans with tensor-parallel groups (joint.py): the least bottleneck with the pipeline full, and
-        the least trip of one micro-batch, each at the micro-batch counts that pace it."""
+        the least trip of one micro-batch, each at the micro-batch counts that pace it; within the pins
+        (``ordered`` visits pinned devices in the order of their layers)."""
         cost, batch, options = self.cost, self.cost.batch, []
         micro_batches, tried = min(batch, len(ordered)), set()
         while batch > 1 and micro_batches not in tried:
             tried.add(micro_batches)
             found = joint_partition(cost, ordered, micro_batch_size(batch, micro_batches), budget, bits,
-                                    "bottleneck")
+                                    "bottleneck", self.pins, self.kl)
             if found is None:
                 break
             options.extend((found.stages, m) for m in range(1, min(batch, 2 * len(found.stages)) + 1))
             micro_batches = min(batch, len(found.stages))
-        found = joint_partition(cost, ordered, batch, budget, bits, "chain")
+        found = joint_partition(cost, ordered, batch, budget, bits, "chain", self.pins, self.kl)
         if found is not None:
             options.append((found.stages, 1))
         return options

@@ -65,6 +65,12 @@ def slowdown(device: DeviceSpec, bits: int = 16) -> float:
     return device.calibration_at(bits) / max(device.throttle_factor, 1e-3)
 
 
+def device_key(device: DeviceSpec) -> tuple:
+    """Everything about a device that changes its prices (not its name or place)."""
+    return (device.memory_bytes, device.memory_used_bytes, device.memory_bandwidth_gbs, device.fp16_tflops,
+            device.bf16_tflops, device.calibration, device.calibration_by_bits, device.throttle_factor)
+
+
 def bandwidth(device: DeviceSpec) -> float:
     """Bytes per second real kernels read from this device's memory."""
     return device.memory_bandwidth_gbs * 1e9 * BANDWIDTH_EFFICIENCY

@@ -45,6 +45,7 @@ from controlplane.planning.roofline import (
     StageFit,
     _peak,
     bandwidth,
+    device_key,
     slowdown,
 )
 
@@ -57,7 +58,9 @@ DEFAULT_BLOCK = 128  # MLP columns per block when the profile names no quantizat
 class Layout(TensorLayout):
     """What the shares split (``contracts.footprint.TensorLayout``), with the MLP columns in blocks."""
 
-    block: int = DEFAULT_BLOCK
+    block: int
+    query_width: int  # query features per key-value head (columns of the output projection)
+    qkv_rows: int  # rows of q, k and v per key-value head
 
 
 def layout(model) -> Layout | None:
@@ -69,7 +72,11 @@ def layout(model) -> Layout | None:
     block = int(((model.extra or {}).get("quantization") or {}).get("group_size") or DEFAULT_BLOCK)
     if split.kv_heads < 2 or split.columns < 2 * block:
         return None
-    return Layout(split.kv_heads, split.columns, split.attention, block)
+    heads = int(model.extra["num_heads"])  # tensor_layout read it
+    head_dim = int(model.extra.get("head_dim") or model.hidden_size // heads)
+    per_kv = heads // split.kv_heads
+    return Layout(split.kv_heads, split.columns, split.attention, block, per_kv * head_dim,
+                  (per_kv + 2) * head_dim)
 
 
 def _whole(weights: list[float], total: int) -> list[int]:
@@ -82,24 +89,55 @@ def _whole(weights: list[float], total: int) -> list[int]:
     return [p + 1 for p in parts]
 
 
-def share_candidates(cost, devices: tuple[DeviceSpec, ...], bits: int,
-                     last_bits: int | None = None) -> tuple[tuple[Share, ...], ...]:
-    """The shares considered for a group at ``bits`` (its layers from ``last_bits``' split on at
-    ``last_bits``): by speed at the stage's last precision (whose calibration it takes), and by
-    usable memory."""
+def _ratio(cost, bits: int) -> float:
+    """The model's layer bytes at ``bits`` over its bytes at 16: what a parameter costs to read and keep."""
+    return float(cost.weights[bits][-1] / cost.weights[16][-1])
+
+
+def per_rank(bits, ranks: int) -> tuple[int, ...]:
+    """``bits`` (one precision, or one per rank) as one per rank."""
+    return tuple(bits) if isinstance(bits, tuple) else (bits,) * ranks
+
+
+def share_candidates(cost, devices: tuple[DeviceSpec, ...], bits, last_bits: int | None = None
+                     ) -> tuple[tuple[Share, ...], ...]:
+    """The shares considered for a group at ``bits`` (one precision, or one per rank; its layers from
+    ``last_bits``' split on at ``last_bits``): by speed (parameters a rank reads per second at its
+    precision, with the calibration of its last one), and by parameters its usable memory keeps. A share
+    whose rank holds 4-bit layers off the int4 groups (``int4_fits``) is left out."""
     lay = layout(cost.model)
     found: list[tuple[Share, ...]] = []
-    last = bits if last_bits is None else last_bits
-    for weights in ([bandwidth(d) / slowdown(d, last) for d in devices],
-                    [max(usable_bytes(d), 1) for d in devices]):
+    ranks = per_rank(bits, len(devices))
+    lasts = ranks if last_bits is None else (last_bits,) * len(devices)
+    # Bytes per parameter relative to the first rank's (exactly 1 for ranks of one precision).
+    ratios = [_ratio(cost, b) / _ratio(cost, ranks[0]) for b in ranks]
+    for weights in ([bandwidth(d) / slowdown(d, last) / r for d, last, r in zip(devices, lasts, ratios)],
+                    [max(usable_bytes(d), 1) / r for d, r in zip(devices, ratios)]):
         heads = _whole(weights, lay.kv_heads)
         blocks = _whole(weights, lay.columns // lay.block)
         columns = [b * lay.block for b in blocks]
         columns[-1] += lay.columns - sum(columns)
-        shares = tuple(Share(d.name, h, c, bits) for d, h, c in zip(devices, heads, columns))
-        if shares not in found:
+        shares = tuple(Share(d.name, h, c, b) for d, h, c, b in zip(devices, heads, columns, ranks))
+        if shares not in found and int4_fits(lay, shares, last_bits):
             found.append(shares)
     return tuple(found)
+
+
+def int4_fits(lay: Layout, shares: tuple[Share, ...], last_bits: int | None) -> bool:
+    """Whether every rank that holds 4-bit layers can: its columns of the output and down projections
+    start and end on whole quantization blocks of a matrix the blocks divide (so on the whole matrix's
+    int4 groups, as the worker requires: ``worker_runtime/tensor_parallel/shares.py``), and its q/k/v
+    and gate/up rows are multiples of 16."""
+    heads = columns = 0
+    for share in shares:
+        spans = ((heads * lay.query_width, (heads + share.kv_heads) * lay.query_width,
+                  lay.kv_heads * lay.query_width), (columns, columns + share.columns, lay.columns))
+        if 4 in (share.bits, last_bits) and (
+                any(at % lay.block for span in spans for at in span)
+                or share.kv_heads * lay.qkv_rows % 16 or 2 * share.columns % 16):
+            return False
+        heads, columns = heads + share.kv_heads, columns + share.columns
+    return True
 
 
 def group_link(cost, devices) -> LinkSpec:
@@ -167,8 +205,12 @@ def _priced(cost, shares: tuple[Share, ...], starts, ends, micro_batch: float, t
     lay = layout(cost.model)
     devices = [cost.device(s.device) for s in shares]
     link = group_link(cost, devices)
-    slowest, fits = 0.0, ends > starts
+    slowest, fits, alike = 0.0, ends > starts, set()
     for index, share in enumerate(shares):
+        key = (device_key(devices[index]), share.kv_heads, share.columns, share.bits, index == 0)
+        if key in alike:  # a rank like one priced already (even shares of equal cards) changes nothing
+            continue
+        alike.add(key)
         seconds, kept = _rank(cost, lay, share, index == 0, starts, ends, micro_batch, tokens, splits,
                                  low_bits)
         slowest = np.maximum(slowest, seconds)
@@ -180,9 +222,9 @@ def _priced(cost, shares: tuple[Share, ...], starts, ends, micro_batch: float, t
     return np.where(fits, slowest + reduce + logits * (ends == cost.num_layers), np.inf)
 
 
-def group_matrix(cost, devices: tuple[DeviceSpec, ...], bits: int, micro_batch: float) -> np.ndarray:
-    """M[i, j] = decode step of layers [i, j) at ``bits`` on the group, over its share candidates
-    (the faster that fits); inf where none fits."""
+def group_matrix(cost, devices: tuple[DeviceSpec, ...], bits, micro_batch: float) -> np.ndarray:
+    """M[i, j] = decode step of layers [i, j) at ``bits`` (one precision, or one per rank) on the group,
+    over its share candidates (the faster that fits); inf where none fits."""
     def make():
         n = cost.num_layers + 1
         starts, ends = np.arange(n)[:, None], np.arange(n)[None, :]
@@ -217,16 +259,17 @@ def group_split_matrix(cost, devices: tuple[DeviceSpec, ...], low_bits: int,
     return cost.remember(("group split", tuple(d.name for d in devices), low_bits, micro_batch), make)
 
 
-def group_placement(cost, devices, start: int, end: int, bits: int, micro_batch: float,
+def group_placement(cost, devices, start: int, end: int, bits, micro_batch: float,
                     low_bits: int | None = None, low_from: int | None = None) -> Placement:
     """The placement of a group stage with the shares ``group_matrix`` (or, with ``low_bits`` from
-    ``low_from``, ``group_split_matrix``) priced it at; every rank holds the same split."""
+    ``low_from``, ``group_split_matrix``) priced it at; ``bits`` one precision or one per rank, the
+    stage's ``bits`` its first rank's; every rank holds the same split."""
     options = share_candidates(cost, devices, bits, low_bits)
     split = end if low_from is None else low_from
     times = [float(_priced(cost, s, np.array(start), np.array(end), micro_batch, None, np.array(split),
                            low_bits)) for s in options]
     shares = options[int(np.argmin(times))]
-    return Placement(devices[0].name, start, end, bits, low_bits, low_from, group=shares)
+    return Placement(devices[0].name, start, end, shares[0].bits, low_bits, low_from, group=shares)
 
 
 def _split(stage: StagePrecision):

@@ -161,7 +161,8 @@ def _stage_problems(request: PlanRequest, cost: CostModel, known, uses, p: Place
             yield Problem("device_reused", f"{where}: {who} carries {uses[name]} stages", r, s)
     grouped = [Problem(code, text, r, s) for code, text in group_problems(request, cost, known, p, where)]
     yield from grouped
-    for bits in sorted({p.bits} | ({p.low_bits} if p.low_bits is not None else set()), reverse=True):
+    held = {p.bits} | {share.bits for share in p.group} | ({p.low_bits} if p.low_bits is not None else set())
+    for bits in sorted(held, reverse=True):
         if bits not in request.bits:
             yield Problem("precision_not_allowed",
                           f"{where}: {bits} bits not in the allowed {list(request.bits)}", r, s)
