@@ -23,7 +23,10 @@ def _one_group(*shares) -> dict:
 
 
 def _check(api, model, plan: dict) -> dict:
-    response = api.post(VALIDATE, {"model": model.id, "replicas": 1, "plan": plan}, format="json")
+    """The what-if answer for ``plan``, with any layer allowed below 16 bits: a layer counts at the lowest
+    precision any rank holds it at, so one 4-bit rank puts the whole stage in the quality budget."""
+    response = api.post(VALIDATE, {"model": model.id, "replicas": 1, "plan": plan, "max_quantized": 1.0},
+                        format="json")
     assert response.status_code == 200, response.content
     return response.json()
 
