@@ -58,7 +58,7 @@ def topology() -> dict[str, Any]:
     for node in nodes:
         devices = sorted(node.devices.all(), key=lambda d: d.index)
         node_rows.append({
-            "name": node.name, "status": node.status, "network_gbps": node.network_gbps,
+            "name": node.name, "status": node.liveness, "network_gbps": node.network_gbps,
             "address": node.address, "emulated": any(d.emulated for d in devices),
             "devices": [_device(node, d) for d in devices],
         })
@@ -80,7 +80,7 @@ def _device(node: Node, device: Device) -> dict[str, Any]:
     return {
         "name": device_name(node.name, device.index), "index": device.index, "model": device.model_name,
         "memory_gib": round(device.memory_bytes / GIB, 1), "emulated": device.emulated,
-        "health": device.health, "island": device.nvlink_island,
+        "health": device.shown_health, "island": device.nvlink_island,
         "down": node.is_down or device.health == Device.Health.UNHEALTHY,
     }
 

@@ -5,7 +5,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
 from django.db.models.fields.json import KeyTransform
 
-from controlplane.inventory.models import Device, Link, Node
+from controlplane.inventory.models import DECLARED, DECLARED_DISPLAY, UNREGISTERED, Device, Link, Node
 
 # What the database's integer columns hold: a number beyond is a 400 naming the parameter, not an
 # overflow in the database driver (a 500).
@@ -15,7 +15,9 @@ INT64 = {"min_value": -(2**63), "max_value": 2**63 - 1}
 class NodeFilterSet(django_filters.FilterSet):
     q = django_filters.CharFilter(method="search", label="Search name and address")
     name = django_filters.CharFilter(lookup_expr="iexact")
-    status = django_filters.MultipleChoiceFilter(choices=Node.Status.choices)
+    status = django_filters.MultipleChoiceFilter(
+        choices=[(DECLARED, DECLARED_DISPLAY), *Node.Status.choices], method="filter_status",
+        label="Status as shown (Node.liveness): declared, ready, suspect, lost")
     intent = django_filters.MultipleChoiceFilter(choices=Node.Intent.choices)
     label = django_filters.CharFilter(
         method="filter_label", label="Labels as key:value, several separated by commas"
@@ -27,6 +29,14 @@ class NodeFilterSet(django_filters.FilterSet):
 
     def search(self, queryset: QuerySet, name: str, value: str) -> QuerySet:
         return queryset.filter(Q(name__icontains=value) | Q(address__icontains=value))
+
+    def filter_status(self, queryset: QuerySet, name: str, value: list[str]) -> QuerySet:
+        """What the ``status`` field shows: ``declared`` for a node no agent has registered, its
+        observed status for the others."""
+        if not value:
+            return queryset
+        shown = Q(status__in=[v for v in value if v != DECLARED]) & ~UNREGISTERED
+        return queryset.filter(shown | UNREGISTERED if DECLARED in value else shown)
 
     def filter_label(self, queryset: QuerySet, name: str, value: str) -> QuerySet:
         """Nodes carrying every given label; the key goes through a transform, never a lookup path."""
