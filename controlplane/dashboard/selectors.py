@@ -12,6 +12,7 @@ from typing import Any
 from django.db.models import Count, Prefetch, Q
 
 from contracts.hardware import GIB
+from contracts.metrics import SLOWDOWN_REASONS
 from contracts.names import device_name
 from contracts.stage_spec import MAX_SPECULATIVE_TOKENS, SPECULATION_MODES
 from controlplane.deployments.events import event_list
@@ -43,7 +44,8 @@ def model_list() -> list[LlmModel]:
 
 
 def topology() -> dict[str, Any]:
-    """Nodes, their devices and every link to draw, declared or implied (three queries).
+    """Nodes, their devices and every link to draw, declared or implied (three queries), and the
+    throttle reasons that count as a slowdown (the fleet overview's "throttled").
 
     Links nobody declared still exist physically: devices of one NVLink island talk over NVLink
     (added here as ``implied``), and every node reaches the others through its network interface
@@ -60,6 +62,7 @@ def topology() -> dict[str, Any]:
         node_rows.append({
             "name": node.name, "status": node.liveness, "network_gbps": node.network_gbps,
             "address": node.address, "emulated": any(d.emulated for d in devices),
+            "fleet": node.fleet, "labels": node.labels,
             "devices": [_device(node, d) for d in devices],
         })
         islands: dict[str, list[Device]] = {}
@@ -73,7 +76,8 @@ def topology() -> dict[str, Any]:
                     pairs.add(pair)
                     links.append({"kind": "nvlink", "a": min(pair), "b": max(pair),
                                   "bandwidth_gbs": a.nvlink_bandwidth_gbs, "implied": True})
-    return {"nodes": node_rows, "links": links, "deployments": deployment_overlay()}
+    return {"nodes": node_rows, "links": links, "deployments": deployment_overlay(),
+            "slowdown_reasons": list(SLOWDOWN_REASONS)}
 
 
 def _device(node: Node, device: Device) -> dict[str, Any]:

@@ -181,3 +181,35 @@ def heartbeat(agent: dict, stages: list[dict], seq: int) -> dict:
                 for s in stages]
     return {"type": "heartbeat", "incarnation": agent["incarnation"], "seq": seq, "sent_at": now,
             "devices": devices, "stages": statuses}
+
+
+# What the page's own layout says is wrong with a drawing: elements of the SVG outside it (the frame
+# scrolls to all of the SVG, nothing beyond), the frame wider than the page, and pairs of text
+# labels whose boxes intersect. Texts and rects with no box (hidden) are skipped.
+DRAWING_PROBLEMS = """([svgSelector, labelSelector]) => {
+  const svg = document.querySelector(svgSelector), frame = svg.parentElement;
+  const box = svg.getBoundingClientRect(), problems = [];
+  const pageWidth = document.documentElement.clientWidth;
+  if (frame.getBoundingClientRect().right > pageWidth + 1) problems.push('frame past the page');
+  if (frame.scrollWidth + 1 < box.width) problems.push('frame scrolls less than the drawing');
+  const name = (e) => `${e.tagName} ${e.getAttribute('class') || ''} ${e.textContent.slice(0, 40)}`;
+  for (const e of svg.querySelectorAll('rect, text, line, path')) {
+    const r = e.getBoundingClientRect();
+    if (!r.width && !r.height) continue;
+    if (r.left < box.left - 1 || r.right > box.right + 1 || r.top < box.top - 1 || r.bottom > box.bottom + 1)
+      problems.push(`outside: ${name(e)}`);
+  }
+  const labels = [...document.querySelectorAll(labelSelector)].map((e) => [e, e.getBoundingClientRect()])
+    .filter(([, r]) => r.width > 0 && r.height > 0);
+  for (let i = 0; i < labels.length; i += 1) for (let j = i + 1; j < labels.length; j += 1) {
+    const [a, ra] = labels[i], [b, rb] = labels[j];
+    if (ra.left < rb.right && rb.left < ra.right && ra.top < rb.bottom && rb.top < ra.bottom)
+      problems.push(`overlap: ${name(a)} / ${name(b)}`);
+  }
+  return problems;
+}"""
+
+
+def drawing_problems(page, svg: str = "svg#topology", labels: str = "svg#topology text") -> list[str]:
+    """``DRAWING_PROBLEMS`` of the drawing ``svg`` (its frame: the parent element) and the ``labels``."""
+    return page.evaluate(DRAWING_PROBLEMS, [svg, labels])

@@ -24,7 +24,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.dashboard.browser import SCREENSHOTS, SeededServer, SimulatedAgents, log_in, logged_in_page
+from tests.dashboard.browser import (
+    SCREENSHOTS,
+    SeededServer,
+    SimulatedAgents,
+    drawing_problems,
+    log_in,
+    logged_in_page,
+)
 from tests.dashboard.seed import OPERATOR
 from tests.support.processes import REPO_ROOT, manage_argv
 
@@ -97,6 +104,7 @@ def test_topology_shows_the_emulated_fleet_the_deployment_and_live_colours(page,
     page.wait_for_function("document.querySelectorAll('g.gpu[data-value]').length === 13")  # coloured live
     page.wait_for_function(
         "[...document.querySelectorAll('g.stage')].every(g => g.dataset.state === 'ready')")
+    assert drawing_problems(page) == []  # card, stage and bottleneck labels apart, nothing cut off
     shot(page, "topology")
 
 
