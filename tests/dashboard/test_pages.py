@@ -8,7 +8,8 @@ import re
 import pytest
 from django.urls import reverse
 
-PAGES = ["dashboard:topology", "dashboard:utilization", "dashboard:nodes", "dashboard:models"]
+PAGES = ["dashboard:topology", "dashboard:fleet", "dashboard:utilization", "dashboard:nodes",
+         "dashboard:models"]
 
 
 @pytest.mark.parametrize("name", PAGES)
