@@ -102,6 +102,28 @@ def test_a_node_expands_to_its_cards_and_collapses(server, page, gpus):
     assert not page.locator("text.gpu-model").count()
 
 
+def test_a_node_wider_than_a_narrow_page_scrolls_inside_its_frame(server, page):
+    """Eight H100s expanded need more than 800 px: the frame scrolls sideways to the last card, the page
+    itself does not grow past its width."""
+    seed = at_scale(server, 64)
+    page.set_viewport_size({"width": 800, "height": 900})
+    try:
+        open_topology(page, "?q=h100")
+        name = next(n for n in seed["nodes"] if n.startswith("h100"))
+        node(page, name).locator(".node-toggle").click()
+        page.wait_for_selector(f'g.node[data-node="{name}"][data-expanded="1"]')
+        frame = page.evaluate("(() => { const w = document.getElementById('topology-wrap'); "
+                              "return [w.scrollWidth, w.clientWidth]; })()")
+        assert frame[0] > frame[1], frame
+        assert page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+        assert drawing_problems(page) == []
+        last = node(page, name).locator('g.gpu[data-device$="/gpu7"]')
+        last.scroll_into_view_if_needed()
+        assert last.is_visible()
+    finally:
+        page.set_viewport_size({"width": VIEWPORT[0], "height": VIEWPORT[1]})
+
+
 def test_the_filter_narrows_what_is_drawn(server, page):
     seed = at_scale(server, 64)
     open_topology(page)
