@@ -21,6 +21,8 @@ DECLARED = "declared"
 DECLARED_DISPLAY = "Declared (no agent)"
 UNREGISTERED = Q(incarnation=0)
 UNKNOWN_HEALTH = "unknown"
+# The devices whose shown health is UNKNOWN_HEALTH (``Device.shown_health``).
+UNSAMPLED = Q(node__incarnation=0, health_override__isnull=True)
 
 
 class Node(TimestampedModel):

@@ -138,6 +138,14 @@ class TestDeviceAPI(APIResourceTests):
         assert names(model_name="T4") == ["a/gpu0", "b/gpu0"]
         assert names(emulated="true") == ["a/gpu0", "b/gpu0"]
         assert names(health="unhealthy") == ["a/gpu1"]
+        # Neither node has an agent: the cards nobody overrode show "unknown", and filter so.
+        assert names(health="unknown") == ["a/gpu0", "b/gpu0"] and names(health="healthy") == []
+        b.incarnation = 1
+        b.save()
+        assert names(health="healthy") == ["b/gpu0"]
+        assert names(health=["unknown", "unhealthy"]) == ["a/gpu0", "a/gpu1"]
+        shown = {item["name"]: item["health"] for item in api.get(self.url).json()["results"]}
+        assert shown == {"a/gpu0": "unknown", "a/gpu1": "unhealthy", "b/gpu0": "healthy"}
         assert names(memory_bytes__gte=16 * GIB) == ["a/gpu0", "a/gpu1"]
         assert names(ordering="-memory_bytes") == ["a/gpu1", "a/gpu0", "b/gpu0"]
 

@@ -7,7 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.common.api import ValidatedModelSerializer
-from controlplane.inventory.models import DECLARED, DECLARED_DISPLAY, Device, Link, Node
+from controlplane.inventory.models import DECLARED, DECLARED_DISPLAY, UNKNOWN_HEALTH, Device, Link, Node
 
 # What a node's status and intent are changed by instead of a write (docs/api.md, "Node intent").
 NODE_ACTIONS = ("POST /api/v1/nodes/{id}/cordon/, /uncordon/, /drain/ or /undrain/")
@@ -60,7 +60,14 @@ class NodeSerializer(ValidatedModelSerializer):
 
 
 class DeviceSerializer(ValidatedModelSerializer):
+    """A GPU: ``health`` is the effective one, ``unknown`` for a card of a node no agent has registered
+    (nobody sampled it) unless the operator's ``health_override`` says otherwise (``shown_health``)."""
+
     url = serializers.HyperlinkedIdentityField(view_name="device-detail")
+    health = serializers.ChoiceField(
+        source="shown_health", read_only=True, choices=[*Device.Health.choices, (UNKNOWN_HEALTH, "Unknown")],
+        help_text="health_override if set, else observed_health; unknown while no agent has registered the "
+                  "device's node. The planner keeps off unhealthy devices.")
     name = serializers.CharField(read_only=True)
     node_name = serializers.CharField(source="node.name", read_only=True)
 
@@ -75,9 +82,11 @@ class DeviceSerializer(ValidatedModelSerializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         """``health`` is derived (read-only): a request that tries to change it is told what to set."""
-        if "health" in self.initial_data:
-            current = self.instance.health if self.instance is not None else Device.Health.HEALTHY
-            if self.initial_data["health"] != current:
+        if "health" in self.initial_data:  # sending back what a GET showed, or the stored value, is no write
+            device = self.instance
+            current = ({device.health, device.shown_health} if device is not None
+                       else {Device.Health.HEALTHY, UNKNOWN_HEALTH})
+            if self.initial_data["health"] not in current:
                 raise serializers.ValidationError({"health": (
                     "health is derived: health_override if set, else observed_health (from the agent's "
                     "samples); set health_override to change it")})
