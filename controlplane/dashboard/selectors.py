@@ -12,6 +12,7 @@ from typing import Any
 from django.db.models import Count, Prefetch, Q
 
 from contracts.hardware import GIB
+from contracts.metrics import SLOWDOWN_REASONS
 from contracts.names import device_name
 from contracts.stage_spec import MAX_SPECULATIVE_TOKENS, SPECULATION_MODES
 from controlplane.deployments.events import event_list
@@ -43,7 +44,8 @@ def model_list() -> list[LlmModel]:
 
 
 def topology() -> dict[str, Any]:
-    """Nodes, their devices and every link to draw, declared or implied (three queries).
+    """Nodes, their devices and every link to draw, declared or implied (three queries), and the
+    throttle reasons that count as a slowdown (the fleet overview's "throttled").
 
     Links nobody declared still exist physically: devices of one NVLink island talk over NVLink
     (added here as ``implied``), and every node reaches the others through its network interface
@@ -58,8 +60,9 @@ def topology() -> dict[str, Any]:
     for node in nodes:
         devices = sorted(node.devices.all(), key=lambda d: d.index)
         node_rows.append({
-            "name": node.name, "status": node.status, "network_gbps": node.network_gbps,
+            "name": node.name, "status": node.liveness, "network_gbps": node.network_gbps,
             "address": node.address, "emulated": any(d.emulated for d in devices),
+            "fleet": node.fleet, "labels": node.labels,
             "devices": [_device(node, d) for d in devices],
         })
         islands: dict[str, list[Device]] = {}
@@ -73,14 +76,15 @@ def topology() -> dict[str, Any]:
                     pairs.add(pair)
                     links.append({"kind": "nvlink", "a": min(pair), "b": max(pair),
                                   "bandwidth_gbs": a.nvlink_bandwidth_gbs, "implied": True})
-    return {"nodes": node_rows, "links": links, "deployments": deployment_overlay()}
+    return {"nodes": node_rows, "links": links, "deployments": deployment_overlay(),
+            "slowdown_reasons": list(SLOWDOWN_REASONS)}
 
 
 def _device(node: Node, device: Device) -> dict[str, Any]:
     return {
         "name": device_name(node.name, device.index), "index": device.index, "model": device.model_name,
         "memory_gib": round(device.memory_bytes / GIB, 1), "emulated": device.emulated,
-        "health": device.health, "island": device.nvlink_island,
+        "health": device.shown_health, "island": device.nvlink_island,
         "down": node.is_down or device.health == Device.Health.UNHEALTHY,
     }
 

@@ -7,6 +7,7 @@ app_name = "dashboard"
 urlpatterns = [
     path("", views.home, name="home"),
     path("topology/", views.topology, name="topology"),
+    path("fleet/", views.fleet, name="fleet"),
     path("utilization/", views.utilization, name="utilization"),
     path("deployments/", views.deployments, name="deployments"),
     path("deployments/<int:pk>/plan/", views.plan_editor, name="plan-editor"),

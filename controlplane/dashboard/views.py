@@ -40,6 +40,14 @@ def utilization(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
+def fleet(request: HttpRequest) -> HttpResponse:
+    """The fleet overview: a heat map of every card and the cards in each state (fleet.js)."""
+    topology = selectors.topology()
+    gpus = sum(len(node["devices"]) for node in topology["nodes"])
+    return render(request, "dashboard/fleet.html", {"page": "fleet", "topology": topology, "gpus": gpus})
+
+
+@login_required
 def nodes(request: HttpRequest) -> HttpResponse:
     context = {"page": "nodes", "nodes": selectors.node_list(), "devices": selectors.device_list()}
     return render(request, "dashboard/nodes.html", context)

@@ -144,7 +144,7 @@ def plan_devices(
             problems.append(f"device {name} carries a stage of deployment {busy[name]}")
         elif device.health == Device.Health.UNHEALTHY:
             problems.append(f"device {name} is unhealthy")
-        elif device.node.incarnation == 0:
+        elif not device.node.registered:
             problems.append(f"device {name}: no agent has registered node {device.node.name}")
     return devices, problems
 

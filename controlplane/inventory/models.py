@@ -15,6 +15,15 @@ from django.db.models import F, Q
 from contracts.names import device_name
 from controlplane.common.models import TimestampedModel, validate_positive
 
+# What a node no agent has registered shows instead of a status (``Node.liveness``), and the rows that
+# are such nodes: one notion for the planner's refusal, the pages and the API.
+DECLARED = "declared"
+DECLARED_DISPLAY = "Declared (no agent)"
+UNREGISTERED = Q(incarnation=0)
+UNKNOWN_HEALTH = "unknown"
+# The devices whose shown health is UNKNOWN_HEALTH (``Device.shown_health``).
+UNSAMPLED = Q(node__incarnation=0, health_override__isnull=True)
+
 
 class Node(TimestampedModel):
     """A host that runs an agent (or, for an emulated fleet, pretends to).
@@ -94,6 +103,23 @@ class Node(TimestampedModel):
     def is_down(self) -> bool:
         """Down for the planner: no new stage goes here (LOST, or cordoned or draining)."""
         return self.status == self.Status.LOST or not self.schedulable
+
+    @property
+    def registered(self) -> bool:
+        """An agent has registered it (``incarnation`` counts registrations). A node only declared, by a
+        fleet file or the API, has nobody to receive a stage and nobody who ever saw it: its ``status``
+        is the field's default, not an observation."""
+        return self.incarnation > 0
+
+    @property
+    def liveness(self) -> str:
+        """The status every page and the API show: ``DECLARED`` until an agent registers the node,
+        then the observed ``status``."""
+        return self.status if self.registered else DECLARED
+
+    @property
+    def liveness_display(self) -> str:
+        return self.get_status_display() if self.registered else DECLARED_DISPLAY
 
     def unavailable_reason(self) -> str | None:
         """Why no new stage may be placed on it ("lost", "cordoned", "draining"), or None."""
@@ -190,6 +216,14 @@ class Device(TimestampedModel):
     @property
     def name(self) -> str:
         return device_name(self.node.name, self.index)
+
+    @property
+    def shown_health(self) -> str:
+        """The health the pages show: ``UNKNOWN_HEALTH`` for a card of a node no agent has registered
+        (nobody has sampled it) unless an operator said otherwise, else the effective ``health``."""
+        if self.health_override or self.node.registered:
+            return self.health
+        return UNKNOWN_HEALTH
 
     def save(self, *args, **kwargs) -> None:
         self.health = effective_health(override=self.health_override, observed=self.observed_health)

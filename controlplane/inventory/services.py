@@ -130,7 +130,7 @@ def device_emulate_throttle(*, device: Device, factor: float, actor: Actor = SYS
     if isinstance(factor, bool) or not 0 < factor <= 1:
         raise ValidationError({"factor": f"expected a number in (0, 1] (1 = recovered), got {factor!r}"})
     node = device.node
-    if node.incarnation == 0:
+    if not node.registered:
         raise ValidationError({"device": f"{device.name}: no agent has registered node {node.name}"})
     kwargs = {"device_index": device.index, "factor": float(factor)}
     audit_record(actor=actor, action="device.throttle", target=device, detail={"factor": float(factor)})

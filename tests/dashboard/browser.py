@@ -123,7 +123,8 @@ class SeededServer:
 class SimulatedAgents:
     """One thread per node sending contracts §3 heartbeats every ``interval_s`` on /ws/agents/.
 
-    Utilization follows a slow sine per GPU so a chart visibly moves; stages on the node report
+    Utilization follows a slow sine per GPU so a chart visibly moves; the cards an agent's
+    ``throttled`` lists (indices) report a thermal slowdown; stages on the node report
     ``ready`` with per-stage statistics (§4), prefix caching's among them (``prefix_cache_stats``).
     """
 
@@ -179,7 +180,8 @@ def heartbeat(agent: dict, stages: list[dict], seq: int) -> dict:
         devices.append({"index": i, "utilization_pct": util, "memory_used_bytes": int((8 + i) * 2**30),
                         "memory_total_bytes": 24 * 2**30, "temperature_c": 40 + util * 0.4,
                         "power_w": 80 + util * 2,
-                        "power_limit_w": 300.0, "sm_clock_mhz": 1400, "throttle_reasons": [],
+                        "power_limit_w": 300.0, "sm_clock_mhz": 1400,
+                        "throttle_reasons": ["sw_thermal"] if i in agent.get("throttled", ()) else [],
                         "pcie_tx_bytes_per_s": util * 1e8, "pcie_rx_bytes_per_s": util * 5e7})
     statuses = [{**{k: s[k] for k in ("stage_key", "deployment_id", "replica", "stage_index")},
                  "state": "ready",
@@ -193,3 +195,35 @@ def heartbeat(agent: dict, stages: list[dict], seq: int) -> dict:
                 for s in stages]
     return {"type": "heartbeat", "incarnation": agent["incarnation"], "seq": seq, "sent_at": now,
             "devices": devices, "stages": statuses}
+
+
+# What the page's own layout says is wrong with a drawing (an SVG, or the heat map's grid): elements
+# of it outside it (its frame, the parent, scrolls to all of it, nothing beyond), the frame wider than
+# the page, and pairs of text labels whose boxes intersect. Elements with no box (hidden) are skipped.
+DRAWING_PROBLEMS = """([svgSelector, labelSelector]) => {
+  const svg = document.querySelector(svgSelector), frame = svg.parentElement;
+  const box = svg.getBoundingClientRect(), problems = [];
+  const pageWidth = document.documentElement.clientWidth;
+  if (frame.getBoundingClientRect().right > pageWidth + 1) problems.push('frame past the page');
+  if (frame.scrollWidth + 1 < box.width) problems.push('frame scrolls less than the drawing');
+  const name = (e) => `${e.tagName} ${e.getAttribute('class') || ''} ${e.textContent.slice(0, 40)}`;
+  for (const e of svg.querySelectorAll('*')) {
+    const r = e.getBoundingClientRect();
+    if (!r.width && !r.height) continue;
+    if (r.left < box.left - 1 || r.right > box.right + 1 || r.top < box.top - 1 || r.bottom > box.bottom + 1)
+      problems.push(`outside: ${name(e)}`);
+  }
+  const labels = [...document.querySelectorAll(labelSelector)].map((e) => [e, e.getBoundingClientRect()])
+    .filter(([, r]) => r.width > 0 && r.height > 0);
+  for (let i = 0; i < labels.length; i += 1) for (let j = i + 1; j < labels.length; j += 1) {
+    const [a, ra] = labels[i], [b, rb] = labels[j];
+    if (ra.left < rb.right && rb.left < ra.right && ra.top < rb.bottom && rb.top < ra.bottom)
+      problems.push(`overlap: ${name(a)} / ${name(b)}`);
+  }
+  return problems;
+}"""
+
+
+def drawing_problems(page, svg: str = "svg#topology", labels: str = "svg#topology text") -> list[str]:
+    """``DRAWING_PROBLEMS`` of the drawing ``svg`` (its frame: the parent element) and the ``labels``."""
+    return page.evaluate(DRAWING_PROBLEMS, [svg, labels])

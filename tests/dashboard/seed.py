@@ -65,21 +65,34 @@ def lab_with_deployment(*, cordoned: tuple[str, ...] = ()) -> dict:
     """Everything the browser tests need: the lab fleet registered by (simulated) agents, the model,
     a READY deployment (planned with the ``cordoned`` nodes cordoned) and an operator account.
     Returns what the simulated agents need to connect."""
-    from django.contrib.auth import get_user_model
-    from django.contrib.auth.models import Group
-
     from contracts.fleet_file import load_fleet_file
-    from controlplane.common.permissions import OPERATORS_GROUP
-    from controlplane.enrollment.services import agent_register, join_token_create
     from controlplane.inventory.models import Node
-    from controlplane.inventory.selectors import fleet_spec_from_inventory
     from controlplane.inventory.services import fleet_import
     from controlplane.models_catalog.services import model_register
 
     fleet_import(fleet=load_fleet_file(LAB_FLEET))
+    agents = agents_register()
+    model = model_register(path=_checkpoint_stand_in())
+    Node.objects.filter(name__in=cordoned).update(intent=Node.Intent.CORDONED)
+    deployment = running_deployment_create(model=model)
+    operator_create()
+    stages = [{"stage_key": s.stage_key, "node": s.node.name, "deployment_id": deployment.pk,
+               "replica": s.pipeline,
+               "stage_index": s.stage_index} for s in deployment.stages.select_related("node")]
+    return {"agents": agents, "deployment_id": deployment.pk, "stages": stages}
+
+
+def agents_register(names: tuple[str, ...] | None = None) -> list[dict]:
+    """Register an agent for each of the named nodes (all: None) as it would, with the devices the
+    inventory declares; returns what a simulated agent needs to connect."""
+    from controlplane.enrollment.services import agent_register, join_token_create
+    from controlplane.inventory.selectors import fleet_spec_from_inventory
+
     token = join_token_create(ttl=timedelta(hours=1)).secret
     agents = []
     for node in fleet_spec_from_inventory().nodes:
+        if names is not None and node.name not in names:
+            continue
         devices = [{k: v for k, v in dataclasses.asdict(d).items() if k not in ("name", "node", "down")}
                    for d in node.devices]
         registration = agent_register(join_token=token, name=node.name, address=node.address, emulated=True,
@@ -87,15 +100,66 @@ def lab_with_deployment(*, cordoned: tuple[str, ...] = ()) -> dict:
         agents.append({"node": node.name, "node_id": registration.node.pk,
                        "credential": registration.credential,
                        "incarnation": registration.incarnation, "gpus": len(node.devices)})
-    model = model_register(path=_checkpoint_stand_in())
-    Node.objects.filter(name__in=cordoned).update(intent=Node.Intent.CORDONED)
-    deployment = running_deployment_create(model=model)
-    operator = get_user_model().objects.create_user(username=OPERATOR[0], password=OPERATOR[1])
-    operator.groups.add(Group.objects.get_or_create(name=OPERATORS_GROUP)[0])
-    stages = [{"stage_key": s.stage_key, "node": s.node.name, "deployment_id": deployment.pk,
-               "replica": s.pipeline,
-               "stage_index": s.stage_index} for s in deployment.stages.select_related("node")]
-    return {"agents": agents, "deployment_id": deployment.pk, "stages": stages}
+    return agents
+
+
+def operator_create() -> None:
+    """The ``OPERATOR`` account, in the operators' group, unless it exists."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+
+    from controlplane.common.permissions import OPERATORS_GROUP
+
+    operator, created = get_user_model().objects.get_or_create(username=OPERATOR[0])
+    if created:
+        operator.set_password(OPERATOR[1])
+        operator.save()
+        operator.groups.add(Group.objects.get_or_create(name=OPERATORS_GROUP)[0])
+
+
+# The generations a generated fleet cycles through: catalog model, generation label, network Gbit/s,
+# whether a node's cards form an NVLink island.
+GENERATIONS = (("H100-SXM", "h100", 400, True), ("A100-80GB-SXM", "a100", 200, True),
+               ("L4", "ada", 100, False), ("V100-16GB", "volta", 50, True), ("T4", "turing", 25, False))
+
+
+def scale_fleet(gpus: int) -> dict:
+    """A fleet file's content with ``gpus`` emulated cards: nodes of eight (of two below 16 cards)
+    cycling through five generations, eight nodes a rack, the cards of a node with NVLink one island.
+    The shape of a cluster that grew a rack at a time, at any size."""
+    per_node = 8 if gpus >= 16 else 2
+    nodes = []
+    for i in range(gpus // per_node):
+        model, generation, gbps, nvlink = GENERATIONS[i % len(GENERATIONS)]
+        nodes.append({"name": f"{generation}-{i:03d}", "network_gbps": gbps,
+                      "labels": {"rack": f"r{i // 8}", "generation": generation},
+                      "gpus": [{"model": model, "count": per_node, "nvlink": nvlink}]})
+    return {"name": f"scale-{gpus}", "nodes": nodes}
+
+
+def fleet_at_scale(gpus: int) -> dict:
+    """The inventory replaced by ``scale_fleet(gpus)``, imported as ``manage.py import_fleet`` does,
+    with its first node registered by an agent and the others declared (no agent), and the operator
+    account. Returns the node names and the agent."""
+    from django.conf import settings
+
+    from contracts.fleet_file import load_fleet_file
+    from controlplane.inventory.models import Node
+    from controlplane.inventory.services import fleet_import
+
+    Node.objects.all().delete()
+    path = settings.VAR_DIR / f"scale-{gpus}.json"
+    path.write_text(json.dumps(scale_fleet(gpus)))
+    fleet = load_fleet_file(path)
+    fleet_import(fleet=fleet)
+    agents = agents_register(names=(fleet.nodes[0].name,))
+    operator_create()
+    return {"gpus": gpus, "nodes": [n.name for n in fleet.nodes], "agents": agents}
+
+
+def scale_start() -> dict:
+    """``fleet_at_scale`` at its smallest: four cards."""
+    return fleet_at_scale(4)
 
 
 def lab_with_auditor() -> dict:

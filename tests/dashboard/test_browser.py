@@ -28,6 +28,7 @@ from tests.dashboard.browser import (
     SCREENSHOTS,
     SeededServer,
     SimulatedAgents,
+    drawing_problems,
     log_in,
     logged_in_page,
     own_context,
@@ -92,6 +93,7 @@ def test_topology_shows_the_emulated_fleet_the_deployment_and_live_colours(page,
     page.wait_for_function("document.querySelectorAll('g.gpu[data-value]').length === 13")  # coloured live
     page.wait_for_function(
         "[...document.querySelectorAll('g.stage')].every(g => g.dataset.state === 'ready')")
+    assert drawing_problems(page) == []  # card, stage and bottleneck labels apart, nothing cut off
     shot(page, "topology")
 
 

@@ -8,7 +8,8 @@ import re
 import pytest
 from django.urls import reverse
 
-PAGES = ["dashboard:topology", "dashboard:utilization", "dashboard:nodes", "dashboard:models"]
+PAGES = ["dashboard:topology", "dashboard:fleet", "dashboard:utilization", "dashboard:nodes",
+         "dashboard:models"]
 
 
 @pytest.mark.parametrize("name", PAGES)
@@ -50,6 +51,17 @@ def test_topology_embeds_nodes_devices_and_links_including_implied_nvlink(operat
     page = operator_client.get(reverse("dashboard:topology")).content.decode()
     embedded = page.split('id="topology-data" type="application/json">')[1].split("</script>")[0]
     assert json.loads(embedded) == data
+
+
+def test_topology_says_which_nodes_no_agent_has_registered(operator_client, lab_fleet):
+    """The same word as the Nodes page and the API: declared, its GPUs' health unknown."""
+    from controlplane.inventory.models import Node
+
+    Node.objects.filter(name="node-a").update(incarnation=1)
+    data = operator_client.get(reverse("dashboard:topology-json")).json()
+    shown = {n["name"]: (n["status"], {d["health"] for d in n["devices"]}) for n in data["nodes"]}
+    assert shown == {"node-a": ("ready", {"healthy"}), "node-b": ("declared", {"unknown"}),
+                     "node-c": ("declared", {"unknown"})}
 
 
 def test_topology_query_count_does_not_grow_with_the_fleet(

@@ -25,11 +25,26 @@ class TestNodeAPI(APIResourceTests):
         node = self.make_rows(1)[0]
         body = api.patch(f"{self.url}{node.pk}/", {"incarnation": 7}, format="json").json()
         assert body["device_count"] == 1 and body["incarnation"] == 0
-        assert body["status"] == "ready" and body["intent"] == "schedulable" and body["schedulable"] is True
+        assert body["status"] == "declared" and body["registered"] is False  # no agent has registered it
+        assert body["intent"] == "schedulable" and body["schedulable"] is True
+
+    def test_status_is_declared_until_an_agent_registers_the_node(self, api):
+        """The planner refuses a node no agent has registered; the API says so rather than "ready"."""
+        declared, registered = make_node(name="declared"), make_node(name="registered", incarnation=1)
+        listed = api.get(self.url).json()["results"]
+        shown = {item["name"]: (item["status"], item["registered"]) for item in listed}
+        assert shown == {"declared": ("declared", False), "registered": ("ready", True)}
+        # A GET's body PUT back is no write, whichever status it shows.
+        for node in (declared, registered):
+            body = api.get(f"{self.url}{node.pk}/").json()
+            kept = {k: body[k] for k in ("name", "address", "labels", "network_gbps", "status", "intent")}
+            assert api.put(f"{self.url}{node.pk}/", kept, format="json").status_code == 200
+        assert_error(api.patch(f"{self.url}{registered.pk}/", {"status": "declared"}, format="json"), 400,
+                     "status: status is observed")
 
     def test_status_and_intent_are_not_written_through_the_api(self, api):
         """status is liveness's, intent the node actions'; a write is told which action to use."""
-        node = make_node(status="lost", intent="cordoned")
+        node = make_node(status="lost", intent="cordoned", incarnation=1)
         url = f"{self.url}{node.pk}/"
         refused = api.patch(url, {"status": "ready"}, format="json")
         assert_error(refused, 400, "status: status is observed", "/cordon/", "/drain/", "/undrain/")
@@ -57,10 +72,11 @@ class TestNodeAPI(APIResourceTests):
         assert not Node.objects.filter(name="n").exists()
 
     def test_filters(self, api):
-        make_node(name="alpha", status="ready", labels={"rack": "r1", "zone": "z"}, address="10.0.0.1")
-        make_node(name="beta", status="lost", labels={"rack": "r2"}, fleet="lab")
-        make_node(name="gamma", status="suspect", intent="draining", labels={"rack": "r1"})
-        make_node(name="delta", intent="cordoned")
+        make_node(name="alpha", status="ready", labels={"rack": "r1", "zone": "z"}, address="10.0.0.1",
+                  incarnation=1)
+        make_node(name="beta", status="lost", labels={"rack": "r2"}, fleet="lab", incarnation=2)
+        make_node(name="gamma", status="suspect", intent="draining", labels={"rack": "r1"}, incarnation=1)
+        make_node(name="delta", intent="cordoned")  # declared: no agent has registered it
 
         def names(**params):
             return [item["name"] for item in api.get(self.url, params).json()["results"]]
@@ -68,6 +84,8 @@ class TestNodeAPI(APIResourceTests):
         assert names(status=["lost", "suspect"]) == ["beta", "gamma"]
         assert names(intent=["cordoned", "draining"]) == ["gamma", "delta"]
         assert names(intent="schedulable", status="ready") == ["alpha"]
+        assert names(status="ready") == ["alpha"] and names(status="declared") == ["delta"]
+        assert names(status=["declared", "lost"]) == ["beta", "delta"]
         assert_error(api.get(self.url, {"status": "draining"}), 400, "status")
         assert names(label="rack:r1") == ["alpha", "gamma"]
         assert names(label="rack:r1,zone:z") == ["alpha"]
@@ -120,6 +138,14 @@ class TestDeviceAPI(APIResourceTests):
         assert names(model_name="T4") == ["a/gpu0", "b/gpu0"]
         assert names(emulated="true") == ["a/gpu0", "b/gpu0"]
         assert names(health="unhealthy") == ["a/gpu1"]
+        # Neither node has an agent: the cards nobody overrode show "unknown", and filter so.
+        assert names(health="unknown") == ["a/gpu0", "b/gpu0"] and names(health="healthy") == []
+        b.incarnation = 1
+        b.save()
+        assert names(health="healthy") == ["b/gpu0"]
+        assert names(health=["unknown", "unhealthy"]) == ["a/gpu0", "a/gpu1"]
+        shown = {item["name"]: item["health"] for item in api.get(self.url).json()["results"]}
+        assert shown == {"a/gpu0": "unknown", "a/gpu1": "unhealthy", "b/gpu0": "healthy"}
         assert names(memory_bytes__gte=16 * GIB) == ["a/gpu0", "a/gpu1"]
         assert names(ordering="-memory_bytes") == ["a/gpu1", "a/gpu0", "b/gpu0"]
 

@@ -44,8 +44,8 @@ ADMIN = row("login", "login", "login", "ok", "login", "login")
 REGISTER = row("403", "403", "403", "403", "403", "403", "403", "403")
 
 # A page answers a POST as a GET (it changes nothing): the session is what matters.
-PAGE_ROUTES = ("/", "/deployments/", "/deployments/{pk}/plan/", "/models/", "/nodes/", "/topology/",
-               "/usage/", "/utilization/")
+PAGE_ROUTES = ("/", "/deployments/", "/deployments/{pk}/plan/", "/fleet/", "/models/", "/nodes/",
+               "/topology/", "/usage/", "/utilization/")
 PAGE_GET_ONLY = row("login", "405", "405", "405", "login", "login")  # login first, then the method
 STAFF_PAGE = row("login", "403", "403", "ok", "login", "login")  # the Audit page, as its API
 API_READS = ("/api/docs/try/", "/api/schema/", "/api/v1/api-keys/", "/api/v1/deployments/{pk}/proposals/",

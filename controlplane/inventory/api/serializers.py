@@ -7,7 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.common.api import ValidatedModelSerializer
-from controlplane.inventory.models import Device, Link, Node
+from controlplane.inventory.models import DECLARED, DECLARED_DISPLAY, UNKNOWN_HEALTH, Device, Link, Node
 
 # What a node's status and intent are changed by instead of a write (docs/api.md, "Node intent").
 NODE_ACTIONS = ("POST /api/v1/nodes/{id}/cordon/, /uncordon/, /drain/ or /undrain/")
@@ -15,9 +15,15 @@ NODE_ACTIONS = ("POST /api/v1/nodes/{id}/cordon/, /uncordon/, /drain/ or /undrai
 
 class NodeSerializer(ValidatedModelSerializer):
     """A node: ``status`` is what is seen (liveness), ``intent`` what the operator wants; neither is
-    written here (the node actions write the intent, heartbeats the status)."""
+    written here (the node actions write the intent, heartbeats the status). A node no agent has
+    registered shows ``declared``: nobody has seen it (``Node.liveness``)."""
 
     url = serializers.HyperlinkedIdentityField(view_name="node-detail")
+    status = serializers.ChoiceField(
+        source="liveness", read_only=True, choices=[(DECLARED, DECLARED_DISPLAY), *Node.Status.choices],
+        help_text="Observed liveness (heartbeats): ready, suspect, lost; declared while no agent has "
+                  "registered the node.")
+    registered = serializers.BooleanField(read_only=True, help_text="An agent has registered the node.")
     device_count = serializers.SerializerMethodField()
     schedulable = serializers.BooleanField(read_only=True, help_text="intent is schedulable: new stages may "
                                                                       "be placed on it (if it is not lost).")
@@ -26,7 +32,7 @@ class NodeSerializer(ValidatedModelSerializer):
         model = Node
         fields = [
             "id", "url", "name", "address", "labels", "network_gbps", "status", "intent", "schedulable",
-            "last_heartbeat", "incarnation", "fleet", "device_count", "created", "last_updated",
+            "registered", "last_heartbeat", "incarnation", "fleet", "device_count", "created", "last_updated",
         ]
         # Written by the agent that owns the node (and liveness), or by the node actions; never here.
         read_only_fields = ["status", "intent", "last_heartbeat", "incarnation"]
@@ -39,21 +45,29 @@ class NodeSerializer(ValidatedModelSerializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         """A request that tries to change ``status`` or ``intent`` is told which action does it."""
-        current = {"status": Node.Status.READY, "intent": Node.Intent.SCHEDULABLE}
-        if self.instance is not None:
-            current = {"status": self.instance.status, "intent": self.instance.intent}
-        if self.initial_data.get("status", current["status"]) != current["status"]:
+        node = self.instance
+        # Sending back what a GET showed, or the stored value, is no write.
+        shown = {node.liveness, node.status} if node is not None else {DECLARED, Node.Status.READY}
+        intent = node.intent if node is not None else Node.Intent.SCHEDULABLE
+        if self.initial_data.get("status", node.liveness if node is not None else DECLARED) not in shown:
             raise serializers.ValidationError({"status": (
                 "status is observed (ready, suspect, lost: written by the node's heartbeats), not set; "
                 f"to keep new stages off a node, cordon or drain it: {NODE_ACTIONS}")})
-        if self.initial_data.get("intent", current["intent"]) != current["intent"]:
+        if self.initial_data.get("intent", intent) != intent:
             raise serializers.ValidationError({"intent": (
                 f"intent is changed by the node actions, which check and record it: {NODE_ACTIONS}")})
         return super().validate(attrs)
 
 
 class DeviceSerializer(ValidatedModelSerializer):
+    """A GPU: ``health`` is the effective one, ``unknown`` for a card of a node no agent has registered
+    (nobody sampled it) unless the operator's ``health_override`` says otherwise (``shown_health``)."""
+
     url = serializers.HyperlinkedIdentityField(view_name="device-detail")
+    health = serializers.ChoiceField(
+        source="shown_health", read_only=True, choices=[*Device.Health.choices, (UNKNOWN_HEALTH, "Unknown")],
+        help_text="health_override if set, else observed_health; unknown while no agent has registered the "
+                  "device's node. The planner keeps off unhealthy devices.")
     name = serializers.CharField(read_only=True)
     node_name = serializers.CharField(source="node.name", read_only=True)
 
@@ -68,9 +82,11 @@ class DeviceSerializer(ValidatedModelSerializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         """``health`` is derived (read-only): a request that tries to change it is told what to set."""
-        if "health" in self.initial_data:
-            current = self.instance.health if self.instance is not None else Device.Health.HEALTHY
-            if self.initial_data["health"] != current:
+        if "health" in self.initial_data:  # sending back what a GET showed, or the stored value, is no write
+            device = self.instance
+            current = ({device.health, device.shown_health} if device is not None
+                       else {Device.Health.HEALTHY, UNKNOWN_HEALTH})
+            if self.initial_data["health"] not in current:
                 raise serializers.ValidationError({"health": (
                     "health is derived: health_override if set, else observed_health (from the agent's "
                     "samples); set health_override to change it")})
