@@ -146,11 +146,16 @@ def parse_body(raw: bytes) -> dict:
     return body
 
 
-def generation_request(body: dict, *, chat: bool) -> GenerationRequest:
-    """Validate a completions (``chat=False``) or chat-completions body; raises OpenAIError (400)."""
+def _model(body: dict) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' must be a non-empty string", param="model", code="invalid_type")
+    return model
+
+
+def generation_request(body: dict, *, chat: bool) -> GenerationRequest:
+    """Validate a completions (``chat=False``) or chat-completions body; raises OpenAIError (400)."""
+    model = _model(body)
     _unsupported(body)
     max_tokens = _optional_int(body, "max_tokens", minimum=1)
     if chat and max_tokens is None:
@@ -175,3 +180,44 @@ def generation_request(body: dict, *, chat: bool) -> GenerationRequest:
         speculate=_boolean(body, "speculate", True),
     )
 
+
+
+@dataclass(frozen=True)
+class TokenizeRequest:
+    """vLLM's ``/tokenize`` body: a completion ``prompt`` or chat ``messages`` (then rendered with the
+    chat template, as the chat endpoint renders them)."""
+
+    model: str
+    prompt: str | None
+    messages: list[dict[str, str]] | None
+    add_special_tokens: bool  # default: true for a prompt, false for messages (the template adds BOS)
+    add_generation_prompt: bool
+    return_token_strs: bool
+
+
+def tokenize_request(body: dict) -> TokenizeRequest:
+    """Validate a ``/tokenize`` body: exactly one of ``prompt`` (a string) and ``messages``."""
+    model = _model(body)
+    chat = "messages" in body
+    if chat == ("prompt" in body):
+        raise bad_request("give either 'prompt' or 'messages'", param="prompt", code="invalid_value")
+    if not chat and not isinstance(body["prompt"], str):
+        raise bad_request("'prompt' must be a string", param="prompt", code="invalid_type")
+    return TokenizeRequest(
+        model=model,
+        prompt=None if chat else body["prompt"],
+        messages=_messages(body) if chat else None,
+        add_special_tokens=_boolean(body, "add_special_tokens", not chat),
+        add_generation_prompt=_boolean(body, "add_generation_prompt", True),
+        return_token_strs=_boolean(body, "return_token_strs", False),
+    )
+
+
+def detokenize_request(body: dict) -> tuple[str, list[int]]:
+    """Validate a ``/detokenize`` body: its model and its token ids (each checked against the
+    vocabulary by the caller, who knows the model's)."""
+    model = _model(body)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(_is_int(t) and t >= 0 for t in tokens):
+        raise bad_request("'tokens' must be a list of token ids", param="tokens", code="invalid_type")
+    return model, tokens
