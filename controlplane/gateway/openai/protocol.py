@@ -1,7 +1,9 @@
 """The request bodies of /v1/completions and /v1/chat/completions, checked field by field.
 
 Every rule answers a 400 naming the field (``param``), so a client sees what to fix. Fields OpenAI
-defines that motley cannot honour (n > 1, logprobs, echo, best_of) are refused rather than ignored.
+defines that motley cannot honour (n > 1, best_of, suffix, tools) are refused rather than ignored.
+Log-probabilities: chat's ``logprobs`` (a boolean) and ``top_logprobs`` (0-20, with ``logprobs``);
+completions' ``logprobs`` (0-5 alternatives, OpenAI's legacy limit) and ``echo``.
 One extension of motley's own: ``speculate`` (a boolean, default true; false: this request does not
 speculate where its deployment does, docs/gateway.md).
 """
@@ -12,9 +14,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.sampling import MAX_LOGPROBS
 from controlplane.gateway.openai.errors import bad_request
 
 MAX_STOPS = 4
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's legacy completions limit (chat's top_logprobs: MAX_LOGPROBS)
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
@@ -31,6 +35,8 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     speculate: bool = True  # false: no proposals for this request where the deployment speculates
+    logprobs: int | None = None  # alternatives per token; None: no log-probabilities asked
+    echo: bool = False  # completions: the prompt before the completion (with logprobs: the prompt's too)
 
 
 def _is_int(value: Any) -> bool:
@@ -89,9 +95,31 @@ def _unsupported(body: dict) -> None:
         raise bad_request("only n=1 is supported", param="n", code="unsupported_value")
     if body.get("best_of", 1) not in (1, None):
         raise bad_request("best_of is not supported", param="best_of", code="unsupported_value")
-    for name in ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions"):
+    for name in ("suffix", "tools", "functions"):
         if body.get(name) not in (None, False):
             raise bad_request(f"'{name}' is not supported", param=name, code="unsupported_parameter")
+
+
+def _bounded_int(body: dict, name: str, high: int) -> int | None:
+    value = _optional_int(body, name, minimum=0)
+    if value is not None and value > high:
+        raise bad_request(f"'{name}' must be at most {high}; got {value}", param=name, code="invalid_value")
+    return value
+
+
+def _logprobs(body: dict, *, chat: bool) -> tuple[int | None, bool]:
+    """The alternatives per token (None: no log-probabilities) and ``echo``, as each endpoint names them."""
+    if not chat:
+        return _bounded_int(body, "logprobs", MAX_COMPLETION_LOGPROBS), _boolean(body, "echo", False)
+    if body.get("echo") not in (None, False):
+        raise bad_request("'echo' is not supported", param="echo", code="unsupported_parameter")
+    top = _bounded_int(body, "top_logprobs", MAX_LOGPROBS)
+    if not _boolean(body, "logprobs", False):
+        if top is not None:
+            raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs",
+                              code="invalid_value")
+        return None, False
+    return top or 0, False
 
 
 def _prompt(body: dict) -> str | list[int]:
@@ -163,6 +191,7 @@ def generation_request(body: dict, *, chat: bool) -> GenerationRequest:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean", param="stream", code="invalid_type")
+    logprobs, echo = _logprobs(body, chat=chat)
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object", param="stream_options", code="invalid_type")
@@ -178,6 +207,8 @@ def generation_request(body: dict, *, chat: bool) -> GenerationRequest:
         stream=stream,
         include_usage=bool(options.get("include_usage", False)),
         speculate=_boolean(body, "speculate", True),
+        logprobs=logprobs,
+        echo=echo,
     )
 
 

@@ -23,6 +23,7 @@ from controlplane.gateway.conf import gateway_setting
 from controlplane.gateway.openai.endpoint import authenticate, endpoint, model_route
 from controlplane.gateway.openai.errors import OpenAIError, bad_request
 from controlplane.gateway.openai.generation import Delta, Generation, generation_start
+from controlplane.gateway.openai.logprobs import ChoiceLogprobs, Scored, echoed
 from controlplane.gateway.openai.protocol import GenerationRequest, generation_request, parse_body
 from controlplane.gateway.openai.tokenization import ChatTemplateError
 from controlplane.gateway.serving.runtime import ModelRoute, gateway
@@ -88,12 +89,30 @@ def _prompt_ids(route: ModelRoute, body: GenerationRequest) -> list[int]:
     return tokenizer.encode_prompt(body.prompt)
 
 
-def _choice(text: str, finish_reason: str | None, *, chat: bool, stream: bool) -> dict:
+def _choice(
+    text: str, finish_reason: str | None, *, chat: bool, stream: bool, logprobs: dict | None = None
+) -> dict:
     if not chat:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     key = "delta" if stream else "message"
     message = {"role": "assistant", "content": text}
-    return {"index": 0, key: message, "logprobs": None, "finish_reason": finish_reason}
+    return {"index": 0, key: message, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def _scorer(body: GenerationRequest, generation: Generation, *, chat: bool) -> ChoiceLogprobs | None:
+    if body.logprobs is None:
+        return None
+    return ChoiceLogprobs(generation.route.tokenizer.tokenizer, chat=chat)
+
+
+def _echo(body: GenerationRequest, generation: Generation) -> tuple[str, list[Scored]]:
+    """The echoed prompt (completions' ``echo``): its text, and its tokens with their entries (asked
+    with the first token, so known once the first delta came)."""
+    if not body.echo:
+        return "", []
+    prompt = body.prompt
+    text = prompt if isinstance(prompt, str) else generation.route.tokenizer.tokenizer.decode(prompt)
+    return text, echoed(generation.prompt_ids, generation.prompt_logprobs)
 
 
 def _envelope(body: GenerationRequest, generation: Generation, *, chat: bool, stream: bool) -> dict:
@@ -114,14 +133,19 @@ def _usage(generation: Generation) -> dict:
 async def _complete(
     body: GenerationRequest, generation: Generation, deltas: AsyncIterator[Delta], *, chat: bool
 ) -> JsonResponse:
-    parts, finish_reason = [], None
+    parts, events, finish_reason = [], [], None
     async with aclosing(deltas):
         async for delta in deltas:
             parts.append(delta.text)
+            events.extend(delta.events)
             finish_reason = delta.finish_reason
+    echo_text, echo_tokens = _echo(body, generation)
+    scorer = _scorer(body, generation, chat=chat)
+    logprobs = scorer.of(events, echo_tokens) if scorer is not None else None
     return JsonResponse({
         **_envelope(body, generation, chat=chat, stream=False),
-        "choices": [_choice("".join(parts), finish_reason, chat=chat, stream=False)],
+        "choices": [_choice(echo_text + "".join(parts), finish_reason, chat=chat, stream=False,
+                            logprobs=logprobs)],
         "usage": _usage(generation),
     })
 
@@ -134,13 +158,18 @@ async def _stream(
     body: GenerationRequest, generation: Generation, deltas: AsyncIterator[Delta], first: Delta, *, chat: bool
 ) -> AsyncIterator[bytes]:
     envelope = _envelope(body, generation, chat=chat, stream=True)
+    scorer = _scorer(body, generation, chat=chat)
+    echo_text, echo_tokens = _echo(body, generation)  # with the first delta
     async with aclosing(deltas):
         try:
             if chat:
                 yield _event({**envelope, "choices": [_choice("", None, chat=True, stream=True)]})
             delta = first
             while True:
-                choice = _choice(delta.text, delta.finish_reason, chat=chat, stream=True)
+                logprobs = scorer.of(delta.events, echo_tokens) if scorer is not None else None
+                choice = _choice(echo_text + delta.text, delta.finish_reason, chat=chat, stream=True,
+                                 logprobs=logprobs)
+                echo_text, echo_tokens = "", []
                 yield _event({**envelope, "choices": [choice]})
                 if delta.finish_reason is not None:
                     break
