@@ -29,6 +29,7 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include(api_v1)),
     path("v1/", include("controlplane.gateway.urls")),  # OpenAI-compatible, where its clients look
+    path("", include("controlplane.gateway.root_urls")),  # vLLM's /health, /tokenize, /detokenize
     path("metrics", metrics_view, name="metrics"),  # Prometheus (docs/observability.md)
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", ApiDocsView.as_view(), name="api-docs"),

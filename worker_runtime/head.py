@@ -24,12 +24,12 @@ from .draft_client import POLL_S, speculator_for
 from .events import EventWriter, Every
 from .frames import Frame
 from .kv_cache import KVBudgetExceeded
+from .micro_batch import micro_batch_input, token_item
 from .pipeline_membership import PipelineMembership
 from .prefix_index import PrefixIndex
 from .protocol import batch_message
 from .relay import heartbeat_interval
 from .scheduler import KVLedger, Request, Scheduler
-from .stage import Batch
 from .transport import Incoming, PeerUnavailable, Transport
 from .warm_up import CLIENT as WARM_UP
 from .warm_up import warm_up_request
@@ -120,15 +120,12 @@ class HeadLoop:
             if self.speculator is not None:
                 self.speculator.propose(mb.requests, self.spec.max_batch_tokens)
             inputs = [r.next_input() for r in mb.requests]
-            verifying = any(r.proposals for r in mb.requests)
-            batch = Batch.of_tokens([r.seq_id for r in mb.requests], [t for t, _ in inputs],
-                                    [s for _, s in inputs],
-                                    [len(r.proposals) + 1 for r in mb.requests] if verifying else None)
+            batch = micro_batch_input(mb.requests, inputs)
             mb.tokens = batch.num_tokens
             params = [r.params for r in mb.requests]
             ops = self.prefix.operations(mb.requests, inputs) if self.prefix else None
             try:
-                out, compute_s = self.worker.step(batch, params)
+                out, compute_s, logprobs = self.worker.step(batch, params)
                 if ops is not None:
                     self.prefix.commit(batch.seq_ids, ops)
             except (KVBudgetExceeded, ValueError) as exc:
@@ -136,7 +133,7 @@ class HeadLoop:
                 continue
             sent = time.perf_counter()
             if self.spec.num_stages == 1:
-                self.on_tokens(mb.id, batch.seq_ids, batch.per_sequence(out.tolist()))
+                self.on_tokens(mb.id, batch.seq_ids, batch.per_sequence(out.tolist()), logprobs)
             else:
                 header, tensors = batch_message(self.membership.epoch, mb.id, batch, params, out, ops)
                 try:
@@ -262,7 +259,7 @@ class HeadLoop:
         if h.get("epoch") != self.membership.epoch:
             return  # belongs to the pipeline before a reset
         if frame.type == "tokens":
-            self.on_tokens(h["mb"], h["seq_ids"], h["tokens"])
+            self.on_tokens(h["mb"], h["seq_ids"], h["tokens"], h.get("logprobs"))
         elif h.get("link") is True and isinstance(h.get("stage_index"), int) and self.membership.healthy:
             # The next stage is unreachable from there: every request in flight is lost with it, and
             # the gateway resumes them elsewhere (PipelineBroken) once the pipeline is whole again.
@@ -271,12 +268,14 @@ class HeadLoop:
             with self.prefix.distrusted() if self.prefix is not None else nullcontext():
                 self._fail(self.scheduler.on_failed(h["mb"]), PipelineError(str(h.get("message"))))
 
-    def on_tokens(self, mb_id: int, seq_ids: list[int], tokens: list[int | list[int]]) -> None:
+    def on_tokens(self, mb_id: int, seq_ids: list[int], tokens: list[int | list[int]],
+                  logprobs: list | None = None) -> None:
         """Stream a micro-batch's tokens: one ``tokens`` frame per client, not one frame per token.
 
         A client (the gateway) usually holds most of a micro-batch's requests, and every frame costs
         an encode, an HMAC and a wake-up on both sides. A verified speculation (a list of the target's
-        tokens) emits what its proposals got accepted first (``Speculator.settle``).
+        tokens) emits what its proposals got accepted first (``Speculator.settle``). ``logprobs``: the
+        last stage's, per sequence, where a request asked (micro_batch.py).
         """
         mb = self.scheduler.in_flight.get(mb_id)
         if self.speculator is not None and mb is not None:
@@ -284,8 +283,9 @@ class HeadLoop:
             round_trip = (mb.tokens, time.monotonic() - mb.sent_at) if decoding else None
             tokens = self.speculator.settle(mb.requests, seq_ids, tokens, round_trip)
         by_client: dict[bytes, list[list]] = {}
+        scored = dict(zip(seq_ids, logprobs)) if logprobs else {}
         for request, token, reason in self.scheduler.on_tokens(mb_id, seq_ids, tokens):
-            by_client.setdefault(request.client, []).append([request.request_id, token, reason])
+            by_client.setdefault(request.client, []).append(token_item(request, token, reason, scored))
             if reason is not None:
                 self._release(request)
         for client, items in by_client.items():

@@ -67,9 +67,11 @@ class PrefixIndex:
         names = self._prompt_names.get(request.seq_id)
         if names is None:  # the block of the prompt's last token is never reused: its logits are needed
             names = block_hashes(request.prompt[:-1], size, self.seed)
-        reused = [] if self._suspended else list(itertools.takewhile(self.kv.holds, names))
+        # a prompt scored for its log-probabilities is computed whole: every position's logits
+        whole = self._suspended or request.params.prompt_logprobs is not None
+        reused = [] if whole else list(itertools.takewhile(self.kv.holds, names))
         host = self.kv.host
-        held = ([] if self._suspended or host is None
+        held = ([] if whole or host is None
                 else list(itertools.takewhile(host.__contains__, names[len(reused):])))
         total = self.ledger.blocks(request.kv_tokens)
         if short := self.ledger.shortfall(total - len(reused)):

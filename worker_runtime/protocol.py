@@ -1,21 +1,22 @@
 """The messages of the data plane, as (JSON header, tensors) pairs, and the one that carries a batch.
 
 Stage to stage: ``batch`` (a micro-batch's hidden states, with ``logits``, the rows per sequence the
-last stage samples where a speculative step verifies proposals, and with prefix caching the cached
-blocks each new sequence starts with and the blocks each sequence filled: :class:`PrefixOps`),
-``free`` (sequences done, the cached blocks the head evicted: ``evict``, and what its host tier did:
-``host``), ``reset`` (drop every sequence and cached block: the head starts a new epoch after a
-failure). To the head: ``tokens`` (sampled by the last stage: a token per sequence, a list of them for
-a verified one), ``failed`` (a stage could not run a micro-batch), ``heartbeat`` (liveness, KV figures
-and statistics of a stage). Client to head: ``submit``, ``cancel``, ``stats``, ``health``; head to
-client: ``tokens`` (that client's tokens of one micro-batch), ``error``, ``reply``, ``alive``. Every
-data-plane message carries the head's ``epoch`` so that a stage drops what belongs to a pipeline
-state that was reset.
+last stage returns where a speculative step verifies proposals or a prompt is scored, ``scored``, the
+prompt tokens those rows score, and with prefix caching the cached blocks each new sequence starts
+with and the blocks each sequence filled: :class:`PrefixOps`), ``free`` (sequences done, the cached
+blocks the head evicted: ``evict``, and what its host tier did: ``host``), ``reset`` (drop every
+sequence and cached block: the head starts a new epoch after a failure). To the head: ``tokens``
+(sampled by the last stage: a token per sequence, a list of them for a verified one; ``logprobs``
+where a sequence asked, contracts/logprobs.py), ``failed`` (a stage could not run a micro-batch),
+``heartbeat`` (liveness, KV figures and statistics of a stage). Client to head: ``submit``,
+``cancel``, ``stats``, ``health``; head to client: ``tokens`` (that client's tokens of one
+micro-batch), ``error``, ``reply``, ``alive``. Every data-plane message carries the head's ``epoch``
+so that a stage drops what belongs to a pipeline state that was reset.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -99,8 +100,9 @@ def batch_message(
         "seq_ids": batch.seq_ids,
         "starts": batch.start_positions,
         "lengths": batch.lengths,
-        "sampling": [vars(p) for p in params],  # a frozen dataclass's fields, without asdict's deep copy
+        "sampling": [p.to_header() for p in params],
         **({"logits": batch.logit_rows} if batch.logit_rows is not None else {}),
+        **({"scored": batch.scored} if batch.scored is not None else {}),
         **(prefix.to_header() if prefix is not None else {}),
     }
     return header, [payload]
@@ -115,6 +117,7 @@ def batch_from_frame(frame: Frame, first_stage: bool) -> tuple[Batch, list[Sampl
                                     list(map(int, h["lengths"])))
         params = [SamplingParams(**p) for p in h["sampling"]]
         logit_rows = None if h.get("logits") is None else list(map(int, h["logits"]))
+        scored = None if h.get("scored") is None else [list(map(int, s)) for s in h["scored"]]
     except (KeyError, TypeError, ValueError) as exc:
         raise FrameError(f"malformed batch header: {exc}") from exc
     if len(frame.tensors) != 1 or not (len(seq_ids) == len(starts) == len(lengths) == len(params)):
@@ -122,9 +125,13 @@ def batch_from_frame(frame: Frame, first_stage: bool) -> tuple[Batch, list[Sampl
     if logit_rows is not None and (len(logit_rows) != len(seq_ids)
                                    or any(not 1 <= r <= n for r, n in zip(logit_rows, lengths))):
         raise FrameError("a batch's logits has one count per sequence, from 1 to its length")
+    rows = logit_rows or [1] * len(seq_ids)
+    if scored is not None and (len(scored) != len(seq_ids) or any(len(s) >= r for s, r in zip(scored, rows))
+                               or any(t < 0 for s in scored for t in s)):
+        raise FrameError("a batch's scored has one list of token ids per sequence, shorter than its rows")
     payload = frame.tensors[0]
-    batch = Batch(seq_ids, starts, lengths, logit_rows=logit_rows)
+    batch = Batch(seq_ids, starts, lengths, logit_rows=logit_rows, scored=scored)
     if payload.shape[0] != batch.num_tokens:
         raise FrameError(f"batch payload has {payload.shape[0]} rows for {batch.num_tokens} tokens")
     return (batch.with_hidden(payload) if not first_stage
-            else Batch(seq_ids, starts, lengths, input_ids=payload, logit_rows=logit_rows)), params
+            else replace(batch, input_ids=payload)), params

@@ -159,7 +159,7 @@ class RelayLoop:
             for seq_id, names in zip(batch.seq_ids, ops.attach):
                 if names:
                     kv.attach(seq_id, names)
-            out, compute_s = self.worker.step(batch, params)
+            out, compute_s, logprobs = self.worker.step(batch, params)
             for seq_id, (first, names) in zip(batch.seq_ids, ops.commit):
                 if names:
                     kv.commit(seq_id, first, names)
@@ -171,7 +171,8 @@ class RelayLoop:
             if self.spec.is_last:
                 self.transport.send_head(
                     {"type": "tokens", "epoch": self.epoch, "mb": mb, "seq_ids": batch.seq_ids,
-                     "tokens": batch.per_sequence(out.tolist())}
+                     "tokens": batch.per_sequence(out.tolist()),
+                     **({"logprobs": logprobs} if logprobs is not None else {})}
                 )
             else:
                 header, tensors = batch_message(self.epoch, mb, batch, params, out, ops)

@@ -57,7 +57,9 @@ class Request:
             raise RequestRejected(f"a request needs a non-empty prompt of token ids below {vocab} and "
                                   "max_tokens >= 1")
         deadline = None if deadline_s is None else time.monotonic() + deadline_s
-        return cls(request_id, client, prompt, params, max_tokens, stop, deadline, speculate=speculate)
+        # a request that scores is not speculated: one sampled row per step, whose entry it gets
+        return cls(request_id, client, prompt, params, max_tokens, stop, deadline,
+                   speculate=speculate and not params.scores)
 
     @property
     def kv_tokens(self) -> int:

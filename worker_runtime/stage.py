@@ -40,6 +40,8 @@ class Batch:
     verify after it for a speculative step; all kinds may share one batch. The first stage takes
     ``input_ids`` [tokens] (int64); the others ``hidden`` [tokens, hidden_size]. ``logit_rows[i]``: how
     many of sequence ``i``'s last tokens the last stage returns logits of (None: one each).
+    ``scored[i]``: the tokens the first of those rows only score (a prompt's own, for its
+    log-probabilities), not sampled; None: none anywhere.
     """
 
     seq_ids: list[int]
@@ -48,30 +50,38 @@ class Batch:
     input_ids: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
     logit_rows: list[int] | None = None
+    scored: list[list[int]] | None = None
 
     @classmethod
     def of_tokens(cls, seq_ids: list[int], tokens: list[list[int]], start_positions: list[int],
-                  logit_rows: list[int] | None = None) -> "Batch":
+                  logit_rows: list[int] | None = None, scored: list[list[int]] | None = None) -> "Batch":
         """Pack per-sequence token lists into a flat batch for the first stage."""
         flat = [t for seq in tokens for t in seq]
         lengths = [len(t) for t in tokens]
         return cls(list(seq_ids), list(start_positions), lengths, input_ids=torch.tensor(flat),
-                   logit_rows=logit_rows)
+                   logit_rows=logit_rows, scored=scored)
 
     def rows(self) -> list[int]:
         """Logit rows per sequence (``logit_rows``, or one each)."""
         return self.logit_rows or [1] * len(self.seq_ids)
 
+    def sampled_rows(self) -> list[int]:
+        """Sampled logit rows per sequence: its last rows, after those it only scores."""
+        if self.scored is None:
+            return self.rows()
+        return [r - len(s) for r, s in zip(self.rows(), self.scored)]
+
     def produced_positions(self) -> list[int]:
-        """The position of the token each logit row samples, in row order."""
-        return [start + n - r + 1 + j for start, n, r in zip(self.start_positions, self.lengths, self.rows())
+        """The position of the token each sampled row samples, in row order."""
+        sampled = self.sampled_rows()
+        return [start + n - r + 1 + j for start, n, r in zip(self.start_positions, self.lengths, sampled)
                 for j in range(r)]
 
     def per_sequence(self, values: list) -> list:
-        """Values of the logit rows grouped by sequence: one value where a sequence has one row, a list
-        where it has several (a verification's target tokens)."""
+        """Values of the sampled rows grouped by sequence: one value where a sequence has one row, a
+        list where it has several (a verification's target tokens)."""
         grouped, at = [], 0
-        for r in self.rows():
+        for r in self.sampled_rows():
             grouped.append(values[at] if r == 1 else values[at:at + r])
             at += r
         return grouped

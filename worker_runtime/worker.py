@@ -7,14 +7,17 @@ the emulation pacing mean the same thing on every stage.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
+from typing import NamedTuple
 
 import torch
 
 from contracts.sampling import SamplingParams
 
 from .kv_cache import KVBudgetExceeded
+from .logprobs import batch_logprobs
 from .pacing import Pacer
 from .sampling import sample
 from .stage import Batch, Stage
@@ -24,27 +27,40 @@ from .transport import Transport
 log = logging.getLogger(__name__)
 
 
+class Step(NamedTuple):
+    out: torch.Tensor
+    compute_s: float
+    logprobs: list[list | None] | None = None  # the last stage's, per sequence, where one asked
+
+
 class StageWorker:
     def __init__(self, stage: Stage, stats: StageStats, pacer: Pacer | None = None):
         self.stage, self.stats, self.pacer = stage, stats, pacer
 
-    def step(self, batch: Batch, params: list[SamplingParams]) -> tuple[torch.Tensor, float]:
-        """Hidden states for the next stage, or on the last stage the token of each logit row (int64:
-        each sequence's next token, and after each proposal of a speculative step the target's).
+    def step(self, batch: Batch, params: list[SamplingParams]) -> Step:
+        """Hidden states for the next stage, or on the last stage the token of each sampled logit row
+        (int64: each sequence's next token, and after each proposal of a speculative step the
+        target's) and the log-probabilities of the sequences that ask (logprobs.py).
 
-        Returns the output and the compute seconds (pacing included); the caller records the step once
-        it knows the transfer time too. Raises what :meth:`Stage.forward` raises (``KVBudgetExceeded``,
+        Returns them with the compute seconds (pacing included); the caller records the step once it
+        knows the transfer time too. Raises what :meth:`Stage.forward` raises (``KVBudgetExceeded``,
         ``ValueError``), having changed nothing.
         """
         started = time.perf_counter()
         out = self.stage.forward(batch)
+        logprobs = None
         if self.stage.is_last:
-            rows = batch.rows()
-            row_params = [p for p, r in zip(params, rows) for _ in range(r)]
+            logits, picks = out, batch.sampled_rows()
+            if batch.scored is not None:  # a scored prompt's rows are not sampled: its last one is
+                ends = itertools.accumulate(batch.rows())
+                keep = [row for end, n in zip(ends, picks) for row in range(end - n, end)]
+                out = out[keep]
+            row_params = [p for p, n in zip(params, picks) for _ in range(n)]
             out = sample(out, row_params, batch.produced_positions())
+            logprobs = batch_logprobs(logits, batch, params, out)
         if self.pacer is not None:
             self.pacer.pace(batch, time.perf_counter() - started)
-        return out, time.perf_counter() - started
+        return Step(out, time.perf_counter() - started, logprobs)
 
     def restore(self, names: list[int]) -> int:
         """Copy the blocks ``names`` back from the host tier (``KVCache.restore``), paced as a copy

@@ -3,7 +3,8 @@
 Django holds ``request.body`` to ``DATA_UPLOAD_MAX_MEMORY_SIZE`` only when something reads it that
 way; DRF's parsers read the stream, so without this middleware an API request body had no limit. The
 API's limit is ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (settings.py, env ``MOTLEY_API_MAX_BODY_BYTES``); the
-gateway's ``/v1/`` routes have their own (controlplane/gateway/limits.py), in OpenAI's error shape.
+gateway's routes (``/v1/``, ``/tokenize``, ``/detokenize``) have their own
+(controlplane/gateway/limits.py), in OpenAI's error shape.
 """
 
 from __future__ import annotations
@@ -12,6 +13,13 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
+
+GATEWAY_ROOT_PATHS = frozenset({"/tokenize", "/detokenize"})  # vLLM's, outside /v1/
+
+
+def gateway_path(path: str) -> bool:
+    """A route of the gateway, whose bodies the gateway limits."""
+    return path.startswith("/v1/") or path in GATEWAY_ROOT_PATHS
 
 
 class BodyLimitMiddleware:
@@ -27,7 +35,7 @@ class BodyLimitMiddleware:
 
     def limit_for(self, request: HttpRequest) -> int | None:
         """The limit of this request's body, None: none here."""
-        if request.path.startswith("/v1/"):
+        if gateway_path(request.path):
             return None
         return settings.DATA_UPLOAD_MAX_MEMORY_SIZE
 

@@ -1,6 +1,7 @@
 """The gateway's limits by design, each a ``MOTLEY_GATEWAY`` setting with its default in conf.py:
 
-- ``MAX_BODY_BYTES`` (1 MiB): a ``/v1/`` request body larger is refused with ``413`` before it is read
+- ``MAX_BODY_BYTES`` (1 MiB): a ``/v1/``, ``/tokenize`` or ``/detokenize`` request body larger is
+  refused with ``413`` before it is read
   (``GatewayBodyLimit``, a middleware; far above any prompt a context holds);
 - ``MAX_TOKENS`` (32768): a request asking for more output tokens is refused with ``400``, whatever
   the model's context (a context that cannot hold prompt + max_tokens is ``context_length_exceeded``);
@@ -17,7 +18,7 @@ from collections import Counter
 
 from django.http import HttpRequest, HttpResponse
 
-from controlplane.common.body_limit import BodyLimitMiddleware
+from controlplane.common.body_limit import BodyLimitMiddleware, gateway_path
 from controlplane.gateway.conf import gateway_setting
 from controlplane.gateway.openai.errors import OpenAIError, bad_request
 
@@ -55,10 +56,10 @@ def concurrency_release(api_key_id: int) -> None:
 
 
 class GatewayBodyLimit(BodyLimitMiddleware):
-    """``/v1/`` bodies over ``MAX_BODY_BYTES``: 413 in OpenAI's shape."""
+    """The gateway's bodies over ``MAX_BODY_BYTES``: 413 in OpenAI's shape."""
 
     def limit_for(self, request: HttpRequest) -> int | None:
-        return limit_setting("MAX_BODY_BYTES") if request.path.startswith("/v1/") else None
+        return limit_setting("MAX_BODY_BYTES") if gateway_path(request.path) else None
 
     def refusal(self, limit: int) -> HttpResponse:
         return OpenAIError(413, f"The request body is larger than this gateway's limit of {limit} bytes "

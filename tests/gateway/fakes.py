@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from contracts.logprobs import TokenLogprob, TokenLogprobs
 from contracts.pipeline_errors import PipelineBroken
 from contracts.prefix_cache import PrefixSummary
 from contracts.sampling import SamplingParams
@@ -81,7 +82,7 @@ class FakePipelineClient:
                 last = i + 1 == max_tokens or token in stop_token_ids or i + 1 == len(tokens)
                 reason = ("stop" if token in stop_token_ids else "length") if last else None
                 finished = last
-                yield TokenEvent(request_id, token, reason)
+                yield TokenEvent(request_id, token, reason, fake_logprobs(params, prompt_ids, token, i))
                 if last:
                     return
         finally:
@@ -97,6 +98,22 @@ class FakePipelineClient:
 
     async def close(self) -> None:
         self.closed.append(self.head_address)
+
+
+def fake_logprobs(params: SamplingParams, prompt_ids: Sequence[int], token: int,
+                  i: int) -> TokenLogprobs | None:
+    """What a pipeline returns where the request asks: the i-th token's entry -(i + 1) / 4 with
+    alternatives token + 1, token + 2, ..., and with the first the prompt's, -(j + 1) / 8."""
+    if not params.scores:
+        return None
+    value = -(i + 1) / 4
+    entry = TokenLogprob(value, tuple((token + k + 1, value - k - 1) for k in range(params.logprobs or 0)))
+    prompt = None
+    if i == 0 and params.prompt_logprobs is not None:
+        k = params.prompt_logprobs
+        prompt = tuple(TokenLogprob(-(j + 1) / 8, ((t, -(j + 1) / 8),) * k)
+                       for j, t in enumerate(prompt_ids[1:]))
+    return TokenLogprobs(entry, prompt)
 
 
 def _resumed_at(prompt_ids: Sequence[int], tokens: list[int]) -> int:

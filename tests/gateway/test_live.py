@@ -143,3 +143,55 @@ def test_a_disconnected_stream_frees_its_kv_space(live):
     while (used := asyncio.run(_kv_used(head))) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert used == 0, f"{used} KV tokens still held after the client left"
+
+
+def model_logprobs(demo_model, ids: list[int]):
+    """transformers' log-softmax over ``ids`` (row i: the distribution of token i + 1)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(demo_model, torch_dtype=torch.float32)
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+
+def test_logprobs_reach_the_openai_client_as_transformers_computes_them(client, demo_model):
+    tokenizer = ModelTokenizer.load(demo_model)
+    messages = [{"role": "user", "content": "Sphinx of black quartz, judge my vow."}]
+    prompt_ids = tokenizer.encode_chat(messages)
+    stage = Stage.load(str(demo_model), 0, NUM_LAYERS, kv_tokens=KV_TOKENS)
+    (generated,) = generate([stage], [prompt_ids], [SamplingParams()], 6, stop_tokens=tokenizer.eos_token_ids)
+    logp = model_logprobs(demo_model, prompt_ids + generated)
+    chat = client.chat.completions.create(model="demo", messages=messages, max_tokens=6, temperature=0,
+                                          logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == len(generated) == chat.usage.completion_tokens
+    for j, entry in enumerate(content):
+        row = logp[len(prompt_ids) - 1 + j]
+        assert entry.logprob == pytest.approx(row[generated[j]].item(), abs=2e-4)
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx(row.topk(3).values.tolist(), abs=2e-4)
+    stream = client.chat.completions.create(model="demo", messages=messages, max_tokens=6, temperature=0,
+                                            logprobs=True, top_logprobs=3, stream=True)
+    streamed = [e for chunk in stream if chunk.choices and chunk.choices[0].logprobs
+                for e in chunk.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    # lm-evaluation-harness' log-likelihood request: the prompt's token ids, echo, one token more
+    completion = client.completions.create(model="demo", prompt=prompt_ids, max_tokens=1, temperature=0,
+                                           echo=True, logprobs=1)
+    scored = completion.choices[0].logprobs
+    assert scored.token_logprobs[0] is None and len(scored.token_logprobs) == len(prompt_ids) + 1
+    expected = [logp[i, t].item() for i, t in enumerate(prompt_ids[1:] + generated[:1])]
+    assert scored.token_logprobs[1:] == pytest.approx(expected, abs=2e-4)
+    assert completion.choices[0].text.endswith(tokenizer.tokenizer.decode(generated[:1]))
+
+
+def test_health_and_tokenize_on_the_live_server(live, demo_model):
+    root = live["base_url"].removesuffix("/v1")
+    assert httpx.get(f"{root}/health").json() == {"status": "ok"}
+    headers = {"Authorization": f"Bearer {live['key']}"}
+    counted = httpx.post(f"{root}/tokenize", json={"model": "demo", "prompt": "Pack my box"}, headers=headers)
+    ids = ModelTokenizer.load(demo_model).encode_prompt("Pack my box")
+    assert counted.json()["tokens"] == ids
+    text = httpx.post(f"{root}/detokenize", json={"model": "demo", "tokens": ids}, headers=headers).json()
+    assert text["prompt"].endswith("Pack my box")
+    assert httpx.post(f"{root}/tokenize", json={"model": "demo", "prompt": "x"}).status_code == 401

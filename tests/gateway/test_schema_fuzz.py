@@ -1,6 +1,6 @@
-"""Schemathesis against the gateway's ``/v1/`` routes, held to their hand-written OpenAPI document
-(``controlplane/gateway/openapi.yaml``): no 5xx but the documented 503/504, every status, content type
-and body as documented, every error in OpenAI's shape (its schema says so).
+"""Schemathesis against the gateway's ``/v1/`` routes and vLLM's root ones, held to their hand-written
+OpenAPI document (``controlplane/gateway/openapi.yaml``): no 5xx but the documented 503/504, every
+status, content type and body as documented, every error in OpenAI's shape (its schema says so).
 
 Requests go through Django's ASGI handler (httpx's ASGI transport: one event loop a request, as
 under daphne; a WSGI handler would run a stream's first token and the rest on two loops), with a
@@ -66,11 +66,13 @@ CHECKS = [no_undocumented_server_error, openai_error_shape, status_code_conforma
 
 
 def test_the_document_lists_every_v1_route():
-    """A route added to /v1/ without documenting it fails here, not silently outside the fuzzing."""
-    from controlplane.gateway.urls import urlpatterns
+    """A route added to /v1/ or vLLM's root routes without documenting it fails here, not silently
+    outside the fuzzing."""
+    from controlplane.gateway import root_urls, urls
 
     documented = set(yaml.safe_load(DOCUMENT.read_text())["paths"])
-    assert {f"/v1/{p.pattern}" for p in urlpatterns} == documented
+    routes = {f"/v1/{p.pattern}" for p in urls.urlpatterns} | {f"/{p.pattern}" for p in root_urls.urlpatterns}
+    assert routes == documented
 
 
 @pytest.mark.timeout(600)

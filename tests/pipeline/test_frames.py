@@ -69,3 +69,19 @@ def test_malformed_frames_are_refused(body, parts, match):
 def test_too_few_parts():
     with pytest.raises(FrameError, match="at least 2 parts"):
         codec.decode([b"x"])
+
+
+@pytest.mark.parametrize("scored", [[[1, 2]], [[1], [2]], [[-1]], [["x"]], 5])
+def test_a_batch_whose_scored_prompts_do_not_fit_its_rows_is_refused(scored):
+    """``scored`` must name fewer tokens than the sequence's logit rows: its last row is sampled."""
+    from contracts.sampling import SamplingParams
+    from worker_runtime.frames import Frame
+    from worker_runtime.protocol import batch_from_frame, batch_message
+    from worker_runtime.stage import Batch
+
+    batch = Batch.of_tokens([1], [[5, 6, 7]], [0], logit_rows=[2], scored=[[7]])
+    header, tensors = batch_message(1, 1, batch, [SamplingParams(prompt_logprobs=0)], batch.input_ids)
+    parsed, _ = batch_from_frame(Frame(header, tensors), first_stage=True)
+    assert parsed.scored == [[7]] and parsed.sampled_rows() == [1] and parsed.produced_positions() == [3]
+    with pytest.raises(FrameError):
+        batch_from_frame(Frame({**header, "scored": scored}, tensors), first_stage=True)

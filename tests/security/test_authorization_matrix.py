@@ -6,7 +6,8 @@ when it is added. Requests are safe: reads, and changes aimed at ids that match 
 caller gets 404 or 400 from the view itself, a refused one 401 or 403 before the view runs).
 
 Answers: ``ok`` (authorization passed: the view answered, 2xx or its own 400/404), ``401``, ``403``,
-``405`` (the method is not served, whoever asks), ``login`` (a redirect to the login page).
+``405`` (the method is not served, whoever asks), ``login`` (a redirect to the login page), ``503``
+(the view answered that it cannot serve: ``/health`` with nothing deployed).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ WHAT_IF = API_READ  # computed, not stored: what-if planning
 PAGE = row("login", "ok", "ok", "ok", "login", "login")  # the dashboard's pages need a session
 NOT_SERVED = row("405", "405", "405", "405", "405", "405")
 GATEWAY = row("401", "401", "401", "401", "ok", "401")  # OpenAI clients: an API key, nothing else
+# /health: anyone, credentials or not (probes hold none); nothing is deployed here, hence its 503.
+HEALTH = row("503", "503", "503", "503", "503", "503", "503", "503")
 LOGIN_FORM = row("ok", "ok", "ok", "ok", "ok", "ok")
 # /metrics from loopback (MOTLEY_METRICS_ALLOW's default): open without credentials; any
 # Authorization header that is not the metrics token is refused.
@@ -92,13 +95,16 @@ EXPECTED: dict[str, dict[str, dict]] = {
     "/v1/models": {"GET": GATEWAY, "POST": NOT_SERVED},
     "/v1/completions": {"GET": NOT_SERVED, "POST": GATEWAY},
     "/v1/chat/completions": {"GET": NOT_SERVED, "POST": GATEWAY},
+    "/health": {"GET": HEALTH, "POST": NOT_SERVED},
+    "/tokenize": {"GET": NOT_SERVED, "POST": GATEWAY},
+    "/detokenize": {"GET": NOT_SERVED, "POST": GATEWAY},
 }
 
 
 def outcome(response) -> str:
     if response.status_code in (301, 302) and "login" in response.get("Location", ""):
         return "login"
-    if response.status_code in (401, 403, 405):
+    if response.status_code in (401, 403, 405, 503):
         return str(response.status_code)
     assert response.status_code < 500, response.content[:500]
     return "ok"

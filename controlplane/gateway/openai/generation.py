@@ -16,6 +16,10 @@ request continues exactly as it would have without the break; the detokenizer an
 their state, so the client's stream simply continues (same response id, no text twice or missing,
 ``usage`` counting the real output). The router's booking moves with it. At most ``MAX_MIGRATIONS``
 resumptions, then a 503 (a streamed response: its error event).
+
+**Log-probabilities.** A request that asks gets each token's with it (``Delta.events``); with ``echo``
+the prompt's come with the first token (``prompt_logprobs``), so a request resumed after its first
+token does not ask for them again.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
+from contracts.logprobs import TokenLogprob
 from contracts.pipeline_errors import DeadlineExceeded, PipelineBroken, PipelineError, RequestRejected
 from contracts.sampling import SamplingParams
 from controlplane.gateway.conf import gateway_setting
@@ -36,6 +41,7 @@ from controlplane.gateway.openai.textstream import IncrementalDetokenizer, StopS
 from controlplane.gateway.routing import Decision, PromptPrefix, RequestShape
 from controlplane.gateway.serving.admission import Refused, replica_admit
 from controlplane.gateway.serving.decision_log import RouteRecord, recorder
+from controlplane.gateway.serving.pipeline_client import TokenEvent
 from controlplane.gateway.serving.runtime import ModelRoute
 
 
@@ -43,6 +49,8 @@ from controlplane.gateway.serving.runtime import ModelRoute
 class Delta:
     text: str
     finish_reason: str | None  # set on the last delta: "stop" | "length"
+    # with log-probabilities asked: the tokens received since the last delta, whose text it ends
+    events: tuple[TokenEvent, ...] = ()
 
 
 async def generation_start(
@@ -77,6 +85,8 @@ class Generation:
         self.generated: list[int] = []  # every token the client's output is made of, across replicas
         self.migrations = 0
         self.decision: Decision | None = None
+        # echo with logprobs: the prompt's, from its second token, once its first token came
+        self.prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
     @property
     def completion_tokens(self) -> int:
@@ -125,13 +135,19 @@ class Generation:
         tokenizer = self.route.tokenizer
         detokenizer, stops = IncrementalDetokenizer(tokenizer.tokenizer), StopStrings(self.request.stop)
         request = self.request
-        params = SamplingParams(temperature=request.temperature, top_p=request.top_p, seed=request.seed)
+        params = SamplingParams(temperature=request.temperature, top_p=request.top_p, seed=request.seed,
+                                logprobs=request.logprobs)
+        scoring = request.echo and request.logprobs is not None
+        pending: list[TokenEvent] = []
         outcome = "cancelled"
         try:
             while True:
                 replica = self.decision.replica
+                asked = params
+                if scoring and not self.generated:  # a resumed request's prompt has its output too
+                    asked = replace(params, prompt_logprobs=request.logprobs)
                 events = self.route.clients[replica.replica_id].submit(
-                    self.prompt_ids + self.generated, params,
+                    self.prompt_ids + self.generated, asked,
                     max_tokens=self.max_tokens - len(self.generated),
                     stop_token_ids=tokenizer.eos_token_ids, request_id=self.request_id,
                     deadline_s=max(self._left(), 0.001), speculate=request.speculate,
@@ -149,6 +165,10 @@ class Generation:
                                                      "without a finish reason") from None
                             if not self.generated:
                                 recorder.first_token(self.request_id, time.monotonic() - self.placed)
+                                if asked.prompt_logprobs is not None and event.logprobs is not None:
+                                    self.prompt_logprobs = event.logprobs.prompt or ()
+                            if request.logprobs is not None:
+                                pending.append(event)
                             self.generated.append(event.token_id)
                             replica.token(self.request_id)
                             text, stopped = stops.push(detokenizer.push(event.token_id))
@@ -157,10 +177,11 @@ class Generation:
                                 text += tail if stopped else tail + stops.flush()
                             if stopped or event.finish_reason is not None:
                                 outcome = "completed"
-                                yield Delta(text, "stop" if stopped else event.finish_reason)
+                                yield Delta(text, "stop" if stopped else event.finish_reason, tuple(pending))
                                 return
                             if text:
-                                yield Delta(text, None)
+                                yield Delta(text, None, tuple(pending))
+                                pending.clear()
                 except (PipelineBroken, RequestRejected) as exc:
                     if isinstance(exc, RequestRejected) and not self.migrations:
                         raise  # refused at its first submission (head queue full, invalid): the client's 429

@@ -1,7 +1,9 @@
 """The request bodies of /v1/completions and /v1/chat/completions, checked field by field.
 
 Every rule answers a 400 naming the field (``param``), so a client sees what to fix. Fields OpenAI
-defines that motley cannot honour (n > 1, logprobs, echo, best_of) are refused rather than ignored.
+defines that motley cannot honour (n > 1, best_of, suffix, tools) are refused rather than ignored.
+Log-probabilities: chat's ``logprobs`` (a boolean) and ``top_logprobs`` (0-20, with ``logprobs``);
+completions' ``logprobs`` (0-5 alternatives, OpenAI's legacy limit) and ``echo``.
 One extension of motley's own: ``speculate`` (a boolean, default true; false: this request does not
 speculate where its deployment does, docs/gateway.md).
 """
@@ -12,9 +14,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.sampling import MAX_LOGPROBS
 from controlplane.gateway.openai.errors import bad_request
 
 MAX_STOPS = 4
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's legacy completions limit (chat's top_logprobs: MAX_LOGPROBS)
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
@@ -31,6 +35,8 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     speculate: bool = True  # false: no proposals for this request where the deployment speculates
+    logprobs: int | None = None  # alternatives per token; None: no log-probabilities asked
+    echo: bool = False  # completions: the prompt before the completion (with logprobs: the prompt's too)
 
 
 def _is_int(value: Any) -> bool:
@@ -89,9 +95,31 @@ def _unsupported(body: dict) -> None:
         raise bad_request("only n=1 is supported", param="n", code="unsupported_value")
     if body.get("best_of", 1) not in (1, None):
         raise bad_request("best_of is not supported", param="best_of", code="unsupported_value")
-    for name in ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions"):
+    for name in ("suffix", "tools", "functions"):
         if body.get(name) not in (None, False):
             raise bad_request(f"'{name}' is not supported", param=name, code="unsupported_parameter")
+
+
+def _bounded_int(body: dict, name: str, high: int) -> int | None:
+    value = _optional_int(body, name, minimum=0)
+    if value is not None and value > high:
+        raise bad_request(f"'{name}' must be at most {high}; got {value}", param=name, code="invalid_value")
+    return value
+
+
+def _logprobs(body: dict, *, chat: bool) -> tuple[int | None, bool]:
+    """The alternatives per token (None: no log-probabilities) and ``echo``, as each endpoint names them."""
+    if not chat:
+        return _bounded_int(body, "logprobs", MAX_COMPLETION_LOGPROBS), _boolean(body, "echo", False)
+    if body.get("echo") not in (None, False):
+        raise bad_request("'echo' is not supported", param="echo", code="unsupported_parameter")
+    top = _bounded_int(body, "top_logprobs", MAX_LOGPROBS)
+    if not _boolean(body, "logprobs", False):
+        if top is not None:
+            raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs",
+                              code="invalid_value")
+        return None, False
+    return top or 0, False
 
 
 def _prompt(body: dict) -> str | list[int]:
@@ -146,11 +174,16 @@ def parse_body(raw: bytes) -> dict:
     return body
 
 
-def generation_request(body: dict, *, chat: bool) -> GenerationRequest:
-    """Validate a completions (``chat=False``) or chat-completions body; raises OpenAIError (400)."""
+def _model(body: dict) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' must be a non-empty string", param="model", code="invalid_type")
+    return model
+
+
+def generation_request(body: dict, *, chat: bool) -> GenerationRequest:
+    """Validate a completions (``chat=False``) or chat-completions body; raises OpenAIError (400)."""
+    model = _model(body)
     _unsupported(body)
     max_tokens = _optional_int(body, "max_tokens", minimum=1)
     if chat and max_tokens is None:
@@ -158,6 +191,7 @@ def generation_request(body: dict, *, chat: bool) -> GenerationRequest:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean", param="stream", code="invalid_type")
+    logprobs, echo = _logprobs(body, chat=chat)
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object", param="stream_options", code="invalid_type")
@@ -173,5 +207,48 @@ def generation_request(body: dict, *, chat: bool) -> GenerationRequest:
         stream=stream,
         include_usage=bool(options.get("include_usage", False)),
         speculate=_boolean(body, "speculate", True),
+        logprobs=logprobs,
+        echo=echo,
     )
 
+
+
+@dataclass(frozen=True)
+class TokenizeRequest:
+    """vLLM's ``/tokenize`` body: a completion ``prompt`` or chat ``messages`` (then rendered with the
+    chat template, as the chat endpoint renders them)."""
+
+    model: str
+    prompt: str | None
+    messages: list[dict[str, str]] | None
+    add_special_tokens: bool  # default: true for a prompt, false for messages (the template adds BOS)
+    add_generation_prompt: bool
+    return_token_strs: bool
+
+
+def tokenize_request(body: dict) -> TokenizeRequest:
+    """Validate a ``/tokenize`` body: exactly one of ``prompt`` (a string) and ``messages``."""
+    model = _model(body)
+    chat = "messages" in body
+    if chat == ("prompt" in body):
+        raise bad_request("give either 'prompt' or 'messages'", param="prompt", code="invalid_value")
+    if not chat and not isinstance(body["prompt"], str):
+        raise bad_request("'prompt' must be a string", param="prompt", code="invalid_type")
+    return TokenizeRequest(
+        model=model,
+        prompt=None if chat else body["prompt"],
+        messages=_messages(body) if chat else None,
+        add_special_tokens=_boolean(body, "add_special_tokens", not chat),
+        add_generation_prompt=_boolean(body, "add_generation_prompt", True),
+        return_token_strs=_boolean(body, "return_token_strs", False),
+    )
+
+
+def detokenize_request(body: dict) -> tuple[str, list[int]]:
+    """Validate a ``/detokenize`` body: its model and its token ids (each checked against the
+    vocabulary by the caller, who knows the model's)."""
+    model = _model(body)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(_is_int(t) and t >= 0 for t in tokens):
+        raise bad_request("'tokens' must be a list of token ids", param="tokens", code="invalid_type")
+    return model, tokens

@@ -59,22 +59,25 @@ class ModelTokenizer:
         ids = ((token_id,) if token_id is not None else ()) + self.model_eos_token_ids
         return tuple(dict.fromkeys(ids))
 
-    def encode_prompt(self, text: str) -> list[int]:
+    def encode_prompt(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """A completion prompt, with the special tokens the tokenizer adds (e.g. BOS)."""
-        return self.tokenizer.encode(text, add_special_tokens=True).ids
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        """Render the chat template (it adds BOS itself, as transformers' apply_chat_template does)."""
+    def encode_chat(
+        self, messages: list[dict], *, add_generation_prompt: bool = True, add_special_tokens: bool = False
+    ) -> list[int]:
+        """Render the chat template (it adds BOS itself, as transformers' apply_chat_template does, so
+        the tokenizer's own special tokens are not added unless asked)."""
         try:
             text = _compiled(self.chat_template).render(
                 messages=messages,
-                add_generation_prompt=True,
+                add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
             )
         except TemplateError as exc:
             raise ChatTemplateError(f"the model's chat template refused the messages: {exc}") from exc
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
 
 def _json(path: Path) -> dict:

@@ -10,71 +10,29 @@ use, requests and tokens per minute, its token budget) and is added to the key's
 
 from __future__ import annotations
 
-import functools
 import json
-import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 
-from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
-from django.views.decorators.csrf import csrf_exempt
 
 from controlplane.gateway.accounts.accounting import RequestAccount, request_admit
-from controlplane.gateway.accounts.quotas import check_model, model_visible
-from controlplane.gateway.accounts.selectors import api_key_active
+from controlplane.gateway.accounts.quotas import model_visible
 from controlplane.gateway.conf import gateway_setting
-from controlplane.gateway.models import ApiKey
-from controlplane.gateway.openai.errors import (
-    OpenAIError,
-    bad_request,
-    invalid_api_key,
-    method_not_allowed,
-    unavailable,
-)
+from controlplane.gateway.openai.endpoint import authenticate, endpoint, model_route
+from controlplane.gateway.openai.errors import OpenAIError, bad_request
 from controlplane.gateway.openai.generation import Delta, Generation, generation_start
+from controlplane.gateway.openai.logprobs import ChoiceLogprobs, Scored, echoed
 from controlplane.gateway.openai.protocol import GenerationRequest, generation_request, parse_body
 from controlplane.gateway.openai.tokenization import ChatTemplateError
-from controlplane.gateway.serving.admission import model_unserved
 from controlplane.gateway.serving.runtime import ModelRoute, gateway
-
-log = logging.getLogger(__name__)
-
-
-async def _authenticate(request: HttpRequest) -> ApiKey:
-    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
-    api_key = (await api_key_active(raw_key=key.strip())
-               if scheme.lower() == "bearer" and key.strip() else None)
-    if api_key is None:
-        raise invalid_api_key()
-    return api_key
-
-
-def endpoint(*methods: str) -> Callable:
-    """The boundary of every /v1/ view: a method it does not take is a 405 and a database it cannot
-    reach a 503 with ``Retry-After``, both in OpenAI's shape (Django would answer an empty 405 and
-    an HTML 500). CSRF-exempt: the key comes in a header, not a cookie, so a forged cross-site
-    request has nothing to ride on."""
-    def decorate(view: Callable) -> Callable:
-        @functools.wraps(view)
-        async def checked(request: HttpRequest, *args, **kwargs) -> HttpResponse:
-            if request.method not in methods:
-                return method_not_allowed(request.method, methods).response()
-            try:
-                return await view(request, *args, **kwargs)
-            except DatabaseError as exc:
-                log.warning("%s %s: the database is unreachable: %s", request.method, request.path, exc)
-                return unavailable("The control plane's database cannot be reached; retry shortly.",
-                                   retry_after_s=gateway_setting("RETRY_AFTER_S")).response()
-        return csrf_exempt(checked)
-    return decorate
 
 
 @endpoint("GET")
 async def models_view(request: HttpRequest) -> HttpResponse:
     try:
-        api_key = await _authenticate(request)
+        api_key = await authenticate(request)
     except OpenAIError as exc:
         return exc.response()
     data = [
@@ -89,12 +47,9 @@ async def _prepare(
 ) -> tuple[GenerationRequest, Generation, RequestAccount]:
     """Authenticate, validate, tokenize, check the key's limits and admit; raises OpenAIError for every
     refusal. A request that passed the limits is accounted for by the RequestAccount returned."""
-    api_key = await _authenticate(request)
+    api_key = await authenticate(request)
     body = generation_request(parse_body(request.body), chat=chat)
-    check_model(api_key, body.model)
-    route = await gateway().route(body.model)
-    if route is None:
-        raise await model_unserved(body.model)
+    route = await model_route(api_key, body.model)
     prompt_ids = _prompt_ids(route, body)
     context = route.tokenizer.max_context
     default = gateway_setting("DEFAULT_CHAT_MAX_TOKENS") if chat else 16
@@ -134,12 +89,30 @@ def _prompt_ids(route: ModelRoute, body: GenerationRequest) -> list[int]:
     return tokenizer.encode_prompt(body.prompt)
 
 
-def _choice(text: str, finish_reason: str | None, *, chat: bool, stream: bool) -> dict:
+def _choice(
+    text: str, finish_reason: str | None, *, chat: bool, stream: bool, logprobs: dict | None = None
+) -> dict:
     if not chat:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     key = "delta" if stream else "message"
     message = {"role": "assistant", "content": text}
-    return {"index": 0, key: message, "logprobs": None, "finish_reason": finish_reason}
+    return {"index": 0, key: message, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def _scorer(body: GenerationRequest, generation: Generation, *, chat: bool) -> ChoiceLogprobs | None:
+    if body.logprobs is None:
+        return None
+    return ChoiceLogprobs(generation.route.tokenizer.tokenizer, chat=chat)
+
+
+def _echo(body: GenerationRequest, generation: Generation) -> tuple[str, list[Scored]]:
+    """The echoed prompt (completions' ``echo``): its text, and its tokens with their entries (asked
+    with the first token, so known once the first delta came)."""
+    if not body.echo:
+        return "", []
+    prompt = body.prompt
+    text = prompt if isinstance(prompt, str) else generation.route.tokenizer.tokenizer.decode(prompt)
+    return text, echoed(generation.prompt_ids, generation.prompt_logprobs)
 
 
 def _envelope(body: GenerationRequest, generation: Generation, *, chat: bool, stream: bool) -> dict:
@@ -160,14 +133,19 @@ def _usage(generation: Generation) -> dict:
 async def _complete(
     body: GenerationRequest, generation: Generation, deltas: AsyncIterator[Delta], *, chat: bool
 ) -> JsonResponse:
-    parts, finish_reason = [], None
+    parts, events, finish_reason = [], [], None
     async with aclosing(deltas):
         async for delta in deltas:
             parts.append(delta.text)
+            events.extend(delta.events)
             finish_reason = delta.finish_reason
+    echo_text, echo_tokens = _echo(body, generation)
+    scorer = _scorer(body, generation, chat=chat)
+    logprobs = scorer.of(events, echo_tokens) if scorer is not None else None
     return JsonResponse({
         **_envelope(body, generation, chat=chat, stream=False),
-        "choices": [_choice("".join(parts), finish_reason, chat=chat, stream=False)],
+        "choices": [_choice(echo_text + "".join(parts), finish_reason, chat=chat, stream=False,
+                            logprobs=logprobs)],
         "usage": _usage(generation),
     })
 
@@ -180,13 +158,18 @@ async def _stream(
     body: GenerationRequest, generation: Generation, deltas: AsyncIterator[Delta], first: Delta, *, chat: bool
 ) -> AsyncIterator[bytes]:
     envelope = _envelope(body, generation, chat=chat, stream=True)
+    scorer = _scorer(body, generation, chat=chat)
+    echo_text, echo_tokens = _echo(body, generation)  # with the first delta
     async with aclosing(deltas):
         try:
             if chat:
                 yield _event({**envelope, "choices": [_choice("", None, chat=True, stream=True)]})
             delta = first
             while True:
-                choice = _choice(delta.text, delta.finish_reason, chat=chat, stream=True)
+                logprobs = scorer.of(delta.events, echo_tokens) if scorer is not None else None
+                choice = _choice(echo_text + delta.text, delta.finish_reason, chat=chat, stream=True,
+                                 logprobs=logprobs)
+                echo_text, echo_tokens = "", []
                 yield _event({**envelope, "choices": [choice]})
                 if delta.finish_reason is not None:
                     break

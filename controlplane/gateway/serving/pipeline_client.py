@@ -20,12 +20,13 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
+from contracts.logprobs import TokenLogprobs
 from contracts.pipeline_errors import (
     ERRORS_BY_KIND,
     DeadlineExceeded,
@@ -46,6 +47,14 @@ class TokenEvent:
     request_id: str
     token_id: int
     finish_reason: str | None  # None until the last event: "stop" | "length"
+    logprobs: TokenLogprobs | None = None  # where the request's sampling asked (contracts/logprobs.py)
+
+    @classmethod
+    def from_item(cls, item: list) -> TokenEvent:
+        """An item of the head's ``tokens`` frame; raises ``TypeError``, ``ValueError`` or ``KeyError``."""
+        request_id, token_id, finish_reason, *rest = item
+        logprobs = TokenLogprobs.from_wire(rest[0]) if rest else None
+        return cls(str(request_id), int(token_id), finish_reason, logprobs)
 
 
 class PipelineClient:
@@ -103,7 +112,7 @@ class PipelineClient:
                     future.set_result(h.get("body"))
             elif h["type"] == "tokens":
                 try:
-                    events = [TokenEvent(str(r), int(t), f) for r, t, f in h["items"]]
+                    events = [TokenEvent.from_item(item) for item in h["items"]]
                 except (KeyError, TypeError, ValueError) as exc:
                     log.warning("dropped a malformed tokens frame from the head: %r", exc)
                     continue
@@ -149,7 +158,7 @@ class PipelineClient:
                     "type": "submit",
                     "request_id": request_id,
                     "prompt": [int(t) for t in prompt_ids],
-                    "sampling": asdict(params),
+                    "sampling": params.to_header(),
                     "max_tokens": max_tokens,
                     "stop_token_ids": [int(t) for t in stop_token_ids],
                     "deadline_s": deadline_s,
