@@ -14,13 +14,20 @@ it (the deployment's state, each replica's health reason) and the same computed 
 resumed request that a replica refused (its KV was full) leaves that replica out until the gateway
 read its head's statistics again (two ``WAIT_POLL_S``), so the router sees the space it really has.
 
+A model whose deployments cannot serve (failed, or a lost node with no plan that fits even degraded)
+answers 503 with ``Retry-After`` at once, and ends the waits of its queued requests: nothing is
+coming until the fleet or an operator changes something.
+
 ``model_unserved`` tells a model nobody deployed (503 at once: nothing is coming, no wait) from a
 name the catalog does not know (404).
 """
 
 from __future__ import annotations
 
+import math
 import time
+
+from django.conf import settings
 
 from controlplane.gateway.conf import gateway_setting
 from controlplane.gateway.openai.errors import (
@@ -65,10 +72,17 @@ def _route(route: ModelRoute, shape: RequestShape, *, until: float,
 
 async def _served(name: str) -> ModelRoute:
     """The model's route now; a model no longer served (its deployment stopped) ends the wait: nothing
-    is coming."""
+    is coming. So does one whose deployments cannot serve (``ServedModel.cannot_serve``), with a
+    ``Retry-After`` of the controller's next re-plan (``MOTLEY_RECONCILE_INTERVAL_S``: it plans again
+    each pass, and serves, on a degraded plan if need be, as soon as one fits)."""
     if (route := await gateway().route(name)) is None:
         message = f"model {name!r} is no longer served: its deployment was stopped"
         raise Refused(Rejection("unavailable", message), unavailable_error(message))
+    if route.served.cannot_serve:
+        message = f"model {name!r} cannot be served now: {route.served.reason}"
+        retry_after = max(1, math.ceil(settings.MOTLEY_RECONCILE_INTERVAL_S))
+        error = unavailable_error(message, retry_after_s=retry_after)
+        raise Refused(Rejection("unavailable", message), error)
     return route
 
 
