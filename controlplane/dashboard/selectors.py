@@ -15,6 +15,7 @@ from contracts.hardware import GIB
 from contracts.metrics import SLOWDOWN_REASONS
 from contracts.names import device_name
 from contracts.stage_spec import MAX_SPECULATIVE_TOKENS, SPECULATION_MODES
+from controlplane.deployments.degrade import degraded_workload
 from controlplane.deployments.events import event_list
 from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentStage, PlanRevision
 from controlplane.inventory.models import Device, Link, Node
@@ -151,6 +152,8 @@ def _deployment(deployment: Deployment, figures: dict[str, dict] | None = None) 
         "draft_model_id": deployment.draft_deployment.model_id if deployment.draft_deployment else None,
         "draft_models": _draft_models(deployment),
         "revision_number": getattr(deployment.revision, "number", None),
+        "degraded": (degraded_workload(deployment.revision.request, deployment.revision.degraded_from)
+                     if deployment.revision else None),
         "replicas": _replica_count(deployment.revision),
         "predicted": asdict(plan.predicted) if plan else None,
         "bottleneck": asdict(plan.bottleneck) if plan else None,

@@ -46,6 +46,10 @@ class PlanRevision(TimestampedModel):
     number = models.PositiveIntegerField(null=True, blank=True, help_text="1, 2, … within its deployment.")
     plan = models.JSONField(help_text="The plan as docs/planner.md describes it.")
     request = models.JSONField(help_text="Workload and operator rules the plan was made for (no fleet).")
+    degraded_from = models.JSONField(
+        null=True, blank=True,
+        help_text="The request this revision's smaller workload stands in for, when the fleet could not fit "
+                  "it (a re-plan after a loss: degrade.py); the reconcile loop restores it once it fits.")
     source = models.CharField(max_length=16, choices=Source.choices)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT)
     applied_at = models.DateTimeField(null=True, blank=True)
@@ -290,6 +294,8 @@ class DeploymentEvent(models.Model):
         HANDOVER_SWITCHED = "handover_switched", "Handover switched"  # the new pipeline serves the replica
         HANDOVER_DRAINED = "handover_drained", "Handover drained"  # the old pipeline is stopped
         HANDOVER_DONE = "handover_done", "Handover done"
+        DEGRADED_PLAN = "degraded_plan", "Serving a degraded plan"  # fewer or shorter sequences than asked
+        RESTORED = "restored", "Full plan restored"
 
     at = models.DateTimeField(default=timezone.now)
     kind = models.CharField(max_length=32, choices=Kind.choices)

@@ -101,8 +101,9 @@ def node_drain(*, node: Node, actor: Actor = SYSTEM) -> NodeActionResult:
     checked = []
     for deployment in affected:
         try:
-            revision = replan_revision_create(
-                deployment=deployment, source=PlanRevision.Source.DRAIN, exclude_nodes=(node,)
+            revision = replan_revision_create(  # a degraded deployment stays degraded rather than refuse
+                deployment=deployment, source=PlanRevision.Source.DRAIN, exclude_nodes=(node,),
+                degrade=deployment.revision.degraded_from is not None,
             )
             plan_check = plan_revision_check(revision=revision, deployment=deployment, exclude_nodes=(node,))
             checked.append((deployment, plan_check))

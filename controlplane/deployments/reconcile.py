@@ -4,7 +4,9 @@ Kubernetes-style and level-triggered: ``deployment_reconcile`` looks only at wha
 never at what changed, so running it again with nothing new sends nothing, and a message lost with
 a broker is sent again by a later pass. It is the only sender of stage starts and stops, and the one
 place that reacts to a lost node: the deployment turns DEGRADED and, when allowed, is re-planned on
-what is left (the re-plan goes through the same check and writer as an operator's apply).
+what is left (the re-plan goes through the same check and writer as an operator's apply), on fewer
+or shorter sequences when the plan's do not fit (degrade.py); a deployment serving such a degraded
+plan gets its full plan back as soon as it fits again (``_restore_full_plan``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from django.utils import timezone
 from contracts.model_profile import ModelProfile
 from contracts.tasks import START_STAGE, STOP_STAGE
 from controlplane.deployments import dispatch, handover
+from controlplane.deployments.degrade import workload_of
 from controlplane.deployments.desired_state import revision_apply
 from controlplane.deployments.events import STATUS_KINDS, event_record
 from controlplane.deployments.models import (
@@ -137,6 +140,8 @@ def _status_decide(*, deployment: Deployment, rows: list[DeploymentStage], was_m
     elif {p.plan_replica for p in serving if p.index in ready} >= replicas:
         _status_set(deployment, Deployment.Status.READY,
                     summary or f"plan revision {deployment.revision.number} ready")
+        if deployment.revision.degraded_from is not None and not summary:
+            _restore_full_plan(deployment=deployment)
     elif not {p.plan_replica for p in serving} >= replicas:
         reloading = any(p.phase == DeploymentPipeline.Phase.RELOADING for p in pipelines)
         _status_set(deployment, Deployment.Status.DEPLOYING,
@@ -215,7 +220,8 @@ def _replan_after_loss(*, deployment: Deployment, lost_nodes: str, was_message: 
     """
     try:
         with transaction.atomic():
-            revision = replan_revision_create(deployment=deployment, source=PlanRevision.Source.REPLAN)
+            revision = replan_revision_create(deployment=deployment, source=PlanRevision.Source.REPLAN,
+                                              degrade=True)
             checked = plan_revision_check(revision=revision, deployment=deployment)
             revision_apply(deployment=deployment, checked=checked)
     except (PlanningError, ValidationError) as exc:
@@ -229,3 +235,35 @@ def _replan_after_loss(*, deployment: Deployment, lost_nodes: str, was_message: 
     else:
         logger.info("deployment %s re-planned around lost node(s) %s: revision %s",
                     deployment.name, lost_nodes, revision.number)
+        if revision.degraded_from is not None:
+            _workload_event(deployment=deployment, revision=revision, kind=DeploymentEvent.Kind.DEGRADED_PLAN,
+                            why=f"the full plan does not fit without lost node(s) {lost_nodes}")
+
+
+def _restore_full_plan(*, deployment: Deployment) -> None:
+    """Plan the request a degraded revision stands in for and apply it once it fits the fleet (a node
+    back, a card freed); while it does not, nothing changes (the attempt runs in a savepoint). Each
+    ready pass of a degraded deployment asks the planner once."""
+    try:
+        with transaction.atomic():
+            revision = replan_revision_create(deployment=deployment, source=PlanRevision.Source.REPLAN)
+            checked = plan_revision_check(revision=revision, deployment=deployment)
+            revision_apply(deployment=deployment, checked=checked)
+    except (PlanningError, ValidationError):
+        deployment.refresh_from_db()
+        return
+    _workload_event(deployment=deployment, revision=revision, kind=DeploymentEvent.Kind.RESTORED,
+                    why="the full plan fits again")
+
+
+def _workload_event(*, deployment: Deployment, revision: PlanRevision, kind: str, why: str) -> None:
+    """A degraded or restored plan, with the workload planned against the one asked."""
+    asked = workload_of(revision.degraded_from or revision.request)
+    planned = workload_of(revision.request)
+    event_record(
+        kind=kind, deployment=deployment,
+        message=(f"plan revision {revision.number}: {why}; batch {planned[0]} of {asked[0]}, "
+                 f"context {planned[1]} of {asked[1]}"),
+        detail={"revision": revision.number, "planned": {"batch": planned[0], "context": planned[1]},
+                "asked": {"batch": asked[0], "context": asked[1]}},
+    )

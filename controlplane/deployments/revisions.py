@@ -17,25 +17,28 @@ from django.core.exceptions import ValidationError
 
 from contracts.hardware import FleetSpec
 from contracts.model_profile import ModelProfile
+from controlplane.deployments.degrade import degraded_plan
 from controlplane.deployments.models import Deployment, PlanRevision
 from controlplane.deployments.plan_request_form import plan_request_from_dict
 from controlplane.deployments.selectors import devices_in_use, plan_devices, planning_only_message
 from controlplane.inventory.models import Device, Node
 from controlplane.inventory.selectors import fleet_spec_from_inventory
 from controlplane.models_catalog.models import LlmModel
-from controlplane.planning import PlanningError, PlanRequest, check, least_change_plan, plan_to_dict
+from controlplane.planning import Plan, PlanningError, PlanRequest, check, least_change_plan, plan_to_dict
 from controlplane.planning.plan import StagePlan
 
 
 def plan_revision_create(
     *, model: LlmModel, plan: dict[str, Any], request: dict[str, Any], source: str,
-    deployment: Deployment | None = None,
+    deployment: Deployment | None = None, degraded_from: dict[str, Any] | None = None,
 ) -> PlanRevision:
-    """Store a plan as a DRAFT revision; nothing runs until it is applied to a deployment."""
+    """Store a plan as a DRAFT revision; nothing runs until it is applied to a deployment.
+    ``degraded_from``: the request ``request`` stands in for, when it asks a smaller workload."""
     if deployment is not None and deployment.model_id != model.pk:
         raise ValidationError({"model": f"the deployment serves {deployment.model}, not {model}"})
     return PlanRevision.objects.create(
-        model=model, plan=plan, request=request, source=source, deployment=deployment
+        model=model, plan=plan, request=request, source=source, deployment=deployment,
+        degraded_from=degraded_from,
     )
 
 
@@ -86,22 +89,35 @@ def plan_revision_check(
 
 
 def replan_revision_create(
-    *, deployment: Deployment, source: str, exclude_nodes: tuple[Node, ...] = ()
+    *, deployment: Deployment, source: str, exclude_nodes: tuple[Node, ...] = (), degrade: bool = False,
 ) -> PlanRevision:
-    """A draft revision answering the deployment's current question again, on the fleet as it is now
-    (without ``exclude_nodes`` and other deployments' devices); PlanningError when nothing fits.
+    """A draft revision answering the deployment's full question again (the request a degraded revision
+    stands in for), on the fleet as it is now (without ``exclude_nodes`` and other deployments'
+    devices); PlanningError when nothing fits. ``degrade``: when the full question does not fit, the
+    largest workload that does (degrade.py), the revision keeping the full one in ``degraded_from``.
 
     The applied plan with only its stranded stages moved is preferred to a fresh plan unless the fresh
     one serves enough better to pay for the stages it changes beyond the repair
     (``planning.least_change_plan`` with ``MOTLEY_REPLAN_KEEP_WITHIN``): a fresh plan usually moves
     every boundary, which restarts every stage and pauses the pipeline for all of them."""
-    request = plan_request_now(revision=deployment.revision, busy=devices_in_use(deployment=deployment),
-                               exclude_nodes=exclude_nodes)
-    chosen = least_change_plan(deployment.revision.plan, request,
-                               keep_within=settings.MOTLEY_REPLAN_KEEP_WITHIN)
+    applied = deployment.revision
+    asked = applied.degraded_from or applied.request
+    busy, fleet = devices_in_use(deployment=deployment), registered_fleet()
+
+    def plan_for(request: dict[str, Any]) -> Plan:
+        on_fleet = request_on_fleet(request, model=deployment.model, busy=busy, fleet=fleet,
+                                    exclude_nodes=exclude_nodes)
+        return least_change_plan(applied.plan, on_fleet, keep_within=settings.MOTLEY_REPLAN_KEEP_WITHIN)
+
+    try:
+        request, chosen, degraded_from = asked, plan_for(asked), None
+    except PlanningError:
+        if not degrade:
+            raise
+        (request, chosen), degraded_from = degraded_plan(asked, plan_for), asked
     return plan_revision_create(
-        model=deployment.model, plan=plan_to_dict(chosen), request=deployment.revision.request,
-        source=source, deployment=deployment,
+        model=deployment.model, plan=plan_to_dict(chosen), request=request, source=source,
+        deployment=deployment, degraded_from=degraded_from,
     )
 
 
@@ -119,8 +135,16 @@ def plan_request_now(
     """The revision's request on ``fleet`` (default: ``registered_fleet()``) without the ``busy``
     devices (``devices_in_use``: those other deployments use) and ``exclude_nodes``; PlanningError
     when the request does not fit that fleet at all."""
+    return request_on_fleet(revision.request, model=revision.model, busy=busy,
+                            fleet=fleet or registered_fleet(), exclude_nodes=exclude_nodes)
+
+
+def request_on_fleet(
+    request: dict[str, Any], *, model: LlmModel, busy: Iterable[str], fleet: FleetSpec,
+    exclude_nodes: tuple[Node, ...] = (),
+) -> PlanRequest:
+    """A stored request (plan_request_form.py) on ``fleet`` without ``busy`` and ``exclude_nodes``."""
     return plan_request_from_dict(
-        revision.request, fleet=fleet or registered_fleet(),
-        profile=ModelProfile.from_dict(revision.model.profile),
+        request, fleet=fleet, profile=ModelProfile.from_dict(model.profile),
         exclude_nodes=tuple(n.name for n in exclude_nodes), exclude_devices=tuple(busy),
     )

@@ -34,6 +34,17 @@ def desired_stages(*, deployment: Deployment) -> list[DeploymentStage]:
     return [s for s in wanted if s.pipeline in kept]
 
 
+def deployment_cannot_serve(*, deployment: Deployment) -> bool:
+    """Whether nothing the controller does brings the deployment a replica until the fleet or an
+    operator changes something: FAILED, or DEGRADED with a wanted stage still on a lost node (its
+    re-plan found nothing that fits, or is off: a re-plan that fits replaces those stages in the pass
+    that finds the loss). Reads the stages ``deployment_list`` prefetched."""
+    if deployment.status == Deployment.Status.FAILED:
+        return True
+    return (deployment.status == Deployment.Status.DEGRADED
+            and any(stage.wanted and stage.lost for stage in deployment.stages.all()))
+
+
 def deployment_ids_to_reconcile() -> list[int]:
     return list(Deployment.objects.exclude(status=Deployment.Status.STOPPED).values_list("pk", flat=True))
 

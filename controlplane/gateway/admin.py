@@ -11,7 +11,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     keys come from ``manage.py create_api_key`` (the key is shown once)."""
 
     list_display = ("name", "prefix", "user", "created", "revoked_at", "requests_per_minute",
-                    "tokens_per_minute", "token_budget", "budget_period")
+                    "tokens_per_minute", "token_budget", "budget_period", "max_concurrent_requests")
     list_filter = ("revoked_at",)
     readonly_fields = ("user", "name", "prefix", "key_hash", "revoked_at", "created", "last_updated")
     actions = ["revoke"]

@@ -14,17 +14,20 @@ with steps needed before a replica's measured costs replace its planned ones;
 ``DEFAULT_CHAT_MAX_TOKENS``: a chat request's output budget when it sets none (capped by the context
 left); ``QUOTA_WINDOW_S``: the length of the keys' rate-limit windows ("per minute": 60; tests shorten
 it). ``WAIT_S``: how long a request waits for a routable replica of a model that has none now
-(waiting.py); ``MAX_WAITING``: how many requests of one model may wait; ``WAIT_POLL_S``: how often
-the served models and heads are re-read while requests wait; ``WAIT_HEAD_POLL_S``: how often, while
+(waiting.py); ``MAX_WAITING``: the most requests of one model that may wait (the queue's bound
+from the plan's capacity, shedding.py, is lower); ``WAIT_POLL_S``: how often the served models and
+heads are re-read while requests wait; ``WAIT_HEAD_POLL_S``: how often, while
 requests wait, a head that has not said ok is asked again (its pipeline serving again is what they
 wait for: a handover's pause as clients see it ends within this of the head's ok);
-``RETRY_AFTER_S``: the ``Retry-After`` of a 503 after a wait; ``MAX_MIGRATIONS``: how many times a
-request whose pipeline broke is resumed on another replica (generation.py) before it fails.
+``RETRY_AFTER_S``: the ``Retry-After`` of a refusal when the gateway has nothing to compute it
+from (no request of the model ended recently, no healthy replica; shedding.py); ``MAX_MIGRATIONS``:
+how many times a request whose pipeline broke is resumed on another replica (generation.py) before
+it fails.
 ``KEY_GRACE_S``: how long a key read active may be used while the database cannot be read
 (selectors.py); a request that needs the database past that gets a 503. The limits (limits.py;
 ``None`` lifts one): ``MAX_BODY_BYTES``, the largest ``/v1/`` request body; ``MAX_TOKENS``, the most
 output tokens a request may ask for; ``MAX_CONCURRENT_REQUESTS_PER_KEY``, one key's requests in flight at
-once in a gateway process.
+once in a gateway process for keys without their own ``max_concurrent_requests`` (None: no limit).
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ DEFAULTS: dict[str, Any] = {
     "KEY_GRACE_S": 300.0,
     "MAX_BODY_BYTES": 1024 * 1024,
     "MAX_TOKENS": 32768,
-    "MAX_CONCURRENT_REQUESTS_PER_KEY": 16,
+    "MAX_CONCURRENT_REQUESTS_PER_KEY": None,
 }
 
 

@@ -5,9 +5,11 @@
   (``GatewayBodyLimit``, a middleware; far above any prompt a context holds);
 - ``MAX_TOKENS`` (32768): a request asking for more output tokens is refused with ``400``, whatever
   the model's context (a context that cannot hold prompt + max_tokens is ``context_length_exceeded``);
-- ``MAX_CONCURRENT_REQUESTS_PER_KEY`` (16): one key's requests in flight at once in a gateway process,
-  streamed or not; one more is refused with ``429`` until one ends, so a single client cannot hold
-  every slot of the replicas.
+- ``MAX_CONCURRENT_REQUESTS_PER_KEY`` (None): one key's requests in flight at once in a gateway
+  process, streamed or not, for keys without their own ``max_concurrent_requests`` (set per key, as
+  the quotas are); one more is refused with ``429`` until one ends. Off by default: a client's
+  overload queues (serving/admission.py) as on other OpenAI-compatible servers, and the queue's
+  bound sheds it; an operator limits a key that must not hold every slot of the replicas.
 
 Errors are OpenAI-shaped (openai/errors.py). ``None`` lifts a limit.
 """
@@ -37,13 +39,15 @@ def max_tokens_check(max_tokens: int) -> None:
                           code="max_tokens_too_large")
 
 
-def concurrency_acquire(api_key_id: int, label: str) -> None:
-    """Count one more request in flight for the key, or raise the 429 when it has its limit already."""
-    limit = limit_setting("MAX_CONCURRENT_REQUESTS_PER_KEY")
+def concurrency_acquire(api_key_id: int, label: str, key_limit: int | None) -> None:
+    """Count one more request in flight for the key, or raise the 429 when it has its limit already:
+    ``key_limit`` (the key's own), else the gateway's."""
+    limit = key_limit if key_limit is not None else limit_setting("MAX_CONCURRENT_REQUESTS_PER_KEY")
     if limit is not None and (count := _in_flight[api_key_id]) >= limit:
         raise OpenAIError(
             429, f"Too many concurrent requests: key {label} has {count} requests in flight, "
-            f"the most this gateway allows per key (MOTLEY_GATEWAY['MAX_CONCURRENT_REQUESTS_PER_KEY']); "
+            "the most allowed (the key's max_concurrent_requests, else "
+            "MOTLEY_GATEWAY['MAX_CONCURRENT_REQUESTS_PER_KEY']); "
             "send the next one when one of them has ended.",
             type="rate_limit_exceeded", code="too_many_concurrent_requests")
     _in_flight[api_key_id] += 1

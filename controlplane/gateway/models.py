@@ -30,7 +30,9 @@ class ApiKey(TimestampedModel):
     Limits (docs/gateway.md, "Quotas"): None is no limit. ``requests_per_minute`` and
     ``tokens_per_minute`` count in fixed windows of a minute; ``token_budget`` is prompt + completion
     tokens per ``budget_period`` (a UTC day or month); ``allowed_models`` restricts the key to those
-    served models (empty: all).
+    served models (empty: all); ``max_concurrent_requests``: the key's requests in flight at once in a
+    gateway process (None: the gateway's ``MAX_CONCURRENT_REQUESTS_PER_KEY``, itself None by default,
+    so a key's overload queues like anyone's instead of being refused).
     """
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
@@ -43,6 +45,7 @@ class ApiKey(TimestampedModel):
     token_budget = models.PositiveBigIntegerField(null=True, blank=True)
     budget_period = models.CharField(max_length=8, choices=BudgetPeriod.choices, default=BudgetPeriod.MONTH)
     allowed_models = models.JSONField(default=list, blank=True, validators=[validate_model_names])
+    max_concurrent_requests = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created"]

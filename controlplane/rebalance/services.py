@@ -168,7 +168,8 @@ def _propose(*, deployment: Deployment, occurrence: Occurrence, pricing: Pricing
         superseding.save(update_fields=["status", "decided_at"])
     revision = plan_revision_create(model=deployment.model, plan=pricing.proposed,
                                     request=deployment.revision.request,
-                                    source=PlanRevision.Source.REBALANCE, deployment=deployment)
+                                    source=PlanRevision.Source.REBALANCE, deployment=deployment,
+                                    degraded_from=deployment.revision.degraded_from)  # still restored
     return RebalanceProposal.objects.create(
         deployment=deployment, base_revision=deployment.revision, revision=revision,
         trigger=occurrence.trigger, reason=occurrence.reason, gain=pricing.gain,

@@ -44,6 +44,7 @@ class FakePipelineClient:
     cancelled: ClassVar[list[str]] = []
     model_path: ClassVar[str] = ""
     reason: ClassVar[str] = ""  # the served model's reason (why it has no replica)
+    cannot_serve: ClassVar[bool] = False  # the served model's: no replica is coming
     heads: ClassVar[dict[str, str]] = {}  # pipeline_id -> its head's address, when not the default
     closed: ClassVar[list[str]] = []  # head addresses of the clients closed
     source_error: ClassVar[Exception | None] = None  # what reading the served models raises, if set
@@ -53,7 +54,7 @@ class FakePipelineClient:
 
     @classmethod
     def reset(cls, model_path: str, scripts: dict[str, Script]) -> None:
-        cls.model_path, cls.scripts, cls.reason = model_path, scripts, ""
+        cls.model_path, cls.scripts, cls.reason, cls.cannot_serve = model_path, scripts, "", False
         cls.submitted, cls.cancelled, cls.heads, cls.closed = [], [], {}, []
         cls.source_error = None
 
@@ -135,4 +136,5 @@ def served_models() -> list[ServedModel]:
                         else ReplicaHealth(ok=False, reason="handing this replica over"))
         for pid, script in FakePipelineClient.scripts.items()
     )
-    return [ServedModel("demo", FakePipelineClient.model_path, replicas, reason=FakePipelineClient.reason)]
+    return [ServedModel("demo", FakePipelineClient.model_path, replicas, reason=FakePipelineClient.reason,
+                        cannot_serve=FakePipelineClient.cannot_serve)]

@@ -86,6 +86,25 @@ def test_a_deployment_that_cannot_serve_now_is_listed_without_replicas_and_says_
     assert served_models_from_deployments() == []  # being stopped: nothing is coming
 
 
+def test_a_deployment_with_no_way_to_serve_says_so_one_that_is_coming_does_not(deployment):
+    from controlplane.inventory.models import Node
+
+    DeploymentStage.objects.filter(deployment=deployment).update(state=DeploymentStage.State.STARTING)
+    Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.DEPLOYING)
+    assert not served_models_from_deployments()[0].cannot_serve  # deploying: replicas are coming
+    lost = DeploymentStage.objects.filter(deployment=deployment).first().node
+    Node.objects.filter(pk=lost.pk).update(status=Node.Status.LOST)
+    Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.DEGRADED,
+                                                       status_message="re-plan failed: infeasible")
+    assert served_models_from_deployments()[0].cannot_serve  # a stage on a lost node, not re-planned
+    Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.FAILED)
+    assert served_models_from_deployments()[0].cannot_serve
+    DeploymentStage.objects.filter(deployment=deployment).update(state=DeploymentStage.State.READY)
+    Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.DEGRADED)
+    served = served_models_from_deployments()[0]
+    assert served.replicas and not served.cannot_serve  # a replica still serves
+
+
 def test_a_replicas_kv_capacity_is_what_its_stages_were_started_with(deployment):
     """Not the plan's figure: an emulated stage gets the workload's KV, and while a replica is handed
     over its slot already has the new plan. The smallest stage's budget is what the head holds."""

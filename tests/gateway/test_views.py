@@ -228,17 +228,6 @@ async def test_unknown_model_is_a_404(fake_pipeline, api_key):
     assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
 
 
-async def test_a_saturated_deployment_is_refused_at_once_with_429(fake_pipeline, api_key, demo_model):
-    fake_pipeline({"r0": Script(tokens=tokens(demo_model) * 20, delay_s=0.05, kv_tokens=150)})
-    client = AsyncClient()
-    body = {"model": "demo", "prompt": "x", "max_tokens": 120, "stream": True}
-    first = await post(client, "/v1/completions", body, api_key)
-    assert first.status_code == 200
-    second = await asyncio.wait_for(post(client, "/v1/completions", body, api_key), timeout=2)
-    assert second.status_code == 429 and second.json()["error"]["code"] == "server_saturated"
-    await aiter(first.streaming_content).aclose()
-
-
 async def test_a_replica_is_not_routed_to_until_its_pipeline_is_serving(fake_pipeline, api_key, demo_model):
     """READY comes when each stage process started; the head says ok once the stages joined. The
     directory already knows the replica's KV budget (from the plan), so only health keeps it out."""

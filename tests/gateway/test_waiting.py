@@ -5,6 +5,7 @@ served, or get a 503 that says why with ``Retry-After``; unknown models are a 40
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 import pytest
@@ -108,6 +109,23 @@ async def test_a_full_queue_is_a_503_at_once(fake_pipeline, api_key, waits):
     fake.scripts["r0"].healthy = True
     assert (await waiting)[0].status_code == 200
     assert (await gateway_stats())["models"]["demo"]["waiting"]["full"] == 1
+
+
+async def test_a_model_with_no_way_to_serve_is_a_503_with_retry_after_at_once_and_ends_the_waits(
+    fake_pipeline, api_key, waits, settings
+):
+    fake = fake_pipeline({})
+    fake.reason = "deployment chat (degraded) has no ready replica: re-plan failed: infeasible"
+    waits(WAIT_S=30)
+    waiting = asyncio.ensure_future(timed_post(key=api_key))  # deploying, as far as it knows: it waits
+    await until(lambda: depth() == 1)
+    fake.cannot_serve = True
+    (ended, ended_after), (refused, took) = await asyncio.gather(waiting, timed_post(key=api_key))
+    for response in (ended, refused):
+        assert response.status_code == 503 and response["Retry-After"] == str(
+            math.ceil(settings.MOTLEY_RECONCILE_INTERVAL_S))
+        assert "cannot be served now: deployment chat (degraded)" in response.json()["error"]["message"]
+    assert took < 1 and ended_after < 2  # not the 30 s wait
 
 
 async def test_an_unknown_model_is_a_404_and_an_undeployed_one_a_503_at_once(fake_pipeline, api_key):

@@ -5,6 +5,7 @@ from rest_framework import serializers
 
 from contracts.routing import DEFAULT_ROUTING_STRATEGY
 from contracts.stage_spec import MAX_SPECULATIVE_TOKENS, SPECULATION_MODES
+from controlplane.deployments.degrade import degraded_workload
 from controlplane.deployments.models import (
     ROUTING_STRATEGY_CHOICES,
     Deployment,
@@ -84,15 +85,23 @@ class DeploymentSerializer(serializers.ModelSerializer):
     stages = serializers.SerializerMethodField(
         help_text="Wanted stages first; stages still being stopped after a move follow.")
     pipelines = PipelineSerializer(many=True, read_only=True)
+    degraded = serializers.SerializerMethodField(
+        help_text="The applied plan's workload against the one asked, when a re-plan after a loss could fit "
+                  "only fewer or shorter sequences (null: the full plan).")
 
     class Meta:
         model = Deployment
         fields = [
             "id", "url", "name", "model", "model_name", "revision", "revision_number", "replan_on_failure",
             "routing_strategy", "rebalance_policy", "prefix_caching", "speculation", "speculative_tokens",
-            "draft_deployment", "draft_deployment_name", "status", "status_message",
+            "draft_deployment", "draft_deployment_name", "status", "status_message", "degraded",
             "stop_requested", "stages", "pipelines", "created", "last_updated",
         ]
+
+    @extend_schema_field(serializers.JSONField(allow_null=True))
+    def get_degraded(self, deployment: Deployment) -> dict | None:
+        revision = deployment.revision
+        return degraded_workload(revision.request, revision.degraded_from) if revision else None
 
     @extend_schema_field(StageSerializer(many=True))
     def get_stages(self, deployment: Deployment) -> list[dict]:

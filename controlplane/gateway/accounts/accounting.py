@@ -87,7 +87,7 @@ async def request_admit(*, api_key: ApiKey, model: str, prompt_tokens: int,
     """Admit the request under the gateway's limits (limits.py: max_tokens, requests in flight per key)
     and its key's (or raise their 400 or 429; a refusal by the key's own limits is counted in usage)."""
     limits.max_tokens_check(max_tokens)
-    limits.concurrency_acquire(api_key.pk, quotas.key_label(api_key))
+    limits.concurrency_acquire(api_key.pk, quotas.key_label(api_key), api_key.max_concurrent_requests)
     try:
         if api_key.limited:
             admission = await sync_to_async(_admit_sync, thread_sensitive=True)(

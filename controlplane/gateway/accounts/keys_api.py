@@ -2,8 +2,9 @@
 
 Everyone lists and reads their own keys (staff: all, ``?user=<username>`` to narrow); only staff
 change a key's limits (``PATCH``: requests_per_minute, tokens_per_minute, token_budget,
-budget_period, allowed_models), through ``api_key_set_limits``, which audits the change. Keys are
-created with ``manage.py create_api_key`` (the key is shown once) and revoked in the admin.
+budget_period, allowed_models, max_concurrent_requests), through ``api_key_set_limits``, which audits
+the change. Keys are created with ``manage.py create_api_key`` (the key is shown once) and revoked in
+the admin.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ from controlplane.audit.services import SYSTEM, Actor, audit_record
 from controlplane.gateway.models import ApiKey
 
 KEY_PREFIX = "mk-"
-LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "token_budget", "budget_period", "allowed_models")
+LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "token_budget", "budget_period", "allowed_models",
+                "max_concurrent_requests")
 
 
 def api_key_hash(raw_key: str) -> str:

@@ -29,6 +29,8 @@ def add_limit_arguments(parser) -> None:
                         help="prompt + completion tokens per minute (none: no limit)")
     parser.add_argument("--budget", "--token-budget", dest="token_budget", type=str,
                         help="prompt + completion tokens per budget period (none: no budget)")
+    parser.add_argument("--max-concurrent", "--max-concurrent-requests", dest="max_concurrent_requests",
+                        type=str, help="requests in flight at once per gateway process (none: the gateway's)")
     parser.add_argument("--budget-period", choices=BudgetPeriod.values, help="day or month (UTC)")
     parser.add_argument("--model", dest="allowed_models", action="append", metavar="MODEL",
                         help="restrict the key to this model (repeat for several)")
@@ -38,7 +40,7 @@ def add_limit_arguments(parser) -> None:
 def limits_from_options(options: dict[str, Any]) -> dict[str, Any]:
     """The limits the options name (those not given are left as they are)."""
     limits: dict[str, Any] = {}
-    for name in ("requests_per_minute", "tokens_per_minute", "token_budget"):
+    for name in ("requests_per_minute", "tokens_per_minute", "token_budget", "max_concurrent_requests"):
         if options.get(name) is not None:
             limits[name] = _count(options[name])
     if options.get("budget_period"):

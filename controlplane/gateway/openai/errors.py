@@ -76,12 +76,14 @@ def quota_exhausted(message: str, *, retry_after_s: int | None, headers: dict[st
     return OpenAIError(429, message, type="insufficient_quota", code="insufficient_quota", headers=headers)
 
 
-def saturated(message: str) -> OpenAIError:
-    return OpenAIError(429, message, type="rate_limit_error", code="server_saturated")
+def saturated(message: str, *, retry_after_s: int | None = None) -> OpenAIError:
+    """429: the replicas are busy; ``retry_after_s``: when the queue ahead will have drained (shedding.py)."""
+    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
+    return OpenAIError(429, message, type="rate_limit_error", code="server_saturated", headers=headers)
 
 
 def unavailable(message: str, *, retry_after_s: int | None = None) -> OpenAIError:
-    """503; ``retry_after_s``: when a retry may find a replica (after a wait, or a full waiting queue)."""
+    """503; ``retry_after_s``: when a retry may find a replica (after a wait, or a full queue)."""
     headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
     return OpenAIError(503, message, type="server_error", code="service_unavailable", headers=headers)
 

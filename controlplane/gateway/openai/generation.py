@@ -42,7 +42,7 @@ from controlplane.gateway.routing import Decision, PromptPrefix, RequestShape
 from controlplane.gateway.serving.admission import Refused, replica_admit
 from controlplane.gateway.serving.decision_log import RouteRecord, recorder
 from controlplane.gateway.serving.pipeline_client import TokenEvent
-from controlplane.gateway.serving.runtime import ModelRoute
+from controlplane.gateway.serving.runtime import ModelRoute, gateway
 
 
 @dataclass(frozen=True)
@@ -193,6 +193,7 @@ class Generation:
             raise self._error(exc) from exc
         finally:
             self.decision.replica.finish(self.request_id)
+            gateway().waiting.queue(self.route.served.name).ended()
             recorder.finished(self.request_id, outcome, time.monotonic() - self.placed,
                               self.completion_tokens)
 

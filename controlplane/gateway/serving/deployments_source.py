@@ -5,7 +5,9 @@ a models file is configured.
 
 A model whose deployments have no routable replica (ready, and ``serving``: not being handed over by
 the controller) is still served, with no replica and a ``reason`` ("deployment d1 is deploying plan
-revision 3"): its requests wait for one instead of getting a 404 (waiting.py). A replica the
+revision 3"): its requests wait for one instead of getting a 404 (waiting.py), unless none is coming
+(``cannot_serve``: every deployment of it failed, or lost a node and found no plan that fits), when
+they get their 503 at once. A replica the
 controller is handing over (``PipelineHead.serving`` False) stays listed, stated unhealthy, so the
 requests it still runs keep their client and booking while nothing new is admitted to it; one handed
 over beside names its ``successor``, and takes requests until the gateway heard that one say ok.
@@ -24,7 +26,7 @@ device, planned step time), for the telemetry.
 from __future__ import annotations
 
 from controlplane.deployments.models import Deployment
-from controlplane.deployments.selectors import deployment_endpoints, deployment_list
+from controlplane.deployments.selectors import deployment_cannot_serve, deployment_endpoints, deployment_list
 from controlplane.gateway.conf import gateway_setting
 from controlplane.gateway.routing import ReplicaCosts, ReplicaHealth, StageLink
 from controlplane.gateway.serving.directory import (
@@ -108,6 +110,7 @@ def served_models_from_deployments() -> list[ServedModel]:
             ))
         routable = any(r.health.ok for r in replicas)
         reason = "" if routable else _no_replica_reason(deployment, handing_over=bool(replicas))
+        cannot_serve = not routable and deployment_cannot_serve(deployment=deployment)
         model = deployment.model
         previous = by_model.get(model.name)
         by_model[model.name] = ServedModel(
@@ -115,6 +118,7 @@ def served_models_from_deployments() -> list[ServedModel]:
             replicas=(previous.replicas if previous else ()) + tuple(replicas),
             strategy=previous.strategy if previous else deployment.routing_strategy,
             reason="; ".join(r for r in (previous.reason if previous else "", reason) if r),
+            cannot_serve=cannot_serve and (previous.cannot_serve if previous else True),
         )
     return list(by_model.values())
 

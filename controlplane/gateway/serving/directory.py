@@ -64,13 +64,16 @@ class ReplicaEndpoint:
 class ServedModel:
     """A model the gateway answers for. ``replicas`` may be empty (its deployment is deploying, being
     re-planned, failed): requests then wait for one (waiting.py), and ``reason`` says why there is none
-    (the 503 after the wait quotes it)."""
+    (the 503 after the wait quotes it). ``cannot_serve``: no replica is routable and none is coming
+    (its deployments failed, or lost a node and found no plan that fits): requests get the 503 at
+    once instead of waiting (admission.py)."""
 
     name: str
     tokenizer_path: str
     replicas: tuple[ReplicaEndpoint, ...]
     strategy: str = DEFAULT_ROUTING_STRATEGY
     reason: str = ""
+    cannot_serve: bool = False
 
 
 def served_model_from_dict(data: dict) -> ServedModel:
@@ -88,7 +91,8 @@ def served_model_from_dict(data: dict) -> ServedModel:
         for r in data["replicas"]
     )
     strategy = data.get("strategy", DEFAULT_ROUTING_STRATEGY)
-    return ServedModel(data["name"], data["tokenizer_path"], replicas, strategy, data.get("reason", ""))
+    return ServedModel(data["name"], data["tokenizer_path"], replicas, strategy, data.get("reason", ""),
+                       bool(data.get("cannot_serve", False)))
 
 
 def served_models_from_file() -> list[ServedModel]:

@@ -1,17 +1,19 @@
 """Requests waiting for a routable replica: one bounded FIFO queue per model, in one gateway.
 
 Why a queue: a change of placement (a boundary move, a drain, a re-plan after a lost node) leaves a
-model without a routable replica for the moment the new pipeline takes to answer; failing every
-request of that moment would make each change an outage. So a request that finds no routable replica
-waits here (admission.py) and is admitted, first come first served, as soon as the router can place
-it. Bounded twice: by ``MAX_WAITING`` requests per model and by ``WAIT_S`` (and the request's own
-deadline), so nothing waits forever (the "nothing hangs" invariant).
+model without a routable replica for the moment the new pipeline takes to answer, and overload leaves
+every replica busy; failing every request of those moments would make each change an outage and each
+burst a wall of 429s. So a request that finds no replica able to take it waits here (admission.py)
+and is admitted, first come first served, as soon as the router can place it. Bounded twice: in
+length, from the plan's capacity (shedding.py, at most ``MAX_WAITING``), and in time by ``WAIT_S``
+(and the request's own deadline), so nothing waits forever (the "nothing hangs" invariant).
 
 The queue itself only orders and counts: ``ModelQueue.changed`` wakes its waiters whenever the gateway
 learned something (served models re-read, a head answered) and at least every ``WAIT_POLL_S``;
-the head of the queue then asks the router again. Its figures are per process, in memory (as the
-router's records): depth now, waits ended and how, the longest and mean wait, for ``gateway_stats``;
-the same waits go to Prometheus (``observability.serving``).
+the head of the queue then asks the router again; a request of the model that ends wakes them too
+(``ended``: a slot freed) and counts in the model's completion rate (shedding.py). Its figures are
+per process, in memory (as the router's records): depth now, waits ended and how, the longest and
+mean wait, for ``gateway_stats``; the same waits go to Prometheus (``observability.serving``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import asyncio
 import time
 from collections import Counter, deque
 
+from controlplane.gateway.serving.shedding import CompletionRate
 from controlplane.observability import serving
 
 OUTCOMES = ("admitted", "timed_out", "full", "refused", "cancelled")
@@ -40,6 +43,7 @@ class ModelQueue:
         self.longest_s = 0.0
         self.total_s = 0.0
         self._changed = asyncio.Event()
+        self.completions = CompletionRate()
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -72,6 +76,12 @@ class ModelQueue:
         """A request found the queue full: counted, never queued."""
         self.outcomes["full"] += 1
         serving.wait_ended(model=self.model, outcome="full", waited_s=0.0)
+
+    def ended(self) -> None:
+        """A request of the model ended: its slot is free for the first waiter."""
+        self.completions.ended()
+        if self.entries:
+            self.notify()
 
     def notify(self) -> None:
         self._changed.set()
