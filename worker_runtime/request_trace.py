@@ -17,7 +17,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from contracts.tracing import parent_context, tracer
 
-_ENDED_WELL = ("stop", "length")
+_FAILURES = ("failed", "broken", "rejected")
 
 
 class RequestSpan:
@@ -61,14 +61,14 @@ class RequestSpan:
             self.span.add_event("first_token")
 
     def end(self, outcome: str) -> None:
-        """``outcome``: the finish reason (stop, length), or why it left without one (cancelled,
-        failed, broken)."""
+        """``outcome``: the finish reason (stop, length), or why it left without one: ``removed``
+        (cancelled or past its deadline, not an error here), ``failed``, ``broken``, ``rejected``."""
         now, span = time.monotonic(), self.span
         if self.admitted_at is not None and self.first_token_at is not None:
             span.set_attribute("motley.prefill_s", round(self.first_token_at - self.admitted_at, 6))
             span.set_attribute("motley.decode_s", round(now - self.first_token_at, 6))
         span.set_attributes({"motley.completion_tokens": self.tokens,
                              "motley.decode_steps": self.decode_steps, "motley.outcome": outcome})
-        if outcome not in _ENDED_WELL:
+        if outcome in _FAILURES:
             span.set_status(Status(StatusCode.ERROR, outcome))
         span.end()
