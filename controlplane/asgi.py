@@ -10,17 +10,23 @@ CPython's default 5 ms GIL switch interval the loop waits up to 5 ms for the GIL
 while such a thread computes, and a streamed token takes several wake-ups; at 1 ms it gets the GIL
 back within a millisecond (benchmarks/switch_interval_bench.py: a socket round trip on the loop
 with a thread computing, 5.0 ms at 5 ms against 0.9 ms at 1 ms).
+
+The process traces its requests where the ``OTEL_*`` variables ask (contracts/tracing.py).
 """
 
 import os
+import platform
 import sys
 
 from django.core.asgi import get_asgi_application
+
+from contracts.tracing import tracing_setup
 
 GIL_SWITCH_INTERVAL_S = 0.001
 sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 django_asgi_app = get_asgi_application()
+tracing_setup("gateway", node=platform.node())
 
 # Imported after Django is set up: consumers import models.
 from channels.auth import AuthMiddlewareStack  # noqa: E402

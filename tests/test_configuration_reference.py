@@ -27,6 +27,8 @@ CONFIGURATION_MODULES = {
     "agents/config.py", "controlplane/settings.py", "worker_runtime/config.py",
     # A secret read when the command runs, never kept among the settings.
     "controlplane/ops/management/commands/ensure_admin.py",
+    # The standard OTEL_* variables motley itself reads, shared by every process that traces.
+    "contracts/tracing.py",
 }
 
 MOTLEY_NAME = re.compile(r"\bMOTLEY_[A-Z0-9_]*[A-Z0-9]\b")

@@ -22,6 +22,8 @@ from typing import Any, Protocol
 from contracts.pipeline_errors import RequestRejected
 from contracts.sampling import SamplingParams
 
+from .request_trace import RequestSpan
+
 
 @dataclass(eq=False)  # identity: a request is one object, compared by `is`
 class Request:
@@ -37,6 +39,7 @@ class Request:
     cached: int = 0  # leading prompt tokens found in the KV cache at admission: its first step starts there
     speculate: bool = True  # whether the head may propose tokens for it (speculation.py)
     proposals: list[int] = field(default_factory=list)  # tokens its step in flight verifies
+    trace: RequestSpan | None = None  # its span, where its submit carried a sampled traceparent
 
     @classmethod
     def from_submit(cls, client: bytes, request_id: str, h: dict[str, Any], vocab: int) -> Request:
@@ -59,7 +62,8 @@ class Request:
         deadline = None if deadline_s is None else time.monotonic() + deadline_s
         # a request that scores is not speculated: one sampled row per step, whose entry it gets
         return cls(request_id, client, prompt, params, max_tokens, stop, deadline,
-                   speculate=speculate and not params.scores)
+                   speculate=speculate and not params.scores,
+                   trace=RequestSpan.of_submit(h.get("traceparent"), request_id, len(prompt), max_tokens))
 
     @property
     def kv_tokens(self) -> int:
@@ -203,6 +207,8 @@ class Scheduler:
             problem = f"queue full: {len(self.waiting)} requests are waiting for KV space"
         if problem:
             self.rejected += 1
+            if request.trace is not None:
+                request.trace.end("rejected")
             raise RequestRejected(problem)
         request.seq_id = next(self._seq_ids)
         self.requests[request.request_id] = request
@@ -213,7 +219,10 @@ class Scheduler:
     def admit(self) -> None:
         """First come, first served: admit waiting requests while every stage has room for them."""
         while self.waiting and self.admission(self.waiting[0]):
-            self.ready.append(self.waiting.popleft())
+            request = self.waiting.popleft()
+            self.ready.append(request)
+            if request.trace is not None:
+                request.trace.admitted(request.cached)
 
     def share(self) -> int:
         """The sequences of a micro-batch: an even share of the admitted ones."""
@@ -246,6 +255,9 @@ class Scheduler:
             tokens += size
         mb = MicroBatch(next(self._mb_ids), chosen, time.monotonic())
         self.in_flight[mb.id] = mb
+        for request in chosen:
+            if request.trace is not None:
+                request.trace.step(mb.id, len(request.next_input()[0]), prefill=not request.output)
         return mb
 
     def on_tokens(self, mb_id: int, seq_ids: list[int],
@@ -263,6 +275,8 @@ class Scheduler:
             for token in emitted if isinstance(emitted, list) else [emitted]:
                 request.output.append(int(token))
                 reason = request.finish_reason()
+                if request.trace is not None:
+                    request.trace.token()
                 events.append((request, int(token), reason))
                 if reason is not None:
                     break
@@ -270,7 +284,7 @@ class Scheduler:
                 self.ready.append(request)
             else:
                 self.completed += 1
-                self._forget(request)
+                self._forget(request, reason)
         self.admit()
         return events
 
@@ -279,7 +293,7 @@ class Scheduler:
         mb = self.in_flight.pop(mb_id, None)
         failed = [r for r in (mb.requests if mb else []) if r.seq_id in self._by_seq]
         for request in failed:
-            self._forget(request)
+            self._forget(request, "failed")
         self.admit()
         return failed
 
@@ -287,7 +301,7 @@ class Scheduler:
         """Take a request out wherever it is (cancel, deadline); its micro-batch may still return, ignored."""
         request = self.requests.get(request_id)
         if request is not None:
-            self._forget(request)
+            self._forget(request, "removed")
             self.admit()
         return request
 
@@ -309,11 +323,15 @@ class Scheduler:
         """Drop everything (the pipeline broke); returns the requests that must fail."""
         failed = list(self.requests.values())
         for request in failed:
-            self._forget(request)
+            self._forget(request, "broken")
         self.in_flight.clear()
         return failed
 
-    def _forget(self, request: Request) -> None:
+    def _forget(self, request: Request, outcome: str) -> None:
+        """``outcome``: the finish reason, or why it leaves without one (its span's, where it has one)."""
+        if request.trace is not None:
+            request.trace.end(outcome)
+            request.trace = None
         self.requests.pop(request.request_id, None)
         self._by_seq.pop(request.seq_id, None)
         self.ledger.release(request.seq_id)

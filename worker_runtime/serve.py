@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import platform
 import signal
 import sys
 import threading
@@ -27,6 +28,7 @@ import torch
 from contracts.model_config import ModelConfig
 from contracts.precision import Precision
 from contracts.stage_spec import SpecError, StageSpec, respec_blocker, spec_digest, spec_file_read
+from contracts.tracing import tracing_setup, tracing_shutdown
 
 from .events import EventWriter
 from .frames import FrameCodec
@@ -56,6 +58,8 @@ def serve(raw: dict, events: EventWriter, stop: threading.Event, replaced: threa
     try:
         while True:
             spec, began = StageSpec.from_dict(raw), time.monotonic()
+            tracing_setup("stage", node=platform.node(), device=spec.device,
+                          stage=f"{spec.pipeline_id}/{spec.stage_index}")
             stage = _stage_for(spec, stage, loaded)
             loaded = raw
             if stage.is_first != spec.is_head or stage.is_last != spec.is_last:
@@ -174,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         log.exception("stage failed")
         events.emit("error", message=f"{type(exc).__name__}: {exc}")
         return 1
+    finally:
+        tracing_shutdown()  # before os._exit, which skips atexit
     return 0
 
 

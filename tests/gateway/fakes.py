@@ -61,13 +61,13 @@ class FakePipelineClient:
     async def submit(
         self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams(), *, max_tokens: int = 16,
         stop_token_ids: Sequence[int] = (), request_id: str | None = None, deadline_s: float | None = None,
-        speculate: bool = True,
+        speculate: bool = True, traceparent: str | None = None,
     ) -> AsyncIterator[TokenEvent]:
         script = self.scripts[self.pipeline_id]
         nth = sum(1 for s in self.submitted if s["pipeline_id"] == self.pipeline_id)
         self.submitted.append(dict(pipeline_id=self.pipeline_id, prompt_ids=list(prompt_ids), params=params,
                                    max_tokens=max_tokens, stop_token_ids=tuple(stop_token_ids),
-                                   request_id=request_id, speculate=speculate))
+                                   request_id=request_id, speculate=speculate, traceparent=traceparent))
         breaks = script.break_after[nth] if nth < len(script.break_after) else None
         tokens = script.tokens[_resumed_at(prompt_ids, script.tokens):]
         finished = False

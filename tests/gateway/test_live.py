@@ -17,6 +17,7 @@ from controlplane.gateway.openai.tokenization import ModelTokenizer
 from controlplane.gateway.serving.pipeline_client import PipelineClient
 from tests.gateway.conftest import DEMO_ARGS
 from tests.pipeline.harness import TOKEN, Pipeline, pipeline_specs
+from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.processes import (
     REPO_ROOT,
     database_migrate,
@@ -50,10 +51,12 @@ def reference_text(demo_model, prompt_ids: list[int], max_tokens: int) -> str:
 
 @pytest.fixture(scope="module")
 def live(demo_model, tmp_path_factory):
-    """A two-stage pipeline and a daphne server that serves it as model "demo"; all killed at the end."""
+    """A two-stage pipeline and a daphne server that serves it as model "demo", both tracing to a
+    receiver of their own (``live["traces"]``); all killed at the end."""
     workdir = tmp_path_factory.mktemp("live")
     specs = pipeline_specs(demo_model, NUM_LAYERS, 2, kv_tokens=KV_TOKENS, emulation=PACING)
-    pipeline = Pipeline(specs, workdir)  # loads while the database is prepared
+    receiver = OtlpReceiver().__enter__()
+    pipeline = Pipeline(specs, workdir, env=receiver.env())  # loads while the database is prepared
     server = None
     try:
         models_file = workdir / "models.json"
@@ -61,7 +64,7 @@ def live(demo_model, tmp_path_factory):
             "name": "demo", "tokenizer_path": str(demo_model),
             "replicas": [{"pipeline_id": "p0", "head_address": pipeline.head, "auth_token": TOKEN}],
         }]}))
-        env = {**embedded_env(workdir), "MOTLEY_GATEWAY_MODELS_FILE": str(models_file)}
+        env = {**embedded_env(workdir), "MOTLEY_GATEWAY_MODELS_FILE": str(models_file), **receiver.env()}
         database_migrate(env)
         key = subprocess.run(manage_argv("shell", "-c", CREATE_KEY), env=env, cwd=REPO_ROOT, check=True,
                              capture_output=True, text=True).stdout.split()[-1]
@@ -73,7 +76,8 @@ def live(demo_model, tmp_path_factory):
             env=env, cwd=REPO_ROOT, stderr=subprocess.DEVNULL,
         )
         wait_for_http(f"http://127.0.0.1:{port}/v1/models")
-        yield {"base_url": f"http://127.0.0.1:{port}/v1", "key": key, "pipeline": pipeline}
+        yield {"base_url": f"http://127.0.0.1:{port}/v1", "key": key, "pipeline": pipeline,
+               "traces": receiver}
     finally:
         if server is not None:
             server.terminate()
@@ -83,6 +87,7 @@ def live(demo_model, tmp_path_factory):
                 server.kill()
         pipeline.stop()
         pipeline.assert_none_left()
+        receiver.__exit__()
 
 
 @pytest.fixture
@@ -195,3 +200,37 @@ def test_health_and_tokenize_on_the_live_server(live, demo_model):
     text = httpx.post(f"{root}/detokenize", json={"model": "demo", "tokens": ids}, headers=headers).json()
     assert text["prompt"].endswith("Pack my box")
     assert httpx.post(f"{root}/tokenize", json={"model": "demo", "prompt": "x"}).status_code == 401
+
+
+def test_a_request_is_traced_from_the_clients_span_through_the_gateway_to_the_head(live):
+    """The client's ``traceparent`` honoured; the gateway's spans and the head's reach a real OTLP/HTTP
+    receiver as one trace, parent to child, and the response names the trace."""
+    trace_id, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    response = httpx.post(f"{live['base_url']}/completions", timeout=60, json={
+        "model": "demo", "prompt": "The quick brown fox", "max_tokens": 5, "temperature": 0},
+        headers={"Authorization": f"Bearer {live['key']}", "traceparent": f"00-{trace_id}-{client_span}-01"})
+    assert response.status_code == 200 and response.headers["X-Trace-Id"] == trace_id
+    names = {"gateway.request", "gateway.admission", "gateway.route", "head.request"}
+    spans = live["traces"].wait(lambda spans: names <= {s.name for s in spans if s.trace_id == trace_id})
+    by_name = {s.name: s for s in spans if s.trace_id == trace_id}
+    request, head = by_name["gateway.request"], by_name["head.request"]
+    assert request.parent_span_id == client_span and request.resource["motley.role"] == "gateway"
+    assert by_name["gateway.admission"].parent_span_id == request.span_id
+    route = by_name["gateway.route"]
+    assert route.parent_span_id == request.span_id and route.attributes["motley.replica"]
+    assert [i["replica"] for i in json.loads(route.attributes["motley.route.inputs"])] == [
+        route.attributes["motley.replica"]]
+    assert head.parent_span_id == request.span_id and head.resource["motley.stage"] == "p0/0"
+    usage = response.json()["usage"]
+    assert request.attributes["motley.outcome"] == "completed" and request.attributes["motley.ttft_s"] > 0
+    assert request.attributes["motley.completion_tokens"] == usage["completion_tokens"]
+    assert head.attributes["motley.completion_tokens"] == usage["completion_tokens"]
+    assert head.attributes["motley.prompt_tokens"] == usage["prompt_tokens"]
+    assert "first_token" in [name for name, _ in request.events]
+    assert request.start_ns <= route.start_ns <= head.start_ns <= head.end_ns <= request.end_ns
+    streamed = httpx.post(f"{live['base_url']}/completions", timeout=60, json={
+        "model": "demo", "prompt": "x", "max_tokens": 2, "stream": True},
+        headers={"Authorization": f"Bearer {live['key']}"})
+    streamed_id = streamed.headers["X-Trace-Id"]  # a trace of its own, without a traceparent
+    assert streamed_id != trace_id and live["traces"].wait(
+        lambda spans: any(s.trace_id == streamed_id and s.name == "head.request" for s in spans))

@@ -87,9 +87,10 @@ class Pipeline:
     """Stage processes started from specs; :meth:`stop` kills whatever is left (children included)."""
 
     def __init__(self, specs: list[StageSpec], workdir: Path,
-                 launcher: Callable[[int], list[str]] = lambda i: []):
-        """``launcher(i)``: the argv prefix stage i runs under (e.g. ``ip netns exec <its node>``)."""
-        self.specs, self.workdir, self.launcher = specs, workdir, launcher
+                 launcher: Callable[[int], list[str]] = lambda i: [], env: dict[str, str] | None = None):
+        """``launcher(i)``: the argv prefix stage i runs under (e.g. ``ip netns exec <its node>``);
+        ``env``: variables the stages get besides this process's (the OTEL_* ones of a traced test)."""
+        self.specs, self.workdir, self.launcher, self.env = specs, workdir, launcher, env or {}
         self.stages: list[StageProcess] = [self.start(i) for i in range(len(specs))]
         self.ready_events: list[dict] = []  # each stage's, once ``wait_ready`` saw them
 
@@ -101,7 +102,7 @@ class Pipeline:
         spec = self.specs[index]
         path = self.workdir / f"stage{index}.json"
         path.write_text(json.dumps(spec.to_json()))
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": str(spec.threads)}
+        env = {**os.environ, **self.env, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": str(spec.threads)}
         popen = subprocess.Popen(
             [*self.launcher(index), sys.executable, "-m", "worker_runtime.serve", "--spec", str(path),
              "--spec-inbox"],

@@ -37,6 +37,7 @@ from contracts.sampling import SamplingParams
 from controlplane.gateway.conf import gateway_setting
 from controlplane.gateway.openai.errors import OpenAIError, deadline_exceeded, saturated, unavailable
 from controlplane.gateway.openai.protocol import GenerationRequest
+from controlplane.gateway.openai.request_span import UNTRACED, RequestSpan
 from controlplane.gateway.openai.textstream import IncrementalDetokenizer, StopStrings
 from controlplane.gateway.routing import Decision, PromptPrefix, RequestShape
 from controlplane.gateway.serving.admission import Refused, replica_admit
@@ -60,10 +61,11 @@ async def generation_start(
     prompt_ids: list[int],
     max_tokens: int,
     deadline_s: float,
+    span: RequestSpan = UNTRACED,
 ) -> Generation:
     """Place the request on a replica (waiting for one if need be) or raise the OpenAIError that
-    refuses it; the wait counts against ``deadline_s``."""
-    generation = Generation(route, uuid.uuid4().hex, request, prompt_ids, max_tokens, deadline_s)
+    refuses it; the wait counts against ``deadline_s``. ``span``: the request's, which it ends."""
+    generation = Generation(route, uuid.uuid4().hex, request, prompt_ids, max_tokens, deadline_s, span)
     await generation.place()
     return generation
 
@@ -77,8 +79,9 @@ class Generation:
         prompt_ids: list[int],
         max_tokens: int,
         deadline_s: float,
+        span: RequestSpan = UNTRACED,
     ) -> None:
-        self.route, self.request_id, self.request = route, request_id, request
+        self.route, self.request_id, self.request, self.span = route, request_id, request, span
         self.prompt_ids, self.max_tokens, self.deadline_s = prompt_ids, max_tokens, deadline_s
         self.started = time.monotonic()  # the deadline counts from here, waits included
         self.placed = self.started  # first placed on a replica: its queue time and e2e count from here
@@ -105,10 +108,12 @@ class Generation:
         """Book the request on a replica (at start, or resumed after a break) or raise the OpenAIError."""
         name, shape, resuming = self.route.served.name, self._shape(), self.decision is not None
         try:
-            route, decision, waited_s = await replica_admit(
-                name=name, shape=shape, deadline_at=self.started + self.deadline_s, resuming=resuming,
-                exclude=exclude,
-            )
+            with self.span.child("gateway.route", **{"motley.prompt_tokens": shape.prompt_tokens}) as span:
+                route, decision, waited_s = await replica_admit(
+                    name=name, shape=shape, deadline_at=self.started + self.deadline_s, resuming=resuming,
+                    exclude=exclude,
+                )
+                self.span.routed(span, decision, waited_s, resuming)
         except Refused as refused:
             if not resuming:
                 recorder.record(RouteRecord(
@@ -151,6 +156,7 @@ class Generation:
                     max_tokens=self.max_tokens - len(self.generated),
                     stop_token_ids=tokenizer.eos_token_ids, request_id=self.request_id,
                     deadline_s=max(self._left(), 0.001), speculate=request.speculate,
+                    traceparent=self.span.traceparent,
                 )
                 try:
                     async with aclosing(events):
@@ -165,6 +171,7 @@ class Generation:
                                                      "without a finish reason") from None
                             if not self.generated:
                                 recorder.first_token(self.request_id, time.monotonic() - self.placed)
+                                self.span.first_token(time.monotonic() - self.started)
                                 if asked.prompt_logprobs is not None and event.logprobs is not None:
                                     self.prompt_logprobs = event.logprobs.prompt or ()
                             if request.logprobs is not None:
@@ -196,6 +203,7 @@ class Generation:
             gateway().waiting.queue(self.route.served.name).ended()
             recorder.finished(self.request_id, outcome, time.monotonic() - self.placed,
                               self.completion_tokens)
+            self.span.end(outcome, self.completion_tokens)
 
     async def _migrate(self, exc: PipelineBroken | RequestRejected) -> None:
         """Resume the request on another replica (or this one once it serves again), or raise the 503."""
@@ -213,6 +221,7 @@ class Generation:
         started = time.monotonic()
         await self.place(
             exclude=frozenset({old.replica_id}) if isinstance(exc, RequestRejected) else frozenset())
+        self.span.migrated(exc.kind)
         recorder.migrated(self.request_id, to=self.decision.replica.replica_id, kind=exc.kind,
                           waited_s=round(time.monotonic() - started, 3))
 

@@ -25,6 +25,7 @@ from controlplane.gateway.openai.errors import OpenAIError, bad_request
 from controlplane.gateway.openai.generation import Delta, Generation, generation_start
 from controlplane.gateway.openai.logprobs import ChoiceLogprobs, Scored, echoed
 from controlplane.gateway.openai.protocol import GenerationRequest, generation_request, parse_body
+from controlplane.gateway.openai.request_span import RequestSpan, request_span
 from controlplane.gateway.openai.tokenization import ChatTemplateError
 from controlplane.gateway.serving.runtime import ModelRoute, gateway
 
@@ -43,7 +44,7 @@ async def models_view(request: HttpRequest) -> HttpResponse:
 
 
 async def _prepare(
-    request: HttpRequest, *, chat: bool
+    request: HttpRequest, span: RequestSpan, *, chat: bool
 ) -> tuple[GenerationRequest, Generation, RequestAccount]:
     """Authenticate, validate, tokenize, check the key's limits and admit; raises OpenAIError for every
     refusal. A request that passed the limits is accounted for by the RequestAccount returned."""
@@ -61,11 +62,15 @@ async def _prepare(
             param="messages" if chat else "prompt", code="context_length_exceeded",
         )
     deadline_s = float(gateway_setting("DEADLINE_S"))
-    account = await request_admit(api_key=api_key, model=body.model, prompt_tokens=len(prompt_ids),
-                                  max_tokens=max_tokens)
+    phase = {"motley.model": body.model, "motley.prompt_tokens": len(prompt_ids),
+             "motley.max_tokens": max_tokens}
+    with span.child("gateway.admission", **phase):
+        account = await request_admit(api_key=api_key, model=body.model, prompt_tokens=len(prompt_ids),
+                                      max_tokens=max_tokens)
     try:
         generation = await generation_start(
-            route=route, request=body, prompt_ids=prompt_ids, max_tokens=max_tokens, deadline_s=deadline_s
+            route=route, request=body, prompt_ids=prompt_ids, max_tokens=max_tokens, deadline_s=deadline_s,
+            span=span,
         )
     except OpenAIError:  # the router refused it, at once or after a wait: nothing served, an error in usage
         await account.end(prompt_tokens=0, completion_tokens=0, error=True)
@@ -182,23 +187,29 @@ async def _stream(
 
 
 async def _respond(request: HttpRequest, *, chat: bool) -> HttpResponse:
+    """The response, naming its trace where the request is traced (request_span.py)."""
+    span = request_span(request.headers, path=request.path)
     try:
-        body, generation, account = await _prepare(request, chat=chat)
+        body, generation, account = await _prepare(request, span, chat=chat)
         deltas = account.track(generation)
         if not body.stream:
-            return await _complete(body, generation, deltas, chat=chat)
+            return span.name_trace(await _complete(body, generation, deltas, chat=chat))
         try:
             first = await anext(deltas)
         except BaseException:
             await deltas.aclose()
             raise
     except OpenAIError as exc:
-        return exc.response()
+        span.end(f"refused:{exc.status}", 0)
+        return span.name_trace(exc.response())
+    except BaseException:
+        span.end("failed:internal", 0)
+        raise
     events = _stream(body, generation, deltas, first, chat=chat)
     response = StreamingHttpResponse(events, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
-    return response
+    return span.name_trace(response)
 
 
 @endpoint("POST")

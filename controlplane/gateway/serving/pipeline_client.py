@@ -140,9 +140,11 @@ class PipelineClient:
         request_id: str | None = None,
         deadline_s: float | None = None,
         speculate: bool = True,
+        traceparent: str | None = None,
     ) -> AsyncIterator[TokenEvent]:
         """Stream the tokens of one request; raises a :class:`PipelineError` subclass if it fails.
         ``speculate=False``: the head proposes no tokens for it, whatever its pipeline's speculation.
+        ``traceparent``: the W3C trace context the head's span of the request is a child of.
 
         Leaving the loop early cancels the request (its KV space is freed on every stage); a request
         cancelled through :meth:`cancel` just ends its stream.
@@ -163,6 +165,7 @@ class PipelineClient:
                     "stop_token_ids": [int(t) for t in stop_token_ids],
                     "deadline_s": deadline_s,
                     **({} if speculate else {"speculate": False}),
+                    **({"traceparent": traceparent} if traceparent else {}),
                 }
             )
             while True:

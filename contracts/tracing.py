@@ -1,0 +1,94 @@
+"""OpenTelemetry tracing of one process (gateway, stage, agent): off unless the standard ``OTEL_*``
+variables ask for it, exported over OTLP/HTTP (docs/observability.md, "Traces").
+
+Every process that traces calls :func:`tracing_setup` once with what names it (its role and, for a
+stage, node, device and stage), and takes its tracer from :func:`tracer`: ``None`` while tracing is
+off, so a caller skips all span work with one test and tracing off costs nothing. The SDK reads the
+rest of the standard variables itself: ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``_TRACES_ENDPOINT``,
+``OTEL_EXPORTER_OTLP_HEADERS``, ``OTEL_TRACES_SAMPLER`` / ``_ARG``, ``OTEL_SERVICE_NAME``,
+``OTEL_RESOURCE_ATTRIBUTES`` and the batch processor's ``OTEL_BSP_*``. The trace context crosses a
+process boundary as a W3C ``traceparent`` string (the gateway's response, the head's ``submit``
+frame: docs/contracts.md §2), made and read here so both sides agree on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from contracts.env import env_bool, env_str
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_provider: Any = None  # the SDK's TracerProvider of this process, once set up with tracing on
+
+
+def tracing_enabled() -> bool:
+    """``OTEL_TRACES_EXPORTER`` names ``otlp`` (the SDK's own default is ``otlp``; motley's is off,
+    ``none``) and ``OTEL_SDK_DISABLED`` is not true."""
+    exporters = {e.strip() for e in env_str("OTEL_TRACES_EXPORTER", "none").lower().split(",")}
+    return "otlp" in exporters and not env_bool("OTEL_SDK_DISABLED", False)
+
+
+def tracing_setup(role: str, **attributes: str | int | None) -> bool:
+    """Start exporting this process's spans if tracing is on; says whether it is. ``role``: gateway,
+    stage or agent (``motley.role``); ``attributes``: ``motley.<name>`` resource attributes (node,
+    device, stage), None ones left out. Called again (a stage given a new spec in place, a forked
+    stage) it flushes the last provider and starts another with the new attributes."""
+    global _provider
+    if not tracing_enabled():
+        return False
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    tracing_shutdown()
+    named = {f"motley.{key}": value for key, value in attributes.items() if value is not None}
+    resource = Resource.create({"service.name": env_str("OTEL_SERVICE_NAME", "motley"),
+                                "motley.role": role, **named})
+    provider = TracerProvider(resource=resource)  # its sampler from OTEL_TRACES_SAMPLER / _ARG
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    _provider = provider
+    return True
+
+
+def tracing_shutdown() -> None:
+    """Export what is buffered and stop (a stage process leaves by ``os._exit``, past ``atexit``)."""
+    global _provider
+    if _provider is not None:
+        _provider.shutdown()
+        _provider = None
+
+
+def tracer(name: str) -> Tracer | None:
+    """The tracer of module ``name``; None while tracing is off in this process."""
+    return _provider.get_tracer(name) if _provider is not None else None
+
+
+def parent_context(traceparent: str | None) -> Context | None:
+    """The remote parent a W3C ``traceparent`` names; None for none or one that does not parse (the
+    W3C rule: an invalid one is ignored, never an error)."""
+    if not isinstance(traceparent, str) or not traceparent:
+        return None
+    context = _PROPAGATOR.extract({"traceparent": traceparent})
+    return context if trace.get_current_span(context).get_span_context().is_valid else None
+
+
+def traceparent_of(span: Span) -> str | None:
+    """The ``traceparent`` that makes ``span`` the parent of the next process's spans (None when it
+    is not sampled: the next process records nothing for it)."""
+    context = span.get_span_context()
+    if not context.is_valid or not context.trace_flags.sampled:
+        return None
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, trace.set_span_in_context(span))
+    return carrier.get("traceparent")
+
+
+def trace_id_hex(span: Span) -> str:
+    """The span's trace id as the 32 hex digits tracing UIs search by."""
+    return trace.format_trace_id(span.get_span_context().trace_id)
