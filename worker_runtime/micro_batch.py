@@ -10,7 +10,10 @@ prefix cache (prefix_index.py), so its prefill has every row.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from contracts.logprobs import item_logprobs
+from contracts.tracing import traceparent_of
 
 from .scheduler import Request
 from .stage import Batch
@@ -21,8 +24,12 @@ def micro_batch_input(requests: list[Request], inputs: list[tuple[list[int], int
     scored = [tokens[1:] if not r.output and r.params.prompt_logprobs is not None else []
               for r, (tokens, _) in zip(requests, inputs)]
     rows = [len(r.proposals) + 1 + len(s) for r, s in zip(requests, scored)]
-    return Batch.of_tokens([r.seq_id for r in requests], [t for t, _ in inputs], [s for _, s in inputs],
-                           rows if any(n > 1 for n in rows) else None, scored if any(scored) else None)
+    batch = Batch.of_tokens([r.seq_id for r in requests], [t for t, _ in inputs], [s for _, s in inputs],
+                            rows if any(n > 1 for n in rows) else None, scored if any(scored) else None)
+    # A traced request's prefill names its span to the stages after the head (stage_trace.py).
+    traces = {r.seq_id: parent for r in requests
+              if r.trace is not None and not r.output and (parent := traceparent_of(r.trace.span))}
+    return replace(batch, traces=traces) if traces else batch
 
 
 def token_item(request: Request, token: int, reason: str | None, logprobs: dict[int, list]) -> list:

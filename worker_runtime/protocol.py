@@ -103,6 +103,7 @@ def batch_message(
         "sampling": [p.to_header() for p in params],
         **({"logits": batch.logit_rows} if batch.logit_rows is not None else {}),
         **({"scored": batch.scored} if batch.scored is not None else {}),
+        **({"traces": {str(k): v for k, v in batch.traces.items()}} if batch.traces else {}),
         **(prefix.to_header() if prefix is not None else {}),
     }
     return header, [payload]
@@ -118,6 +119,7 @@ def batch_from_frame(frame: Frame, first_stage: bool) -> tuple[Batch, list[Sampl
         params = [SamplingParams(**p) for p in h["sampling"]]
         logit_rows = None if h.get("logits") is None else list(map(int, h["logits"]))
         scored = None if h.get("scored") is None else [list(map(int, s)) for s in h["scored"]]
+        traces = {int(k): str(v) for k, v in dict(h.get("traces") or {}).items()} or None
     except (KeyError, TypeError, ValueError) as exc:
         raise FrameError(f"malformed batch header: {exc}") from exc
     if len(frame.tensors) != 1 or not (len(seq_ids) == len(starts) == len(lengths) == len(params)):
@@ -129,8 +131,10 @@ def batch_from_frame(frame: Frame, first_stage: bool) -> tuple[Batch, list[Sampl
     if scored is not None and (len(scored) != len(seq_ids) or any(len(s) >= r for s, r in zip(scored, rows))
                                or any(t < 0 for s in scored for t in s)):
         raise FrameError("a batch's scored has one list of token ids per sequence, shorter than its rows")
+    if traces is not None and not set(traces) <= set(seq_ids):
+        raise FrameError("a batch's traces name only its own sequences")
     payload = frame.tensors[0]
-    batch = Batch(seq_ids, starts, lengths, logit_rows=logit_rows, scored=scored)
+    batch = Batch(seq_ids, starts, lengths, logit_rows=logit_rows, scored=scored, traces=traces)
     if payload.shape[0] != batch.num_tokens:
         raise FrameError(f"batch payload has {payload.shape[0]} rows for {batch.num_tokens} tokens")
     return (batch.with_hidden(payload) if not first_stage

@@ -19,6 +19,7 @@ from .events import EventWriter, Every
 from .frames import Frame, FrameError
 from .kv_cache import KVBudgetExceeded
 from .protocol import PrefixOps, batch_from_frame, batch_message, host_ops_of, names_of
+from .stage_trace import StageSpans
 from .transport import Incoming, PeerUnavailable, Transport
 from .worker import StageWorker
 
@@ -41,6 +42,7 @@ class RelayLoop:
         self._heartbeat = Every(heartbeat_interval(spec))
         self._linked: bool | None = None  # the link onward as last told to the head
         self._stats_line = Every(1.0)
+        self.spans = StageSpans(spec.stage_index)  # traced requests' spans at this stage
 
     def run(self, stopping: Callable[[], bool], replaced: Callable[[], bool] = lambda: False) -> None:
         """Serve until ``stopping()``; then finish what keeps arriving for at most ``peer_timeout_s``.
@@ -108,6 +110,7 @@ class RelayLoop:
             return False
         if epoch > self.epoch:
             self.worker.stage.kv.clear()
+            self.spans.end_all("reset")
             self.epoch = epoch
         return True
 
@@ -137,6 +140,7 @@ class RelayLoop:
             host = host_ops_of(frame.header.get("host", []))
             for seq_id in frame.header.get("seq_ids", []):
                 self.worker.stage.kv.free(seq_id)
+            self.spans.end(frame.header.get("seq_ids", []), "freed" if frame.type == "free" else "reset")
             offloaded = {name for op, name in host if op == "offload"}
             self.worker.stage.kv.evict([name for name in evict if name not in offloaded])
             self._forward(frame.header)
@@ -180,7 +184,9 @@ class RelayLoop:
         except PeerUnavailable as exc:
             self._report_failure(mb, batch.seq_ids, f"stage {self.spec.stage_index} cannot send on: {exc}",
                                  link=True)
-        self.worker.record(batch, compute_s, time.perf_counter() - sent)
+        send_s = time.perf_counter() - sent
+        self.worker.record(batch, compute_s, send_s)
+        self.spans.step(batch, compute_s, send_s)
 
     def _report_failure(self, mb: object, seq_ids: list, message: str, link: bool = False) -> None:
         """Tell the head a micro-batch failed here; ``link``: because the link onward is down (the next

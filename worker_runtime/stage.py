@@ -51,6 +51,8 @@ class Batch:
     hidden: torch.Tensor | None = None
     logit_rows: list[int] | None = None
     scored: list[list[int]] | None = None
+    # The head's span of each traced sequence in its prefill (``traceparent`` by seq id): stage_trace.py.
+    traces: dict[int, str] | None = None
 
     @classmethod
     def of_tokens(cls, seq_ids: list[int], tokens: list[list[int]], start_positions: list[int],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -85,3 +86,21 @@ def test_a_batch_whose_scored_prompts_do_not_fit_its_rows_is_refused(scored):
     assert parsed.scored == [[7]] and parsed.sampled_rows() == [1] and parsed.produced_positions() == [3]
     with pytest.raises(FrameError):
         batch_from_frame(Frame({**header, "scored": scored}, tensors), first_stage=True)
+
+
+@pytest.mark.parametrize("traces", [{"2": "00-x"}, {"one": "00-x"}, ["00-x"]])
+def test_a_batch_whose_traces_name_other_sequences_is_refused(traces):
+    """``traces`` (the head's span of each traced sequence) names only the batch's own sequences."""
+    from contracts.sampling import SamplingParams
+    from worker_runtime.frames import Frame
+    from worker_runtime.protocol import batch_from_frame, batch_message
+    from worker_runtime.stage import Batch
+
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    batch = replace(Batch.of_tokens([1], [[5, 6, 7]], [0]), traces={1: parent})
+    header, tensors = batch_message(1, 1, batch, [SamplingParams()], batch.input_ids)
+    assert header["traces"] == {"1": parent}
+    parsed, _ = batch_from_frame(Frame(header, tensors), first_stage=True)
+    assert parsed.traces == {1: parent}
+    with pytest.raises(FrameError):
+        batch_from_frame(Frame({**header, "traces": traces}, tensors), first_stage=True)

@@ -41,7 +41,7 @@ async def test_the_heads_span_is_a_child_of_the_callers(receiver, start_pipeline
     tracing_shutdown()  # the caller's span exported
 
     spans = receiver.wait(lambda spans: {"gateway.request", "head.request"} <= {s.name for s in spans})
-    pipeline.stop()  # the head exports whatever else it holds as it exits
+    pipeline.stop()  # every stage exports whatever else it holds as it exits
     spans = list(receiver.spans)
     caller = next(s for s in spans if s.name == "gateway.request")
     heads = [s for s in spans if s.name == "head.request"]
@@ -61,3 +61,15 @@ async def test_the_heads_span_is_a_child_of_the_callers(receiver, start_pipeline
     assert head.events[1][1]["motley.tokens"] == 5
     assert caller.start_ns <= head.start_ns <= head.end_ns <= caller.end_ns
     assert all(h.get("x-test-tenant") == "motley" for h in receiver.headers)  # OTEL_EXPORTER_OTLP_HEADERS
+
+    # Each stage after the head: one span of the traced request, a child of the head's, its steps counted
+    # (the prefill and the 5 decode steps), ended when the head freed the sequence.
+    stages = sorted((s for s in spans if s.name == "stage.request"),
+                    key=lambda s: s.attributes["motley.stage_index"])
+    assert [s.attributes["motley.stage_index"] for s in stages] == [1, 2]
+    for stage in stages:
+        assert (stage.trace_id, stage.parent_span_id) == (head.trace_id, head.span_id)
+        assert stage.attributes["motley.steps"] == 6 and stage.attributes["motley.outcome"] == "freed"
+        assert stage.attributes["motley.compute_s"] > 0 and stage.attributes["motley.send_s"] >= 0
+        assert stage.resource["motley.stage"] == f"p0/{stage.attributes['motley.stage_index']}"
+        assert head.start_ns <= stage.start_ns <= stage.end_ns
