@@ -1,5 +1,6 @@
 """A stand-in pipeline client (contracts §2) for the view tests: scripted tokens, errors and delays,
-recording what it was asked, so the gateway's own logic is tested without stage processes.
+recording what it was asked and when (``at``, ``first_token_at``: monotonic), so the gateway's own
+logic is tested without stage processes.
 
 A script's ``tokens`` are the output of an uninterrupted run: a resumed request (its prompt ends with
 the first k of them) gets the rest, as a seeded pipeline would; ``break_after`` breaks the pipeline
@@ -8,6 +9,7 @@ under the n-th submission to the replica after that many tokens."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -67,7 +69,9 @@ class FakePipelineClient:
         nth = sum(1 for s in self.submitted if s["pipeline_id"] == self.pipeline_id)
         self.submitted.append(dict(pipeline_id=self.pipeline_id, prompt_ids=list(prompt_ids), params=params,
                                    max_tokens=max_tokens, stop_token_ids=tuple(stop_token_ids),
-                                   request_id=request_id, speculate=speculate, traceparent=traceparent))
+                                   request_id=request_id, speculate=speculate, traceparent=traceparent,
+                                   at=time.monotonic(), first_token_at=None))
+        record = self.submitted[-1]
         breaks = script.break_after[nth] if nth < len(script.break_after) else None
         tokens = script.tokens[_resumed_at(prompt_ids, script.tokens):]
         finished = False
@@ -83,6 +87,7 @@ class FakePipelineClient:
                 last = i + 1 == max_tokens or token in stop_token_ids or i + 1 == len(tokens)
                 reason = ("stop" if token in stop_token_ids else "length") if last else None
                 finished = last
+                record["first_token_at"] = record["first_token_at"] or time.monotonic()
                 yield TokenEvent(request_id, token, reason, fake_logprobs(params, prompt_ids, token, i))
                 if last:
                     return

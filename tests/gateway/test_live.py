@@ -234,3 +234,34 @@ def test_a_request_is_traced_from_the_clients_span_through_the_gateway_to_the_he
     streamed_id = streamed.headers["X-Trace-Id"]  # a trace of its own, without a traceparent
     assert streamed_id != trace_id and live["traces"].wait(
         lambda spans: any(s.trace_id == streamed_id and s.name == "head.request" for s in spans))
+
+
+
+async def _prefix_hit_tokens(head: str) -> int:
+    async with PipelineClient(head, TOKEN, "p0") as pipeline:
+        return (await pipeline.stats())["stages"][0]["prefix_hit_tokens"]
+
+
+def test_n_seeded_samples_are_deterministic_and_the_later_ones_hit_the_prefix_cache(client, live, demo_model):
+    """n=3 with a seed: three choices, the same three on a second call; in the first call samples 1 and 2
+    find the prompt's full blocks cached by sample 0 (the head's ``prefix_hit_tokens``)."""
+    prompt = "Samples of one prompt share its prefill: " + "amber birch cedar dune ember fjord " * 4
+    prompt_ids = ModelTokenizer.load(demo_model).encode_prompt(prompt)
+    block = 16  # the stages' KV block (worker_runtime/kv_cache.py)
+    reusable = (len(prompt_ids) - 1) // block * block  # the last token's block is computed, for its logits
+    assert reusable >= 2 * block
+    head = live["pipeline"].head
+
+    def call():
+        before = asyncio.run(_prefix_hit_tokens(head))
+        response = client.completions.create(model="demo", prompt=prompt, max_tokens=8, temperature=1.0, n=3,
+                                             seed=1234)
+        return response, asyncio.run(_prefix_hit_tokens(head)) - before
+
+    (first, hits), (second, _) = call(), call()
+    assert hits == 2 * reusable
+    texts = [c.text for c in first.choices]
+    assert [c.index for c in first.choices] == [0, 1, 2] and [c.text for c in second.choices] == texts
+    assert len(set(texts)) > 1, texts  # three seeds, not one
+    assert all(c.finish_reason in ("length", "stop") for c in first.choices)
+    assert first.usage.prompt_tokens == len(prompt_ids) and 3 <= first.usage.completion_tokens <= 24

@@ -196,7 +196,7 @@ async def test_a_cancel_that_meets_a_token_is_not_lost(fake_pipeline, api_key, d
         ({"model": "demo", "prompt": 42}, "prompt"),
         ({"model": "demo", "prompt": "x", "temperature": "hot"}, "temperature"),
         ({"model": "demo", "prompt": "x", "top_p": 0}, "top_p"),
-        ({"model": "demo", "prompt": "x", "n": 2}, "n"),
+        ({"model": "demo", "prompt": "x", "n": 17}, "n"),
         ({"model": "demo", "prompt": "x", "stop": [1]}, "stop"),
         ({"model": "demo", "prompt": "x", "stream": "yes"}, "stream"),
         ({"model": "demo", "prompt": "x", "speculate": "no"}, "speculate"),

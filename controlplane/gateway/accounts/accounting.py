@@ -2,7 +2,7 @@
 
 ``request_admit`` (after the request is tokenized, before it is routed) checks the key's limits
 (quotas.py) and, when they refuse, records the refusal and raises the 429. The ``RequestAccount`` it
-returns is settled exactly once: ``track(generation)`` wraps the text deltas and, whatever ends them
+returns is settled exactly once: ``track(samples)`` wraps the text deltas and, whatever ends them
 (the last token, a stop string, an error, a deadline, a client that went away), corrects the quota
 reservation to the tokens served before the response's last bytes go out and queues the request's
 usage record, which the usage writer adds to its bucket right after (usage_backlog.py: the response
@@ -26,7 +26,8 @@ from controlplane.gateway.accounts.quotas import Admission, quota_admit, quota_s
 from controlplane.gateway.accounts.usage_backlog import usage_keep
 from controlplane.gateway.models import ApiKey
 from controlplane.gateway.openai.errors import OpenAIError
-from controlplane.gateway.openai.generation import Delta, Generation
+from controlplane.gateway.openai.generation import Delta
+from controlplane.gateway.openai.samples import Samples
 
 log = logging.getLogger(__name__)
 
@@ -36,20 +37,21 @@ class RequestAccount:
         self.api_key, self.model, self.admission = api_key, model, admission
         self.ended = False
 
-    async def track(self, generation: Generation) -> AsyncIterator[Delta]:
-        """``generation.deltas()``, accounted for when it ends (the request's one usage record)."""
-        finished, error = False, False
+    async def track(self, samples: Samples) -> AsyncIterator[Delta]:
+        """``samples.deltas()``, accounted for when they end (the request's one usage record: the
+        prompt once, the completion tokens of every sample)."""
+        unfinished, error = len(samples.generations), False
         try:
-            async with aclosing(generation.deltas()) as deltas:
+            async with aclosing(samples.deltas()) as deltas:
                 async for delta in deltas:
-                    finished = finished or delta.finish_reason is not None
+                    unfinished -= delta.finish_reason is not None
                     yield delta
         except Exception:  # an OpenAIError from the replica or the deadline, or a bug: an error
-            error = not finished
+            error = unfinished > 0
             raise
         finally:  # also on cancellation and on aclose() by the response: the client went away
-            served = generation.completion_tokens  # the prompt counts once the replica produced output
-            await self.end(prompt_tokens=len(generation.prompt_ids) if served else 0,
+            served = samples.completion_tokens  # the prompt counts once the replica produced output
+            await self.end(prompt_tokens=len(samples.prompt_ids) if served else 0,
                            completion_tokens=served, error=error)
 
     async def end(self, *, prompt_tokens: int, completion_tokens: int, error: bool) -> None:
@@ -82,16 +84,17 @@ def _admit_sync(api_key: ApiKey, model: str, prompt_tokens: int, max_tokens: int
         raise
 
 
-async def request_admit(*, api_key: ApiKey, model: str, prompt_tokens: int,
-                        max_tokens: int) -> RequestAccount:
+async def request_admit(*, api_key: ApiKey, model: str, prompt_tokens: int, max_tokens: int,
+                        samples: int = 1) -> RequestAccount:
     """Admit the request under the gateway's limits (limits.py: max_tokens, requests in flight per key)
-    and its key's (or raise their 400 or 429; a refusal by the key's own limits is counted in usage)."""
+    and its key's (or raise their 400 or 429; a refusal by the key's own limits is counted in usage).
+    ``samples`` (n): the key's token limits reserve ``max_tokens`` for each."""
     limits.max_tokens_check(max_tokens)
     limits.concurrency_acquire(api_key.pk, quotas.key_label(api_key), api_key.max_concurrent_requests)
     try:
         if api_key.limited:
             admission = await sync_to_async(_admit_sync, thread_sensitive=True)(
-                api_key, model, prompt_tokens, max_tokens)
+                api_key, model, prompt_tokens, max_tokens * samples)
         else:  # nothing to count: no thread hop, no cache round trip
             admission = Admission(quotas.clock())
     except BaseException:

@@ -1,10 +1,12 @@
-"""One request from admission to its last text delta: place, submit, detokenize, stop, migrate, account.
+"""One sequence from admission to its last text delta: place, submit, detokenize, stop, migrate, account.
 
-``generation_start`` places the request on a replica (admission.py: at once, or after a bounded wait
+``Generation.place()`` puts the sequence on a replica (admission.py: at once, or after a bounded wait
 for a routable replica) or raises the OpenAIError that refuses it (400/429/503) before anything runs;
-``Generation.deltas()`` then streams text. Whatever ends the stream (finish, stop string, deadline,
-error, a client that went away and cancelled the task) closes the pipeline stream, which cancels the
-request on the pipeline and frees its KV space, and releases its booking on the router.
+``place_beside`` puts a later sample of the same prompt on the replica of the first (samples.py, which
+makes one Generation per sample of a request); ``Generation.deltas()`` then streams text. Whatever
+ends the stream (finish, stop string, deadline, error, a client that went away and cancelled the task)
+closes the pipeline stream, which cancels the request on the pipeline and frees its KV space, and
+releases its booking on the router.
 
 **Migration.** When the pipeline breaks under a request (``PipelineBroken``: a stage died, the head
 is draining or went silent; or the stream ended without a finish reason) or a replica refuses its
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import asdict, dataclass, replace
@@ -52,22 +53,7 @@ class Delta:
     finish_reason: str | None  # set on the last delta: "stop" | "length"
     # with log-probabilities asked: the tokens received since the last delta, whose text it ends
     events: tuple[TokenEvent, ...] = ()
-
-
-async def generation_start(
-    *,
-    route: ModelRoute,
-    request: GenerationRequest,
-    prompt_ids: list[int],
-    max_tokens: int,
-    deadline_s: float,
-    span: RequestSpan = UNTRACED,
-) -> Generation:
-    """Place the request on a replica (waiting for one if need be) or raise the OpenAIError that
-    refuses it; the wait counts against ``deadline_s``. ``span``: the request's, which it ends."""
-    generation = Generation(route, uuid.uuid4().hex, request, prompt_ids, max_tokens, deadline_s, span)
-    await generation.place()
-    return generation
+    index: int = 0  # the choice (the sample, samples.py) it belongs to
 
 
 class Generation:
@@ -90,6 +76,8 @@ class Generation:
         self.decision: Decision | None = None
         # echo with logprobs: the prompt's, from its second token, once its first token came
         self.prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+        # set at the first token: the head ran the prompt's prefill and named its full blocks
+        self.prefilled = asyncio.Event()
 
     @property
     def completion_tokens(self) -> int:
@@ -135,6 +123,13 @@ class Generation:
             waited_s=round(waited_s, 3),
         ))
 
+    def place_beside(self, other: Generation) -> None:
+        """Book the request on ``other``'s replica, past the router (samples.py: a later sample of the
+        same prompt, whose full blocks that replica's prefix cache holds)."""
+        self.route, self.decision = other.route, other.decision
+        self.decision.replica.start(self.request_id, self._shape())
+        self.placed = time.monotonic()
+
     async def deltas(self) -> AsyncIterator[Delta]:
         """Text as it becomes final; empty deltas are never yielded, except a last one with its reason."""
         tokenizer = self.route.tokenizer
@@ -170,6 +165,7 @@ class Generation:
                                 raise PipelineBroken("the pipeline ended the stream "
                                                      "without a finish reason") from None
                             if not self.generated:
+                                self.prefilled.set()
                                 recorder.first_token(self.request_id, time.monotonic() - self.placed)
                                 self.span.first_token(time.monotonic() - self.started)
                                 if asked.prompt_logprobs is not None and event.logprobs is not None:

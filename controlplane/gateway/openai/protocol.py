@@ -1,7 +1,8 @@
 """The request bodies of /v1/completions and /v1/chat/completions, checked field by field.
 
 Every rule answers a 400 naming the field (``param``), so a client sees what to fix. Fields OpenAI
-defines that motley cannot honour (n > 1, best_of, suffix, tools) are refused rather than ignored.
+defines that motley cannot honour (best_of, suffix, tools) are refused rather than ignored. ``n``: the
+samples of the prompt (1 to ``MAX_SAMPLES``; samples.py serves them).
 Log-probabilities: chat's ``logprobs`` (a boolean) and ``top_logprobs`` (0-20, with ``logprobs``);
 completions' ``logprobs`` (0-5 alternatives, OpenAI's legacy limit) and ``echo``.
 One extension of motley's own: ``speculate`` (a boolean, default true; false: this request does not
@@ -18,6 +19,7 @@ from contracts.sampling import MAX_LOGPROBS
 from controlplane.gateway.openai.errors import bad_request
 
 MAX_STOPS = 4
+MAX_SAMPLES = 16  # n, at most: n samples hold n sequences' KV on one replica
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's legacy completions limit (chat's top_logprobs: MAX_LOGPROBS)
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
@@ -37,6 +39,7 @@ class GenerationRequest:
     speculate: bool = True  # false: no proposals for this request where the deployment speculates
     logprobs: int | None = None  # alternatives per token; None: no log-probabilities asked
     echo: bool = False  # completions: the prompt before the completion (with logprobs: the prompt's too)
+    n: int = 1  # samples of the prompt, each a choice
 
 
 def _is_int(value: Any) -> bool:
@@ -90,9 +93,14 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(stops)
 
 
+def _samples(body: dict) -> int:
+    n = _optional_int(body, "n", minimum=1)
+    if n is not None and n > MAX_SAMPLES:
+        raise bad_request(f"'n' must be at most {MAX_SAMPLES}; got {n}", param="n", code="invalid_value")
+    return n or 1
+
+
 def _unsupported(body: dict) -> None:
-    if body.get("n", 1) != 1:
-        raise bad_request("only n=1 is supported", param="n", code="unsupported_value")
     if body.get("best_of", 1) not in (1, None):
         raise bad_request("best_of is not supported", param="best_of", code="unsupported_value")
     for name in ("suffix", "tools", "functions"):
@@ -209,6 +217,7 @@ def generation_request(body: dict, *, chat: bool) -> GenerationRequest:
         speculate=_boolean(body, "speculate", True),
         logprobs=logprobs,
         echo=echo,
+        n=_samples(body),
     )
 
 

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible endpoints: thin async views over protocol, tokenization and generation.
+"""The OpenAI-compatible endpoints: thin async views over protocol, tokenization and samples.
 
 Errors use OpenAI's shape and status codes (errors.py). A streamed response only starts once the
 first text is ready, so a refusal from the replica still gets its status code rather than a 200
@@ -22,10 +22,11 @@ from controlplane.gateway.accounts.quotas import model_visible
 from controlplane.gateway.conf import gateway_setting
 from controlplane.gateway.openai.endpoint import authenticate, endpoint, model_route
 from controlplane.gateway.openai.errors import OpenAIError, bad_request
-from controlplane.gateway.openai.generation import Delta, Generation, generation_start
+from controlplane.gateway.openai.generation import Delta
 from controlplane.gateway.openai.logprobs import ChoiceLogprobs, Scored, echoed
 from controlplane.gateway.openai.protocol import GenerationRequest, generation_request, parse_body
 from controlplane.gateway.openai.request_span import RequestSpan, request_span
+from controlplane.gateway.openai.samples import Samples, samples_start
 from controlplane.gateway.openai.tokenization import ChatTemplateError
 from controlplane.gateway.serving.runtime import ModelRoute, gateway
 
@@ -45,7 +46,7 @@ async def models_view(request: HttpRequest) -> HttpResponse:
 
 async def _prepare(
     request: HttpRequest, span: RequestSpan, *, chat: bool
-) -> tuple[GenerationRequest, Generation, RequestAccount]:
+) -> tuple[GenerationRequest, Samples, RequestAccount]:
     """Authenticate, validate, tokenize, check the key's limits and admit; raises OpenAIError for every
     refusal. A request that passed the limits is accounted for by the RequestAccount returned."""
     api_key = await authenticate(request)
@@ -66,16 +67,16 @@ async def _prepare(
              "motley.max_tokens": max_tokens}
     with span.child("gateway.admission", **phase):
         account = await request_admit(api_key=api_key, model=body.model, prompt_tokens=len(prompt_ids),
-                                      max_tokens=max_tokens)
+                                      max_tokens=max_tokens, samples=body.n)
     try:
-        generation = await generation_start(
+        samples = await samples_start(
             route=route, request=body, prompt_ids=prompt_ids, max_tokens=max_tokens, deadline_s=deadline_s,
             span=span,
         )
     except OpenAIError:  # the router refused it, at once or after a wait: nothing served, an error in usage
         await account.end(prompt_tokens=0, completion_tokens=0, error=True)
         raise
-    return body, generation, account
+    return body, samples, account
 
 
 def _prompt_ids(route: ModelRoute, body: GenerationRequest) -> list[int]:
@@ -95,63 +96,68 @@ def _prompt_ids(route: ModelRoute, body: GenerationRequest) -> list[int]:
 
 
 def _choice(
-    text: str, finish_reason: str | None, *, chat: bool, stream: bool, logprobs: dict | None = None
+    index: int, text: str, finish_reason: str | None, *, chat: bool, stream: bool,
+    logprobs: dict | None = None,
 ) -> dict:
     if not chat:
-        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     key = "delta" if stream else "message"
     message = {"role": "assistant", "content": text}
-    return {"index": 0, key: message, "logprobs": logprobs, "finish_reason": finish_reason}
+    return {"index": index, key: message, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def _scorer(body: GenerationRequest, generation: Generation, *, chat: bool) -> ChoiceLogprobs | None:
+def _scorers(body: GenerationRequest, samples: Samples, *, chat: bool) -> list[ChoiceLogprobs | None]:
+    """Each choice's (a streamed completion's ``text_offset`` counts on per choice)."""
     if body.logprobs is None:
-        return None
-    return ChoiceLogprobs(generation.route.tokenizer.tokenizer, chat=chat)
+        return [None] * body.n
+    return [ChoiceLogprobs(samples.route.tokenizer.tokenizer, chat=chat) for _ in range(body.n)]
 
 
-def _echo(body: GenerationRequest, generation: Generation) -> tuple[str, list[Scored]]:
+def _echo(body: GenerationRequest, samples: Samples) -> tuple[str, list[Scored]]:
     """The echoed prompt (completions' ``echo``): its text, and its tokens with their entries (asked
     with the first token, so known once the first delta came)."""
     if not body.echo:
         return "", []
     prompt = body.prompt
-    text = prompt if isinstance(prompt, str) else generation.route.tokenizer.tokenizer.decode(prompt)
-    return text, echoed(generation.prompt_ids, generation.prompt_logprobs)
+    text = prompt if isinstance(prompt, str) else samples.route.tokenizer.tokenizer.decode(prompt)
+    return text, echoed(samples.prompt_ids, samples.prompt_logprobs)
 
 
-def _envelope(body: GenerationRequest, generation: Generation, *, chat: bool, stream: bool) -> dict:
+def _envelope(body: GenerationRequest, samples: Samples, *, chat: bool, stream: bool) -> dict:
     kind = "chat.completion" if chat else "text_completion"
     return {
-        "id": f"{'chatcmpl' if chat else 'cmpl'}-{generation.request_id}",
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{samples.request_id}",
         "object": f"{kind}.chunk" if chat and stream else kind,
         "created": int(time.time()),
         "model": body.model,
     }
 
 
-def _usage(generation: Generation) -> dict:
-    prompt, completion = len(generation.prompt_ids), generation.completion_tokens
+def _usage(samples: Samples) -> dict:
+    prompt, completion = len(samples.prompt_ids), samples.completion_tokens
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 async def _complete(
-    body: GenerationRequest, generation: Generation, deltas: AsyncIterator[Delta], *, chat: bool
+    body: GenerationRequest, samples: Samples, deltas: AsyncIterator[Delta], *, chat: bool
 ) -> JsonResponse:
-    parts, events, finish_reason = [], [], None
+    parts, events = [[] for _ in range(body.n)], [[] for _ in range(body.n)]
+    finish_reasons: list[str | None] = [None] * body.n
     async with aclosing(deltas):
         async for delta in deltas:
-            parts.append(delta.text)
-            events.extend(delta.events)
-            finish_reason = delta.finish_reason
-    echo_text, echo_tokens = _echo(body, generation)
-    scorer = _scorer(body, generation, chat=chat)
-    logprobs = scorer.of(events, echo_tokens) if scorer is not None else None
+            parts[delta.index].append(delta.text)
+            events[delta.index].extend(delta.events)
+            finish_reasons[delta.index] = delta.finish_reason
+    echo_text, echo_tokens = _echo(body, samples)
+    choices = []
+    for index, scorer in enumerate(_scorers(body, samples, chat=chat)):
+        logprobs = scorer.of(events[index], echo_tokens) if scorer is not None else None
+        choices.append(_choice(index, echo_text + "".join(parts[index]), finish_reasons[index], chat=chat,
+                               stream=False, logprobs=logprobs))
     return JsonResponse({
-        **_envelope(body, generation, chat=chat, stream=False),
-        "choices": [_choice(echo_text + "".join(parts), finish_reason, chat=chat, stream=False,
-                            logprobs=logprobs)],
-        "usage": _usage(generation),
+        **_envelope(body, samples, chat=chat, stream=False),
+        "choices": choices,
+        "usage": _usage(samples),
     })
 
 
@@ -160,27 +166,33 @@ def _event(data: dict) -> bytes:
 
 
 async def _stream(
-    body: GenerationRequest, generation: Generation, deltas: AsyncIterator[Delta], first: Delta, *, chat: bool
+    body: GenerationRequest, samples: Samples, deltas: AsyncIterator[Delta], first: Delta, *, chat: bool
 ) -> AsyncIterator[bytes]:
-    envelope = _envelope(body, generation, chat=chat, stream=True)
-    scorer = _scorer(body, generation, chat=chat)
-    echo_text, echo_tokens = _echo(body, generation)  # with the first delta
+    """One chunk per delta, naming its choice; the stream ends once every choice has finished."""
+    envelope = _envelope(body, samples, chat=chat, stream=True)
+    scorers = _scorers(body, samples, chat=chat)
+    echo_text, echo_tokens = _echo(body, samples)  # with the first delta
+    echoes = [(echo_text, echo_tokens) for _ in range(body.n)]  # each choice's first chunk carries it
+    unfinished = body.n
     async with aclosing(deltas):
         try:
             if chat:
-                yield _event({**envelope, "choices": [_choice("", None, chat=True, stream=True)]})
+                for index in range(body.n):
+                    yield _event({**envelope, "choices": [_choice(index, "", None, chat=True, stream=True)]})
             delta = first
             while True:
+                scorer, (echo_text, echo_tokens) = scorers[delta.index], echoes[delta.index]
                 logprobs = scorer.of(delta.events, echo_tokens) if scorer is not None else None
-                choice = _choice(echo_text + delta.text, delta.finish_reason, chat=chat, stream=True,
-                                 logprobs=logprobs)
-                echo_text, echo_tokens = "", []
+                choice = _choice(delta.index, echo_text + delta.text, delta.finish_reason, chat=chat,
+                                 stream=True, logprobs=logprobs)
+                echoes[delta.index] = ("", [])
                 yield _event({**envelope, "choices": [choice]})
-                if delta.finish_reason is not None:
+                unfinished -= delta.finish_reason is not None
+                if not unfinished:
                     break
                 delta = await anext(deltas)
             if body.include_usage:
-                yield _event({**envelope, "choices": [], "usage": _usage(generation)})
+                yield _event({**envelope, "choices": [], "usage": _usage(samples)})
         except OpenAIError as exc:
             yield _event(exc.body())
     yield b"data: [DONE]\n\n"
@@ -190,10 +202,10 @@ async def _respond(request: HttpRequest, *, chat: bool) -> HttpResponse:
     """The response, naming its trace where the request is traced (request_span.py)."""
     span = request_span(request.headers, path=request.path)
     try:
-        body, generation, account = await _prepare(request, span, chat=chat)
-        deltas = account.track(generation)
+        body, samples, account = await _prepare(request, span, chat=chat)
+        deltas = account.track(samples)
         if not body.stream:
-            return span.name_trace(await _complete(body, generation, deltas, chat=chat))
+            return span.name_trace(await _complete(body, samples, deltas, chat=chat))
         try:
             first = await anext(deltas)
         except BaseException:
@@ -205,7 +217,7 @@ async def _respond(request: HttpRequest, *, chat: bool) -> HttpResponse:
     except BaseException:
         span.end("failed:internal", 0)
         raise
-    events = _stream(body, generation, deltas, first, chat=chat)
+    events = _stream(body, samples, deltas, first, chat=chat)
     response = StreamingHttpResponse(events, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
