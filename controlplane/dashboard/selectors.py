@@ -18,6 +18,8 @@ from contracts.stage_spec import MAX_SPECULATIVE_TOKENS, SPECULATION_MODES
 from controlplane.deployments.degrade import degraded_workload
 from controlplane.deployments.events import event_list
 from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentStage, PlanRevision
+from controlplane.deployments.targets import targets_of
+from controlplane.gateway.demand import deployment_demand
 from controlplane.inventory.models import Device, Link, Node
 from controlplane.models_catalog.models import LlmModel
 from controlplane.models_catalog.selectors import model_profile
@@ -155,6 +157,7 @@ def _deployment(deployment: Deployment, figures: dict[str, dict] | None = None) 
         "degraded": (degraded_workload(deployment.revision.request, deployment.revision.degraded_from)
                      if deployment.revision else None),
         "replicas": _replica_count(deployment.revision),
+        "targets": targets_of(deployment), "demand": deployment_demand(deployment=deployment),
         "predicted": asdict(plan.predicted) if plan else None,
         "bottleneck": asdict(plan.bottleneck) if plan else None,
         "replica_bottlenecks": [r.bottleneck.device for r in plan.replicas] if plan else [],

@@ -16,6 +16,14 @@ from contracts.names import pipeline_id, stage_key
 from contracts.routing import DEFAULT_ROUTING_STRATEGY, ROUTING_STRATEGIES
 from contracts.stage_spec import MAX_SPECULATIVE_TOKENS, SPECULATION_MODES
 from controlplane.common.models import TimestampedModel
+from controlplane.deployments.targets import (
+    DEFAULT_PERCENTILE,
+    DEFAULT_WINDOW_S,
+    PERCENTILE_CHOICES,
+    PERCENTILES,
+    targets_check,
+    targets_of,
+)
 from controlplane.inventory.models import Device, Node
 from controlplane.models_catalog.models import LlmModel
 from controlplane.planning import Placement, Plan, replica_placements, stored_plan
@@ -126,6 +134,21 @@ class Deployment(TimestampedModel):
         max_length=16, choices=RebalancePolicy.choices, default=RebalancePolicy.PROPOSE,
         help_text="What the rebalance policy does when a better plan exists (docs/deployments.md).",
     )
+    # Service-level targets (targets.py, docs/deployments.md "Service-level targets"); null: none set.
+    ttft_target_ms = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Time to first token its requests should see, in milliseconds.")
+    tpot_target_ms = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Time per output token after the first, in milliseconds.")
+    target_percentile = models.PositiveSmallIntegerField(
+        choices=PERCENTILE_CHOICES, default=DEFAULT_PERCENTILE,
+        help_text="The share of requests of a window that must meet the targets.")
+    target_window_s = models.PositiveIntegerField(
+        default=DEFAULT_WINDOW_S, help_text="The window, in seconds, the percentile is measured over.")
+    priority = models.IntegerField(default=0, help_text="Higher is served first when deployments compete "
+                                   "for cards.")
+    min_replicas = models.PositiveSmallIntegerField(default=1, help_text="The fewest replicas it keeps.")
+    max_replicas = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="The most replicas it may grow to (null: what the fleet holds).")
     stop_requested = models.BooleanField(default=False)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     status_message = models.TextField(blank=True)
@@ -133,9 +156,19 @@ class Deployment(TimestampedModel):
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(max_replicas__isnull=True) | Q(max_replicas__gte=models.F("min_replicas")),
+                name="deployment_replicas_least_le_most"),
+            models.CheckConstraint(condition=Q(target_percentile__in=PERCENTILES),
+                                   name="deployment_target_percentile"),
+        ]
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        targets_check(targets_of(self))
 
 
 class DeploymentPipeline(models.Model):

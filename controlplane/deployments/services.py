@@ -9,7 +9,8 @@ nothing when refused. They decide *what* is wanted and hand the writing to the m
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -23,6 +24,7 @@ from controlplane.deployments.events import event_record
 from controlplane.deployments.models import Deployment, DeploymentEvent, PlanRevision
 from controlplane.deployments.revisions import plan_revision_check
 from controlplane.deployments.serving_switches import SERVING_SWITCHES, serving_switches_write
+from controlplane.deployments.targets import targets_check, targets_of
 from controlplane.models_catalog.models import LlmModel
 
 if TYPE_CHECKING:
@@ -34,11 +36,15 @@ def deployment_create(
     *, name: str, revision: PlanRevision, replan_on_failure: bool = True,
     routing_strategy: str = DEFAULT_ROUTING_STRATEGY, prefix_caching: bool = True,
     speculation: str = "off", speculative_tokens: int = 4, draft_model: LlmModel | None = None,
-    created_by: AbstractBaseUser | None = None, actor: Actor = SYSTEM,
+    targets: Mapping[str, Any] | None = None, created_by: AbstractBaseUser | None = None,
+    actor: Actor = SYSTEM,
 ) -> Deployment:
     """Create a deployment whose desired state is ``revision`` and start deploying it (audited:
     ``deployment.created``, by ``actor``); with speculation ``"draft"``, ``draft_model`` is deployed
-    first as a deployment of its own where the planner places it (``drafts.py``)."""
+    first as a deployment of its own where the planner places it (``drafts.py``). ``targets``: any of
+    its service-level targets (targets.py; the others keep their defaults)."""
+    targets = {**targets_of(Deployment()), **(targets or {})}
+    targets_check(targets)
     _require_draft_revision(revision)
     _require_strategy(routing_strategy)
     _require_speculation(speculation, speculative_tokens)
@@ -53,7 +59,7 @@ def deployment_create(
     deployment = Deployment.objects.create(
         name=name, model=revision.model, replan_on_failure=replan_on_failure,
         routing_strategy=routing_strategy, prefix_caching=prefix_caching, speculation=speculation,
-        speculative_tokens=speculative_tokens, draft_deployment=draft, created_by=created_by,
+        speculative_tokens=speculative_tokens, draft_deployment=draft, created_by=created_by, **targets,
     )
     revision_apply(deployment=deployment, checked=checked)
     audit_record(actor=actor, action="deployment.created", target=deployment, detail={
@@ -61,6 +67,7 @@ def deployment_create(
         "routing_strategy": routing_strategy, "replan_on_failure": replan_on_failure,
         "prefix_caching": prefix_caching, "speculation": speculation,
         "speculative_tokens": speculative_tokens, "draft_deployment": draft.name if draft else None,
+        "targets": targets,
     })
     return deployment
 
@@ -69,7 +76,8 @@ def deployment_create(
 def deployment_update(
     *, deployment: Deployment, routing_strategy: str | None = None, replan_on_failure: bool | None = None,
     rebalance_policy: str | None = None, prefix_caching: bool | None = None, speculation: str | None = None,
-    speculative_tokens: int | None = None, draft_model: LlmModel | None = None, actor: Actor = SYSTEM,
+    speculative_tokens: int | None = None, draft_model: LlmModel | None = None,
+    targets: Mapping[str, Any] | None = None, actor: Actor = SYSTEM,
 ) -> Deployment:
     """Change the settings that need no new plan; the gateway picks a new strategy up at its next
     refresh (in-flight requests finish where they are), the rebalance policy its next pass, and the
@@ -77,7 +85,8 @@ def deployment_update(
     their spec, in place (``serving_switches_write``). Speculation turned to ``"draft"`` (or a new
     ``draft_model``) deploys the draft model first (``drafts.py``); turned away from it, the draft
     deployment is stopped. A change is audited (``deployment.updated``, each field's before and
-    after); a request that changes nothing records nothing."""
+    after); a request that changes nothing records nothing. ``targets``: the service-level targets to
+    change (targets.py), checked together with those kept; null clears a target that may be null."""
     deployment = Deployment.objects.select_for_update(no_key=True).get(pk=deployment.pk)
     changes = {}
     if routing_strategy is not None:
@@ -94,6 +103,12 @@ def deployment_update(
                                                        f"choose one of {', '.join(policies)}"})
         changes["rebalance_policy"] = [deployment.rebalance_policy, rebalance_policy]
         deployment.rebalance_policy = rebalance_policy
+    if targets:
+        wanted = {**targets_of(deployment), **targets}
+        targets_check(wanted)
+        for name, value in targets.items():
+            changes[name] = [getattr(deployment, name), value]
+            setattr(deployment, name, value)
     _require_speculation(deployment.speculation if speculation is None else speculation,
                          deployment.speculative_tokens if speculative_tokens is None else speculative_tokens)
     for name, value in (("prefix_caching", prefix_caching), ("speculation", speculation),

@@ -3,6 +3,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
+from controlplane.gateway import demand_api
 from controlplane.gateway.accounts import keys_api, usage_api
 from controlplane.gateway.serving import router_api
 
@@ -13,5 +14,6 @@ router.register("api-keys", keys_api.ApiKeyViewSet, basename="api-key")
 urlpatterns = [
     path("gateway/router/", router_api.router_view, name="gateway-router"),
     path("usage/", usage_api.UsageView.as_view(), name="usage"),
+    path("deployments/<int:pk>/demand/", demand_api.DeploymentDemandView.as_view(), name="deployment-demand"),
     *router.urls,
 ]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 
 from django.db.models import F
 from django.urls import reverse
 
 from controlplane.deployments.events import event_record
 from controlplane.deployments.models import Deployment, DeploymentEvent
+from controlplane.gateway.serving import decision_log
 from tests.dashboard.seed import REQUEST
 
 
@@ -111,3 +113,21 @@ def test_the_events_shown_are_the_stored_ones_newest_first(operator_client, runn
     DeploymentEvent.objects.filter(kind="ready").delete()
     body = operator_client.get(reverse("dashboard:deployments")).content.decode()
     assert "plan revision 1 ready" not in body
+
+
+def test_deployments_page_shows_the_targets_next_to_their_attainment_and_the_demand(
+        operator_client, running_deployment, monkeypatch):
+    running_deployment.ttft_target_ms, running_deployment.target_percentile = 300, 99
+    running_deployment.save(update_fields=["ttft_target_ms", "target_percentile"])
+    recorder = decision_log.RouterRecorder()
+    monkeypatch.setattr("controlplane.gateway.demand.recorder", recorder)
+    for i, ttft_s in enumerate([0.1, 0.1, 0.1, 0.5]):  # one of four over the target: 75 %, p99 500 ms
+        recorder.record(decision_log.RouteRecord(f"r{i}", "chat", "round_robin", time.time() - 5,
+                                                 f"d{running_deployment.pk}-r0", "running", prompt_tokens=30))
+        recorder.first_token(f"r{i}", ttft_s)
+        recorder.finished(f"r{i}", "completed", ttft_s + 0.2, 11)
+    body = operator_client.get(reverse("dashboard:deployments")).content.decode()
+    row = body[body.index('data-target="ttft"'):body.index('data-target="tpot"')]
+    assert "300 ms at p99" in row and "500.0 ms" in row and "75 %" in row and 'class="num missed"' in row
+    signals = body[body.index(f'data-signals="{running_deployment.pk}"'):]
+    assert "0.01 requests/s" in signals and "0.4 prompt" in signals  # 4 requests, 120 tokens over 300 s

@@ -13,6 +13,7 @@ from controlplane.deployments.models import (
     DeploymentStage,
     PlanRevision,
 )
+from controlplane.deployments.targets import MAX_WINDOW_S, MIN_WINDOW_S, PERCENTILE_CHOICES, TARGET_FIELDS
 from controlplane.models_catalog.models import LlmModel
 
 # Deprecated aliases of renamed fields, kept in responses with the values they always had; they go away
@@ -94,8 +95,8 @@ class DeploymentSerializer(serializers.ModelSerializer):
         fields = [
             "id", "url", "name", "model", "model_name", "revision", "revision_number", "replan_on_failure",
             "routing_strategy", "rebalance_policy", "prefix_caching", "speculation", "speculative_tokens",
-            "draft_deployment", "draft_deployment_name", "status", "status_message", "degraded",
-            "stop_requested", "stages", "pipelines", "created", "last_updated",
+            "draft_deployment", "draft_deployment_name", *TARGET_FIELDS, "status", "status_message",
+            "degraded", "stop_requested", "stages", "pipelines", "created", "last_updated",
         ]
 
     @extend_schema_field(serializers.JSONField(allow_null=True))
@@ -132,7 +133,28 @@ class PlanInputSerializer(serializers.Serializer):
         return attrs
 
 
-class DeploymentCreateSerializer(PlanInputSerializer):
+class TargetsSerializer(serializers.Serializer):
+    """The service-level targets (docs/deployments.md, "Service-level targets and demand");
+    ``targets_check`` in the service checks them together (least replicas at most the most)."""
+
+    ttft_target_ms = serializers.IntegerField(min_value=1, allow_null=True, required=False,
+                                              help_text="Time to first token, ms (null: no target).")
+    tpot_target_ms = serializers.IntegerField(min_value=1, allow_null=True, required=False,
+                                              help_text="Time per output token after the first, ms (null: "
+                                              "no target).")
+    target_percentile = serializers.ChoiceField(choices=PERCENTILE_CHOICES, required=False)
+    target_window_s = serializers.IntegerField(min_value=MIN_WINDOW_S, max_value=MAX_WINDOW_S, required=False)
+    priority = serializers.IntegerField(required=False, help_text="Higher is served first.")
+    min_replicas = serializers.IntegerField(min_value=1, max_value=32767, required=False)
+    max_replicas = serializers.IntegerField(min_value=1, max_value=32767, allow_null=True, required=False,
+                                            help_text="null: as many as the fleet holds.")
+
+    def targets(self) -> dict:
+        """The validated target fields that were given."""
+        return {name: self.validated_data[name] for name in TARGET_FIELDS if name in self.validated_data}
+
+
+class DeploymentCreateSerializer(PlanInputSerializer, TargetsSerializer):
     name = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
     model = serializers.PrimaryKeyRelatedField(queryset=LlmModel.objects.all(), required=False)
     replan_on_failure = serializers.BooleanField(default=True)
@@ -153,7 +175,7 @@ class DeploymentCreateSerializer(PlanInputSerializer):
         return attrs
 
 
-class DeploymentUpdateSerializer(serializers.Serializer):
+class DeploymentUpdateSerializer(TargetsSerializer):
     """What a PATCH may change without a new plan."""
 
     routing_strategy = serializers.ChoiceField(choices=ROUTING_STRATEGY_CHOICES, required=False)

@@ -13,6 +13,7 @@ from controlplane.deployments import selectors, services
 from controlplane.deployments.api import serializers
 from controlplane.deployments.models import Deployment, PlanRevision
 from controlplane.deployments.revisions import plan_revision_create
+from controlplane.deployments.targets import TARGET_FIELDS
 
 
 def _revision_from(data: dict, *, model, deployment=None) -> PlanRevision:
@@ -42,20 +43,21 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
                 name=values["name"], revision=revision, replan_on_failure=values["replan_on_failure"],
                 routing_strategy=values["routing_strategy"], prefix_caching=values["prefix_caching"],
                 speculation=values["speculation"], speculative_tokens=values["speculative_tokens"],
-                draft_model=values["draft_model"], created_by=request.user,
+                draft_model=values["draft_model"], targets=data.targets(), created_by=request.user,
                 actor=audit_context(request),
             )
         return Response(self._detail(deployment), status=status.HTTP_201_CREATED)
 
     @extend_schema(request=serializers.DeploymentUpdateSerializer, responses=serializers.DeploymentSerializer)
     def partial_update(self, request, pk=None):
-        """Change the routing strategy, replan_on_failure, the rebalance policy or a serving switch
-        (prefix_caching, speculation, speculative_tokens: sent to the running stages); a new plan goes
-        through apply."""
+        """Change the routing strategy, replan_on_failure, the rebalance policy, a serving switch
+        (prefix_caching, speculation, speculative_tokens: sent to the running stages) or the service-level
+        targets; a new plan goes through apply."""
         data = serializers.DeploymentUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
+        values = {k: v for k, v in data.validated_data.items() if k not in TARGET_FIELDS}
         deployment = services.deployment_update(
-            deployment=self.get_object(), actor=audit_context(request), **data.validated_data
+            deployment=self.get_object(), targets=data.targets(), actor=audit_context(request), **values
         )
         return Response(self._detail(deployment))
 

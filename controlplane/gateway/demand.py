@@ -1,0 +1,152 @@
+"""A deployment's demand signals: how much it is asked to serve, and how well it meets its targets.
+
+Read from what is already measured, nothing new is recorded: the gateway's record of each request
+(``gateway.serving.decision_log``: when it was routed, to which pipeline, how long it waited in the
+gateway, its time to first token and end, its prompt and output tokens) and the stages' telemetry (KV
+use, the head's queue). Those records are per gateway process and the most recent ``RECENT`` of them,
+so with several gateway processes each answers for the requests it served, and at a rate above
+``RECENT`` per window the window is cut to the span the records cover (``covered_s``).
+
+Per request: TTFT is the wait in the gateway plus the time from being routed to the first token (what
+the client waited); TPOT is the time from the first token to the last over the tokens after the first.
+Attainment is the share of the window's requests within each target, and ``overall`` the share of the
+requests that ended (completed or failed; cancelled ones are the client's choice and left out) that
+completed within every target set; a failed request counts as missed. Percentiles are nearest-rank.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from contracts.names import parse_pipeline_id
+from controlplane.deployments.models import Deployment
+from controlplane.gateway.serving.decision_log import RouteRecord, recorder
+from controlplane.telemetry.selectors import Latest, stage_samples
+
+
+def deployment_demand(*, deployment: Deployment, window_s: int | None = None, now: float | None = None,
+                      records: Iterable[RouteRecord] | None = None) -> dict[str, Any]:
+    """The demand signals of ``deployment`` over the last ``window_s`` seconds (default its
+    ``target_window_s``): rates, queue, KV use, and TTFT and TPOT against its targets.
+
+    ``records``: the gateway's request records to read (default this process's ``recorder``)."""
+    now = time.time() if now is None else now
+    window_s = window_s or deployment.target_window_s
+    kept = list(recorder.recent) if records is None else list(records)
+    full = records is None and len(kept) == recorder.recent.maxlen
+    mine = [r for r in kept if r.replica is not None and _deployment_of(r.replica) == deployment.pk]
+    recent = [r for r in mine if now - r.at <= window_s]
+    covered_s = now - kept[0].at if full and now - kept[0].at < window_s else window_s
+    span = max(covered_s, 1e-9)
+    ttft_ms = [_ttft_ms(r) for r in recent if r.queue_s is not None]
+    tpot_ms = [tpot for r in recent if (tpot := _tpot_ms(r)) is not None]
+    ended = [r for r in recent if r.outcome == "completed" or r.outcome.startswith("failed")]
+    percentile = deployment.target_percentile
+    stages = [sample for sample in stage_samples(deployment_id=deployment.pk).values() if not sample.stale()]
+    return {
+        "deployment": deployment.pk, "at": now, "window_s": window_s, "covered_s": round(covered_s, 3),
+        "requests": len(recent), "completed": sum(r.outcome == "completed" for r in recent),
+        "failed": sum(r.outcome.startswith("failed") for r in recent),
+        "arrival_rate": round(len(recent) / span, 4),
+        "prompt_tokens_per_s": round(sum(r.prompt_tokens for r in recent) / span, 3),
+        "output_tokens_per_s": round(sum(r.completion_tokens for r in recent) / span, 3),
+        "queue": _queue(mine, recent, stages),
+        "kv": _kv(stages),
+        "ttft": _against(ttft_ms, deployment.ttft_target_ms, percentile),
+        "tpot": _against(tpot_ms, deployment.tpot_target_ms, percentile),
+        "overall": _overall(ended, deployment),
+    }
+
+
+def _deployment_of(replica: str) -> int | None:
+    parsed = parse_pipeline_id(replica)
+    return parsed[0] if parsed else None
+
+
+def _ttft_ms(record: RouteRecord) -> float:
+    return (record.waited_s + record.queue_s) * 1000
+
+
+def _tpot_ms(record: RouteRecord) -> float | None:
+    """Completed requests of more than one token only: a single token has no time per output token."""
+    if record.outcome != "completed" or record.queue_s is None or record.e2e_s is None:
+        return None
+    if record.completion_tokens < 2:
+        return None
+    return max(0.0, record.e2e_s - record.queue_s) * 1000 / (record.completion_tokens - 1)
+
+
+def percentile_of(values: list[float], q: int) -> float | None:
+    """The nearest-rank ``q``-th percentile: the smallest value at least q % of the values reach."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def _against(values: list[float], target_ms: int | None, percentile: int) -> dict[str, Any]:
+    p95, p99 = percentile_of(values, 95), percentile_of(values, 99)
+    measured = p95 if percentile == 95 else p99
+    within = sum(v <= target_ms for v in values) / len(values) if target_ms and values else None
+    return {
+        "target_ms": target_ms, "percentile": percentile, "samples": len(values),
+        "p95_ms": _ms(p95), "p99_ms": _ms(p99), "attainment": _share(within),
+        "met": None if target_ms is None or measured is None else measured <= target_ms,
+    }
+
+
+def _overall(ended: list[RouteRecord], deployment: Deployment) -> dict[str, Any]:
+    """The share of ended requests that completed within every target set (None: no target or none ended)."""
+    ttft, tpot = deployment.ttft_target_ms, deployment.tpot_target_ms
+    if not ended or (ttft is None and tpot is None):
+        return {"ended": len(ended), "attainment": None}
+
+    def within(record: RouteRecord) -> bool:
+        if record.outcome != "completed" or record.queue_s is None:
+            return False
+        per_token = _tpot_ms(record)
+        return ((ttft is None or _ttft_ms(record) <= ttft)
+                and (tpot is None or per_token is None or per_token <= tpot))
+
+    return {"ended": len(ended), "attainment": _share(sum(map(within, ended)) / len(ended))}
+
+
+def _queue(mine: list[RouteRecord], recent: list[RouteRecord], stages: list[Latest]) -> dict[str, Any]:
+    """Requests sent to its pipelines without a first token yet (vLLM's ``num_requests_waiting``), the
+    heads' own queues from telemetry, and how long the window's requests waited in the gateway."""
+    waits = [r.waited_s * 1000 for r in recent]
+    heads = [sample.value.get("stats") or {} for sample in stages if sample.value.get("stage_index") == 0]
+    depths = [stats["queue_depth"] for stats in heads if isinstance(stats.get("queue_depth"), (int, float))]
+    return {
+        "waiting": sum(r.outcome == "running" and r.queue_s is None for r in mine),
+        "head_queue": sum(depths) if depths else None,
+        "wait_mean_ms": _ms(sum(waits) / len(waits)) if waits else None,
+        "wait_p95_ms": _ms(percentile_of(waits, 95)),
+    }
+
+
+def _kv(stages: list[Latest]) -> dict[str, Any]:
+    """KV use of its stages from their latest telemetry: the fullest stage's share (the one that limits
+    how many sequences its pipeline admits) and the tokens used and free over all of them."""
+    used = free = 0
+    fullest = None
+    for sample in stages:
+        stats = sample.value.get("stats") or {}
+        if not isinstance(stats.get("kv_tokens_used"), (int, float)):
+            continue
+        stage_used, stage_free = stats["kv_tokens_used"], stats.get("kv_tokens_free") or 0
+        used, free = used + stage_used, free + stage_free
+        if stage_used + stage_free:
+            fullest = max(fullest or 0.0, stage_used / (stage_used + stage_free))
+    return {"use": _share(fullest), "used_tokens": used, "free_tokens": free}
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def _share(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

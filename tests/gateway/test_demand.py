@@ -1,0 +1,113 @@
+"""Demand signals of a deployment from the gateway's request records (made here through the recorder, as
+the gateway makes them) and its stages' telemetry: rates, percentiles, attainment, queue and KV use."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from controlplane.deployments.models import Deployment
+from controlplane.gateway.demand import deployment_demand, percentile_of
+from controlplane.gateway.serving.decision_log import RouteRecord, RouterRecorder
+from controlplane.telemetry.services import telemetry_keep, telemetry_sample
+
+NOW = 10_000.0
+
+
+def deployment(**targets) -> Deployment:
+    """An unsaved deployment: the selector reads its targets and id only."""
+    return Deployment(pk=7, name="chat", **targets)
+
+
+def served(recorder: RouterRecorder, n: int, *, at: float, ttft_s: float | None, e2e_s: float, tokens: int,
+           replica: str = "d7-r0", waited_s: float = 0.0, prompt: int = 100,
+           outcome: str = "completed") -> None:
+    """``n`` requests routed at ``at``, first token after ``ttft_s``, ended after ``e2e_s``."""
+    for _ in range(n):
+        rid = f"req-{len(recorder.recent)}"
+        recorder.record(RouteRecord(rid, "tiny", "round_robin", at, replica, "running", prompt_tokens=prompt,
+                                    waited_s=waited_s))
+        if ttft_s is not None:
+            recorder.first_token(rid, ttft_s)
+        if outcome != "running":
+            recorder.finished(rid, outcome, e2e_s, tokens)
+
+
+def test_percentiles_are_nearest_rank():
+    values = [float(v) for v in range(1, 101)]
+    assert percentile_of(values, 95) == 95.0 and percentile_of(values, 99) == 99.0
+    assert percentile_of([3.0], 99) == 3.0 and percentile_of([], 95) is None
+
+
+def test_rates_percentiles_and_attainment_over_the_window():
+    recorder = RouterRecorder()
+    # 90 fast requests: TTFT 100 ms, 11 tokens over 100 + 10 × 20 ms (TPOT 20 ms)
+    served(recorder, 90, at=NOW - 30, ttft_s=0.1, e2e_s=0.3, tokens=11)
+    # 10 slow ones: TTFT 200 ms waited in the gateway + 400 ms, TPOT 50 ms
+    served(recorder, 10, at=NOW - 20, ttft_s=0.4, e2e_s=0.9, tokens=11, waited_s=0.2)
+    # outside the window, and another deployment's: neither counts
+    served(recorder, 5, at=NOW - 200, ttft_s=9.0, e2e_s=9.5, tokens=11)
+    served(recorder, 5, at=NOW - 10, ttft_s=9.0, e2e_s=9.5, tokens=11, replica="d8-r0")
+    d = deployment(ttft_target_ms=500, tpot_target_ms=30, target_percentile=95, target_window_s=60)
+    demand = deployment_demand(deployment=d, now=NOW, records=recorder.recent)
+    assert demand["window_s"] == 60 and demand["requests"] == 100 and demand["completed"] == 100
+    assert demand["arrival_rate"] == pytest.approx(100 / 60, abs=1e-4)
+    assert demand["prompt_tokens_per_s"] == pytest.approx(100 * 100 / 60, abs=1e-3)
+    assert demand["output_tokens_per_s"] == pytest.approx(100 * 11 / 60, abs=1e-3)
+    ttft, tpot = demand["ttft"], demand["tpot"]
+    assert (ttft["p95_ms"], ttft["p99_ms"], ttft["samples"]) == (pytest.approx(600), pytest.approx(600), 100)
+    assert ttft["attainment"] == 0.9 and ttft["met"] is False  # p95 is a slow one: 600 ms > 500 ms
+    assert (tpot["p95_ms"], tpot["p99_ms"]) == (pytest.approx(50), pytest.approx(50))
+    assert tpot["attainment"] == 0.9 and tpot["met"] is False
+    assert demand["overall"] == {"ended": 100, "attainment": 0.9}
+    assert demand["queue"]["wait_mean_ms"] == pytest.approx(20) and demand["queue"]["wait_p95_ms"] == 200
+
+    relaxed = deployment(ttft_target_ms=700, tpot_target_ms=60, target_percentile=99, target_window_s=60)
+    demand = deployment_demand(deployment=relaxed, now=NOW, records=recorder.recent)
+    assert demand["ttft"]["met"] is True and demand["ttft"]["attainment"] == 1.0
+    assert demand["overall"]["attainment"] == 1.0
+    longer = deployment_demand(deployment=relaxed, window_s=300, now=NOW, records=recorder.recent)
+    assert longer["requests"] == 105 and longer["ttft"]["p99_ms"] == pytest.approx(9000)
+
+
+def test_when_the_kept_records_span_less_than_the_window_the_rates_are_over_their_span(monkeypatch):
+    recorder = RouterRecorder()
+    monkeypatch.setattr("controlplane.gateway.demand.recorder", recorder)
+    for i in range(recorder.recent.maxlen):  # 500 requests over the last 10 s: 50 per second
+        served(recorder, 1, at=NOW - 10 + i * 10 / recorder.recent.maxlen, ttft_s=0.1, e2e_s=0.2, tokens=2)
+    demand = deployment_demand(deployment=deployment(target_window_s=300), now=NOW)
+    assert demand["covered_s"] == pytest.approx(10) and demand["arrival_rate"] == pytest.approx(50)
+
+
+def test_failed_requests_miss_the_targets_and_the_waiting_ones_are_the_queue():
+    recorder = RouterRecorder()
+    served(recorder, 3, at=NOW - 5, ttft_s=0.05, e2e_s=0.1, tokens=1)  # one token: no TPOT
+    served(recorder, 1, at=NOW - 5, ttft_s=None, e2e_s=1.0, tokens=0, outcome="failed:broken")
+    served(recorder, 2, at=NOW - 1, ttft_s=None, e2e_s=0, tokens=0, outcome="running")
+    d = deployment(ttft_target_ms=100, tpot_target_ms=None, target_window_s=60)
+    demand = deployment_demand(deployment=d, now=NOW, records=recorder.recent)
+    assert demand["failed"] == 1 and demand["tpot"]["samples"] == 0 and demand["tpot"]["met"] is None
+    assert demand["ttft"]["attainment"] == 1.0 and demand["overall"] == {"ended": 4, "attainment": 0.75}
+    assert demand["queue"]["waiting"] == 2
+
+
+def test_no_target_no_attainment_and_no_requests_no_figures():
+    demand = deployment_demand(deployment=deployment(), now=NOW, records=[])
+    assert demand["requests"] == 0 and demand["arrival_rate"] == 0
+    assert demand["ttft"] == {"target_ms": None, "percentile": 95, "samples": 0, "p95_ms": None,
+                              "p99_ms": None, "attainment": None, "met": None}
+    assert demand["overall"]["attainment"] is None and demand["kv"]["use"] is None
+
+
+def test_kv_use_and_the_heads_queue_come_from_the_stages_telemetry():
+    def stage(key: str, index: int, used: int, free: int, queue: int) -> dict:
+        return {"stage_key": key, "deployment_id": 7, "replica": 0, "stage_index": index, "state": "ready",
+                "stats": {"kv_tokens_used": used, "kv_tokens_free": free, "queue_depth": queue}}
+
+    heartbeat = {"stages": [stage("d7-r0-s0", 0, 300, 700, 4), stage("d7-r0-s1", 1, 600, 400, 0),
+                            {**stage("d9-r0-s0", 0, 1000, 0, 9), "deployment_id": 9}]}
+    telemetry_keep(telemetry_sample(node_id=1, node_name="n0", heartbeat=heartbeat, received_at=time.time()))
+    demand = deployment_demand(deployment=deployment(), records=[])
+    assert demand["kv"] == {"use": 0.6, "used_tokens": 900, "free_tokens": 1100}
+    assert demand["queue"]["head_queue"] == 4
