@@ -51,7 +51,8 @@ PAGE_ROUTES = ("/", "/deployments/", "/deployments/{pk}/plan/", "/fleet/", "/mod
                "/topology/", "/usage/", "/utilization/")
 PAGE_GET_ONLY = row("login", "405", "405", "405", "login", "login")  # login first, then the method
 STAFF_PAGE = row("login", "403", "403", "ok", "login", "login")  # the Audit page, as its API
-API_READS = ("/api/docs/try/", "/api/schema/", "/api/v1/api-keys/", "/api/v1/deployments/{pk}/proposals/",
+API_READS = ("/api/docs/try/", "/api/schema/", "/api/v1/api-keys/", "/api/v1/deployments/{pk}/demand/",
+             "/api/v1/deployments/{pk}/proposals/",
              "/api/v1/deployments/{pk}/revisions/", "/api/v1/events/", "/api/v1/events/{pk}/",
              "/api/v1/gpu-models/", "/api/v1/gpu-models/{name}/", "/api/v1/models/{pk}/profile/",
              "/api/v1/models/{pk}/quality/", "/api/v1/plans/calibration/", "/api/v1/telemetry/",
