@@ -35,14 +35,15 @@ def dequantized_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.T
 
 
 def test_int8_rounds_each_weight_to_the_nearest_step_and_the_kernel_matches_it():
-    w = torch.randn(96, 80, generator=torch.Generator().manual_seed(0))
+    rng = torch.Generator().manual_seed(0)  # inputs of their own: not the order the suite runs in
+    w = torch.randn(96, 80, generator=rng)
     q, scales = quantize_int8_rows(w)
     deq = q.float() * scales.float()[:, None]
     assert ((deq - w).abs() <= scales.float()[:, None] / 2 + 1e-6).all()
     layer = Int8Linear(80, 96, True, CPU, torch.float32)
     layer.load_rows(0, w[:64]), layer.load_rows(64, w[64:])  # row blocks, as loading does
-    layer.bias.data = torch.randn(96)
-    x = torch.randn(5, 80)
+    layer.bias.data = torch.randn(96, generator=rng)
+    x = torch.randn(5, 80, generator=rng)
     expected = x.bfloat16().float() @ deq.T + layer.bias
     torch.testing.assert_close(layer(x), expected, atol=0.05, rtol=0.01)
     assert layer(x).dtype == torch.float32
