@@ -99,8 +99,11 @@ async def test_stored_usage_equals_the_tokens_served(fake_pipeline, keys, demo_m
                       "completion_tokens": served[0].completion_tokens, "errors": 1, "refused": 0}
 
 
-async def test_concurrent_requests_all_count(fake_pipeline, keys):
+async def test_concurrent_requests_all_count(fake_pipeline, keys, settings):
     fake_pipeline({"r0": Script(tokens=[5, 6, 7], delay_s=0.01)})
+    # The requests past the replica's room queue for it: room to wait on a loaded machine (the fixture's
+    # 0.2 s is for a model without a routable replica).
+    settings.MOTLEY_GATEWAY = {**settings.MOTLEY_GATEWAY, "WAIT_S": 10.0}
     (api_key, raw), _ = await keys()
     body = {"model": "demo", "prompt": [1, 2], "max_tokens": 3}
     responses = await asyncio.gather(*(post("/v1/completions", body, raw) for _ in range(12)))
