@@ -35,8 +35,7 @@ def load_stage(spec: StageSpec, reuse: Stage | None = None) -> Stage | LeadStage
     torch.set_num_threads(spec.threads)
     if spec.tensor_group:
         leader = GroupLeader(spec)
-        group = TimedGroup(leader.group) if spec.emulation is not None else leader.group
-        shard = load_shard(spec, 0, group)
+        shard = load_shard(spec, 0, leader.group)
         return LeadStage(shard, leader, leader.wait_loaded())
     return Stage.load(spec.model_path, *spec.layers, device=spec.device, dtype=stage_dtype(spec),
                       precision=spec.precision, kv_tokens=spec.kv_tokens, weight_cache=weight_cache_dir(),
@@ -45,12 +44,15 @@ def load_stage(spec: StageSpec, reuse: Stage | None = None) -> Stage | LeadStage
 
 def load_shard(spec: StageSpec, rank: int, group) -> StageShard:
     """Rank ``rank``'s shard of the group stage in ``spec`` (every rank's share is in it), on its card at
-    its bits; ``group``: its collectives."""
+    its bits; ``group``: its collectives, timed where the rank's card is emulated (its pacer leaves
+    their time out)."""
     ranks = spec.tensor_group
     precisions = [spec.rank_spec(r).precision for r in range(len(ranks))]
     shares = split_shares(ModelConfig.from_file(spec.model_path), *spec.layers, [r.kv_heads for r in ranks],
                           [r.intermediate for r in ranks], precisions)
     mine = spec.rank_spec(rank)
+    if mine.emulation is not None:
+        group = TimedGroup(group)
     return StageShard.load(spec.model_path, *spec.layers, shares[rank], group, device=mine.device,
                            dtype=stage_dtype(mine), kv_tokens=spec.kv_tokens)
 

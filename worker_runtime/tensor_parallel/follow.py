@@ -25,7 +25,7 @@ from ..spec_stage import load_shard
 from ..stage import Batch
 from .channel import ControlChannel
 from .leader import MIRRORED
-from .pacing import ShardPacer, TimedGroup
+from .pacing import ShardPacer
 from .rendezvous import join, join_store, report_loaded
 from .shard import StageShard
 
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     store = join_store(args.port, len(spec.tensor_group))
     group, channel = join(args.rank, len(spec.tensor_group), store, mine.device)
     torch.set_num_threads(mine.threads)
-    shard = load_shard(spec, args.rank, TimedGroup(group) if mine.emulation is not None else group)
+    shard = load_shard(spec, args.rank, group)
     report_loaded(store, args.rank, shard.memory())
     log.info("rank %d of stage %d of %s: layers %s loaded", args.rank, spec.stage_index, spec.pipeline_id,
              list(spec.layers))
