@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, row in rows.items():
         who, bits = name.split(" ")
         print(f"| {who} | {bits} | {row['acc']:.2f} | {row['acc_norm']:.2f} | {row['same_pick']:.0%} "
-              f"| {row['mean_diff']:.4f} | {row['max_diff']:.4f} | {row['wall_s']:.0f} |")
+              f"| {row['mean_diff']:.2g} | {row['max_diff']:.2g} | {row['wall_s']:.0f} |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
 

@@ -61,26 +61,32 @@ def served_logliks(out: dict, task: str = TASK) -> list[list[float]]:
     return [[float(ll) for ll, _greedy in s["filtered_resps"]] for s in samples]
 
 
-def choice_logliks(checkpoint: Path, docs: list[dict], *, dtype: str = "float32") -> list[list[float]]:
+def choice_logliks(checkpoint: Path, docs: list[dict]) -> list[list[float]]:
     """Each choice's log-likelihood by transformers' LlamaForCausalLM on ``checkpoint``, computing in
-    ``dtype`` (a 16-bit checkpoint's weights widened, as a CPU stage of motley computes)."""
+    fp32 (a 16-bit checkpoint's weights widened, as a CPU stage of motley computes). A question's
+    choices go in one forward pass, padded at the end: causal attention keeps every position before
+    the padding as it is alone."""
     import torch
     from tokenizers import Tokenizer
     from transformers import LlamaForCausalLM
 
     tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
-    model = LlamaForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype)).eval()
+    model = LlamaForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+
+    def ids_of(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False).ids
+
     scores = []
     for doc in docs:
         context = prompt_of(doc)
-        start = len(tokenizer.encode(context, add_special_tokens=False).ids)
-        row = []
-        for choice in doc["choices"]:
-            ids = tokenizer.encode(f"{context} {choice}", add_special_tokens=False).ids
-            with torch.no_grad():
-                logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
-            row.append(sum(logp[i - 1, ids[i]].item() for i in range(start, len(ids))))
-        scores.append(row)
+        start = len(ids_of(context))
+        rows = [ids_of(f"{context} {choice}") for choice in doc["choices"]]
+        width = max(map(len, rows))
+        with torch.no_grad():
+            logits = model(torch.tensor([ids + [0] * (width - len(ids)) for ids in rows])).logits
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        scores.append([sum(logp[r, i - 1, ids[i]].item() for i in range(start, len(ids)))
+                       for r, ids in enumerate(rows)])
     return scores
 
 
