@@ -1,5 +1,5 @@
-"""Fixtures of the gateway tests: the demo checkpoint (tokenizer + chat template), API keys, and a
-gateway wired to the stand-in pipeline client."""
+"""Fixtures of the gateway tests: the demo checkpoint (tokenizer + chat template), API keys, a
+gateway wired to the stand-in pipeline client, and the live system the end-to-end tests share."""
 
 from __future__ import annotations
 
@@ -20,6 +20,16 @@ def demo_model(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("models") / "demo"
     write_demo_model(parse_args([str(out), *DEMO_ARGS]))
     return out
+
+
+@pytest.fixture(scope="session")
+def live(demo_model, tmp_path_factory):
+    """A daphne server whose gateway serves the demo model as "demo" on a real two-stage pipeline
+    (tests/gateway/live_server.py), shared by the tests of this process that use it."""
+    from tests.gateway.live_server import live_system
+
+    with live_system(demo_model, tmp_path_factory.mktemp("live")) as system:
+        yield system
 
 
 @pytest.fixture

@@ -1,12 +1,11 @@
 """End to end: the official ``openai`` client against a live daphne server whose gateway routes to a
-real two-stage pipeline of the demo model; its greedy tokens must be the in-process model's."""
+real two-stage pipeline of the demo model (conftest's ``live``); its greedy tokens must be the
+in-process model's."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 
 import httpx
@@ -15,29 +14,11 @@ import pytest
 
 from controlplane.gateway.openai.tokenization import ModelTokenizer
 from controlplane.gateway.serving.pipeline_client import PipelineClient
-from tests.gateway.conftest import DEMO_ARGS
-from tests.pipeline.harness import TOKEN, Pipeline, pipeline_specs
-from tests.support.otlp_receiver import OtlpReceiver
-from tests.support.processes import (
-    REPO_ROOT,
-    database_migrate,
-    embedded_env,
-    free_port,
-    manage_argv,
-    wait_for_http,
-)
+from tests.gateway.live_server import KV_TOKENS, NUM_LAYERS
+from tests.pipeline.harness import TOKEN
 from worker_runtime import SamplingParams, Stage, generate
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-NUM_LAYERS = int(DEMO_ARGS[DEMO_ARGS.index("--layers") + 1])
-KV_TOKENS = 1024
-# Paces each stage's step to a few milliseconds, so a request lasts long enough to be disconnected.
-PACING = {"memory_bandwidth_gbs": 0.03, "fp16_tflops": 1.0, "time_scale": 1.0}
-CREATE_KEY = (
-    "from django.contrib.auth.models import User; "
-    "from controlplane.gateway.accounts.services import api_key_create;"
-    "print(api_key_create(user=User.objects.create_user('alice'), name='live')[1])"
-)
 
 
 def reference_text(demo_model, prompt_ids: list[int], max_tokens: int) -> str:
@@ -47,47 +28,6 @@ def reference_text(demo_model, prompt_ids: list[int], max_tokens: int) -> str:
     (ids,) = generate([stage], [prompt_ids], [SamplingParams()], max_tokens,
                       stop_tokens=tokenizer.eos_token_ids)
     return tokenizer.tokenizer.decode(ids, skip_special_tokens=True)
-
-
-@pytest.fixture(scope="module")
-def live(demo_model, tmp_path_factory):
-    """A two-stage pipeline and a daphne server that serves it as model "demo", both tracing to a
-    receiver of their own (``live["traces"]``); all killed at the end."""
-    workdir = tmp_path_factory.mktemp("live")
-    specs = pipeline_specs(demo_model, NUM_LAYERS, 2, kv_tokens=KV_TOKENS, emulation=PACING)
-    receiver = OtlpReceiver().__enter__()
-    pipeline = Pipeline(specs, workdir, env=receiver.env())  # loads while the database is prepared
-    server = None
-    try:
-        models_file = workdir / "models.json"
-        models_file.write_text(json.dumps({"models": [{
-            "name": "demo", "tokenizer_path": str(demo_model),
-            "replicas": [{"pipeline_id": "p0", "head_address": pipeline.head, "auth_token": TOKEN}],
-        }]}))
-        env = {**embedded_env(workdir), "MOTLEY_GATEWAY_MODELS_FILE": str(models_file), **receiver.env()}
-        database_migrate(env)
-        key = subprocess.run(manage_argv("shell", "-c", CREATE_KEY), env=env, cwd=REPO_ROOT, check=True,
-                             capture_output=True, text=True).stdout.split()[-1]
-        pipeline.wait_ready()
-        port = free_port()
-        server = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-             "controlplane.asgi:application"],
-            env=env, cwd=REPO_ROOT, stderr=subprocess.DEVNULL,
-        )
-        wait_for_http(f"http://127.0.0.1:{port}/v1/models")
-        yield {"base_url": f"http://127.0.0.1:{port}/v1", "key": key, "pipeline": pipeline,
-               "traces": receiver}
-    finally:
-        if server is not None:
-            server.terminate()
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                server.kill()
-        pipeline.stop()
-        pipeline.assert_none_left()
-        receiver.__exit__()
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from django.test import AsyncClient
 
 from controlplane.gateway.serving.decision_log import recorder
-from tests.gateway.test_live import NUM_LAYERS, PACING
+from tests.gateway.live_server import NUM_LAYERS, PACING
 from tests.gateway.test_views import auth
 from tests.pipeline.harness import TOKEN, Pipeline, pipeline_specs
 
