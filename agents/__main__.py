@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 
 from agents.agent import Agent
 from agents.config import from_args, parser
+from contracts.tracing import TRACE_SINK_ENV
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Its stages (and the fork server they come from) inherit it: traced, they send the control plane
+    # their spans for its request timeline (contracts/tracing.py).
+    os.environ.setdefault(TRACE_SINK_ENV, args.server)
     return asyncio.run(Agent(from_args(args)).run())
 
 
