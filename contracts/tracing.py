@@ -39,7 +39,7 @@ _EXPORTERS = ("otlp", "motley")
 _provider: Any = None  # the SDK's TracerProvider of this process, once set up with tracing on
 
 
-def _exporters() -> set[str]:
+def tracing_exporters() -> set[str]:
     """What ``OTEL_TRACES_EXPORTER`` names of ``otlp`` and ``motley`` (none: tracing off; the SDK's own
     default is ``otlp``, motley's is ``none``); nothing while ``OTEL_SDK_DISABLED`` is true."""
     if env_bool("OTEL_SDK_DISABLED", False):
@@ -49,7 +49,7 @@ def _exporters() -> set[str]:
 
 
 def tracing_enabled() -> bool:
-    return bool(_exporters())
+    return bool(tracing_exporters())
 
 
 def tracing_setup(role: str, *, store: SpanExporter | None = None, pipeline: tuple[str, str] | None = None,
@@ -61,7 +61,7 @@ def tracing_setup(role: str, *, store: SpanExporter | None = None, pipeline: tup
     to ``MOTLEY_TRACE_SINK``. Called again (a stage given a new spec in place, a forked stage) it
     flushes the last provider and starts another with the new attributes."""
     global _provider
-    exporters = _exporters()
+    exporters = tracing_exporters()
     if not exporters:
         return False
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
