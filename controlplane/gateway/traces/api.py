@@ -56,7 +56,7 @@ class TraceDetailView(APIView):
         if not TRACE_ID.fullmatch(trace_id):
             raise ValidationError({"trace_id": "32 lowercase hex digits"})
         if (trace := trace_detail(trace_id=trace_id)) is None:
-            raise NotFound(f"no span of trace {trace_id} is kept (sampled out, not yet exported, or aged out)")
+            raise NotFound(f"no span of trace {trace_id} is kept (sampled out, unexported, or aged out)")
         return Response(trace)
 
 
@@ -101,4 +101,5 @@ def otlp_receive(request: HttpRequest) -> HttpResponse:
         trace_spans_store(spans=decode(_body(request)))
     except (OtlpError, zlib.error) as exc:
         return _error(400, str(exc))
-    return HttpResponse(ExportTraceServiceResponse().SerializeToString(), content_type="application/x-protobuf")
+    answer = ExportTraceServiceResponse().SerializeToString()
+    return HttpResponse(answer, content_type="application/x-protobuf")

@@ -37,7 +37,8 @@ def trace_spans_store(*, spans: list[dict[str, Any]]) -> int:
     now = timezone.now()
     TraceSpan.objects.bulk_create([TraceSpan(**span, received_at=now) for span in spans],
                                   ignore_conflicts=True)
-    TraceSpan.objects.filter(received_at__lt=now - timedelta(seconds=settings.MOTLEY_TRACE_MAX_AGE_S)).delete()
+    too_old = now - timedelta(seconds=settings.MOTLEY_TRACE_MAX_AGE_S)
+    TraceSpan.objects.filter(received_at__lt=too_old).delete()
     beyond = TraceSpan.objects.order_by("-id").values_list("id", flat=True)[kept:kept + 1]
     if beyond:
         TraceSpan.objects.filter(id__lte=beyond[0]).delete()
