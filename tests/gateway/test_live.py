@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from contracts.tracing import TRACE_SINK_ENV
 from controlplane.gateway.openai.tokenization import ModelTokenizer
 from controlplane.gateway.serving.pipeline_client import PipelineClient
 from tests.gateway.conftest import DEMO_ARGS
@@ -33,10 +34,12 @@ NUM_LAYERS = int(DEMO_ARGS[DEMO_ARGS.index("--layers") + 1])
 KV_TOKENS = 1024
 # Paces each stage's step to a few milliseconds, so a request lasts long enough to be disconnected.
 PACING = {"memory_bandwidth_gbs": 0.03, "fp16_tflops": 1.0, "time_scale": 1.0}
-CREATE_KEY = (
+CREATE_KEY = (  # an API key for /v1/, and a REST API token for /api/v1/
     "from django.contrib.auth.models import User; "
+    "from rest_framework.authtoken.models import Token; "
     "from controlplane.gateway.accounts.services import api_key_create;"
-    "print(api_key_create(user=User.objects.create_user('alice'), name='live')[1])"
+    "user = User.objects.create_user('alice'); "
+    "print(Token.objects.create(user=user).key, api_key_create(user=user, name='live')[1])"
 )
 
 
@@ -52,11 +55,14 @@ def reference_text(demo_model, prompt_ids: list[int], max_tokens: int) -> str:
 @pytest.fixture(scope="module")
 def live(demo_model, tmp_path_factory):
     """A two-stage pipeline and a daphne server that serves it as model "demo", both tracing to a
-    receiver of their own (``live["traces"]``); all killed at the end."""
+    receiver of their own (``live["traces"]``) and to the server's trace store (the stages post to it
+    as an agent's would); all killed at the end."""
     workdir = tmp_path_factory.mktemp("live")
     specs = pipeline_specs(demo_model, NUM_LAYERS, 2, kv_tokens=KV_TOKENS, emulation=PACING)
     receiver = OtlpReceiver().__enter__()
-    pipeline = Pipeline(specs, workdir, env=receiver.env())  # loads while the database is prepared
+    port = free_port()
+    tracing = {**receiver.env(), "OTEL_TRACES_EXPORTER": "otlp,motley"}
+    pipeline = Pipeline(specs, workdir, env={**tracing, TRACE_SINK_ENV: f"http://127.0.0.1:{port}"})
     server = None
     try:
         models_file = workdir / "models.json"
@@ -64,12 +70,11 @@ def live(demo_model, tmp_path_factory):
             "name": "demo", "tokenizer_path": str(demo_model),
             "replicas": [{"pipeline_id": "p0", "head_address": pipeline.head, "auth_token": TOKEN}],
         }]}))
-        env = {**embedded_env(workdir), "MOTLEY_GATEWAY_MODELS_FILE": str(models_file), **receiver.env()}
+        env = {**embedded_env(workdir), "MOTLEY_GATEWAY_MODELS_FILE": str(models_file), **tracing}
         database_migrate(env)
-        key = subprocess.run(manage_argv("shell", "-c", CREATE_KEY), env=env, cwd=REPO_ROOT, check=True,
-                             capture_output=True, text=True).stdout.split()[-1]
+        api_token, key = subprocess.run(manage_argv("shell", "-c", CREATE_KEY), env=env, cwd=REPO_ROOT,
+                                        check=True, capture_output=True, text=True).stdout.split()[-2:]
         pipeline.wait_ready()
-        port = free_port()
         server = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
              "controlplane.asgi:application"],
@@ -77,7 +82,7 @@ def live(demo_model, tmp_path_factory):
         )
         wait_for_http(f"http://127.0.0.1:{port}/v1/models")
         yield {"base_url": f"http://127.0.0.1:{port}/v1", "key": key, "pipeline": pipeline,
-               "traces": receiver}
+               "traces": receiver, "api": (f"http://127.0.0.1:{port}/api/v1", api_token)}
     finally:
         if server is not None:
             server.terminate()
@@ -235,6 +240,42 @@ def test_a_request_is_traced_from_the_clients_span_through_the_gateway_to_the_he
     assert streamed_id != trace_id and live["traces"].wait(
         lambda spans: any(s.trace_id == streamed_id and s.name == "head.request" for s in spans))
 
+
+
+def test_the_servers_timeline_holds_the_request_from_the_gateway_to_the_last_stage(live):
+    """The server's own trace store (``OTEL_TRACES_EXPORTER`` naming ``motley``): the gateway's spans
+    and both stages' (posted to it with their pipeline's token) read back from the timeline API as one
+    tree, parent before child."""
+    response = httpx.post(f"{live['base_url']}/completions", timeout=60, json={
+        "model": "demo", "prompt": "Sphinx of black quartz", "max_tokens": 4, "temperature": 0},
+        headers={"Authorization": f"Bearer {live['key']}"})
+    trace_id = response.headers["X-Trace-Id"]
+    api, token = live["api"]
+    headers = {"Authorization": f"Token {token}"}
+    names = {"gateway.request", "gateway.admission", "gateway.route", "head.request", "stage.request"}
+    deadline = time.monotonic() + 20
+    while True:  # the processes export in batches, every 50 ms here
+        answer = httpx.get(f"{api}/traces/{trace_id}/", headers=headers)
+        spans = answer.json()["spans"] if answer.status_code == 200 else []
+        if names <= {s["name"] for s in spans} or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    by_name = {s["name"]: s for s in spans}
+    assert names <= set(by_name), f"the store holds {sorted(by_name)} of trace {trace_id}"
+    request, head, stage = by_name["gateway.request"], by_name["head.request"], by_name["stage.request"]
+    assert spans[0] == request and (request["depth"], request["parent_span_id"]) == (0, "")
+    for name in ("gateway.admission", "gateway.route", "head.request"):
+        assert (by_name[name]["parent_span_id"], by_name[name]["depth"]) == (request["span_id"], 1)
+    assert (stage["parent_span_id"], stage["depth"]) == (head["span_id"], 2)
+    assert spans.index(head) < spans.index(stage)
+    assert (head["resource"]["motley.stage"], stage["resource"]["motley.stage"]) == ("p0/0", "p0/1")
+    completion_tokens = response.json()["usage"]["completion_tokens"]
+    assert head["attributes"]["motley.completion_tokens"] == completion_tokens
+    assert stage["attributes"]["motley.steps"] == completion_tokens  # its prefill and each decode step
+    assert 0 <= head["offset_s"] <= stage["offset_s"] <= request["duration_s"]
+    listed = httpx.get(f"{api}/traces/", headers=headers).json()["traces"]
+    assert {"trace_id": trace_id, "name": "gateway.request", "outcome": "completed", "model": "demo",
+            "spans": len(spans)}.items() <= next(t for t in listed if t["trace_id"] == trace_id).items()
 
 
 async def _prefix_hit_tokens(head: str) -> int:

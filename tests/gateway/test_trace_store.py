@@ -56,7 +56,7 @@ def test_a_stages_export_and_the_gateways_spans_read_back_as_one_tree(client, ad
     assert detail["tracing_ui_url"] == f"http://jaeger:16686/trace/{sample.trace_id}"
     spans = detail["spans"]
     assert [(s["name"], s["depth"]) for s in spans] == [
-        ("gateway.request", 0), ("gateway.route", 1), ("head.request", 1), ("stage.request", 2)]
+        ("gateway.request", 0), ("gateway.admission", 1), ("head.request", 1), ("stage.request", 2)]
     by_name = {s["name"]: s for s in spans}
     assert by_name["head.request"]["parent_span_id"] == by_name["gateway.request"]["span_id"]
     assert by_name["stage.request"]["parent_span_id"] == by_name["head.request"]["span_id"]

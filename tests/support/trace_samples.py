@@ -1,5 +1,5 @@
 """A request's spans as motley's processes make them, from the real OpenTelemetry SDK: the gateway's
-``gateway.request`` with its ``gateway.route``, and from a stage process (another resource) the
+``gateway.request`` with its ``gateway.admission``, and from a stage process (another resource) the
 head's ``head.request`` and the next stage's ``stage.request``."""
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def _tracer(resource: dict) -> tuple[trace.Tracer, InMemorySpanExporter]:
 def request_trace(failed: bool = False) -> RequestTrace:
     gateway, gateway_spans = _tracer({"motley.role": "gateway", "motley.node": "cp"})
     stage, stage_spans = _tracer({"motley.role": "stage", "motley.stage": "p0/0", "motley.device": "cpu"})
-    with gateway.start_as_current_span("gateway.request", attributes={
-            "motley.model": "demo", "motley.outcome": "failed:broken" if failed else "completed"}) as request:
-        with gateway.start_as_current_span("gateway.route", attributes={"motley.replica": "p0"}):
+    outcome = "failed:broken" if failed else "completed"
+    with gateway.start_as_current_span("gateway.request", attributes={"motley.outcome": outcome}) as request:
+        with gateway.start_as_current_span("gateway.admission", attributes={"motley.model": "demo"}):
             pass
         head = stage.start_span("head.request", context=trace.set_span_in_context(request),
                                 attributes={"motley.prompt_tokens": 5})

@@ -20,13 +20,17 @@ def tracing_ui_url(trace_id: str) -> str | None:
 
 def trace_list(*, limit: int = LIST_LIMIT) -> list[dict[str, Any]]:
     """The most recent traces, newest first: each one's first span (its root in motley: the gateway's
-    request), when it started, how long it lasted, its span count and whether a span failed."""
+    request) and its outcome, the model, when it started, how long it lasted, its span count and
+    whether a span failed."""
     rows = list(TraceSpan.objects.values("trace_id").annotate(
         start_ns=Min("start_ns"), end_ns=Max("end_ns"), spans=Count("id"), worst=Max("status_code"),
     ).order_by("-start_ns")[:limit])
     firsts: dict[str, TraceSpan] = {}
+    models: dict[str, str] = {}  # the model a span names (the gateway's admission does)
     for span in TraceSpan.objects.filter(trace_id__in=[r["trace_id"] for r in rows]).order_by("start_ns"):
         firsts.setdefault(span.trace_id, span)
+        if "motley.model" in span.attributes:
+            models.setdefault(span.trace_id, span.attributes["motley.model"])
     traces = []
     for row in rows:
         first = firsts[row["trace_id"]]
@@ -34,7 +38,7 @@ def trace_list(*, limit: int = LIST_LIMIT) -> list[dict[str, Any]]:
             "trace_id": row["trace_id"], "name": first.name, "start_ns": row["start_ns"],
             "duration_s": (row["end_ns"] - row["start_ns"]) / 1e9, "spans": row["spans"],
             "error": row["worst"] == 2, "outcome": first.attributes.get("motley.outcome"),
-            "model": first.attributes.get("motley.model"), "tracing_ui_url": tracing_ui_url(row["trace_id"]),
+            "model": models.get(row["trace_id"]), "tracing_ui_url": tracing_ui_url(row["trace_id"]),
         })
     return traces
 
