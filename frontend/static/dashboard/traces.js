@@ -55,7 +55,8 @@ function where(span) {
 function drawWaterfall(trace) {
   const spans = trace.spans;
   const rows = spans.map((_, i) => i);
-  const labels = spans.map((s) => `${"\u2003".repeat(s.depth)}${s.name} · ${where(s)}`);
+  // Indented by depth (non-breaking spaces: SVG text collapses plain ones), a child marked as one.
+  const labels = spans.map((s) => `${"\u00a0".repeat(3 * s.depth)}${s.depth ? "└ " : ""}${s.name} · ${where(s)}`);
   const bars = {
     type: "bar", orientation: "h", y: rows, base: spans.map((s) => s.offset_s * 1000),
     x: spans.map((s) => Math.max(s.duration_s * 1000, 0.05)), customdata: rows,
