@@ -3,6 +3,7 @@
 // under its parent, coloured by the process that made it (gateway, head, other stages), failed ones red,
 // its events as marks on its bar; a click on a bar shows the span's attributes.
 import { getJSON } from "./api.js";
+import { h } from "./dom.js";
 
 const COLOURS = { gateway: "#4c78a8", head: "#f58518", stage: "#54a24b", error: "#e45756" };
 const CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
@@ -11,35 +12,20 @@ const ROW_PX = 26;
 const list = document.querySelector("#trace-list tbody");
 let shown = null;  // the trace drawn: {trace_id, spans, …}
 
-function cell(text, numeric) {
-  const td = document.createElement("td");
-  td.textContent = text ?? "";
-  if (numeric) td.className = "num";
-  return td;
-}
+const cell = (text, numeric) => h("td", { class: numeric ? "num" : false }, String(text ?? ""));
 
 function drawList(traces) {
   if (!traces.length) {
-    const tr = document.createElement("tr");
-    const td = cell("No sampled request kept yet.");
-    td.colSpan = 7;
-    td.className = "empty";
-    tr.append(td);
-    list.replaceChildren(tr);
+    list.replaceChildren(h("tr", {}, h("td", { class: "empty", colspan: 7 }, "No sampled request kept yet.")));
     return;
   }
-  list.replaceChildren(...traces.map((trace) => {
-    const tr = document.createElement("tr");
-    tr.dataset.trace = trace.trace_id;
-    tr.setAttribute("aria-selected", String(shown?.trace_id === trace.trace_id));
-    const outcome = cell(trace.outcome ?? (trace.error ? "error" : ""));
-    if (trace.error) outcome.className = "bad";
-    tr.append(cell(new Date(trace.start_ns / 1e6).toLocaleTimeString()), cell(trace.name), cell(trace.model),
-      outcome, cell(`${(trace.duration_s * 1000).toFixed(1)} ms`, true), cell(trace.spans, true),
-      cell(trace.trace_id.slice(0, 12)));
-    tr.addEventListener("click", () => show(trace.trace_id));
-    return tr;
-  }));
+  list.replaceChildren(...traces.map((trace) => h("tr", {
+    "data-trace": trace.trace_id, "aria-selected": String(shown?.trace_id === trace.trace_id),
+    onclick: () => show(trace.trace_id),
+  }, cell(new Date(trace.start_ns / 1e6).toLocaleTimeString()), cell(trace.name), cell(trace.model),
+  h("td", { class: trace.error ? "bad" : false }, trace.outcome ?? (trace.error ? "error" : "")),
+  cell(`${(trace.duration_s * 1000).toFixed(1)} ms`, true), cell(trace.spans, true),
+  cell(trace.trace_id.slice(0, 12)))));
 }
 
 function process(span) {
