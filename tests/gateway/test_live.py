@@ -20,6 +20,7 @@ from tests.gateway.conftest import DEMO_ARGS
 from tests.pipeline.harness import TOKEN, Pipeline, pipeline_specs
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.processes import (
+    CREATE_KEYS,
     REPO_ROOT,
     database_migrate,
     embedded_env,
@@ -34,13 +35,6 @@ NUM_LAYERS = int(DEMO_ARGS[DEMO_ARGS.index("--layers") + 1])
 KV_TOKENS = 1024
 # Paces each stage's step to a few milliseconds, so a request lasts long enough to be disconnected.
 PACING = {"memory_bandwidth_gbs": 0.03, "fp16_tflops": 1.0, "time_scale": 1.0}
-CREATE_KEY = (  # an API key for /v1/, and a REST API token for /api/v1/
-    "from django.contrib.auth.models import User; "
-    "from rest_framework.authtoken.models import Token; "
-    "from controlplane.gateway.accounts.services import api_key_create;"
-    "user = User.objects.create_user('alice'); "
-    "print(Token.objects.create(user=user).key, api_key_create(user=user, name='live')[1])"
-)
 
 
 def reference_text(demo_model, prompt_ids: list[int], max_tokens: int) -> str:
@@ -72,7 +66,7 @@ def live(demo_model, tmp_path_factory):
         }]}))
         env = {**embedded_env(workdir), "MOTLEY_GATEWAY_MODELS_FILE": str(models_file), **tracing}
         database_migrate(env)
-        api_token, key = subprocess.run(manage_argv("shell", "-c", CREATE_KEY), env=env, cwd=REPO_ROOT,
+        api_token, key = subprocess.run(manage_argv("shell", "-c", CREATE_KEYS), env=env, cwd=REPO_ROOT,
                                         check=True, capture_output=True, text=True).stdout.split()[-2:]
         pipeline.wait_ready()
         server = subprocess.Popen(

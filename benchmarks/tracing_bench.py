@@ -1,0 +1,151 @@
+"""The cost of tracing on serving: gateway + pipeline throughput with tracing off, sampled at 0.01, and
+every request traced, side by side in one run.
+
+    .venv/bin/python benchmarks/tracing_bench.py [--rounds 5 --requests 24 --clients 4 --max-tokens 16]
+
+Three identical systems run at once, each a daphne gateway serving a two-stage pipeline of the demo
+model (``worker_runtime.make_demo_model``, small: the pipeline's compute is short, so the per-request
+work of the gateway and the stages, tracing's included, weighs as much as it can):
+
+- **off**: ``OTEL_TRACES_EXPORTER`` unset (no span object is made);
+- **0.01**: ``otlp,motley`` with ``parentbased_traceidratio`` at 0.01: spans to an OTLP/HTTP
+  receiver (a collector's stand-in) and into the gateway's trace store, stages posting theirs to it;
+- **1.0**: the same with every request sampled.
+
+Rounds go through the three in turn (the order rotating), one system loaded at a time, so load from
+other processes falls on all alike: ``--clients`` concurrent OpenAI clients send ``--requests``
+completions of ``--max-tokens`` tokens; a round's figure is the completion tokens over its wall time.
+Prints each system's median tokens/s and its ratio to tracing off (goal: 0.01 within 2 %). Not in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx  # noqa: E402
+
+from contracts.tracing import TRACE_SINK_ENV  # noqa: E402
+from tests.pipeline.harness import TOKEN, Pipeline, pipeline_specs  # noqa: E402
+from tests.support.otlp_receiver import OtlpReceiver  # noqa: E402
+from tests.support.processes import (  # noqa: E402
+    CREATE_KEYS,
+    REPO_ROOT,
+    database_migrate,
+    embedded_env,
+    free_port,
+    manage_argv,
+    stop_process,
+    wait_for_http,
+)
+from worker_runtime.make_demo_model import parse_args, write_demo_model  # noqa: E402
+
+LAYERS = 4
+MODEL_ARGS = ["--layers", str(LAYERS), "--hidden", "128", "--intermediate", "256", "--heads", "4",
+              "--kv-heads", "2", "--max-positions", "512"]
+RATIOS = {"off": None, "0.01": "0.01", "1.0": "1.0"}
+
+
+@contextmanager
+def system(model: Path, work: Path, ratio: str | None, receiver: OtlpReceiver) -> Iterator[tuple[str, str]]:
+    """A daphne gateway and its two-stage pipeline, tracing at ``ratio`` (None: off); yields the
+    gateway's ``/v1`` URL and an API key."""
+    port = free_port()
+    tracing = {} if ratio is None else {
+        **receiver.env(), "OTEL_TRACES_EXPORTER": "otlp,motley",
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": ratio,
+        "OTEL_BSP_SCHEDULE_DELAY": "5000"}  # the SDK's default, not the receiver's test delay
+    pipeline = Pipeline(pipeline_specs(model, LAYERS, 2), work,
+                        env={**tracing, TRACE_SINK_ENV: f"http://127.0.0.1:{port}"} if tracing else {})
+    server = None
+    try:
+        models_file = work / "models.json"
+        replica = {"pipeline_id": "p0", "head_address": pipeline.head, "auth_token": TOKEN}
+        models_file.write_text(json.dumps({"models": [
+            {"name": "demo", "tokenizer_path": str(model), "replicas": [replica]}]}))
+        env = {**embedded_env(work / "var"), "MOTLEY_GATEWAY_MODELS_FILE": str(models_file), **tracing}
+        database_migrate(env)
+        key = subprocess.run(manage_argv("shell", "-c", CREATE_KEYS), env=env, cwd=REPO_ROOT, check=True,
+                             capture_output=True, text=True).stdout.split()[-1]
+        pipeline.wait_ready()
+        server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                                   "controlplane.asgi:application"], env=env, cwd=REPO_ROOT,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_http(f"http://127.0.0.1:{port}/v1/models")
+        yield f"http://127.0.0.1:{port}/v1", key
+    finally:
+        if server is not None:
+            stop_process(server)
+        pipeline.stop()
+
+
+async def load(base: str, key: str, requests: int, clients: int, max_tokens: int) -> float:
+    """Completion tokens per second of ``requests`` completions from ``clients`` concurrent clients."""
+    queue = list(range(requests))
+    tokens = 0
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal tokens
+        while queue:
+            i = queue.pop()
+            response = await http.post(f"{base}/completions", json={
+                "model": "demo", "prompt": f"request {i} of the tracing benchmark", "max_tokens": max_tokens,
+                "temperature": 0})
+            response.raise_for_status()
+            tokens += response.json()["usage"]["completion_tokens"]
+
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=120) as http:
+        started = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+        return tokens / (time.perf_counter() - started)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=24)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        work = Path(tmp)
+        model = work / "model"
+        write_demo_model(parse_args([str(model), *MODEL_ARGS]))
+        receiver = stack.enter_context(OtlpReceiver())
+        systems = {}
+        for name, ratio in RATIOS.items():
+            (work / name).mkdir()
+            systems[name] = stack.enter_context(system(model, work / name, ratio, receiver))
+        for base, key in systems.values():  # warm-up: imports, the first compiled paths
+            asyncio.run(load(base, key, args.clients, args.clients, args.max_tokens))
+        rates: dict[str, list[float]] = {name: [] for name in systems}
+        names = list(systems)
+        for r in range(args.rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                rates[name].append(asyncio.run(load(*systems[name], args.requests, args.clients,
+                                                    args.max_tokens)))
+        spans = len(receiver.spans)
+    off = statistics.median(rates["off"])
+    print(f"{args.rounds} rounds of {args.requests} requests x {args.max_tokens} tokens, "
+          f"{args.clients} clients; {spans} spans at the collector's stand-in by the last round")
+    print("| tracing | tokens/s (median) | rounds | vs off |")
+    print("| --- | --- | --- | --- |")
+    for name, values in rates.items():
+        median = statistics.median(values)
+        print(f"| {name} | {median:.1f} | {' '.join(f'{v:.0f}' for v in values)} | {median / off:.3f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
