@@ -13,6 +13,7 @@ gives :data:`UNTRACED`, whose every method does nothing.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -59,6 +60,13 @@ class RequestSpan:
     def migrated(self, kind: str) -> None:
         self.span.add_event("migrated", {"motley.failure": kind})
 
+    def paused(self, waited_s: float, reason: str) -> None:
+        """The request waited ``waited_s`` for a routable replica (a handover's pause, a re-plan, every
+        replica busy): an event at the wait's start, with its length and the model's reason then."""
+        start_ns = time.time_ns() - int(waited_s * 1e9)
+        self.span.add_event("paused", {"motley.pause_s": round(waited_s, 6), "motley.reason": reason},
+                            timestamp=start_ns)
+
     def end(self, outcome: str, completion_tokens: int) -> None:
         """``outcome``: completed, cancelled, or ``failed:<kind>`` / ``refused:<status>``; the first
         end counts (the generation ends it, and the view again where an error came through it)."""
@@ -92,6 +100,9 @@ class Untraced(RequestSpan):
         pass
 
     def migrated(self, kind: str) -> None:
+        pass
+
+    def paused(self, waited_s: float, reason: str) -> None:
         pass
 
     def end(self, outcome: str, completion_tokens: int) -> None:
