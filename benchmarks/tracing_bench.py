@@ -14,8 +14,11 @@ work of the gateway and the stages, tracing's included, weighs as much as it can
 
 Rounds go through the three in turn (the order rotating), one system loaded at a time, so load from
 other processes falls on all alike: ``--clients`` concurrent OpenAI clients send ``--requests``
-completions of ``--max-tokens`` tokens; a round's figure is the completion tokens over its wall time.
-Prints each system's median tokens/s and its ratio to tracing off (goal: 0.01 within 2 %). Not in CI.
+completions of ``--max-tokens`` tokens. Two figures a round: the completion tokens over its wall time,
+and the CPU time the system's processes (the gateway and both stages) spent per 1,000 of them. On a
+shared host the first swings with whatever else runs; the second hardly does, and on a CPU-bound
+system throughput is its inverse, so it is what tells a cost of a few per cent. Prints each system's
+medians and their ratios to tracing off (goal: 0.01 within 2 %). Not in CI.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
+import psutil  # noqa: E402
 
 from contracts.tracing import TRACE_SINK_ENV  # noqa: E402
 from tests.pipeline.harness import TOKEN, Pipeline, pipeline_specs  # noqa: E402
@@ -58,9 +62,10 @@ RATIOS = {"off": None, "0.01": "0.01", "1.0": "1.0"}
 
 
 @contextmanager
-def system(model: Path, work: Path, ratio: str | None, receiver: OtlpReceiver) -> Iterator[tuple[str, str]]:
+def system(model: Path, work: Path, ratio: str | None,
+           receiver: OtlpReceiver) -> Iterator[tuple[str, str, list[psutil.Process]]]:
     """A daphne gateway and its two-stage pipeline, tracing at ``ratio`` (None: off); yields the
-    gateway's ``/v1`` URL and an API key."""
+    gateway's ``/v1`` URL, an API key and the three processes."""
     port = free_port()
     tracing = {} if ratio is None else {
         **receiver.env(), "OTEL_TRACES_EXPORTER": "otlp,motley",
@@ -83,7 +88,8 @@ def system(model: Path, work: Path, ratio: str | None, receiver: OtlpReceiver) -
                                    "controlplane.asgi:application"], env=env, cwd=REPO_ROOT,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for_http(f"http://127.0.0.1:{port}/v1/models")
-        yield f"http://127.0.0.1:{port}/v1", key
+        processes = [psutil.Process(pid) for pid in [server.pid, *pipeline.pids()]]
+        yield f"http://127.0.0.1:{port}/v1", key, processes
     finally:
         if server is not None:
             stop_process(server)
@@ -111,6 +117,18 @@ async def load(base: str, key: str, requests: int, clients: int, max_tokens: int
         return tokens / (time.perf_counter() - started)
 
 
+def cpu_s(processes: list[psutil.Process]) -> float:
+    return sum(sum(p.cpu_times()[:2]) for p in processes)  # user + system
+
+
+def measured(base: str, key: str, processes: list[psutil.Process], args) -> tuple[float, float]:
+    """A round on one system: its tokens/s, and its processes' CPU seconds per 1,000 tokens."""
+    before, started = cpu_s(processes), time.perf_counter()
+    rate = asyncio.run(load(base, key, args.requests, args.clients, args.max_tokens))
+    tokens = rate * (time.perf_counter() - started)
+    return rate, (cpu_s(processes) - before) / tokens * 1000
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -127,23 +145,26 @@ def main() -> int:
         for name, ratio in RATIOS.items():
             (work / name).mkdir()
             systems[name] = stack.enter_context(system(model, work / name, ratio, receiver))
-        for base, key in systems.values():  # warm-up: imports, the first compiled paths
+        for base, key, _ in systems.values():  # warm-up: imports, the first compiled paths
             asyncio.run(load(base, key, args.clients, args.clients, args.max_tokens))
         rates: dict[str, list[float]] = {name: [] for name in systems}
+        cpus: dict[str, list[float]] = {name: [] for name in systems}
         names = list(systems)
         for r in range(args.rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
-                rates[name].append(asyncio.run(load(*systems[name], args.requests, args.clients,
-                                                    args.max_tokens)))
+                rate, cpu = measured(*systems[name], args)
+                rates[name].append(rate)
+                cpus[name].append(cpu)
         spans = len(receiver.spans)
-    off = statistics.median(rates["off"])
+    off, off_cpu = statistics.median(rates["off"]), statistics.median(cpus["off"])
     print(f"{args.rounds} rounds of {args.requests} requests x {args.max_tokens} tokens, "
           f"{args.clients} clients; {spans} spans at the collector's stand-in by the last round")
-    print("| tracing | tokens/s (median) | rounds | vs off |")
-    print("| --- | --- | --- | --- |")
-    for name, values in rates.items():
-        median = statistics.median(values)
-        print(f"| {name} | {median:.1f} | {' '.join(f'{v:.0f}' for v in values)} | {median / off:.3f}x |")
+    print("| tracing | tokens/s (median of rounds) | vs off | CPU s / 1000 tokens (median) | off / this |")
+    print("| --- | --- | --- | --- | --- |")
+    for name in names:
+        rate, cpu = statistics.median(rates[name]), statistics.median(cpus[name])
+        print(f"| {name} | {rate:.1f} ({' '.join(f'{v:.0f}' for v in rates[name])}) | {rate / off:.3f}x "
+              f"| {cpu:.3f} ({' '.join(f'{v:.2f}' for v in cpus[name])}) | {off_cpu / cpu:.3f}x |")
     return 0
 
 

@@ -100,3 +100,18 @@ async def test_a_request_that_waited_for_its_replica_has_the_pause_and_its_reaso
     route = next(s for s in spans if s.name == "gateway.route")
     assert route.attributes["motley.route.waited_s"] == paused["motley.pause_s"]
     assert request.start_ns <= route.start_ns  # the pause is dated at its start, within the route's span
+
+
+async def test_a_request_the_sampler_leaves_out_is_named_but_records_nothing(
+        monkeypatch, fake_pipeline, api_key, demo_model):
+    with OtlpReceiver() as receiver:
+        for name, value in {**receiver.env(), "OTEL_TRACES_SAMPLER": "traceidratio",
+                            "OTEL_TRACES_SAMPLER_ARG": "0"}.items():
+            monkeypatch.setenv(name, value)
+        assert tracing_setup("gateway")
+        fake = fake_pipeline({"r0": Script(tokens=tokens(demo_model, "Hi"))})
+        response = await post(AsyncClient(), "/v1/completions",
+                              {"model": "demo", "prompt": "x", "max_tokens": 2}, api_key)
+        tracing_shutdown()  # exports whatever was recorded
+        assert response.status_code == 200 and len(response["X-Trace-Id"]) == 32
+        assert fake.submitted[0]["traceparent"] is None and receiver.spans == []
