@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
@@ -50,7 +50,8 @@ class StoreExporter(SpanExporter):
     back as a stage's export is, so both kinds of span are kept alike."""
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        close_old_connections()  # a connection this thread held may have gone with a database restart
+        if not connection.in_atomic_block:  # a caller's transaction (a flush from its thread) is its own
+            close_old_connections()  # the batch thread's connection may have gone with a database restart
         try:
             trace_spans_store(spans=message_spans(encode_spans(spans)))
         except DatabaseError as exc:
