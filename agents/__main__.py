@@ -9,7 +9,7 @@ import sys
 
 from agents.agent import Agent
 from agents.config import from_args, parser
-from contracts.tracing import TRACE_SINK_ENV
+from contracts.tracing import TRACE_SINK_ENV, tracing_setup, tracing_shutdown
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,7 +19,12 @@ def main(argv: list[str] | None = None) -> int:
     # Its stages (and the fork server they come from) inherit it: traced, they send the control plane
     # their spans for its request timeline (contracts/tracing.py).
     os.environ.setdefault(TRACE_SINK_ENV, args.server)
-    return asyncio.run(Agent(from_args(args)).run())
+    config = from_args(args)
+    tracing_setup("agent", node=config.name)  # its spans to a collector (otlp): the stages' deploys
+    try:
+        return asyncio.run(Agent(config).run())
+    finally:
+        tracing_shutdown()
 
 
 if __name__ == "__main__":

@@ -58,7 +58,8 @@ def tracing_setup(role: str, *, store: SpanExporter | None = None, pipeline: tup
     stage or agent (``motley.role``); ``attributes``: ``motley.<name>`` resource attributes (node,
     device, stage), None ones left out. With ``motley`` exported: the control plane passes ``store``,
     its own keeper of spans; a stage passes ``pipeline`` (its id and token), which signs what it sends
-    to ``MOTLEY_TRACE_SINK``. Called again (a stage given a new spec in place, a forked stage) it
+    to ``MOTLEY_TRACE_SINK``; a process none of whose spans would go anywhere (an agent with only
+    ``motley``) does not trace. Called again (a stage given a new spec in place, a forked stage) it
     flushes the last provider and starts another with the new attributes."""
     global _provider
     exporters = tracing_exporters()
@@ -70,18 +71,20 @@ def tracing_setup(role: str, *, store: SpanExporter | None = None, pipeline: tup
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     tracing_shutdown()
-    named = {f"motley.{key}": value for key, value in attributes.items() if value is not None}
-    resource = Resource.create({"service.name": env_str("OTEL_SERVICE_NAME", "motley"),
-                                "motley.role": role, **named})
-    provider = TracerProvider(resource=resource)  # its sampler from OTEL_TRACES_SAMPLER / _ARG
-    if "otlp" in exporters:
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     sink = env_str(TRACE_SINK_ENV, "").rstrip("/")
     if "motley" in exporters and store is None and pipeline is not None and sink:
         store = OTLPSpanExporter(endpoint=sink + SINK_PATH,
                                  headers={"Authorization": sink_authorization(*pipeline)})
-    if "motley" in exporters and store is not None:
-        provider.add_span_processor(BatchSpanProcessor(store))
+    targets = [OTLPSpanExporter()] if "otlp" in exporters else []
+    targets += [store] if "motley" in exporters and store is not None else []
+    if not targets:  # motley alone where spans have no way to the control plane (an agent): off
+        return False
+    named = {f"motley.{key}": value for key, value in attributes.items() if value is not None}
+    resource = Resource.create({"service.name": env_str("OTEL_SERVICE_NAME", "motley"),
+                                "motley.role": role, **named})
+    provider = TracerProvider(resource=resource)  # its sampler from OTEL_TRACES_SAMPLER / _ARG
+    for target in targets:
+        provider.add_span_processor(BatchSpanProcessor(target))
     _provider = provider
     return True
 
