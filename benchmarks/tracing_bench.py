@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,19 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 import psutil  # noqa: E402
 
-from contracts.tracing import TRACE_SINK_ENV  # noqa: E402
-from tests.pipeline.harness import TOKEN, Pipeline, pipeline_specs  # noqa: E402
+from tests.pipeline.harness import pipeline_specs  # noqa: E402
+from tests.support.live_gateway import live_gateway  # noqa: E402
 from tests.support.otlp_receiver import OtlpReceiver  # noqa: E402
-from tests.support.processes import (  # noqa: E402
-    CREATE_KEYS,
-    REPO_ROOT,
-    database_migrate,
-    embedded_env,
-    free_port,
-    manage_argv,
-    stop_process,
-    wait_for_http,
-)
 from worker_runtime.make_demo_model import parse_args, write_demo_model  # noqa: E402
 
 LAYERS = 4
@@ -66,34 +54,13 @@ def system(model: Path, work: Path, ratio: str | None,
            receiver: OtlpReceiver) -> Iterator[tuple[str, str, list[psutil.Process]]]:
     """A daphne gateway and its two-stage pipeline, tracing at ``ratio`` (None: off); yields the
     gateway's ``/v1`` URL, an API key and the three processes."""
-    port = free_port()
     tracing = {} if ratio is None else {
         **receiver.env(), "OTEL_TRACES_EXPORTER": "otlp,motley",
         "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": ratio,
         "OTEL_BSP_SCHEDULE_DELAY": "5000"}  # the SDK's default, not the receiver's test delay
-    pipeline = Pipeline(pipeline_specs(model, LAYERS, 2), work,
-                        env={**tracing, TRACE_SINK_ENV: f"http://127.0.0.1:{port}"} if tracing else {})
-    server = None
-    try:
-        models_file = work / "models.json"
-        replica = {"pipeline_id": "p0", "head_address": pipeline.head, "auth_token": TOKEN}
-        models_file.write_text(json.dumps({"models": [
-            {"name": "demo", "tokenizer_path": str(model), "replicas": [replica]}]}))
-        env = {**embedded_env(work / "var"), "MOTLEY_GATEWAY_MODELS_FILE": str(models_file), **tracing}
-        database_migrate(env)
-        key = subprocess.run(manage_argv("shell", "-c", CREATE_KEYS), env=env, cwd=REPO_ROOT, check=True,
-                             capture_output=True, text=True).stdout.split()[-1]
-        pipeline.wait_ready()
-        server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                                   "controlplane.asgi:application"], env=env, cwd=REPO_ROOT,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for_http(f"http://127.0.0.1:{port}/v1/models")
-        processes = [psutil.Process(pid) for pid in [server.pid, *pipeline.pids()]]
-        yield f"http://127.0.0.1:{port}/v1", key, processes
-    finally:
-        if server is not None:
-            stop_process(server)
-        pipeline.stop()
+    with live_gateway(pipeline_specs(model, LAYERS, 2), model, work, tracing) as gateway:
+        pids = [gateway.server_pid, *gateway.pipeline.pids()]
+        yield gateway.base_url, gateway.key, [psutil.Process(pid) for pid in pids]
 
 
 async def load(base: str, key: str, requests: int, clients: int, max_tokens: int) -> float:

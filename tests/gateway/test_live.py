@@ -5,29 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 
 import httpx
 import openai
 import pytest
 
-from contracts.tracing import TRACE_SINK_ENV
 from controlplane.gateway.openai.tokenization import ModelTokenizer
 from controlplane.gateway.serving.pipeline_client import PipelineClient
 from tests.gateway.conftest import DEMO_ARGS
-from tests.pipeline.harness import TOKEN, Pipeline, pipeline_specs
+from tests.pipeline.harness import TOKEN, pipeline_specs
+from tests.support.live_gateway import live_gateway
 from tests.support.otlp_receiver import OtlpReceiver
-from tests.support.processes import (
-    CREATE_KEYS,
-    REPO_ROOT,
-    database_migrate,
-    embedded_env,
-    free_port,
-    manage_argv,
-    wait_for_http,
-)
 from worker_runtime import SamplingParams, Stage, generate
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -53,40 +42,10 @@ def live(demo_model, tmp_path_factory):
     as an agent's would); all killed at the end."""
     workdir = tmp_path_factory.mktemp("live")
     specs = pipeline_specs(demo_model, NUM_LAYERS, 2, kv_tokens=KV_TOKENS, emulation=PACING)
-    receiver = OtlpReceiver().__enter__()
-    port = free_port()
-    tracing = {**receiver.env(), "OTEL_TRACES_EXPORTER": "otlp,motley"}
-    pipeline = Pipeline(specs, workdir, env={**tracing, TRACE_SINK_ENV: f"http://127.0.0.1:{port}"})
-    server = None
-    try:
-        models_file = workdir / "models.json"
-        models_file.write_text(json.dumps({"models": [{
-            "name": "demo", "tokenizer_path": str(demo_model),
-            "replicas": [{"pipeline_id": "p0", "head_address": pipeline.head, "auth_token": TOKEN}],
-        }]}))
-        env = {**embedded_env(workdir), "MOTLEY_GATEWAY_MODELS_FILE": str(models_file), **tracing}
-        database_migrate(env)
-        api_token, key = subprocess.run(manage_argv("shell", "-c", CREATE_KEYS), env=env, cwd=REPO_ROOT,
-                                        check=True, capture_output=True, text=True).stdout.split()[-2:]
-        pipeline.wait_ready()
-        server = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-             "controlplane.asgi:application"],
-            env=env, cwd=REPO_ROOT, stderr=subprocess.DEVNULL,
-        )
-        wait_for_http(f"http://127.0.0.1:{port}/v1/models")
-        yield {"base_url": f"http://127.0.0.1:{port}/v1", "key": key, "pipeline": pipeline,
-               "traces": receiver, "api": (f"http://127.0.0.1:{port}/api/v1", api_token)}
-    finally:
-        if server is not None:
-            server.terminate()
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                server.kill()
-        pipeline.stop()
-        pipeline.assert_none_left()
-        receiver.__exit__()
+    with OtlpReceiver() as receiver, live_gateway(
+            specs, demo_model, workdir, {**receiver.env(), "OTEL_TRACES_EXPORTER": "otlp,motley"}) as system:
+        yield {"base_url": system.base_url, "key": system.key, "pipeline": system.pipeline,
+               "traces": receiver, "api": (system.api_url, system.api_token)}
 
 
 @pytest.fixture
