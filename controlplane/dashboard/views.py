@@ -12,7 +12,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadReque
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET
 
-from contracts.tracing import tracing_enabled
+from contracts.tracing import tracing_exporters
 from controlplane.dashboard import selectors
 from controlplane.deployments.models import Deployment
 from controlplane.gateway.traces.selectors import trace_list
@@ -116,5 +116,5 @@ def traces(request: HttpRequest) -> HttpResponse:
     """Recent sampled requests and one's waterfall (traces.js), from the control plane's trace store;
     ``?trace=<id>`` opens that trace."""
     context = {"page": "deployments", "traces": trace_list(), "selected": request.GET.get("trace", ""),
-               "tracing": tracing_enabled(), "kept": settings.MOTLEY_TRACE_SPANS_KEPT}
+               "keeping": "motley" in tracing_exporters(), "kept": settings.MOTLEY_TRACE_SPANS_KEPT}
     return render(request, "dashboard/traces.html", context)
