@@ -80,14 +80,14 @@ def measure(args: argparse.Namespace, model: Path, docs: list[dict], work: Path)
     results = {}
     try:
         served = {f"smollm2-{plan.replace(',', '-')}": (model, p) for plan, p in pipelines.items()}
-        env, key = gateway_install(work, served)
+        install = gateway_install(work, served)
         for pipeline in pipelines.values():
             pipeline.wait_ready(timeout_s=600)
-        os.environ["OPENAI_API_KEY"] = key
-        with daphne_serving(env) as base_url:
+        os.environ["OPENAI_API_KEY"] = install.key
+        with daphne_serving(install.env) as server:
             for plan, name in zip(args.plans, served):
                 start = time.monotonic()
-                out = lm_eval_through_gateway(base_url, name, model, TASKS / TASK, limit=args.limit)
+                out = lm_eval_through_gateway(server.base_url, name, model, TASKS / TASK, limit=args.limit)
                 metrics = {k: out["results"][TASK][f"{k},none"] for k in ("acc", "acc_norm")}
                 results[plan] = {"scores": served_logliks(out), "wall_s": time.monotonic() - start,
                                  "lm_eval": metrics}

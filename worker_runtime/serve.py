@@ -58,8 +58,8 @@ def serve(raw: dict, events: EventWriter, stop: threading.Event, replaced: threa
     try:
         while True:
             spec, began = StageSpec.from_dict(raw), time.monotonic()
-            tracing_setup("stage", node=platform.node(), device=spec.device,
-                          stage=f"{spec.pipeline_id}/{spec.stage_index}")
+            tracing_setup("stage", pipeline=(spec.pipeline_id, spec.auth_token), node=platform.node(),
+                          device=spec.device, stage=f"{spec.pipeline_id}/{spec.stage_index}")
             stage = _stage_for(spec, stage, loaded)
             loaded = raw
             if stage.is_first != spec.is_head or stage.is_last != spec.is_last:

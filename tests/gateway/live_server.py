@@ -1,5 +1,6 @@
 """The gateway tests' live system (tests/gateway/conftest.py's ``live``): the demo model on a two-stage
-pipeline behind a live gateway (tests/support/live_gateway.py), both tracing to a receiver of their own.
+pipeline behind a live gateway (tests/support/live_gateway.py), both tracing to a receiver of their own
+and to the server's trace store.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tests.gateway.conftest import DEMO_ARGS
-from tests.pipeline.harness import Pipeline, pipeline_specs
-from tests.support.live_gateway import daphne_serving, gateway_install
+from tests.pipeline.harness import pipeline_specs
+from tests.support.live_gateway import live_gateway
 from tests.support.otlp_receiver import OtlpReceiver
 
 NUM_LAYERS = int(DEMO_ARGS[DEMO_ARGS.index("--layers") + 1])
@@ -22,16 +23,10 @@ PACING = {"memory_bandwidth_gbs": 0.03, "fp16_tflops": 1.0, "time_scale": 1.0}
 @contextmanager
 def live_system(demo_model: Path, workdir: Path) -> Iterator[dict]:
     """The demo model on a two-stage pipeline served as model "demo" (``base_url``, ``key``,
-    ``pipeline``, ``traces``: their spans' receiver); all stopped at the end."""
+    ``pipeline``, ``traces``: a receiver of their spans, ``api``: the REST API's URL and a token),
+    tracing to the receiver and to the server's trace store; all stopped at the end."""
     specs = pipeline_specs(demo_model, NUM_LAYERS, 2, kv_tokens=KV_TOKENS, emulation=PACING)
-    receiver = OtlpReceiver().__enter__()
-    pipeline = Pipeline(specs, workdir, env=receiver.env())  # loads while the database is prepared
-    try:
-        env, key = gateway_install(workdir, {"demo": (demo_model, pipeline)}, receiver.env())
-        pipeline.wait_ready()
-        with daphne_serving(env) as base_url:
-            yield {"base_url": base_url, "key": key, "pipeline": pipeline, "traces": receiver}
-    finally:
-        pipeline.stop()
-        pipeline.assert_none_left()
-        receiver.__exit__()
+    with OtlpReceiver() as receiver, live_gateway(
+            specs, demo_model, workdir, {**receiver.env(), "OTEL_TRACES_EXPORTER": "otlp,motley"}) as system:
+        yield {"base_url": system.server.base_url, "key": system.install.key, "pipeline": system.pipeline,
+               "traces": receiver, "api": (system.server.api_url, system.install.api_token)}

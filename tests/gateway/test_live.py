@@ -177,6 +177,42 @@ def test_a_request_is_traced_from_the_clients_span_through_the_gateway_to_the_he
 
 
 
+def test_the_servers_timeline_holds_the_request_from_the_gateway_to_the_last_stage(live):
+    """The server's own trace store (``OTEL_TRACES_EXPORTER`` naming ``motley``): the gateway's spans
+    and both stages' (posted to it with their pipeline's token) read back from the timeline API as one
+    tree, parent before child."""
+    response = httpx.post(f"{live['base_url']}/completions", timeout=60, json={
+        "model": "demo", "prompt": "Sphinx of black quartz", "max_tokens": 4, "temperature": 0},
+        headers={"Authorization": f"Bearer {live['key']}"})
+    trace_id = response.headers["X-Trace-Id"]
+    api, token = live["api"]
+    headers = {"Authorization": f"Token {token}"}
+    names = {"gateway.request", "gateway.admission", "gateway.route", "head.request", "stage.request"}
+    deadline = time.monotonic() + 20
+    while True:  # the processes export in batches, every 50 ms here
+        answer = httpx.get(f"{api}/traces/{trace_id}/", headers=headers)
+        spans = answer.json()["spans"] if answer.status_code == 200 else []
+        if names <= {s["name"] for s in spans} or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    by_name = {s["name"]: s for s in spans}
+    assert names <= set(by_name), f"the store holds {sorted(by_name)} of trace {trace_id}"
+    request, head, stage = by_name["gateway.request"], by_name["head.request"], by_name["stage.request"]
+    assert spans[0] == request and (request["depth"], request["parent_span_id"]) == (0, "")
+    for name in ("gateway.admission", "gateway.route", "head.request"):
+        assert (by_name[name]["parent_span_id"], by_name[name]["depth"]) == (request["span_id"], 1)
+    assert (stage["parent_span_id"], stage["depth"]) == (head["span_id"], 2)
+    assert spans.index(head) < spans.index(stage)
+    assert (head["resource"]["motley.stage"], stage["resource"]["motley.stage"]) == ("p0/0", "p0/1")
+    completion_tokens = response.json()["usage"]["completion_tokens"]
+    assert head["attributes"]["motley.completion_tokens"] == completion_tokens
+    assert stage["attributes"]["motley.steps"] == completion_tokens  # its prefill and each decode step
+    assert 0 <= head["offset_s"] <= stage["offset_s"] <= request["duration_s"]
+    listed = httpx.get(f"{api}/traces/", headers=headers).json()["traces"]
+    assert {"trace_id": trace_id, "name": "gateway.request", "outcome": "completed", "model": "demo",
+            "spans": len(spans)}.items() <= next(t for t in listed if t["trace_id"] == trace_id).items()
+
+
 async def _prefix_hit_tokens(head: str) -> int:
     async with PipelineClient(head, TOKEN, "p0") as pipeline:
         return (await pipeline.stats())["stages"][0]["prefix_hit_tokens"]

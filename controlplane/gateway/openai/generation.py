@@ -97,11 +97,13 @@ class Generation:
         name, shape, resuming = self.route.served.name, self._shape(), self.decision is not None
         try:
             with self.span.child("gateway.route", **{"motley.prompt_tokens": shape.prompt_tokens}) as span:
-                route, decision, waited_s = await replica_admit(
+                route, decision, waited_s, waited_for = await replica_admit(
                     name=name, shape=shape, deadline_at=self.started + self.deadline_s, resuming=resuming,
                     exclude=exclude,
                 )
                 self.span.routed(span, decision, waited_s, resuming)
+                if waited_s > 0:
+                    self.span.paused(waited_s, waited_for)
         except Refused as refused:
             if not resuming:
                 recorder.record(RouteRecord(
