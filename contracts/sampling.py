@@ -65,4 +65,5 @@ class SamplingParams:
             raise TypeError(f"sampling parameters are an object, not {type(raw).__name__}")
         constraint = raw.get("constraint")
         fields = {k: v for k, v in raw.items() if k != "constraint"}
-        return cls(**fields, constraint=None if constraint is None else StructuredConstraint.from_header(constraint))
+        constraint = None if constraint is None else StructuredConstraint.from_header(constraint)
+        return cls(**fields, constraint=constraint)

@@ -30,8 +30,8 @@ def micro_batch_input(requests: list[Request], inputs: list[tuple[list[int], int
     traces = {r.seq_id: parent for r in requests
               if r.trace is not None and not r.output and (parent := traceparent_of(r.trace.span))}
     # A resumed constrained request's output so far, for its matcher on the last stage (structured.py).
-    replay = {r.seq_id: r.prompt[-generated:] for r in requests
-              if not r.output and r.params.constraint is not None and (generated := r.params.constraint.generated)}
+    replay = {r.seq_id: r.prompt[-c.generated:] for r in requests
+              if not r.output and (c := r.params.constraint) is not None and c.generated}
     return replace(batch, traces=traces or None, replay=replay or None) if traces or replay else batch
 
 
