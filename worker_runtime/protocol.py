@@ -2,16 +2,16 @@
 
 Stage to stage: ``batch`` (a micro-batch's hidden states, with ``logits``, the rows per sequence the
 last stage returns where a speculative step verifies proposals or a prompt is scored, ``scored``, the
-prompt tokens those rows score, ``replay``, a resumed constrained sequence's output so far, and
-with prefix caching the cached blocks each new sequence starts with and the blocks each sequence
-filled: :class:`PrefixOps`), ``free`` (sequences done, the cached blocks the head evicted: ``evict``,
-and what its host tier did: ``host``), ``reset`` (drop every sequence and cached block: the head starts a new epoch after a failure). To the head: ``tokens``
-(sampled by the last stage: a token per sequence, a list of them for a verified one; ``logprobs``
-where a sequence asked, contracts/logprobs.py), ``failed`` (a stage could not run a micro-batch),
-``heartbeat`` (liveness, KV figures and statistics of a stage). Client to head: ``submit``,
-``cancel``, ``stats``, ``health``; head to client: ``tokens`` (that client's tokens of one
-micro-batch), ``error``, ``reply``, ``alive``. Every data-plane message carries the head's ``epoch``
-so that a stage drops what belongs to a pipeline state that was reset.
+prompt tokens those rows score, ``replay``, a resumed constrained sequence's output so far, and with
+prefix caching the cached blocks each new sequence starts with and the blocks each sequence filled:
+:class:`PrefixOps`), ``free`` (sequences done, the cached blocks the head evicted: ``evict``, and what
+its host tier did: ``host``), ``reset`` (drop every sequence and cached block: the head starts a new
+epoch after a failure). To the head: ``tokens`` (sampled by the last stage: a token per sequence, a list
+of them for a verified one; ``logprobs`` where a sequence asked, contracts/logprobs.py), ``failed`` (a
+stage could not run a micro-batch), ``heartbeat`` (liveness, KV figures and statistics of a stage).
+Client to head: ``submit``, ``cancel``, ``stats``, ``health``; head to client: ``tokens`` (that client's
+tokens of one micro-batch), ``error``, ``reply``, ``alive``. Every data-plane message carries the head's
+``epoch`` so that a stage drops what belongs to a pipeline state that was reset.
 """
 
 from __future__ import annotations
