@@ -1,6 +1,6 @@
 """The per-token cost of a grammar's mask: decode steps with and without a constraint, side by side.
 
-    python benchmarks/structured_bench.py [--work var/bench/structured --tokens 32 --batches 1 8 --rounds 3]
+    python benchmarks/structured_bench.py [--work var/bench/structured --tokens 32 --batches 1 4 --rounds 3]
 
 A one-stage pipeline in one process (tests/pipeline/in_process.py: the real head loop and sampler) of
 the tests' tiny demo model (2 layers of 64, 704 tokens: the mask's share at its largest) and, where the
@@ -21,6 +21,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -88,7 +90,7 @@ def run(pipeline: InProcessPipeline, tokenizer: ModelTokenizer, batch: int, toke
     return time.perf_counter() - started, sum(len(o) for o in outputs), outputs
 
 
-def bench(name: str, model: Path, args: argparse.Namespace) -> list[str]:
+def bench(name: str, model: Path, args: argparse.Namespace) -> None:
     tokenizer = ModelTokenizer.load(model)
     pipeline = InProcessPipeline(model, ModelConfig.from_file(model).num_layers, 1, kv_tokens=4096)
     grammars = pipeline.head.worker.grammars
@@ -99,9 +101,8 @@ def bench(name: str, model: Path, args: argparse.Namespace) -> list[str]:
     grammars.compiled(constraint)
     compiled = time.perf_counter()
     print(f"{name}: tokenizer loaded in {(loaded - started) * 1e3:.0f} ms, schema compiled in "
-          f"{(compiled - loaded) * 1e3:.1f} ms")
+          f"{(compiled - loaded) * 1e3:.1f} ms", flush=True)
     clock = MaskClock(grammars)
-    rows = []
     for batch in args.batches:
         run(pipeline, tokenizer, batch, 4, None, 0)  # warm
         seconds = {False: 0.0, True: 0.0}
@@ -120,23 +121,23 @@ def bench(name: str, model: Path, args: argparse.Namespace) -> list[str]:
                             json.loads(text)
         off, on = (seconds[k] / counts[k] * 1e3 for k in (False, True))
         mask_us = clock.seconds / max(clock.tokens, 1) * 1e6
-        rows.append(f"| {name} | {batch} | {counts[False]} | {counts[True]} | {off:.2f} | {on:.2f} | "
-                    f"{on / off:.2f}x | {mask_us:.0f} |")
-    return rows
+        print(f"| {name} | {batch} | {counts[False]} | {counts[True]} | {off:.2f} | {on:.2f} | "
+              f"{on / off:.2f}x | {mask_us:.0f} |", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=Path("var/bench/structured"))
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    rows = [row for name, model in models(args.work) for row in bench(name, model, args)]
+    torch.set_num_threads(1)  # as a stage process runs (its spec's threads: 1)
     print("| model | batch | tokens off | tokens on | ms/token off | ms/token on | on/off | mask µs/token |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    print("\n".join(rows))
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
+    for name, model in models(args.work):
+        bench(name, model, args)
 
 
 if __name__ == "__main__":

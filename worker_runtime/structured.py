@@ -106,9 +106,10 @@ class Grammars:
             bitmask = torch.zeros((len(rows), words), dtype=torch.int32)
             for i, (seq_id, _) in enumerate(rows):
                 self._fill(seq_id, bitmask[i])
-            index = torch.tensor([row for _, row in rows], device=logits.device)
-            allowed = allowed_tokens(bitmask, logits.shape[-1]).to(logits.device)
-            logits = logits.index_put((index,), logits[index].masked_fill(~allowed, float("-inf")))
+            refused = ~allowed_tokens(bitmask, logits.shape[-1]).to(logits.device)
+            with torch.inference_mode():  # the logits are the forward's: masked in place, rows as views
+                for i, (_, row) in enumerate(rows):
+                    logits[row].masked_fill_(refused[i], float("-inf"))
         return logits, rows
 
     def _fill(self, seq_id: int, mask: torch.Tensor) -> None:
