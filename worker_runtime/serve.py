@@ -70,7 +70,9 @@ def serve(raw: dict, events: EventWriter, stop: threading.Event, replaced: threa
                 )
             stage.kv.host = _host_tier(spec, stage.kv)
             pacer = stage_pacer(spec, stage)
-            grammars = Grammars(spec.model_path, stage.config.vocab_size) if spec.is_last else None
+            grammars = None
+            if spec.is_last:  # the sampler's, over the checkpoint's whole vocabulary (a TP share's too)
+                grammars = Grammars(spec.model_path, ModelConfig.from_file(spec.model_path).vocab_size)
             worker = StageWorker(stage, StageStats(), pacer, grammars)
             head = None if spec.is_head else spec.head
             if transport is None:
