@@ -23,7 +23,9 @@ from functools import lru_cache
 from typing import Any
 
 KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
-MAX_SPEC_CHARS = 1 << 20  # a schema or grammar this long is no request's honest need
+# A schema or grammar this long is no request's honest need; a prefill step's header carries one per
+# constrained sequence (within the frames' 8 MiB), and the compile caches keep up to 64 of each.
+MAX_SPEC_CHARS = 1 << 16
 JSON_DEFAULTS = {"whitespace_flexible": False}  # llguidance's JSON options: compact output
 ANY_OBJECT = '{"type": "object"}'
 
@@ -84,7 +86,7 @@ def _json(text: str) -> Any:
         raise ConstraintError(f"the spec is not JSON: {exc}") from None
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=64)
 def _grammar(kind: str, spec: str) -> str:
     from llguidance import LLMatcher, grammar_from
 
@@ -93,7 +95,7 @@ def _grammar(kind: str, spec: str) -> str:
     return grammar_from("lark" if kind == "grammar" else kind, spec)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=64)
 def _problem(kind: str, spec: str) -> str | None:
     from llguidance import LLMatcher
 

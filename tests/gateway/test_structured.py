@@ -11,7 +11,7 @@ import json
 import pytest
 from django.test import AsyncClient
 
-from contracts.structured import StructuredConstraint
+from contracts.structured import MAX_SPEC_CHARS, StructuredConstraint
 from tests.gateway.fakes import Script
 from tests.gateway.test_views import post, tokens
 
@@ -54,6 +54,7 @@ async def test_each_shape_submits_its_constraint(fake_pipeline, api_key, extra, 
      "response_format.json_schema.strict", "boolean"),
     ({"structured_outputs": {"regex": "a(b"}}, "structured_outputs.regex", "unclosed group"),
     ({"structured_outputs": {"grammar": "start: foo"}}, "structured_outputs.grammar", "foo"),
+    ({"structured_outputs": {"regex": "a" * (MAX_SPEC_CHARS + 1)}}, "structured_outputs.regex", "at most"),
     ({"structured_outputs": {"choice": []}}, "structured_outputs.choice", "non-empty"),
     ({"structured_outputs": {"json": "{nope"}}, "structured_outputs.json", "not JSON"),
     ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs", "exactly one"),
