@@ -76,7 +76,7 @@ def text(tokenizer, tokens: list[int]) -> str:
 
 
 def test_every_output_matches_its_constraint_and_a_plain_row_beside_them_is_unchanged(pipeline, tokenizer):
-    seeds = [None, 1, 2, 3]  # None: greedy (temperature 0)
+    seeds = [None, 1, 2]  # None: greedy (temperature 0)
     constraints = [StructuredConstraint("json_schema", json.dumps(s)) for s in SCHEMAS] + [
         StructuredConstraint("regex", REGEX), StructuredConstraint("choice", json.dumps(CHOICES)),
         StructuredConstraint("grammar", LARK)]
