@@ -40,6 +40,7 @@ from .spec_inbox import SpecInbox
 from .spec_stage import load_stage, stage_pacer
 from .stage import Batch, Stage
 from .stats import StageStats
+from .structured import Grammars
 from .tensor_parallel.leader import LeadStage
 from .transport import ZmqTransport
 from .worker import StageWorker
@@ -69,7 +70,10 @@ def serve(raw: dict, events: EventWriter, stop: threading.Event, replaced: threa
                 )
             stage.kv.host = _host_tier(spec, stage.kv)
             pacer = stage_pacer(spec, stage)
-            worker = StageWorker(stage, StageStats(), pacer)
+            grammars = None
+            if spec.is_last:  # the sampler's, over the checkpoint's whole vocabulary (a TP share's too)
+                grammars = Grammars(spec.model_path, ModelConfig.from_file(spec.model_path).vocab_size)
+            worker = StageWorker(stage, StageStats(), pacer, grammars)
             head = None if spec.is_head else spec.head
             if transport is None:
                 codec = FrameCodec(spec.pipeline_id, spec.auth_token)

@@ -9,6 +9,7 @@ import json
 import time
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -241,3 +242,27 @@ def test_n_seeded_samples_are_deterministic_and_the_later_ones_hit_the_prefix_ca
     assert len(set(texts)) > 1, texts  # three seeds, not one
     assert all(c.finish_reason in ("length", "stop") for c in first.choices)
     assert first.usage.prompt_tokens == len(prompt_ids) and 3 <= first.usage.completion_tokens <= 24
+
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 6},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 99}}}
+
+
+def test_response_format_json_schema_always_validates_streamed_and_not(client):
+    """The official client's ``response_format`` (chat, json_schema, strict) at temperature 1 with several
+    seeds, two samples each: every answer is JSON that validates, streamed or not."""
+    asked = {"model": "demo", "messages": [{"role": "user", "content": "Who are you? Answer in JSON."}],
+             "max_tokens": 48, "temperature": 1.0,
+             "response_format": {"type": "json_schema",
+                                 "json_schema": {"name": "person", "schema": PERSON, "strict": True}}}
+    answers = []
+    for seed in (1, 2, 3):
+        chat = client.chat.completions.create(**asked, seed=seed, n=2)
+        assert all(c.finish_reason == "stop" for c in chat.choices)
+        answers += [c.message.content for c in chat.choices]
+        stream = client.chat.completions.create(**asked, seed=seed, stream=True)
+        answers.append("".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices))
+    for answer in answers:
+        jsonschema.validate(json.loads(answer), PERSON)
+    assert len(set(answers)) > 1

@@ -5,6 +5,7 @@ defines that motley cannot honour (best_of, suffix, tools) are refused rather th
 samples of the prompt (1 to ``MAX_SAMPLES``; samples.py serves them).
 Log-probabilities: chat's ``logprobs`` (a boolean) and ``top_logprobs`` (0-20, with ``logprobs``);
 completions' ``logprobs`` (0-5 alternatives, OpenAI's legacy limit) and ``echo``.
+Structured outputs: ``response_format`` and vLLM's ``structured_outputs`` (structured.py).
 One extension of motley's own: ``speculate`` (a boolean, default true; false: this request does not
 speculate where its deployment does, docs/gateway.md).
 """
@@ -16,7 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from contracts.sampling import MAX_LOGPROBS
+from contracts.structured import StructuredConstraint
 from controlplane.gateway.openai.errors import bad_request
+from controlplane.gateway.openai.structured import structured_constraint
 
 MAX_STOPS = 4
 MAX_SAMPLES = 16  # n, at most: n samples hold n sequences' KV on one replica
@@ -40,6 +43,7 @@ class GenerationRequest:
     logprobs: int | None = None  # alternatives per token; None: no log-probabilities asked
     echo: bool = False  # completions: the prompt before the completion (with logprobs: the prompt's too)
     n: int = 1  # samples of the prompt, each a choice
+    constraint: StructuredConstraint | None = None  # what the output must match (structured.py)
 
 
 def _is_int(value: Any) -> bool:
@@ -218,6 +222,7 @@ def generation_request(body: dict, *, chat: bool) -> GenerationRequest:
         logprobs=logprobs,
         echo=echo,
         n=_samples(body),
+        constraint=structured_constraint(body),
     )
 
 
