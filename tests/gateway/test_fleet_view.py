@@ -13,7 +13,7 @@ from django.test import AsyncClient
 from rest_framework.authtoken.models import Token
 
 from controlplane.gateway.routing import PeerLoad, ReplicaCosts, ReplicaState, RequestShape, Router
-from controlplane.gateway.serving.fleet_store import FleetStore, process_id
+from controlplane.gateway.serving.fleet_store import FleetStore, installation_prefix, process_id
 from controlplane.gateway.serving.fleet_view import FleetView, peers_of
 from tests.gateway.fakes import Script
 from tests.support.processes import redis_up, redis_url
@@ -40,6 +40,27 @@ async def stores():
     yield make
     for store in opened:
         await store.close()
+
+
+def test_one_view_serves_every_event_loop_and_a_cancelled_heartbeat_leaves_none_waiting():
+    """A gateway heartbeats on one loop and may answer the router API on another (a handler that runs
+    each request on a loop of its own), whose end cancels the heartbeat mid-command: each loop closes
+    and the next one reads the store."""
+    needs_redis()
+    view = FleetView(FleetStore(REDIS_URL, prefix=f"test-fleet-{uuid.uuid4().hex[:8]}"), process="host-a:1")
+    mine = replicas()
+    mine[0].start("q1", RequestShape(100, 50))
+
+    async def heartbeat_cancelled_at_the_loops_end():
+        await view.sync(mine, {})
+        asyncio.get_running_loop().create_task(view.sync(mine, {}))  # cancelled by asyncio.run's end
+        await asyncio.sleep(0)
+
+    for _ in range(3):
+        asyncio.run(asyncio.wait_for(heartbeat_cancelled_at_the_loops_end(), 5))
+    assert view.reachable
+    assert set(asyncio.run(asyncio.wait_for(view.store.contributions(), 5))) == {"host-a:1"}
+    asyncio.run(view.close())
 
 
 def replicas() -> list[ReplicaState]:
@@ -149,7 +170,7 @@ async def test_the_router_api_shows_the_fleet_and_which_process_decided(
     if mode == "redis":
         needs_redis()
         settings.MOTLEY_CACHE_URL = REDIS_URL
-        other = FleetView(FleetStore(REDIS_URL), process="other-host:7")
+        other = FleetView(FleetStore(REDIS_URL, prefix=installation_prefix()), process="other-host:7")
         busy = [ReplicaState("r0", COSTS, 1000)]
         busy[0].start("elsewhere", RequestShape(20, 20))
         await other.sync(busy, {"demo": 2})

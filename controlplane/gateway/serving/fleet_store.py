@@ -2,7 +2,8 @@
 mode (the server of the shared cache, ``MOTLEY_CACHE_URL``, which defaults to the channel layer's);
 nowhere in the embedded default, whose one server process keeps its view in memory.
 
-Each process writes its contribution (fleet_view.py: its load per replica, its recent outcomes, its
+Keys are named per installation (``installation_prefix``: its database's name). Each process
+writes its contribution (fleet_view.py: its load per replica, its recent outcomes, its
 waiting requests) as one JSON value under its own key, ``SET … PX``, at every heartbeat
 (``HEARTBEAT_S``), with a time to live of ``CONTRIBUTION_TTL_S``: a process that dies or hangs stops
 refreshing its key, which expires, and its requests stop counting within that time. A set of process
@@ -14,11 +15,12 @@ unpickled), and short socket timeouts: a slow Redis delays a heartbeat, never a 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
 
-import redis.asyncio as aioredis
+import redis
 from django.conf import settings
 
 HEARTBEAT_S = 0.2  # how often a process publishes its contribution and reads the others'
@@ -33,6 +35,12 @@ def process_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def installation_prefix() -> str:
+    """The keys of this installation's gateways: one Redis server may serve several installations (or
+    test databases), whose replicas' names repeat and must not add up."""
+    return f"{PREFIX}:{settings.DATABASES['default']['NAME']}"
+
+
 def shared_url() -> str | None:
     """The Redis server the gateway processes share (service mode); None in the embedded default."""
     url = settings.MOTLEY_CACHE_URL
@@ -40,12 +48,17 @@ def shared_url() -> str | None:
 
 
 class FleetStore:
-    """The contributions of every live gateway process and their ended decisions, in Redis. One per
-    event loop: the asyncio client's connections belong to the loop that opened them."""
+    """The contributions of every live gateway process and their ended decisions, in Redis.
+
+    Through the blocking client, each call in a worker thread: a gateway serves from more than one
+    event loop (the heartbeat's; under a handler that runs each request on a loop of its own, the
+    router API's), and an asyncio connection belongs to the loop that opened it; a heartbeat cancelled
+    mid-command (its loop closing) could leave that loop waiting on the connection forever. A thread's
+    command ends by itself within the socket timeout, whatever happens to the task that awaited it."""
 
     def __init__(self, url: str, *, prefix: str = PREFIX, ttl_s: float = CONTRIBUTION_TTL_S) -> None:
-        self._redis = aioredis.Redis.from_url(url, socket_timeout=SOCKET_TIMEOUT_S,
-                                              socket_connect_timeout=SOCKET_TIMEOUT_S)
+        self._redis = redis.Redis.from_url(url, socket_timeout=SOCKET_TIMEOUT_S,
+                                           socket_connect_timeout=SOCKET_TIMEOUT_S)
         self._prefix, self.ttl_s = prefix, ttl_s
 
     def _key(self, process: str) -> str:
@@ -53,35 +66,39 @@ class FleetStore:
 
     async def publish(self, process: str, contribution: dict, ended: list[dict]) -> None:
         """Write (and so keep alive) ``process``'s contribution; append its newly ended decisions."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.set(self._key(process), json.dumps(contribution), px=int(self.ttl_s * 1000))
-            pipe.sadd(f"{self._prefix}:processes", process)
-            if ended:
-                pipe.rpush(f"{self._prefix}:decisions", *(json.dumps(record) for record in ended))
-                pipe.ltrim(f"{self._prefix}:decisions", -DECISIONS_KEPT, -1)
-            await pipe.execute()
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.set(self._key(process), json.dumps(contribution), px=int(self.ttl_s * 1000))
+        pipe.sadd(f"{self._prefix}:processes", process)
+        if ended:
+            pipe.rpush(f"{self._prefix}:decisions", *(json.dumps(record) for record in ended))
+            pipe.ltrim(f"{self._prefix}:decisions", -DECISIONS_KEPT, -1)
+        await asyncio.to_thread(pipe.execute)
 
     async def contributions(self) -> dict[str, dict]:
         """The contribution of every live process, by process id."""
-        ids = sorted(member.decode() for member in await self._redis.smembers(f"{self._prefix}:processes"))
+        return await asyncio.to_thread(self._contributions)
+
+    def _contributions(self) -> dict[str, dict]:
+        ids = sorted(member.decode() for member in self._redis.smembers(f"{self._prefix}:processes"))
         if not ids:
             return {}
-        values = await self._redis.mget([self._key(process) for process in ids])
+        values = self._redis.mget([self._key(process) for process in ids])
         if dead := [process for process, value in zip(ids, values, strict=True) if value is None]:
-            await self._redis.srem(f"{self._prefix}:processes", *dead)
+            self._redis.srem(f"{self._prefix}:processes", *dead)
         return {process: json.loads(value)
                 for process, value in zip(ids, values, strict=True) if value is not None}
 
     async def decisions(self) -> list[dict]:
         """The ended decisions of every process, oldest first."""
-        return [json.loads(record) for record in await self._redis.lrange(f"{self._prefix}:decisions", 0, -1)]
+        records = await asyncio.to_thread(self._redis.lrange, f"{self._prefix}:decisions", 0, -1)
+        return [json.loads(record) for record in records]
 
     async def withdraw(self, process: str) -> None:
         """A process that closes stops counting at once, not after its time to live."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.delete(self._key(process))
-            pipe.srem(f"{self._prefix}:processes", process)
-            await pipe.execute()
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.delete(self._key(process))
+        pipe.srem(f"{self._prefix}:processes", process)
+        await asyncio.to_thread(pipe.execute)
 
     async def close(self) -> None:
-        await self._redis.aclose()
+        await asyncio.to_thread(self._redis.close)

@@ -27,7 +27,13 @@ from redis.exceptions import RedisError
 
 from controlplane.gateway.routing import PeerLoad, ReplicaState
 from controlplane.gateway.serving.decision_log import recorder
-from controlplane.gateway.serving.fleet_store import HEARTBEAT_S, FleetStore, process_id, shared_url
+from controlplane.gateway.serving.fleet_store import (
+    HEARTBEAT_S,
+    FleetStore,
+    installation_prefix,
+    process_id,
+    shared_url,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +77,7 @@ class FleetView:
     @classmethod
     def connect(cls) -> FleetView:
         """Shared through Redis in service mode, this process's own in the embedded default."""
-        return cls(FleetStore(url) if (url := shared_url()) else None)
+        return cls(FleetStore(url, prefix=installation_prefix()) if (url := shared_url()) else None)
 
     async def sync(self, replicas: list[ReplicaState], waiting: dict[str, int]) -> None:
         """One heartbeat: publish this process's contribution, read the others', apply their sums."""
