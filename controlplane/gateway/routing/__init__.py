@@ -25,7 +25,7 @@ from controlplane.gateway.routing.signals import (
     StageSample,
     replica_reading,
 )
-from controlplane.gateway.routing.state import ReplicaHealth, ReplicaState
+from controlplane.gateway.routing.state import PeerLoad, ReplicaHealth, ReplicaState
 from controlplane.gateway.routing.strategies import PREFIX_BLIND, STRATEGIES
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "Decision",
     "DeviceSample",
     "MeasuredCosts",
+    "PeerLoad",
     "PromptPrefix",
     "Reading",
     "Rejection",

@@ -49,6 +49,24 @@ class ReplicaHealth:
         return throttled * pressure * (1.0 + ERROR_PENALTY * self.error_rate)
 
 
+@dataclass(frozen=True)
+class PeerLoad:
+    """What other gateway processes have in flight on a replica, as they last published it
+    (controlplane/gateway/serving/fleet_view.py). Added to this process's own bookkeeping, so each
+    process routes on the load of the whole fleet of gateways, not on its own share of it."""
+
+    in_flight: int = 0
+    unstarted: int = 0  # requests not prefilled yet
+    queued_tokens: int = 0
+    kv_reserved: int = 0
+    running: tuple[tuple[int, int], ...] = ()  # (context, tokens left to decode) of each request
+
+    def __add__(self, other: PeerLoad) -> PeerLoad:
+        return PeerLoad(self.in_flight + other.in_flight, self.unstarted + other.unstarted,
+                        self.queued_tokens + other.queued_tokens, self.kv_reserved + other.kv_reserved,
+                        self.running + other.running)
+
+
 @dataclass
 class _InFlight:
     prompt: int
@@ -71,9 +89,11 @@ class ReplicaState:
     kv_block_tokens: int = 16
     costs_source: str = "assumed"  # where ``costs`` come from: measured | planned | stated | assumed
     prefix_summary: PrefixSummary | None = None
+    peers: PeerLoad = field(default_factory=PeerLoad)  # the other gateway processes' load here
     _in_flight: dict[str, _InFlight] = field(default_factory=dict, repr=False)
-    # The head's last free-KV figure and our reservations when it was read: what the head lacks beyond
-    # those is someone else's, against whatever the capacity is now (it changes with a new plan).
+    # The head's last free-KV figure and the reservations of every process sharing the view when it was
+    # read: what the head lacks beyond those is someone else's, against whatever the capacity is now (it
+    # changes with a new plan).
     _head_kv_free: int | None = field(default=None, repr=False)
     _reserved_when_heard: int = field(default=0, repr=False)
     _external_queued: int = field(default=0, repr=False)
@@ -83,8 +103,15 @@ class ReplicaState:
     _sent_names: set[int] = field(default_factory=set, repr=False)
 
     # -- load figures -------------------------------------------------------------------------------
+    def own_load(self) -> PeerLoad:
+        """This process's own bookkeeping of the replica, as the other processes see it."""
+        flights = self._in_flight.values()
+        return PeerLoad(len(self._in_flight), sum(1 for r in flights if r.prefill_left), self._queued_tokens,
+                        self.kv_reserved, tuple((r.prompt + r.generated, r.decode_left) for r in flights))
+
     @property
     def kv_reserved(self) -> int:
+        """KV tokens this process reserved here."""
         return sum(r.kv_tokens for r in self._in_flight.values())
 
     @property
@@ -93,25 +120,34 @@ class ReplicaState:
 
     @property
     def external_kv(self) -> int:
-        """KV tokens in use at the head that this router did not reserve (another gateway's)."""
+        """KV tokens in use at the head that this process did not reserve: the other gateway processes'
+        reservations, plus what the head lacks beyond all of those when it was last heard (a gateway
+        that shares no view, or a reservation not published yet)."""
         if self._head_kv_free is None:
-            return 0
-        return max(0, self.kv_capacity - self._head_kv_free - self._reserved_when_heard)
+            return self.peers.kv_reserved
+        unknown = self.kv_capacity - self._head_kv_free - self._reserved_when_heard
+        return self.peers.kv_reserved + max(0, unknown)
 
     @property
-    def queued_tokens(self) -> int:
-        """Prompt tokens admitted but not yet prefilled (those the head caches are not prefilled)."""
+    def _queued_tokens(self) -> int:
         return sum(r.prefill_left for r in self._in_flight.values())
 
     @property
+    def queued_tokens(self) -> int:
+        """Prompt tokens admitted but not yet prefilled (those the head caches are not prefilled), by
+        every gateway process."""
+        return self._queued_tokens + self.peers.queued_tokens
+
+    @property
     def external_queued(self) -> int:
-        """Requests waiting in the head's queue that this router did not send (another gateway's)."""
+        """Requests waiting in the head's queue that no gateway process sharing the view sent."""
         return self._external_queued
 
     @property
     def running_tokens(self) -> int:
-        """Tokens the running sequences may still decode."""
-        return sum(r.decode_left for r in self._in_flight.values())
+        """Tokens the running sequences may still decode, every gateway process's."""
+        own = sum(r.decode_left for r in self._in_flight.values())
+        return own + sum(left for _, left in self.peers.running)
 
     @property
     def outstanding_tokens(self) -> int:
@@ -119,7 +155,7 @@ class ReplicaState:
 
     @property
     def in_flight(self) -> int:
-        return len(self._in_flight)
+        return len(self._in_flight) + self.peers.in_flight
 
     def kv_need(self, request: RequestShape) -> int:
         """The KV space the head will reserve for the request: whole blocks."""
@@ -137,8 +173,9 @@ class ReplicaState:
         return request.cached_on(self.prefix_summary, self._sent_names)
 
     def _queued_ahead(self, request: RequestShape) -> int:
-        """Prompt tokens ahead of the request: ours, exactly; another gateway's queued requests each
-        counted as one of the request's own size (their sizes are unknown here)."""
+        """Prompt tokens ahead of the request: those of the gateway processes that share the view,
+        exactly; the head's other queued requests each counted as one of the request's own size
+        (their sizes are unknown here)."""
         return self.queued_tokens + self._external_queued * request.prompt_tokens
 
     def estimate_ttft(self, request: RequestShape) -> float:
@@ -147,6 +184,7 @@ class ReplicaState:
 
     def estimate_finish(self, request: RequestShape) -> float:
         running = [(r.prompt + r.generated, r.decode_left) for r in self._in_flight.values()]
+        running.extend(self.peers.running)
         return (time_to_finish(self.costs, request, self._queued_ahead(request), running,
                                self.cached_tokens(request))
                 * self.health.slowdown)
@@ -187,18 +225,19 @@ class ReplicaState:
         queue_depth: int | None = None,
         prefix_summary: PrefixSummary | None | _Unchanged = _Unchanged.UNCHANGED,
     ) -> None:
-        """Telemetry: health, the head's free KV tokens (what it lacks beyond our own reservations is
-        used by someone else, e.g. another gateway process), the head's queue (requests waiting for
-        KV space beyond those of ours not started yet are someone else's) and the summary of the
-        prefixes it caches (None: it caches none; left out: unchanged)."""
+        """Telemetry: health, the head's free KV tokens (what it lacks beyond the reservations of every
+        gateway process sharing the view is used by someone else), the head's queue (requests waiting
+        for KV space beyond those of the gateways not started yet are someone else's) and the summary
+        of the prefixes it caches (None: it caches none; left out: unchanged)."""
         if not isinstance(prefix_summary, _Unchanged):
             self._summarized(prefix_summary)
         if health is not None:
             self.health = health
         if kv_tokens_free is not None:
-            self._head_kv_free, self._reserved_when_heard = kv_tokens_free, self.kv_reserved
+            self._head_kv_free = kv_tokens_free
+            self._reserved_when_heard = self.kv_reserved + self.peers.kv_reserved
         if queue_depth is not None:
-            ours = sum(1 for r in self._in_flight.values() if r.prefill_left)
+            ours = sum(1 for r in self._in_flight.values() if r.prefill_left) + self.peers.unstarted
             self._external_queued = max(0, queue_depth - ours)
 
     def _summarized(self, summary: PrefixSummary | None) -> None:

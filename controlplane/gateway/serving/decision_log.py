@@ -8,6 +8,11 @@ decision, first token and end is also counted for Prometheus (``controlplane.obs
 vLLM's request metrics by model and replica, the router's decisions by reason). A request resumed
 on another replica after its pipeline broke (generation.py) stays one record: ``migrated`` moves it,
 its gauges and later figures to the new replica and counts the break in the old one's error rate.
+
+Where several gateway processes share one view (fleet_view.py), each record names the process that
+decided (``process``), the error rate counts the outcomes every live process published
+(``peer_outcomes``), and each ended record waits in ``ended`` until it is published for the others'
+``GET /api/v1/gateway/router/``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import time
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 
+from controlplane.gateway.serving.fleet_store import process_id
 from controlplane.observability import serving
 
 RECENT = 500
@@ -44,6 +50,7 @@ class RouteRecord:
     waited_s: float = 0.0  # in the gateway's queue for a routable replica (waiting.py), resumptions included
     migrations: int = 0  # times resumed on another replica after its pipeline broke
     replicas: list[str] = field(default_factory=list)  # every replica it ran on, in order
+    process: str = field(default_factory=process_id)  # the gateway process that decided
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -59,6 +66,9 @@ class RouterRecorder:
     totals: Counter = field(default_factory=Counter)
     _by_id: dict[str, RouteRecord] = field(default_factory=dict)
     _outcomes: dict[str, deque] = field(default_factory=dict)  # replica -> (monotonic time, failed)
+    # replica -> the other live gateway processes' (requests, failed) of the error window
+    peer_outcomes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    ended: deque = field(default_factory=lambda: deque(maxlen=RECENT))  # ended records not yet published
 
     def record(self, record: RouteRecord) -> None:
         if record.replica is not None:
@@ -67,6 +77,8 @@ class RouterRecorder:
         self.totals[(record.model, record.replica or "-", record.outcome)] += 1
         if record.replica is not None:
             self._by_id[record.request_id] = record
+        else:
+            self.ended.append(record)
         serving.request_decided(model=record.model, strategy=record.strategy, replica=record.replica,
                                 outcome=record.outcome)
 
@@ -80,6 +92,7 @@ class RouterRecorder:
         if (record := self._by_id.pop(request_id, None)) is not None:
             record.outcome, record.e2e_s, record.completion_tokens = outcome, e2e_s, completion_tokens
             self.totals[(record.model, record.replica, outcome)] += 1
+            self.ended.append(record)
             serving.request_finished(model=record.model, replica=record.replica, outcome=outcome, e2e_s=e2e_s,
                                      ttft_s=record.queue_s, completion_tokens=completion_tokens)
             if outcome != "cancelled":
@@ -99,12 +112,19 @@ class RouterRecorder:
             to, record.migrations + 1, record.waited_s + waited_s)
         record.replicas.append(to)
 
-    def error_rate(self, replica: str, *, now: float | None = None) -> float:
-        """Share of the replica's requests of the last ``ERROR_WINDOW_S`` that failed by its fault
-        (a broken pipeline, a failed request), over at least ``ERROR_MIN_REQUESTS``."""
+    def outcomes(self, replica: str, *, now: float | None = None) -> tuple[int, int]:
+        """This process's requests on the replica that ended in the last ``ERROR_WINDOW_S``, and how
+        many of them failed by its fault (a broken pipeline, a failed request)."""
         now = time.monotonic() if now is None else now
         recent = [failed for at, failed in self._outcomes.get(replica, ()) if now - at <= ERROR_WINDOW_S]
-        return sum(recent) / max(len(recent), ERROR_MIN_REQUESTS)
+        return len(recent), sum(recent)
+
+    def error_rate(self, replica: str, *, now: float | None = None) -> float:
+        """Share of the replica's requests of the last ``ERROR_WINDOW_S``, those of every live gateway
+        process, that failed by its fault, over at least ``ERROR_MIN_REQUESTS``."""
+        (n, failed), (peer_n, peer_failed) = self.outcomes(replica, now=now), self.peer_outcomes.get(
+            replica, (0, 0))
+        return (failed + peer_failed) / max(n + peer_n, ERROR_MIN_REQUESTS)
 
     def snapshot(self) -> dict:
         queue_times = [r.queue_s for r in self.recent if r.queue_s is not None]

@@ -22,6 +22,9 @@ read again at once: its restarted or moved stages' samples (the telemetry must k
 otherwise taken in only within ``HEALTH_REFRESH_S``. In place, on two cores, the waiting requests go
 0.03-0.08 s after the controller's "serving again", where polls every ``WAIT_POLL_S`` alone take
 0.11-0.25 s (`benchmarks/replacement_bench.py --room in-place`).
+
+Where several server processes serve, their routers share one view (fleet_view.py): a heartbeat
+every ``HEARTBEAT_S`` publishes this process's load and reads the others'.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ from controlplane.gateway.openai.tokenization import ModelTokenizer
 from controlplane.gateway.routing import ReplicaHealth, ReplicaState, Router
 from controlplane.gateway.serving.decision_log import decision_stats
 from controlplane.gateway.serving.directory import ReplicaEndpoint, ServedModel
+from controlplane.gateway.serving.fleet_store import HEARTBEAT_S
+from controlplane.gateway.serving.fleet_view import FleetView
 from controlplane.gateway.serving.live_health import LiveHealth, stale_after_s, telemetry_view
 from controlplane.gateway.serving.waiting import Waiting
 
@@ -84,6 +89,7 @@ class Gateway:
         self._asked: set[str] = set()  # pipeline ids whose head was asked for its stats at least once
         self.live = LiveHealth()
         self.waiting = Waiting()
+        self.fleet = FleetView.connect()
         self._hurry = asyncio.Event()  # set by a request that starts to wait: poll now, then fast
         self._closing: set[asyncio.Task] = set()  # replaced clients waiting to be closed
 
@@ -136,7 +142,8 @@ class Gateway:
                 for task in self._pollers:
                     task.cancel()
                 self._pollers = [asyncio.create_task(self._poll_forever()),
-                                 asyncio.create_task(self._health_forever())]
+                                 asyncio.create_task(self._health_forever()),
+                                 asyncio.create_task(self._fleet_forever())]
 
     def _sync(self, served: ServedModel) -> ModelRoute:
         """Carry the live state (in-flight bookkeeping, clients) of replicas that are still served;
@@ -243,6 +250,20 @@ class Gateway:
             except Exception:
                 log.exception("reading the telemetry failed")
 
+    async def _fleet_forever(self) -> None:
+        """The heartbeat of this process's share of the router view (fleet_view.py)."""
+        while True:
+            try:
+                await self.fleet.sync(*self.fleet_inputs())
+            except Exception:
+                log.exception("sharing the router view failed")
+            await asyncio.sleep(HEARTBEAT_S)
+
+    def fleet_inputs(self) -> tuple[list[ReplicaState], dict[str, int]]:
+        """What this process contributes to the shared view: its replicas and waiting requests."""
+        return ([r for _, r in self._replicas()],
+                {name: len(queue) for name, queue in self.waiting.queues.items() if len(queue)})
+
     async def _read_telemetry(self) -> None:
         """The agents' latest samples; none when they cannot be read (every replica that expects
         them is then unhealthy: routing blind is not an option)."""
@@ -282,6 +303,7 @@ class Gateway:
         for route in self.routes.values():
             for client in route.clients.values():
                 await client.close()
+        await self.fleet.close()
 
 
 _gateways: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Gateway] = weakref.WeakKeyDictionary()
@@ -298,7 +320,8 @@ async def gateway_stats() -> dict:
     """Per model and replica, everything the router uses now (its bookkeeping, health and why, costs
     and their source, the telemetry and head statistics it read, with their ages) and the head's last
     statistics (contracts §2, as polled every ``REFRESH_S``), plus the recent decisions with the
-    inputs of each: the router statistics of ``GET /api/v1/gateway/router/`` and the dashboard."""
+    inputs of each and the process that decided, and the load of every live gateway process
+    (``fleet``): the router statistics of ``GET /api/v1/gateway/router/`` and the dashboard."""
     g = gateway()
     models = {}
     for route in await g.all_routes():
@@ -319,4 +342,7 @@ async def gateway_stats() -> dict:
                 "telemetry_stale_s": stale_after_s(), "live_telemetry": g.live.enabled(),
                 **{name.lower(): gateway_setting(name)
                    for name in ("WAIT_S", "MAX_WAITING", "WAIT_POLL_S", "MAX_MIGRATIONS")}}
-    return {"at": time.time(), "settings": settings, "models": models, "router": decision_stats()}
+    decisions = decision_stats()
+    decisions["recent"] = await g.fleet.decisions(decisions["recent"], keep=len(decisions["recent"]) or 50)
+    return {"at": time.time(), "settings": settings, "models": models, "router": decisions,
+            "fleet": g.fleet.snapshot(*g.fleet_inputs())}
