@@ -138,7 +138,8 @@ def test_rendering_matches_transformers_apply_chat_template(tool_models):
     (HERMES, "Just text, no call.", "Just text, no call.", []),
     (HERMES, "Hello <tool_c", "Hello <tool_c", []),  # a marker's start that never completed
     (HERMES, "Hi <tool_call> not json", "Hi <tool_call> not json", []),  # a marker with no call
-    (HERMES, '<tool_call>\n{"arguments": {}}\n</tool_call>', '<tool_call>\n{"arguments": {}}\n</tool_call>', []),
+    (HERMES, '<tool_call>\n{"arguments": {}}\n</tool_call>', '<tool_call>\n{"arguments": {}}\n</tool_call>',
+     []),
     (HERMES, '<tool_call>\n{"name": "search"}\n</tool_call>', None, [("search", {})]),
     (LLAMA3_JSON, '{"answer": 42}', '{"answer": 42}', []),  # JSON that is not a call stays text
     (LLAMA3_JSON, 'The answer is {"a": 1}', 'The answer is {"a": 1}', []),
@@ -151,7 +152,8 @@ def test_edge_cases(fmt, text, content, calls):
 
 
 def test_without_parallel_calls_only_the_first_is_kept():
-    text = '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "b"}\n</tool_call>'
+    text = ('<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "b"}\n</tool_call>')
     assert [c["function"]["name"] for c in parse_tool_calls(HERMES, text, parallel=False)[1]] == ["a"]
 
 
@@ -162,4 +164,5 @@ def test_text_that_may_start_a_marker_is_held_until_decided():
     assert parser.push(" \n<tool_") == []
     out = parser.push('call>\n{"name": "a", "arg')
     assert [f["tool_calls"][0]["function"] for f in out] == [{"name": "a", "arguments": ""}]
-    assert parser.push('uments": {"x": 1}}') == [{"tool_calls": [{"index": 0, "function": {"arguments": '{"x": 1}'}}]}]
+    assert parser.push('uments": {"x": 1}}') == [
+        {"tool_calls": [{"index": 0, "function": {"arguments": '{"x": 1}'}}]}]

@@ -88,7 +88,8 @@ def _prompt_ids(route: ModelRoute, body: GenerationRequest, calling: ToolCalling
     tokenizer = route.tokenizer
     if body.messages is not None:
         try:
-            return tokenizer.encode_chat(body.messages, tools=list(calling.request.tools) if calling else None)
+            tools = list(calling.request.tools) if calling else None
+            return tokenizer.encode_chat(body.messages, tools=tools)
         except ChatTemplateError as exc:
             raise bad_request(str(exc), param="messages", code="invalid_value") from None
     if isinstance(body.prompt, list):

@@ -43,7 +43,8 @@ def tool_calling(tokenizer: ModelTokenizer, tools: ToolRequest | None, model: st
         raise bad_request("tool_choice 'required' or a named function needs structured outputs, not yet "
                           "served; use 'auto'", param="tool_choice", code="unsupported_value")
     added = tokenizer.tokenizer.get_added_tokens_decoder()
-    keep = tuple(i for m in fmt.markers if (i := tokenizer.tokenizer.token_to_id(m)) is not None and i in added)
+    ids = (tokenizer.tokenizer.token_to_id(marker) for marker in fmt.markers)
+    keep = tuple(i for i in ids if i is not None and i in added)
     return ToolCalling(request=tools, format=fmt, keep_token_ids=keep)
 
 

@@ -45,7 +45,8 @@ def _function(tool: Any, i: int) -> dict:
                           code="invalid_value")
     function = tool.get("function")
     if not isinstance(function, dict):
-        raise bad_request(f"{where}.function must be an object", param=f"{where}.function", code="invalid_type")
+        raise bad_request(f"{where}.function must be an object", param=f"{where}.function",
+                          code="invalid_type")
     name = function.get("name")
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise bad_request(f"{where}.function.name must be 1-64 letters, digits, '_' or '-'",
@@ -70,7 +71,8 @@ def _choice(body: dict, names: list[str]) -> tuple[str, str | None]:
         return ("auto" if names else "none"), None
     if isinstance(choice, str) and choice in CHOICES:
         if choice == "required" and not names:
-            raise bad_request("tool_choice 'required' needs 'tools'", param="tool_choice", code="invalid_value")
+            raise bad_request("tool_choice 'required' needs 'tools'", param="tool_choice",
+                              code="invalid_value")
         return choice, None
     function = choice.get("function") if isinstance(choice, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
@@ -112,7 +114,7 @@ def tool_request(body: dict) -> ToolRequest | None:
 def _arguments(call: Any, where: str) -> dict:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise bad_request(f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}",
+        raise bad_request(f"{where} must be a call: type 'function', function.name and function.arguments",
                           param=f"{where}.function", code="invalid_value")
     arguments = function.get("arguments", "{}")
     try:
