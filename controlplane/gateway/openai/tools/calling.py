@@ -22,7 +22,12 @@ from controlplane.gateway.openai.tools.request import ToolRequest
 class ToolCalling:
     request: ToolRequest
     format: ToolFormat
-    keep_token_ids: tuple[int, ...]  # special tokens whose text the parser needs (the markers)
+    added_tokens: dict[str, int]  # the format's markers and closer that are added tokens: their ids
+
+    @property
+    def keep_token_ids(self) -> tuple[int, ...]:
+        """The tokens whose text the detokenizer keeps for the parser (the markers')."""
+        return tuple(i for text, i in self.added_tokens.items() if text in self.format.markers)
 
 
 def tool_calling(tokenizer: ModelTokenizer, tools: ToolRequest | None, model: str) -> ToolCalling | None:
@@ -43,9 +48,9 @@ def tool_calling(tokenizer: ModelTokenizer, tools: ToolRequest | None, model: st
         raise bad_request("tool_choice 'required' or a named function needs structured outputs, not yet "
                           "served; use 'auto'", param="tool_choice", code="unsupported_value")
     added = tokenizer.tokenizer.get_added_tokens_decoder()
-    ids = (tokenizer.tokenizer.token_to_id(marker) for marker in fmt.markers)
-    keep = tuple(i for i in ids if i is not None and i in added)
-    return ToolCalling(request=tools, format=fmt, keep_token_ids=keep)
+    ids = {text: tokenizer.tokenizer.token_to_id(text) for text in (*fmt.markers, fmt.closer) if text}
+    return ToolCalling(request=tools, format=fmt,
+                       added_tokens={text: i for text, i in ids.items() if i is not None and i in added})
 
 
 class ChoiceOutput:

@@ -43,6 +43,7 @@ class ToolFormat:
     name: str
     markers: tuple[str, ...]  # text that opens the calls (a special token's text where it is one)
     signature: str  # what in the template's text names this format
+    closer: str = ""  # text that closes each call
     arguments_keys: tuple[str, ...] = ("arguments",)  # the call object's key for its arguments
     json_start: bool = False  # a reply whose first non-space character is '{' opens the calls too
     mistral_ids: bool = False
@@ -51,7 +52,7 @@ class ToolFormat:
         return mistral_call_id() if self.mistral_ids else openai_call_id()
 
 
-HERMES = ToolFormat("hermes", ("<tool_call>",), "<tool_call>")
+HERMES = ToolFormat("hermes", ("<tool_call>",), "<tool_call>", closer="</tool_call>")
 MISTRAL = ToolFormat("mistral", ("[TOOL_CALLS]",), "[TOOL_CALLS]", mistral_ids=True)
 LLAMA3_JSON = ToolFormat("llama3_json", ("<|python_tag|>",), '"parameters": ',
                          arguments_keys=("parameters", "arguments"), json_start=True)
