@@ -89,3 +89,18 @@ async def test_a_model_without_tools_in_its_template_refuses_them(fake_pipeline,
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "tools"
     assert "does not support tools" in response.json()["error"]["message"]
+
+
+async def test_streamed_log_probabilities_of_held_text_come_with_the_next_chunk(fake_pipeline, api_key,
+                                                                                tool_models):
+    model = tool_models["qwen2_5"]
+    reply = _reply_tokens(model)
+    fake_pipeline({"r0": Script(tokens=reply)}, model=model)
+    body = {"model": "demo", "messages": [USER], "tools": [TOOL], "max_tokens": 100, "stream": True,
+            "logprobs": True, "n": 2}
+    events = await sse_events(await post(AsyncClient(), "/v1/chat/completions", body, api_key))
+    for index in range(2):
+        choices = [e["choices"][0] for e in events if e["choices"][0]["index"] == index]
+        entries = [entry for c in choices if c["logprobs"] for entry in c["logprobs"]["content"]]
+        assert len(entries) == len(reply)  # every token's, once, the end token's included
+        assert choices[-1]["finish_reason"] == "tool_calls"
