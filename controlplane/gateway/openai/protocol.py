@@ -31,7 +31,7 @@ CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 class GenerationRequest:
     model: str
     prompt: str | list[int] | None  # /v1/completions
-    messages: list[dict[str, Any]] | None  # /v1/chat/completions (contents flattened to text)
+    messages: list[dict[str, Any]] | None  # /v1/chat/completions (contents as text, tool fields kept)
     max_tokens: int | None  # None: the endpoint's default
     temperature: float
     top_p: float
