@@ -8,13 +8,17 @@ lost with the agent is redelivered; they are idempotent, so a redelivery changes
 The worker runs on a thread of the agent (a ``WorkController`` with the solo pool, the way Celery's
 own embedded test worker does), because the agent's main thread belongs to its telemetry loop and
 its stages must be forked by the long-lived supervisor thread.
+
+Traced (contracts/tracing.py, the agent's resource naming its node), a start or stop of a stage is a
+span, ``agent.start_stage`` / ``agent.stop_stage``, with the stage and its device as attributes.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from celery import Celery
@@ -24,12 +28,25 @@ from celery.worker import state as worker_state
 from agents.supervisor import Supervisor
 from agents.throttle import ThrottleRefused, Throttles
 from contracts.tasks import SET_THROTTLE, START_STAGE, STOP_STAGE, SYNC
+from contracts.tracing import tracer
 
 log = logging.getLogger(__name__)
 
 
 class StaleTask(RuntimeError):
     """A task sent to an earlier incarnation of this node's agent: not run."""
+
+
+@contextmanager
+def _task_span(name: str, **attributes: Any) -> Iterator[Any]:
+    """The span of one task (None while the agent does not trace); an exception ends it in error."""
+    agent_tracer = tracer(__name__)
+    if agent_tracer is None:
+        yield None
+        return
+    named = {f"motley.{key}": value for key, value in attributes.items() if value is not None}
+    with agent_tracer.start_as_current_span(name, attributes=named) as span:
+        yield span
 
 
 def build_app(
@@ -80,14 +97,20 @@ def build_app(
         current(START_STAGE, incarnation)
         if not isinstance(spec, dict):
             raise TypeError(f"start_stage {stage_key}: spec must be a JSON object")
-        return supervisor.start(stage_key, spec, device_index, background=bool(background)).to_json()
+        with _task_span("agent.start_stage", stage_key=stage_key, device=spec.get("device"),
+                        device_index=device_index) as span:
+            status = supervisor.start(stage_key, spec, device_index, background=bool(background))
+            if span is not None:
+                span.set_attribute("motley.state", status.state)
+        return status.to_json()
 
     @app.task(name=STOP_STAGE, shared=False)
     def stop_stage(stage_key: str, *, incarnation: int) -> dict[str, Any] | None:
         current(STOP_STAGE, incarnation)
         if not isinstance(stage_key, str):
             raise TypeError(f"stop_stage: stage_key must be a string, got {stage_key!r:.100}")
-        status = supervisor.stop(stage_key)
+        with _task_span("agent.stop_stage", stage_key=stage_key):
+            status = supervisor.stop(stage_key)
         return status.to_json() if status else None
 
     @app.task(name=SYNC, shared=False)

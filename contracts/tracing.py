@@ -9,11 +9,17 @@ rest of the standard variables itself: ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``_TRAC
 ``OTEL_RESOURCE_ATTRIBUTES`` and the batch processor's ``OTEL_BSP_*``. The trace context crosses a
 process boundary as a W3C ``traceparent`` string (the gateway's response, the head's ``submit``
 frame: docs/contracts.md §2), made and read here so both sides agree on it.
+
+Where spans go (``OTEL_TRACES_EXPORTER``, a list): ``otlp`` to the operator's collector
+(``OTEL_EXPORTER_OTLP_*``); ``motley`` to the control plane, which keeps the recent ones for the
+dashboard's request timeline: the control plane hands :func:`tracing_setup` its own store, a stage
+posts OTLP/HTTP to ``<MOTLEY_TRACE_SINK>/api/v1/traces/otlp/`` (the agent sets the variable to its
+control plane's URL) signed as its pipeline (:func:`sink_authorization`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -22,24 +28,42 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from contracts.env import env_bool, env_str
 
+if TYPE_CHECKING:  # the SDK is imported only once tracing is on
+    from opentelemetry.sdk.trace.export import SpanExporter
+
 _PROPAGATOR = TraceContextTextMapPropagator()
+TRACE_SINK_ENV = "MOTLEY_TRACE_SINK"  # the control plane's URL, where a stage sends its spans for it to keep
+SINK_PATH = "/api/v1/traces/otlp/"
+_SINK_SCHEME = "Pipeline"
+_EXPORTERS = ("otlp", "motley")
 _provider: Any = None  # the SDK's TracerProvider of this process, once set up with tracing on
 
 
+def tracing_exporters() -> set[str]:
+    """What ``OTEL_TRACES_EXPORTER`` names of ``otlp`` and ``motley`` (none: tracing off; the SDK's own
+    default is ``otlp``, motley's is ``none``); nothing while ``OTEL_SDK_DISABLED`` is true."""
+    if env_bool("OTEL_SDK_DISABLED", False):
+        return set()
+    named = {e.strip() for e in env_str("OTEL_TRACES_EXPORTER", "none").lower().split(",")}
+    return named & set(_EXPORTERS)
+
+
 def tracing_enabled() -> bool:
-    """``OTEL_TRACES_EXPORTER`` names ``otlp`` (the SDK's own default is ``otlp``; motley's is off,
-    ``none``) and ``OTEL_SDK_DISABLED`` is not true."""
-    exporters = {e.strip() for e in env_str("OTEL_TRACES_EXPORTER", "none").lower().split(",")}
-    return "otlp" in exporters and not env_bool("OTEL_SDK_DISABLED", False)
+    return bool(tracing_exporters())
 
 
-def tracing_setup(role: str, **attributes: str | int | None) -> bool:
+def tracing_setup(role: str, *, store: SpanExporter | None = None, pipeline: tuple[str, str] | None = None,
+                  **attributes: str | int | None) -> bool:
     """Start exporting this process's spans if tracing is on; says whether it is. ``role``: gateway,
     stage or agent (``motley.role``); ``attributes``: ``motley.<name>`` resource attributes (node,
-    device, stage), None ones left out. Called again (a stage given a new spec in place, a forked
-    stage) it flushes the last provider and starts another with the new attributes."""
+    device, stage), None ones left out. With ``motley`` exported: the control plane passes ``store``,
+    its own keeper of spans; a stage passes ``pipeline`` (its id and token), which signs what it sends
+    to ``MOTLEY_TRACE_SINK``; a process none of whose spans would go anywhere (an agent with only
+    ``motley``) does not trace. Called again (a stage given a new spec in place, a forked stage) it
+    flushes the last provider and starts another with the new attributes."""
     global _provider
-    if not tracing_enabled():
+    exporters = tracing_exporters()
+    if not exporters:
         return False
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
@@ -47,13 +71,35 @@ def tracing_setup(role: str, **attributes: str | int | None) -> bool:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     tracing_shutdown()
+    sink = env_str(TRACE_SINK_ENV, "").rstrip("/")
+    if "motley" in exporters and store is None and pipeline is not None and sink:
+        store = OTLPSpanExporter(endpoint=sink + SINK_PATH,
+                                 headers={"Authorization": sink_authorization(*pipeline)})
+    targets = [OTLPSpanExporter()] if "otlp" in exporters else []
+    targets += [store] if "motley" in exporters and store is not None else []
+    if not targets:  # motley alone where spans have no way to the control plane (an agent): off
+        return False
     named = {f"motley.{key}": value for key, value in attributes.items() if value is not None}
     resource = Resource.create({"service.name": env_str("OTEL_SERVICE_NAME", "motley"),
                                 "motley.role": role, **named})
     provider = TracerProvider(resource=resource)  # its sampler from OTEL_TRACES_SAMPLER / _ARG
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    for target in targets:
+        provider.add_span_processor(BatchSpanProcessor(target))
     _provider = provider
     return True
+
+
+def sink_authorization(pipeline_id: str, auth_token: str) -> str:
+    """The ``Authorization`` a stage's spans reach the control plane with: its pipeline's token, which
+    the control plane gave the pipeline and checks against the replicas it serves."""
+    return f"{_SINK_SCHEME} {pipeline_id}:{auth_token}"
+
+
+def sink_credentials(authorization: str) -> tuple[str, str] | None:
+    """The pipeline id and token of a :func:`sink_authorization` header; None for anything else."""
+    scheme, _, value = authorization.strip().partition(" ")
+    pipeline_id, _, token = value.strip().partition(":")
+    return (pipeline_id, token) if scheme == _SINK_SCHEME and pipeline_id and token else None
 
 
 def tracing_shutdown() -> None:

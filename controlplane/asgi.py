@@ -11,7 +11,8 @@ while such a thread computes, and a streamed token takes several wake-ups; at 1 
 back within a millisecond (benchmarks/switch_interval_bench.py: a socket round trip on the loop
 with a thread computing, 5.0 ms at 5 ms against 0.9 ms at 1 ms).
 
-The process traces its requests where the ``OTEL_*`` variables ask (contracts/tracing.py).
+The process traces its requests where the ``OTEL_*`` variables ask (contracts/tracing.py), into its
+own trace store too when they name ``motley`` (the dashboard's request timeline).
 """
 
 import os
@@ -26,9 +27,8 @@ GIL_SWITCH_INTERVAL_S = 0.001
 sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 django_asgi_app = get_asgi_application()
-tracing_setup("gateway", node=platform.node())
 
-# Imported after Django is set up: consumers import models.
+# Imported after Django is set up: consumers (and the trace store) import models.
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
@@ -37,8 +37,11 @@ from django.urls import path, re_path  # noqa: E402
 
 from controlplane.dashboard.consumers import DashboardConsumer  # noqa: E402
 from controlplane.enrollment.consumers import AgentConsumer  # noqa: E402
+from controlplane.gateway.traces.store import StoreExporter  # noqa: E402
 from controlplane.not_found import NoSuchSocket  # noqa: E402
 from controlplane.process_services import WithProcessServices, lifespan  # noqa: E402
+
+tracing_setup("gateway", store=StoreExporter(), node=platform.node())
 
 
 def browser(consumer):

@@ -293,6 +293,11 @@ MOTLEY_TELEMETRY_HISTORY_S = env_float("MOTLEY_TELEMETRY_HISTORY_S", 300)
 MOTLEY_TELEMETRY_ROLLUP_S = env_int("MOTLEY_TELEMETRY_ROLLUP_S", 10)
 MOTLEY_TELEMETRY_RETENTION_HOURS = env_float("MOTLEY_TELEMETRY_RETENTION_HOURS", 24)
 MOTLEY_DASHBOARD_SNAPSHOT_INTERVAL_S = env_float("MOTLEY_DASHBOARD_SNAPSHOT_INTERVAL_S", 0.5)
+# Request timeline (docs/observability.md): sampled spans kept (at most this many, none older), and the
+# operator's tracing UI, "{trace_id}" in its URL replaced by the trace's id ("": no link).
+MOTLEY_TRACE_SPANS_KEPT = env_int("MOTLEY_TRACE_SPANS_KEPT", 20000)
+MOTLEY_TRACE_MAX_AGE_S = env_float("MOTLEY_TRACE_MAX_AGE_S", 3600)
+MOTLEY_TRACING_UI_URL = env_str("MOTLEY_TRACING_UI_URL", "")
 # Calibration (docs/planner.md, "Calibration"): a pass every interval turns each fresh stage sample
 # into one observation (measured / predicted decode step) of its device and precision; a window keeps
 # the newest (at most WINDOW, none older than WINDOW_S), its median is the ratio, which the planner

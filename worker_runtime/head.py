@@ -122,7 +122,7 @@ class HeadLoop:
             inputs = [r.next_input() for r in mb.requests]
             batch = micro_batch_input(mb.requests, inputs)
             mb.tokens = batch.num_tokens
-            params = [r.params for r in mb.requests]
+            params = [r.step_params() for r in mb.requests]
             ops = self.prefix.operations(mb.requests, inputs) if self.prefix else None
             try:
                 out, compute_s, logprobs = self.worker.step(batch, params)
@@ -199,7 +199,7 @@ class HeadLoop:
         """The pipeline broke (a new epoch began): fail everything in flight and wipe stage 0's cache."""
         self._fail(self.scheduler.clear(),
                    PipelineBroken(f"pipeline {self.spec.pipeline_id} broken: {reason}"))
-        self.worker.stage.kv.clear()
+        self.worker.clear()
         self._pending_free.clear()
         if self.prefix is not None:
             self.prefix.new_epoch(self.membership.epoch)
@@ -350,7 +350,7 @@ class HeadLoop:
         """Free a sequence's KV here now and on the other stages with the next ``free`` frame, then admit
         what the freed blocks make room for (the ledger counts stage 0's blocks: the scheduler's own
         admission, before this, still saw them held)."""
-        self.worker.stage.kv.free(request.seq_id)
+        self.worker.free(request.seq_id)
         self._pending_free.append(request.seq_id)
         if self.prefix is not None:
             self.prefix.forget(request.seq_id)

@@ -29,7 +29,10 @@ def micro_batch_input(requests: list[Request], inputs: list[tuple[list[int], int
     # A traced request's prefill names its span to the stages after the head (stage_trace.py).
     traces = {r.seq_id: parent for r in requests
               if r.trace is not None and not r.output and (parent := traceparent_of(r.trace.span))}
-    return replace(batch, traces=traces) if traces else batch
+    # A resumed constrained request's output so far, for its matcher on the last stage (structured.py).
+    replay = {r.seq_id: r.prompt[-c.generated:] for r in requests
+              if not r.output and (c := r.params.constraint) is not None and c.generated}
+    return replace(batch, traces=traces or None, replay=replay or None) if traces or replay else batch
 
 
 def token_item(request: Request, token: int, reason: str | None, logprobs: dict[int, list]) -> list:

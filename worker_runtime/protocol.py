@@ -2,16 +2,16 @@
 
 Stage to stage: ``batch`` (a micro-batch's hidden states, with ``logits``, the rows per sequence the
 last stage returns where a speculative step verifies proposals or a prompt is scored, ``scored``, the
-prompt tokens those rows score, and with prefix caching the cached blocks each new sequence starts
-with and the blocks each sequence filled: :class:`PrefixOps`), ``free`` (sequences done, the cached
-blocks the head evicted: ``evict``, and what its host tier did: ``host``), ``reset`` (drop every
-sequence and cached block: the head starts a new epoch after a failure). To the head: ``tokens``
-(sampled by the last stage: a token per sequence, a list of them for a verified one; ``logprobs``
-where a sequence asked, contracts/logprobs.py), ``failed`` (a stage could not run a micro-batch),
-``heartbeat`` (liveness, KV figures and statistics of a stage). Client to head: ``submit``,
-``cancel``, ``stats``, ``health``; head to client: ``tokens`` (that client's tokens of one
-micro-batch), ``error``, ``reply``, ``alive``. Every data-plane message carries the head's ``epoch``
-so that a stage drops what belongs to a pipeline state that was reset.
+prompt tokens those rows score, ``replay``, a resumed constrained sequence's output so far, and with
+prefix caching the cached blocks each new sequence starts with and the blocks each sequence filled:
+:class:`PrefixOps`), ``free`` (sequences done, the cached blocks the head evicted: ``evict``, and what
+its host tier did: ``host``), ``reset`` (drop every sequence and cached block: the head starts a new
+epoch after a failure). To the head: ``tokens`` (sampled by the last stage: a token per sequence, a list
+of them for a verified one; ``logprobs`` where a sequence asked, contracts/logprobs.py), ``failed`` (a
+stage could not run a micro-batch), ``heartbeat`` (liveness, KV figures and statistics of a stage).
+Client to head: ``submit``, ``cancel``, ``stats``, ``health``; head to client: ``tokens`` (that client's
+tokens of one micro-batch), ``error``, ``reply``, ``alive``. Every data-plane message carries the head's
+``epoch`` so that a stage drops what belongs to a pipeline state that was reset.
 """
 
 from __future__ import annotations
@@ -104,6 +104,7 @@ def batch_message(
         **({"logits": batch.logit_rows} if batch.logit_rows is not None else {}),
         **({"scored": batch.scored} if batch.scored is not None else {}),
         **({"traces": {str(k): v for k, v in batch.traces.items()}} if batch.traces else {}),
+        **({"replay": {str(k): v for k, v in batch.replay.items()}} if batch.replay else {}),
         **(prefix.to_header() if prefix is not None else {}),
     }
     return header, [payload]
@@ -116,10 +117,11 @@ def batch_from_frame(frame: Frame, first_stage: bool) -> tuple[Batch, list[Sampl
     try:
         seq_ids, starts, lengths = (list(map(int, h["seq_ids"])), list(map(int, h["starts"])),
                                     list(map(int, h["lengths"])))
-        params = [SamplingParams(**p) for p in h["sampling"]]
+        params = [SamplingParams.from_header(p) for p in h["sampling"]]
         logit_rows = None if h.get("logits") is None else list(map(int, h["logits"]))
         scored = None if h.get("scored") is None else [list(map(int, s)) for s in h["scored"]]
         traces = {int(k): str(v) for k, v in dict(h.get("traces") or {}).items()} or None
+        replay = {int(k): [int(t) for t in v] for k, v in dict(h.get("replay") or {}).items()} or None
     except (KeyError, TypeError, ValueError) as exc:
         raise FrameError(f"malformed batch header: {exc}") from exc
     if len(frame.tensors) != 1 or not (len(seq_ids) == len(starts) == len(lengths) == len(params)):
@@ -131,10 +133,11 @@ def batch_from_frame(frame: Frame, first_stage: bool) -> tuple[Batch, list[Sampl
     if scored is not None and (len(scored) != len(seq_ids) or any(len(s) >= r for s, r in zip(scored, rows))
                                or any(t < 0 for s in scored for t in s)):
         raise FrameError("a batch's scored has one list of token ids per sequence, shorter than its rows")
-    if traces is not None and not set(traces) <= set(seq_ids):
-        raise FrameError("a batch's traces name only its own sequences")
+    if any(named is not None and not set(named) <= set(seq_ids) for named in (traces, replay)):
+        raise FrameError("a batch's traces and replay name only its own sequences")
     payload = frame.tensors[0]
-    batch = Batch(seq_ids, starts, lengths, logit_rows=logit_rows, scored=scored, traces=traces)
+    batch = Batch(seq_ids, starts, lengths, logit_rows=logit_rows, scored=scored, traces=traces,
+                  replay=replay)
     if payload.shape[0] != batch.num_tokens:
         raise FrameError(f"batch payload has {payload.shape[0]} rows for {batch.num_tokens} tokens")
     return (batch.with_hidden(payload) if not first_stage

@@ -109,7 +109,7 @@ class RelayLoop:
         if epoch < self.epoch:
             return False
         if epoch > self.epoch:
-            self.worker.stage.kv.clear()
+            self.worker.clear()
             self.spans.end_all("reset")
             self.epoch = epoch
         return True
@@ -139,7 +139,7 @@ class RelayLoop:
             evict = names_of(frame.header.get("evict", []))
             host = host_ops_of(frame.header.get("host", []))
             for seq_id in frame.header.get("seq_ids", []):
-                self.worker.stage.kv.free(seq_id)
+                self.worker.free(seq_id)
             self.spans.end(frame.header.get("seq_ids", []), "freed" if frame.type == "free" else "reset")
             offloaded = {name for op, name in host if op == "offload"}
             self.worker.stage.kv.evict([name for name in evict if name not in offloaded])

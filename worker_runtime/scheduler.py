@@ -16,7 +16,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from contracts.pipeline_errors import RequestRejected
@@ -47,7 +47,7 @@ class Request:
         wrong with it."""
         try:
             prompt = [int(t) for t in h["prompt"]]
-            params = SamplingParams(**h.get("sampling", {}))
+            params = SamplingParams.from_header(h.get("sampling", {}))
             max_tokens = int(h["max_tokens"])
             stop = frozenset(int(t) for t in h.get("stop_token_ids", ()))
             deadline_s = None if h.get("deadline_s") is None else float(h["deadline_s"])
@@ -59,10 +59,16 @@ class Request:
         if not prompt or max_tokens < 1 or any(not 0 <= t < vocab for t in prompt):
             raise RequestRejected(f"a request needs a non-empty prompt of token ids below {vocab} and "
                                   "max_tokens >= 1")
+        if (constraint := params.constraint) is not None:
+            if constraint.generated >= len(prompt):
+                raise RequestRejected("a constraint's generated tokens are fewer than the prompt's")
+            if problem := constraint.problem():
+                raise RequestRejected(f"the constraint does not compile: {problem}")
         deadline = None if deadline_s is None else time.monotonic() + deadline_s
-        # a request that scores is not speculated: one sampled row per step, whose entry it gets
+        # a request that scores or is constrained is not speculated: one sampled row per step, whose
+        # entry (log-probabilities) or mask (structured.py) it gets
         return cls(request_id, client, prompt, params, max_tokens, stop, deadline,
-                   speculate=speculate and not params.scores,
+                   speculate=speculate and not params.scores and constraint is None,
                    trace=RequestSpan.of_submit(h.get("traceparent"), request_id, len(prompt), max_tokens))
 
     @property
@@ -75,6 +81,13 @@ class Request:
         if not self.output:
             return self.prompt[self.cached:], self.cached
         return [self.output[-1], *self.proposals], len(self.prompt) + len(self.output) - 1
+
+    def step_params(self) -> SamplingParams:
+        """The sampling parameters of this request's next step: a constraint goes with the prefill only,
+        where the last stage makes the sequence's matcher (structured.py), which lasts as its KV does."""
+        if self.output and self.params.constraint is not None:
+            return replace(self.params, constraint=None)
+        return self.params
 
     def finish_reason(self) -> str | None:
         if self.output and self.output[-1] in self.stop_token_ids:

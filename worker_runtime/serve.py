@@ -40,6 +40,7 @@ from .spec_inbox import SpecInbox
 from .spec_stage import load_stage, stage_pacer
 from .stage import Batch, Stage
 from .stats import StageStats
+from .structured import Grammars
 from .tensor_parallel.leader import LeadStage
 from .transport import ZmqTransport
 from .worker import StageWorker
@@ -58,8 +59,8 @@ def serve(raw: dict, events: EventWriter, stop: threading.Event, replaced: threa
     try:
         while True:
             spec, began = StageSpec.from_dict(raw), time.monotonic()
-            tracing_setup("stage", node=platform.node(), device=spec.device,
-                          stage=f"{spec.pipeline_id}/{spec.stage_index}")
+            tracing_setup("stage", pipeline=(spec.pipeline_id, spec.auth_token), node=platform.node(),
+                          device=spec.device, stage=f"{spec.pipeline_id}/{spec.stage_index}")
             stage = _stage_for(spec, stage, loaded)
             loaded = raw
             if stage.is_first != spec.is_head or stage.is_last != spec.is_last:
@@ -69,7 +70,10 @@ def serve(raw: dict, events: EventWriter, stop: threading.Event, replaced: threa
                 )
             stage.kv.host = _host_tier(spec, stage.kv)
             pacer = stage_pacer(spec, stage)
-            worker = StageWorker(stage, StageStats(), pacer)
+            grammars = None
+            if spec.is_last:  # the sampler's, over the checkpoint's whole vocabulary (a TP share's too)
+                grammars = Grammars(spec.model_path, ModelConfig.from_file(spec.model_path).vocab_size)
+            worker = StageWorker(stage, StageStats(), pacer, grammars)
             head = None if spec.is_head else spec.head
             if transport is None:
                 codec = FrameCodec(spec.pipeline_id, spec.auth_token)

@@ -53,6 +53,8 @@ class Batch:
     scored: list[list[int]] | None = None
     # The head's span of each traced sequence in its prefill (``traceparent`` by seq id): stage_trace.py.
     traces: dict[int, str] | None = None
+    # The tokens a resumed constrained sequence's matcher replays in its prefill (structured.py), by seq id.
+    replay: dict[int, list[int]] | None = None
 
     @classmethod
     def of_tokens(cls, seq_ids: list[int], tokens: list[list[int]], start_positions: list[int],

@@ -1,4 +1,5 @@
-"""One step of one stage: forward a micro-batch, sample on the last stage, pace if emulated, count it;
+"""One step of one stage: forward a micro-batch, sample on the last stage (grammar-constrained rows
+masked first: structured.py), pace if emulated, count it; the end of sequences (``free``, ``clear``);
 and the host KV tier's copies back (``restore``, ``replay_host``), paced alike.
 
 Both loops (the head's and the other stages') run their compute through here, so the statistics and
@@ -22,6 +23,7 @@ from .pacing import Pacer
 from .sampling import sample
 from .stage import Batch, Stage
 from .stats import StageStats
+from .structured import Grammars
 from .transport import Transport
 
 log = logging.getLogger(__name__)
@@ -34,8 +36,10 @@ class Step(NamedTuple):
 
 
 class StageWorker:
-    def __init__(self, stage: Stage, stats: StageStats, pacer: Pacer | None = None):
-        self.stage, self.stats, self.pacer = stage, stats, pacer
+    def __init__(self, stage: Stage, stats: StageStats, pacer: Pacer | None = None,
+                 grammars: Grammars | None = None):
+        """``grammars``: the last stage's, which enforces constraints (None: a constrained row fails)."""
+        self.stage, self.stats, self.pacer, self.grammars = stage, stats, pacer, grammars
 
     def step(self, batch: Batch, params: list[SamplingParams]) -> Step:
         """Hidden states for the next stage, or on the last stage the token of each sampled logit row
@@ -56,11 +60,35 @@ class StageWorker:
                 keep = [row for end, n in zip(ends, picks) for row in range(end - n, end)]
                 out = out[keep]
             row_params = [p for p, n in zip(params, picks) for _ in range(n)]
+            out, constrained = self._constrain(out, batch, params, picks)
             out = sample(out, row_params, batch.produced_positions())
+            if constrained:
+                self.grammars.advance(constrained, out)
             logprobs = batch_logprobs(logits, batch, params, out)
         if self.pacer is not None:
             self.pacer.pace(batch, time.perf_counter() - started)
         return Step(out, time.perf_counter() - started, logprobs)
+
+    def _constrain(self, logits: torch.Tensor, batch: Batch, params: list[SamplingParams],
+                   picks: list[int]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+        """The sampled ``logits`` with the constrained rows masked, and ``(seq_id, row)`` of each."""
+        if self.grammars is None:
+            if any(p.constraint is not None for p in params):
+                raise ValueError("this stage has no grammars to enforce a constraint with")
+            return logits, []
+        return self.grammars.constrain(logits, batch.seq_ids, params, picks, batch.replay)
+
+    def free(self, seq_id: int) -> None:
+        """A sequence ended: its KV space and its matcher go."""
+        self.stage.kv.free(seq_id)
+        if self.grammars is not None:
+            self.grammars.free(seq_id)
+
+    def clear(self) -> None:
+        """Every sequence and cached block goes (a reset)."""
+        self.stage.kv.clear()
+        if self.grammars is not None:
+            self.grammars.clear()
 
     def restore(self, names: list[int]) -> int:
         """Copy the blocks ``names`` back from the host tier (``KVCache.restore``), paced as a copy

@@ -11,6 +11,7 @@ urlpatterns = [
     path("utilization/", views.utilization, name="utilization"),
     path("deployments/", views.deployments, name="deployments"),
     path("deployments/<int:pk>/plan/", views.plan_editor, name="plan-editor"),
+    path("deployments/traces/", views.traces, name="traces"),
     path("nodes/", views.nodes, name="nodes"),
     path("models/", views.models, name="models"),
     path("usage/", usage_views.usage, name="usage"),

@@ -12,8 +12,10 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadReque
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET
 
+from contracts.tracing import tracing_exporters
 from controlplane.dashboard import selectors
 from controlplane.deployments.models import Deployment
+from controlplane.gateway.traces.selectors import trace_list
 from controlplane.telemetry.rollups import rollup_series
 from controlplane.telemetry.runtime import current_hub
 from controlplane.telemetry.schema import FIELDS
@@ -106,3 +108,13 @@ def plan_editor(request: HttpRequest, pk: int) -> HttpResponse:
     except Deployment.DoesNotExist:
         raise Http404("no such deployment") from None
     return render(request, "dashboard/plan_editor.html", {"page": "deployments", "editor": editor})
+
+
+@login_required
+@require_GET
+def traces(request: HttpRequest) -> HttpResponse:
+    """Recent sampled requests and one's waterfall (traces.js), from the control plane's trace store;
+    ``?trace=<id>`` opens that trace."""
+    context = {"page": "deployments", "traces": trace_list(), "selected": request.GET.get("trace", ""),
+               "keeping": "motley" in tracing_exporters(), "kept": settings.MOTLEY_TRACE_SPANS_KEPT}
+    return render(request, "dashboard/traces.html", context)

@@ -92,3 +92,6 @@ class UsageBucket(models.Model):
 
     def __str__(self) -> str:
         return f"{self.api_key_id}/{self.model}@{self.bucket_start:%Y-%m-%d %H:%M}"
+
+
+from controlplane.gateway.traces.models import TraceSpan  # noqa: E402, F401 (the app's models, for Django)

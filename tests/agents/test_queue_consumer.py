@@ -18,6 +18,7 @@ from agents.queue_consumer import QueueConsumer, build_app
 from agents.supervisor import RestartPolicy, Supervisor
 from agents.throttle import Throttles
 from contracts.tasks import SET_THROTTLE, START_STAGE, STOP_STAGE, SYNC
+from contracts.tracing import tracing_setup, tracing_shutdown
 from tests.agents.helpers import (
     INCARNATION,
     STAND_IN_COMMAND,
@@ -27,6 +28,7 @@ from tests.agents.helpers import (
     tiny_model,
     wait_until,
 )
+from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.processes import filesystem_broker_options, redis_up, redis_url
 
 pytestmark = pytest.mark.slow  # real agent consumers on real brokers
@@ -189,3 +191,30 @@ def test_set_throttle_through_the_broker_reaches_the_devices_metrics(broker, con
         assert hot == ("sw_thermal",) and metrics.sample([])[0].throttle_reasons == ()
         controller.send_task(SET_THROTTLE, kwargs={"device_index": 1, "factor": 1.0}, **send)
         wait_until(lambda: metrics.sample([])[1].throttle_reasons == (), what="the card recovered")
+
+
+@pytest.mark.parametrize("broker", ["filesystem"], indirect=True)
+def test_a_traced_agent_has_a_span_per_stage_it_starts_and_stops(monkeypatch, agent_side, controller,
+                                                                  tmp_path):
+    queue, events, _ = agent_side
+    spec = stage_spec(tiny_model(tmp_path / "model"), device="cuda:0")
+    with OtlpReceiver() as receiver:
+        for name, value in receiver.env().items():
+            monkeypatch.setenv(name, value)
+        assert tracing_setup("agent", node="box")
+        try:
+            task = {"stage_key": "d7-r0-s1", "spec": spec, "device_index": 0}
+            controller.send_task(START_STAGE, kwargs=task, queue=queue, serializer="json")
+            events.wait_for(lambda s: s.state == "ready")
+            controller.send_task(STOP_STAGE, kwargs={"stage_key": "d7-r0-s1"}, queue=queue, serializer="json")
+            events.wait_for(lambda s: s.state == "exited")
+            names = {"agent.start_stage", "agent.stop_stage"}
+            spans = receiver.wait(lambda spans: names <= {s.name for s in spans})
+        finally:
+            tracing_shutdown()
+    by_name = {s.name: s for s in spans}
+    start, stop = by_name["agent.start_stage"], by_name["agent.stop_stage"]
+    assert (start.resource["motley.role"], start.resource["motley.node"]) == ("agent", "box")
+    assert start.attributes == {"motley.stage_key": "d7-r0-s1", "motley.device": "cuda:0",
+                                "motley.device_index": 0, "motley.state": "starting"}
+    assert stop.attributes == {"motley.stage_key": "d7-r0-s1"} and start.end_ns <= stop.start_ns

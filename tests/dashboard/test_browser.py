@@ -22,8 +22,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
+from contracts.tracing import sink_authorization
 from tests.dashboard.browser import (
     SCREENSHOTS,
     SeededServer,
@@ -35,6 +38,7 @@ from tests.dashboard.browser import (
 )
 from tests.dashboard.seed import OPERATOR
 from tests.support.processes import REPO_ROOT, manage_argv
+from tests.support.trace_samples import request_trace
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 pytest.importorskip("playwright.sync_api")
@@ -283,3 +287,30 @@ def _step_ms(text: str) -> float:
 
 def _pipelines(server) -> int:
     return len({s["replica"] for s in server.seed["stages"]})  # StageStatus.replica: the pipeline index
+
+
+def test_a_kept_trace_is_drawn_as_a_waterfall_from_the_deployments_page(page, server):
+    """A stage's export (the seeded pipeline's token) reaches the server's receiver; the Request traces
+    page, a link of the Deployments page, lists the trace and draws a bar per span, each under its parent."""
+    sample = request_trace()
+    body = encode_spans(sample.gateway + sample.stage).SerializeToString()
+    authorization = sink_authorization(f"d{server.seed['deployment_id']}-r0", "token-0")
+    answer = httpx.post(f"{server.url}/api/v1/traces/otlp/", content=body, headers={
+        "Authorization": authorization, "Content-Type": "application/x-protobuf"})
+    assert answer.status_code == 200, answer.text
+    page.goto("/deployments/")
+    page.click("text=Request traces")
+    # Generous waits: on a busy machine, plotly (3 MB) loads and parses before the page's module runs.
+    page.click(f"#trace-list tr[data-trace='{sample.trace_id}']", timeout=60_000)
+    bars = page.locator("#trace-waterfall .barlayer .point")
+    bars.nth(3).wait_for(timeout=60_000)
+    assert bars.count() == 4
+    labels = page.locator("#trace-waterfall .ytick text").all_text_contents()
+    assert [label.split(" · ")[0].strip().removeprefix("└ ") for label in labels] == [
+        "gateway.request", "gateway.admission", "head.request", "stage.request"]
+    assert labels[3] == "\u00a0" * 6 + "└ stage.request · p0/0"  # under the head's span
+    assert page.url.endswith(f"?trace={sample.trace_id}")
+    box = bars.nth(2).bounding_box()  # plotly's drag layer takes the click and finds the bar under it
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    assert '"motley.prompt_tokens": 5' in page.locator("#span-detail").inner_text()
+    shot(page, "traces")

@@ -8,6 +8,9 @@ import re
 import pytest
 from django.urls import reverse
 
+from controlplane.gateway.traces.store import StoreExporter
+from tests.support.trace_samples import request_trace
+
 PAGES = ["dashboard:topology", "dashboard:fleet", "dashboard:utilization", "dashboard:nodes",
          "dashboard:models"]
 
@@ -78,3 +81,19 @@ def test_plotly_is_served_locally(operator_client, db):
     page = operator_client.get(reverse("dashboard:utilization")).content.decode()
     # Nothing loaded from another host (a bare "cdn" also matched a random CSRF token once).
     assert '/static/vendor/plotly.min.js' in page and not re.search(r'(src|href)="(https?:)?//', page)
+
+
+def test_the_traces_page_embeds_the_kept_traces_and_says_when_none_are_kept(
+        operator_client, monkeypatch, django_assert_max_num_queries):
+    sample = request_trace()
+    StoreExporter().export(sample.gateway + sample.stage)
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    with django_assert_max_num_queries(5):  # the session's, the traces' groups, their spans
+        body = operator_client.get(reverse("dashboard:traces")).content.decode()
+    (listed,) = json.loads(re.search(r'id="traces-data"[^>]*>(.*?)</script>', body, re.S)[1])
+    assert (listed["trace_id"], listed["spans"]) == (sample.trace_id, 4)
+    assert 'id="tracing-off"' in body  # otlp alone: this control plane keeps none
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp,motley")
+    assert 'id="tracing-off"' not in operator_client.get(reverse("dashboard:traces")).content.decode()
+    deployments = operator_client.get(reverse("dashboard:deployments")).content.decode()
+    assert f'href="{reverse("dashboard:traces")}"' in deployments  # reached from the Deployments page

@@ -1,5 +1,5 @@
-"""Fixtures of the gateway tests: the demo checkpoint (tokenizer + chat template), API keys, and a
-gateway wired to the stand-in pipeline client."""
+"""Fixtures of the gateway tests: the demo checkpoint (tokenizer + chat template), API keys, a
+gateway wired to the stand-in pipeline client, and the live system the end-to-end tests share."""
 
 from __future__ import annotations
 
@@ -28,6 +28,16 @@ def tool_models(demo_model, tmp_path_factory) -> dict[str, Path]:
     """The demo checkpoint with each tool template family's template and special tokens."""
     root = tmp_path_factory.mktemp("tool_models")
     return {family: write_tool_checkpoint(demo_model, root / family, family) for family in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def live(demo_model, tmp_path_factory):
+    """A daphne server whose gateway serves the demo model as "demo" on a real two-stage pipeline
+    (tests/gateway/live_server.py), shared by the tests of this process that use it."""
+    from tests.gateway.live_server import live_system
+
+    with live_system(demo_model, tmp_path_factory.mktemp("live")) as system:
+        yield system
 
 
 @pytest.fixture

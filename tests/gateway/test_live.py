@@ -1,43 +1,25 @@
 """End to end: the official ``openai`` client against a live daphne server whose gateway routes to a
-real two-stage pipeline of the demo model; its greedy tokens must be the in-process model's."""
+real two-stage pipeline of the demo model (conftest's ``live``); its greedy tokens must be the
+in-process model's."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
 from controlplane.gateway.openai.tokenization import ModelTokenizer
 from controlplane.gateway.serving.pipeline_client import PipelineClient
-from tests.gateway.conftest import DEMO_ARGS
-from tests.pipeline.harness import TOKEN, Pipeline, pipeline_specs
-from tests.support.otlp_receiver import OtlpReceiver
-from tests.support.processes import (
-    REPO_ROOT,
-    database_migrate,
-    embedded_env,
-    free_port,
-    manage_argv,
-    wait_for_http,
-)
+from tests.gateway.live_server import KV_TOKENS, NUM_LAYERS
+from tests.pipeline.harness import TOKEN
 from worker_runtime import SamplingParams, Stage, generate
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-NUM_LAYERS = int(DEMO_ARGS[DEMO_ARGS.index("--layers") + 1])
-KV_TOKENS = 1024
-# Paces each stage's step to a few milliseconds, so a request lasts long enough to be disconnected.
-PACING = {"memory_bandwidth_gbs": 0.03, "fp16_tflops": 1.0, "time_scale": 1.0}
-CREATE_KEY = (
-    "from django.contrib.auth.models import User; "
-    "from controlplane.gateway.accounts.services import api_key_create;"
-    "print(api_key_create(user=User.objects.create_user('alice'), name='live')[1])"
-)
 
 
 def reference_text(demo_model, prompt_ids: list[int], max_tokens: int) -> str:
@@ -47,47 +29,6 @@ def reference_text(demo_model, prompt_ids: list[int], max_tokens: int) -> str:
     (ids,) = generate([stage], [prompt_ids], [SamplingParams()], max_tokens,
                       stop_tokens=tokenizer.eos_token_ids)
     return tokenizer.tokenizer.decode(ids, skip_special_tokens=True)
-
-
-@pytest.fixture(scope="module")
-def live(demo_model, tmp_path_factory):
-    """A two-stage pipeline and a daphne server that serves it as model "demo", both tracing to a
-    receiver of their own (``live["traces"]``); all killed at the end."""
-    workdir = tmp_path_factory.mktemp("live")
-    specs = pipeline_specs(demo_model, NUM_LAYERS, 2, kv_tokens=KV_TOKENS, emulation=PACING)
-    receiver = OtlpReceiver().__enter__()
-    pipeline = Pipeline(specs, workdir, env=receiver.env())  # loads while the database is prepared
-    server = None
-    try:
-        models_file = workdir / "models.json"
-        models_file.write_text(json.dumps({"models": [{
-            "name": "demo", "tokenizer_path": str(demo_model),
-            "replicas": [{"pipeline_id": "p0", "head_address": pipeline.head, "auth_token": TOKEN}],
-        }]}))
-        env = {**embedded_env(workdir), "MOTLEY_GATEWAY_MODELS_FILE": str(models_file), **receiver.env()}
-        database_migrate(env)
-        key = subprocess.run(manage_argv("shell", "-c", CREATE_KEY), env=env, cwd=REPO_ROOT, check=True,
-                             capture_output=True, text=True).stdout.split()[-1]
-        pipeline.wait_ready()
-        port = free_port()
-        server = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-             "controlplane.asgi:application"],
-            env=env, cwd=REPO_ROOT, stderr=subprocess.DEVNULL,
-        )
-        wait_for_http(f"http://127.0.0.1:{port}/v1/models")
-        yield {"base_url": f"http://127.0.0.1:{port}/v1", "key": key, "pipeline": pipeline,
-               "traces": receiver}
-    finally:
-        if server is not None:
-            server.terminate()
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                server.kill()
-        pipeline.stop()
-        pipeline.assert_none_left()
-        receiver.__exit__()
 
 
 @pytest.fixture
@@ -237,6 +178,42 @@ def test_a_request_is_traced_from_the_clients_span_through_the_gateway_to_the_he
 
 
 
+def test_the_servers_timeline_holds_the_request_from_the_gateway_to_the_last_stage(live):
+    """The server's own trace store (``OTEL_TRACES_EXPORTER`` naming ``motley``): the gateway's spans
+    and both stages' (posted to it with their pipeline's token) read back from the timeline API as one
+    tree, parent before child."""
+    response = httpx.post(f"{live['base_url']}/completions", timeout=60, json={
+        "model": "demo", "prompt": "Sphinx of black quartz", "max_tokens": 4, "temperature": 0},
+        headers={"Authorization": f"Bearer {live['key']}"})
+    trace_id = response.headers["X-Trace-Id"]
+    api, token = live["api"]
+    headers = {"Authorization": f"Token {token}"}
+    names = {"gateway.request", "gateway.admission", "gateway.route", "head.request", "stage.request"}
+    deadline = time.monotonic() + 20
+    while True:  # the processes export in batches, every 50 ms here
+        answer = httpx.get(f"{api}/traces/{trace_id}/", headers=headers)
+        spans = answer.json()["spans"] if answer.status_code == 200 else []
+        if names <= {s["name"] for s in spans} or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    by_name = {s["name"]: s for s in spans}
+    assert names <= set(by_name), f"the store holds {sorted(by_name)} of trace {trace_id}"
+    request, head, stage = by_name["gateway.request"], by_name["head.request"], by_name["stage.request"]
+    assert spans[0] == request and (request["depth"], request["parent_span_id"]) == (0, "")
+    for name in ("gateway.admission", "gateway.route", "head.request"):
+        assert (by_name[name]["parent_span_id"], by_name[name]["depth"]) == (request["span_id"], 1)
+    assert (stage["parent_span_id"], stage["depth"]) == (head["span_id"], 2)
+    assert spans.index(head) < spans.index(stage)
+    assert (head["resource"]["motley.stage"], stage["resource"]["motley.stage"]) == ("p0/0", "p0/1")
+    completion_tokens = response.json()["usage"]["completion_tokens"]
+    assert head["attributes"]["motley.completion_tokens"] == completion_tokens
+    assert stage["attributes"]["motley.steps"] == completion_tokens  # its prefill and each decode step
+    assert 0 <= head["offset_s"] <= stage["offset_s"] <= request["duration_s"]
+    listed = httpx.get(f"{api}/traces/", headers=headers).json()["traces"]
+    assert {"trace_id": trace_id, "name": "gateway.request", "outcome": "completed", "model": "demo",
+            "spans": len(spans)}.items() <= next(t for t in listed if t["trace_id"] == trace_id).items()
+
+
 async def _prefix_hit_tokens(head: str) -> int:
     async with PipelineClient(head, TOKEN, "p0") as pipeline:
         return (await pipeline.stats())["stages"][0]["prefix_hit_tokens"]
@@ -265,3 +242,27 @@ def test_n_seeded_samples_are_deterministic_and_the_later_ones_hit_the_prefix_ca
     assert len(set(texts)) > 1, texts  # three seeds, not one
     assert all(c.finish_reason in ("length", "stop") for c in first.choices)
     assert first.usage.prompt_tokens == len(prompt_ids) and 3 <= first.usage.completion_tokens <= 24
+
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 6},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 99}}}
+
+
+def test_response_format_json_schema_always_validates_streamed_and_not(client):
+    """The official client's ``response_format`` (chat, json_schema, strict) at temperature 1 with several
+    seeds, two samples each: every answer is JSON that validates, streamed or not."""
+    asked = {"model": "demo", "messages": [{"role": "user", "content": "Who are you? Answer in JSON."}],
+             "max_tokens": 48, "temperature": 1.0,
+             "response_format": {"type": "json_schema",
+                                 "json_schema": {"name": "person", "schema": PERSON, "strict": True}}}
+    answers = []
+    for seed in (1, 2, 3):
+        chat = client.chat.completions.create(**asked, seed=seed, n=2)
+        assert all(c.finish_reason == "stop" for c in chat.choices)
+        answers += [c.message.content for c in chat.choices]
+        stream = client.chat.completions.create(**asked, seed=seed, stream=True)
+        answers.append("".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices))
+    for answer in answers:
+        jsonschema.validate(json.loads(answer), PERSON)
+    assert len(set(answers)) > 1

@@ -96,6 +96,29 @@ async def test_echo_with_logprobs_scores_the_prompt_first(fake_pipeline, api_key
     assert (params.logprobs, params.prompt_logprobs) == (0, 0)
 
 
+async def test_lm_evaluation_harness_loglikelihood_payload(fake_pipeline, api_key):
+    """lm_eval's ``local-completions`` body for one (context, continuation) pair, as its
+    ``_create_payload`` writes it: a batch of one token-id prompt, echo, one token more, one alternative.
+    It reads ``token_logprobs[ctxlen:-1]`` (the continuation's) and compares each with the top of its
+    ``top_logprobs`` map (greedy or not)."""
+    fake = fake_pipeline({"r0": Script(tokens=TOKENS)})
+    context, continuation = [5, 6, 7, 8], [9, 10]
+    body = {"model": "demo", "prompt": [context + continuation], "temperature": 0, "max_tokens": 1,
+            "logprobs": 1, "seed": 1234, "echo": True}
+    response = await post(AsyncClient(), "/v1/completions", body, api_key)
+    assert response.status_code == 200, response.content
+    logprobs = response.json()["choices"][0]["logprobs"]
+    n = len(context + continuation)
+    assert len(logprobs["token_logprobs"]) == len(logprobs["top_logprobs"]) == n + 1
+    scored = logprobs["token_logprobs"][len(context):-1]  # the continuation's: the prompt's j-th is -(j+1)/8
+    assert scored == [-(j + 1) / 8 for j in range(len(context) - 1, n - 1)]
+    assert all(max(top.values()) == lp for top, lp in zip(logprobs["top_logprobs"][1:-1],
+                                                           logprobs["token_logprobs"][1:-1]))
+    params = fake.submitted[0]["params"]
+    assert (params.logprobs, params.prompt_logprobs, params.temperature) == (1, 1, 0.0)
+    assert fake.submitted[0]["prompt_ids"] == context + continuation
+
+
 async def test_echo_alone_echoes_the_text_and_asks_for_nothing(fake_pipeline, api_key, demo_model):
     fake = fake_pipeline({"r0": Script(tokens=TOKENS)})
     prompt_ids = ModelTokenizer.load(demo_model).encode_prompt("Good day")

@@ -1,22 +1,27 @@
 """Migration with real stage processes: two single-stage pipelines of the demo model behind the
 gateway; the one serving a stream is killed (SIGKILL) mid-stream, and the stream continues on the
-other with exactly the text of an uninterrupted run, seeded (temperature > 0) and greedy."""
+other with exactly the text of an uninterrupted run, seeded (temperature > 0) and greedy, and held to a
+JSON schema (the new replica's matcher replays the output so far)."""
 
 from __future__ import annotations
 
 import json
 import time
 
+import jsonschema
 import pytest
 from django.test import AsyncClient
 
 from controlplane.gateway.serving.decision_log import recorder
-from tests.gateway.test_live import NUM_LAYERS, PACING
+from tests.gateway.live_server import NUM_LAYERS, PACING
 from tests.gateway.test_views import auth
 from tests.pipeline.harness import TOKEN, Pipeline, pipeline_specs
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 MAX_TOKENS = 120
+WORDS = {"type": "object", "required": ["words"], "additionalProperties": False,
+         "properties": {"words": {"type": "array", "minItems": 4, "maxItems": 6,
+                                  "items": {"type": "string", "minLength": 3, "maxLength": 8}}}}
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +83,9 @@ async def stream_text(key: str, body: dict, *, kill_after_chunks: int | None = N
     return "".join(texts), ids, usage, killed
 
 
-@pytest.mark.parametrize("sampling", [{"temperature": 0.9, "seed": 7}, {"temperature": 0}],
-                         ids=["seeded", "greedy"])
+@pytest.mark.parametrize("sampling", [{"temperature": 0.9, "seed": 7}, {"temperature": 0},
+                                      {"temperature": 0.9, "seed": 7, "structured_outputs": {"json": WORDS}}],
+                         ids=["seeded", "greedy", "constrained"])
 async def test_a_killed_replica_mid_stream_continues_on_the_other_with_the_same_text(gateway_on, api_key,
                                                                                     sampling):
     body = {"model": "demo", "prompt": "Once upon a time", "max_tokens": MAX_TOKENS,
@@ -95,3 +101,5 @@ async def test_a_killed_replica_mid_stream_continues_on_the_other_with_the_same_
     assert record.outcome == "completed" and record.migrations == 1
     assert record.replicas[0] == killed and record.replicas[1] != killed
     assert time.monotonic() - started < 15
+    if "structured_outputs" in sampling:
+        jsonschema.validate(json.loads(text), WORDS)

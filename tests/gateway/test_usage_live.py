@@ -1,6 +1,7 @@
 """Usage against a real pipeline: the official ``openai`` client sends completions, chats and streams
 through daphne to a two-stage pipeline of the demo model; the usage the installation stored equals the
-sum of the ``usage`` the client was answered with (the live server of test_live.py, its own copy)."""
+sum of the ``usage`` the client was answered with (a live system of this module's own: the stored usage
+must be its requests alone)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import subprocess
 import openai
 import pytest
 
-from tests.gateway.test_live import live  # noqa: F401  (the module-scoped server and pipeline)
+from tests.gateway.live_server import live_system
 from tests.support.processes import REPO_ROOT, embedded_env, manage_argv
 
 pytestmark = [pytest.mark.slow]
@@ -25,7 +26,13 @@ print("USAGE=" + json.dumps(UsageBucket.objects.aggregate(
 """
 
 
-def test_stored_usage_equals_what_the_pipeline_served(live):  # noqa: F811
+@pytest.fixture(scope="module")
+def live(demo_model, tmp_path_factory):
+    with live_system(demo_model, tmp_path_factory.mktemp("live-usage")) as system:
+        yield system
+
+
+def test_stored_usage_equals_what_the_pipeline_served(live):
     client = openai.OpenAI(base_url=live["base_url"], api_key=live["key"], max_retries=0, timeout=60)
     answered = []
     for max_tokens in (5, 17, 30):

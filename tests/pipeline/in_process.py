@@ -20,6 +20,7 @@ from worker_runtime.host_tier import HostTier
 from worker_runtime.relay import RelayLoop
 from worker_runtime.stage import Stage
 from worker_runtime.stats import StageStats
+from worker_runtime.structured import Grammars
 from worker_runtime.transport import Incoming
 from worker_runtime.worker import StageWorker
 
@@ -61,7 +62,9 @@ class InProcessPipeline:
         for stage, spec in zip(self.stages, self.specs):
             if spec.host_kv_tokens:
                 stage.kv.host = HostTier.of(stage.kv, spec.host_kv_tokens)
-        workers = [StageWorker(stage, StageStats()) for stage in self.stages]
+        grammars = Grammars(model, self.stages[-1].config.vocab_size)
+        workers = [StageWorker(stage, StageStats(), grammars=grammars if stage is self.stages[-1] else None)
+                   for stage in self.stages]
         self.head = HeadLoop(self.specs[0], workers[0], Wire(self, 0), EventWriter(io.StringIO()),
                              warmed=True)
         self.relays = [RelayLoop(spec, worker, Wire(self, i), EventWriter(io.StringIO()), f"i{i}")

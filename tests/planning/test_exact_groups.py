@@ -120,7 +120,7 @@ LAYOUTS = [{"n0": ["A100*", "A10*"]}, {"n0": ["A100*", "A10*", "3090*"]}, {"n0":
            {"n0": ["A10*", "3090*"], "n1": ["T4"]}, {"n0": ["V100*", "T4*", "A10*"], "n1": ["P40"]}]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(layout=st.sampled_from(LAYOUTS),
        sizes=st.lists(st.integers(300, 9000).map(lambda m: m * 1_000_000), min_size=2, max_size=4),
        micro=st.integers(1, 8), share=st.sampled_from([0.0, 0.5, 1.0]),

@@ -55,7 +55,7 @@ def http_routes() -> list[Route]:
         if "(?P<format>" in route or (namespace == "admin" and route != "admin/"):
             continue
         template = _template(route)
-        path = template.replace("{pk}", "999999").replace("{name}", "nope")
+        path = template.replace("{pk}", "999999").replace("{name}", "nope").replace("{trace_id}", "0" * 32)
         assert "{" not in path, f"{template}: give its parameter a value in tests/security/routes.py"
         routes[template] = Route(template, path, _methods(pattern))
     return sorted(routes.values(), key=lambda r: r.template)

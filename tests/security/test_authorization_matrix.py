@@ -45,6 +45,8 @@ METRICS = row("ok", "ok", "ok", "ok", "401", "401", "401", "401")
 ADMIN = row("login", "login", "login", "ok", "login", "login")
 # The join token in the body is the credential; a bogus one is refused whoever sends it.
 REGISTER = row("403", "403", "403", "403", "403", "403", "403", "403")
+# A stage's spans: its pipeline's token alone (tests/gateway/test_trace_store.py), no one else's credential.
+PIPELINE_ONLY = row("401", "401", "401", "401", "401", "401", "401", "401")
 
 # A page answers a POST as a GET (it changes nothing): the session is what matters.
 PAGE_ROUTES = ("/", "/deployments/", "/deployments/{pk}/plan/", "/fleet/", "/models/", "/nodes/",
@@ -56,7 +58,7 @@ API_READS = ("/api/docs/try/", "/api/schema/", "/api/v1/api-keys/", "/api/v1/dep
              "/api/v1/deployments/{pk}/revisions/", "/api/v1/events/", "/api/v1/events/{pk}/",
              "/api/v1/gpu-models/", "/api/v1/gpu-models/{name}/", "/api/v1/models/{pk}/profile/",
              "/api/v1/models/{pk}/quality/", "/api/v1/plans/calibration/", "/api/v1/telemetry/",
-             "/api/v1/usage/")
+             "/api/v1/traces/", "/api/v1/traces/{trace_id}/", "/api/v1/usage/")
 # Inventory and deployments: everyone signed in reads, operators change (create, edit, delete, actions).
 API_RESOURCES = {
     "/api/v1/deployments/": ("POST",), "/api/v1/deployments/{pk}/": ("PATCH",),
@@ -74,7 +76,7 @@ PLACEMENT_ACTIONS = ("/api/v1/deployments/{pk}/apply/", "/api/v1/deployments/{pk
 EXPECTED: dict[str, dict[str, dict]] = {
     **{route: {"GET": PAGE, "POST": PAGE} for route in PAGE_ROUTES},
     **{route: {"GET": PAGE, "POST": PAGE_GET_ONLY}
-       for route in ("/dashboard/telemetry/", "/dashboard/topology.json")},
+       for route in ("/dashboard/telemetry/", "/dashboard/topology.json", "/deployments/traces/")},
     "/audit/": {"GET": STAFF_PAGE, "POST": PAGE_GET_ONLY},
     "/accounts/login/": {"GET": LOGIN_FORM, "POST": LOGIN_FORM, "PUT": LOGIN_FORM},
     "/accounts/logout/": {"GET": NOT_SERVED, "POST": LOGIN_FORM},
@@ -89,6 +91,7 @@ EXPECTED: dict[str, dict[str, dict]] = {
     "/api/v1/api-keys/{pk}/": {"GET": API_READ, "PATCH": API_CHANGE,
                                "PUT": row("401", "403", "405", "405", "401", "401")},
     "/api/v1/agents/register/": {"POST": REGISTER},
+    "/api/v1/traces/otlp/": {"GET": NOT_SERVED, "POST": PIPELINE_ONLY},
     "/api/v1/gateway/router/": {"GET": API_READ, "POST": NOT_SERVED},
     "/api/v1/plans/": {"POST": WHAT_IF},  # storing the plan ("save": true) is an operator's: tested below
     "/api/v1/plans/validate/": {"POST": WHAT_IF},

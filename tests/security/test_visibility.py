@@ -29,6 +29,7 @@ from controlplane.deployments.models import DeploymentEvent, DeploymentPipeline
 from controlplane.enrollment.services import join_token_create
 from controlplane.gateway.accounts.services import api_key_create
 from controlplane.gateway.models import ApiKey
+from controlplane.gateway.traces.store import StoreExporter
 from controlplane.inventory.models import Device, Link, Node
 from controlplane.inventory.services import fleet_import
 from controlplane.models_catalog.services import model_register
@@ -36,6 +37,7 @@ from controlplane.rebalance.models import RebalanceProposal
 from tests.dashboard.seed import LAB_FLEET, LLAMA3_8B, running_deployment_create
 from tests.security.principals import principals_create
 from tests.security.routes import http_routes, websocket_routes
+from tests.support.trace_samples import request_trace
 
 API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 CALLERS = ("plain", "operator", "admin")
@@ -54,7 +56,8 @@ def _servable_model(directory: Path):
 
 @pytest.fixture
 def world(db, tmp_path, settings) -> dict:
-    """The principals, a READY deployment, an accepted proposal, an audited action and the secrets."""
+    """The principals, a READY deployment, an accepted proposal, an audited action, a kept trace and the
+    secrets."""
     # No stage runs: the router's poll of each head gives up at once rather than after the default.
     settings.MOTLEY_GATEWAY = {**settings.MOTLEY_GATEWAY, "CLIENT_TIMEOUT_S": 0.05}
     principals = principals_create()
@@ -71,10 +74,12 @@ def world(db, tmp_path, settings) -> dict:
     entry = audit_record(actor=Actor(user=operator, label=operator.username, via="session",
                                      remote_addr=CLIENT_ADDRESS),
                          action="node.cordoned", target=Target("node", "1", "matrix-a"))
+    traced = request_trace()
+    StoreExporter().export(traced.gateway + traced.stage)
     ids = {"api-keys": operator_key.pk, "audit": entry.pk, "deployments": deployment.pk,
            "devices": Device.objects.first().pk, "events": DeploymentEvent.objects.first().pk,
            "links": Link.objects.first().pk, "models": deployment.model_id, "nodes": Node.objects.first().pk,
-           "gpu-models": "T4"}
+           "gpu-models": "T4", "traces": traced.trace_id}
     never = [PIPELINE_TOKEN, join_token_create(ttl=timedelta(hours=1)).secret, operator_raw_key,
              principals["api_key"].raw["authorization"].removeprefix("Bearer "),
              principals["node"].raw["authorization"].rpartition(":")[2]]

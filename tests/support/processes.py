@@ -94,6 +94,17 @@ def stop_process(process: subprocess.Popen, timeout_s: float = 10) -> None:
         process.wait()
 
 
+# A user with an API key for /v1/ and a REST API token for /api/v1/: ``manage.py shell -c`` of it prints
+# "<token> <key>".
+CREATE_KEYS = (
+    "from django.contrib.auth.models import User; "
+    "from rest_framework.authtoken.models import Token; "
+    "from controlplane.gateway.accounts.services import api_key_create;"
+    "user = User.objects.create_user('alice'); "
+    "print(Token.objects.create(user=user).key, api_key_create(user=user, name='live')[1])"
+)
+
+
 def manage_argv(*args: str) -> list[str]:
     return [sys.executable, str(REPO_ROOT / "manage.py"), *args]
 

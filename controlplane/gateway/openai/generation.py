@@ -19,6 +19,10 @@ their state, so the client's stream simply continues (same response id, no text 
 ``usage`` counting the real output). The router's booking moves with it. At most ``MAX_MIGRATIONS``
 resumptions, then a 503 (a streamed response: its error event).
 
+**Structured outputs.** A constrained request resumed elsewhere tells the head how many of its
+prompt's last tokens are its output so far (``StructuredConstraint.generated``): the sampler's matcher
+replays them before it masks the next token.
+
 **Log-probabilities.** A request that asks gets each token's with it (``Delta.events``); with ``echo``
 the prompt's come with the first token (``prompt_logprobs``), so a request resumed after its first
 token does not ask for them again.
@@ -97,11 +101,13 @@ class Generation:
         name, shape, resuming = self.route.served.name, self._shape(), self.decision is not None
         try:
             with self.span.child("gateway.route", **{"motley.prompt_tokens": shape.prompt_tokens}) as span:
-                route, decision, waited_s = await replica_admit(
+                route, decision, waited_s, waited_for = await replica_admit(
                     name=name, shape=shape, deadline_at=self.started + self.deadline_s, resuming=resuming,
                     exclude=exclude,
                 )
                 self.span.routed(span, decision, waited_s, resuming)
+                if waited_s > 0:
+                    self.span.paused(waited_s, waited_for)
         except Refused as refused:
             if not resuming:
                 recorder.record(RouteRecord(
@@ -137,7 +143,7 @@ class Generation:
         stops = StopStrings(self.request.stop)
         request = self.request
         params = SamplingParams(temperature=request.temperature, top_p=request.top_p, seed=request.seed,
-                                logprobs=request.logprobs)
+                                logprobs=request.logprobs, constraint=request.constraint)
         scoring = request.echo and request.logprobs is not None
         pending: list[TokenEvent] = []
         outcome = "cancelled"
@@ -147,6 +153,9 @@ class Generation:
                 asked = params
                 if scoring and not self.generated:  # a resumed request's prompt has its output too
                     asked = replace(params, prompt_logprobs=request.logprobs)
+                if request.constraint is not None and self.generated:  # its matcher replays them
+                    resumed = replace(request.constraint, generated=len(self.generated))
+                    asked = replace(params, constraint=resumed)
                 events = self.route.clients[replica.replica_id].submit(
                     self.prompt_ids + self.generated, asked,
                     max_tokens=self.max_tokens - len(self.generated),

@@ -7,6 +7,7 @@ Chat's ``tools``, ``tool_choice``, ``parallel_tool_calls`` and the tool parts of
 samples of the prompt (1 to ``MAX_SAMPLES``; samples.py serves them).
 Log-probabilities: chat's ``logprobs`` (a boolean) and ``top_logprobs`` (0-20, with ``logprobs``);
 completions' ``logprobs`` (0-5 alternatives, OpenAI's legacy limit) and ``echo``.
+Structured outputs: ``response_format`` and vLLM's ``structured_outputs`` (structured.py).
 One extension of motley's own: ``speculate`` (a boolean, default true; false: this request does not
 speculate where its deployment does, docs/gateway.md).
 """
@@ -18,7 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from contracts.sampling import MAX_LOGPROBS
+from contracts.structured import StructuredConstraint
 from controlplane.gateway.openai.errors import bad_request
+from controlplane.gateway.openai.structured import structured_constraint
 from controlplane.gateway.openai.tools.request import ToolRequest, message_tool_fields, tool_request
 
 MAX_STOPS = 4
@@ -45,6 +48,7 @@ class GenerationRequest:
     n: int = 1  # samples of the prompt, each a choice
     tools: ToolRequest | None = None  # chat: the tools offered, and tool_choice
     keep_token_ids: tuple[int, ...] = ()  # special tokens whose text the output keeps (tool-call markers)
+    constraint: StructuredConstraint | None = None  # what the output must match (structured.py)
 
 
 def _is_int(value: Any) -> bool:
@@ -227,6 +231,7 @@ def generation_request(body: dict, *, chat: bool) -> GenerationRequest:
         logprobs=logprobs,
         echo=echo,
         n=_samples(body),
+        constraint=structured_constraint(body),
         tools=tool_request(body) if chat else None,
     )
 

@@ -7,12 +7,14 @@ key's limits and quota) and ``gateway.route`` (the router's placement, its wait 
 replica included, the decision's inputs as attributes; one more per migration). The head's
 ``head.request`` is a child of the request span: its ``traceparent`` goes in the submit frame. The
 response names the trace in ``X-Trace-Id``. With tracing off (contracts/tracing.py) :func:`request_span`
-gives :data:`UNTRACED`, whose every method does nothing.
+gives :data:`UNTRACED`, whose every method does nothing; a request the sampler leaves out gets an
+:class:`Unsampled`, which does nothing either but name its trace.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -59,6 +61,13 @@ class RequestSpan:
     def migrated(self, kind: str) -> None:
         self.span.add_event("migrated", {"motley.failure": kind})
 
+    def paused(self, waited_s: float, reason: str) -> None:
+        """The request waited ``waited_s`` for a routable replica (a handover's pause, a re-plan, every
+        replica busy): an event at the wait's start, with its length and the model's reason then."""
+        start_ns = time.time_ns() - int(waited_s * 1e9)
+        self.span.add_event("paused", {"motley.pause_s": round(waited_s, 6), "motley.reason": reason},
+                            timestamp=start_ns)
+
     def end(self, outcome: str, completion_tokens: int) -> None:
         """``outcome``: completed, cancelled, or ``failed:<kind>`` / ``refused:<status>``; the first
         end counts (the generation ends it, and the view again where an error came through it)."""
@@ -94,6 +103,9 @@ class Untraced(RequestSpan):
     def migrated(self, kind: str) -> None:
         pass
 
+    def paused(self, waited_s: float, reason: str) -> None:
+        pass
+
     def end(self, outcome: str, completion_tokens: int) -> None:
         pass
 
@@ -104,6 +116,19 @@ class Untraced(RequestSpan):
 UNTRACED = Untraced()
 
 
+class Unsampled(Untraced):
+    """Tracing on, the request left out by the sampler: nothing recorded (no attributes computed: the
+    routing inputs' JSON is a cost every unsampled request would pay), its trace id still named."""
+
+    def __init__(self, span: Any) -> None:
+        super().__init__()
+        self.span = span
+
+    def name_trace(self, response: HttpResponse) -> HttpResponse:
+        response[TRACE_HEADER] = trace_id_hex(self.span)
+        return response
+
+
 def request_span(headers: Any, *, path: str) -> RequestSpan:
     """The span of a request with these HTTP ``headers`` (its ``traceparent`` honoured)."""
     gateway_tracer = tracer(__name__)
@@ -111,4 +136,4 @@ def request_span(headers: Any, *, path: str) -> RequestSpan:
         return UNTRACED
     span = gateway_tracer.start_span("gateway.request", context=parent_context(headers.get("traceparent")),
                                      kind=SpanKind.SERVER, attributes={"http.route": path})
-    return RequestSpan(span, gateway_tracer)
+    return RequestSpan(span, gateway_tracer) if span.is_recording() else Unsampled(span)

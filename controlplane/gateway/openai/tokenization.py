@@ -3,9 +3,8 @@
 Tokenizing in the gateway keeps the workers pure tensor programs: they see token ids only.
 The chat template is the Jinja2 template of ``tokenizer_config.json`` (as ``transformers`` renders
 it: its ``tojson`` filter and ``strftime_now``, ``tools`` passed as given or None), run in Jinja2's
-sandbox since a checkpoint is untrusted input. Generation stops on every end
-token the checkpoint declares: the tokenizer's ``eos_token`` and the ``eos_token_id`` (an int or a
-list) of ``config.json`` and ``generation_config.json`` (SmolLM2: ``<|im_end|>`` and ``<|endoftext|>``).
+sandbox since a checkpoint is untrusted input. Generation stops on every end token the checkpoint
+declares (contracts/end_tokens.py).
 """
 
 from __future__ import annotations
@@ -21,6 +20,8 @@ from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from contracts.end_tokens import config_eos_ids, end_token_ids, read_json, token_text
+
 # ChatML, the template transformers used when a tokenizer had none.
 DEFAULT_CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -30,11 +31,6 @@ DEFAULT_CHAT_TEMPLATE = (
 
 class ChatTemplateError(ValueError):
     """The messages cannot be rendered by the model's template (it raised, or it is broken)."""
-
-
-def _token_text(value: str | dict | None) -> str | None:
-    """tokenizer_config.json names special tokens as strings or as AddedToken dicts."""
-    return value.get("content") if isinstance(value, dict) else value
 
 
 def _raise(message: str) -> None:
@@ -58,8 +54,7 @@ class ModelTokenizer:
     def eos_token_ids(self) -> tuple[int, ...]:
         """Every token that ends generation: the tokenizer's EOS first, then the model's own list."""
         token_id = self.tokenizer.token_to_id(self.eos_token) if self.eos_token else None
-        ids = ((token_id,) if token_id is not None else ()) + self.model_eos_token_ids
-        return tuple(dict.fromkeys(ids))
+        return end_token_ids(token_id, self.model_eos_token_ids)
 
     def encode_prompt(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """A completion prompt, with the special tokens the tokenizer adds (e.g. BOS)."""
@@ -89,21 +84,6 @@ class ModelTokenizer:
         the tokenizer's own special tokens are not added unless asked)."""
         text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
-
-
-def _json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _eos_ids(*configs: dict) -> tuple[int, ...]:
-    """``eos_token_id`` of each config (an int, a list of ints, or absent), in order, without repeats."""
-    ids: list[int] = []
-    for config in configs:
-        value = config.get("eos_token_id")
-        for token_id in value if isinstance(value, list) else [value]:
-            if isinstance(token_id, int) and not isinstance(token_id, bool) and token_id not in ids:
-                ids.append(token_id)
-    return tuple(ids)
 
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
@@ -140,9 +120,9 @@ def _compiled(chat_template: str) -> Template:
 def _load(path: str) -> ModelTokenizer:
     directory = Path(path)
     tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-    config = _json(directory / "tokenizer_config.json")
-    model_config = _json(directory / "config.json")
-    generation_config = _json(directory / "generation_config.json")
+    config = read_json(directory / "tokenizer_config.json")
+    model_config = read_json(directory / "config.json")
+    generation_config = read_json(directory / "generation_config.json")
     max_context = model_config.get("max_position_embeddings") or config.get("model_max_length") or 2048
     template = config.get("chat_template") or DEFAULT_CHAT_TEMPLATE
     if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
@@ -150,8 +130,8 @@ def _load(path: str) -> ModelTokenizer:
     return ModelTokenizer(
         tokenizer=tokenizer,
         chat_template=template,
-        bos_token=_token_text(config.get("bos_token")),
-        eos_token=_token_text(config.get("eos_token")),
+        bos_token=token_text(config.get("bos_token")),
+        eos_token=token_text(config.get("eos_token")),
         max_context=int(max_context),
-        model_eos_token_ids=_eos_ids(model_config, generation_config),
+        model_eos_token_ids=config_eos_ids(model_config, generation_config),
     )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import NamedTuple
 
 from django.conf import settings
 
@@ -43,6 +44,17 @@ from controlplane.gateway.serving.runtime import ModelRoute, gateway
 from controlplane.gateway.serving.shedding import planned_rate, queue_bound, retry_after_s
 from controlplane.gateway.serving.waiting import ModelQueue
 from controlplane.models_catalog.models import LlmModel
+
+
+class Admitted(NamedTuple):
+    """A request's place: its route, the router's decision, and how long it waited for one and why (the
+    model's reason at the start of the wait: a handover, a re-plan, every replica busy; "" when it did
+    not wait)."""
+
+    route: ModelRoute
+    decision: Decision
+    waited_s: float
+    waited_for: str = ""
 
 
 class Refused(Exception):
@@ -115,8 +127,8 @@ def _shed(route: ModelRoute, queue: ModelQueue, shape: RequestShape, bound: int,
 async def replica_admit(
     *, name: str, shape: RequestShape, deadline_at: float, resuming: bool = False,
     exclude: frozenset[str] = frozenset(),
-) -> tuple[ModelRoute, Decision, float]:
-    """The route and the router's decision for the request, and how long it waited (s); raises
+) -> Admitted:
+    """The route and the router's decision for the request, and how long it waited (s) and why; raises
     ``Refused``. ``deadline_at``: the request's own deadline (monotonic clock); ``resuming``: a request
     whose pipeline broke, placed before any new one; ``exclude``: replicas not to use (one that refused
     it)."""
@@ -127,7 +139,7 @@ async def replica_admit(
     if resuming or not len(queue):
         outcome = _route(route, shape, until=deadline_at, exclude=exclude)
         if isinstance(outcome, Decision):
-            return route, outcome, 0.0
+            return Admitted(route, outcome, 0.0)
         if outcome.reason == "too_large":
             raise _too_large(outcome)
     most = int(gateway_setting("MAX_WAITING"))
@@ -136,6 +148,8 @@ async def replica_admit(
         raise _shed(route, queue, shape, bound, outcome)
     until = min(time.monotonic() + float(gateway_setting("WAIT_S")), deadline_at)
     waiter = queue.join(front=resuming)
+    waited_for = _why(route, outcome) if outcome is not None else (
+        route.served.reason or f"{len(queue) - 1} requests of model {name!r} waited before it")
     g.hurry()
     poll_s = float(gateway_setting("WAIT_POLL_S"))
     try:
@@ -146,7 +160,7 @@ async def replica_admit(
                 route = await _served(name)
                 outcome = _route(route, shape, until=deadline_at, exclude=exclude)
                 if isinstance(outcome, Decision):
-                    return route, outcome, queue.leave(waiter, "admitted")
+                    return Admitted(route, outcome, queue.leave(waiter, "admitted"), waited_for)
                 if outcome.reason == "too_large":
                     refusal = _too_large(outcome)
                     refusal.waited_s = queue.leave(waiter, "refused")
