@@ -1,6 +1,7 @@
 """Tool calls through the gateway's views against a stand-in replica serving the demo checkpoint with
 Qwen 2.5's template: the tools rendered into the prompt, the replica's reply read into ``tool_calls``
-(whole and streamed as OpenAI's deltas), a conversation continued after a call, and the refusals."""
+(whole and streamed as OpenAI's deltas), a conversation continued after a call, a forced call submitted
+with its grammar, and the refusals."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ import json
 import pytest
 from django.test import AsyncClient
 
+from contracts.structured import StructuredConstraint
 from controlplane.gateway.openai.tokenization import ModelTokenizer
+from controlplane.gateway.openai.tools.calling import tool_calling
+from controlplane.gateway.openai.tools.grammar import tool_choice_grammar
 from controlplane.gateway.openai.tools.parser import assemble
+from controlplane.gateway.openai.tools.request import ToolRequest
 from tests.gateway.fakes import Script
 from tests.gateway.test_tool_requests import CALL, TOOL, USER
 from tests.gateway.test_views import post, sse_events
@@ -104,3 +109,31 @@ async def test_streamed_log_probabilities_of_held_text_come_with_the_next_chunk(
         entries = [entry for c in choices if c["logprobs"] for entry in c["logprobs"]["content"]]
         assert len(entries) == len(reply)  # every token's, once, the end token's included
         assert choices[-1]["finish_reason"] == "tool_calls"
+
+
+async def test_a_forced_call_is_submitted_with_its_grammar(fake_pipeline, api_key, tool_models):
+    model = tool_models["qwen2_5"]
+    fake = fake_pipeline({"r0": Script(tokens=_reply_tokens(model))}, model=model)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice in ("auto", named):
+        body = {"model": "demo", "messages": [USER], "tools": [TOOL], "tool_choice": choice,
+                "max_tokens": 100}
+        response = await post(AsyncClient(), "/v1/chat/completions", body, api_key)
+        assert response.json()["choices"][0]["finish_reason"] == "tool_calls"
+    request = ToolRequest(tools=(TOOL,), choice="function", function="get_weather")
+    grammar = tool_choice_grammar(tool_calling(ModelTokenizer.load(model), request, "demo"))
+    forced = StructuredConstraint("grammar", grammar)
+    assert [s["params"].constraint for s in fake.submitted] == [None, forced]
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+    ({"tool_choice": "required", "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "nonsense"}}}]}, "tools"),
+])
+async def test_a_call_that_cannot_be_forced_is_a_400(fake_pipeline, api_key, tool_models, fields, param):
+    fake = fake_pipeline({"r0": Script()}, model=tool_models["qwen2_5"])
+    body = {"model": "demo", "messages": [USER], "tools": [TOOL], **fields}
+    response = await post(AsyncClient(), "/v1/chat/completions", body, api_key)
+    assert response.status_code == 400 and response.json()["error"]["param"] == param
+    assert not fake.submitted

@@ -30,6 +30,7 @@ from controlplane.gateway.openai.request_span import RequestSpan, request_span
 from controlplane.gateway.openai.samples import Samples, samples_start
 from controlplane.gateway.openai.tokenization import ChatTemplateError
 from controlplane.gateway.openai.tools.calling import ChoiceOutput, ToolCalling, tool_calling
+from controlplane.gateway.openai.tools.grammar import tool_constraint
 from controlplane.gateway.serving.runtime import ModelRoute, gateway
 
 
@@ -55,8 +56,9 @@ async def _prepare(
     body = generation_request(parse_body(request.body), chat=chat)
     route = await model_route(api_key, body.model)
     calling = tool_calling(route.tokenizer, body.tools, body.model)
-    if calling is not None:
-        body = replace(body, keep_token_ids=calling.keep_token_ids)
+    if calling is not None:  # tool_choice "required" or a named function: a grammar (tools/grammar.py)
+        body = replace(body, keep_token_ids=calling.keep_token_ids,
+                       constraint=tool_constraint(calling, body.constraint))
     prompt_ids = _prompt_ids(route, body, calling)
     context = route.tokenizer.max_context
     default = gateway_setting("DEFAULT_CHAT_MAX_TOKENS") if chat else 16

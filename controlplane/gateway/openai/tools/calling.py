@@ -44,9 +44,6 @@ def tool_calling(tokenizer: ModelTokenizer, tools: ToolRequest | None, model: st
         known = ", ".join(f.name for f in FORMATS)
         raise bad_request(f"model {model!r}'s chat template writes tool calls in a format motley does not "
                           f"read (it reads {known})", param="tools", code="unsupported_parameter")
-    if tools.choice != "auto":
-        raise bad_request("tool_choice 'required' or a named function needs structured outputs, not yet "
-                          "served; use 'auto'", param="tool_choice", code="unsupported_value")
     added = tokenizer.tokenizer.get_added_tokens_decoder()
     ids = {text: tokenizer.tokenizer.token_to_id(text) for text in (*fmt.markers, fmt.closer) if text}
     return ToolCalling(request=tools, format=fmt,

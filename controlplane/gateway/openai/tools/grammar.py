@@ -10,6 +10,9 @@ tag that is an added token of the tokenizer is named by its id (``<[id]>``): llg
 added token only as itself, never as the string it stands for.
 
 "required" allows several calls where ``parallel_tool_calls`` does, a named function exactly one.
+``tool_constraint`` makes it the request's constraint, compiled here as every constraint is (a
+function's ``parameters`` that do not compile: a 400 naming ``tools``); a request that also asks a
+``response_format`` or ``structured_outputs`` is refused, since its output can match only one grammar.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from __future__ import annotations
 import json
 import re
 
+from contracts.structured import ConstraintError, StructuredConstraint
+from controlplane.gateway.openai.errors import bad_request
 from controlplane.gateway.openai.tools.calling import ToolCalling
 from controlplane.gateway.openai.tools.formats import ToolFormat
 
@@ -66,3 +71,24 @@ def tool_choice_grammar(calling: ToolCalling) -> str | None:
     rules += [f"fn_{i}: %json {json.dumps(call_schema(fmt, name, request.schema(name)))}"
               for i, name in enumerate(names)]
     return "\n".join(rules) + "\n"
+
+
+def tool_constraint(calling: ToolCalling, asked: StructuredConstraint | None) -> StructuredConstraint | None:
+    """The request's constraint once its ``tool_choice`` is forced (``asked``: its own, from
+    ``response_format`` or ``structured_outputs``); raises the 400s."""
+    grammar = tool_choice_grammar(calling)
+    if grammar is None:
+        return asked
+    if asked is not None:
+        raise bad_request("tool_choice 'required' or a named function forces the output's grammar; it cannot "
+                          "be combined with response_format or structured_outputs", param="tool_choice",
+                          code="invalid_value")
+    try:
+        constraint = StructuredConstraint("grammar", grammar)
+    except ConstraintError as exc:
+        raise bad_request(f"the tools make a grammar too large to force a call: {exc}", param="tools",
+                          code="invalid_value") from None
+    if (problem := constraint.problem()) is not None:
+        raise bad_request(f"a function's parameters do not compile as a JSON schema: {problem}"[:2000],
+                          param="tools", code="invalid_value")
+    return constraint
