@@ -31,12 +31,14 @@ def tool_models(demo_model, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def live(demo_model, tmp_path_factory):
+def live(demo_model, tool_models, tmp_path_factory):
     """A daphne server whose gateway serves the demo model as "demo" on a real two-stage pipeline
-    (tests/gateway/live_server.py), shared by the tests of this process that use it."""
+    (tests/gateway/live_server.py), and the same pipeline as "tools" with Qwen 2.5's template (the tool
+    checkpoint's tokenizer: the same vocabulary), shared by the tests of this process that use it."""
     from tests.gateway.live_server import live_system
 
-    with live_system(demo_model, tmp_path_factory.mktemp("live")) as system:
+    also = {"tools": tool_models["qwen2_5"]}
+    with live_system(demo_model, tmp_path_factory.mktemp("live"), also) as system:
         yield system
 
 
