@@ -9,6 +9,7 @@ import pytest
 
 from controlplane.gateway.accounts.services import api_key_create
 from tests.gateway.fakes import FakePipelineClient, Script
+from tests.support.tool_templates import FAMILIES, write_tool_checkpoint
 from worker_runtime.make_demo_model import parse_args, write_demo_model
 
 DEMO_ARGS = ["--layers", "2", "--hidden", "64", "--intermediate", "128", "--heads", "4", "--kv-heads", "2",
@@ -23,12 +24,21 @@ def demo_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def live(demo_model, tmp_path_factory):
+def tool_models(demo_model, tmp_path_factory) -> dict[str, Path]:
+    """The demo checkpoint with each tool template family's template and special tokens."""
+    root = tmp_path_factory.mktemp("tool_models")
+    return {family: write_tool_checkpoint(demo_model, root / family, family) for family in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def live(demo_model, tool_models, tmp_path_factory):
     """A daphne server whose gateway serves the demo model as "demo" on a real two-stage pipeline
-    (tests/gateway/live_server.py), shared by the tests of this process that use it."""
+    (tests/gateway/live_server.py), and the same pipeline as "tools" with Qwen 2.5's template (the tool
+    checkpoint's tokenizer: the same vocabulary), shared by the tests of this process that use it."""
     from tests.gateway.live_server import live_system
 
-    with live_system(demo_model, tmp_path_factory.mktemp("live")) as system:
+    also = {"tools": tool_models["qwen2_5"]}
+    with live_system(demo_model, tmp_path_factory.mktemp("live"), also) as system:
         yield system
 
 
@@ -40,7 +50,8 @@ def api_key(django_user_model) -> str:
 
 @pytest.fixture
 def fake_pipeline(settings, demo_model):
-    """``fake_pipeline({"r0": Script(...), ...})`` serves model "demo" on those stand-in replicas."""
+    """``fake_pipeline({"r0": Script(...), ...})`` serves model "demo" on those stand-in replicas (from the
+    demo checkpoint, or the checkpoint ``model`` names)."""
     settings.MOTLEY_GATEWAY = {
         "CLIENT": "tests.gateway.fakes.FakePipelineClient",
         "SERVED_MODELS": "tests.gateway.fakes.served_models",
@@ -51,8 +62,8 @@ def fake_pipeline(settings, demo_model):
         "WAIT_POLL_S": 0.02,
     }
 
-    def configure(scripts: dict[str, Script]) -> type[FakePipelineClient]:
-        FakePipelineClient.reset(str(demo_model), scripts)
+    def configure(scripts: dict[str, Script], model: Path | None = None) -> type[FakePipelineClient]:
+        FakePipelineClient.reset(str(model or demo_model), scripts)
         return FakePipelineClient
 
     return configure

@@ -21,12 +21,14 @@ PACING = {"memory_bandwidth_gbs": 0.03, "fp16_tflops": 1.0, "time_scale": 1.0}
 
 
 @contextmanager
-def live_system(demo_model: Path, workdir: Path) -> Iterator[dict]:
+def live_system(demo_model: Path, workdir: Path, also: dict[str, Path] | None = None) -> Iterator[dict]:
     """The demo model on a two-stage pipeline served as model "demo" (``base_url``, ``key``,
     ``pipeline``, ``traces``: a receiver of their spans, ``api``: the REST API's URL and a token),
-    tracing to the receiver and to the server's trace store; all stopped at the end."""
+    tracing to the receiver and to the server's trace store; all stopped at the end. ``also``: more
+    model names the pipeline serves, each with its own tokenizer directory."""
     specs = pipeline_specs(demo_model, NUM_LAYERS, 2, kv_tokens=KV_TOKENS, emulation=PACING)
     with OtlpReceiver() as receiver, live_gateway(
-            specs, demo_model, workdir, {**receiver.env(), "OTEL_TRACES_EXPORTER": "otlp,motley"}) as system:
+            specs, demo_model, workdir, {**receiver.env(), "OTEL_TRACES_EXPORTER": "otlp,motley"},
+            also) as system:
         yield {"base_url": system.server.base_url, "key": system.install.key, "pipeline": system.pipeline,
                "traces": receiver, "api": (system.server.api_url, system.install.api_token)}

@@ -66,7 +66,7 @@ def test_errors_reach_the_openai_client_as_its_exceptions(client, live):
         client.completions.create(model="demo", prompt="x", max_tokens=-1)
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=live["base_url"], api_key="mk-wrong", max_retries=0).models.list()
-    assert [m.id for m in client.models.list()] == ["demo"]
+    assert [m.id for m in client.models.list()] == ["demo", "tools"]
 
 
 async def _kv_used(head: str) -> int:
@@ -266,3 +266,35 @@ def test_response_format_json_schema_always_validates_streamed_and_not(client):
     for answer in answers:
         jsonschema.validate(json.loads(answer), PERSON)
     assert len(set(answers)) > 1
+
+
+WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "days"],
+           "properties": {"city": {"enum": ["Paris", "Oslo"]},
+                          "days": {"type": "integer", "minimum": 1, "maximum": 7}}}
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
+
+
+def test_a_forced_tool_call_reaches_the_openai_client_as_tool_calls(client):
+    """Model "tools" (the demo weights with Qwen 2.5's template): tool_choice forces the call through
+    the grammar at the head, whole and streamed; the arguments validate against the tool's schema."""
+    messages = [{"role": "user", "content": "Weather in Paris for three days?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    asked = {"model": "tools", "messages": messages, "tools": [WEATHER_TOOL], "max_tokens": 120,
+             "temperature": 1.0}
+    for choice, seed in (("required", 1), (named, 2)):
+        reply = client.chat.completions.create(**asked, tool_choice=choice, parallel_tool_calls=False,
+                                               seed=seed)
+        assert reply.choices[0].finish_reason == "tool_calls"
+        [call] = reply.choices[0].message.tool_calls
+        assert call.id.startswith("call_") and call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    calls: dict[int, dict] = {}
+    reasons = []
+    for chunk in client.chat.completions.create(**asked, tool_choice=named, seed=3, stream=True):
+        reasons.append(chunk.choices[0].finish_reason)
+        for piece in chunk.choices[0].delta.tool_calls or []:
+            call = calls.setdefault(piece.index, {"id": piece.id, "name": piece.function.name})
+            call["arguments"] = call.get("arguments", "") + (piece.function.arguments or "")
+    assert list(calls) == [0] and calls[0]["name"] == "get_weather" and calls[0]["id"].startswith("call_")
+    jsonschema.validate(json.loads(calls[0]["arguments"]), WEATHER)
+    assert reasons[-1] == "tool_calls"

@@ -85,14 +85,16 @@ def daphne_serving(env: dict[str, str], port: int | None = None) -> Iterator[Ser
 
 @contextmanager
 def live_gateway(specs: list[StageSpec], tokenizer_path: Path, work: Path,
-                 env: dict[str, str]) -> Iterator[LiveGateway]:
+                 env: dict[str, str], also: dict[str, Path] | None = None) -> Iterator[LiveGateway]:
     """The stages of ``specs`` served as model "demo" by a server of their own, both with ``env`` (the
     ``OTEL_*`` variables of a traced one; the stages send their spans to the server's trace store);
-    the stages load while the database is prepared. All stopped after the block."""
+    the stages load while the database is prepared. All stopped after the block. ``also``: more model
+    names served by the same stages, each with its own tokenizer directory (another chat template)."""
     port = processes.free_port()
     pipeline = Pipeline(specs, work, env={**env, TRACE_SINK_ENV: f"http://127.0.0.1:{port}"})
     try:
-        install = gateway_install(work, {"demo": (tokenizer_path, pipeline)}, env)
+        served = {"demo": tokenizer_path, **(also or {})}
+        install = gateway_install(work, {name: (path, pipeline) for name, path in served.items()}, env)
         pipeline.wait_ready()
         with daphne_serving(install.env, port) as server:
             yield LiveGateway(server, install, pipeline)

@@ -139,7 +139,8 @@ class Generation:
     async def deltas(self) -> AsyncIterator[Delta]:
         """Text as it becomes final; empty deltas are never yielded, except a last one with its reason."""
         tokenizer = self.route.tokenizer
-        detokenizer, stops = IncrementalDetokenizer(tokenizer.tokenizer), StopStrings(self.request.stop)
+        detokenizer = IncrementalDetokenizer(tokenizer.tokenizer, keep=self.request.keep_token_ids)
+        stops = StopStrings(self.request.stop)
         request = self.request
         params = SamplingParams(temperature=request.temperature, top_p=request.top_p, seed=request.seed,
                                 logprobs=request.logprobs, constraint=request.constraint)

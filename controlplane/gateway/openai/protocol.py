@@ -1,7 +1,9 @@
 """The request bodies of /v1/completions and /v1/chat/completions, checked field by field.
 
 Every rule answers a 400 naming the field (``param``), so a client sees what to fix. Fields OpenAI
-defines that motley cannot honour (best_of, suffix, tools) are refused rather than ignored. ``n``: the
+defines that motley cannot honour (best_of, suffix, completions' tools) are refused rather than ignored.
+Chat's ``tools``, ``tool_choice``, ``parallel_tool_calls`` and the tool parts of messages: tools/request.py.
+``n``: the
 samples of the prompt (1 to ``MAX_SAMPLES``; samples.py serves them).
 Log-probabilities: chat's ``logprobs`` (a boolean) and ``top_logprobs`` (0-20, with ``logprobs``);
 completions' ``logprobs`` (0-5 alternatives, OpenAI's legacy limit) and ``echo``.
@@ -20,6 +22,7 @@ from contracts.sampling import MAX_LOGPROBS
 from contracts.structured import StructuredConstraint
 from controlplane.gateway.openai.errors import bad_request
 from controlplane.gateway.openai.structured import structured_constraint
+from controlplane.gateway.openai.tools.request import ToolRequest, message_tool_fields, tool_request
 
 MAX_STOPS = 4
 MAX_SAMPLES = 16  # n, at most: n samples hold n sequences' KV on one replica
@@ -31,7 +34,7 @@ CHAT_ROLES = {"system", "developer", "user", "assistant", "tool"}
 class GenerationRequest:
     model: str
     prompt: str | list[int] | None  # /v1/completions
-    messages: list[dict[str, str]] | None  # /v1/chat/completions (contents flattened to text)
+    messages: list[dict[str, Any]] | None  # /v1/chat/completions (contents as text, tool fields kept)
     max_tokens: int | None  # None: the endpoint's default
     temperature: float
     top_p: float
@@ -43,6 +46,8 @@ class GenerationRequest:
     logprobs: int | None = None  # alternatives per token; None: no log-probabilities asked
     echo: bool = False  # completions: the prompt before the completion (with logprobs: the prompt's too)
     n: int = 1  # samples of the prompt, each a choice
+    tools: ToolRequest | None = None  # chat: the tools offered, and tool_choice
+    keep_token_ids: tuple[int, ...] = ()  # special tokens whose text the output keeps (tool-call markers)
     constraint: StructuredConstraint | None = None  # what the output must match (structured.py)
 
 
@@ -104,10 +109,10 @@ def _samples(body: dict) -> int:
     return n or 1
 
 
-def _unsupported(body: dict) -> None:
+def _unsupported(body: dict, *, chat: bool) -> None:
     if body.get("best_of", 1) not in (1, None):
         raise bad_request("best_of is not supported", param="best_of", code="unsupported_value")
-    for name in ("suffix", "tools", "functions"):
+    for name in ("suffix",) if chat else ("suffix", "tools", "functions"):
         if body.get(name) not in (None, False):
             raise bad_request(f"'{name}' is not supported", param=name, code="unsupported_parameter")
 
@@ -161,7 +166,7 @@ def _content_text(content: Any, index: int) -> str:
     )
 
 
-def _messages(body: dict) -> list[dict[str, str]]:
+def _messages(body: dict) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list", param="messages", code="invalid_type")
@@ -172,7 +177,11 @@ def _messages(body: dict) -> list[dict[str, str]]:
                 f"messages[{i}] must be an object with a role in {sorted(CHAT_ROLES)}",
                 param=f"messages[{i}].role", code="invalid_value",
             )
-        out.append({"role": message["role"], "content": _content_text(message.get("content"), i)})
+        tool_fields = message_tool_fields(message, i)
+        content = message.get("content")
+        if content is not None or "tool_calls" not in tool_fields:  # a call's content may be null
+            content = _content_text(content, i)
+        out.append({"role": message["role"], "content": content, **tool_fields})
     return out
 
 
@@ -196,7 +205,7 @@ def _model(body: dict) -> str:
 def generation_request(body: dict, *, chat: bool) -> GenerationRequest:
     """Validate a completions (``chat=False``) or chat-completions body; raises OpenAIError (400)."""
     model = _model(body)
-    _unsupported(body)
+    _unsupported(body, chat=chat)
     max_tokens = _optional_int(body, "max_tokens", minimum=1)
     if chat and max_tokens is None:
         max_tokens = _optional_int(body, "max_completion_tokens", minimum=1)
@@ -223,6 +232,7 @@ def generation_request(body: dict, *, chat: bool) -> GenerationRequest:
         echo=echo,
         n=_samples(body),
         constraint=structured_constraint(body),
+        tools=tool_request(body) if chat else None,
     )
 
 
@@ -234,7 +244,7 @@ class TokenizeRequest:
 
     model: str
     prompt: str | None
-    messages: list[dict[str, str]] | None
+    messages: list[dict[str, Any]] | None
     add_special_tokens: bool  # default: true for a prompt, false for messages (the template adds BOS)
     add_generation_prompt: bool
     return_token_strs: bool

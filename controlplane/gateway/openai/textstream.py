@@ -14,10 +14,14 @@ class IncrementalDetokenizer:
     each step decodes a short window of recent tokens twice (without and with the new ones) and
     emits the difference only once it no longer ends in a replacement character. The window (from
     ``_prefix``) keeps decoders that depend on context (leading spaces, byte fallback) exact.
+
+    Special tokens are skipped, except those in ``keep`` (a tool-call format's markers): a kept token
+    emits what came before it and then its own text, and the window starts after it.
     """
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, keep: tuple[int, ...] = ()) -> None:
         self._tokenizer = tokenizer
+        self._keep = frozenset(keep)
         self._ids: list[int] = []
         self._prefix = 0  # start of the context window
         self._read = 0  # tokens already turned into emitted text
@@ -26,6 +30,11 @@ class IncrementalDetokenizer:
         return self._tokenizer.decode(ids, skip_special_tokens=True)
 
     def push(self, token_id: int) -> str:
+        if token_id in self._keep:
+            before = self._advance(final=True)
+            self._ids.append(token_id)
+            self._prefix = self._read = len(self._ids)
+            return before + self._tokenizer.id_to_token(token_id)
         self._ids.append(token_id)
         return self._advance(final=False)
 

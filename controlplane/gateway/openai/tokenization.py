@@ -2,17 +2,20 @@
 
 Tokenizing in the gateway keeps the workers pure tensor programs: they see token ids only.
 The chat template is the Jinja2 template of ``tokenizer_config.json`` (as ``transformers`` renders
-it), run in Jinja2's sandbox since a checkpoint is untrusted input. Generation stops on every end
-token the checkpoint declares (contracts/end_tokens.py).
+it: its ``tojson`` filter and ``strftime_now``, ``tools`` passed as given or None), run in Jinja2's
+sandbox since a checkpoint is untrusted input. Generation stops on every end token the checkpoint
+declares (contracts/end_tokens.py).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from functools import lru_cache
+from datetime import datetime
+from functools import cache, lru_cache
 from pathlib import Path
 
-from jinja2 import Template
+from jinja2 import Environment, Template
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
@@ -57,32 +60,60 @@ class ModelTokenizer:
         """A completion prompt, with the special tokens the tokenizer adds (e.g. BOS)."""
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def encode_chat(
-        self, messages: list[dict], *, add_generation_prompt: bool = True, add_special_tokens: bool = False
-    ) -> list[int]:
-        """Render the chat template (it adds BOS itself, as transformers' apply_chat_template does, so
-        the tokenizer's own special tokens are not added unless asked)."""
+    def render_chat(
+        self, messages: list[dict], *, add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
+        """The chat template's text for the messages (and the tools, None when there are none), as
+        transformers' ``apply_chat_template(tokenize=False)`` renders it."""
         try:
-            text = _compiled(self.chat_template).render(
+            return _compiled(self.chat_template).render(
                 messages=messages,
+                tools=tools,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
             )
         except TemplateError as exc:
             raise ChatTemplateError(f"the model's chat template refused the messages: {exc}") from exc
+
+    def encode_chat(
+        self, messages: list[dict], *, add_generation_prompt: bool = True, add_special_tokens: bool = False,
+        tools: list[dict] | None = None,
+    ) -> list[int]:
+        """Render the chat template (it adds BOS itself, as transformers' apply_chat_template does, so
+        the tokenizer's own special tokens are not added unless asked)."""
+        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    """transformers' ``tojson``: plain json.dumps, unlike Jinja's own (which sorts keys and escapes
+    HTML characters, so a template would render tools and call arguments differently)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+@cache
+def template_environment() -> Environment:
+    """The sandbox chat templates run in, with the filters and globals transformers gives them."""
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    environment.filters["tojson"] = _tojson
+    environment.globals["raise_exception"] = _raise
+    environment.globals["strftime_now"] = _strftime_now
+    return environment
 
 
 @lru_cache(maxsize=16)
 def _compiled(chat_template: str) -> Template:
     """The template compiled once (milliseconds of the event loop's time per request otherwise: the
     gateway renders it on the loop). A syntax error raises here, each time, as a TemplateError."""
-    environment = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-    )
-    environment.globals["raise_exception"] = _raise
-    return environment.from_string(chat_template)
+    return template_environment().from_string(chat_template)
 
 
 @lru_cache(maxsize=16)

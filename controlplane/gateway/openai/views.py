@@ -14,6 +14,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import replace
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
@@ -28,6 +29,8 @@ from controlplane.gateway.openai.protocol import GenerationRequest, generation_r
 from controlplane.gateway.openai.request_span import RequestSpan, request_span
 from controlplane.gateway.openai.samples import Samples, samples_start
 from controlplane.gateway.openai.tokenization import ChatTemplateError
+from controlplane.gateway.openai.tools.calling import ChoiceOutput, ToolCalling, tool_calling
+from controlplane.gateway.openai.tools.grammar import tool_constraint
 from controlplane.gateway.serving.runtime import ModelRoute, gateway
 
 
@@ -46,13 +49,17 @@ async def models_view(request: HttpRequest) -> HttpResponse:
 
 async def _prepare(
     request: HttpRequest, span: RequestSpan, *, chat: bool
-) -> tuple[GenerationRequest, Samples, RequestAccount]:
+) -> tuple[GenerationRequest, Samples, RequestAccount, ToolCalling | None]:
     """Authenticate, validate, tokenize, check the key's limits and admit; raises OpenAIError for every
     refusal. A request that passed the limits is accounted for by the RequestAccount returned."""
     api_key = await authenticate(request)
     body = generation_request(parse_body(request.body), chat=chat)
     route = await model_route(api_key, body.model)
-    prompt_ids = _prompt_ids(route, body)
+    calling = tool_calling(route.tokenizer, body.tools, body.model)
+    if calling is not None:  # tool_choice "required" or a named function: a grammar (tools/grammar.py)
+        body = replace(body, keep_token_ids=calling.keep_token_ids,
+                       constraint=tool_constraint(calling, body.constraint))
+    prompt_ids = _prompt_ids(route, body, calling)
     context = route.tokenizer.max_context
     default = gateway_setting("DEFAULT_CHAT_MAX_TOKENS") if chat else 16
     max_tokens = body.max_tokens or max(1, min(default, context - len(prompt_ids)))
@@ -76,14 +83,15 @@ async def _prepare(
     except OpenAIError:  # the router refused it, at once or after a wait: nothing served, an error in usage
         await account.end(prompt_tokens=0, completion_tokens=0, error=True)
         raise
-    return body, samples, account
+    return body, samples, account, calling
 
 
-def _prompt_ids(route: ModelRoute, body: GenerationRequest) -> list[int]:
+def _prompt_ids(route: ModelRoute, body: GenerationRequest, calling: ToolCalling | None) -> list[int]:
     tokenizer = route.tokenizer
     if body.messages is not None:
         try:
-            return tokenizer.encode_chat(body.messages)
+            tools = list(calling.request.tools) if calling else None
+            return tokenizer.encode_chat(body.messages, tools=tools)
         except ChatTemplateError as exc:
             raise bad_request(str(exc), param="messages", code="invalid_value") from None
     if isinstance(body.prompt, list):
@@ -96,13 +104,15 @@ def _prompt_ids(route: ModelRoute, body: GenerationRequest) -> list[int]:
 
 
 def _choice(
-    index: int, text: str, finish_reason: str | None, *, chat: bool, stream: bool,
+    index: int, text: str | dict, finish_reason: str | None, *, chat: bool, stream: bool,
     logprobs: dict | None = None,
 ) -> dict:
+    """A completion's choice, or a chat choice whose ``text`` is its message or delta (a dict) or the
+    content of one."""
     if not chat:
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     key = "delta" if stream else "message"
-    message = {"role": "assistant", "content": text}
+    message = text if isinstance(text, dict) else {"role": "assistant", "content": text}
     return {"index": index, key: message, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
@@ -139,7 +149,8 @@ def _usage(samples: Samples) -> dict:
 
 
 async def _complete(
-    body: GenerationRequest, samples: Samples, deltas: AsyncIterator[Delta], *, chat: bool
+    body: GenerationRequest, samples: Samples, deltas: AsyncIterator[Delta], calling: ToolCalling | None, *,
+    chat: bool,
 ) -> JsonResponse:
     parts, events = [[] for _ in range(body.n)], [[] for _ in range(body.n)]
     finish_reasons: list[str | None] = [None] * body.n
@@ -152,8 +163,10 @@ async def _complete(
     choices = []
     for index, scorer in enumerate(_scorers(body, samples, chat=chat)):
         logprobs = scorer.of(events[index], echo_tokens) if scorer is not None else None
-        choices.append(_choice(index, echo_text + "".join(parts[index]), finish_reasons[index], chat=chat,
-                               stream=False, logprobs=logprobs))
+        text, reason = echo_text + "".join(parts[index]), finish_reasons[index]
+        if chat:
+            text, reason = ChoiceOutput(calling).message(text, reason)
+        choices.append(_choice(index, text, reason, chat=chat, stream=False, logprobs=logprobs))
     return JsonResponse({
         **_envelope(body, samples, chat=chat, stream=False),
         "choices": choices,
@@ -166,13 +179,18 @@ def _event(data: dict) -> bytes:
 
 
 async def _stream(
-    body: GenerationRequest, samples: Samples, deltas: AsyncIterator[Delta], first: Delta, *, chat: bool
+    body: GenerationRequest, samples: Samples, deltas: AsyncIterator[Delta], first: Delta,
+    calling: ToolCalling | None, *, chat: bool,
 ) -> AsyncIterator[bytes]:
-    """One chunk per delta, naming its choice; the stream ends once every choice has finished."""
+    """One chunk per delta, naming its choice; the stream ends once every choice has finished. With
+    tools, a chat delta makes the chunks its choice's parser hands out (none while it holds text back;
+    the tokens' log-probabilities then go with the next chunk)."""
     envelope = _envelope(body, samples, chat=chat, stream=True)
     scorers = _scorers(body, samples, chat=chat)
     echo_text, echo_tokens = _echo(body, samples)  # with the first delta
     echoes = [(echo_text, echo_tokens) for _ in range(body.n)]  # each choice's first chunk carries it
+    outputs = [ChoiceOutput(calling) for _ in range(body.n)]
+    held: list[list] = [[] for _ in range(body.n)]  # token events of text held back, per choice
     unfinished = body.n
     async with aclosing(deltas):
         try:
@@ -182,11 +200,15 @@ async def _stream(
             delta = first
             while True:
                 scorer, (echo_text, echo_tokens) = scorers[delta.index], echoes[delta.index]
-                logprobs = scorer.of(delta.events, echo_tokens) if scorer is not None else None
-                choice = _choice(delta.index, echo_text + delta.text, delta.finish_reason, chat=chat,
-                                 stream=True, logprobs=logprobs)
+                chunks = (outputs[delta.index].chunks(delta.text, delta.finish_reason) if chat
+                          else [(echo_text + delta.text, delta.finish_reason)])
+                held[delta.index].extend(delta.events)
+                for n, (text, reason) in enumerate(chunks):
+                    events, held[delta.index] = (held[delta.index], []) if n == 0 else ([], [])
+                    logprobs = scorer.of(events, echo_tokens) if scorer is not None else None
+                    choice = _choice(delta.index, text, reason, chat=chat, stream=True, logprobs=logprobs)
+                    yield _event({**envelope, "choices": [choice]})
                 echoes[delta.index] = ("", [])
-                yield _event({**envelope, "choices": [choice]})
                 unfinished -= delta.finish_reason is not None
                 if not unfinished:
                     break
@@ -202,10 +224,10 @@ async def _respond(request: HttpRequest, *, chat: bool) -> HttpResponse:
     """The response, naming its trace where the request is traced (request_span.py)."""
     span = request_span(request.headers, path=request.path)
     try:
-        body, samples, account = await _prepare(request, span, chat=chat)
+        body, samples, account, calling = await _prepare(request, span, chat=chat)
         deltas = account.track(samples)
         if not body.stream:
-            return span.name_trace(await _complete(body, samples, deltas, chat=chat))
+            return span.name_trace(await _complete(body, samples, deltas, calling, chat=chat))
         try:
             first = await anext(deltas)
         except BaseException:
@@ -217,7 +239,7 @@ async def _respond(request: HttpRequest, *, chat: bool) -> HttpResponse:
     except BaseException:
         span.end("failed:internal", 0)
         raise
-    events = _stream(body, samples, deltas, first, chat=chat)
+    events = _stream(body, samples, deltas, first, calling, chat=chat)
     response = StreamingHttpResponse(events, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
