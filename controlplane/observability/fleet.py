@@ -125,8 +125,8 @@ class FleetCollector(Collector):
     def _nodes(self, samples: list[dict], nodes: list[Node], now: float) -> Iterator[GaugeMetricFamily]:
         # As the Nodes page and the API show it: "declared" until an agent registers the node.
         yield enum_gauge("motley_node_status", "The node's observed status (liveness from heartbeats; "
-                         "declared: no agent registered it).", ["node"], [([n.name], n.liveness) for n in nodes],
-                         "status", [DECLARED, *Node.Status.values])
+                         "declared: no agent registered it).", ["node"],
+                         [([n.name], n.liveness) for n in nodes], "status", [DECLARED, *Node.Status.values])
         if hasattr(Node, "Intent"):  # what the operator wants of it, apart from what is seen
             yield enum_gauge("motley_node_intent", "What the operator wants of the node: schedulable, "
                              "cordoned or draining.", ["node"], [([n.name], n.intent) for n in nodes],

@@ -82,3 +82,61 @@ async def test_logged_in_socket_gets_snapshots_from_the_telemetry_group_paced_by
         assert second["devices"]["node-x/gpu0"]["utilization_pct"] == 70.0
     finally:
         await communicator.disconnect()
+
+
+async def _connected(django_user_model, settings):
+    settings.MOTLEY_DASHBOARD_SNAPSHOT_INTERVAL_S = 0.05
+    cookie = await _session_cookie(django_user_model)
+    communicator = WebsocketCommunicator(application, "/ws/dashboard/", headers=[ORIGIN, (b"cookie", cookie)])
+    assert (await communicator.connect())[0]
+    return communicator
+
+
+async def _next(communicator, layer, node: str, util: float) -> dict:
+    """The next frame after one heartbeat of ``node``, skipping ticks that carry none of it."""
+    await _publish_heartbeat(layer, node, util)
+    while True:
+        frame = json.loads(await communicator.receive_from(timeout=2))
+        await communicator.send_to(text_data=json.dumps({"ack": frame["version"]}))
+        if f"{node}/gpu0" in frame["devices"]:
+            return frame
+
+
+async def test_a_snapshot_of_the_subscribed_nodes_then_deltas_from_the_version_acked(
+    django_user_model, settings
+):
+    communicator = await _connected(django_user_model, settings)
+    layer = get_channel_layer()
+    try:
+        await communicator.send_to(text_data=json.dumps({"subscribe": {"nodes": ["node-y"]}}))
+        snapshot = json.loads(await communicator.receive_from(timeout=2))
+        assert snapshot["type"] == "snapshot"
+        await communicator.send_to(text_data=json.dumps({"ack": snapshot["version"]}))
+        await _publish_heartbeat(layer, "node-z", 10.0)  # a node not shown: counted, never sent
+        delta = await _next(communicator, layer, "node-y", 55.0)
+        assert delta["type"] == "delta" and delta["devices"]["node-y/gpu0"]["utilization_pct"] == 55.0
+        assert "node-z/gpu0" not in delta["devices"] and delta["fleet"]["nodes"] >= 2
+        following = await _next(communicator, layer, "node-y", 65.0)
+        assert following["type"] == "delta" and following["from"] == delta["version"]
+        # An ack of anything but the frame in flight (a gap the page saw) is answered with a snapshot.
+        await _publish_heartbeat(layer, "node-y", 75.0)
+        frame = json.loads(await communicator.receive_from(timeout=2))
+        await communicator.send_to(text_data=json.dumps({"ack": frame["version"] - 1}))
+        again = json.loads(await communicator.receive_from(timeout=2))
+        assert again["type"] == "snapshot" and set(again["devices"]) == {"node-y/gpu0"}
+    finally:
+        await communicator.disconnect()
+
+
+@pytest.mark.parametrize(("subscribe", "reason"), [
+    ({"nodes": 7}, 'subscribe.nodes: expected "*" or a list of node names'),
+    ({"nodes": "*", "rack": "r0"}, "unknown field 'rack'"),
+])
+async def test_a_bad_subscription_closes_the_socket_saying_why(
+    django_user_model, settings, subscribe, reason
+):
+    communicator = await _connected(django_user_model, settings)
+    await communicator.send_to(text_data=json.dumps({"subscribe": subscribe}))
+    while (message := await communicator.receive_output(timeout=2))["type"] != "websocket.close":
+        pass
+    assert message["code"] == 4400 and reason in message["reason"]
