@@ -5,19 +5,23 @@ Two frames, both JSON text (the socket's protocol: docs/dashboard.md, "Live upda
 
     {"type": "snapshot", "version": V, "at": t, "fleet": {...},
      "devices": {name: sample}, "stages": {key: stats}}
-    {"type": "delta", "from": v, "version": V, "at": t, "fleet": {...}, "devices": {...}, "stages": {...},
-     "removed": {"devices": [name, ...], "stages": [key, ...]}}
+    {"type": "delta", "from": v, "version": V, "at": t, "fleet": {...}, "devices": {...},
+     "patches": {name: {field: value}}, "stages": {...}, "removed": {"devices": [...], "stages": [...]}}
 
-A delta carries every GPU and stage of the shown nodes whose figures changed after version ``v`` and
-names the ones that went away (or moved to a node not shown); deleting the removed and replacing the
-changed in the state at ``v`` gives the snapshot at ``V`` of the same nodes. ``fleet`` counts the whole
-fleet whatever is shown (nodes reporting, GPUs, stages, GPUs throttled by a slowdown reason).
+A delta carries the GPUs and stages of the shown nodes whose figures changed after version ``v`` and
+names the ones that went away (or moved to a node not shown). A GPU whose node's previous sample the
+browser holds (the usual case: a browser acks every tick, a node reports every second) comes as a
+patch of the fields that changed (its time and utilization, mostly); any other comes whole in
+``devices``, as stages always do. Deleting the removed, replacing the entries in ``devices`` and
+``stages`` and merging the patches into the state at ``v`` gives the snapshot at ``V`` of the same
+nodes. ``fleet`` counts the whole fleet whatever is shown (nodes reporting, GPUs, stages, GPUs
+throttled by a slowdown reason).
 
-Why per node: a heartbeat replaces one node's figures, so each node's GPUs and stages are rendered to
-JSON once per change (``_fragment``) and a frame is a join of the fragments of the nodes it carries,
-never a ``json.dumps`` of the fleet; and a frame's text is kept for the tick by (from-version, nodes
-shown), so the browsers that hold the same version and show the same nodes (every Fleet page that
-acked the last tick) cost one frame between them.
+Why per node: a heartbeat replaces one node's figures, so each node's GPUs (whole and as patches) and
+stages are rendered to JSON once per change (``_fragment``) and a frame is a join of the fragments
+of the nodes it carries, never a ``json.dumps`` of the fleet; and a frame's text is kept for the
+tick by (from-version, nodes shown), so the browsers that hold the same version and show the same
+nodes (every Fleet page that acked the last tick) cost one frame between them.
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ class Frames:
 
     def __init__(self, hub: TelemetryHub):
         self.hub = hub
-        self._fragments: dict[str, tuple[int, str, str]] = {}  # node -> (its version, GPUs, stages)
+        self._fragments: dict[str, _Fragment] = {}
         self._tick: dict[tuple[int | None, frozenset[str] | None], tuple[int, str]] = {}
         self.renders = 0  # frames rendered, not taken from the tick's
 
@@ -101,33 +105,43 @@ class Frames:
         names = hub.nodes if subscription.nodes is None else [n for n in subscription.nodes if n in hub.nodes]
         if since is not None:
             names = [n for n in names if hub.nodes[n].version > since]
-        devices, stages = [], []
+        devices, patches, stages = [], [], []
         for node in names:
-            node_devices, node_stages = self._fragment(node)
-            if node_devices:
-                devices.append(node_devices)
-            if node_stages:
-                stages.append(node_stages)
+            fragment = self._fragment(node)
+            if since is not None and hub.nodes[node].previous_version <= since:  # it holds the previous
+                devices.append(fragment.new)
+                patches.append(fragment.patches)
+            else:
+                devices.append(fragment.devices)
+            stages.append(fragment.stages)
         fleet = {"nodes": len(hub.nodes), "gpus": len(hub.devices), "stages": len(hub.stages),
                  "throttled": sum(n.throttled for n in hub.nodes.values())}
         head = (f'{{"type":"snapshot","version":{hub.version}' if since is None
                 else f'{{"type":"delta","from":{since},"version":{hub.version}')
         text = (f'{head},"at":{json.dumps(hub.clock())},"fleet":{_dumps(fleet)},'
-                f'"devices":{{{",".join(devices)}}},"stages":{{{",".join(stages)}}}')
+                f'"devices":{{{_join(devices)}}},"stages":{{{_join(stages)}}}')
         if since is not None:
-            text += f',"removed":{_dumps(self._removed(subscription, since))}'
+            text += f',"patches":{{{_join(patches)}}},"removed":{_dumps(self._removed(subscription, since))}'
         return hub.version, text + "}"
 
-    def _fragment(self, node: str) -> tuple[str, str]:
+    def _fragment(self, node: str) -> _Fragment:
         """The node's GPUs and stages as JSON object members, rendered once per change of the node."""
         state = self.hub.nodes[node]
         cached = self._fragments.get(node)
-        if cached is None or cached[0] != state.version:
+        if cached is None or cached.version != state.version:
             devices, stages = self.hub.devices, self.hub.stages
-            cached = self._fragments[node] = (
+            new, patches = {}, {}
+            for name in state.devices:
+                entry, before = devices[name], state.previous.get(name)
+                if before is None or before.keys() != entry.keys():
+                    new[name] = entry
+                elif changed := {f: v for f, v in entry.items() if before[f] != v}:
+                    patches[name] = changed
+            cached = self._fragments[node] = _Fragment(
                 state.version, _dumps({name: devices[name] for name in state.devices})[1:-1],
+                _dumps(new)[1:-1], _dumps(patches)[1:-1],
                 _dumps({key: stages[key] for key in sorted(state.stages)})[1:-1])
-        return cached[1], cached[2]
+        return cached
 
     def _removed(self, subscription: Subscription, since: int) -> dict[str, list[str]]:
         """GPUs and stages of the shown nodes gone after ``since`` and not (again) shown now."""
@@ -142,6 +156,22 @@ class Frames:
             if now is None or not subscription.shows(now["node"]):
                 removed[kind].add(key)
         return {kind: sorted(keys) for kind, keys in removed.items()}
+
+
+@dataclass(frozen=True)
+class _Fragment:
+    """One node's JSON object members at one version: every GPU whole; as a delta from the previous
+    sample, the GPUs new or reshaped whole and the others' changed fields; its stages."""
+
+    version: int
+    devices: str
+    new: str
+    patches: str
+    stages: str
+
+
+def _join(fragments: list[str]) -> str:
+    return ",".join(f for f in fragments if f)
 
 
 def _dumps(value: Any) -> str:

@@ -41,14 +41,20 @@ TOMBSTONE_KEEP_S = 60.0
 
 
 class NodeState:
-    """What the latest sample of one node holds, and the hub version at which that last changed."""
+    """What the latest sample of one node holds, the hub version at which that last changed, and its
+    GPUs' entries before that change (at ``previous_version``), which a delta patches field by field
+    for a browser that holds them."""
 
-    __slots__ = ("devices", "stages", "throttled", "version")
+    __slots__ = ("devices", "previous", "previous_version", "stages", "throttled", "version")
 
     def __init__(self) -> None:
-        self.version, self.throttled = 0, 0
+        self.version, self.previous_version, self.throttled = 0, 0, 0
         self.devices: tuple[str, ...] = ()
+        self.previous: dict[str, dict[str, Any]] = {}
         self.stages: set[str] = set()
+
+    def changed(self, version: int, before: dict[str, dict[str, Any]]) -> None:
+        self.previous, self.previous_version, self.version = before, self.version, version
 
 
 class _Bucket:
@@ -104,6 +110,7 @@ class TelemetryHub:
             state = self.nodes[node] = NodeState()
         t = _number(sample.get("received_at"), self.clock())
         sent_at = _number(sample.get("sent_at"), t)
+        before = {name: self.devices[name] for name in state.devices}
         devices, throttled = [], 0
         for metrics in sample.get("devices") or ():
             try:
@@ -127,8 +134,9 @@ class TelemetryHub:
             key = str(status["stage_key"])
             moved_from = self.stages.get(key, {}).get("node", node)
             if moved_from != node and moved_from in self.nodes:  # a stage moved: gone from its old node
-                self.nodes[moved_from].stages.discard(key)
-                self.nodes[moved_from].version = self.version
+                old = self.nodes[moved_from]
+                old.stages.discard(key)
+                old.changed(self.version, {name: self.devices[name] for name in old.devices})
                 self._bury(moved_from, "stages", key)
             self.stages[key] = {
                 "t": t, "sent_at": sent_at, "node": node, "state": status.get("state"),
@@ -145,7 +153,7 @@ class TelemetryHub:
             del self.stages[key]
             self._bury(node, "stages", key)
         state.devices, state.stages, state.throttled = tuple(devices), stages, throttled
-        state.version = self.version
+        state.changed(self.version, before)
 
     def _bury(self, node: str, kind: str, key: str) -> None:
         self.tombstones.append((self.version, self.clock(), node, kind, key))

@@ -1,4 +1,5 @@
-"""/ws/dashboard/: who may connect, and snapshots fed by the telemetry group, paced by acks."""
+"""/ws/dashboard/: who may connect; a snapshot then deltas of the nodes subscribed to, fed by the
+telemetry group, paced by acks; a bad subscription refused saying why."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ async def test_logged_in_socket_gets_snapshots_from_the_telemetry_group_paced_by
         assert await communicator.receive_nothing(timeout=0.3)
         await communicator.send_to(text_data=json.dumps({"ack": first["version"]}))
         second = json.loads(await communicator.receive_from(timeout=2))
-        assert second["devices"]["node-x/gpu0"]["utilization_pct"] == 70.0
+        assert second["type"] == "delta" and second["patches"]["node-x/gpu0"]["utilization_pct"] == 70.0
     finally:
         await communicator.disconnect()
 
@@ -98,7 +99,7 @@ async def _next(communicator, layer, node: str, util: float) -> dict:
     while True:
         frame = json.loads(await communicator.receive_from(timeout=2))
         await communicator.send_to(text_data=json.dumps({"ack": frame["version"]}))
-        if f"{node}/gpu0" in frame["devices"]:
+        if f"{node}/gpu0" in {**frame["devices"], **frame.get("patches", {})}:
             return frame
 
 
@@ -118,6 +119,7 @@ async def test_a_snapshot_of_the_subscribed_nodes_then_deltas_from_the_version_a
         assert "node-z/gpu0" not in delta["devices"] and delta["fleet"]["nodes"] >= 2
         following = await _next(communicator, layer, "node-y", 65.0)
         assert following["type"] == "delta" and following["from"] == delta["version"]
+        assert following["patches"]["node-y/gpu0"]["utilization_pct"] == 65.0  # the fields that changed
         # An ack of anything but the frame in flight (a gap the page saw) is answered with a snapshot.
         await _publish_heartbeat(layer, "node-y", 75.0)
         frame = json.loads(await communicator.receive_from(timeout=2))

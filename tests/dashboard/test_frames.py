@@ -26,12 +26,16 @@ def _heartbeat(node: str, t: float, gpus: dict[int, float], stages: list[str]) -
 
 
 def apply(delta: dict, state: dict) -> dict:
-    """What the dashboard's live.js does with a delta: drop the removed, replace the changed."""
+    """What the dashboard's live.js does with a delta: drop the removed, replace the entries sent
+    whole, merge the patches."""
     assert delta["type"] == "delta" and delta["from"] == state["version"]
     devices = {k: v for k, v in state["devices"].items() if k not in delta["removed"]["devices"]}
     stages = {k: v for k, v in state["stages"].items() if k not in delta["removed"]["stages"]}
+    devices |= delta["devices"]
+    for name, fields in delta["patches"].items():
+        devices[name] = {**devices[name], **fields}
     return {**state, "version": delta["version"], "at": delta["at"], "fleet": delta["fleet"],
-            "devices": devices | delta["devices"], "stages": stages | delta["stages"]}
+            "devices": devices, "stages": stages | delta["stages"]}
 
 
 class Fleet:
@@ -79,6 +83,7 @@ def test_a_delta_applied_to_the_old_snapshot_is_the_new_snapshot(seed, nodes):
     hub, fleet = TelemetryHub(clock=clock), Fleet(rng, nodes=5)
     subscription = Subscription(None if nodes is None else frozenset(nodes))
     held = json.loads(hub.frames.render(subscription, None)[1])
+    patched = 0
     for _ in range(60):
         for _ in range(rng.randint(0, 8)):
             hub.ingest(fleet.step())
@@ -89,10 +94,12 @@ def test_a_delta_applied_to_the_old_snapshot_is_the_new_snapshot(seed, nodes):
         assert version == delta["version"] == hub.version
         snapshot = json.loads(hub.frames.render(subscription, None)[1])
         assert apply(delta, held) == snapshot
+        patched += bool(delta["patches"])
         assert (set(snapshot["devices"]), set(snapshot["stages"])) == fleet.expected(subscription)
         for name, sample in snapshot["devices"].items():  # the latest heartbeat's figures
             assert sample["utilization_pct"] == fleet.gpus[sample["node"]][int(name.rsplit("gpu", 1)[1])]
         held = snapshot if rng.random() < 0.2 else apply(delta, held)  # sometimes a full snapshot
+    assert patched  # GPUs came as patches of their previous sample too
 
 
 def test_only_the_nodes_shown_are_sent_with_the_whole_fleet_counted():

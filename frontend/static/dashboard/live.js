@@ -28,6 +28,7 @@ export function applyFrame(state, frame) {
   for (const name of frame.removed.devices) delete state.devices[name];
   for (const key of frame.removed.stages) delete state.stages[key];
   Object.assign(state.devices, frame.devices);
+  for (const [name, fields] of Object.entries(frame.patches)) Object.assign(state.devices[name], fields);
   Object.assign(state.stages, frame.stages);
   return Object.assign(state, { version: frame.version, at: frame.at, fleet: frame.fleet });
 }

@@ -1,0 +1,111 @@
+"""The telemetry benchmark's load, each run in its own process (``telemetry_bench.py`` starts them):
+simulated agents heartbeating on ``/ws/agents/`` and dashboards reading ``/ws/dashboard/``.
+
+Separate processes because one cannot drive 10,000 GPUs and 50 dashboards and still measure them:
+the agents' JSON and the dashboards' parsing would share one core with the clock they are timed by.
+Each process gets its work and reports its figures as JSON through a pipe.
+
+A dashboard socket subscribes to every node, with deltas or full snapshots (the mode measured), and
+acks every frame by its version as the dashboard's live.js does. *Probe* sockets parse every frame
+and apply it as the page does, timing each GPU sample from its agent's ``sent_at`` to the first frame
+carrying it; the others read the frame's head only (its version and ``at``: when the server rendered
+it) and ack, so that fifty sockets' worth of traffic costs the server what it would while the
+client's parsing stays within the machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import time
+
+import websockets
+
+HEAD = re.compile(r'"version":(\d+),"at":([-0-9.e+]+)')
+
+
+def heartbeat(agent: dict, gpus: int, seq: int) -> str:
+    now = time.time()
+    devices = [{"index": i, "utilization_pct": 50 + 40 * math.sin(now + i), "memory_used_bytes": 40 * 2**30,
+                "memory_total_bytes": 80 * 2**30, "temperature_c": 60.0, "power_w": 300.0,
+                "power_limit_w": 400.0, "sm_clock_mhz": 1410, "throttle_reasons": [],
+                "pcie_tx_bytes_per_s": 1e9, "pcie_rx_bytes_per_s": 1e9}
+               for i in range(gpus)]
+    return json.dumps({"type": "heartbeat", "incarnation": agent["incarnation"], "seq": seq, "sent_at": now,
+                       "devices": devices, "stages": []})
+
+
+async def _agent(url: str, agent: dict, gpus: int, until: float, windows: list[list[float]],
+                 sent: list[int]) -> None:
+    headers = {"Authorization": f"Node {agent['node_id']}:{agent['credential']}"}
+    async with websockets.connect(url, additional_headers=headers, max_size=None, open_timeout=120) as socket:
+        await asyncio.sleep((agent["node_id"] % 1000) / 1000)  # spread the agents over the second
+        seq = 0
+        next_at = time.monotonic()
+        while time.time() < until:
+            seq += 1
+            await socket.send(heartbeat(agent, gpus, seq))
+            now = time.time()
+            for i, (start, end) in enumerate(windows):
+                sent[i] += start <= now < end
+            next_at += 1.0
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+
+def run_agents(conn, url: str, agents: list[dict], gpus: int, until: float,
+               windows: list[list[float]]) -> None:
+    """Heartbeat every second per agent until ``until``; report the heartbeats sent in each window."""
+    async def main() -> list:
+        sent = [0] * len(windows)
+        results = await asyncio.gather(*(_agent(url, a, gpus, until, windows, sent) for a in agents),
+                                       return_exceptions=True)
+        return [sent, [repr(r) for r in results if isinstance(r, BaseException)]]
+
+    sent, errors = asyncio.run(main())
+    conn.send_bytes(json.dumps({"sent": sent, "errors": errors[:3], "failed": len(errors)}).encode())
+
+
+async def _dashboard(url: str, origin: str, session: str, deltas: bool, probe: bool, start: float, end: float,
+                     out: dict) -> None:
+    headers = {"Cookie": f"sessionid={session}"}
+    seen: dict[str, float] = {}
+    async with websockets.connect(url, additional_headers=headers, origin=origin, max_size=None,
+                                  open_timeout=60) as socket:
+        await socket.send(json.dumps({"subscribe": {"nodes": "*", "deltas": deltas}}))
+        while time.time() < end:
+            try:
+                text = await asyncio.wait_for(socket.recv(), timeout=1.0)
+            except TimeoutError:
+                continue
+            arrived = time.time()
+            frame = json.loads(text) if probe else None
+            version, at = HEAD.search(text, 0, 200).groups()
+            await socket.send(json.dumps({"ack": int(version)}))
+            measuring = start <= arrived < end
+            if measuring:
+                out["frames"] += 1
+                out["bytes"] += len(text)
+                out["delivery"].append(arrived - float(at))
+            for name, sample in (frame or {}).get("devices", {}).items():
+                if seen.get(name) != sample["sent_at"]:
+                    seen[name] = sample["sent_at"]
+                    if measuring:
+                        out["latency"].append(arrived - sample["sent_at"])
+                        out["in_server"].append(float(at) - sample["sent_at"])
+
+
+def run_dashboards(conn, url: str, origin: str, session: str, deltas: bool, sockets: int, probes: int,
+                   start: float, end: float) -> None:
+    """``sockets`` dashboards (the first ``probes`` of them parsing every frame) until ``end``; report
+    what arrived from ``start`` on."""
+    out = {"frames": 0, "bytes": 0, "delivery": [], "latency": [], "in_server": []}
+
+    async def main() -> list[str]:
+        results = await asyncio.gather(*(_dashboard(url, origin, session, deltas, i < probes, start, end, out)
+                                         for i in range(sockets)), return_exceptions=True)
+        return [repr(r) for r in results if isinstance(r, BaseException)]
+
+    errors = asyncio.run(main())
+    conn.send_bytes(json.dumps({**out, "errors": errors[:3], "failed": len(errors)}).encode())
