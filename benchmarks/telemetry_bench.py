@@ -80,8 +80,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def _spawn(target, *args) -> tuple:
-    """Run ``target(conn, *args)`` in a fresh process; its report comes back as JSON on ``conn``."""
-    ours, theirs = SPAWN.Pipe(duplex=False)
+    """Run ``target(conn, *args)`` in a fresh process; it reports as JSON on ``conn`` (both ways)."""
+    ours, theirs = SPAWN.Pipe()
     process = SPAWN.Process(target=target, args=(theirs, *args), daemon=True)
     process.start()
     return process, ours
@@ -106,14 +106,18 @@ def _shares(items: list, parts: int) -> list[list]:
 def measure(port: int, agents: list[dict], session: str, args, server: psutil.Process) -> list[dict]:
     """Each mode's dashboards in turn against the same server and agents; one result per mode."""
     base, origin = f"ws://127.0.0.1:{port}", f"http://127.0.0.1:{port}"
-    ramp = 10 + len(agents) / 100  # the agents' sockets open and the first heartbeats arrive
+    agent_runs = [_spawn(telemetry_sim.run_agents, f"{base}/ws/agents/", share, args.gpus_per_node)
+                  for share in _shares(agents, args.agent_processes)]
+    for process, conn in agent_runs:  # every agent's socket open before anything is measured
+        if not conn.poll(600) or not json.loads(conn.recv_bytes())["ready"]:
+            raise RuntimeError(f"the agents of {process.name} could not all connect: see --server-log")
     phase = args.warmup + args.duration + 2
-    t0 = time.time() + ramp
+    t0 = time.time() + 5  # the first heartbeats of every agent in, the first devices' health written
     windows = [[t0 + i * phase + args.warmup, t0 + i * phase + args.warmup + args.duration]
                for i in range(len(args.modes))]
     until = t0 + len(args.modes) * phase
-    agent_runs = [_spawn(telemetry_sim.run_agents, f"{base}/ws/agents/", share, args.gpus_per_node, until,
-                         windows) for share in _shares(agents, args.agent_processes)]
+    for _, conn in agent_runs:
+        conn.send_bytes(json.dumps({"until": until}).encode())
     results = []
     for i, mode in enumerate(args.modes):
         start, end = windows[i]
@@ -133,20 +137,25 @@ def measure(port: int, agents: list[dict], session: str, args, server: psutil.Pr
         results.append({"mode": mode, "elapsed": elapsed, "server_cores": server_cores,
                         "load_average_1m": load, "reports": reports})
     sent = [_collect(p, c, until - time.time() + 120)["sent"] for p, c in agent_runs]
-    return [_summary(r, [sum(s[i] for s in sent) for i in range(len(args.modes))][i], agents, args)
-            for i, r in enumerate(results)]
+    return [_summary(r, _heartbeats(sent, windows[i]), agents, args) for i, r in enumerate(results)]
 
 
-def _summary(result: dict, heartbeats: int, agents: list[dict], args) -> dict:
+def _heartbeats(sent: list[dict[str, int]], window: list[float]) -> float:
+    """Heartbeats a second the agents sent over the window's whole seconds."""
+    first, last = math.ceil(window[0]), int(window[1])
+    count = sum(n for per_second in sent for second, n in per_second.items() if first <= int(second) < last)
+    return count / max(1, last - first)
+
+
+def _summary(result: dict, per_s: float, agents: list[dict], args) -> dict:
     reports, elapsed = result["reports"], result["elapsed"]
     merged = {k: [v for r in reports for v in r[k]] for k in ("latency", "in_server", "delivery")}
     latencies, frames = merged["latency"], sum(r["frames"] for r in reports)
-    per_s = heartbeats / elapsed
     return {
         "mode": result["mode"], "gpus": len(agents) * args.gpus_per_node, "nodes": len(agents),
         "dashboards": args.dashboards, "probes": args.probes, "seconds": elapsed,
         "heartbeats_per_s": per_s, "samples": len(latencies),
-        "expected_samples": heartbeats * args.gpus_per_node * args.probes,
+        "expected_samples": per_s * elapsed * args.gpus_per_node * args.probes,
         "p50_ms": 1000 * percentile(latencies, 0.5), "p95_ms": 1000 * percentile(latencies, 0.95),
         "p99_ms": 1000 * percentile(latencies, 0.99), "max_ms": 1000 * max(latencies, default=float("nan")),
         "sent_to_rendered_p50_ms": 1000 * percentile(merged["in_server"], 0.5),

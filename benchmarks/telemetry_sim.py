@@ -37,30 +37,37 @@ def heartbeat(agent: dict, gpus: int, seq: int) -> str:
                        "devices": devices, "stages": []})
 
 
-async def _agent(url: str, agent: dict, gpus: int, until: float, windows: list[list[float]],
-                 sent: list[int]) -> None:
+async def _agent(url: str, agent: dict, gpus: int, opening: asyncio.Semaphore, connected: list[int],
+                 until: list[float], sent: dict[int, int]) -> None:
     headers = {"Authorization": f"Node {agent['node_id']}:{agent['credential']}"}
-    async with websockets.connect(url, additional_headers=headers, max_size=None, open_timeout=120) as socket:
+    async with opening:  # a few sockets open at a time, as agents starting across a fleet would
+        socket = await websockets.connect(url, additional_headers=headers, max_size=None, open_timeout=300)
+    connected[0] += 1
+    async with socket:
         await asyncio.sleep((agent["node_id"] % 1000) / 1000)  # spread the agents over the second
         seq = 0
         next_at = time.monotonic()
-        while time.time() < until:
+        while time.time() < until[0]:
             seq += 1
             await socket.send(heartbeat(agent, gpus, seq))
-            now = time.time()
-            for i, (start, end) in enumerate(windows):
-                sent[i] += start <= now < end
+            second = int(time.time())
+            sent[second] = sent.get(second, 0) + 1
             next_at += 1.0
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
 
-def run_agents(conn, url: str, agents: list[dict], gpus: int, until: float,
-               windows: list[list[float]]) -> None:
-    """Heartbeat every second per agent until ``until``; report the heartbeats sent in each window."""
+def run_agents(conn, url: str, agents: list[dict], gpus: int) -> None:
+    """Open every agent's socket and heartbeat every second on each; say ``{"ready": true}`` once all
+    are open, take the time to stop at (``{"until": t}``), then report the heartbeats sent per second."""
     async def main() -> list:
-        sent = [0] * len(windows)
-        results = await asyncio.gather(*(_agent(url, a, gpus, until, windows, sent) for a in agents),
-                                       return_exceptions=True)
+        until, connected, sent = [float("inf")], [0], {}
+        opening = asyncio.Semaphore(20)
+        tasks = [asyncio.create_task(_agent(url, a, gpus, opening, connected, until, sent)) for a in agents]
+        while connected[0] < len(agents) and not any(t.done() for t in tasks):
+            await asyncio.sleep(0.2)
+        conn.send_bytes(json.dumps({"ready": connected[0] == len(agents)}).encode())
+        until[0] = json.loads(await asyncio.to_thread(conn.recv_bytes))["until"]
+        results = await asyncio.gather(*tasks, return_exceptions=True)
         return [sent, [repr(r) for r in results if isinstance(r, BaseException)]]
 
     sent, errors = asyncio.run(main())
@@ -88,12 +95,19 @@ async def _dashboard(url: str, origin: str, session: str, deltas: bool, probe: b
                 out["frames"] += 1
                 out["bytes"] += len(text)
                 out["delivery"].append(arrived - float(at))
-            for name, sample in (frame or {}).get("devices", {}).items():
-                if seen.get(name) != sample["sent_at"]:
-                    seen[name] = sample["sent_at"]
+            # A GPU's new sample comes whole (devices) or as a patch; its sent_at is new either way.
+            for name, fields in _samples(frame):
+                if (sent_at := fields.get("sent_at")) is not None and seen.get(name) != sent_at:
+                    seen[name] = sent_at
                     if measuring:
-                        out["latency"].append(arrived - sample["sent_at"])
-                        out["in_server"].append(float(at) - sample["sent_at"])
+                        out["latency"].append(arrived - sent_at)
+                        out["in_server"].append(float(at) - sent_at)
+
+
+def _samples(frame: dict | None):
+    if frame is not None:
+        yield from frame["devices"].items()
+        yield from frame.get("patches", {}).items()
 
 
 def run_dashboards(conn, url: str, origin: str, session: str, deltas: bool, sockets: int, probes: int,
