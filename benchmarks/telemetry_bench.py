@@ -23,6 +23,7 @@ per heartbeat ingested (one node's update: 8 GPU samples).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import multiprocessing
@@ -109,10 +110,12 @@ def measure(port: int, agents: list[dict], session: str, args, server: psutil.Pr
     agent_runs = [_spawn(telemetry_sim.run_agents, f"{base}/ws/agents/", share, args.gpus_per_node)
                   for share in _shares(agents, args.agent_processes)]
     for process, conn in agent_runs:  # every agent's socket open before anything is measured
-        if not conn.poll(600) or not json.loads(conn.recv_bytes())["ready"]:
-            raise RuntimeError(f"the agents of {process.name} could not all connect: see --server-log")
+        report = json.loads(conn.recv_bytes()) if conn.poll(600) else {"ready": False, "errors": ["timeout"]}
+        if not report["ready"]:
+            raise RuntimeError(f"the agents of {process.name} could not all connect: {report['errors']}")
+    asyncio.run(telemetry_sim.fleet_heard(f"{base}/ws/dashboard/", origin, session, len(agents), 600))
     phase = args.warmup + args.duration + 2
-    t0 = time.time() + 5  # the first heartbeats of every agent in, the first devices' health written
+    t0 = time.time() + 2
     windows = [[t0 + i * phase + args.warmup, t0 + i * phase + args.warmup + args.duration]
                for i in range(len(args.modes))]
     until = t0 + len(args.modes) * phase

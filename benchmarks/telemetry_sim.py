@@ -41,7 +41,15 @@ async def _agent(url: str, agent: dict, gpus: int, opening: asyncio.Semaphore, c
                  until: list[float], sent: dict[int, int]) -> None:
     headers = {"Authorization": f"Node {agent['node_id']}:{agent['credential']}"}
     async with opening:  # a few sockets open at a time, as agents starting across a fleet would
-        socket = await websockets.connect(url, additional_headers=headers, max_size=None, open_timeout=300)
+        for attempt in range(30):
+            try:
+                socket = await websockets.connect(url, additional_headers=headers, max_size=None,
+                                                  open_timeout=60)
+                break
+            except (OSError, websockets.InvalidHandshake):  # a busy server drops a slow handshake
+                if attempt == 29:
+                    raise
+                await asyncio.sleep(1 + attempt % 5)  # and the agent tries again, as a real one does
     connected[0] += 1
     async with socket:
         await asyncio.sleep((agent["node_id"] % 1000) / 1000)  # spread the agents over the second
@@ -65,7 +73,8 @@ def run_agents(conn, url: str, agents: list[dict], gpus: int) -> None:
         tasks = [asyncio.create_task(_agent(url, a, gpus, opening, connected, until, sent)) for a in agents]
         while connected[0] < len(agents) and not any(t.done() for t in tasks):
             await asyncio.sleep(0.2)
-        conn.send_bytes(json.dumps({"ready": connected[0] == len(agents)}).encode())
+        failed = [repr(t.exception()) for t in tasks if t.done() and t.exception() is not None]
+        conn.send_bytes(json.dumps({"ready": connected[0] == len(agents), "errors": failed[:3]}).encode())
         until[0] = json.loads(await asyncio.to_thread(conn.recv_bytes))["until"]
         results = await asyncio.gather(*tasks, return_exceptions=True)
         return [sent, [repr(r) for r in results if isinstance(r, BaseException)]]
@@ -102,6 +111,22 @@ async def _dashboard(url: str, origin: str, session: str, deltas: bool, probe: b
                     if measuring:
                         out["latency"].append(arrived - sent_at)
                         out["in_server"].append(float(at) - sent_at)
+
+
+async def fleet_heard(url: str, origin: str, session: str, nodes: int, timeout_s: float) -> None:
+    """Wait until the server's hub has a sample of ``nodes`` nodes (every agent's first heartbeat
+    recorded and published), read from the frames' fleet counts with a subscription to no node."""
+    headers = {"Cookie": f"sessionid={session}"}
+    deadline = time.monotonic() + timeout_s
+    async with websockets.connect(url, additional_headers=headers, origin=origin, open_timeout=60) as socket:
+        await socket.send(json.dumps({"subscribe": {"nodes": []}}))
+        heard = 0
+        while heard < nodes:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the server heard {heard} of {nodes} nodes within {timeout_s:.0f}s")
+            frame = json.loads(await asyncio.wait_for(socket.recv(), timeout=timeout_s))
+            heard = frame["fleet"]["nodes"]
+            await socket.send(json.dumps({"ack": frame["version"]}))
 
 
 def _samples(frame: dict | None):
