@@ -125,22 +125,11 @@ class Frames:
         return hub.version, text + "}"
 
     def _fragment(self, node: str) -> _Fragment:
-        """The node's GPUs and stages as JSON object members, rendered once per change of the node."""
+        """The node's fragments at its current version (each form rendered when first asked for)."""
         state = self.hub.nodes[node]
         cached = self._fragments.get(node)
         if cached is None or cached.version != state.version:
-            devices, stages = self.hub.devices, self.hub.stages
-            new, patches = {}, {}
-            for name in state.devices:
-                entry, before = devices[name], state.previous.get(name)
-                if before is None or before.keys() != entry.keys():
-                    new[name] = entry
-                elif changed := {f: v for f, v in entry.items() if before[f] != v}:
-                    patches[name] = changed
-            cached = self._fragments[node] = _Fragment(
-                state.version, _dumps({name: devices[name] for name in state.devices})[1:-1],
-                _dumps(new)[1:-1], _dumps(patches)[1:-1],
-                _dumps({key: stages[key] for key in sorted(state.stages)})[1:-1])
+            cached = self._fragments[node] = _Fragment(self.hub, state)
         return cached
 
     def _removed(self, subscription: Subscription, since: int) -> dict[str, list[str]]:
@@ -158,16 +147,50 @@ class Frames:
         return {kind: sorted(keys) for kind, keys in removed.items()}
 
 
-@dataclass(frozen=True)
 class _Fragment:
-    """One node's JSON object members at one version: every GPU whole; as a delta from the previous
-    sample, the GPUs new or reshaped whole and the others' changed fields; its stages."""
+    """One node's JSON object members at one version: every GPU whole (for a snapshot); as a delta from
+    its previous sample, the GPUs new or reshaped whole and the others' changed fields; its stages.
+    Each is rendered the first time a frame needs it, once per version of the node."""
 
-    version: int
-    devices: str
-    new: str
-    patches: str
-    stages: str
+    def __init__(self, hub: TelemetryHub, state):
+        self.hub, self.state, self.version = hub, state, state.version
+        self._devices: str | None = None
+        self._delta: tuple[str, str] | None = None
+        self._stages: str | None = None
+
+    @property
+    def devices(self) -> str:
+        if self._devices is None:
+            devices = self.hub.devices
+            self._devices = _dumps({name: devices[name] for name in self.state.devices})[1:-1]
+        return self._devices
+
+    @property
+    def new(self) -> str:
+        return self._patched()[0]
+
+    @property
+    def patches(self) -> str:
+        return self._patched()[1]
+
+    @property
+    def stages(self) -> str:
+        if self._stages is None:
+            stages = self.hub.stages
+            self._stages = _dumps({key: stages[key] for key in sorted(self.state.stages)})[1:-1]
+        return self._stages
+
+    def _patched(self) -> tuple[str, str]:
+        if self._delta is None:
+            new, patches = {}, {}
+            for name in self.state.devices:
+                entry, before = self.hub.devices[name], self.state.previous.get(name)
+                if before is None or before.keys() != entry.keys():
+                    new[name] = entry
+                elif changed := {f: v for f, v in entry.items() if before[f] != v}:
+                    patches[name] = changed
+            self._delta = (_dumps(new)[1:-1], _dumps(patches)[1:-1])
+        return self._delta
 
 
 def _join(fragments: list[str]) -> str:
