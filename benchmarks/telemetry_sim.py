@@ -38,7 +38,7 @@ def heartbeat(agent: dict, gpus: int, seq: int) -> str:
 
 
 async def _agent(url: str, agent: dict, gpus: int, opening: asyncio.Semaphore, connected: list[int],
-                 until: list[float], sent: dict[int, int]) -> None:
+                 all_open: asyncio.Event, until: list[float], sent: dict[int, int]) -> None:
     headers = {"Authorization": f"Node {agent['node_id']}:{agent['credential']}"}
     async with opening:  # a few sockets open at a time, as agents starting across a fleet would
         for attempt in range(30):
@@ -52,6 +52,9 @@ async def _agent(url: str, agent: dict, gpus: int, opening: asyncio.Semaphore, c
                 await asyncio.sleep(1 + attempt % 5)  # and the agent tries again, as a real one does
     connected[0] += 1
     async with socket:
+        # Heartbeats start once this process's sockets are all open: what is measured is a fleet
+        # reporting, not a fleet joining (a first heartbeat goes through the database).
+        await all_open.wait()
         await asyncio.sleep((agent["node_id"] % 1000) / 1000)  # spread the agents over the second
         seq = 0
         next_at = time.monotonic()
@@ -65,14 +68,17 @@ async def _agent(url: str, agent: dict, gpus: int, opening: asyncio.Semaphore, c
 
 
 def run_agents(conn, url: str, agents: list[dict], gpus: int) -> None:
-    """Open every agent's socket and heartbeat every second on each; say ``{"ready": true}`` once all
-    are open, take the time to stop at (``{"until": t}``), then report the heartbeats sent per second."""
+    """Open every agent's socket, then heartbeat every second on each; say ``{"ready": true}`` once
+    all are open, take the time to stop at (``{"until": t}``), then report the heartbeats sent per
+    second."""
     async def main() -> list:
         until, connected, sent = [float("inf")], [0], {}
-        opening = asyncio.Semaphore(20)
-        tasks = [asyncio.create_task(_agent(url, a, gpus, opening, connected, until, sent)) for a in agents]
+        opening, all_open = asyncio.Semaphore(20), asyncio.Event()
+        tasks = [asyncio.create_task(_agent(url, a, gpus, opening, connected, all_open, until, sent))
+                 for a in agents]
         while connected[0] < len(agents) and not any(t.done() for t in tasks):
             await asyncio.sleep(0.2)
+        all_open.set()
         failed = [repr(t.exception()) for t in tasks if t.done() and t.exception() is not None]
         conn.send_bytes(json.dumps({"ready": connected[0] == len(agents), "errors": failed[:3]}).encode())
         until[0] = json.loads(await asyncio.to_thread(conn.recv_bytes))["until"]

@@ -6,9 +6,12 @@ Telemetry to browsers is lossy by design (ARCHITECTURE invariants): every
 sent the next one: a full snapshot first, then the delta from the version the browser acked
 (``controlplane/telemetry/frames.py``). A socket never holds more than one frame in flight, so a slow
 or stalled browser simply sees fewer of them and nothing queues up in the server on its behalf; one
-that missed something (an ack that does not match, no ack within ``ACK_TIMEOUT_S``, a new
-subscription, a reconnect, a version older than the hub still remembers) is sent a full snapshot
-again. Frames are rendered once per tick for all sockets that want the same, and the control plane's
+that missed something (an ack that does not match, a new subscription, a reconnect, a version
+older than the hub still remembers) is sent a full snapshot again. A browser silent for
+``ACK_TIMEOUT_S`` is sent the next delta from the frame it has not acked (a socket delivers in order,
+so the browser applies that frame first; a gap it finds is acked ``null`` and answered with a
+snapshot): a server running late does not turn its slowness into snapshots, its costliest frames.
+Frames are rendered once per tick for all sockets that want the same, and the control plane's
 ingest never waits for a browser.
 
 The browser sends ``{"ack": version}`` after each frame and ``{"subscribe": {"nodes": "*" | [names],
@@ -31,7 +34,7 @@ from controlplane.telemetry.runtime import running_hub
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_BAD_SUBSCRIPTION = 4400
-ACK_TIMEOUT_S = 10.0  # a browser silent this long is sent a full snapshot at the next tick anyway
+ACK_TIMEOUT_S = 10.0  # a browser silent this long is sent the next delta anyway
 
 
 class DashboardConsumer(AsyncWebsocketConsumer):
@@ -44,6 +47,7 @@ class DashboardConsumer(AsyncWebsocketConsumer):
         self.subscription = Subscription()
         self.held: int | None = None  # the version the browser acked holding; None: send a snapshot
         self.in_flight: int | None = None  # the version of the frame sent and not yet acked
+        self.overtaken: int | None = None  # an unacked frame the next one followed (its ack is late)
         self.sent_at = 0.0
         self.sent_tick = -1
         self.limits = MessageLimits(max_bytes=settings.MOTLEY_DASHBOARD_WS_MAX_MESSAGE_BYTES,
@@ -81,9 +85,11 @@ class DashboardConsumer(AsyncWebsocketConsumer):
             self.sent_tick = -1  # the new nodes' snapshot goes at once, not at the next tick
             await self._offer()
         elif "ack" in message and self.in_flight is not None:
+            if self.overtaken is not None and message["ack"] == self.overtaken:
+                return  # the late ack of the frame the one in flight follows
             # Anything but the frame in flight (a gap the browser saw) is answered with a snapshot.
             self.held = self.in_flight if message["ack"] == self.in_flight else None
-            self.in_flight = None
+            self.in_flight = self.overtaken = None
             await self._offer()  # a tick this socket skipped while waiting is sent now, not a tick later
 
     async def _close(self, code: int, reason: str) -> None:
@@ -97,7 +103,8 @@ class DashboardConsumer(AsyncWebsocketConsumer):
         if self.in_flight is not None:
             if asyncio.get_running_loop().time() - self.sent_at <= ACK_TIMEOUT_S:
                 return
-            self.held, self.in_flight = None, None  # the browser may have lost it: start over
+            # Silent: the next frame follows the unacked one, which the browser applies first.
+            self.held, self.overtaken, self.in_flight = self.in_flight, self.in_flight, None
         if self.held is not None and self.held >= self.hub.version:
             return  # nothing new
         version, text = self.hub.frames.frame(self.subscription, self.held)

@@ -142,3 +142,27 @@ async def test_a_bad_subscription_closes_the_socket_saying_why(
     while (message := await communicator.receive_output(timeout=2))["type"] != "websocket.close":
         pass
     assert message["code"] == 4400 and reason in message["reason"]
+
+
+async def test_a_silent_browser_is_sent_the_next_delta_after_its_unacked_frame(
+    django_user_model, settings, monkeypatch
+):
+    """No ack within ACK_TIMEOUT_S: the browser will still apply that frame first (a socket delivers
+    in order), so the next frame is the delta from it, not a snapshot; its late ack changes nothing."""
+    from controlplane.dashboard import consumers
+
+    monkeypatch.setattr(consumers, "ACK_TIMEOUT_S", 0.2)
+    communicator = await _connected(django_user_model, settings)
+    layer = get_channel_layer()
+    try:
+        await communicator.send_to(text_data=json.dumps({"subscribe": {"nodes": ["node-s"]}}))
+        unacked = json.loads(await communicator.receive_from(timeout=2))
+        await _publish_heartbeat(layer, "node-s", 20.0)
+        following = json.loads(await communicator.receive_from(timeout=2))
+        assert following["type"] == "delta" and following["from"] == unacked["version"]
+        await communicator.send_to(text_data=json.dumps({"ack": unacked["version"]}))  # late: ignored
+        await communicator.send_to(text_data=json.dumps({"ack": following["version"]}))
+        delta = await _next(communicator, layer, "node-s", 30.0)
+        assert delta["type"] == "delta" and delta["patches"]["node-s/gpu0"]["utilization_pct"] == 30.0
+    finally:
+        await communicator.disconnect()
