@@ -37,19 +37,22 @@ def heartbeat(agent: dict, gpus: int, seq: int) -> str:
                        "devices": devices, "stages": []})
 
 
+async def _connect(url: str, **options) -> websockets.ClientConnection:
+    """Open a socket, trying again when a busy server drops the handshake (daphne closes one the
+    application has not accepted within its connect timeout), as a real agent or page does."""
+    for attempt in range(29):
+        try:
+            return await websockets.connect(url, max_size=None, open_timeout=60, **options)
+        except (OSError, websockets.InvalidHandshake):
+            await asyncio.sleep(1 + attempt % 5)
+    return await websockets.connect(url, max_size=None, open_timeout=60, **options)
+
+
 async def _agent(url: str, agent: dict, gpus: int, opening: asyncio.Semaphore, connected: list[int],
                  all_open: asyncio.Event, until: list[float], sent: dict[int, int]) -> None:
     headers = {"Authorization": f"Node {agent['node_id']}:{agent['credential']}"}
     async with opening:  # a few sockets open at a time, as agents starting across a fleet would
-        for attempt in range(30):
-            try:
-                socket = await websockets.connect(url, additional_headers=headers, max_size=None,
-                                                  open_timeout=60)
-                break
-            except (OSError, websockets.InvalidHandshake):  # a busy server drops a slow handshake
-                if attempt == 29:
-                    raise
-                await asyncio.sleep(1 + attempt % 5)  # and the agent tries again, as a real one does
+        socket = await _connect(url, additional_headers=headers)
     connected[0] += 1
     async with socket:
         # Heartbeats start once this process's sockets are all open: what is measured is a fleet
@@ -93,8 +96,7 @@ async def _dashboard(url: str, origin: str, session: str, deltas: bool, probe: b
                      out: dict) -> None:
     headers = {"Cookie": f"sessionid={session}"}
     seen: dict[str, float] = {}
-    async with websockets.connect(url, additional_headers=headers, origin=origin, max_size=None,
-                                  open_timeout=60) as socket:
+    async with await _connect(url, additional_headers=headers, origin=origin) as socket:
         await socket.send(json.dumps({"subscribe": {"nodes": "*", "deltas": deltas}}))
         while time.time() < end:
             try:
@@ -124,7 +126,7 @@ async def fleet_heard(url: str, origin: str, session: str, nodes: int, timeout_s
     recorded and published), read from the frames' fleet counts with a subscription to no node."""
     headers = {"Cookie": f"sessionid={session}"}
     deadline = time.monotonic() + timeout_s
-    async with websockets.connect(url, additional_headers=headers, origin=origin, open_timeout=60) as socket:
+    async with await _connect(url, additional_headers=headers, origin=origin) as socket:
         await socket.send(json.dumps({"subscribe": {"nodes": []}}))
         heard = 0
         while heard < nodes:
