@@ -1,18 +1,23 @@
-"""Telemetry benchmark: agents' heartbeats to dashboard browsers, through the real ASGI server.
+"""Telemetry benchmark: agents' heartbeats to dashboard browsers through the real ASGI server, the
+dashboard socket's deltas side by side with full snapshots in one run.
 
-    .venv/bin/python benchmarks/telemetry_bench.py [--gpus 1000] [--gpus-per-node 8]
-        [--dashboards 20] [--duration 30] [--warmup 5] [--markdown]
+    .venv/bin/python benchmarks/telemetry_bench.py [--gpus 10000] [--gpus-per-node 8]
+        [--dashboards 50] [--probes 5] [--modes full delta] [--duration 20] [--warmup 10]
+        [--agent-processes 2] [--dashboard-processes 2] [--markdown]
 
 Starts daphne serving ``controlplane.asgi`` on a fresh embedded install (SQLite, in-memory channel
-layer), registers ``gpus / gpus-per-node`` nodes with real join tokens, then runs, in this one
-process, one websocket per simulated agent on ``/ws/agents/`` sending a contracts §3 heartbeat
-every second, and ``dashboards`` logged-in browser sockets on ``/ws/dashboard/`` that acknowledge
-every snapshot as the dashboard's JS does.
+layer), registers ``gpus / gpus-per-node`` nodes with real join tokens, then runs, in processes of
+their own (``telemetry_sim.py``), one websocket per simulated agent on ``/ws/agents/`` sending a
+contracts §3 heartbeat every second, and, one mode after the other on the same server and agents,
+``dashboards`` logged-in browser sockets on ``/ws/dashboard/`` subscribed to every node, with full
+snapshots on every tick (``"deltas": false``) or a snapshot then deltas, acknowledging every frame as
+the dashboard's JS does.
 
-Latency is agent-to-browser: for every GPU sample, the time from the agent's ``sent_at`` to the
-first snapshot that carries it arriving at a browser socket, for every socket (same machine, same
-clock), also split into agent's send to snapshot rendered (the snapshot's ``at``) and rendered to
-arrived. CPU is the server process's user+system time over the measured window, in cores.
+Latency is agent-to-browser, measured on the probe sockets (which parse and apply every frame): for
+every GPU sample, the time from the agent's ``sent_at`` to the first frame carrying it (same machine,
+same clock), split into agent's send to frame rendered (the frame's ``at``) and rendered to arrived
+(every socket). CPU is the server process's user+system time over the measured window, in cores, and
+per heartbeat ingested (one node's update: 8 GPU samples).
 """
 
 from __future__ import annotations
@@ -21,8 +26,8 @@ import argparse
 import asyncio
 import json
 import math
+import multiprocessing
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,10 +36,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import psutil
-import websockets
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks import telemetry_sim  # noqa: E402
+
+SPAWN = multiprocessing.get_context("spawn")  # the load's processes start clean, without Django
 
 
 def setup_install(var_dir: Path, nodes: int, gpus_per_node: int) -> tuple[list[dict], str]:
@@ -67,123 +75,122 @@ def setup_install(var_dir: Path, nodes: int, gpus_per_node: int) -> tuple[list[d
     return agents, client.cookies["sessionid"].value
 
 
-def heartbeat(agent: dict, gpus: int, seq: int) -> str:
-    now = time.time()
-    devices = [{"index": i, "utilization_pct": 50 + 40 * math.sin(now + i), "memory_used_bytes": 40 * 2**30,
-                "memory_total_bytes": 80 * 2**30, "temperature_c": 60.0, "power_w": 300.0,
-                "power_limit_w": 400.0, "sm_clock_mhz": 1410, "throttle_reasons": [],
-                "pcie_tx_bytes_per_s": 1e9, "pcie_rx_bytes_per_s": 1e9}
-               for i in range(gpus)]
-    return json.dumps({"type": "heartbeat", "incarnation": agent["incarnation"], "seq": seq, "sent_at": now,
-                       "devices": devices, "stages": []})
-
-
-async def run_agent(url: str, agent: dict, gpus: int, stop: asyncio.Event, sent: list[int]) -> None:
-    headers = {"Authorization": f"Node {agent['node_id']}:{agent['credential']}"}
-    async with websockets.connect(url, additional_headers=headers, max_size=None) as socket:
-        await asyncio.sleep((agent["node_id"] % 1000) / 1000)  # spread the agents over the second
-        seq = 0
-        next_at = time.monotonic()
-        while not stop.is_set():
-            seq += 1
-            await socket.send(heartbeat(agent, gpus, seq))
-            sent[0] += 1
-            next_at += 1.0
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-
-
-async def run_dashboard(url: str, origin: str, session: str, stop: asyncio.Event, measuring: asyncio.Event,
-                        latencies: list[float], counts: list[int], parts: dict[str, list[float]]) -> None:
-    headers = {"Cookie": f"sessionid={session}"}
-    seen: dict[str, float] = {}
-    async with websockets.connect(url, additional_headers=headers, origin=origin, max_size=None) as socket:
-        while not stop.is_set():
-            try:
-                text = await asyncio.wait_for(socket.recv(), timeout=1.0)
-            except TimeoutError:
-                continue
-            arrived = time.time()
-            snapshot = json.loads(text)
-            await socket.send(json.dumps({"ack": snapshot["version"]}))
-            for name, sample in snapshot["devices"].items():
-                sent_at = sample["sent_at"]
-                if seen.get(name) != sent_at:
-                    seen[name] = sent_at
-                    if measuring.is_set():
-                        latencies.append(arrived - sent_at)
-                        parts["in_server"].append(snapshot["at"] - sent_at)
-            if measuring.is_set():
-                counts[0] += 1
-                counts[1] += len(text)
-                parts["delivery"].append(arrived - snapshot["at"])
-
-
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def measure(port: int, agents: list[dict], session: str, gpus_per_node: int, dashboards: int,
-                  warmup: float, duration: float, server: psutil.Process) -> dict:
-    base = f"ws://127.0.0.1:{port}"
-    stop, measuring = asyncio.Event(), asyncio.Event()
-    latencies: list[float] = []
-    # Where the latency goes: agent's send to the snapshot rendered (per sample), and rendered to
-    # arrived at the browser (per snapshot).
-    parts: dict[str, list[float]] = {"in_server": [], "delivery": []}
-    counts = [[0, 0] for _ in range(dashboards)]
-    sent = [0]
-    origin = f"http://127.0.0.1:{port}"
-    tasks = [asyncio.create_task(run_dashboard(f"{base}/ws/dashboard/", origin, session, stop, measuring,
-                                               latencies, counts[i], parts)) for i in range(dashboards)]
-    tasks += [asyncio.create_task(run_agent(f"{base}/ws/agents/", a, gpus_per_node, stop, sent))
-              for a in agents]
-    await asyncio.sleep(warmup)
-    me = psutil.Process()
-    server_cpu, my_cpu, wall = sum(server.cpu_times()[:2]), sum(me.cpu_times()[:2]), time.monotonic()
-    sent_before = sent[0]
-    measuring.set()
-    await asyncio.sleep(duration)
-    measuring.clear()
-    elapsed = time.monotonic() - wall
-    server_cores = (sum(server.cpu_times()[:2]) - server_cpu) / elapsed
-    client_cores = (sum(me.cpu_times()[:2]) - my_cpu) / elapsed
-    heartbeats = sent[0] - sent_before
-    stop.set()
-    results = await asyncio.gather(*tasks, return_exceptions=True)
-    errors = [r for r in results if isinstance(r, BaseException)]
-    if errors:
-        raise RuntimeError(f"{len(errors)} sockets failed, first: {errors[0]!r}")
-    snapshots = sum(c[0] for c in counts)
+def _spawn(target, *args) -> tuple:
+    """Run ``target(conn, *args)`` in a fresh process; it reports as JSON on ``conn`` (both ways)."""
+    ours, theirs = SPAWN.Pipe()
+    process = SPAWN.Process(target=target, args=(theirs, *args), daemon=True)
+    process.start()
+    return process, ours
+
+
+def _collect(process, conn, timeout_s: float) -> dict:
+    if not conn.poll(timeout_s):
+        process.kill()
+        raise TimeoutError(f"{process.name} sent no report within {timeout_s:.0f}s")
+    report = json.loads(conn.recv_bytes())
+    process.join(timeout=10)
+    if report["failed"]:
+        raise RuntimeError(f"{report['failed']} sockets failed in {process.name}, "
+                           f"first: {report['errors'][0]}")
+    return report
+
+
+def _shares(items: list, parts: int) -> list[list]:
+    return [items[i::parts] for i in range(parts)]
+
+
+def measure(port: int, agents: list[dict], session: str, args, server: psutil.Process) -> list[dict]:
+    """Each mode's dashboards in turn against the same server and agents; one result per mode."""
+    base, origin = f"ws://127.0.0.1:{port}", f"http://127.0.0.1:{port}"
+    agent_runs = [_spawn(telemetry_sim.run_agents, f"{base}/ws/agents/", share, args.gpus_per_node)
+                  for share in _shares(agents, args.agent_processes)]
+    for process, conn in agent_runs:  # every agent's socket open before anything is measured
+        report = json.loads(conn.recv_bytes()) if conn.poll(600) else {"ready": False, "errors": ["timeout"]}
+        if not report["ready"]:
+            raise RuntimeError(f"the agents of {process.name} could not all connect: {report['errors']}")
+    asyncio.run(telemetry_sim.fleet_heard(f"{base}/ws/dashboard/", origin, session, len(agents), 600))
+    phase = args.warmup + args.duration + 2
+    t0 = time.time() + 2
+    windows = [[t0 + i * phase + args.warmup, t0 + i * phase + args.warmup + args.duration]
+               for i in range(len(args.modes))]
+    until = t0 + len(args.modes) * phase
+    for _, conn in agent_runs:
+        conn.send_bytes(json.dumps({"until": until}).encode())
+    results = []
+    for i, mode in enumerate(args.modes):
+        start, end = windows[i]
+        per_process = _shares(list(range(args.dashboards)), args.dashboard_processes)
+        probes = _shares(list(range(args.probes)), args.dashboard_processes)
+        runs = [_spawn(telemetry_sim.run_dashboards, f"{base}/ws/dashboard/", origin, session,
+                       mode == "delta", len(share), len(probe), start, end)
+                for share, probe in zip(per_process, probes, strict=True)]
+        time.sleep(max(0.0, start - time.time()))
+        cpu, wall = sum(server.cpu_times()[:2]), time.monotonic()
+        time.sleep(max(0.0, end - time.time()))
+        elapsed = time.monotonic() - wall
+        server_cores = (sum(server.cpu_times()[:2]) - cpu) / elapsed
+        load = os.getloadavg()[0]
+        reports = [_collect(p, c, 120) for p, c in runs]
+        time.sleep(max(0.0, end + 2 - time.time()))
+        results.append({"mode": mode, "elapsed": elapsed, "server_cores": server_cores,
+                        "load_average_1m": load, "reports": reports})
+    sent = [_collect(p, c, until - time.time() + 120)["sent"] for p, c in agent_runs]
+    return [_summary(r, _heartbeats(sent, windows[i]), agents, args) for i, r in enumerate(results)]
+
+
+def _heartbeats(sent: list[dict[str, int]], window: list[float]) -> float:
+    """Heartbeats a second the agents sent over the window's whole seconds."""
+    first, last = math.ceil(window[0]), int(window[1])
+    count = sum(n for per_second in sent for second, n in per_second.items() if first <= int(second) < last)
+    return count / max(1, last - first)
+
+
+def _summary(result: dict, per_s: float, agents: list[dict], args) -> dict:
+    reports, elapsed = result["reports"], result["elapsed"]
+    merged = {k: [v for r in reports for v in r[k]] for k in ("latency", "in_server", "delivery")}
+    latencies, frames = merged["latency"], sum(r["frames"] for r in reports)
     return {
-        "gpus": len(agents) * gpus_per_node, "nodes": len(agents), "dashboards": dashboards,
-        "seconds": elapsed,
-        "heartbeats_per_s": heartbeats / elapsed, "samples": len(latencies),
-        "expected_samples": heartbeats * gpus_per_node * dashboards,
-        "p50_ms": 1000 * statistics.median(latencies), "p95_ms": 1000 * percentile(latencies, 0.95),
-        "p99_ms": 1000 * percentile(latencies, 0.99), "max_ms": 1000 * max(latencies),
-        "sent_to_rendered_p50_ms": 1000 * statistics.median(parts["in_server"]),
-        "sent_to_rendered_p99_ms": 1000 * percentile(parts["in_server"], 0.99),
-        "rendered_to_browser_p50_ms": 1000 * statistics.median(parts["delivery"]),
-        "rendered_to_browser_p99_ms": 1000 * percentile(parts["delivery"], 0.99),
-        "snapshots_per_socket_s": snapshots / dashboards / elapsed,
-        "snapshot_kb": counts[0][1] / max(1, counts[0][0]) / 1024,
-        "server_cores": server_cores, "client_cores": client_cores,
+        "mode": result["mode"], "gpus": len(agents) * args.gpus_per_node, "nodes": len(agents),
+        "dashboards": args.dashboards, "probes": args.probes, "seconds": elapsed,
+        "heartbeats_per_s": per_s, "samples": len(latencies),
+        "expected_samples": per_s * elapsed * args.gpus_per_node * args.probes,
+        "p50_ms": 1000 * percentile(latencies, 0.5), "p95_ms": 1000 * percentile(latencies, 0.95),
+        "p99_ms": 1000 * percentile(latencies, 0.99), "max_ms": 1000 * max(latencies, default=float("nan")),
+        "sent_to_rendered_p50_ms": 1000 * percentile(merged["in_server"], 0.5),
+        "sent_to_rendered_p99_ms": 1000 * percentile(merged["in_server"], 0.99),
+        "rendered_to_browser_p50_ms": 1000 * percentile(merged["delivery"], 0.5),
+        "rendered_to_browser_p99_ms": 1000 * percentile(merged["delivery"], 0.99),
+        "frames_per_socket_s": frames / args.dashboards / elapsed,
+        "frame_kb": sum(r["bytes"] for r in reports) / max(1, frames) / 1024,
+        "server_cores": result["server_cores"],
+        "server_cpu_ms_per_heartbeat": 1000 * result["server_cores"] / per_s if per_s else float("nan"),
         # Other work on the machine skews every figure: the benchmark reports the load it ran under.
-        "load_average_1m": os.getloadavg()[0], "cpus": os.cpu_count(),
+        "load_average_1m": result["load_average_1m"], "cpus": os.cpu_count(),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gpus", type=int, default=1000)
+    parser.add_argument("--gpus", type=int, default=10000)
     parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--dashboards", type=int, default=20)
-    parser.add_argument("--duration", type=float, default=30.0)
-    parser.add_argument("--warmup", type=float, default=5.0)
-    parser.add_argument("--markdown", action="store_true", help="print a table row for docs/benchmarks.md")
+    parser.add_argument("--dashboards", type=int, default=50)
+    parser.add_argument("--probes", type=int, default=5,
+                        help="dashboards that parse every frame and time its samples")
+    parser.add_argument("--modes", nargs="+", choices=["full", "delta"], default=["full", "delta"])
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--warmup", type=float, default=10.0)
+    parser.add_argument("--agent-processes", type=int, default=2)
+    parser.add_argument("--dashboard-processes", type=int, default=2)
+    parser.add_argument("--markdown", action="store_true", help="print table rows for docs/benchmarks.md")
     parser.add_argument("--server-log", type=Path, help="keep the server's output in this file")
     args = parser.parse_args()
+    if not 0 < args.probes <= args.dashboards:
+        parser.error(f"--probes {args.probes}: expected 1 to --dashboards ({args.dashboards})")
     nodes = math.ceil(args.gpus / args.gpus_per_node)
     with tempfile.TemporaryDirectory(prefix="telemetry-bench-") as tmp:
         var_dir = Path(tmp)
@@ -196,8 +203,7 @@ def main() -> None:
                                        stderr=subprocess.STDOUT)
         try:
             _wait_for_port(port)
-            result = asyncio.run(measure(port, agents, session, args.gpus_per_node, args.dashboards,
-                                         args.warmup, args.duration, psutil.Process(process.pid)))
+            results = measure(port, agents, session, args, psutil.Process(process.pid))
         finally:
             process.terminate()
             try:
@@ -205,17 +211,22 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        result["snapshot_interval_s"] = float(os.environ.get("MOTLEY_DASHBOARD_SNAPSHOT_INTERVAL_S", "0.5"))
-    if args.markdown:
-        r = result
-        print(f"| {r['gpus']} | {r['nodes']} | {r['dashboards']} | "
-              f"none / {r['snapshot_interval_s']} | "
+    interval = float(os.environ.get("MOTLEY_DASHBOARD_SNAPSHOT_INTERVAL_S", "0.5"))
+    if not args.markdown:
+        print(json.dumps(results, indent=2))
+        return
+    for r in results:
+        print(f"| {r['mode']} | {r['gpus']} | {r['nodes']} | {r['dashboards']} ({r['probes']}) | "
+              f"{interval} | "
               f"{r['heartbeats_per_s']:.0f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | "
-              f"{r['max_ms']:.0f} | {r['snapshots_per_socket_s']:.1f} | {r['snapshot_kb']:.0f} | "
-              f"{r['server_cores']:.2f} | {r['client_cores']:.2f} | "
-              f"{r['load_average_1m']:.1f} / {r['cpus']} |")
-    else:
-        print(json.dumps(result, indent=2))
+              f"{r['max_ms']:.0f} | {r['samples'] / max(1, r['expected_samples']):.0%} | "
+              f"{r['frames_per_socket_s']:.1f} | {r['frame_kb']:.0f} | {r['server_cores']:.2f} | "
+              f"{r['server_cpu_ms_per_heartbeat']:.2f} | {r['load_average_1m']:.1f} / {r['cpus']} |")
+    full, delta = (next((r for r in results if r["mode"] == m), None) for m in ("full", "delta"))
+    if full and delta:
+        print(f"\ndelta / full: p99 {delta['p99_ms'] / full['p99_ms']:.2f}x, frame size "
+              f"{delta['frame_kb'] / full['frame_kb']:.2f}x, server CPU per heartbeat "
+              f"{delta['server_cpu_ms_per_heartbeat'] / full['server_cpu_ms_per_heartbeat']:.2f}x")
 
 
 def _free_port() -> int:

@@ -21,7 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from contracts.names import device_name
-from controlplane.inventory.models import Device, Node
+from controlplane.inventory.models import DECLARED, UNKNOWN_HEALTH, Device, Node
 from controlplane.telemetry.selectors import latest_samples
 
 GPU_LABELS = ("node", "gpu", "device", "gpu_model", "emulated")
@@ -116,14 +116,17 @@ class FleetCollector(Collector):
         yield from links.values()
 
     def _gpu_health(self, devices: dict[str, Device]) -> Iterator[GaugeMetricFamily]:
-        rows = [([d.node.name, str(d.index), name, d.model_name, "true" if d.emulated else "false"], d.health)
-                for name, d in sorted(devices.items())]
+        rows = [([d.node.name, str(d.index), name, d.model_name, "true" if d.emulated else "false"],
+                 d.shown_health) for name, d in sorted(devices.items())]
         yield enum_gauge("motley_gpu_health", "The GPU's effective health (the operator's override, else "
-                         "what its samples show).", list(GPU_LABELS), rows, "health", Device.Health.values)
+                         "what its samples show; unknown on a node no agent registered).", list(GPU_LABELS),
+                         rows, "health", [*Device.Health.values, UNKNOWN_HEALTH])
 
     def _nodes(self, samples: list[dict], nodes: list[Node], now: float) -> Iterator[GaugeMetricFamily]:
-        yield enum_gauge("motley_node_status", "The node's observed status (liveness from heartbeats).",
-                         ["node"], [([n.name], n.status) for n in nodes], "status", Node.Status.values)
+        # As the Nodes page and the API show it: "declared" until an agent registers the node.
+        yield enum_gauge("motley_node_status", "The node's observed status (liveness from heartbeats; "
+                         "declared: no agent registered it).", ["node"],
+                         [([n.name], n.liveness) for n in nodes], "status", [DECLARED, *Node.Status.values])
         if hasattr(Node, "Intent"):  # what the operator wants of it, apart from what is seen
             yield enum_gauge("motley_node_intent", "What the operator wants of the node: schedulable, "
                              "cordoned or draining.", ["node"], [([n.name], n.intent) for n in nodes],

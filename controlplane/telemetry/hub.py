@@ -4,10 +4,12 @@ Agents push a heartbeat every second on ``/ws/agents/``; the agents' socket publ
 heartbeat's sample to the channel-layer group ``telemetry`` as it arrives (``services.py``). One
 ``TelemetryHub`` per process joins that group (one subscription, however many browsers are open),
 keeps the latest sample of every GPU and stage and the last few minutes of history in memory, and
-renders the snapshot text at most once per change.
-Browser sockets (``controlplane/dashboard/consumers.py``) each take the current text at their own
-pace, so the cost of a heartbeat does not grow with the number of browsers and a slow browser only
-skips snapshots.
+remembers, per node, the version at which its figures last changed and which of its GPUs and stages
+went away (``NodeState``, tombstones), so that ``frames.py`` can render the frames browsers are sent
+(a snapshot, or a delta from the version a browser holds, of the nodes it shows) once per tick for
+every socket that wants the same. Browser sockets (``controlplane/dashboard/consumers.py``) each take
+frames at their own pace, so the cost of a heartbeat does not grow with the number of browsers and a
+slow browser only skips ticks.
 
 Every ``MOTLEY_TELEMETRY_ROLLUP_S`` the hub closes the rollup buckets that ended and hands them to the
 store it was started with (mean and peak per field); ``runtime.py`` starts this process's hub with
@@ -18,7 +20,6 @@ imports neither Django nor the store: the shapes it shares with them are in ``sc
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from array import array
@@ -26,13 +27,34 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from contracts.metrics import GPU_FIELDS, STAGE_FIELDS
+from contracts.metrics import GPU_FIELDS, SLOWDOWN_REASONS, STAGE_FIELDS
 from contracts.names import device_name
+from controlplane.telemetry.frames import Frames, Subscription
 from controlplane.telemetry.schema import FIELDS, GROUP, Rollup
 
 logger = logging.getLogger(__name__)
 
 _MISSING = float("nan")
+# How long a removed GPU or stage is remembered: a browser holding a version older than the oldest
+# tombstone forgotten is sent a full snapshot instead of a delta.
+TOMBSTONE_KEEP_S = 60.0
+
+
+class NodeState:
+    """What the latest sample of one node holds, the hub version at which that last changed, and its
+    GPUs' entries before that change (at ``previous_version``), which a delta patches field by field
+    for a browser that holds them."""
+
+    __slots__ = ("devices", "previous", "previous_version", "stages", "throttled", "version")
+
+    def __init__(self) -> None:
+        self.version, self.previous_version, self.throttled = 0, 0, 0
+        self.devices: tuple[str, ...] = ()
+        self.previous: dict[str, dict[str, Any]] = {}
+        self.stages: set[str] = set()
+
+    def changed(self, version: int, before: dict[str, dict[str, Any]]) -> None:
+        self.previous, self.previous_version, self.version = before, self.version, version
 
 
 class _Bucket:
@@ -52,15 +74,18 @@ class TelemetryHub:
         self.stages: dict[str, dict[str, Any]] = {}
         self.history: dict[tuple[str, str], deque[array]] = {}
         self.version = 0
-        self._rendered: tuple[int, str] = (-1, "")
+        self.nodes: dict[str, NodeState] = {}
+        # (version, time, node, "devices" | "stages", key) of every GPU or stage that went away, oldest first
+        self.tombstones: deque[tuple[int, float, str, str, str]] = deque()
+        self.forgotten = 0  # the version of the newest tombstone dropped: deltas start after it
         self._buckets: dict[tuple[str, str], _Bucket] = {}
         self._closed: list[Rollup] = []
         self._tasks: list[asyncio.Task] = []  # held: the loop keeps only weak references to tasks
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._tick: asyncio.Event | None = None  # set (and replaced) at each snapshot tick
-        self._ticked: tuple[int, str] = (-1, "")
+        self._tick: asyncio.Event | None = None  # set (and replaced) at each tick
+        self.tick = 0  # counts the ticks: a socket is sent at most one frame per tick
         self._tick_waiting = 0
-        self.renders = 0
+        self.frames = Frames(self)
 
     # -- ingest ---------------------------------------------------------------------------------
     def ingest(self, message: Mapping[str, Any]) -> None:
@@ -72,37 +97,70 @@ class TelemetryHub:
         §3), so every message is news.
         """
         sample = message.get("sample")
-        if isinstance(sample, Mapping):
-            self._ingest_sample(sample)
+        if isinstance(sample, Mapping) and isinstance(sample.get("node"), str):
             self.version += 1
+            self._ingest_sample(sample)
+            self._forget(self.clock())
 
     def _ingest_sample(self, sample: Mapping[str, Any]) -> None:
-        node = sample.get("node")
+        """Replace the node's GPUs and stages by the sample's; the ones it no longer lists go away."""
+        node = sample["node"]
+        state = self.nodes.get(node)
+        if state is None:
+            state = self.nodes[node] = NodeState()
         t = _number(sample.get("received_at"), self.clock())
         sent_at = _number(sample.get("sent_at"), t)
+        before = {name: self.devices[name] for name in state.devices}
+        devices, throttled = [], 0
         for metrics in sample.get("devices") or ():
             try:
                 name = device_name(node, int(metrics["index"]))
             except (KeyError, TypeError, ValueError):
                 continue
             values = [_number(metrics.get(f)) for f in GPU_FIELDS]
+            throttle = list(metrics.get("throttle_reasons") or ())
+            throttled += any(r in SLOWDOWN_REASONS for r in throttle)
             # Two decimals are plenty on a screen and keep a 1,000-GPU snapshot small.
             self.devices[name] = {"t": t, "sent_at": sent_at, "node": node, **_present(GPU_FIELDS, values, 2),
-                                  "throttle": list(metrics.get("throttle_reasons") or ())}
+                                  "throttle": throttle}
+            devices.append(name)
             self._record("device", name, t, values)
+        stages = set()
         for status in sample.get("stages") or ():
             if not isinstance(status, Mapping) or not status.get("stage_key"):
                 continue
             stats = status.get("stats") if isinstance(status.get("stats"), Mapping) else {}
             values = [_number(stats.get(f)) for f in STAGE_FIELDS]
             key = str(status["stage_key"])
+            moved_from = self.stages.get(key, {}).get("node", node)
+            if moved_from != node and moved_from in self.nodes:  # a stage moved: gone from its old node
+                old = self.nodes[moved_from]
+                old.stages.discard(key)
+                old.changed(self.version, {name: self.devices[name] for name in old.devices})
+                self._bury(moved_from, "stages", key)
             self.stages[key] = {
                 "t": t, "sent_at": sent_at, "node": node, "state": status.get("state"),
                 **{k: status.get(k) for k in ("deployment_id", "replica", "stage_index")},
                 **_present(STAGE_FIELDS, values),
             }
+            stages.add(key)
             if stats:
                 self._record("stage", key, t, values)
+        for name in set(state.devices) - set(devices):
+            del self.devices[name]
+            self._bury(node, "devices", name)
+        for key in state.stages - stages:
+            del self.stages[key]
+            self._bury(node, "stages", key)
+        state.devices, state.stages, state.throttled = tuple(devices), stages, throttled
+        state.changed(self.version, before)
+
+    def _bury(self, node: str, kind: str, key: str) -> None:
+        self.tombstones.append((self.version, self.clock(), node, kind, key))
+
+    def _forget(self, now: float) -> None:
+        while self.tombstones and self.tombstones[0][1] < now - TOMBSTONE_KEEP_S:
+            self.forgotten = self.tombstones.popleft()[0]
 
     def _record(self, kind: str, key: str, now: float, values: list[float]) -> None:
         ring = self.history.get((kind, key))
@@ -126,27 +184,14 @@ class TelemetryHub:
 
     # -- reads ----------------------------------------------------------------------------------
     def snapshot_text(self) -> str:
-        """The full current state as one JSON text, rendered once per change whoever asks."""
-        version, text = self._rendered
-        if version != self.version:
-            version = self.version
-            text = json.dumps({"type": "snapshot", "version": version, "at": self.clock(),
-                               "devices": self.devices, "stages": self.stages}, separators=(",", ":"))
-            self._rendered = (version, text)
-            self.renders += 1
-        return text
+        """The full current state of every node as one JSON text (``frames.py``'s snapshot frame)."""
+        return self.frames.render(Subscription(), None)[1]
 
-    @property
-    def ticked(self) -> tuple[int, str]:
-        """The snapshot (version, text) of the latest tick."""
-        return self._ticked
+    async def next_tick(self, interval_s: float) -> int:
+        """Wait for the next tick (every ``interval_s``, the first caller's) and return its number.
 
-    async def next_snapshot(self, interval_s: float) -> tuple[int, str]:
-        """The snapshot (version, text) of the next tick: one render per tick for every socket.
-
-        Ticks come every ``interval_s`` (the first caller's) while sockets wait; the browser sockets
-        all wake on the same tick and send the same text, so rendering costs at most one
-        ``json.dumps`` per tick (none if nothing changed) however many browsers are open.
+        Every browser socket wakes on the same tick; the frames they are sent are rendered once per
+        tick for all sockets that want the same (``frames.py``), however many browsers are open.
         """
         if self._tick is None:
             self._tick = asyncio.Event()
@@ -157,13 +202,14 @@ class TelemetryHub:
             await tick.wait()
         finally:
             self._tick_waiting -= 1
-        return self._ticked
+        return self.tick
 
     async def _ticks(self, interval_s: float) -> None:
         while True:
             await asyncio.sleep(interval_s)
-            if self._tick_waiting:  # a socket acked since the last tick may want the same text
-                self._ticked = (self.version, self.snapshot_text())
+            if self._tick_waiting:
+                self.tick += 1
+                self.frames.new_tick()
                 tick, self._tick = self._tick, asyncio.Event()
                 tick.set()
 

@@ -1,4 +1,5 @@
-"""/ws/dashboard/: who may connect, and snapshots fed by the telemetry group, paced by acks."""
+"""/ws/dashboard/: who may connect; a snapshot then deltas of the nodes subscribed to, fed by the
+telemetry group, paced by acks; a bad subscription refused saying why."""
 
 from __future__ import annotations
 
@@ -79,6 +80,89 @@ async def test_logged_in_socket_gets_snapshots_from_the_telemetry_group_paced_by
         assert await communicator.receive_nothing(timeout=0.3)
         await communicator.send_to(text_data=json.dumps({"ack": first["version"]}))
         second = json.loads(await communicator.receive_from(timeout=2))
-        assert second["devices"]["node-x/gpu0"]["utilization_pct"] == 70.0
+        assert second["type"] == "delta" and second["patches"]["node-x/gpu0"]["utilization_pct"] == 70.0
+    finally:
+        await communicator.disconnect()
+
+
+async def _connected(django_user_model, settings):
+    settings.MOTLEY_DASHBOARD_SNAPSHOT_INTERVAL_S = 0.05
+    cookie = await _session_cookie(django_user_model)
+    communicator = WebsocketCommunicator(application, "/ws/dashboard/", headers=[ORIGIN, (b"cookie", cookie)])
+    assert (await communicator.connect())[0]
+    return communicator
+
+
+async def _next(communicator, layer, node: str, util: float) -> dict:
+    """The next frame after one heartbeat of ``node``, skipping ticks that carry none of it."""
+    await _publish_heartbeat(layer, node, util)
+    while True:
+        frame = json.loads(await communicator.receive_from(timeout=2))
+        await communicator.send_to(text_data=json.dumps({"ack": frame["version"]}))
+        if f"{node}/gpu0" in {**frame["devices"], **frame.get("patches", {})}:
+            return frame
+
+
+async def test_a_snapshot_of_the_subscribed_nodes_then_deltas_from_the_version_acked(
+    django_user_model, settings
+):
+    communicator = await _connected(django_user_model, settings)
+    layer = get_channel_layer()
+    try:
+        await communicator.send_to(text_data=json.dumps({"subscribe": {"nodes": ["node-y"]}}))
+        snapshot = json.loads(await communicator.receive_from(timeout=2))
+        assert snapshot["type"] == "snapshot"
+        await communicator.send_to(text_data=json.dumps({"ack": snapshot["version"]}))
+        await _publish_heartbeat(layer, "node-z", 10.0)  # a node not shown: counted, never sent
+        delta = await _next(communicator, layer, "node-y", 55.0)
+        assert delta["type"] == "delta" and delta["devices"]["node-y/gpu0"]["utilization_pct"] == 55.0
+        assert "node-z/gpu0" not in delta["devices"] and delta["fleet"]["nodes"] >= 2
+        following = await _next(communicator, layer, "node-y", 65.0)
+        assert following["type"] == "delta" and following["from"] == delta["version"]
+        assert following["patches"]["node-y/gpu0"]["utilization_pct"] == 65.0  # the fields that changed
+        # An ack of anything but the frame in flight (a gap the page saw) is answered with a snapshot.
+        await _publish_heartbeat(layer, "node-y", 75.0)
+        frame = json.loads(await communicator.receive_from(timeout=2))
+        await communicator.send_to(text_data=json.dumps({"ack": frame["version"] - 1}))
+        again = json.loads(await communicator.receive_from(timeout=2))
+        assert again["type"] == "snapshot" and set(again["devices"]) == {"node-y/gpu0"}
+    finally:
+        await communicator.disconnect()
+
+
+@pytest.mark.parametrize(("subscribe", "reason"), [
+    ({"nodes": 7}, 'subscribe.nodes: expected "*" or a list of node names'),
+    ({"nodes": "*", "rack": "r0"}, "unknown field 'rack'"),
+])
+async def test_a_bad_subscription_closes_the_socket_saying_why(
+    django_user_model, settings, subscribe, reason
+):
+    communicator = await _connected(django_user_model, settings)
+    await communicator.send_to(text_data=json.dumps({"subscribe": subscribe}))
+    while (message := await communicator.receive_output(timeout=2))["type"] != "websocket.close":
+        pass
+    assert message["code"] == 4400 and reason in message["reason"]
+
+
+async def test_a_silent_browser_is_sent_the_next_delta_after_its_unacked_frame(
+    django_user_model, settings, monkeypatch
+):
+    """No ack within ACK_TIMEOUT_S: the browser will still apply that frame first (a socket delivers
+    in order), so the next frame is the delta from it, not a snapshot; its late ack changes nothing."""
+    from controlplane.dashboard import consumers
+
+    monkeypatch.setattr(consumers, "ACK_TIMEOUT_S", 0.2)
+    communicator = await _connected(django_user_model, settings)
+    layer = get_channel_layer()
+    try:
+        await communicator.send_to(text_data=json.dumps({"subscribe": {"nodes": ["node-s"]}}))
+        unacked = json.loads(await communicator.receive_from(timeout=2))
+        await _publish_heartbeat(layer, "node-s", 20.0)
+        following = json.loads(await communicator.receive_from(timeout=2))
+        assert following["type"] == "delta" and following["from"] == unacked["version"]
+        await communicator.send_to(text_data=json.dumps({"ack": unacked["version"]}))  # late: ignored
+        await communicator.send_to(text_data=json.dumps({"ack": following["version"]}))
+        delta = await _next(communicator, layer, "node-s", 30.0)
+        assert delta["type"] == "delta" and delta["patches"]["node-s/gpu0"]["utilization_pct"] == 30.0
     finally:
         await communicator.disconnect()

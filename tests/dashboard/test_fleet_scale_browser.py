@@ -3,7 +3,8 @@
 element of the drawing outside what its frame scrolls to, no two text labels whose boxes intersect
 (both from the page's own layout), a node that expands and collapses, a filter that narrows what is
 drawn, and a drawing ready within 3 s at 512 GPUs; the fleet overview's heat map with every card
-and the cards counted per state, live from a simulated agent. Screenshots in test-artifacts/screenshots/
+and the cards counted per state, live from a simulated agent (its figures moving by deltas after
+the socket's first snapshot). Screenshots in test-artifacts/screenshots/
 (copies in docs/screenshots/).
 
 One server for the module; each test asks for the fleet size it needs (``at_scale`` replaces the
@@ -190,6 +191,12 @@ def test_the_fleet_overview_maps_every_card_and_counts_them_by_state(server, pag
         page.wait_for_function(f"document.querySelectorAll('{live}').length === 8")  # coloured live
         throttled = "document.querySelector('#state-counts [data-state=throttled]').dataset.count"
         page.wait_for_function(f"{throttled} === '2'")
+        # After the first snapshot the socket sends deltas only: a card's figure still moves.
+        cell = f'#heatmap .cell[data-device="{agent["node"]}/gpu2"]'
+        before = page.get_attribute(cell, "data-value")
+        page.wait_for_function(f"document.querySelector('{cell}').dataset.value !== '{before}' "
+                               "&& Number(document.getElementById('live-status').dataset.deltas) > 0")
+        assert page.get_attribute("#live-status", "data-snapshots") == "1"
         assert counts(page) == {"serving": 0, "idle": 6, "throttled": 2, "lost": 0, "declared": gpus - 8}
         page.select_option("#heat-metric", "temperature")
         page.locator("#state-counts [data-state=declared]").click()

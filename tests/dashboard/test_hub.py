@@ -91,20 +91,30 @@ def test_a_stage_that_caches_no_prefix_has_no_prefix_figures():
     assert not set(PREFIX_FIELDS) & set(kept_stage) and "kv_tokens_free" in kept_stage
 
 
-def test_snapshot_holds_the_latest_sample_and_is_rendered_once_per_change():
+def test_snapshot_holds_the_latest_sample_of_every_node():
     clock = Clock(1000.0)
     hub = TelemetryHub(clock=clock)
     hub.ingest(_published("a", 1000.0, 10.0))
     hub.ingest(_published("b", 1000.0, 20.0))
-    text = hub.snapshot_text()
-    assert hub.snapshot_text() is text and hub.renders == 1
-    assert json.loads(text)["devices"]["b/gpu0"]["utilization_pct"] == 20.0
+    assert json.loads(hub.snapshot_text())["devices"]["b/gpu0"]["utilization_pct"] == 20.0
     version = hub.version
     hub.ingest(_published("a", 1001.0, 30.0))  # one message per heartbeat: each one is news
-    assert hub.version == version + 1
+    assert hub.version == version + 1 and hub.nodes["a"].version == hub.version
+    assert hub.nodes["b"].version == version  # b sent nothing since
     assert len(hub.history[("device", "a/gpu0")]) == 2 and len(hub.history[("device", "b/gpu0")]) == 1
     assert json.loads(hub.snapshot_text())["devices"]["a/gpu0"]["utilization_pct"] == 30.0
-    assert hub.renders == 2
+
+
+def test_a_stage_its_node_no_longer_reports_goes_away_and_is_remembered_for_deltas():
+    hub = TelemetryHub(clock=Clock(1000.0))
+    stage = StageStatus(stage_key="d1-r0-s0", deployment_id=1, replica=0, stage_index=0,
+                        state="ready").to_json()
+    hub.ingest(_published("a", 1000.0, 10.0, stages=[stage]))
+    hub.ingest(_published("a", 1001.0, 10.0))
+    assert hub.stages == {} and [t[2:] for t in hub.tombstones] == [("a", "stages", "d1-r0-s0")]
+    hub.clock.t += 61  # past TOMBSTONE_KEEP_S: forgotten, and deltas start after it
+    hub.ingest(_published("a", hub.clock.t, 10.0))
+    assert not hub.tombstones and hub.forgotten == 2
 
 
 def test_malformed_samples_are_skipped():

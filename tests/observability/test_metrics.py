@@ -170,6 +170,7 @@ def test_statuses_and_rebalance_decisions_come_from_the_database(client, running
 
     event_record(kind="replanned", deployment=running_deployment, message="re-planned")
     event_record(kind="replanned", deployment=running_deployment, message="re-planned again")
+    Node.objects.update(incarnation=1)  # every node registered by an agent: its status is observed
     Node.objects.filter(name="node-c").update(status=Node.Status.LOST)
     s = scrape(client)
     name = running_deployment.name
@@ -182,6 +183,24 @@ def test_statuses_and_rebalance_decisions_come_from_the_database(client, running
     assert s.value("motley_node_status", node="node-c", status="lost") == 1
     assert s.value("motley_node_status", node="node-a", status="lost") == 0
     assert s.value("motley_node_status", node="node-a", status="ready") == 1
+    assert s.value("motley_gpu_health", device="node-a/gpu0", health="healthy") == 1
+
+
+def test_a_node_no_agent_registered_is_declared_and_its_gpus_health_unknown(client, running_deployment):
+    """As the Nodes page and the API show it (``Node.liveness``, ``Device.shown_health``), not the
+    status field's default (ready) nobody observed."""
+    from controlplane.inventory.models import Node
+
+    Node.objects.filter(name="node-a").update(incarnation=1)
+    s = scrape(client)
+    declared = Node.objects.get(name="node-b")
+    assert declared.liveness == "declared"  # the API's status field, the Nodes page's column
+    assert s.value("motley_node_status", node="node-b", status="declared") == 1
+    assert s.value("motley_node_status", node="node-b", status="ready") == 0
+    assert s.value("motley_node_status", node="node-a", status="declared") == 0
+    assert s.value("motley_node_status", node="node-a", status="ready") == 1
+    assert s.value("motley_gpu_health", device="node-b/gpu0", health="unknown") == 1
+    assert s.value("motley_gpu_health", device="node-b/gpu0", health="healthy") == 0
     assert s.value("motley_gpu_health", device="node-a/gpu0", health="healthy") == 1
 
 

@@ -1,7 +1,8 @@
 // The Topology page: the drawing (topology_draw.js) under the operator's controls — a filter box,
 // the grouping key, the deployments whose stages are laid over the cards, the colouring metric,
 // zoom — with nodes that expand and collapse on click. A fleet of up to DETAIL_UP_TO GPUs starts
-// with every node expanded; a larger one starts compact. Live colours come from /ws/dashboard/.
+// with every node expanded; a larger one starts compact. Live colours come from /ws/dashboard/, for
+// the nodes the filter leaves drawn only (the page subscribes to them as the filter changes).
 import { getJSON } from "./api.js";
 import { connectLive } from "./live.js";
 import { drawTopology, paintDevices } from "./topology_draw.js";
@@ -23,6 +24,7 @@ function main() {
   let last = { devices: {}, stages: {} };
   const opened = new Map();  // node name -> expanded, where the operator chose
   let zoom = 1, drawnWidth = 0;
+  let shown = null, live = null;  // the names of the nodes drawn (null: every node), the socket
   controls.filter.value = new URLSearchParams(location.search).get("q") || "";
 
   function setUpControls() {
@@ -57,6 +59,8 @@ function main() {
     });
     applyZoom();
     paintDevices(svg, last, controls.metric.value, topology.slowdown_reasons);
+    shown = nodes.length === topology.nodes.length ? null : nodes.map((n) => n.name);
+    if (live) live.subscribe();
     const gpus = nodes.reduce((n, node) => n + node.devices.length, 0);
     $("filter-count").textContent = `${nodes.length} of ${topology.nodes.length} nodes · ${gpus} of ${total} GPUs`;
     if (!svg.dataset.firstDrawMs) svg.dataset.firstDrawMs = Math.round(performance.now());
@@ -91,11 +95,14 @@ function main() {
   new ResizeObserver(() => { if (wrap.clientWidth !== drawnWidth) render(); }).observe(wrap);
   setUpControls();
   render();
-  connectLive({
+  live = connectLive({
+    nodes: () => shown,
     onSnapshot(snapshot) {
       last = snapshot;
       paintDevices(svg, snapshot, controls.metric.value, topology.slowdown_reasons);
       $("updated").textContent = new Date(snapshot.at * 1000).toLocaleTimeString();
+      const { gpus, throttled } = snapshot.fleet;
+      $("fleet-live").textContent = ` · fleet-wide ${gpus} GPUs reporting, ${throttled} throttled`;
     },
     async onResync() {
       topology = await getJSON("/dashboard/topology.json");
