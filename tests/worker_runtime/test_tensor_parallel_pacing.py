@@ -77,7 +77,8 @@ def test_a_rank_paces_its_compute_and_adds_the_collectives():
     assert collectives >= 5 * COLLECTIVE_S
     compute = elapsed - collectives
     assert slept == pytest.approx(max(0.0, modeled - compute), abs=1e-3)
-    assert total == pytest.approx(max(modeled, compute) + collectives, abs=0.02)
+    # The sleep it asked for happened (a loaded host's sleeps overrun, never fall short).
+    assert max(modeled, compute) + collectives - 0.005 <= total < max(modeled, compute) + collectives + 0.1
     assert pacer.pace(batch, 0.0) == pytest.approx(modeled, abs=1e-3)  # no collective since: all compute
 
 

@@ -22,6 +22,7 @@ import socket
 
 import redis
 from django.conf import settings
+from django.db import connection
 
 HEARTBEAT_S = 0.2  # how often a process publishes its contribution and reads the others'
 CONTRIBUTION_TTL_S = 3.0  # a process silent this long no longer counts
@@ -38,7 +39,7 @@ def process_id() -> str:
 def installation_prefix() -> str:
     """The keys of this installation's gateways: one Redis server may serve several installations (or
     test databases), whose replicas' names repeat and must not add up."""
-    return f"{PREFIX}:{settings.DATABASES['default']['NAME']}"
+    return f"{PREFIX}:{connection.settings_dict['NAME']}"
 
 
 def shared_url() -> str | None:

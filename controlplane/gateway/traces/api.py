@@ -40,7 +40,7 @@ TRACE_ID = re.compile(r"[0-9a-f]{32}")
 
 
 class TraceListView(APIView):
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(operation_id="v1_traces_list", responses={200: OpenApiTypes.OBJECT})
     def get(self, request: Request) -> Response:
         """``{"traces": [{"trace_id", "name", "start_ns", "duration_s", "spans", "error", "outcome",
         "model", "tracing_ui_url"}]}``: the most recent kept traces, newest first."""
