@@ -106,6 +106,7 @@ class Decision:
     action: str | None  # "out", "in" or None (keep)
     reason: str
     forecast: Forecast
+    reach_s: float  # how far ahead the load was forecast
     utilisation: float
     memory: Memory
 
@@ -156,7 +157,8 @@ def decide(series: Sequence[LoadSample], *, targets: Targets, capacity: Capacity
            now: float, last_change_at: float | None, knobs: Knobs) -> Decision:
     """Scale out, in, or keep ``capacity`` given the recorded ``series`` (oldest first)."""
     span = series[-1].at - series[0].at if series else 0.0
-    load = forecast(series, at=now + min(knobs.horizon_s, span / 2))  # a short series: a short reach
+    reach = min(knobs.horizon_s, span / 2)  # a short series: a short reach
+    load = forecast(series, at=now + reach)
     u = load.output_tokens_per_s / capacity.tokens_per_s if capacity.tokens_per_s > 0 else math.inf
     latest = series[-1] if series else None
     missed = [f"{name} p95 {value:.0f} ms over its {target:g} ms target"
@@ -169,8 +171,9 @@ def decide(series: Sequence[LoadSample], *, targets: Targets, capacity: Capacity
     low = not missed and u_fewer < knobs.low
     memory = Memory(at_risk_since=_since(memory.at_risk_since, now) if at_risk else None,
                     low_since=_since(memory.low_since, now) if low else None)
-    figures = (f"forecast {load.output_tokens_per_s:.1f} output tokens/s ({load.arrival_rate:.2f} requests/s) "
-               f"in {knobs.horizon_s:g} s against {capacity.tokens_per_s:.1f} tokens/s of {n} replica(s), "
+    figures = (f"forecast {load.output_tokens_per_s:.1f} output tokens/s "
+               f"({load.arrival_rate:.2f} requests/s) "
+               f"in {reach:.0f} s against {capacity.tokens_per_s:.1f} tokens/s of {n} replica(s), "
                f"{u:.0%} of capacity")
     since = memory.at_risk_since if at_risk else memory.low_since
     action = None
@@ -189,13 +192,13 @@ def decide(series: Sequence[LoadSample], *, targets: Targets, capacity: Capacity
         else:
             action = "in"
     else:
-        return Decision(None, f"load within bounds: {figures}", load, u, memory)
+        return Decision(None, f"load within bounds: {figures}", load, reach, u, memory)
     if action is not None and now - since < knobs.for_s:
         reason, action = f"{reason}; for {now - since:.0f} s of the {knobs.for_s:g} s it must last", None
     if action is not None and last_change_at is not None and now - last_change_at < knobs.cooldown_s:
         reason, action = (f"{reason}; waits: the last change was {now - last_change_at:.0f} s ago "
                           f"(cooldown {knobs.cooldown_s:g} s)"), None
-    return Decision(action, reason, load, u, memory)
+    return Decision(action, reason, load, reach, u, memory)
 
 
 def _since(began: float | None, now: float) -> float:

@@ -24,7 +24,7 @@ from controlplane.rebalance.triggers import Occurrence
 PUBLISH_EVERY_S = 5.0
 SAMPLE_WINDOW_S = 60  # the span each published sample measures
 SAMPLE_TTL_S = 120  # a process that stopped publishing stops counting after this
-HORIZON_S = 120.0  # how far ahead the load is forecast: about the time a new replica takes to serve
+HORIZON_S = 120.0  # how far ahead the load is forecast at most: about the time a new replica takes to serve
 SERIES_KEEP = 60  # samples kept per deployment (a pass every 10 s: ten minutes)
 
 
@@ -103,10 +103,11 @@ def demand(*, state: RebalanceState, deployment: Deployment, now: float) -> Occu
         return None
     since = decision.memory.at_risk_since if decision.action == "out" else decision.memory.low_since
     load = decision.forecast
-    return Occurrence(RebalanceProposal.Trigger.DEMAND, f"demand:{decision.action}@{since:.0f}", decision.reason,
-                      {"action": decision.action, "utilisation": _round(decision.utilisation),
-                       "forecast_requests_per_s": round(load.arrival_rate, 3),
-                       "forecast_output_tokens_per_s": round(load.output_tokens_per_s, 3)})
+    detail = {"action": decision.action, "utilisation": _round(decision.utilisation),
+              "horizon_s": round(decision.reach_s, 1), "forecast_requests_per_s": round(load.arrival_rate, 3),
+              "forecast_output_tokens_per_s": round(load.output_tokens_per_s, 3)}
+    key = f"demand:{decision.action}@{since:.0f}"
+    return Occurrence(RebalanceProposal.Trigger.DEMAND, key, decision.reason, detail)
 
 
 def replicas_wanted(*, deployment: Deployment, occurrence: Occurrence) -> int:
@@ -123,7 +124,8 @@ def prediction(*, deployment: Deployment, occurrence: Occurrence, plan: dict[str
     predicted = policy.predict(capacity, load, targets(deployment))
     return {"replicas": capacity.replicas, "capacity_tokens_per_s": round(capacity.tokens_per_s, 2),
             "forecast_output_tokens_per_s": round(load.output_tokens_per_s, 2),
-            "forecast_requests_per_s": round(load.arrival_rate, 3), "horizon_s": HORIZON_S,
+            "forecast_requests_per_s": round(load.arrival_rate, 3),
+            "horizon_s": occurrence.detail["horizon_s"],
             "ttft_target_ms": deployment.ttft_target_ms, "tpot_target_ms": deployment.tpot_target_ms,
             **predicted.as_dict()}
 

@@ -64,7 +64,7 @@ class Pricing:
     proposed: dict[str, Any] | None  # the planner's plan (its JSON), None when nothing fits
     proposed_tokens_per_s: float
     problem: str | None  # why there is no proposal
-    request: dict[str, Any]  # the stored request the planner was asked (the revision's, or its replicas changed)
+    request: dict[str, Any]  # the request the planner was asked: the revision's, or with other replicas
 
     @property
     def gain(self) -> float:
