@@ -46,7 +46,6 @@ class Targets:
     tpot_ms: float | None
     min_replicas: int = 1
     max_replicas: int | None = None
-    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -203,24 +202,3 @@ def decide(series: Sequence[LoadSample], *, targets: Targets, capacity: Capacity
 
 def _since(began: float | None, now: float) -> float:
     return now if began is None else began
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A deployment that wants ``cards`` more free cards to scale out."""
-
-    deployment: int
-    priority: int
-    cards: int
-    utilisation: float  # its forecast utilisation: among equal priorities the busier goes first
-
-
-def grant(claims: Sequence[Claim], free_cards: int) -> list[int]:
-    """The deployments whose claims the free cards cover, taken by priority (highest first), then the
-    busiest; a claim the remaining cards cannot cover is skipped, not served in part."""
-    granted = []
-    for claim in sorted(claims, key=lambda c: (-c.priority, -c.utilisation, c.deployment)):
-        if claim.cards <= free_cards:
-            granted.append(claim.deployment)
-            free_cards -= claim.cards
-    return granted

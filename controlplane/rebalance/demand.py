@@ -64,8 +64,7 @@ def samples_read(*, deployment: Deployment, now: float) -> policy.LoadSample | N
 
 def targets(deployment: Deployment) -> policy.Targets:
     return policy.Targets(ttft_ms=deployment.ttft_target_ms, tpot_ms=deployment.tpot_target_ms,
-                          min_replicas=deployment.min_replicas, max_replicas=deployment.max_replicas,
-                          priority=deployment.priority)
+                          min_replicas=deployment.min_replicas, max_replicas=deployment.max_replicas)
 
 
 def knobs() -> policy.Knobs:

@@ -8,7 +8,6 @@ import random
 
 from controlplane.planning.demand import (
     Capacity,
-    Claim,
     Forecast,
     Knobs,
     LoadSample,
@@ -16,7 +15,6 @@ from controlplane.planning.demand import (
     Targets,
     decide,
     forecast,
-    grant,
     predict,
 )
 
@@ -128,12 +126,3 @@ def test_predicted_ttft_matches_a_simulated_queue():
         assert math.isclose(wait, _mm1_wait_p95_ms(u, 1000 * 100 / cap.tokens_per_s), rel_tol=0.1)
     over = predict(cap, Forecast(3.0, 300.0), TARGETS)
     assert math.isinf(over.ttft_p95_ms) and not over.meets
-
-
-def test_priority_takes_the_last_free_cards_under_scarcity():
-    busier_low = Claim(deployment=1, priority=0, cards=2, utilisation=0.97)
-    higher = Claim(deployment=2, priority=5, cards=2, utilisation=0.85)
-    assert grant([busier_low, higher], free_cards=2) == [2]
-    assert grant([busier_low, higher], free_cards=4) == [2, 1]
-    same = Claim(deployment=3, priority=0, cards=1, utilisation=0.9)
-    assert grant([same, busier_low], free_cards=2) == [1]  # equal priority: the busier first
