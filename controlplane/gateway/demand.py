@@ -16,6 +16,7 @@ completed within every target set; a failed request counts as missed. Percentile
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Iterable
@@ -28,6 +29,7 @@ from controlplane.gateway.serving.fleet_store import process_id
 from controlplane.rebalance.demand import PUBLISH_EVERY_S, SAMPLE_WINDOW_S, sample_publish
 from controlplane.telemetry.selectors import Latest, stage_samples
 
+logger = logging.getLogger(__name__)
 _published_at = 0.0  # when this process last published its load for the rebalance policy
 
 
@@ -78,7 +80,8 @@ def demand_publish_due(now: float) -> bool:
 def demand_publish(*, now: float, records: Iterable[RouteRecord] | None = None) -> None:
     """Publish, for the rebalance policy in the Celery worker, the load of every deployment this
     process served over the last ``SAMPLE_WINDOW_S``: rates, and p95 and p99 of TTFT and TPOT
-    (``rebalance.demand.sample_publish``). No DB access: called off the event loop after a request."""
+    (``rebalance.demand.sample_publish``). No DB access: called off the event loop after a request.
+    Lossy like telemetry: a cache that does not answer loses this sample, the next one follows."""
     recent = [r for r in (recorder.recent if records is None else records)
               if r.replica is not None and now - r.at <= SAMPLE_WINDOW_S]
     by_deployment: dict[int, list[RouteRecord]] = {}
@@ -88,11 +91,14 @@ def demand_publish(*, now: float, records: Iterable[RouteRecord] | None = None) 
     for deployment, mine in by_deployment.items():
         ttft = [_ttft_ms(r) for r in mine if r.queue_s is not None]
         tpot = [v for r in mine if (v := _tpot_ms(r)) is not None]
-        sample_publish(deployment_id=deployment, process=process_id(), sample={
-            "at": now, "arrival_rate": len(mine) / SAMPLE_WINDOW_S,
-            "output_tokens_per_s": sum(r.completion_tokens for r in mine) / SAMPLE_WINDOW_S,
-            **{f"{kind}_p{q}_ms": percentile_of(values, q)
-               for kind, values in (("ttft", ttft), ("tpot", tpot)) for q in (95, 99)}})
+        try:
+            sample_publish(deployment_id=deployment, process=process_id(), sample={
+                "at": now, "arrival_rate": len(mine) / SAMPLE_WINDOW_S,
+                "output_tokens_per_s": sum(r.completion_tokens for r in mine) / SAMPLE_WINDOW_S,
+                **{f"{kind}_p{q}_ms": percentile_of(values, q)
+                   for kind, values in (("ttft", ttft), ("tpot", tpot)) for q in (95, 99)}})
+        except Exception as exc:  # the cache is down: the policy sees no load, as with no requests
+            logger.warning("demand of deployment %s not published: %s", deployment, exc)
 
 
 def _deployment_of(replica: str) -> int | None:

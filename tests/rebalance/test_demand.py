@@ -7,6 +7,7 @@ import pytest
 from django.core.cache import cache
 
 from controlplane.deployments.models import Deployment
+from controlplane.deployments.selectors import devices_in_use
 from controlplane.rebalance.demand import sample_publish
 from controlplane.rebalance.models import RebalanceProposal
 from controlplane.rebalance.tasks import rebalance_evaluate_all
@@ -55,13 +56,18 @@ def test_targets_at_risk_propose_another_replica_with_its_prediction(deployment,
     assert event.detail["outcome"] == "proposed" and event.detail["forecast"] == forecast
 
 
-def test_low_load_proposes_a_replica_fewer_down_to_min_replicas(deployment, t0, monkeypatch):
+def test_low_load_applies_a_replica_fewer_in_auto_down_to_min_replicas(deployment, t0, monkeypatch):
     replicas = len(deployment.revision.placements)
     assert replicas >= 2
-    Deployment.objects.filter(pk=deployment.pk).update(min_replicas=replicas - 1, tpot_target_ms=10_000)
+    Deployment.objects.filter(pk=deployment.pk).update(
+        min_replicas=replicas - 1, tpot_target_ms=10_000, rebalance_policy=Deployment.RebalancePolicy.AUTO)
     deployment.refresh_from_db()
+    used = devices_in_use(deployment=None)
     passes(deployment, t0, 0.05, range(0, 80, 10), monkeypatch)
     [proposal] = proposals(deployment)
-    assert proposal.trigger == RebalanceProposal.Trigger.DEMAND
-    assert len(proposal.revision.placements) == replicas - 1  # its cards released for other deployments
+    assert (proposal.trigger, proposal.status) == ("demand", RebalanceProposal.Status.ACCEPTED)
     assert proposal.forecast["meets"] is True and "it meets the targets" in proposal.reason
+    deployment.refresh_from_db()
+    assert deployment.revision == proposal.revision and len(deployment.revision.placements) == replicas - 1
+    assert [e.detail["outcome"] for e in policy_events(deployment)] == ["applied"]
+    assert len(devices_in_use(deployment=None)) < len(used)  # cards released for other deployments
