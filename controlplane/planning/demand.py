@@ -17,7 +17,8 @@ The rules, in the order they are checked (docs/deployments.md, "Demand"):
   scale-in leaves a plan the same load does not push back out;
 - a condition acts only once it has lasted ``for_s`` (a noisy sample restarts the clock), and no
   change comes within ``cooldown_s`` of the last one;
-- within ``min_replicas`` .. ``max_replicas``.
+- within ``min_replicas`` .. ``max_replicas``: at ``max_replicas`` a scale-out asks for more throughput
+  from the replicas it has (the caller's alternative to another replica: a larger batch).
 """
 
 from __future__ import annotations
@@ -178,11 +179,9 @@ def decide(series: Sequence[LoadSample], *, targets: Targets, capacity: Capacity
     action = None
     if at_risk:
         why = "; ".join(missed) if missed else f"over the {knobs.high:.0%} high mark"
-        reason = f"targets at risk: {figures}; {why}"
+        reason, action = f"targets at risk: {figures}; {why}", "out"
         if targets.max_replicas is not None and n >= targets.max_replicas:
-            reason += f"; already at max_replicas {targets.max_replicas}"
-        else:
-            action = "out"
+            reason += f"; at max_replicas {targets.max_replicas}: more throughput from the replicas it has"
     elif low:
         reason = (f"load low: {figures}; {n - 1} replica(s) would run at {u_fewer:.0%}, under the "
                   f"{knobs.low:.0%} low mark")

@@ -16,6 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 
+from controlplane.deployments.degrade import workload_of
 from controlplane.deployments.models import Deployment
 from controlplane.planning import demand as policy
 from controlplane.rebalance.models import RebalanceProposal, RebalanceState
@@ -91,7 +92,8 @@ def demand(*, state: RebalanceState, deployment: Deployment, now: float) -> Occu
     kept = [s for s in kept if now - s[0] <= deployment.target_window_s][-SERIES_KEEP:]
     memory = policy.Memory(**state.demand.get("memory", {}))
     applied_at = deployment.revision.applied_at
-    if not kept or deployment.revision.plan.get("predicted") is None:
+    # A degraded plan is the restore's to change (degrade.py): demand waits for the full plan.
+    if not kept or deployment.revision.plan.get("predicted") is None or deployment.revision.degraded_from:
         state.demand = {"series": kept}
         return None
     decision = policy.decide([policy.LoadSample(*s) for s in kept], targets=targets(deployment),
@@ -109,10 +111,29 @@ def demand(*, state: RebalanceState, deployment: Deployment, now: float) -> Occu
     return Occurrence(RebalanceProposal.Trigger.DEMAND, key, decision.reason, detail)
 
 
-def replicas_wanted(*, deployment: Deployment, occurrence: Occurrence) -> int:
-    """The replica count a demand occurrence asks the planner for."""
+def asks(*, deployment: Deployment, occurrence: Occurrence) -> list[dict[str, Any]]:
+    """The changes to the revision's request a demand occurrence asks the planner for, in order: one
+    replica fewer; or one replica more (within ``max_replicas``), else, where no free cards take one,
+    twice the batch on the replicas it has (more sequences in flight: more micro-batches and KV, if
+    their memory holds it)."""
     current = len(deployment.revision.placements)
-    return current + (1 if occurrence.detail["action"] == "out" else -1)
+    if occurrence.detail["action"] == "in":
+        return [{"replicas": current - 1}]
+    batch, _ = workload_of(deployment.revision.request)
+    larger = {"replicas": current, "batch": 2 * batch}
+    most = deployment.max_replicas
+    return [larger] if most is not None and current >= most else [{"replicas": current + 1}, larger]
+
+
+def delivers(plan: dict[str, Any], changes: dict[str, Any]) -> bool:
+    """Whether the planner's plan is what ``changes`` asked for (the planner may serve fewer replicas
+    than asked where the cards do not take more)."""
+    return all(len(plan["replicas"]) == value if key == "replicas" else plan.get(key) == value
+               for key, value in changes.items())
+
+
+def asks_text(asks: list[dict[str, Any]]) -> str:
+    return "; ".join(", ".join(f"{key} {value}" for key, value in changes.items()) for changes in asks)
 
 
 def prediction(*, deployment: Deployment, occurrence: Occurrence, plan: dict[str, Any]) -> dict[str, Any]:

@@ -64,7 +64,7 @@ class Pricing:
     proposed: dict[str, Any] | None  # the planner's plan (its JSON), None when nothing fits
     proposed_tokens_per_s: float
     problem: str | None  # why there is no proposal
-    request: dict[str, Any]  # the request the planner was asked: the revision's, or with other replicas
+    request: dict[str, Any]  # the request the planner was asked: the revision's, or with ``changes``
 
     @property
     def gain(self) -> float:
@@ -75,14 +75,14 @@ class Pricing:
         return self.proposed_tokens_per_s / self.current_tokens_per_s - 1
 
 
-def price(*, deployment: Deployment, fleet: FleetSpec, replicas: int | None = None) -> Pricing:
-    """Re-plan ``deployment`` on ``fleet`` (with ``replicas`` replicas where given: a demand change)
-    and price its applied plan there too. The planner's plan is checked with its own ``validate``
-    (every layer served, memory, precision, pins)."""
+def price(*, deployment: Deployment, fleet: FleetSpec, changes: dict[str, Any] | None = None) -> Pricing:
+    """Re-plan ``deployment`` on ``fleet`` (its revision's request with ``changes`` where given: a
+    demand change's replicas or batch) and price its applied plan there too. The planner's plan is
+    checked with its own ``validate`` (every layer served, memory, precision, pins)."""
     revision = deployment.revision
     applied, priced = revision.plan, revision.priced
     stored = float(priced.predicted.decode_tokens_per_s if priced else 0.0)
-    asked = revision.request if replicas is None else {**revision.request, "replicas": replicas}
+    asked = {**revision.request, **(changes or {})}
     try:
         request = request_on_fleet(asked, model=revision.model, fleet=fleet,
                                    busy=devices_in_use(deployment=deployment))

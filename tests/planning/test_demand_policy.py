@@ -40,8 +40,9 @@ def run(loads: list[float], *, replicas: int, targets: Targets = TARGETS,
         decision = decide(series, targets=targets, capacity=capacity(replicas), memory=memory, now=now,
                           last_change_at=last_change_at, knobs=KNOBS)
         memory = decision.memory
-        if decision.action is not None:
-            replicas += 1 if decision.action == "out" else -1
+        if decision.action is not None:  # at max_replicas a scale-out is a larger batch, not a replica
+            most = targets.max_replicas or math.inf
+            replicas += -1 if decision.action == "in" else 1 if replicas < most else 0
             changes.append((now, decision.action, replicas))
             last_change_at, memory = now, Memory()
     return changes
@@ -57,8 +58,10 @@ def test_rising_load_scales_out_before_the_capacity_is_reached():
 
 
 def test_scale_out_needs_the_condition_to_last_and_stops_at_max_replicas():
-    changes = run([190.0] * 40, replicas=2, targets=Targets(2000, 200, max_replicas=3))
-    assert changes == [(60.0, "out", 3)]  # at risk from 0 s, acted once it had lasted 60 s; then capped
+    changes = run([290.0] * 80, replicas=2, targets=Targets(2000, 200, max_replicas=3))
+    assert changes[0] == (60.0, "out", 3)  # at risk from 0 s, acted once it had lasted 60 s
+    # still at risk at max_replicas: more throughput from the same replicas, once per cool-down
+    assert [(at, replicas) for at, _, replicas in changes[1:]] == [(360.0, 3), (660.0, 3)]
 
 
 def test_low_load_scales_in_down_to_min_replicas_only():

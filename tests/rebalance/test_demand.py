@@ -71,3 +71,17 @@ def test_low_load_applies_a_replica_fewer_in_auto_down_to_min_replicas(deploymen
     assert deployment.revision == proposal.revision and len(deployment.revision.placements) == replicas - 1
     assert [e.detail["outcome"] for e in policy_events(deployment)] == ["applied"]
     assert len(devices_in_use(deployment=None)) < len(used)  # cards released for other deployments
+
+
+def test_without_free_cards_a_scale_out_asks_for_a_larger_batch(deployment, t0, monkeypatch):
+    """node-a stays cordoned: no card takes another replica, so the plan doubles its batch instead."""
+    Deployment.objects.filter(pk=deployment.pk).update(tpot_target_ms=10_000)
+    deployment.refresh_from_db()
+    replicas, batch = len(deployment.revision.placements), deployment.revision.request["batch"]
+    passes(deployment, t0, 0.95, range(0, 80, 10), monkeypatch)
+    [proposal] = proposals(deployment)
+    assert proposal.trigger == RebalanceProposal.Trigger.DEMAND
+    assert proposal.revision.request["batch"] == 2 * batch and proposal.revision.plan["batch"] == 2 * batch
+    assert len(proposal.revision.placements) == replicas and proposal.diff["batch"] == [batch, 2 * batch]
+    capacity = proposal.forecast["capacity_tokens_per_s"]
+    assert capacity == pytest.approx(proposal.proposed_tokens_per_s, abs=0.01)
