@@ -13,8 +13,8 @@ The rules, in the order they are checked (docs/deployments.md, "Demand"):
   through a few samples is mostly noise);
 - **at risk**: the forecast needs more than ``high`` of the plan's capacity, or the measured
   percentile (the targets', p95 or p99) of TTFT or TPOT is over its target; **low**: one replica
-  fewer would still run under ``low`` of its capacity at the forecast load, and every target is met. ``low`` < ``high`` is the hysteresis: a
-  scale-in leaves a plan the same load does not push back out;
+  fewer would still run under ``low`` of its capacity at the forecast load, and every target is met.
+  ``low`` < ``high`` is the hysteresis: a scale-in leaves a plan the same load does not push back out;
 - a condition acts only once it has lasted ``for_s`` (a noisy sample restarts the clock), and no
   change comes within ``cooldown_s`` of the last one;
 - within ``min_replicas`` .. ``max_replicas``: at ``max_replicas`` a scale-out asks for more throughput
