@@ -27,8 +27,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-MISS_SHARE = 0.05  # a p95 target: the share of requests allowed over it (M/M/1 waiting-time tail)
-
 
 @dataclass(frozen=True)
 class LoadSample:
@@ -45,6 +43,7 @@ class LoadSample:
 class Targets:
     ttft_ms: float | None
     tpot_ms: float | None
+    percentile: int = 95  # the share of requests (in %) each target must hold for
     min_replicas: int = 1
     max_replicas: int | None = None
 
@@ -81,11 +80,12 @@ class Forecast:
 
 @dataclass(frozen=True)
 class Prediction:
-    """What a plan is predicted to give at a forecast load, against the targets (None: no target)."""
+    """What a plan is predicted to give at a forecast load: TTFT and TPOT at the targets' percentile."""
 
     utilisation: float  # forecast output tokens/s over the plan's capacity
-    ttft_p95_ms: float  # inf when the load exceeds the capacity
-    tpot_p95_ms: float
+    percentile: int
+    ttft_ms: float  # inf when the load exceeds the capacity
+    tpot_ms: float
     meets: bool
 
     def as_dict(self) -> dict:
@@ -135,22 +135,24 @@ def _median(values: list[float]) -> float:
 
 
 def predict(capacity: Capacity, load: Forecast, targets: Targets) -> Prediction:
-    """TTFT and TPOT p95 of ``capacity`` at ``load``.
+    """TTFT and TPOT of ``capacity`` at ``load``, at the targets' percentile q.
 
     TPOT is the plan's token latency while the load fits its capacity. TTFT is a prefill plus the wait
     for a free sequence slot, the plan's replicas taken as one M/M/1 server whose service time is a
-    request's output at the plan's full rate: the p95 wait is ``S / (1 - u) * ln(u / 0.05)`` (zero
-    while ``u`` <= 0.05). Over capacity both are unbounded."""
+    request's output at the plan's full rate: its q-th percentile wait is ``S / (1 - u) * ln(u / m)``
+    with ``m = 1 - q/100`` the share allowed over (zero while ``u`` <= m). Over capacity both are
+    unbounded."""
     u = load.output_tokens_per_s / capacity.tokens_per_s if capacity.tokens_per_s > 0 else math.inf
     if u >= 1:
         ttft = tpot = math.inf
     else:
         service_ms = 1000 * load.tokens_per_request / capacity.tokens_per_s
-        wait = service_ms / (1 - u) * math.log(u / MISS_SHARE) if u > MISS_SHARE else 0.0
+        miss = 1 - targets.percentile / 100
+        wait = service_ms / (1 - u) * math.log(u / miss) if u > miss else 0.0
         ttft, tpot = capacity.prefill_ms + wait, capacity.token_latency_ms
     meets = ((targets.ttft_ms is None or ttft <= targets.ttft_ms)
              and (targets.tpot_ms is None or tpot <= targets.tpot_ms))
-    return Prediction(u, ttft, tpot, meets)
+    return Prediction(u, targets.percentile, ttft, tpot, meets)
 
 
 def decide(series: Sequence[LoadSample], *, targets: Targets, capacity: Capacity, memory: Memory,
@@ -161,7 +163,7 @@ def decide(series: Sequence[LoadSample], *, targets: Targets, capacity: Capacity
     load = forecast(series, at=now + reach)
     u = load.output_tokens_per_s / capacity.tokens_per_s if capacity.tokens_per_s > 0 else math.inf
     latest = series[-1] if series else None
-    missed = [f"{name} p95 {value:.0f} ms over its {target:g} ms target"
+    missed = [f"{name} p{targets.percentile} {value:.0f} ms over its {target:g} ms target"
               for name, value, target in (("TTFT", latest and latest.ttft_ms, targets.ttft_ms),
                                           ("TPOT", latest and latest.tpot_ms, targets.tpot_ms))
               if value is not None and target is not None and value > target]

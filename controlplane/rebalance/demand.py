@@ -65,7 +65,8 @@ def samples_read(*, deployment: Deployment, now: float) -> policy.LoadSample | N
 
 def targets(deployment: Deployment) -> policy.Targets:
     return policy.Targets(ttft_ms=deployment.ttft_target_ms, tpot_ms=deployment.tpot_target_ms,
-                          min_replicas=deployment.min_replicas, max_replicas=deployment.max_replicas)
+                          percentile=deployment.target_percentile, min_replicas=deployment.min_replicas,
+                          max_replicas=deployment.max_replicas)
 
 
 def knobs() -> policy.Knobs:
@@ -163,8 +164,8 @@ def prediction_text(figures: dict[str, Any]) -> str:
     share = "no capacity" if figures["utilisation"] is None else f"{figures['utilisation']:.0%}"
     return (f"with {figures['replicas']} replica(s) the plan serves {figures['capacity_tokens_per_s']:.1f} "
             f"tokens/s against {figures['forecast_output_tokens_per_s']:.1f} forecast "
-            f"({share}); predicted TTFT p95 {ms(figures['ttft_p95_ms'])} "
-            f"({target(figures['ttft_target_ms'])}), TPOT p95 {ms(figures['tpot_p95_ms'])} "
+            f"({share}); predicted TTFT p{figures['percentile']} {ms(figures['ttft_ms'])} "
+            f"({target(figures['ttft_target_ms'])}), TPOT p{figures['percentile']} {ms(figures['tpot_ms'])} "
             f"({target(figures['tpot_target_ms'])}): it {verdict} the targets")
 
 

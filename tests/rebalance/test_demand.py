@@ -50,7 +50,7 @@ def test_targets_at_risk_propose_another_replica_with_its_prediction(deployment,
     forecast = proposal.forecast
     assert forecast["replicas"] == replicas + 1 and forecast["ttft_target_ms"] == 400
     assert forecast["capacity_tokens_per_s"] > forecast["forecast_output_tokens_per_s"] > 0
-    assert f"predicted TTFT p95 {forecast['ttft_p95_ms']:.0f} ms (target 400 ms)" in proposal.reason
+    assert f"predicted TTFT p95 {forecast['ttft_ms']:.0f} ms (target 400 ms)" in proposal.reason
     assert "TTFT p95 900 ms over its 400 ms target" in proposal.reason
     [event] = policy_events(deployment)
     assert event.detail["outcome"] == "proposed" and event.detail["forecast"] == forecast
