@@ -16,6 +16,7 @@ completed within every target set; a failed request counts as missed. Percentile
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Iterable
@@ -24,7 +25,12 @@ from typing import Any
 from contracts.names import parse_pipeline_id
 from controlplane.deployments.models import Deployment
 from controlplane.gateway.serving.decision_log import RouteRecord, recorder
+from controlplane.gateway.serving.fleet_store import process_id
+from controlplane.rebalance.demand import PUBLISH_EVERY_S, SAMPLE_WINDOW_S, sample_publish
 from controlplane.telemetry.selectors import Latest, stage_samples
+
+logger = logging.getLogger(__name__)
+_published_at = 0.0  # when this process last published its load for the rebalance policy
 
 
 def deployment_demand(*, deployment: Deployment, window_s: int | None = None, now: float | None = None,
@@ -59,6 +65,40 @@ def deployment_demand(*, deployment: Deployment, window_s: int | None = None, no
         "tpot": _against(tpot_ms, deployment.tpot_target_ms, percentile),
         "overall": _overall(ended, deployment),
     }
+
+
+def demand_publish_due(now: float) -> bool:
+    """Whether this process's load is due for publishing (at most every ``PUBLISH_EVERY_S``); claims
+    the turn when it is."""
+    global _published_at
+    if now - _published_at < PUBLISH_EVERY_S:
+        return False
+    _published_at = now
+    return True
+
+
+def demand_publish(*, now: float, records: Iterable[RouteRecord] | None = None) -> None:
+    """Publish, for the rebalance policy in the Celery worker, the load of every deployment this
+    process served over the last ``SAMPLE_WINDOW_S``: rates, and p95 and p99 of TTFT and TPOT
+    (``rebalance.demand.sample_publish``). No DB access: called off the event loop after a request.
+    Lossy like telemetry: a cache that does not answer loses this sample, the next one follows."""
+    recent = [r for r in (recorder.recent if records is None else records)
+              if r.replica is not None and now - r.at <= SAMPLE_WINDOW_S]
+    by_deployment: dict[int, list[RouteRecord]] = {}
+    for record in recent:
+        if (deployment := _deployment_of(record.replica)) is not None:
+            by_deployment.setdefault(deployment, []).append(record)
+    for deployment, mine in by_deployment.items():
+        ttft = [_ttft_ms(r) for r in mine if r.queue_s is not None]
+        tpot = [v for r in mine if (v := _tpot_ms(r)) is not None]
+        try:
+            sample_publish(deployment_id=deployment, process=process_id(), sample={
+                "at": now, "arrival_rate": len(mine) / SAMPLE_WINDOW_S,
+                "output_tokens_per_s": sum(r.completion_tokens for r in mine) / SAMPLE_WINDOW_S,
+                **{f"{kind}_p{q}_ms": percentile_of(values, q)
+                   for kind, values in (("ttft", ttft), ("tpot", tpot)) for q in (95, 99)}})
+        except Exception as exc:  # the cache is down: the policy sees no load, as with no requests
+            logger.warning("demand of deployment %s not published: %s", deployment, exc)
 
 
 def _deployment_of(replica: str) -> int | None:

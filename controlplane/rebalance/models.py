@@ -31,6 +31,8 @@ class RebalanceState(models.Model):
     handled = models.JSONField(default=list, help_text="Trigger occurrences already decided (newest last).")
     last_decision = models.CharField(max_length=200, blank=True,
                                      help_text="Key of the last decision recorded as an event.")
+    demand = models.JSONField(default=dict, help_text="The demand rule's load samples and since when its "
+                                                      "condition has lasted (rebalance/demand.py).")
 
 
 class RebalanceProposal(models.Model):
@@ -41,6 +43,7 @@ class RebalanceProposal(models.Model):
         DRIFT = "drift", "Measured step times drift from the prediction"
         THROTTLED = "throttled", "A device is throttled"
         BETTER_PLAN = "better_plan", "The planner finds a better plan"
+        DEMAND = "demand", "Demand puts the targets at risk, or stays low"
 
     class Status(models.TextChoices):
         OPEN = "open", "Open"
@@ -60,6 +63,9 @@ class RebalanceProposal(models.Model):
     current_tokens_per_s = models.FloatField()
     proposed_tokens_per_s = models.FloatField()
     diff = models.JSONField(default=dict, help_text="What changes: stages moved, boundaries, precision.")
+    forecast = models.JSONField(default=dict, blank=True, help_text=(
+        "A demand proposal's forecast load and the proposed plan's predicted TTFT/TPOT p95 and capacity "
+        "against it and the targets; empty for the other triggers."))
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OPEN)
     created = models.DateTimeField(auto_now_add=True)
     decided_at = models.DateTimeField(null=True, blank=True)

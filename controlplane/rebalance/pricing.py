@@ -19,7 +19,7 @@ from typing import Any
 from contracts.hardware import FleetSpec
 from contracts.metrics import SLOWDOWN_REASONS
 from controlplane.deployments.models import Deployment
-from controlplane.deployments.revisions import plan_request_now, registered_fleet
+from controlplane.deployments.revisions import registered_fleet, request_on_fleet
 from controlplane.deployments.selectors import devices_in_use
 from controlplane.planning import PlanningError, plan_to_dict, validate
 from controlplane.telemetry.selectors import device_samples
@@ -64,6 +64,7 @@ class Pricing:
     proposed: dict[str, Any] | None  # the planner's plan (its JSON), None when nothing fits
     proposed_tokens_per_s: float
     problem: str | None  # why there is no proposal
+    request: dict[str, Any]  # the request the planner was asked: the revision's, or with ``changes``
 
     @property
     def gain(self) -> float:
@@ -74,25 +75,28 @@ class Pricing:
         return self.proposed_tokens_per_s / self.current_tokens_per_s - 1
 
 
-def price(*, deployment: Deployment, fleet: FleetSpec) -> Pricing:
-    """Re-plan ``deployment`` on ``fleet`` and price its applied plan there too. The planner's plan
-    is checked with its own ``validate`` (every layer served, memory, precision, pins)."""
-    applied, priced = deployment.revision.plan, deployment.revision.priced
+def price(*, deployment: Deployment, fleet: FleetSpec, changes: dict[str, Any] | None = None) -> Pricing:
+    """Re-plan ``deployment`` on ``fleet`` (its revision's request with ``changes`` where given: a
+    demand change's replicas or batch) and price its applied plan there too. The planner's plan is
+    checked with its own ``validate`` (every layer served, memory, precision, pins)."""
+    revision = deployment.revision
+    applied, priced = revision.plan, revision.priced
     stored = float(priced.predicted.decode_tokens_per_s if priced else 0.0)
+    asked = {**revision.request, **(changes or {})}
     try:
-        request = plan_request_now(revision=deployment.revision, fleet=fleet,
+        request = request_on_fleet(asked, model=revision.model, fleet=fleet,
                                    busy=devices_in_use(deployment=deployment))
     except PlanningError as exc:
-        return Pricing(stored, False, None, 0.0, str(exc))
+        return Pricing(stored, False, None, 0.0, str(exc), asked)
     report = validate(applied, request)
     current = report.predicted.decode_tokens_per_s if report.predicted else stored
     if report.planned is None:
         return Pricing(current, report.predicted is not None, None, 0.0,
-                       f"the planner finds no plan: {report.planner_error}")
+                       f"the planner finds no plan: {report.planner_error}", asked)
     check = validate(report.planned, request)
     if not check.ok:
         return Pricing(current, report.predicted is not None, None, 0.0,
                        "the planner's plan fails its own check: "
-                       + "; ".join(p.message for p in check.problems))
+                       + "; ".join(p.message for p in check.problems), asked)
     return Pricing(current, report.predicted is not None, plan_to_dict(report.planned),
-                   report.planned.predicted.decode_tokens_per_s, None)
+                   report.planned.predicted.decode_tokens_per_s, None, asked)

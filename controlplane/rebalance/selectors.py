@@ -11,9 +11,11 @@ from controlplane.rebalance.models import RebalanceProposal
 
 
 def deployment_ids_to_evaluate() -> list[int]:
-    """READY deployments whose policy is not off (the others are not evaluated at all)."""
+    """READY deployments whose policy is not off (the others are not evaluated at all), the highest
+    priority first: where two want the last free cards, the first to scale out takes them."""
     return list(Deployment.objects.filter(status=Deployment.Status.READY, stop_requested=False)
-                .exclude(rebalance_policy=Deployment.RebalancePolicy.OFF).values_list("pk", flat=True))
+                .exclude(rebalance_policy=Deployment.RebalancePolicy.OFF).order_by("-priority", "pk")
+                .values_list("pk", flat=True))
 
 
 def change_in_flight(*, deployment: Deployment) -> bool:

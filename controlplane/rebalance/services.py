@@ -9,7 +9,9 @@ and nothing else is changing. The damping, in the order it is checked:
   being stopped, is not evaluated at all (one change in flight at most);
 - within ``MOTLEY_REBALANCE_COOLDOWN_S`` of the last applied change the decision waits (``held``);
 - the planner's plan must pass its own ``validate`` and beat the applied one, priced on the same
-  fleet, by ``MOTLEY_REBALANCE_MIN_GAIN``.
+  fleet, by ``MOTLEY_REBALANCE_MIN_GAIN``; a demand change (one replica more or fewer, else twice
+  the batch: demand.py) is judged instead by its prediction at the forecast load: a scale-in that
+  would miss a target is not made.
 
 Each trigger occurrence is decided once (its key is remembered in ``RebalanceState.handled``), and a
 decision that waits is recorded once however many passes it waits: every decision, taken or not, is
@@ -18,6 +20,7 @@ a ``policy`` event when it differs from the last one recorded.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import TYPE_CHECKING
 
@@ -32,7 +35,7 @@ from controlplane.deployments.models import Deployment, DeploymentEvent, PlanRev
 from controlplane.deployments.revisions import plan_revision_create
 from controlplane.deployments.services import deployment_apply
 from controlplane.planning import replica_placements
-from controlplane.rebalance import triggers
+from controlplane.rebalance import demand, triggers
 from controlplane.rebalance.diff import plan_diff
 from controlplane.rebalance.models import RebalanceProposal, RebalanceState
 from controlplane.rebalance.pricing import Pricing, fleet_now, price, throttled_devices
@@ -65,7 +68,8 @@ def rebalance_evaluate(*, deployment_id: int, now: float | None = None) -> str |
             _expire_open(deployment=deployment)
         occurring = [triggers.fleet_changed(state=state, deployment=deployment, fleet=fleet),
                      triggers.throttled(state=state, deployment=deployment, throttle=throttle, now=now),
-                     triggers.drift(state=state, deployment=deployment, now=now)]
+                     triggers.drift(state=state, deployment=deployment, now=now),
+                     demand.demand(state=state, deployment=deployment, now=now)]
         occurrence = next((o for o in occurring if o is not None and o.key not in state.handled), None)
         since_checked = now - (state.better_checked_at or 0)
         better_due = occurrence is None and since_checked >= settings.MOTLEY_REBALANCE_CHECK_S
@@ -74,7 +78,15 @@ def rebalance_evaluate(*, deployment_id: int, now: float | None = None) -> str |
         state.save()
     if occurrence is None and not better_due:
         return None
-    pricing = price(deployment=deployment, fleet=fleet)
+    asks = (demand.asks(deployment=deployment, occurrence=occurrence)
+            if occurrence is not None and occurrence.trigger == RebalanceProposal.Trigger.DEMAND else [None])
+    for changes in asks:  # a demand change's alternatives, the first the planner fits
+        pricing = price(deployment=deployment, fleet=fleet, changes=changes)
+        if pricing.proposed is not None and (changes is None or demand.delivers(pricing.proposed, changes)):
+            break
+    else:
+        pricing = dataclasses.replace(pricing, proposed=None, proposed_tokens_per_s=0.0,
+                                      problem=f"the planner fits none of {demand.asks_text(asks)} now")
     if occurrence is None:
         if pricing.proposed is None or pricing.gain < settings.MOTLEY_REBALANCE_MIN_GAIN:
             return None
@@ -122,27 +134,34 @@ def _decide(*, deployment: Deployment, state: RebalanceState, occurrence: Occurr
         return _record(deployment, state, occurrence, "held", figures, why=f"no change: {pricing.problem}")
     proposed = replica_placements(pricing.proposed)
     diff = plan_diff(deployment.revision.placements, proposed)
-    if not diff["stages"]:
+    if (batches := [deployment.revision.plan.get("batch"), pricing.proposed.get("batch")])[0] != batches[1]:
+        diff["batch"] = batches  # a demand change's larger batch: the same stages, more sequences and KV
+    if not diff["stages"] and "batch" not in diff:
         return _record(deployment, state, occurrence, "held", figures,
                        why="no change: the planner's plan is the applied one")
     gains = (f"{pricing.proposed_tokens_per_s:.1f} tokens/s predicted against "
              f"{pricing.current_tokens_per_s:.1f} now ({pricing.gain:+.0%})")
-    threshold = settings.MOTLEY_REBALANCE_MIN_GAIN
-    if pricing.gain < threshold:
+    forecast = {}
+    if occurrence.trigger == RebalanceProposal.Trigger.DEMAND:
+        forecast = demand.prediction(deployment=deployment, occurrence=occurrence, plan=pricing.proposed)
+        figures["forecast"], gains = forecast, demand.prediction_text(forecast)
+        if occurrence.detail["action"] == "in" and not forecast["meets"]:
+            return _record(deployment, state, occurrence, "held", figures, why=f"no change: {gains}")
+    elif pricing.gain < (threshold := settings.MOTLEY_REBALANCE_MIN_GAIN):
         return _record(deployment, state, occurrence, "held", figures,
                        why=f"no change: {gains}, under the {threshold:.0%} threshold")
     proposals = RebalanceProposal.objects.filter(deployment=deployment)
     open_ = proposals.filter(status=RebalanceProposal.Status.OPEN).first()
-    if open_ is not None and not plan_diff(open_.revision.placements, proposed)["stages"]:
+    if open_ is not None and _same(open_.revision, pricing.proposed):
         return _record(deployment, state, occurrence, "kept", figures,
                        why=f"proposal {open_.pk} already proposes this plan: {gains}")
     dismissed = proposals.filter(base_revision=deployment.revision,
                                  status=RebalanceProposal.Status.DISMISSED).first()
-    if dismissed is not None and not plan_diff(dismissed.revision.placements, proposed)["stages"]:
+    if dismissed is not None and _same(dismissed.revision, pricing.proposed):
         return _record(deployment, state, occurrence, "held", figures,
                        why=f"no change: proposal {dismissed.pk} of this plan was dismissed ({gains})")
     proposal = _propose(deployment=deployment, occurrence=occurrence, pricing=pricing, diff=diff,
-                        superseding=open_)
+                        superseding=open_, forecast=forecast)
     figures["proposal"] = proposal.pk
     if deployment.rebalance_policy == Deployment.RebalancePolicy.PROPOSE:
         return _record(deployment, state, occurrence, "proposed", figures,
@@ -161,18 +180,24 @@ def _decide(*, deployment: Deployment, state: RebalanceState, occurrence: Occurr
                    why=f"applied as revision {proposal.revision.number}: {gains}")
 
 
+def _same(revision: PlanRevision, plan: dict) -> bool:
+    """The revision's plan places the same stages as ``plan`` at the same batch."""
+    return (not plan_diff(revision.placements, replica_placements(plan))["stages"]
+            and revision.plan.get("batch") == plan.get("batch"))
+
+
 def _propose(*, deployment: Deployment, occurrence: Occurrence, pricing: Pricing, diff: dict,
-             superseding: RebalanceProposal | None) -> RebalanceProposal:
+             superseding: RebalanceProposal | None, forecast: dict) -> RebalanceProposal:
     if superseding is not None:
         superseding.status, superseding.decided_at = RebalanceProposal.Status.SUPERSEDED, timezone.now()
         superseding.save(update_fields=["status", "decided_at"])
-    revision = plan_revision_create(model=deployment.model, plan=pricing.proposed,
-                                    request=deployment.revision.request,
+    revision = plan_revision_create(model=deployment.model, plan=pricing.proposed, request=pricing.request,
                                     source=PlanRevision.Source.REBALANCE, deployment=deployment,
                                     degraded_from=deployment.revision.degraded_from)  # still restored
     return RebalanceProposal.objects.create(
         deployment=deployment, base_revision=deployment.revision, revision=revision,
-        trigger=occurrence.trigger, reason=occurrence.reason, gain=pricing.gain,
+        trigger=occurrence.trigger, gain=pricing.gain, forecast=forecast,
+        reason=f"{occurrence.reason}; {demand.prediction_text(forecast)}" if forecast else occurrence.reason,
         current_tokens_per_s=pricing.current_tokens_per_s,
         proposed_tokens_per_s=pricing.proposed_tokens_per_s,
         diff=diff,

@@ -46,6 +46,7 @@ def baseline_take(*, state: RebalanceState, deployment: Deployment, fleet: Fleet
     }
     state.drift_since, state.throttled_since = None, {}
     state.better_checked_at, state.handled, state.last_decision = now, [], ""
+    state.demand = {"series": state.demand.get("series", [])}  # the load outlives a plan change
 
 
 def fleet_changed(*, state: RebalanceState, deployment: Deployment, fleet: FleetSpec) -> Occurrence | None:

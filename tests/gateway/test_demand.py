@@ -111,3 +111,26 @@ def test_kv_use_and_the_heads_queue_come_from_the_stages_telemetry():
     demand = deployment_demand(deployment=deployment(), records=[])
     assert demand["kv"] == {"use": 0.6, "used_tokens": 900, "free_tokens": 1100}
     assert demand["queue"]["head_queue"] == 4
+
+
+def test_published_load_adds_up_over_gateway_processes():
+    """Each process publishes its own load (the policy runs in the Celery worker, not here); the policy
+    reads the sum of the rates and the worst percentile."""
+    from django.core.cache import cache
+
+    from controlplane.gateway.demand import demand_publish
+    from controlplane.rebalance.demand import SAMPLE_WINDOW_S, sample_publish, samples_read
+
+    cache.clear()
+    recorder = RouterRecorder()
+    served(recorder, 30, at=NOW - 10, ttft_s=0.1, e2e_s=0.3, tokens=11)  # TTFT 100 ms, TPOT 20 ms
+    served(recorder, 5, at=NOW - 10, ttft_s=0.1, e2e_s=0.3, tokens=11, replica="d8-r0")
+    demand_publish(now=NOW, records=recorder.recent)
+    sample_publish(deployment_id=7, process="other", sample={
+        "at": NOW, "arrival_rate": 1.0, "output_tokens_per_s": 5.0,
+        "ttft_p95_ms": 900.0, "ttft_p99_ms": 950.0, "tpot_p95_ms": None, "tpot_p99_ms": None})
+    load = samples_read(deployment=deployment(target_percentile=99), now=NOW + 1)
+    assert load.arrival_rate == pytest.approx(30 / SAMPLE_WINDOW_S + 1.0)
+    assert load.output_tokens_per_s == pytest.approx(30 * 11 / SAMPLE_WINDOW_S + 5.0)
+    assert (load.ttft_ms, load.tpot_ms) == (950.0, pytest.approx(20.0))
+    cache.clear()

@@ -35,11 +35,13 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 
 from contracts.logprobs import TokenLogprob
 from contracts.pipeline_errors import DeadlineExceeded, PipelineBroken, PipelineError, RequestRejected
 from contracts.sampling import SamplingParams
 from controlplane.gateway.conf import gateway_setting
+from controlplane.gateway.demand import demand_publish, demand_publish_due
 from controlplane.gateway.openai.errors import OpenAIError, deadline_exceeded, saturated, unavailable
 from controlplane.gateway.openai.protocol import GenerationRequest
 from controlplane.gateway.openai.request_span import UNTRACED, RequestSpan
@@ -209,6 +211,8 @@ class Generation:
             gateway().waiting.queue(self.route.served.name).ended()
             recorder.finished(self.request_id, outcome, time.monotonic() - self.placed,
                               self.completion_tokens)
+            if demand_publish_due(now := time.time()):  # off the loop: it writes the shared cache
+                asyncio.get_running_loop().run_in_executor(None, partial(demand_publish, now=now))
             self.span.end(outcome, self.completion_tokens)
 
     async def _migrate(self, exc: PipelineBroken | RequestRejected) -> None:

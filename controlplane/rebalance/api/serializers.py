@@ -22,8 +22,8 @@ class RebalanceProposalSerializer(serializers.ModelSerializer):
         model = RebalanceProposal
         fields = [
             "id", "deployment", "base_revision", "revision", "trigger", "reason", "gain",
-            "current_tokens_per_s", "proposed_tokens_per_s", "diff", "status", "created", "decided_at",
-            "decided_by", "revision_plan",
+            "current_tokens_per_s", "proposed_tokens_per_s", "diff", "forecast", "status", "created",
+            "decided_at", "decided_by", "revision_plan",
         ]
 
     def to_representation(self, proposal: RebalanceProposal) -> dict:
