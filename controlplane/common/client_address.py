@@ -2,17 +2,19 @@
 ``/metrics`` allow-list, agents' registration and its per-address throttle).
 
 Behind a load balancer the TCP peer (``REMOTE_ADDR``) is the balancer, and the client is in the
-``X-Forwarded-For`` it appends. That header is anyone's to write, so it is read only when the peer is
-in ``MOTLEY_TRUSTED_PROXIES`` (networks; default none), and then from the right: each hop a trusted
-proxy appended is skipped, and the first address no trusted proxy owns is the client's. A client that
-sends its own ``X-Forwarded-For`` through the balancer only adds entries left of the one the balancer
-wrote, which are never reached. A malformed entry ends the walk at the last trusted hop's word: the
-address is then the one before it (the nearest trusted proxy), never a string a client chose.
+``X-Forwarded-For`` it appends. That header is anyone's to write, so it is read only when the peer
+is in ``MOTLEY_TRUSTED_PROXIES`` (networks or host names; default none), and then from the right:
+each hop a trusted proxy appended is skipped, and the first address no trusted proxy owns is the
+client's. A client that sends its own ``X-Forwarded-For`` through the balancer only adds entries left
+of the one the balancer wrote, which are never reached. A malformed entry ends the walk: the address
+is then the last trusted hop's, never a string a client chose.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
+import socket
 from functools import lru_cache
 
 from django.conf import settings
@@ -23,13 +25,30 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
+HOST_NAME = re.compile(r"(?=.*[A-Za-z])[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?")
+
+
 @lru_cache(maxsize=16)
 def networks(entries: tuple[str, ...], setting: str) -> tuple[Network, ...]:
-    """``entries`` parsed as networks; a bad one is an ImproperlyConfigured naming ``setting``."""
-    try:
-        return tuple(ipaddress.ip_network(entry, strict=False) for entry in entries)
-    except ValueError as exc:
-        raise ImproperlyConfigured(f"{setting}: {exc}") from None
+    """``entries`` parsed as networks, or host names resolved to their addresses (a compose service's
+    name: containers get their addresses when they start, so a balancer's is known by name only).
+    A name is resolved once, at the first request that needs it; a bad entry is an
+    ImproperlyConfigured naming ``setting``, and a name that does not resolve is tried again next time."""
+    parsed: list[Network] = []
+    for entry in entries:
+        try:
+            parsed.append(ipaddress.ip_network(entry, strict=False))
+            continue
+        except ValueError as exc:
+            if not HOST_NAME.fullmatch(entry):
+                raise ImproperlyConfigured(f"{setting}: {exc}") from None
+        try:
+            found = {info[4][0] for info in socket.getaddrinfo(entry, None, proto=socket.IPPROTO_TCP)}
+        except OSError as exc:
+            raise ImproperlyConfigured(f"{setting}: the host name {entry!r} does not resolve: {exc}") \
+                from None
+        parsed.extend(ipaddress.ip_network(address.split("%", 1)[0]) for address in sorted(found))
+    return tuple(parsed)
 
 
 def parse_address(text: str) -> Address | None:

@@ -39,14 +39,16 @@ def address(settings, trusted, peer, forwarded=None):
     (("10.9.0.0/16",), BALANCER, "", BALANCER),
     (("10.9.0.0/16",), f"::ffff:{BALANCER}", "2001:db8::1", "2001:db8::1"),  # IPv4-mapped peer
     (("10.9.0.0/16",), "/run/daphne.sock", "198.51.100.7", None),  # no IP peer: no address
+    (("localhost",), "127.0.0.1", "198.51.100.7", "198.51.100.7"),  # a host name: its addresses
 ])
 def test_forwarded_for_counts_only_from_a_trusted_peer(settings, trusted, peer, forwarded, expected):
     assert address(settings, trusted, peer, forwarded) == expected
 
 
-def test_a_malformed_trusted_network_names_the_setting(settings):
-    with pytest.raises(ImproperlyConfigured, match="MOTLEY_TRUSTED_PROXIES"):
-        address(settings, ("10.9.0.0/33",), BALANCER, "198.51.100.7")
+@pytest.mark.parametrize("entry", ["10.9.0.0/33", "no-such-host.invalid"])
+def test_a_malformed_trusted_network_names_the_setting(settings, entry):
+    with pytest.raises(ImproperlyConfigured, match=f"MOTLEY_TRUSTED_PROXIES: .*{entry[:8]}"):
+        address(settings, (entry,), BALANCER, "198.51.100.7")
 
 
 @pytest.mark.django_db
