@@ -385,11 +385,12 @@ CACHES = {
 
 # Prometheus metrics (docs/observability.md): GET /metrics answers a scraper that presents
 # MOTLEY_METRICS_TOKEN as "Authorization: Bearer <token>", or one calling from an address in
-# MOTLEY_METRICS_ALLOW (networks, comma-separated; default loopback only; empty: none). With several
-# server processes, PROMETHEUS_MULTIPROC_DIR (prometheus_client's own variable, emptied at each start)
-# is where they keep their request metrics for any of them to serve (run_local sets it).
+# MOTLEY_METRICS_ALLOW (networks, comma-separated; default loopback only; empty: none). Several server
+# processes keep their request metrics in PROMETHEUS_MULTIPROC_DIR (prometheus_client's; run_local's).
 MOTLEY_METRICS_TOKEN = env_str("MOTLEY_METRICS_TOKEN", "")
 MOTLEY_METRICS_ALLOW = env_list("MOTLEY_METRICS_ALLOW", "127.0.0.1/8,::1/128")
+# The load balancers (networks) whose X-Forwarded-For names the client (common/client_address.py).
+MOTLEY_TRUSTED_PROXIES = env_list("MOTLEY_TRUSTED_PROXIES", "")
 
 LOGGING = {
     "version": 1,

@@ -2,7 +2,7 @@
 # Build motley's images without an image registry (docs/docker.md):
 #   1. motley-base:bookworm, once: Debian bookworm by debootstrap, imported into docker;
 #   2. the wheelhouse, once per requirements.txt: the Python packages from this host's pip;
-#   3. motley (the Python side), motley-postgres and motley-redis from that base.
+#   3. motley (the Python side), motley-postgres, motley-redis and motley-haproxy from that base.
 # Both caches live under MOTLEY_BUILD_CACHE (default /var/cache/motley), so a second build only
 # rebuilds what changed. Usage: docker/build.sh [TAG]   (default tag: latest)
 set -euo pipefail
@@ -50,8 +50,8 @@ sources() {
 }
 sources | tar -c --null -C "$root" -T - -C "$cache" wheelhouse \
   | docker build --force-rm -f docker/Dockerfile --build-arg "BASE_IMAGE=$base" -t "motley:$tag" -
-for service in postgres redis; do
+for service in postgres redis haproxy; do
   tar -c -C "$root" docker | docker build --force-rm -f "docker/$service.Dockerfile" --build-arg "BASE_IMAGE=$base" \
     -t "motley-$service:$tag" -
 done
-echo "build.sh: built motley:$tag, motley-postgres:$tag, motley-redis:$tag from $base"
+echo "build.sh: built motley:$tag, motley-postgres:$tag, motley-redis:$tag, motley-haproxy:$tag from $base"

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import models
 
 from controlplane.audit.models import AuditEntry
+from controlplane.common.client_address import client_address
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -79,7 +80,7 @@ def audit_context(request: HttpRequest, *, via: str | None = None) -> Actor:
     session (the dashboard, the admin: pass ``via="admin"``), and anything a caller names. A
     credential DRF set as ``request.auth`` may name itself with ``audit_via`` and ``audit_label``
     (an API key: ``"api_key"``, ``"api key mk-…abcd"``). The address is the client's
-    ``REMOTE_ADDR`` (behind a reverse proxy, the proxy's).
+    (``client_address``: behind a trusted balancer, the one its ``X-Forwarded-For`` names).
     """
     user = getattr(request, "user", None)
     user = user if user is not None and user.is_authenticated else None
@@ -87,7 +88,7 @@ def audit_context(request: HttpRequest, *, via: str | None = None) -> Actor:
     if via is None:
         via = "session" if auth is None else getattr(auth, "audit_via", "token")
     label = getattr(auth, "audit_label", None) or (user.get_username() if user is not None else "anonymous")
-    return Actor(user=user, label=label, via=via, remote_addr=request.META.get("REMOTE_ADDR") or None)
+    return Actor(user=user, label=label, via=via, remote_addr=client_address(request))
 
 
 def actor_cli(*, user: AbstractBaseUser | None = None) -> Actor:

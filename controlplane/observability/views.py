@@ -3,8 +3,8 @@ allowed address.
 
 - ``Authorization: Bearer <MOTLEY_METRICS_TOKEN>`` is accepted from anywhere (when a token is set);
   any other ``Authorization`` header is refused with ``401``, whatever the address.
-- Without one, the client's address (``REMOTE_ADDR``: behind a proxy, the proxy's unless the server
-  is told to trust its ``X-Forwarded-For``, e.g. daphne's ``--proxy-headers``) must be in
+- Without one, the client's address (``client_address``: behind a balancer listed in
+  ``MOTLEY_TRUSTED_PROXIES``, the client's from its ``X-Forwarded-For``) must be in
   ``MOTLEY_METRICS_ALLOW`` (networks; default loopback only): else ``401`` where a token would be
   accepted, ``403`` where none is set.
 """
@@ -12,36 +12,13 @@ allowed address.
 from __future__ import annotations
 
 import hmac
-import ipaddress
-from functools import lru_cache
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_safe
 
+from controlplane.common.client_address import address_allowed, client_address
 from controlplane.observability.exposition import metrics_render
-
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-@lru_cache(maxsize=8)
-def _networks(allow: tuple[str, ...]) -> tuple[Network, ...]:
-    try:
-        return tuple(ipaddress.ip_network(entry, strict=False) for entry in allow)
-    except ValueError as exc:
-        raise ImproperlyConfigured(f"MOTLEY_METRICS_ALLOW: {exc}") from None
-
-
-def address_allowed(address: str, allow: tuple[str, ...] | list[str]) -> bool:
-    """Whether ``address`` is in a network of ``allow`` (an IPv4-mapped IPv6 address as its IPv4 one)."""
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return any(ip.version == net.version and ip in net for net in _networks(tuple(allow)))
 
 
 def _refused(status: int, message: str) -> HttpResponse:
@@ -61,7 +38,8 @@ def _access(request: HttpRequest) -> HttpResponse | None:
         if token and scheme.lower() == "bearer" and hmac.compare_digest(presented, token.encode()):
             return None
         return _refused(401, "metrics: the token is wrong (Authorization: Bearer <MOTLEY_METRICS_TOKEN>)")
-    if address_allowed(request.META.get("REMOTE_ADDR") or "", settings.MOTLEY_METRICS_ALLOW):
+    if address_allowed(client_address(request) or "", settings.MOTLEY_METRICS_ALLOW,
+                       setting="MOTLEY_METRICS_ALLOW"):
         return None
     if token:
         return _refused(401, "metrics: a token is needed (Authorization: Bearer <MOTLEY_METRICS_TOKEN>)")

@@ -1,7 +1,7 @@
 """docker/compose.yaml for real: build the images (docker/build.sh, cached), bring the whole stack up
-(PostgreSQL, Redis, web, worker, beat, two agents on an emulated mixed fleet), wait until the demo
-deployment is READY, complete a chat through the official `openai` client, and take everything down,
-volumes included, also when a step fails.
+(PostgreSQL, Redis, two web processes behind HAProxy, worker, beat, two agents on an emulated mixed
+fleet), wait until the demo deployment is READY, complete a chat through the official `openai` client
+(through the balancer), and take everything down, volumes included, also when a step fails.
 
 Skipped, saying why, only where dockerd cannot run; with MOTLEY_REQUIRE_DOCKER=1 (.ci/run) that is a
 failure instead. Build and bring-up times are printed (`-s`) so a slow cache shows in CI's log.
@@ -23,6 +23,7 @@ import pytest
 
 from controlplane.models_catalog.smollm2 import SMOLLM2_NAME
 from controlplane.ops.demo import DEMO_QUESTION
+from tests.deployments.conftest import TINY_CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker" / "compose.yaml"
@@ -131,13 +132,40 @@ def test_the_stack_serves_a_chat_through_the_openai_client(stack):
         assert "Paris" in text, text
 
 
+def admin_api(stack) -> httpx.Client:
+    token = next(line.split(": ", 1)[1] for line in stack.read("web", "/var/lib/motley/admin-credentials.txt")
+                 .splitlines() if line.startswith("api_token: "))
+    return httpx.Client(base_url=f"http://127.0.0.1:{stack.port}/api/v1",
+                        headers={"Authorization": f"Token {token}"}, timeout=30)
+
+
+def container_address(stack, service: str) -> str:
+    inspected = subprocess.run(["docker", "inspect", "--format",
+                                "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}",
+                                stack.container(service)], capture_output=True, text=True, check=True)
+    return inspected.stdout.split()[0]
+
+
+def test_two_web_processes_behind_the_balancer_and_the_client_in_the_audit_trail(stack):
+    """Each web process answers its own /health (what the balancer checks); an action through the
+    balancer is audited with the client's address, not the balancer's (MOTLEY_TRUSTED_PROXIES), and
+    an X-Forwarded-For the client wrote itself is not believed."""
+    for service in ("web", "web2"):
+        probe = "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=10)"
+        stack.compose("exec", "-T", service, "python", "-c", probe)
+    api = admin_api(stack)
+    body = {"config": TINY_CONFIG, "name": "behind-the-balancer"}
+    created = api.post("/models/", json=body, headers={"X-Forwarded-For": "203.0.113.9"})
+    assert created.status_code == 201, created.text
+    entries = api.get("/audit/", params={"action": "model.registered"}).raise_for_status().json()["results"]
+    entry = next(e for e in entries if e["target_label"].startswith("behind-the-balancer"))
+    assert entry["remote_addr"] not in (None, "203.0.113.9", container_address(stack, "balancer")), entry
+
+
 def test_each_agent_is_a_node_of_its_own_on_the_network(stack):
     """The two agents registered from their own containers: distinct, non-loopback addresses, READY,
     and the deployment's stages span both (the pipeline crosses the compose network)."""
-    token = next(line.split(": ", 1)[1] for line in stack.read("web", "/var/lib/motley/admin-credentials.txt")
-                 .splitlines() if line.startswith("api_token: "))
-    api = httpx.Client(base_url=f"http://127.0.0.1:{stack.port}/api/v1",
-                       headers={"Authorization": f"Token {token}"}, timeout=30)
+    api = admin_api(stack)
     nodes = {n["name"]: n for n in api.get("/nodes/").raise_for_status().json()["results"]}
     assert set(nodes) == {"node-new", "node-old"}, json.dumps(nodes)[:2000]
     addresses = {n["address"] for n in nodes.values()}

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from contracts.names import node_queue
+from controlplane.common.client_address import client_address
 from controlplane.enrollment.api import serializers
 from controlplane.enrollment.api.throttles import RegistrationThrottle
 from controlplane.enrollment.services import JoinTokenRefused, agent_register
@@ -28,7 +29,7 @@ class AgentRegisterView(APIView):
     def throttled(self, request, wait):
         limit = settings.MOTLEY_AGENT_REGISTRATIONS_PER_MINUTE
         raise Throttled(wait, detail=(
-            f"too many registration attempts from {request.META.get('REMOTE_ADDR')}: at most "
+            f"too many registration attempts from {client_address(request)}: at most "
             f"{limit} a minute (MOTLEY_AGENT_REGISTRATIONS_PER_MINUTE)."))
 
     @extend_schema(
@@ -38,7 +39,7 @@ class AgentRegisterView(APIView):
         data = serializers.RegistrationSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         try:
-            registration = agent_register(**data.validated_data, remote_addr=request.META.get("REMOTE_ADDR"))
+            registration = agent_register(**data.validated_data, remote_addr=client_address(request))
         except JoinTokenRefused as exc:
             raise PermissionDenied(f"join token refused: {exc}") from None
         result = {
