@@ -368,8 +368,7 @@ CHANNEL_LAYERS = {
 # mode: Redis (MOTLEY_CACHE_URL, default the channel layer's), values stored as JSON (nothing read from
 # the network is unpickled), short socket timeouts (telemetry is lossy; a slow Redis must not stall an
 # event loop). Embedded default: files under var/cache/, which the ASGI server and the Celery worker on
-# this machine both read. Never call cache.clear() on the Redis one: it flushes the whole database,
-# channel layer included.
+# this machine both read. Never cache.clear() the Redis one: it flushes the channel layer's database too.
 MOTLEY_CACHE_URL = env_str("MOTLEY_CACHE_URL", CHANNEL_REDIS_URL)
 CACHES = {
     "default": (
@@ -393,8 +392,7 @@ MOTLEY_METRICS_ALLOW = env_list("MOTLEY_METRICS_ALLOW", "127.0.0.1/8,::1/128")
 MOTLEY_TRUSTED_PROXIES = env_list("MOTLEY_TRUSTED_PROXIES", "")
 
 LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
+    "version": 1, "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("MOTLEY_LOG_LEVEL", "INFO")},
