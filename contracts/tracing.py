@@ -56,7 +56,8 @@ def tracing_enabled() -> bool:
 
 
 def tracing_setup(role: str, *, store: SpanExporter | None = None, pipeline: tuple[str, str] | None = None,
-                  sampler: Callable[[Sampler], Sampler] | None = None, **attributes: str | int | None) -> bool:
+                  sampler: Callable[[Sampler], Sampler] | None = None,
+                  **attributes: str | int | None) -> bool:
     """Start exporting this process's spans if tracing is on; says whether it is. ``role``: gateway,
     worker, stage or agent (``motley.role``); ``attributes``: ``motley.<name>`` resource attributes
     (node, device, stage), None ones left out; ``sampler`` wraps the sampler the ``OTEL_TRACES_SAMPLER``
@@ -115,6 +116,12 @@ def tracing_shutdown() -> None:
     if _provider is not None:
         _provider.shutdown()
         _provider = None
+
+
+def django_excluded_urls(own: tuple[str, ...]) -> str:
+    """``own`` regular expressions and the operator's ``OTEL_PYTHON_DJANGO_EXCLUDED_URLS``, in that
+    variable's comma-separated form: URLs the Django instrumentation makes no span for."""
+    return ",".join(filter(None, (*own, env_str("OTEL_PYTHON_DJANGO_EXCLUDED_URLS", ""))))
 
 
 def tracer_provider() -> TracerProvider | None:

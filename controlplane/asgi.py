@@ -13,7 +13,7 @@ with a thread computing, 5.0 ms at 5 ms against 0.9 ms at 1 ms).
 
 The process traces its requests where the ``OTEL_*`` variables ask (contracts/tracing.py), into its
 own trace store too when they name ``motley`` (the dashboard's request timeline): the gateway's own
-spans, and Django's and Celery's instrumentation (controlplane/observability/instrumentation.py),
+spans, and Django's and Celery's instrumentation (controlplane/gateway/traces/instrumentation.py),
 set up before Django's handler loads the middleware the Django one adds.
 """
 
@@ -37,8 +37,8 @@ from django.urls import path, re_path  # noqa: E402
 
 from controlplane.dashboard.consumers import DashboardConsumer  # noqa: E402
 from controlplane.enrollment.consumers import AgentConsumer  # noqa: E402
+from controlplane.gateway.traces.instrumentation import control_plane_tracing  # noqa: E402
 from controlplane.not_found import NoSuchSocket  # noqa: E402
-from controlplane.observability.instrumentation import control_plane_tracing  # noqa: E402
 from controlplane.process_services import WithProcessServices, lifespan  # noqa: E402
 
 control_plane_tracing("gateway", django=True)

@@ -7,14 +7,13 @@ The control tasks are ``reconcile`` (one deployment, asked for after each change
 ``contracts/tasks.py``. The agent tasks (``start_stage``, ``stop_stage``, ``sync``) are not run
 here: the controller sends them by name (``deployments/dispatch.py``) to each node's own queue.
 
-A worker's pool process traces its tasks where the ``OTEL_*`` variables ask
-(controlplane/observability/instrumentation.py); beat sends untraced.
+A worker's pool process traces its tasks where the ``OTEL_*`` variables ask (the gateway app connects
+it: controlplane/gateway/traces/instrumentation.py); beat sends untraced.
 """
 
 import os
 
 from celery import Celery
-from celery.signals import worker_process_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
@@ -22,9 +21,3 @@ app = Celery("motley")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
-
-@worker_process_init.connect
-def _traced(**_) -> None:
-    from controlplane.observability.instrumentation import control_plane_tracing
-
-    control_plane_tracing("worker", django=False)

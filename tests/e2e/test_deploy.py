@@ -111,7 +111,8 @@ def pids(deployment: dict) -> dict[str, int]:
     return {s["stage_key"]: s["pid"] for s in deployment["stages"] if s["wanted"]}
 
 
-def test_embedded_deploy_and_generate_and_refuse_bad_join_tokens(embedded_system, demo_model, draft_model, otlp):
+def test_embedded_deploy_and_generate_and_refuse_bad_join_tokens(embedded_system, demo_model, draft_model,
+                                                                  otlp):
     """The last stage a tensor-parallel group of n2's two cards (uneven shares of the demo's two kv heads
     and 128 MLP columns), and a draft model: deployed on the spare node, its pipeline linked from the
     head's spec, and its proposals verified by the pipeline with the tokens unchanged. The deployment's

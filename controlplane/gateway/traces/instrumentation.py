@@ -20,7 +20,6 @@ stages posting their spans: a span per post would feed itself).
 
 from __future__ import annotations
 
-import os
 import platform
 from collections.abc import Sequence
 
@@ -29,7 +28,7 @@ from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import Link, SpanKind, get_current_span
 from opentelemetry.util.types import Attributes
 
-from contracts.tracing import tracer_provider, tracing_setup
+from contracts.tracing import django_excluded_urls, tracer_provider, tracing_setup
 
 # Regular expressions searched in a request's absolute URL (``OTEL_PYTHON_DJANGO_EXCLUDED_URLS``'s
 # form; the operator's own, if set, are added).
@@ -73,7 +72,6 @@ def control_plane_tracing(role: str, *, django: bool) -> bool:
     if django:
         from opentelemetry.instrumentation.django import DjangoInstrumentor
 
-        own = os.environ.get("OTEL_PYTHON_DJANGO_EXCLUDED_URLS", "")
         DjangoInstrumentor().instrument(tracer_provider=tracer_provider(),
-                                        excluded_urls=",".join(filter(None, (*EXCLUDED_URLS, own))))
+                                        excluded_urls=django_excluded_urls(EXCLUDED_URLS))
     return True
