@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import Link, SpanKind, get_current_span
 from opentelemetry.util.types import Attributes
 
-from contracts.tracing import django_excluded_urls, tracer_provider, tracing_setup
+from contracts.tracing import django_excluded_urls, tracer_provider, tracing_enabled, tracing_setup
 
 # Regular expressions searched in a request's absolute URL (``OTEL_PYTHON_DJANGO_EXCLUDED_URLS``'s
 # form; the operator's own, if set, are added).
@@ -62,10 +62,11 @@ def control_plane_tracing(role: str, *, django: bool) -> bool:
     ``motley``): Celery's sends and runs, and with ``django`` the views; says whether it traces. The
     web process calls it before Django's handler loads its middleware, the worker in each pool
     process (a span processor's thread does not cross a fork)."""
+    if not tracing_enabled():
+        return False
     from controlplane.gateway.traces.store import StoreExporter
 
-    if not tracing_setup(role, store=StoreExporter(), sampler=RequestsOnly, node=platform.node()):
-        return False
+    tracing_setup(role, store=StoreExporter(), sampler=RequestsOnly, node=platform.node())  # has a target
     from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
     CeleryInstrumentor().instrument(tracer_provider=tracer_provider())
