@@ -1,5 +1,5 @@
-"""OpenTelemetry tracing of one process (gateway, stage, agent): off unless the standard ``OTEL_*``
-variables ask for it, exported over OTLP/HTTP (docs/observability.md, "Traces").
+"""OpenTelemetry tracing of one process (gateway, control-plane worker, stage, agent): off unless the
+standard ``OTEL_*`` variables ask for it, exported over OTLP/HTTP (docs/observability.md, "Traces").
 
 Every process that traces calls :func:`tracing_setup` once with what names it (its role and, for a
 stage, node, device and stage), and takes its tracer from :func:`tracer`: ``None`` while tracing is
