@@ -1,5 +1,5 @@
-"""OpenTelemetry tracing of one process (gateway, stage, agent): off unless the standard ``OTEL_*``
-variables ask for it, exported over OTLP/HTTP (docs/observability.md, "Traces").
+"""OpenTelemetry tracing of one process (gateway, control-plane worker, stage, agent): off unless the
+standard ``OTEL_*`` variables ask for it, exported over OTLP/HTTP (docs/observability.md, "Traces").
 
 Every process that traces calls :func:`tracing_setup` once with what names it (its role and, for a
 stage, node, device and stage), and takes its tracer from :func:`tracer`: ``None`` while tracing is
@@ -19,6 +19,7 @@ control plane's URL) signed as its pipeline (:func:`sink_authorization`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -29,7 +30,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from contracts.env import env_bool, env_str
 
 if TYPE_CHECKING:  # the SDK is imported only once tracing is on
+    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.sdk.trace.sampling import Sampler
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 TRACE_SINK_ENV = "MOTLEY_TRACE_SINK"  # the control plane's URL, where a stage sends its spans for it to keep
@@ -53,14 +56,17 @@ def tracing_enabled() -> bool:
 
 
 def tracing_setup(role: str, *, store: SpanExporter | None = None, pipeline: tuple[str, str] | None = None,
+                  sampler: Callable[[Sampler], Sampler] | None = None,
                   **attributes: str | int | None) -> bool:
     """Start exporting this process's spans if tracing is on; says whether it is. ``role``: gateway,
-    stage or agent (``motley.role``); ``attributes``: ``motley.<name>`` resource attributes (node,
-    device, stage), None ones left out. With ``motley`` exported: the control plane passes ``store``,
-    its own keeper of spans; a stage passes ``pipeline`` (its id and token), which signs what it sends
-    to ``MOTLEY_TRACE_SINK``; a process none of whose spans would go anywhere (an agent with only
-    ``motley``) does not trace. Called again (a stage given a new spec in place, a forked stage) it
-    flushes the last provider and starts another with the new attributes."""
+    worker, stage or agent (``motley.role``); ``attributes``: ``motley.<name>`` resource attributes
+    (node, device, stage), None ones left out; ``sampler`` wraps the sampler the ``OTEL_TRACES_SAMPLER``
+    variables choose (the control plane's leaves out traces no request began). With ``motley``
+    exported: the control plane passes ``store``, its own keeper of spans; a stage passes ``pipeline``
+    (its id and token), which signs what it sends to ``MOTLEY_TRACE_SINK``; a process none of whose
+    spans would go anywhere (an agent with only ``motley``) does not trace. Called again (a stage given
+    a new spec in place, a forked stage) it flushes the last provider and starts another with the new
+    attributes."""
     global _provider
     exporters = tracing_exporters()
     if not exporters:
@@ -83,6 +89,8 @@ def tracing_setup(role: str, *, store: SpanExporter | None = None, pipeline: tup
     resource = Resource.create({"service.name": env_str("OTEL_SERVICE_NAME", "motley"),
                                 "motley.role": role, **named})
     provider = TracerProvider(resource=resource)  # its sampler from OTEL_TRACES_SAMPLER / _ARG
+    if sampler is not None:  # before any tracer takes the provider's sampler
+        provider.sampler = sampler(provider.sampler)
     for target in targets:
         provider.add_span_processor(BatchSpanProcessor(target))
     _provider = provider
@@ -108,6 +116,17 @@ def tracing_shutdown() -> None:
     if _provider is not None:
         _provider.shutdown()
         _provider = None
+
+
+def django_excluded_urls(own: tuple[str, ...]) -> str:
+    """``own`` regular expressions and the operator's ``OTEL_PYTHON_DJANGO_EXCLUDED_URLS``, in that
+    variable's comma-separated form: URLs the Django instrumentation makes no span for."""
+    return ",".join(filter(None, (*own, env_str("OTEL_PYTHON_DJANGO_EXCLUDED_URLS", ""))))
+
+
+def tracer_provider() -> TracerProvider | None:
+    """This process's provider, for an instrumentation library to trace with; None while tracing is off."""
+    return _provider
 
 
 def tracer(name: str) -> Tracer | None:

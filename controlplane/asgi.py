@@ -12,21 +12,21 @@ back within a millisecond (benchmarks/switch_interval_bench.py: a socket round t
 with a thread computing, 5.0 ms at 5 ms against 0.9 ms at 1 ms).
 
 The process traces its requests where the ``OTEL_*`` variables ask (contracts/tracing.py), into its
-own trace store too when they name ``motley`` (the dashboard's request timeline).
+own trace store too when they name ``motley`` (the dashboard's request timeline): the gateway's own
+spans, and Django's and Celery's instrumentation (controlplane/gateway/traces/instrumentation.py),
+set up before Django's handler loads the middleware the Django one adds.
 """
 
 import os
-import platform
 import sys
 
+import django
 from django.core.asgi import get_asgi_application
-
-from contracts.tracing import tracing_setup
 
 GIL_SWITCH_INTERVAL_S = 0.001
 sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)
 
 # Imported after Django is set up: consumers (and the trace store) import models.
 from channels.auth import AuthMiddlewareStack  # noqa: E402
@@ -37,11 +37,12 @@ from django.urls import path, re_path  # noqa: E402
 
 from controlplane.dashboard.consumers import DashboardConsumer  # noqa: E402
 from controlplane.enrollment.consumers import AgentConsumer  # noqa: E402
-from controlplane.gateway.traces.store import StoreExporter  # noqa: E402
+from controlplane.gateway.traces.instrumentation import control_plane_tracing  # noqa: E402
 from controlplane.not_found import NoSuchSocket  # noqa: E402
 from controlplane.process_services import WithProcessServices, lifespan  # noqa: E402
 
-tracing_setup("gateway", store=StoreExporter(), node=platform.node())
+control_plane_tracing("gateway", django=True)
+django_asgi_app = get_asgi_application()
 
 
 def browser(consumer):

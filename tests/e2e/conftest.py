@@ -13,6 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from tests.e2e.harness import TIMING, System, embedded_system_at, running
+from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.processes import REPO_ROOT, redis_up, redis_url, stage_ports
 
 
@@ -37,9 +38,22 @@ def _demo(tmp_path_factory, layers: int) -> Path:
 
 
 @pytest.fixture
-def embedded_system(tmp_path) -> Iterator[System]:
+def otlp() -> Iterator[OtlpReceiver]:
+    with OtlpReceiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture
+def system_env() -> dict[str, str]:
+    """More environment for the system fixtures' processes: a module overrides it (the ``OTEL_*``
+    variables of a receiver, to trace)."""
+    return {}
+
+
+@pytest.fixture
+def embedded_system(tmp_path, system_env) -> Iterator[System]:
     """SQLite and the filesystem broker, as `make run` starts them."""
-    with running(embedded_system_at(tmp_path)) as system:
+    with running(embedded_system_at(tmp_path, **system_env)) as system:
         yield system
 
 
@@ -54,7 +68,7 @@ def _service_urls() -> tuple[str, str] | None:
 
 
 @pytest.fixture
-def service_system(tmp_path) -> Iterator[System]:
+def service_system(tmp_path, system_env) -> Iterator[System]:
     """PostgreSQL (a database of its own) and Redis as the broker and channel layer."""
     urls = _service_urls()
     if urls is None:
@@ -72,7 +86,8 @@ def service_system(tmp_path) -> Iterator[System]:
     env = {**os.environ, **TIMING, "MOTLEY_VAR_DIR": str(tmp_path / "var"),
            "MOTLEY_STAGE_PORTS": stage_ports(),
            "DATABASE_URL": urlunsplit(urlsplit(database_url)._replace(path=f"/{name}")),
-           "CELERY_BROKER_URL": broker_url, "CHANNEL_REDIS_URL": broker_url.rsplit("/", 1)[0] + "/12"}
+           "CELERY_BROKER_URL": broker_url, "CHANNEL_REDIS_URL": broker_url.rsplit("/", 1)[0] + "/12",
+           **system_env}
     env.pop("DJANGO_SETTINGS_MODULE", None)
     try:
         with running(System(workdir=tmp_path, env=env)) as system:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from contracts.sampling import SamplingParams
+from contracts.tasks import CALIBRATE, NODE_HEALTH_CHECK, REBALANCE_EVALUATE, RECONCILE, RECONCILE_ALL
 from controlplane.gateway.serving.pipeline_client import PipelineClient
 from tests.e2e.harness import System, stage_processes, wait_until
 from worker_runtime.chain import generate
@@ -19,6 +20,34 @@ from worker_runtime.stage import Stage
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 REQUEST = {"batch": 4, "context": 256, "replicas": 1}
 PROMPT, MAX_TOKENS = [5, 6, 7, 8], 8
+
+
+@pytest.fixture
+def system_env(otlp) -> dict[str, str]:
+    """Traced: every process's spans go to the test's receiver."""
+    return otlp.env()
+
+
+def assert_traced_with_its_task(otlp, route: str) -> None:
+    """The API request whose route names ``route`` and the reconcile it sent are one trace: Django's
+    server span its root, Celery's send of the task its child, the worker's run of it the send's child.
+    The beat tasks and the reads (the test's polling GETs) began no trace."""
+    def chain(spans):
+        by_id = {s.span_id: s for s in spans}
+        for run in (s for s in spans if s.name == f"run/{RECONCILE}"):
+            send = by_id.get(run.parent_span_id)
+            request = send and by_id.get(send.parent_span_id)
+            if request and request.name.startswith("POST ") and route in request.name:
+                return request, send, run
+        return None
+
+    request, send, run = chain(otlp.wait(lambda spans: chain(spans) is not None))
+    assert request.parent_span_id == "" and send.name == f"apply_async/{RECONCILE}"
+    assert request.trace_id == send.trace_id == run.trace_id
+    assert (request.resource["motley.role"], run.resource["motley.role"]) == ("gateway", "worker")
+    beat = {f"run/{name}" for name in (RECONCILE_ALL, NODE_HEALTH_CHECK, CALIBRATE, REBALANCE_EVALUATE)}
+    assert not beat & {s.name for s in otlp.spans}
+    assert not [s.name for s in otlp.spans if s.name.startswith("GET ")]
 
 
 def three_stages(*bounds: int) -> dict:
@@ -82,10 +111,12 @@ def pids(deployment: dict) -> dict[str, int]:
     return {s["stage_key"]: s["pid"] for s in deployment["stages"] if s["wanted"]}
 
 
-def test_embedded_deploy_and_generate_and_refuse_bad_join_tokens(embedded_system, demo_model, draft_model):
+def test_embedded_deploy_and_generate_and_refuse_bad_join_tokens(embedded_system, demo_model, draft_model,
+                                                                  otlp):
     """The last stage a tensor-parallel group of n2's two cards (uneven shares of the demo's two kv heads
     and 128 MLP columns), and a draft model: deployed on the spare node, its pipeline linked from the
-    head's spec, and its proposals verified by the pipeline with the tokens unchanged."""
+    head's spec, and its proposals verified by the pipeline with the tokens unchanged. The deployment's
+    creation and the reconcile it sent through the filesystem broker are one trace."""
     system = embedded_system
     small = registered(system, draft_model, "demo-draft")
     plan = three_stages(2, 4)
@@ -95,6 +126,7 @@ def test_embedded_deploy_and_generate_and_refuse_bad_join_tokens(embedded_system
     pk = deploy(system, demo_model, agents=("n0", "n1", "n2", "n3"), cards={"n2": 2}, plan=plan,
                 speculation="draft", draft_model=small)
     deployment = system.wait_status(pk, "ready", 90)
+    assert_traced_with_its_task(otlp, "deployments")
     (grouped,) = [s for s in deployment["stages"] if s["stage_index"] == 2 and s["wanted"]]
     assert [(r["kv_heads"], r["intermediate"]) for r in grouped["tensor_group"]] == [(1, 96), (1, 32)]
     draft = system.wait_status(deployment["draft_deployment"], "ready", 90)
@@ -114,7 +146,9 @@ def test_embedded_deploy_and_generate_and_refuse_bad_join_tokens(embedded_system
     assert sorted(n["name"] for n in system.get("/api/v1/nodes/")["results"]) == ["n0", "n1", "n2", "n3"]
 
 
-def test_service_deploy_move_a_boundary_and_survive_a_lost_node(service_system, demo_model):
+def test_service_deploy_move_a_boundary_and_survive_a_lost_node(service_system, demo_model, otlp):
+    """A new revision handed over, a lost node planned around; the apply and the reconcile it sent
+    through Redis are one trace."""
     system = service_system
     pk = deploy(system, demo_model)
     before = pids(system.wait_status(pk, "ready", 90))
@@ -126,6 +160,7 @@ def test_service_deploy_move_a_boundary_and_survive_a_lost_node(service_system, 
     body = {"plan": three_stages(3, 4), "request": REQUEST, "source": "edited"}
     response = system.post(f"/api/v1/deployments/{pk}/apply/", body)
     assert response.status_code == 200, response.text
+    assert_traced_with_its_task(otlp, "apply")
     after = pids(wait_until(
         lambda: (d := system.deployment(pk))["status"] == "ready" and d["revision_number"] == 2
         and all(s["pid"] and s["wanted"] for s in d["stages"]) and not set(pids(d)) & set(before) and d,

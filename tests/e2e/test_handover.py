@@ -113,15 +113,23 @@ def run_changes(system: System, demo_model, overrides: str) -> None:
     assert not mismatches(outcomes, expected)
 
 
+@pytest.fixture
+def system_env(otlp) -> dict[str, str]:
+    """A receiver's endpoint for every process, but no ``OTEL_TRACES_EXPORTER``: tracing is off."""
+    return {name: value for name, value in otlp.env().items() if name != "OTEL_TRACES_EXPORTER"}
+
+
 def test_service_changes_under_load_fail_no_request(service_system, demo_model):
     run_changes(service_system, demo_model, overrides="{}")
 
 
-def test_embedded_in_place_changes_under_load_fail_no_request(embedded_system, demo_model):
+def test_embedded_in_place_changes_under_load_fail_no_request(embedded_system, demo_model, otlp):
     # 0.397 GiB leaves about 2.2 MiB usable past the reserve (contracts/footprint.py: 5 % + 384 MiB):
     # room for the whole demo-6 model as one stage (2.0 MiB at this workload) but not for a changed
     # stage beside the one it replaces (1.1 + 1.3 MiB), so each handover is in place.
     run_changes(embedded_system, demo_model, overrides="{memory_gib: 0.397}")
+    # Tracing off: the applies, the tasks they sent, the requests and the stages exported no span.
+    assert not otlp.spans
 
 
 def test_embedded_lost_stage_with_no_free_card_is_taken_by_its_neighbour(tmp_path, demo_model):
