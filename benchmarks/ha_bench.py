@@ -10,6 +10,8 @@ a steady phase again. Printed:
   process), out of how many;
 - the longest gap for new requests: the longest time without a successful request completing, in
   the kill's window against the steady phase's (goal under 1 s);
+- dashboards: two sockets of the page's (tests/support/dashboard_watch.py), one on each process; the
+  time from the killed one's drop to its first frame through the balancer again (goal under 1 s);
 - the router's load per replica (``GET /api/v1/gateway/router/``: each replica's ``in_flight``,
   every process's share included, sampled every 0.1 s) with the two processes, against one process
   alone under the same clients, measured in the same run (goal within 10 %).
@@ -32,6 +34,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tests.support.dashboard_watch import DashboardWatch, dashboard_session  # noqa: E402
 from tests.support.openai_load import Load, Outcome  # noqa: E402
 from tests.support.web_fleet import Balancer, Web, service_install, web_fleet, web_fleet_problem  # noqa: E402
 from worker_runtime.make_demo_model import parse_args, write_demo_model  # noqa: E402
@@ -102,8 +105,12 @@ def main() -> int:
             finally:
                 single.stop()
             with web_fleet(workdir, env) as (webs, balancer):
-                kill_at, restart_at, outcomes, two_samples = run_failover(webs, balancer, env, args)
+                failover = run_failover(webs, balancer, env, args)
+    kill_at, restart_at, outcomes, two_samples, dashboards = failover
     report(args, outcomes, kill_at, restart_at, single_samples, two_samples)
+    recovered = [f"{seconds:.2f} s" for d in dashboards for seconds in d.recovered_within()]
+    print(f"dashboards: {len(recovered)} dropped connection(s) of 2, each with a frame again after "
+          f"{', '.join(recovered) or '-'} (goal < 1 s)")
     return 0
 
 
@@ -113,8 +120,10 @@ def run_failover(webs: list[Web], balancer: Balancer, env: dict, args):
     stop = threading.Event()
     sampler = threading.Thread(target=router_load,
                                args=(balancer.url, env["MOTLEY_TEST_TOKEN"], stop, samples))
-    with Load(f"{balancer.url}/v1", env["MOTLEY_TEST_KEY"], streams=4, plain=4,
-              stream_tokens=args.stream_tokens, plain_tokens=args.plain_tokens) as load:
+    session = dashboard_session(env)
+    with DashboardWatch(balancer.url, session) as one, DashboardWatch(balancer.url, session) as other, \
+            Load(f"{balancer.url}/v1", env["MOTLEY_TEST_KEY"], streams=4, plain=4,
+                 stream_tokens=args.stream_tokens, plain_tokens=args.plain_tokens) as load:
         sampler.start()
         time.sleep(args.steady_s)
         steady = list(samples)
@@ -126,7 +135,7 @@ def run_failover(webs: list[Web], balancer: Balancer, env: dict, args):
         time.sleep(args.steady_s)
         stop.set()
     sampler.join()
-    return kill_at, restart_at, load.snapshot(), steady
+    return kill_at, restart_at, load.snapshot(), steady, [one, other]
 
 
 def report(args, outcomes: list[Outcome], kill_at: float, restart_at: float,

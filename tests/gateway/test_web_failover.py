@@ -7,7 +7,9 @@ client, and a SIGKILL of one process under that load.
   the client retries, and succeed;
 - a stream in flight on the dead process ends with an error the client sees (a stream cannot move
   to another TCP connection), never as a stream that looks complete;
-- nothing half-written: every usage row the survivor wrote counts whole requests.
+- nothing half-written: every usage row the survivor wrote counts whole requests;
+- dashboards: the socket of one on the dead process drops, and the page's reconnect (after its first
+  retry delay) reaches the survivor and has a frame again.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 import httpx
 import pytest
 
+from tests.support.dashboard_watch import DashboardWatch, dashboard_session
 from tests.support.openai_load import Load
 from tests.support.processes import REPO_ROOT, manage_argv
 from tests.support.web_fleet import service_install, web_fleet, web_fleet_problem
@@ -36,6 +39,7 @@ print("USAGE=" + json.dumps(list(UsageBucket.objects.values_list("requests", "co
 """
 
 
+
 def test_a_killed_web_process_fails_only_its_streams_in_flight(tmp_path, demo_model):
     if problem := web_fleet_problem():
         pytest.skip(problem)
@@ -43,13 +47,17 @@ def test_a_killed_web_process_fails_only_its_streams_in_flight(tmp_path, demo_mo
     with service_install(tmp_path, demo_model=demo_model, stand_in=stand_in, redis_db=6) as env, \
             web_fleet(tmp_path, env) as (webs, balancer):
         victim, survivor = webs
-        with Load(f"{balancer.url}/v1", env["MOTLEY_TEST_KEY"], streams=4, plain=4,
+        session = dashboard_session(env)
+        # Two dashboards, opened before the load: the balancer's least-connections puts one on each.
+        with DashboardWatch(balancer.url, session) as one, DashboardWatch(balancer.url, session) as other, \
+                Load(f"{balancer.url}/v1", env["MOTLEY_TEST_KEY"], streams=4, plain=4,
                   stream_tokens=STREAM_TOKENS, plain_tokens=PLAIN_TOKENS) as load:
             time.sleep(1.5)
             killed_at = time.monotonic()
             victim.kill()
             time.sleep(2.0)
         outcomes = load.snapshot()
+        dashboards = [one, other]
         survivor_health = httpx.get(f"{survivor.url}/health", timeout=10)
         survivor.stop()  # writes the usage it queued before it exits
         usage = subprocess.run(manage_argv("shell", "-c", USAGE), env=env, cwd=REPO_ROOT, check=True,
@@ -69,6 +77,10 @@ def test_a_killed_web_process_fails_only_its_streams_in_flight(tmp_path, demo_mo
     assert all("incomplete chunked read" in o.error for o in broken), [o.error for o in broken]
     after = [o for o in outcomes if o.started > killed_at]
     assert after and all(o.ok for o in after), [o.error for o in after if not o.ok]
+    assert all(d.frames for d in dashboards)
+    recovered = [seconds for d in dashboards for seconds in d.recovered_within()]
+    # A bound a loaded host keeps; the goal, a second, is ha_bench.py's to measure.
+    assert recovered and all(seconds < 5.0 for seconds in recovered), recovered
     rows = json.loads(usage.split("USAGE=", 1)[1])
     assert rows and all(errors == 0 and PLAIN_TOKENS * requests <= tokens <= STREAM_TOKENS * requests
                         for requests, tokens, errors in rows), rows

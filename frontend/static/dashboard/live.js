@@ -35,7 +35,7 @@ export function applyFrame(state, frame) {
 
 export function connectLive({ onSnapshot, onResync, nodes }) {
   const badge = document.getElementById("live-status");
-  let delay = 500;
+  let delay = 250;
   let socket, state = null, subscribed = null, timer = null;
 
   function setStatus(text, state) {
@@ -64,7 +64,7 @@ export function connectLive({ onSnapshot, onResync, nodes }) {
     subscribed = null;
     setStatus("connecting", "connecting");
     socket.addEventListener("open", async () => {
-      delay = 500;
+      delay = 250;
       setStatus("live", "live");
       subscribe();
       if (onResync) await onResync();
