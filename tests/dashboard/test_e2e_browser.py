@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.dashboard.browser import SCREENSHOTS, logged_in_page
-from tests.e2e.conftest import demo_model, embedded_system  # noqa: F401  (fixtures)
+from tests.e2e.conftest import demo_model, embedded_system, system_env  # noqa: F401  (fixtures)
 from tests.e2e.harness import wait_until
 from tests.e2e.test_deploy import deploy
 from tests.support.processes import read_credentials
