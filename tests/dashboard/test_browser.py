@@ -41,7 +41,7 @@ from tests.support.processes import REPO_ROOT, manage_argv
 from tests.support.trace_samples import request_trace
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-pytest.importorskip("playwright.sync_api")
+expect = pytest.importorskip("playwright.sync_api").expect
 
 
 @contextmanager
@@ -312,5 +312,5 @@ def test_a_kept_trace_is_drawn_as_a_waterfall_from_the_deployments_page(page, se
     assert page.url.endswith(f"?trace={sample.trace_id}")
     box = bars.nth(2).bounding_box()  # plotly's drag layer takes the click and finds the bar under it
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-    assert '"motley.prompt_tokens": 5' in page.locator("#span-detail").inner_text()
+    expect(page.locator("#span-detail")).to_contain_text('"motley.prompt_tokens": 5')  # drawn after the click
     shot(page, "traces")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from playwright.sync_api import expect
 
 from tests.dashboard import browser
 from tests.dashboard.browser import SCREENSHOTS, SeededServer, SimulatedAgents, logged_in_page
@@ -15,7 +14,7 @@ from tests.dashboard.seed import OPERATOR
 from tests.support.processes import REPO_ROOT, manage_argv
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-pytest.importorskip("playwright.sync_api")
+expect = pytest.importorskip("playwright.sync_api").expect
 STORE = """
 from controlplane.inventory.models import Device, DeviceCalibration
 a100 = Device.objects.get(node__name="node-a", index=0)
