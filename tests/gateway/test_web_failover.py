@@ -15,7 +15,6 @@ client, and a SIGKILL of one process under that load.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 
 import httpx
@@ -23,7 +22,7 @@ import pytest
 
 from tests.support.dashboard_watch import DashboardWatch, dashboard_session
 from tests.support.openai_load import Load
-from tests.support.processes import REPO_ROOT, manage_argv
+from tests.support.processes import manage_shell
 from tests.support.web_fleet import service_install, web_fleet, web_fleet_problem
 
 pytestmark = [pytest.mark.slow, pytest.mark.service, pytest.mark.timeout(120)]
@@ -60,8 +59,7 @@ def test_a_killed_web_process_fails_only_its_streams_in_flight(tmp_path, demo_mo
         dashboards = [one, other]
         survivor_health = httpx.get(f"{survivor.url}/health", timeout=10)
         survivor.stop()  # writes the usage it queued before it exits
-        usage = subprocess.run(manage_argv("shell", "-c", USAGE), env=env, cwd=REPO_ROOT, check=True,
-                               capture_output=True, text=True).stdout
+        usage = manage_shell(env, USAGE)
 
     logs = "\n".join(p.read_text()[-1500:] for p in (tmp_path / "haproxy.log", tmp_path / "web2.log"))
     assert survivor_health.status_code == 200, survivor_health.text

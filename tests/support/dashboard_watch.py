@@ -6,14 +6,13 @@ first frame came, for tests of losing a web process."""
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.sync.client import connect
 
-from tests.support.processes import REPO_ROOT, manage_argv
+from tests.support.processes import manage_shell
 
 PAGE_RETRY_S = 0.25  # live.js's first reconnect delay
 SESSION = """
@@ -26,10 +25,8 @@ print("SESSION=" + client.cookies["sessionid"].value)
 
 
 def dashboard_session(env: dict) -> str:
-    """A logged-in session of the install ``env``'s user alice (tests.support.processes.CREATE_KEYS)."""
-    out = subprocess.run(manage_argv("shell", "-c", SESSION), env=env, cwd=REPO_ROOT, check=True,
-                         capture_output=True, text=True).stdout
-    return out.split("SESSION=", 1)[1].strip()
+    """A logged-in session of the install ``env``'s user alice (tests.support.processes.create_keys)."""
+    return manage_shell(env, SESSION).split("SESSION=", 1)[1].strip()
 
 
 class DashboardWatch:

@@ -61,9 +61,7 @@ def gateway_install(workdir: Path, served: dict[str, tuple[Path, Pipeline]],
     env = {**processes.embedded_env(workdir), "MOTLEY_GATEWAY_MODELS_FILE": str(models_file),
            **(extra_env or {})}
     processes.database_migrate(env)
-    keys = subprocess.run(processes.manage_argv("shell", "-c", processes.CREATE_KEYS), env=env,
-                          cwd=processes.REPO_ROOT, check=True, capture_output=True, text=True).stdout
-    api_token, key = keys.split()[-2:]
+    api_token, key = processes.create_keys(env)
     return Install(env, key, api_token)
 
 

@@ -94,9 +94,7 @@ def stop_process(process: subprocess.Popen, timeout_s: float = 10) -> None:
         process.wait()
 
 
-# A user with an API key for /v1/ and a REST API token for /api/v1/: ``manage.py shell -c`` of it prints
-# "<token> <key>".
-CREATE_KEYS = (
+_CREATE_KEYS = (
     "from django.contrib.auth.models import User; "
     "from rest_framework.authtoken.models import Token; "
     "from controlplane.gateway.accounts.services import api_key_create;"
@@ -107,6 +105,19 @@ CREATE_KEYS = (
 
 def manage_argv(*args: str) -> list[str]:
     return [sys.executable, str(REPO_ROOT / "manage.py"), *args]
+
+
+def manage_shell(env: dict[str, str], script: str) -> str:
+    """What ``manage.py shell -c script`` printed in the install ``env``; raises if it failed."""
+    return subprocess.run(manage_argv("shell", "-c", script), env=env, cwd=REPO_ROOT, check=True,
+                          capture_output=True, text=True).stdout
+
+
+def create_keys(env: dict[str, str]) -> tuple[str, str]:
+    """A user alice of the install ``env`` with a REST API token for /api/v1/ and an API key for /v1/:
+    (token, key)."""
+    token, key = manage_shell(env, _CREATE_KEYS).split()[-2:]
+    return token, key
 
 
 _migrated: Path | None = None  # an embedded install's database, migrated once per test process

@@ -19,13 +19,12 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from tests.support.processes import (
-    CREATE_KEYS,
     REPO_ROOT,
     accepts,
+    create_keys,
     database_migrate,
     embedded_env,
     free_port,
-    manage_argv,
     redis_up,
     redis_url,
     stop_process,
@@ -67,9 +66,7 @@ def service_install(workdir: Path, *, demo_model: Path, stand_in: str, redis_db:
     }
     try:
         database_migrate(env)
-        out = subprocess.run(manage_argv("shell", "-c", CREATE_KEYS), env=env, cwd=REPO_ROOT, check=True,
-                             capture_output=True, text=True).stdout
-        env["MOTLEY_TEST_TOKEN"], env["MOTLEY_TEST_KEY"] = out.split()[-2:]
+        env["MOTLEY_TEST_TOKEN"], env["MOTLEY_TEST_KEY"] = create_keys(env)
         yield env
     finally:
         with psycopg.connect(admin, autocommit=True) as connection:
