@@ -16,6 +16,7 @@ from tests.support.processes import (
     embedded_env,
     free_port,
     manage_argv,
+    manage_shell,
     read_credentials,
     wait_for_http,
 )
@@ -65,10 +66,8 @@ def test_second_start_keeps_the_first_admin_credentials(tmp_path):
         "from controlplane.ops.services import admin_ensure;"
         "print(admin_ensure(credentials_path=settings.VAR_DIR / 'admin-credentials.txt').created)"
     )
-    first = subprocess.run(manage_argv("shell", "-c", script), env=env, cwd=REPO_ROOT, capture_output=True,
-                           text=True)
+    first = manage_shell(env, script)
     before = (tmp_path / "admin-credentials.txt").read_text()
-    second = subprocess.run(manage_argv("shell", "-c", script), env=env, cwd=REPO_ROOT, capture_output=True,
-                            text=True)
-    assert (first.stdout.split()[-1], second.stdout.split()[-1]) == ("True", "False")
+    second = manage_shell(env, script)
+    assert (first.split()[-1], second.split()[-1]) == ("True", "False")
     assert (tmp_path / "admin-credentials.txt").read_text() == before

@@ -5,16 +5,19 @@ usage either server reports is the sum of both."""
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
 import time
 
 import httpx
 import openai
 import pytest
 
-from tests.support.processes import REPO_ROOT, database_migrate, manage_argv, redis_up, redis_url
+from tests.support.processes import (
+    database_migrate,
+    manage_shell_json,
+    redis_up,
+    redis_url,
+)
 from tests.telemetry.test_shared_state import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -45,9 +48,7 @@ def install(var_dir, demo_model, service: bool) -> tuple[dict, dict]:
     if service:
         env["CHANNEL_REDIS_URL"] = REDIS_URL  # and so the cache
     database_migrate(env)
-    out = subprocess.run(manage_argv("shell", "-c", SEED), env=env, cwd=REPO_ROOT, check=True,
-                         capture_output=True, text=True).stdout
-    return env, json.loads(out.split("SEED=", 1)[1])
+    return env, manage_shell_json(env, SEED, "SEED")
 
 
 def complete(server: Server, key: str, **body) -> httpx.Response:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import csv
 import io
-import subprocess
 
 import pytest
 
 from tests.dashboard.browser import SCREENSHOTS, chromium_page, log_in
 from tests.gateway.test_quota_processes import complete, install, next_window
-from tests.support.processes import REPO_ROOT, manage_argv
+from tests.support.processes import manage_shell
 from tests.telemetry.test_shared_state import Server
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(180)]
@@ -24,7 +23,7 @@ PASSWORD = "SET = 'correct horse battery'; from django.contrib.auth import get_u
 
 def test_the_usage_page_shows_what_the_gateway_served(tmp_path, demo_model):
     env, seed = install(tmp_path / "var", demo_model, service=False)
-    subprocess.run(manage_argv("shell", "-c", PASSWORD), env=env, cwd=REPO_ROOT, check=True)
+    manage_shell(env, PASSWORD)
     server = Server(env, tmp_path / "server.log")
     try:
         served = [complete(server, seed["free"], max_tokens=n) for n in (1, 2, 3)]

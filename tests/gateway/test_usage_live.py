@@ -5,14 +5,11 @@ must be its requests alone)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-
 import openai
 import pytest
 
 from tests.gateway.live_server import live_system
-from tests.support.processes import REPO_ROOT, embedded_env, manage_argv
+from tests.support.processes import embedded_env, manage_shell_json
 
 pytestmark = [pytest.mark.slow]
 
@@ -46,9 +43,7 @@ def test_stored_usage_equals_what_the_pipeline_served(live):
     answered.append([chunk for chunk in stream][-1].usage)
     env = embedded_env(live["pipeline"].workdir)
     for _ in range(20):  # the server writes each request's usage just after its response (usage_backlog.py)
-        out = subprocess.run(manage_argv("shell", "-c", STORED), env=env, cwd=REPO_ROOT, check=True,
-                             capture_output=True, text=True).stdout
-        stored = json.loads(out.split("USAGE=", 1)[1])
+        stored = manage_shell_json(env, STORED, "USAGE")
         if stored["requests"] == len(answered):
             break
     assert stored == {"requests": 5, "errors": 0, "prompt": sum(u.prompt_tokens for u in answered),

@@ -15,7 +15,7 @@ from tests.support.processes import (
     database_migrate,
     embedded_env,
     free_port,
-    manage_argv,
+    manage_shell,
     wait_for_http,
 )
 
@@ -37,9 +37,7 @@ def test_requests_to_two_servers_are_summed_in_the_metrics_of_either(tmp_path, d
     env.update(PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prometheus"), MOTLEY_TEST_DEMO_MODEL=str(demo_model),
                DJANGO_SETTINGS_MODULE="tests.observability.daphne_settings")
     database_migrate(env)
-    out = subprocess.run(manage_argv("shell", "-c", KEY), env=env, cwd=REPO_ROOT, check=True,
-                         capture_output=True, text=True).stdout
-    key = next(line[4:] for line in out.splitlines() if line.startswith("KEY="))
+    key = next(line[4:] for line in manage_shell(env, KEY).splitlines() if line.startswith("KEY="))
     ports = [free_port(), free_port()]
     servers = [subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                                  "controlplane.asgi:application"], cwd=REPO_ROOT, env=env) for port in ports]

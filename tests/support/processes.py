@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import socket
@@ -111,6 +112,12 @@ def manage_shell(env: dict[str, str], script: str) -> str:
     """What ``manage.py shell -c script`` printed in the install ``env``; raises if it failed."""
     return subprocess.run(manage_argv("shell", "-c", script), env=env, cwd=REPO_ROOT, check=True,
                           capture_output=True, text=True).stdout
+
+
+def manage_shell_json(env: dict[str, str], script: str, tag: str):
+    """The JSON a ``manage.py shell`` script printed after ``{tag}=`` (Django and the imports it runs
+    may print before it)."""
+    return json.loads(manage_shell(env, script).split(f"{tag}=", 1)[1])
 
 
 def create_keys(env: dict[str, str]) -> tuple[str, str]:

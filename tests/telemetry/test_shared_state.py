@@ -23,6 +23,7 @@ from tests.support.processes import (
     embedded_env,
     free_port,
     manage_argv,
+    manage_shell_json,
     redis_up,
     redis_url,
     stop_process,
@@ -66,9 +67,7 @@ def install(var_dir: Path, service: bool) -> tuple[dict, dict]:
     if service:
         env["CHANNEL_REDIS_URL"] = REDIS_URL  # and so the cache (MOTLEY_CACHE_URL's default)
     database_migrate(env)
-    out = subprocess.run(manage_argv("shell", "-c", SEED), env=env, cwd=REPO_ROOT, check=True,
-                         capture_output=True, text=True).stdout
-    return env, json.loads(out.split("SEED=", 1)[1])
+    return env, manage_shell_json(env, SEED, "SEED")
 
 
 class Server:
@@ -114,9 +113,7 @@ def until(read, timeout_s: float = 10.0):
 
 def read_in_another_process(env: dict, node: str) -> list:
     """What a third process (the Celery worker, say) reads through the selectors."""
-    out = subprocess.run(manage_argv("shell", "-c", READ.format(node=node)), env=env, cwd=REPO_ROOT,
-                         check=True, capture_output=True, text=True).stdout
-    return json.loads(out.split("READ=", 1)[1])
+    return manage_shell_json(env, READ.format(node=node), "READ")
 
 
 @pytest.mark.service
