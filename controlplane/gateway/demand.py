@@ -3,9 +3,13 @@
 Read from what is already measured, nothing new is recorded: the gateway's record of each request
 (``gateway.serving.decision_log``: when it was routed, to which pipeline, how long it waited in the
 gateway, its time to first token and end, its prompt and output tokens) and the stages' telemetry (KV
-use, the head's queue). Those records are per gateway process and the most recent ``RECENT`` of them,
-so with several gateway processes each answers for the requests it served, and at a rate above
-``RECENT`` per window the window is cut to the span the records cover (``covered_s``).
+use, the head's queue). Each gateway process keeps its most recent ``RECENT`` records; behind a load
+balancer (service mode) every process also publishes the ones that ended to the shared store
+(``serving.fleet_store``, the last ``DECISIONS_KEPT`` of all processes), so whichever process answers
+counts every process's requests: its own records and the others' published ones. Requests still
+running on another process are not published: ``queue.waiting`` is this process's. Where the kept
+records cover less than the window (a rate above what is kept), the window is cut to the span every
+source covers (``covered_s``) and the rates are over that span.
 
 Per request: TTFT is the wait in the gateway plus the time from being routed to the first token (what
 the client waited); TPOT is the time from the first token to the last over the tokens after the first.
@@ -16,16 +20,25 @@ completed within every target set; a failed request counts as missed. Percentile
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
 from collections.abc import Iterable
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from contracts.names import parse_pipeline_id
 from controlplane.deployments.models import Deployment
 from controlplane.gateway.serving.decision_log import RouteRecord, recorder
-from controlplane.gateway.serving.fleet_store import process_id
+from controlplane.gateway.serving.fleet_store import (
+    DECISIONS_KEPT,
+    FleetStore,
+    installation_prefix,
+    process_id,
+    shared_url,
+)
 from controlplane.rebalance.demand import PUBLISH_EVERY_S, SAMPLE_WINDOW_S, sample_publish
 from controlplane.telemetry.selectors import Latest, stage_samples
 
@@ -41,11 +54,10 @@ def deployment_demand(*, deployment: Deployment, window_s: int | None = None, no
     ``records``: the gateway's request records to read (default this process's ``recorder``)."""
     now = time.time() if now is None else now
     window_s = window_s or deployment.target_window_s
-    kept = list(recorder.recent) if records is None else list(records)
-    full = records is None and len(kept) == recorder.recent.maxlen
+    kept, covered_from = gateway_records() if records is None else (list(records), None)
+    covered_s = window_s if covered_from is None else min(window_s, now - covered_from)
     mine = [r for r in kept if r.replica is not None and _deployment_of(r.replica) == deployment.pk]
-    recent = [r for r in mine if now - r.at <= window_s]
-    covered_s = now - kept[0].at if full and now - kept[0].at < window_s else window_s
+    recent = [r for r in mine if now - r.at <= covered_s]
     span = max(covered_s, 1e-9)
     ttft_ms = [_ttft_ms(r) for r in recent if r.queue_s is not None]
     tpot_ms = [tpot for r in recent if (tpot := _tpot_ms(r)) is not None]
@@ -65,6 +77,35 @@ def deployment_demand(*, deployment: Deployment, window_s: int | None = None, no
         "tpot": _against(tpot_ms, deployment.tpot_target_ms, percentile),
         "overall": _overall(ended, deployment),
     }
+
+
+def gateway_records() -> tuple[list[RouteRecord], float | None]:
+    """This process's request records and the ended ones the other gateway processes published, and
+    since when all of them are complete (None: as far back as any window: no source was cut)."""
+    own = list(recorder.recent)
+    starts = [own[0].at] if len(own) == recorder.recent.maxlen else []
+    if (store := _shared_store()) is None:
+        return own, max(starts, default=None)
+    try:
+        published = store.ended_decisions()
+    except (RedisError, OSError) as exc:  # each process's own figures until the store answers again
+        logger.warning("the other gateway processes' requests are unreachable: %s", exc)
+        return own, max(starts, default=None)
+    if len(published) >= DECISIONS_KEPT:
+        starts.append(published[0]["at"])
+    me = process_id()
+    others = [RouteRecord(**record) for record in published if record["process"] != me]
+    return own + others, max(starts, default=None)
+
+
+@functools.cache
+def _store_at(url: str, prefix: str) -> FleetStore:
+    return FleetStore(url, prefix=prefix)
+
+
+def _shared_store() -> FleetStore | None:
+    url = shared_url()
+    return None if url is None else _store_at(url, installation_prefix())
 
 
 def demand_publish_due(now: float) -> bool:

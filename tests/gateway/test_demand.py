@@ -3,14 +3,19 @@ the gateway makes them) and its stages' telemetry: rates, percentiles, attainmen
 
 from __future__ import annotations
 
+import asyncio
 import time
+import uuid
+from dataclasses import asdict
 
 import pytest
 
 from controlplane.deployments.models import Deployment
 from controlplane.gateway.demand import deployment_demand, percentile_of
 from controlplane.gateway.serving.decision_log import RouteRecord, RouterRecorder
+from controlplane.gateway.serving.fleet_store import DECISIONS_KEPT, FleetStore
 from controlplane.telemetry.services import telemetry_keep, telemetry_sample
+from tests.support.processes import free_port, redis_up, redis_url
 
 NOW = 10_000.0
 
@@ -74,6 +79,7 @@ def test_rates_percentiles_and_attainment_over_the_window():
 def test_when_the_kept_records_span_less_than_the_window_the_rates_are_over_their_span(monkeypatch):
     recorder = RouterRecorder()
     monkeypatch.setattr("controlplane.gateway.demand.recorder", recorder)
+    monkeypatch.setattr("controlplane.gateway.demand._shared_store", lambda: None)  # one process alone
     for i in range(recorder.recent.maxlen):  # 500 requests over the last 10 s: 50 per second
         served(recorder, 1, at=NOW - 10 + i * 10 / recorder.recent.maxlen, ttft_s=0.1, e2e_s=0.2, tokens=2)
     demand = deployment_demand(deployment=deployment(target_window_s=300), now=NOW)
@@ -134,3 +140,43 @@ def test_published_load_adds_up_over_gateway_processes():
     assert load.output_tokens_per_s == pytest.approx(30 * 11 / SAMPLE_WINDOW_S + 5.0)
     assert (load.ttft_ms, load.tpot_ms) == (950.0, pytest.approx(20.0))
     cache.clear()
+
+
+def test_every_gateway_process_counts_the_requests_the_others_served(monkeypatch):
+    """Behind a load balancer the page asks whichever process answers: it adds the ended requests the
+    others published to the shared store (not its own twice), and where the store's capped list covers
+    less than the window, the rates are over the span it covers."""
+    if not redis_up():
+        pytest.skip("needs a Redis server")
+    store = FleetStore(redis_url(9), prefix=f"test-demand-{uuid.uuid4().hex[:8]}")
+    monkeypatch.setattr("controlplane.gateway.demand._shared_store", lambda: store)
+    mine, theirs = RouterRecorder(), RouterRecorder()
+    monkeypatch.setattr("controlplane.gateway.demand.recorder", mine)
+    served(mine, 4, at=NOW - 30, ttft_s=0.1, e2e_s=0.3, tokens=11)
+    served(theirs, 6, at=NOW - 20, ttft_s=0.9, e2e_s=1.1, tokens=11)
+    for record in theirs.recent:
+        record.process = "other-host:1"
+    ended = [asdict(r) for r in mine.recent] + [asdict(r) for r in theirs.recent]  # both processes publish
+    asyncio.run(store.publish("other-host:1", {}, ended))
+    d = deployment(ttft_target_ms=500, target_window_s=60)
+    demand = deployment_demand(deployment=d, now=NOW)
+    assert demand["requests"] == 10 and demand["arrival_rate"] == pytest.approx(10 / 60, abs=1e-4)
+    assert demand["ttft"]["attainment"] == 0.4 and demand["covered_s"] == 60
+
+    # The store keeps the last DECISIONS_KEPT: full, they go back 15 s, and so do the figures.
+    late = [{**asdict(theirs.recent[0]), "request_id": f"late-{i}", "at": NOW - 15 + i * 15 / DECISIONS_KEPT}
+            for i in range(DECISIONS_KEPT)]
+    asyncio.run(store.publish("other-host:1", {}, late))
+    demand = deployment_demand(deployment=d, now=NOW)
+    assert demand["covered_s"] == pytest.approx(15) and demand["requests"] == DECISIONS_KEPT
+    assert demand["arrival_rate"] == pytest.approx(DECISIONS_KEPT / 15, rel=1e-3)
+    asyncio.run(store.close())
+
+
+def test_an_unreachable_store_leaves_each_process_its_own_requests(monkeypatch):
+    monkeypatch.setattr("controlplane.gateway.demand._shared_store",
+                        lambda: FleetStore(f"redis://127.0.0.1:{free_port()}/0"))
+    mine = RouterRecorder()
+    monkeypatch.setattr("controlplane.gateway.demand.recorder", mine)
+    served(mine, 3, at=NOW - 5, ttft_s=0.1, e2e_s=0.3, tokens=11)
+    assert deployment_demand(deployment=deployment(), now=NOW)["requests"] == 3

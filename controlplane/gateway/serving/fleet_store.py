@@ -91,8 +91,11 @@ class FleetStore:
 
     async def decisions(self) -> list[dict]:
         """The ended decisions of every process, oldest first."""
-        records = await asyncio.to_thread(self._redis.lrange, f"{self._prefix}:decisions", 0, -1)
-        return [json.loads(record) for record in records]
+        return await asyncio.to_thread(self.ended_decisions)
+
+    def ended_decisions(self) -> list[dict]:
+        """``decisions`` for a caller outside the event loop (a synchronous view)."""
+        return [json.loads(record) for record in self._redis.lrange(f"{self._prefix}:decisions", 0, -1)]
 
     async def withdraw(self, process: str) -> None:
         """A process that closes stops counting at once, not after its time to live."""
