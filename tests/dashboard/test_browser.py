@@ -136,6 +136,31 @@ def test_deployments_page_shows_measured_next_to_predicted(page):
     shot(page, "deployments")
 
 
+POLLED_MS = 15_000  # a few of the page's polls of the demand API (demand.js)
+
+
+def test_deployments_page_demand_figures_follow_the_demand_api_without_a_reload(page):
+    """The agents' KV use and heads' queue move every beat: the demand line follows them in place,
+    says when it was answered, and says the figures are stale once the API stops answering."""
+    page.goto("/deployments/")
+    page.evaluate("window.sameDocument = true")  # gone if the page reloads
+    state, signals = page.locator("[data-demand-state]").first, page.locator("[data-signals]").first
+    expect(state).to_have_attribute("data-state", "live")
+    expect(state).to_contain_text("as of")
+    expect(signals).to_contain_text("% (fullest stage)")
+    expect(signals).to_contain_text("in the heads' queues")
+    first, answered = signals.inner_text(), state.get_attribute("data-at")
+    expect(signals).not_to_have_text(first, timeout=POLLED_MS)
+    assert float(state.get_attribute("data-at")) > float(answered)
+    assert page.locator("[data-demand] tr[data-target=ttft] [data-cell=target]").first.inner_text() == "none"
+    page.route("**/demand/", lambda route: route.abort())
+    expect(state).to_have_attribute("data-state", "stale", timeout=POLLED_MS)
+    expect(state).to_contain_text("stale: the figures above are from")
+    page.unroute("**/demand/")
+    expect(state).to_have_attribute("data-state", "live", timeout=POLLED_MS)
+    assert page.evaluate("window.sameDocument") is True
+
+
 @pytest.fixture
 def own_system(tmp_path, page):
     """A server of this test's own, for a test that changes the deployment, and a page logged in there."""
