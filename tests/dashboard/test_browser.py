@@ -2,9 +2,10 @@
 
 Covers: log in; the topology of an emulated fleet with a running deployment; a utilization chart
 updating live from agent telemetry; prefix caching's figures on the Utilization and Deployments pages;
-an invalid plan edit showing the planner's error; a valid edit applied as a new revision; the prefix
-caching switch; a tensor-parallel group's shares in the plan editor, edited and checked. Screenshots of
-each page go to test-artifacts/screenshots/.
+the demand figures following the demand API in place; an invalid plan edit showing the planner's
+error; a valid edit applied as a new revision; the prefix caching switch; a tensor-parallel group's
+shares in the plan editor, edited and checked. Screenshots of each page go to
+test-artifacts/screenshots/.
 (READY on the new plan needs real agents and stage processes: tests/dashboard/test_e2e.py.)
 
 Each test stands alone, in any order: the read-only ones share a module's server and a page logged in
@@ -154,9 +155,11 @@ def test_deployments_page_demand_figures_follow_the_demand_api_without_a_reload(
     assert float(state.get_attribute("data-at")) > float(answered)
     assert page.locator("[data-demand] tr[data-target=ttft] [data-cell=target]").first.inner_text() == "none"
     page.route("**/demand/", lambda route: route.abort())
-    expect(state).to_have_attribute("data-state", "stale", timeout=POLLED_MS)
-    expect(state).to_contain_text("stale: the figures above are from")
-    page.unroute("**/demand/")
+    try:
+        expect(state).to_have_attribute("data-state", "stale", timeout=POLLED_MS)
+        expect(state).to_contain_text("stale: the figures above are from")
+    finally:
+        page.unroute("**/demand/")  # the module's page serves the other tests
     expect(state).to_have_attribute("data-state", "live", timeout=POLLED_MS)
     assert page.evaluate("window.sameDocument") is True
 
