@@ -48,7 +48,7 @@ function start() {
       showErrors(form, {});
       fill(form, deployment);
       result.className = "ok";
-      result.textContent = "saved: the demand figures and the rebalance policy use these targets from now on";
+      result.textContent = "saved: the demand figures and the rebalance policy measure against these targets";
     } catch (error) {
       const left = showErrors(form, error.data?.error?.details);
       result.className = "error";
