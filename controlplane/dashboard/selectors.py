@@ -241,7 +241,8 @@ def deployment_overlay() -> list[dict[str, Any]]:
 def deployment_editor(*, deployment_id: int) -> dict[str, Any]:
     """What the plan editor starts from: the applied plan, the request it answered, the devices (with
     their node: a tensor-parallel group's ranks share one) and what a group's shares split (the model's
-    ``layout``: key-value heads, MLP columns, the int4 group; None where its profile does not say)."""
+    ``layout``: key-value heads, MLP columns, the int4 group; None where its profile does not say), and
+    the deployment's service-level targets (edited there through the deployments API, like the plan)."""
     deployment = Deployment.objects.select_related("model", "revision").get(pk=deployment_id)
     revision = deployment.revision
     devices = [{"name": d.name, "node": d.node.name, "model": d.model_name,
@@ -255,6 +256,7 @@ def deployment_editor(*, deployment_id: int) -> dict[str, Any]:
         "plan": revision.plan if revision else None,
         "request": revision.request if revision else {},
         "devices": devices,
+        "targets": targets_of(deployment),
     }
 
 

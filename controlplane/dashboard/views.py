@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET
 from contracts.tracing import tracing_exporters
 from controlplane.dashboard import selectors
 from controlplane.deployments.models import Deployment
+from controlplane.deployments.targets import MAX_WINDOW_S, MIN_WINDOW_S, PERCENTILES
 from controlplane.gateway.traces.selectors import trace_list
 from controlplane.telemetry.rollups import rollup_series
 from controlplane.telemetry.runtime import current_hub
@@ -107,7 +108,9 @@ def plan_editor(request: HttpRequest, pk: int) -> HttpResponse:
         editor = selectors.deployment_editor(deployment_id=pk)
     except Deployment.DoesNotExist:
         raise Http404("no such deployment") from None
-    return render(request, "dashboard/plan_editor.html", {"page": "deployments", "editor": editor})
+    limits = {"percentiles": PERCENTILES, "min_window_s": MIN_WINDOW_S, "max_window_s": MAX_WINDOW_S}
+    return render(request, "dashboard/plan_editor.html",
+                  {"page": "deployments", "editor": editor, "target_limits": limits})
 
 
 @login_required

@@ -239,3 +239,31 @@ def _checkpoint_stand_in() -> Path:
 
 if __name__ == "__main__":
     print(json.dumps(lab_with_deployment()))
+
+
+def demand_proposal_create(deployment_id: int) -> dict:
+    """The rebalance policy's demand proposal of one replica more for the deployment, made by its own
+    passes as ``tests/rebalance/test_demand.py`` drives them: a TTFT target of 400 ms at p95 (the other
+    targets as a new deployment's, up to 8 replicas), and a gateway
+    publishing 95 % of the applied plan's capacity at a p95 TTFT of 900 ms over 70 s. Returns the
+    proposal's forecast."""
+    import time
+
+    from controlplane.deployments.models import Deployment
+    from controlplane.rebalance.demand import sample_publish
+    from controlplane.rebalance.models import RebalanceProposal
+    from controlplane.rebalance.services import rebalance_evaluate
+
+    Deployment.objects.filter(pk=deployment_id).update(
+        ttft_target_ms=400, tpot_target_ms=None, target_percentile=95, target_window_s=300, min_replicas=1,
+        max_replicas=8)
+    deployment = Deployment.objects.select_related("revision").get(pk=deployment_id)
+    capacity = deployment.revision.plan["predicted"]["decode_tokens_per_s"]
+    t0 = time.time()
+    for s in range(0, 80, 10):
+        sample_publish(deployment_id=deployment_id, process="seed", sample={
+            "at": t0 + s, "arrival_rate": 0.95 * capacity / 100, "output_tokens_per_s": 0.95 * capacity,
+            "ttft_p95_ms": 900.0})
+        rebalance_evaluate(deployment_id=deployment_id, now=t0 + s)
+    return RebalanceProposal.objects.get(deployment_id=deployment_id, trigger="demand",
+                                         status=RebalanceProposal.Status.OPEN).forecast

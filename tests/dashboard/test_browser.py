@@ -2,9 +2,10 @@
 
 Covers: log in; the topology of an emulated fleet with a running deployment; a utilization chart
 updating live from agent telemetry; prefix caching's figures on the Utilization and Deployments pages;
-an invalid plan edit showing the planner's error; a valid edit applied as a new revision; the prefix
-caching switch; a tensor-parallel group's shares in the plan editor, edited and checked. Screenshots of
-each page go to test-artifacts/screenshots/.
+the demand figures following the demand API in place; an invalid plan edit showing the planner's
+error; a valid edit applied as a new revision; the prefix caching switch; a tensor-parallel group's
+shares in the plan editor, edited and checked. Screenshots of each page go to
+test-artifacts/screenshots/.
 (READY on the new plan needs real agents and stage processes: tests/dashboard/test_e2e.py.)
 
 Each test stands alone, in any order: the read-only ones share a module's server and a page logged in
@@ -134,6 +135,33 @@ def test_deployments_page_shows_measured_next_to_predicted(page):
     assert relay.locator("[data-live=spec_acceptance]").inner_text() == "—"
     assert page.locator("[data-caching] [data-field=prefix_caching]").first.inner_text() == "on"
     shot(page, "deployments")
+
+
+POLLED_MS = 15_000  # a few of the page's polls of the demand API (demand.js)
+
+
+def test_deployments_page_demand_figures_follow_the_demand_api_without_a_reload(page):
+    """The agents' KV use and heads' queue move every beat: the demand line follows them in place,
+    says when it was answered, and says the figures are stale once the API stops answering."""
+    page.goto("/deployments/")
+    page.evaluate("window.sameDocument = true")  # gone if the page reloads
+    state, signals = page.locator("[data-demand-state]").first, page.locator("[data-signals]").first
+    expect(state).to_have_attribute("data-state", "live")
+    expect(state).to_contain_text("as of")
+    expect(signals).to_contain_text("% (fullest stage)")
+    expect(signals).to_contain_text("in the heads' queues")
+    first, answered = signals.inner_text(), state.get_attribute("data-at")
+    expect(signals).not_to_have_text(first, timeout=POLLED_MS)
+    assert float(state.get_attribute("data-at")) > float(answered)
+    assert page.locator("[data-demand] tr[data-target=ttft] [data-cell=target]").first.inner_text() == "none"
+    page.route("**/demand/", lambda route: route.abort())
+    try:
+        expect(state).to_have_attribute("data-state", "stale", timeout=POLLED_MS)
+        expect(state).to_contain_text("stale: the figures above are from")
+    finally:
+        page.unroute("**/demand/")  # the module's page serves the other tests
+    expect(state).to_have_attribute("data-state", "live", timeout=POLLED_MS)
+    assert page.evaluate("window.sameDocument") is True
 
 
 @pytest.fixture

@@ -96,6 +96,24 @@ def test_plan_editor_starts_from_the_applied_plan_and_its_request(operator_clien
     assert operator_client.get(reverse("dashboard:plan-editor", args=[999])).status_code == 404
 
 
+def test_plan_editor_has_the_deployments_targets_in_a_form_of_their_own(operator_client, running_deployment):
+    Deployment.objects.filter(pk=running_deployment.pk).update(
+        ttft_target_ms=450, target_percentile=99, priority=3, min_replicas=2)
+    url = reverse("dashboard:plan-editor", args=[running_deployment.pk])
+    page = operator_client.get(url).content.decode()
+    editor = json.loads(page.split('id="editor-data" type="application/json">')[1].split("</script>")[0])
+    assert editor["targets"] == {
+        "ttft_target_ms": 450, "tpot_target_ms": None, "target_percentile": 99, "target_window_s": 300,
+        "priority": 3, "min_replicas": 2, "max_replicas": None}
+    form = page[page.index('id="targets" data-deployment="%d"' % running_deployment.pk):]
+    assert 'name="ttft_target_ms" type="number" min="1" value="450"' in form
+    assert 'name="tpot_target_ms" type="number" min="1" value=""' in form  # empty: no target
+    assert '<option value="99" selected>p99</option>' in form
+    assert 'name="priority" type="number" value="3"' in form
+    assert 'min="10" max="3600" value="300"' in form  # the API's window bounds
+    assert all(f'data-error-for="{name}"' in form for name in editor["targets"])
+
+
 def test_the_events_shown_are_the_stored_ones_newest_first(operator_client, running_deployment,
                                                               django_assert_max_num_queries):
     event_record(kind="degraded", deployment=running_deployment, message="stages on lost node(s) node-b")

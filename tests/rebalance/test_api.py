@@ -4,12 +4,14 @@ policy as a deployment setting."""
 from __future__ import annotations
 
 import pytest
+from django.core.cache import cache
 
 from controlplane.audit.models import AuditEntry
 from controlplane.deployments.models import Deployment, DeploymentEvent, PlanRevision
 from controlplane.rebalance.models import RebalanceProposal
 from controlplane.rebalance.services import rebalance_evaluate
 from tests.api.mixins import assert_error
+from tests.dashboard.seed import demand_proposal_create
 from tests.rebalance.helpers import uncordon
 
 pytestmark = pytest.mark.django_db
@@ -42,6 +44,23 @@ def test_list_shows_the_open_proposal_with_its_figures(api, proposal):
     assert_error(api.get(f"/api/v1/deployments/{proposal.deployment_id}/proposals/?status=maybe"), 400,
                  "unknown status 'maybe'")
     assert api.get("/api/v1/deployments/9999/proposals/").status_code == 404
+    assert shown["forecast"] == {}  # a fleet change forecasts no load
+
+
+def test_a_demand_proposal_carries_its_forecast_for_the_dashboard(api, deployment):
+    """What the Deployments page draws (forecast.js): the load, the capacity, each latency at the
+    percentile with its target, and the verdict, as the policy stored them."""
+    cache.clear()  # the load samples are the cache's: none left from another test, none left behind
+    try:
+        stored = demand_proposal_create(deployment.pk)
+    finally:
+        cache.clear()
+    [shown] = api.get(f"/api/v1/deployments/{deployment.pk}/proposals/?status=open").json()["results"]
+    assert shown["trigger"] == "demand" and shown["forecast"] == stored
+    assert set(stored) == {"replicas", "capacity_tokens_per_s", "forecast_output_tokens_per_s",
+                           "forecast_requests_per_s", "horizon_s", "ttft_target_ms", "tpot_target_ms",
+                           "utilisation", "percentile", "ttft_ms", "tpot_ms", "meets"}
+    assert (stored["ttft_target_ms"], stored["percentile"]) == (400, 95)
 
 
 @pytest.fixture

@@ -2,11 +2,13 @@
 // caching's hit rate and cached blocks, speculation's acceptance rate and tokens per step among them),
 // and statuses and the caching and speculation switches refreshed
 // from the REST API whenever the socket (re)connects. The events lists are the
-// stored events (GET /api/v1/events/), redrawn on every (re)connect and every EVENTS_REFRESH_MS.
+// stored events (GET /api/v1/events/), redrawn on every (re)connect and every EVENTS_REFRESH_MS; the
+// targets and demand figures from the demand API (demand.js).
 import { connectLive } from "./live.js";
 import { getJSON } from "./api.js";
 import { startRouting } from "./routing.js";
 import { startCalibration } from "./calibration.js";
+import { startDemand } from "./demand.js";
 import { cachedBlocksText, hitRateText } from "./prefix.js";
 import { showCaching } from "./caching.js";
 import { acceptanceText, showSpeculation, tokensPerStepText } from "./speculation.js";
@@ -116,3 +118,4 @@ connectLive({ onSnapshot, onResync });
 setInterval(refreshEvents, EVENTS_REFRESH_MS);
 startRouting();
 startCalibration();
+startDemand();

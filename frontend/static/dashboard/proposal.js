@@ -1,8 +1,10 @@
 // The rebalance policy's open proposal of each deployment (docs/dashboard.md, "Rebalance proposals"):
-// every [data-proposal="<deployment id>"] box shows it (trigger, reason, predicted gain, what moves)
-// with Accept and Dismiss, or stays hidden when there is none. Accepting applies the plan
+// every [data-proposal="<deployment id>"] box shows it (trigger, reason, predicted gain, what moves,
+// and a demand proposal's prediction at the forecast load: forecast.js) with Accept and Dismiss, or
+// stays hidden when there is none. Accepting applies the plan
 // (POST /api/v1/rebalance-proposals/{id}/accept/) and reloads the page on the new revision.
 import { getJSON, postJSON } from "./api.js";
+import { forecastTable } from "./forecast.js";
 
 const REFRESH_MS = 10000;
 
@@ -50,7 +52,8 @@ function draw(box, proposal) {
     });
     actions.append(button);
   }
-  box.replaceChildren(head, diff, actions, result);
+  const forecast = forecastTable(proposal.forecast);
+  box.replaceChildren(head, ...(forecast ? [forecast] : []), diff, actions, result);
   box.hidden = false;
 }
 
