@@ -15,13 +15,14 @@ compete: each is a claimant (``planning.card_shares.Claimant``) with
   budget allows, 0 where its layers cannot use the card or its request excludes it).
 
 ``card_shares.assign`` gives the cards out (the need met at the highest priority first, then by
-worth, then the fewest cards), and every deployment's re-plan in this pass is made without the cards
-given to the others (``rebalance_settle(withheld=...)``); a card given to nobody stays open to all,
-first come, first served, as without competition. A claimant's occurrence carries what it was given
-and why: its reason says so in words with the numbers, and its ``detail`` (so the policy event's)
-holds them under ``cards``. Free cards are the registered fleet's devices that are up and carry no
-deployment's stage. One cost model per claimant and one price per free card: no planner search
-before the re-plans themselves.
+worth, then the fewest cards; in steps of a twentieth of each need, ``card_shares.in_steps``), and
+every deployment's re-plan in this pass is made without the cards given to the others
+(``rebalance_settle(withheld=...)``); a card given to nobody stays open to all, first come, first
+served, as without competition. A claimant's occurrence carries what it was given and why: its
+reason says so in words with the numbers, and its ``detail`` (so the policy event's) holds them
+under ``cards`` (each free card's worth to it too). Free cards are the registered fleet's devices
+that are up and carry no deployment's stage. One cost model per claimant and one price per free
+card: no planner search before the re-plans themselves.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from contracts.hardware import FleetSpec
 from controlplane.deployments.revisions import request_on_fleet
 from controlplane.deployments.selectors import devices_in_use
 from controlplane.planning import PlanningError
-from controlplane.planning.card_shares import Claimant, assign
+from controlplane.planning.card_shares import Claimant, assign, in_steps
 from controlplane.planning.card_worth import CardWorth, card_worth
 from controlplane.planning.cost_model import CostModel
 from controlplane.rebalance.demand import capacity_of
@@ -107,12 +108,14 @@ class Shares:
         cards = {"need_tokens_per_s": claim.claimant.need, "priority": claim.claimant.priority,
                  "given": {card: w.as_dict() for card, w in mine.items()},
                  "given_tokens_per_s": round(received, 2), "withheld": others,
+                 "worth": {card: round(w.tokens_per_s, 2) for card, w in claim.worth.items()},
                  "competing": sorted(self.names.values())}
         words = ", ".join(f"{card} ({_worth_text(w)})" for card, w in sorted(mine.items())) or "no card"
+        high = settings.MOTLEY_REBALANCE_DEMAND_HIGH
         text = (f"free cards shared among {len(self.claims)} deployments scaling out (priority, then "
                 f"worth): given {words}, {received:.1f} tokens/s against a need of {claim.claimant.need} "
-                f"tokens/s (forecast {claim.forecast:.1f} over the {settings.MOTLEY_REBALANCE_DEMAND_HIGH:g} "
-                f"mark of {claim.capacity:.1f}) at priority {claim.claimant.priority}")
+                f"tokens/s (forecast {claim.forecast:.1f} over {high:g} of the {claim.capacity:.1f} its "
+                f"plan serves) at priority {claim.claimant.priority}")
         if others:
             text += "; left to the others: " + ", ".join(f"{card} ({name})"
                                                         for card, name in sorted(others.items()))
@@ -134,7 +137,7 @@ def share_cards(observed: Iterable[Observed]) -> Shares:
     usable = [{card for card, w in c.worth.items() if w.tokens_per_s > 0} for c in claims.values()]
     if not any(a & b for i, a in enumerate(usable) for b in usable[i + 1:]):
         return Shares()
-    assignment = assign([c.claimant for c in claims.values()], free)
+    assignment = assign(in_steps([c.claimant for c in claims.values()]), free)
     names = {seen.deployment.pk: seen.deployment.name for seen in wanting if seen.deployment.pk in claims}
     return Shares(given={card: int(owner) for card, owner in assignment.items()}, claims=claims, names=names)
 
