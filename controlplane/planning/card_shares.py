@@ -23,6 +23,7 @@ claimant, and a quarter of a second for that case, exact at that resolution.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -85,11 +86,13 @@ def assign(claimants: Sequence[Claimant], cards: Sequence[str]) -> Assignment:
 
 def in_steps(claimants: Sequence[Claimant], steps: int = NEED_STEPS) -> list[Claimant]:
     """The claimants with each one's need counted as ``steps`` steps and its worths in the same
-    steps, rounded (a card worth under half a step of a claimant's need is worth nothing to it); a
-    claimant with no need keeps none."""
+    steps, rounded down: a need met in steps is met in tokens/s, so the coarser count never gives a
+    higher priority less than it needs (a card worth under a step of a claimant's need is worth
+    nothing to it); a claimant with no need keeps none."""
     counted = []
     for claimant in claimants:
         step = claimant.need / steps if claimant.need > 0 else None
-        worth = {card: round(value / step) if step else 0 for card, value in claimant.worth.items()}
+        worth = {card: math.floor(value / step + 1e-9) if step else 0
+                 for card, value in claimant.worth.items()}
         counted.append(Claimant(claimant.name, claimant.priority, steps if step else 0, worth))
     return counted

@@ -5,24 +5,25 @@ The price is the roofline cost model's (``CostModel``), one request and one card
 planner search, so that a policy pass can price every free card for every deployment that wants
 more:
 
-- the card holds the most layers ``L`` of the model (``[0, L)``: a replica's first stage, the
-  embedding counted; the whole model with its head when ``L`` is every layer) that fit its usable
-  memory with the KV of the request's whole batch at full context, as the planner's stages must;
+- a replica made of ``k`` cards like it gives each ``ceil(n / k)`` of the model's ``n`` layers
+  (``[0, L)``: a replica's first stage, the embedding counted; with ``k = 1`` the whole model and
+  its head), which must fit the card's usable memory with the KV of the request's whole batch at
+  full context, as the planner's stages must;
 - at each precision allowed: 16 bits, and each lower one with the card's share of one replica's
   quality budget, in proportion to the layers it holds (``low_layer_budget``: the count form's
   ``max_quantized``, or in the measured form the most layers, least sensitive first, whose summed
   KL stays within ``max_kl``), the low-bit layers last as the planner places them;
-- a decode step there at the whole batch takes ``T`` (``CostModel.split_times``: memory, FLOPs,
-  overheads, calibration and throttling of that card). A replica of cards like it has ``n / L``
-  stages in a row, and a memory-bound decode round is about the sum of its stages' steps, so it
-  serves ``batch * L / (n * T)`` tokens/s; the card is the share ``L / n`` of such a replica, so it
-  is worth ``batch * L**2 / (n**2 * T)``. Cards that each hold the whole model are each worth a
-  replica (``batch / T``, its head included, exactly the planner's one-card replica); two that each
-  hold half, one replica between them: worths add up as the assignment assumes. A card that holds
-  the whole model is priced so; another at the ``L`` worth most. The precision worth most is kept;
-  a card that cannot hold one layer is worth 0. Worths count the room a card has: two cards that
-  each hold three quarters of the model are worth one and a half copies' rate, though they form one
-  replica (the rest is room for a part of another).
+- a decode step of those layers at the whole batch takes ``T`` (``CostModel.split_times``: memory,
+  FLOPs, overheads, calibration and throttling of that card). A memory-bound decode round is about
+  the sum of the stages' steps, so the replica serves ``batch / (k * T)`` tokens/s, and each of its
+  ``k`` cards is worth ``batch / (k**2 * T)``. The fewest cards that fit give the most (the
+  ``k`` worth most is kept), then the precision worth most; a card that cannot hold one layer is
+  worth 0.
+
+A card that holds the whole model is worth the planner's one-card replica; ``k`` alike cards add up
+to the replica they form, and so, about, do mixed ones (the round is a sum either way). A card is
+counted as a whole part of a replica: two that each hold three quarters of the model are worth
+one replica between them, not the room they have left.
 
 So an old card with little memory and bandwidth is worth more to a model allowed int4 (it holds more
 layers and reads fewer bytes a step) than to one held at 16 bits. The figure is an estimate for
@@ -32,11 +33,14 @@ what it serves (docs/planner.md, "Several models on one fleet").
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from contracts.hardware import DeviceSpec
+from controlplane.planning.card_shares import Assignment, Claimant, assign, greedy, in_steps, score
 from controlplane.planning.cost_model import CostModel
 from controlplane.planning.request import PlanRequest
 
@@ -48,10 +52,11 @@ class CardWorth:
     layers: int  # decoder layers it holds at that worth
     low_bits: int  # the precision of its low-bit layers (16: none)
     low_layers: int
+    parts: int = 1  # cards of a replica of cards like it (1: it holds the whole model)
 
     def as_dict(self) -> dict:
         return {"tokens_per_s": round(self.tokens_per_s, 2), "layers": self.layers,
-                "low_bits": self.low_bits, "low_layers": self.low_layers}
+                "low_bits": self.low_bits, "low_layers": self.low_layers, "parts": self.parts}
 
 
 def low_layer_budget(request: PlanRequest, low_bits: int) -> int:
@@ -75,11 +80,52 @@ def card_worth(request: PlanRequest, device: DeviceSpec, cost: CostModel | None 
     for low_bits in (b for b in request.sorted_bits if b < 16):
         budget = low_layer_budget(request, low_bits) if 16 in request.bits else n
         options.append((low_bits, np.minimum(held, budget * held // n)))
+    parts = np.arange(1, n + 1)  # k: the cards of a replica of cards like this one
+    layers = -(-n // parts)  # ceil(n / k), each card's share
     for low_bits, low_layers in options:
         times = cost.split_times(device, low_bits, batch, np.zeros(n, dtype=int), held, low_layers)
-        worth = np.where(np.isfinite(times), batch * held.astype(float) ** 2 / (n * n * times), 0.0)
-        at = n - 1 if worth[-1] > 0 else int(np.argmax(worth))  # the whole model: a replica of its own
+        times = times[layers - 1]
+        worth = np.where(np.isfinite(times), batch / (parts.astype(float) ** 2 * times), 0.0)
+        at = int(np.argmax(worth))
         if worth[at] > best.tokens_per_s:
-            best = CardWorth(device.name, float(worth[at]), int(held[at]),
-                             low_bits if low_layers[at] else 16, int(low_layers[at]))
+            low = int(low_layers[layers[at] - 1])
+            best = CardWorth(device.name, float(worth[at]), int(layers[at]), low_bits if low else 16, low,
+                             int(parts[at]))
     return best
+
+
+def assign_whole(claimants: Sequence[Claimant], cards: Sequence[str],
+                 worths: Mapping[str, Mapping[str, CardWorth]]) -> Assignment:
+    """``card_shares.assign`` (in steps, ``in_steps``) on worths priced here (``worths``: claimant
+    name -> card -> ``CardWorth``), where a card that cannot hold the model alone counts only with
+    others to complete a replica: where the parts a claimant was given of that kind add up to less
+    than one replica (the sum of ``1 / parts``), they are worth nothing to it and the cards are
+    given out again, until every claimant's cards can form replicas. The steps are coarse (a card
+    worth under a twentieth of a claimant's need counts nothing to it), so the answer is checked on
+    the real figures against the greedy order (``card_shares.score``, either without the cards that
+    complete no replica) and the better kept: never worse than first come, first served."""
+    remaining = list(claimants)
+    while True:
+        assignment = assign(in_steps(remaining), cards)
+        stranded = _stranded(remaining, assignment, worths)
+        if not stranded:
+            break
+        remaining = [dataclasses.replace(c, worth={card: 0 if (c.name, card) in stranded else value
+                                                   for card, value in c.worth.items()})
+                     for c in remaining]
+    first_come = greedy(claimants, cards)
+    first_come = {card: owner for card, owner in first_come.items()
+                  if (owner, card) not in _stranded(claimants, first_come, worths)}
+    return max((assignment, first_come), key=lambda a: score(claimants, a))
+
+
+def _stranded(claimants: Sequence[Claimant], assignment: Assignment,
+              worths: Mapping[str, Mapping[str, CardWorth]]) -> set[tuple[str, str]]:
+    """(claimant, card) for the cards given to a claimant that complete no replica there."""
+    found = set()
+    for claimant in claimants:
+        partial = [card for card, owner in assignment.items()
+                   if owner == claimant.name and worths[claimant.name][card].parts > 1]
+        if partial and sum(1 / worths[claimant.name][card].parts for card in partial) < 1:
+            found |= {(claimant.name, card) for card in partial}
+    return found

@@ -15,7 +15,8 @@ compete: each is a claimant (``planning.card_shares.Claimant``) with
   budget allows, 0 where its layers cannot use the card or its request excludes it).
 
 ``card_shares.assign`` gives the cards out (the need met at the highest priority first, then by
-worth, then the fewest cards; in steps of a twentieth of each need, ``card_shares.in_steps``), and
+worth, then the fewest cards; in steps of a twentieth of each need, and with no card left that
+completes no replica: ``card_worth.assign_whole``), and
 every deployment's re-plan in this pass is made without the cards given to the others
 (``rebalance_settle(withheld=...)``); a card given to nobody stays open to all, first come, first
 served, as without competition. A claimant's occurrence carries what it was given and why: its
@@ -39,8 +40,8 @@ from contracts.hardware import FleetSpec
 from controlplane.deployments.revisions import request_on_fleet
 from controlplane.deployments.selectors import devices_in_use
 from controlplane.planning import PlanningError
-from controlplane.planning.card_shares import Claimant, assign, in_steps
-from controlplane.planning.card_worth import CardWorth, card_worth
+from controlplane.planning.card_shares import Claimant
+from controlplane.planning.card_worth import CardWorth, assign_whole, card_worth
 from controlplane.planning.cost_model import CostModel
 from controlplane.rebalance.demand import capacity_of
 from controlplane.rebalance.models import RebalanceProposal
@@ -137,7 +138,8 @@ def share_cards(observed: Iterable[Observed]) -> Shares:
     usable = [{card for card, w in c.worth.items() if w.tokens_per_s > 0} for c in claims.values()]
     if not any(a & b for i, a in enumerate(usable) for b in usable[i + 1:]):
         return Shares()
-    assignment = assign(in_steps([c.claimant for c in claims.values()]), free)
+    assignment = assign_whole([c.claimant for c in claims.values()], free,
+                              {c.claimant.name: c.worth for c in claims.values()})
     names = {seen.deployment.pk: seen.deployment.name for seen in wanting if seen.deployment.pk in claims}
     return Shares(given={card: int(owner) for card, owner in assignment.items()}, claims=claims, names=names)
 

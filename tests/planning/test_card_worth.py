@@ -9,7 +9,8 @@ import pytest
 
 from contracts.hardware import GIB
 from controlplane.planning import PlanRequest, Workload, plan
-from controlplane.planning.card_worth import card_worth, low_layer_budget
+from controlplane.planning.card_shares import Claimant, assign
+from controlplane.planning.card_worth import CardWorth, assign_whole, card_worth, low_layer_budget
 from tests.planning.factories import fleet, profile
 
 # 32 layers of 300M parameters: 19 GB at 16 bits, more than a T4 holds; about 5 GB at int4.
@@ -42,17 +43,14 @@ def test_a_card_that_holds_the_whole_model_is_worth_the_planners_one_card_replic
     assert worth.tokens_per_s == pytest.approx(alone.predicted.decode_tokens_per_s, rel=0.02)
 
 
-def test_cards_that_each_hold_part_of_the_model_add_up_to_the_copies_of_it_they_have_room_for():
-    """Two T4s that each hold three quarters of the model at 16 bits form one replica; their worths
-    count the room they have, one and a half copies' rate: at least the replica, at most its rate
-    times the copies."""
+def test_cards_that_each_hold_part_of_the_model_add_up_to_the_replica_they_form():
+    """Two T4s that each hold three quarters of the model at 16 bits form one replica: half of it each."""
     pair = fleet({"a": ["T4", "T4"]})
     held = dataclasses.replace(request((16,), 0.0), fleet=pair, replicas=1)
     worths = [card_worth(held, d) for d in pair.devices]
-    assert all(0 < w.layers < MODEL.num_layers for w in worths)
-    copies = sum(w.layers for w in worths) / MODEL.num_layers
+    assert [w.layers for w in worths] == [MODEL.num_layers // 2] * 2
     together = plan(held).predicted.decode_tokens_per_s
-    assert together < sum(w.tokens_per_s for w in worths) <= 1.05 * copies * together
+    assert sum(w.tokens_per_s for w in worths) == pytest.approx(together, rel=0.1)
 
 
 def test_a_card_that_cannot_hold_one_layer_is_worth_nothing():
@@ -68,3 +66,21 @@ def test_the_measured_budget_allows_the_least_sensitive_layers_within_max_kl():
     assert low_layer_budget(allowed, 4) == 4  # 4 x 0.05 <= 0.21 < 5 x 0.05
     assert low_layer_budget(allowed, 8) == 0  # not an allowed precision
     assert low_layer_budget(request((16, 8, 4), 0.25), 4) == 8  # the count form: a quarter of 32
+
+
+def test_the_assignment_gives_no_card_that_completes_no_replica():
+    """Half a replica's card would meet chat's need by its worth, but alone it holds no replica: chat,
+    the priority, gets the whole card instead, and batch (which only the whole card serves) nothing."""
+    worths = {"chat": {"half/gpu0": CardWorth("half/gpu0", 50.0, 16, 16, 0, parts=2),
+                       "whole/gpu0": CardWorth("whole/gpu0", 100.0, 32, 16, 0)},
+              "batch": {"half/gpu0": CardWorth("half/gpu0", 0.0, 0, 16, 0),
+                        "whole/gpu0": CardWorth("whole/gpu0", 100.0, 32, 4, 32)}}
+    chat = Claimant("chat", priority=1, need=40, worth={"half/gpu0": 50, "whole/gpu0": 100})
+    batch = Claimant("batch", priority=0, need=100, worth={"half/gpu0": 0, "whole/gpu0": 100})
+    cards = ["half/gpu0", "whole/gpu0"]
+    assert assign([chat, batch], cards) == {"half/gpu0": "chat", "whole/gpu0": "batch"}  # by worth alone
+    assert assign_whole([chat, batch], cards, worths) == {"whole/gpu0": "chat"}
+    two_halves = {**worths["chat"], "half/gpu1": CardWorth("half/gpu1", 50.0, 16, 16, 0, parts=2)}
+    pair = Claimant("chat", priority=1, need=90, worth={"half/gpu0": 50, "half/gpu1": 50, "whole/gpu0": 0})
+    assert assign_whole([pair], ["half/gpu0", "half/gpu1", "whole/gpu0"], {"chat": two_halves}) == {
+        "half/gpu0": "chat", "half/gpu1": "chat"}  # two halves make a replica
