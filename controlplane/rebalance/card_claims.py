@@ -65,7 +65,11 @@ def rebalance_pass(*, now: float | None = None) -> dict[int, str | None]:
             continue
         if found is not None:
             observed.append(found)
-    shares = share_cards(observed)
+    try:
+        shares = share_cards(observed)
+    except Exception:  # the decisions go on first come, first served
+        logger.exception("rebalance policy: sharing the free cards failed")
+        shares = Shares()
     outcomes = {}
     for seen in observed:
         try:
@@ -178,4 +182,5 @@ def _claim(seen: Observed, fleet: FleetSpec, free: list[str]) -> _Claim | None:
 
 def _worth_text(worth: CardWorth) -> str:
     precision = (f"{worth.low_layers} at int{worth.low_bits}" if worth.low_layers else "all at 16 bits")
-    return f"{worth.tokens_per_s:.1f} tokens/s, {worth.layers} layers, {precision}"
+    part = f", one of {worth.parts} cards of a replica" if worth.parts > 1 else ""
+    return f"{worth.tokens_per_s:.1f} tokens/s, {worth.layers} layers, {precision}{part}"
