@@ -14,12 +14,20 @@ whose budget keeps it at 16 bits. The assignment maximises, lexicographically:
 is met); ``assign`` finds the optimum by dynamic programming over the cards, whose state is what each
 claimant has received so far capped at its need (the objective depends on nothing else), so it is exact
 and its cost grows with the distinct states reached, not with every assignment.
+
+Those states are what each claimant received, so with worths in raw tokens/s they multiply past use on
+a real fleet's free cards (three claimants and 21 free cards of cluster-64: minutes). ``in_steps``
+counts each claimant's need and worths in steps of a twentieth of its need: at most 21 states a
+claimant, and a quarter of a second for that case, exact at that resolution.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+NEED_STEPS = 20  # the resolution of ``in_steps``: a claimant's need is this many steps
 
 
 @dataclass(frozen=True)
@@ -74,3 +82,17 @@ def assign(claimants: Sequence[Claimant], cards: Sequence[str]) -> Assignment:
                     following[after] = {**assignment, card: claimant.name}
         states = following
     return max(states.values(), key=lambda a: score(claimants, a))
+
+
+def in_steps(claimants: Sequence[Claimant], steps: int = NEED_STEPS) -> list[Claimant]:
+    """The claimants with each one's need counted as ``steps`` steps and its worths in the same
+    steps, rounded down: a need met in steps is met in tokens/s, so the coarser count never gives a
+    higher priority less than it needs (a card worth under a step of a claimant's need is worth
+    nothing to it); a claimant with no need keeps none."""
+    counted = []
+    for claimant in claimants:
+        step = claimant.need / steps if claimant.need > 0 else None
+        worth = {card: math.floor(value / step + 1e-9) if step else 0
+                 for card, value in claimant.worth.items()}
+        counted.append(Claimant(claimant.name, claimant.priority, steps if step else 0, worth))
+    return counted

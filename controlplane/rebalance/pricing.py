@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,17 +76,19 @@ class Pricing:
         return self.proposed_tokens_per_s / self.current_tokens_per_s - 1
 
 
-def price(*, deployment: Deployment, fleet: FleetSpec, changes: dict[str, Any] | None = None) -> Pricing:
+def price(*, deployment: Deployment, fleet: FleetSpec, changes: dict[str, Any] | None = None,
+          withheld: Iterable[str] = ()) -> Pricing:
     """Re-plan ``deployment`` on ``fleet`` (its revision's request with ``changes`` where given: a
-    demand change's replicas or batch) and price its applied plan there too. The planner's plan is
-    checked with its own ``validate`` (every layer served, memory, precision, pins)."""
+    demand change's replicas or batch; without the free cards ``withheld`` for other deployments) and
+    price its applied plan there too. The planner's plan is checked with its own ``validate`` (every
+    layer served, memory, precision, pins)."""
     revision = deployment.revision
     applied, priced = revision.plan, revision.priced
     stored = float(priced.predicted.decode_tokens_per_s if priced else 0.0)
     asked = {**revision.request, **(changes or {})}
     try:
         request = request_on_fleet(asked, model=revision.model, fleet=fleet,
-                                   busy=devices_in_use(deployment=deployment))
+                                   busy=[*devices_in_use(deployment=deployment), *withheld])
     except PlanningError as exc:
         return Pricing(stored, False, None, 0.0, str(exc), asked)
     report = validate(applied, request)

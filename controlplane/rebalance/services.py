@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from django.conf import settings
@@ -42,20 +44,36 @@ from controlplane.rebalance.pricing import Pricing, fleet_now, price, throttled_
 from controlplane.rebalance.selectors import change_in_flight
 
 if TYPE_CHECKING:
+    from contracts.hardware import FleetSpec
     from controlplane.rebalance.triggers import Occurrence
 
 POLICY_ACTOR = Actor(user=None, label="rebalance policy", via="system")
 HANDLED_KEEP = 50  # occurrence keys remembered per deployment (a revision applied forgets them all)
 
 
+@dataclass(frozen=True)
+class Observed:
+    """What a pass saw of one deployment before pricing anything: the occurrence to decide (None: only
+    the periodic better-plan check is due) and the fleet it was seen on."""
+
+    deployment: Deployment
+    occurrence: Occurrence | None
+    fleet: FleetSpec
+
+
 def rebalance_evaluate(*, deployment_id: int, now: float | None = None) -> str | None:
     """One pass of the policy over one deployment; returns what it decided (``proposed``,
-    ``applied``, ``kept``, ``held``, ``refused``) or None when nothing triggered.
-
-    The plans are priced between two short transactions, not under the deployment's row lock: a
-    re-plan is a planner run, and operators' applies and the controller's reconciles wait on that
-    row. The decision is taken only if the revision the triggers saw is still the applied one."""
+    ``applied``, ``kept``, ``held``, ``refused``) or None when nothing triggered. The beat's pass
+    over every deployment (``card_claims.rebalance_pass``) runs the same two steps, observing every
+    deployment before it settles any, so that scale-outs competing for free cards share them."""
     now = time.time() if now is None else now
+    observed = rebalance_observe(deployment_id=deployment_id, now=now)
+    return None if observed is None else rebalance_settle(observed=observed, now=now)
+
+
+def rebalance_observe(*, deployment_id: int, now: float) -> Observed | None:
+    """Record this pass's readings of the deployment (triggers, load series) and say what is to be
+    decided; None when nothing is."""
     with transaction.atomic():
         found = _watched(deployment_id=deployment_id)
         if found is None:
@@ -78,10 +96,21 @@ def rebalance_evaluate(*, deployment_id: int, now: float | None = None) -> str |
         state.save()
     if occurrence is None and not better_due:
         return None
+    return Observed(deployment, occurrence, fleet)
+
+
+def rebalance_settle(*, observed: Observed, now: float, withheld: Iterable[str] = ()) -> str | None:
+    """Price and decide what ``rebalance_observe`` saw. ``withheld``: free cards this deployment's
+    re-plan may not use (the joint pass gave them to other deployments).
+
+    The plans are priced between two short transactions, not under the deployment's row lock: a
+    re-plan is a planner run, and operators' applies and the controller's reconciles wait on that
+    row. The decision is taken only if the revision the triggers saw is still the applied one."""
+    deployment, occurrence, fleet = observed.deployment, observed.occurrence, observed.fleet
     asks = (demand.asks(deployment=deployment, occurrence=occurrence)
             if occurrence is not None and occurrence.trigger == RebalanceProposal.Trigger.DEMAND else [None])
     for changes in asks:  # a demand change's alternatives, the first the planner fits
-        pricing = price(deployment=deployment, fleet=fleet, changes=changes)
+        pricing = price(deployment=deployment, fleet=fleet, changes=changes, withheld=withheld)
         if pricing.proposed is not None and (changes is None or demand.delivers(pricing.proposed, changes)):
             break
     else:
@@ -95,7 +124,7 @@ def rebalance_evaluate(*, deployment_id: int, now: float | None = None) -> str |
             f"the planner finds a plan {pricing.gain:+.0%} faster on the fleet as it is now")
     priced_revision = deployment.revision_id
     with transaction.atomic():
-        found = _watched(deployment_id=deployment_id)
+        found = _watched(deployment_id=deployment.pk)
         if found is None:
             return None
         deployment, state = found

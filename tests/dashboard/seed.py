@@ -20,8 +20,9 @@ OPERATOR = ("operator", "correct horse battery")
 ADMIN = ("admin", "staple battery horse")  # staff: reads the audit trail (lab_with_auditor)
 
 
-def running_deployment_create(*, model, name: str = "chat"):
-    """A READY deployment of the planner's plan, as the controller leaves one once its stages run."""
+def running_deployment_create(*, model, name: str = "chat", request: dict | None = None):
+    """A READY deployment of the planner's plan for ``request`` (default ``REQUEST``), as the
+    controller leaves one once its stages run."""
     from django.utils import timezone
 
     from controlplane.deployments.events import event_record
@@ -30,10 +31,11 @@ def running_deployment_create(*, model, name: str = "chat"):
     from controlplane.planning import plan, plan_to_dict
     from controlplane.plans.selectors import plan_request_from_inventory
 
-    planned = plan_to_dict(plan(plan_request_from_inventory(model=model, request=REQUEST)))
+    request = request or REQUEST
+    planned = plan_to_dict(plan(plan_request_from_inventory(model=model, request=request)))
     deployment = Deployment.objects.create(name=name, model=model, status=Deployment.Status.READY)
     revision = PlanRevision.objects.create(
-        model=model, deployment=deployment, number=1, plan=planned, request=REQUEST,
+        model=model, deployment=deployment, number=1, plan=planned, request=request,
         source=PlanRevision.Source.PLANNER, status=PlanRevision.Status.APPLIED, applied_at=timezone.now(),
     )
     deployment.revision = revision
@@ -48,7 +50,7 @@ def running_deployment_create(*, model, name: str = "chat"):
             port += 1
             spec = {"layers": stage["layers"], "bits": stage["bits"], "head": f"tcp://127.0.0.1:{port - s}",
                     "listen": f"tcp://127.0.0.1:{port}", "kv_tokens": stage["kv_tokens"],
-                    "batch": REQUEST["batch"]}
+                    "batch": request["batch"]}
             DeploymentStage.objects.create(
                 deployment=deployment, pipeline=r, plan_replica=r, stage_index=s, node=device.node,
                 device=device, port=port, spec=spec, sent_spec=spec, state=DeploymentStage.State.READY,

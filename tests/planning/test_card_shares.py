@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from controlplane.planning.card_shares import Claimant, assign, greedy, score
+from controlplane.planning.card_shares import NEED_STEPS, Claimant, assign, greedy, in_steps, score
 
 
 def brute_force(claimants, cards):
@@ -67,3 +67,16 @@ def test_the_joint_assignment_is_the_brute_force_optimum_on_small_random_cases()
         assert score(claimants, joint) >= score(claimants, greedy(claimants, cards))
         greedy_worse += score(claimants, joint) > score(claimants, greedy(claimants, cards))
     assert greedy_worse >= 10  # the cases do tell the two apart
+
+
+def test_in_steps_counts_each_need_in_steps_and_keeps_the_joint_answer():
+    big = Claimant("big", priority=1, need=30, worth={"new/gpu0": 90, "old/gpu0": 30, "tiny/gpu0": 0})
+    small = Claimant("small", priority=0, need=800, worth={"new/gpu0": 800, "old/gpu0": 500, "tiny/gpu0": 19})
+    counted = {c.name: c for c in in_steps([big, small])}
+    assert counted["big"].need == counted["small"].need == NEED_STEPS
+    assert counted["big"].worth == {"new/gpu0": 60, "old/gpu0": 20, "tiny/gpu0": 0}
+    assert counted["small"].worth == {"new/gpu0": 20, "old/gpu0": 12, "tiny/gpu0": 0}  # 19 < half a step
+    cards = ["new/gpu0", "old/gpu0", "tiny/gpu0"]
+    assert assign(list(counted.values()), cards) == assign([big, small], cards) == {
+        "old/gpu0": "big", "new/gpu0": "small"}
+    assert in_steps([Claimant("idle", 0, 0, {"new/gpu0": 50})])[0].worth == {"new/gpu0": 0}
