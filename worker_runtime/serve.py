@@ -98,7 +98,7 @@ def serve(raw: dict, events: EventWriter, stop: threading.Event, replaced: threa
     finally:
         if transport is not None:
             transport.close()
-        if isinstance(stage, LeadStage):
+        if stage is not None:
             stage.close()
 
 

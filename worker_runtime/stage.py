@@ -329,7 +329,7 @@ class Stage(nn.Module):
         ``all_logits``). Raises :class:`~worker_runtime.kv_cache.KVBudgetExceeded` before running
         anything if the cache cannot hold the batch.
         """
-        x = self._input(batch)
+        x = self.first_layer_input(batch)
         plan = self.kv.plan(batch.seq_ids, batch.start_positions, batch.lengths)
         cos, sin = self.rope.cos_sin(plan.positions, plan.seq_ends, x.dtype)
         if self.fused is not None and takes_step(x, plan):
@@ -340,8 +340,14 @@ class Stage(nn.Module):
                 x = layer(x, plan, cos, sin, self.kv.k[i], self.kv.v[i])
         return self._output(x, batch, all_logits)
 
-    def _input(self, batch: Batch) -> torch.Tensor:
-        """The batch's hidden states as the first layer takes them: embedded tokens on the first stage."""
+    def close(self) -> None:
+        """Release what the stage holds outside its own memory: nothing for one process (a
+        tensor-parallel group's rank 0 stops its other ranks: ``LeadStage.close``)."""
+
+    def first_layer_input(self, batch: Batch) -> torch.Tensor:
+        """The batch's hidden states as the first layer takes them: embedded tokens on the first stage.
+        Checks the batch (ValueError): a tensor-parallel group's rank 0 calls it before the group hears
+        of the batch."""
         tokens = batch.input_ids if self.is_first else batch.hidden
         if tokens is None or tokens.shape[0] != batch.num_tokens:
             kind = "input_ids" if self.is_first else "hidden"

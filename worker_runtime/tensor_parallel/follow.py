@@ -40,7 +40,7 @@ def follow(shard: StageShard, channel: ControlChannel, pacer: ShardPacer | None)
                           logit_rows=message["logit_rows"])
             started = time.perf_counter()
             try:
-                shard.forward(batch, message["all_logits"])
+                shard.forward(batch)
             except KVBudgetExceeded:
                 continue  # rank 0's cache refused the same batch, before any collective
             if pacer is not None:

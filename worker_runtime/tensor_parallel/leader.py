@@ -151,9 +151,10 @@ class LeadStage:
         return getattr(self.shard, name)
 
     def forward(self, batch: Batch, all_logits: bool = False) -> torch.Tensor:
-        x = self.shard._input(batch)  # a bad batch fails here, before the group hears of it
+        x = self.shard.first_layer_input(batch)  # a bad batch fails here, before the group hears of it
+        # No ``all_logits``: only rank 0 holds the lm_head, the others return nothing.
         message = {"op": "forward", "seq_ids": batch.seq_ids, "starts": batch.start_positions,
-                   "lengths": batch.lengths, "logit_rows": batch.logit_rows, "all_logits": all_logits}
+                   "lengths": batch.lengths, "logit_rows": batch.logit_rows}
         with self.leader.sending(message):
             return self.shard.run(x, batch, all_logits)
 

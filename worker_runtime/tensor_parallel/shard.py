@@ -79,7 +79,7 @@ class StageShard(Stage):
         returns the hidden states or logits, the others None. Only rank 0's ``input_ids`` / ``hidden`` are
         read. A :class:`~worker_runtime.kv_cache.KVBudgetExceeded` is raised on every rank alike (all ranks
         have the same ``kv_tokens``), before any collective."""
-        return self.run(self._input(batch) if self.share.holds_ends else None, batch, all_logits)
+        return self.run(self.first_layer_input(batch) if self.share.holds_ends else None, batch, all_logits)
 
     @torch.inference_mode()
     def run(self, x: torch.Tensor | None, batch: Batch, all_logits: bool = False) -> torch.Tensor | None:
