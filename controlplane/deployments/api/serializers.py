@@ -72,9 +72,12 @@ class PlanRevisionSerializer(serializers.ModelSerializer):
     class Meta:
         model = PlanRevision
         fields = [
-            "id", "number", "model", "deployment", "source", "status", "plan", "request", "created",
-            "applied_at",
+            "id", "number", "model", "deployment", "source", "status", "plan", "request", "degraded_from",
+            "created", "applied_at",
         ]
+        extra_kwargs = {"degraded_from": {"help_text": "The request a degraded revision stands in for (a "
+                                          "re-plan after a loss that fit only a smaller workload or lower "
+                                          "precision); null for a full plan."}}
 
 
 class DeploymentSerializer(serializers.ModelSerializer):
