@@ -72,20 +72,27 @@ def emergency_request(
 def lowered_precision(request: Mapping[str, Any], asked: Mapping[str, Any], plan: Mapping[str, Any],
                       profile: ModelProfile) -> dict | None:
     """What a revision planned on the emergency quality budget runs below 16 bits, per replica the
-    most: ``{"layers": {bits: count}, "kl": summed KL, "max_kl": the budget}``; None when its request
-    keeps the asked precision (or the plan holds no stages to count)."""
+    most: ``{"layers": {bits: count}, "kl": summed KL (null where the profile no longer holds it),
+    "max_kl": the budget}``; None when its request keeps the asked precision (or the plan holds no
+    stages to count)."""
     if (request.get("quality"), request.get("bits")) == (asked.get("quality"), asked.get("bits")):
         return None
     if (priced := stored_plan(plan)) is None:
         return None
-    worst = max(priced.replicas, key=lambda r: plan_kl(r.stages, profile.sensitivity))
+    low = {bits for r in priced.replicas for s in r.stages for _, _, bits in s.segments if bits < 16}
+    measured = low <= set(measured_low_bits(profile))  # a profile measured again may lack a precision
+
+    def kl(replica) -> float:
+        return plan_kl(replica.stages, profile.sensitivity) if measured else 0.0
+
+    worst = max(priced.replicas, key=lambda r: (kl(r), sum(s.quantized_layers for s in r.stages)))
     layers: dict[int, int] = {}
     for stage in worst.stages:
         for start, end, bits in stage.segments:
             if bits < 16:
                 layers[bits] = layers.get(bits, 0) + end - start
     return {"layers": {str(bits): count for bits, count in sorted(layers.items(), reverse=True)},
-            "kl": round(plan_kl(worst.stages, profile.sensitivity), 6),
+            "kl": round(kl(worst), 6) if measured else None,
             "max_kl": (request.get("quality") or {}).get("max_kl")}
 
 
@@ -94,8 +101,9 @@ def precision_text(precision: Mapping[str, Any] | None) -> str:
     if not precision:
         return ""
     layers = ", ".join(f"{count} layer(s) at {bits} bits" for bits, count in precision["layers"].items())
-    return (f"precision lowered: {layers or 'no layer below 16 bits'}, KL {precision['kl']:.4g} of the "
-            f"emergency budget {precision['max_kl']:.4g}")
+    kl = "KL unmeasured" if precision["kl"] is None else f"KL {precision['kl']:.4g}"
+    return (f"precision lowered: {layers or 'no layer below 16 bits'}, {kl} of the emergency budget "
+            f"{precision['max_kl']:.4g}")
 
 
 def with_workload(request: Mapping[str, Any], *, batch: int, context: int) -> dict[str, Any]:

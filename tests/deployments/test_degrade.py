@@ -98,6 +98,9 @@ def test_lower_precision_only_where_the_operator_allows_it():
     assert lowered_shown["max_kl"] == 0.05
     assert precision_text(lowered_shown) == ("precision lowered: 32 layer(s) at 8 bits, KL 0.032 of the "
                                              "emergency budget 0.05")
+    unmeasured = lowered_precision(request, ASKED, plan_to_dict(plan), profile(**BIG))  # measured again
+    assert unmeasured["kl"] is None and precision_text(unmeasured).endswith("KL unmeasured of the emergency "
+                                                                            "budget 0.05")
 
 
 def test_the_emergency_budget_is_not_used_while_a_smaller_workload_fits_the_plans_precision():
