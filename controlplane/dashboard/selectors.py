@@ -15,7 +15,7 @@ from contracts.hardware import GIB
 from contracts.metrics import SLOWDOWN_REASONS
 from contracts.names import device_name
 from contracts.stage_spec import MAX_SPECULATIVE_TOKENS, SPECULATION_MODES
-from controlplane.deployments.degrade import degraded_workload
+from controlplane.deployments.degrade import degraded_workload, precision_text
 from controlplane.deployments.events import event_list
 from controlplane.deployments.models import Deployment, DeploymentEvent, DeploymentStage, PlanRevision
 from controlplane.deployments.targets import targets_of
@@ -154,8 +154,7 @@ def _deployment(deployment: Deployment, figures: dict[str, dict] | None = None) 
         "draft_model_id": deployment.draft_deployment.model_id if deployment.draft_deployment else None,
         "draft_models": _draft_models(deployment),
         "revision_number": getattr(deployment.revision, "number", None),
-        "degraded": (degraded_workload(deployment.revision.request, deployment.revision.degraded_from)
-                     if deployment.revision else None),
+        "degraded": _degraded(deployment.revision),
         "replicas": _replica_count(deployment.revision),
         "targets": targets_of(deployment), "demand": deployment_demand(deployment=deployment),
         "predicted": asdict(plan.predicted) if plan else None,
@@ -193,6 +192,12 @@ def _calibration_row(stage: DeploymentStage, figures: dict | None) -> dict[str, 
             figures["source"], figures["source"])
         row["factor_label"] = f"×{figures['factor']:.2f} ({why})"
     return row
+
+
+def _degraded(revision: PlanRevision | None) -> dict | None:
+    """``degraded_workload`` with its lowered precision in words (``precision_text``, "" when none)."""
+    shown = degraded_workload(revision) if revision else None
+    return {**shown, "precision_text": precision_text(shown["precision"])} if shown else None
 
 
 def _replica_count(revision: PlanRevision | None) -> int:

@@ -8,7 +8,15 @@ only when not even one fits, one sequence of the longest context down to ``CONTE
 search is a binary search on the planner's feasibility (fewer sequences or shorter ones never need
 more memory), so it costs a handful of planner calls. The revision planned on it keeps the request it
 stands in for (``PlanRevision.degraded_from``); the reconcile loop plans that again once it fits and
-restores the full plan.
+restores the full plan, at its own precision.
+
+Lower precision comes last, and only where the operator allows it: a deployment's
+``emergency_max_kl`` (null: not allowed) is a measured quality budget, the summed KL of the layers run
+below 16 bits (the model's ``sensitivity``, from ``manage.py profile_quality``). When not even one
+sequence of ``CONTEXT_FLOOR`` tokens fits at the plan's own precision, the same search runs again, from
+the full workload down, on the request with that budget in place of the plan's (``emergency_request``).
+Last rather than first because precision costs every answer some quality while fewer sequences cost
+only queueing, and the operator's budget is for keeping the model up, not for keeping its batch.
 """
 
 from __future__ import annotations
@@ -16,7 +24,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from controlplane.planning import Plan, PlanningError, Workload
+from contracts.model_profile import ModelProfile
+from controlplane.planning import Plan, PlanningError, Workload, stored_plan
+from controlplane.planning.quality_budget import plan_kl
+
+LOW_BITS = (8, 4)
 
 # Below this many tokens a sequence holds no useful conversation: the model is better off down.
 CONTEXT_FLOOR = 256
@@ -28,14 +40,70 @@ def workload_of(request: Mapping[str, Any]) -> tuple[int, int]:
     return int(request.get("batch") or default.batch), int(request.get("context") or default.context)
 
 
-def degraded_workload(request: Mapping[str, Any], degraded_from: Mapping[str, Any] | None) -> dict | None:
-    """What a revision serves against what was asked, ``{"planned": {"batch", "context"}, "asked": …}``,
-    for the API and the Deployments page; None for a revision that is not degraded."""
-    if degraded_from is None:
+def degraded_workload(revision) -> dict | None:
+    """What a revision serves against what was asked, ``{"planned": {"batch", "context"}, "asked": …,
+    "precision": lowered_precision(…)}``, for the API, the events and the Deployments page; None for a
+    revision that is not degraded."""
+    if revision.degraded_from is None:
         return None
-    (batch, context), (asked_batch, asked_context) = workload_of(request), workload_of(degraded_from)
+    (batch, context), (asked_batch, asked_context) = workload_of(revision.request), workload_of(
+        revision.degraded_from)
     return {"planned": {"batch": batch, "context": context},
-            "asked": {"batch": asked_batch, "context": asked_context}}
+            "asked": {"batch": asked_batch, "context": asked_context},
+            "precision": lowered_precision(revision.request, revision.degraded_from, revision.plan,
+                                           ModelProfile.from_dict(revision.model.profile))}
+
+
+def measured_low_bits(profile: ModelProfile) -> tuple[int, ...]:
+    """The precisions below 16 bits at which the model's per-layer KL was measured for every layer."""
+    return tuple(b for b in LOW_BITS if len(profile.sensitivity.get(b, ())) == profile.num_layers)
+
+
+def emergency_request(
+    asked: Mapping[str, Any], *, max_kl: float, low_bits: tuple[int, ...],
+) -> dict[str, Any]:
+    """``asked`` on the emergency quality budget: 16 bits where it allows them, and each measured low
+    precision (``low_bits``), the low-bit layers' summed KL at most ``max_kl``; it replaces the plan's
+    own budget (a count or a smaller ``max_kl``)."""
+    keep_16 = 16 in (asked.get("bits") or (16,))
+    return {**asked, "bits": [16] * keep_16 + list(low_bits), "quality": {"max_kl": max_kl}}
+
+
+def lowered_precision(request: Mapping[str, Any], asked: Mapping[str, Any], plan: Mapping[str, Any],
+                      profile: ModelProfile) -> dict | None:
+    """What a revision planned on the emergency quality budget runs below 16 bits, per replica the
+    most: ``{"layers": {bits: count}, "kl": summed KL (null where the profile no longer holds it),
+    "max_kl": the budget}``; None when its request keeps the asked precision (or the plan holds no
+    stages to count)."""
+    if (request.get("quality"), request.get("bits")) == (asked.get("quality"), asked.get("bits")):
+        return None
+    if (priced := stored_plan(plan)) is None:
+        return None
+    low = {bits for r in priced.replicas for s in r.stages for _, _, bits in s.segments if bits < 16}
+    measured = low <= set(measured_low_bits(profile))  # a profile measured again may lack a precision
+
+    def kl(replica) -> float:
+        return plan_kl(replica.stages, profile.sensitivity) if measured else 0.0
+
+    worst = max(priced.replicas, key=lambda r: (kl(r), sum(s.quantized_layers for s in r.stages)))
+    layers: dict[int, int] = {}
+    for stage in worst.stages:
+        for start, end, bits in stage.segments:
+            if bits < 16:
+                layers[bits] = layers.get(bits, 0) + end - start
+    return {"layers": {str(bits): count for bits, count in sorted(layers.items(), reverse=True)},
+            "kl": round(kl(worst), 6) if measured else None,
+            "max_kl": (request.get("quality") or {}).get("max_kl")}
+
+
+def precision_text(precision: Mapping[str, Any] | None) -> str:
+    """``lowered_precision`` in words, for events and the Deployments page: "" when not lowered."""
+    if not precision:
+        return ""
+    layers = ", ".join(f"{count} layer(s) at {bits} bits" for bits, count in precision["layers"].items())
+    kl = "KL unmeasured" if precision["kl"] is None else f"KL {precision['kl']:.4g}"
+    return (f"precision lowered: {layers or 'no layer below 16 bits'}, {kl} of the emergency budget "
+            f"{precision['max_kl']:.4g}")
 
 
 def with_workload(request: Mapping[str, Any], *, batch: int, context: int) -> dict[str, Any]:
@@ -61,10 +129,33 @@ def _largest(low: int, high: int, fits: Callable[[int], bool]) -> int | None:
     return low
 
 
-def degraded_plan(asked: Mapping[str, Any], plan_for: Callable[[dict[str, Any]], Plan]) -> tuple[dict, Plan]:
+def degraded_plan(
+    asked: Mapping[str, Any], plan_for: Callable[[dict[str, Any]], Plan], *,
+    lowered: Mapping[str, Any] | None = None,
+) -> tuple[dict, Plan]:
     """The request with the largest workload below ``asked``'s that ``plan_for`` plans (it raises
     PlanningError when a request does not fit), and its plan. ``asked`` itself is known not to fit.
-    PlanningError when not even one sequence of ``CONTEXT_FLOOR`` tokens does."""
+    ``lowered``: ``asked`` on the emergency quality budget (``emergency_request``), searched from the
+    full workload down when not even one sequence of ``CONTEXT_FLOOR`` tokens fits ``asked``'s precision.
+    PlanningError when nothing does."""
+    try:
+        return _largest_workload(asked, plan_for, try_asked=False)
+    except PlanningError as shrunk:
+        if lowered is None:
+            raise
+        try:
+            return _largest_workload(lowered, plan_for, try_asked=True)
+        except PlanningError as exc:
+            budget = lowered["quality"]["max_kl"]
+            raise PlanningError(f"{shrunk}; nor on the emergency quality budget (max_kl {budget:.4g}, "
+                                f"{'/'.join(map(str, lowered['bits']))} bits): {exc}") from None
+
+
+def _largest_workload(
+    asked: Mapping[str, Any], plan_for: Callable[[dict[str, Any]], Plan], *, try_asked: bool,
+) -> tuple[dict, Plan]:
+    """The most sequences at ``asked``'s context, else one sequence of the longest context that fits;
+    ``try_asked``: ``asked``'s own workload first (false where it is known not to fit)."""
     batch, context = workload_of(asked)
     plans: dict[tuple[int, int], tuple[dict, Plan]] = {}
     failures: list[PlanningError] = []
@@ -78,7 +169,8 @@ def degraded_plan(asked: Mapping[str, Any], plan_for: Callable[[dict[str, Any]],
             return False
         return True
 
-    if (most := _largest(1, batch - 1, lambda b: fits(b, context))) is not None:
+    most_batch = batch if try_asked else batch - 1
+    if (most := _largest(1, most_batch, lambda b: fits(b, context))) is not None:
         return plans[(most, context)]
     if (longest := _largest(min(CONTEXT_FLOOR, context - 1), context - 1, lambda c: fits(1, c))) is not None:
         return plans[(1, longest)]

@@ -149,6 +149,9 @@ class Deployment(TimestampedModel):
     min_replicas = models.PositiveSmallIntegerField(default=1, help_text="The fewest replicas it keeps.")
     max_replicas = models.PositiveSmallIntegerField(
         null=True, blank=True, help_text="The most replicas it may grow to (null: what the fleet holds).")
+    emergency_max_kl = models.FloatField(
+        null=True, blank=True, help_text="When a lost card leaves no room at the plan's precision: the "
+        "summed measured KL of the layers it may lower to keep serving (null: no lower precision).")
     stop_requested = models.BooleanField(default=False)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     status_message = models.TextField(blank=True)
@@ -162,13 +165,15 @@ class Deployment(TimestampedModel):
                 name="deployment_replicas_least_le_most"),
             models.CheckConstraint(condition=Q(target_percentile__in=PERCENTILES),
                                    name="deployment_target_percentile"),
+            models.CheckConstraint(condition=Q(emergency_max_kl__isnull=True) | Q(emergency_max_kl__gt=0),
+                                   name="deployment_emergency_max_kl_positive"),
         ]
 
     def __str__(self) -> str:
         return self.name
 
     def clean(self) -> None:
-        targets_check(targets_of(self))
+        targets_check(targets_of(self), model=self.model)
 
 
 class DeploymentPipeline(models.Model):

@@ -17,7 +17,7 @@ from django.core.exceptions import ValidationError
 
 from contracts.hardware import FleetSpec
 from contracts.model_profile import ModelProfile
-from controlplane.deployments.degrade import degraded_plan
+from controlplane.deployments.degrade import degraded_plan, emergency_request, measured_low_bits
 from controlplane.deployments.models import Deployment, PlanRevision
 from controlplane.deployments.plan_request_form import plan_request_from_dict
 from controlplane.deployments.selectors import devices_in_use, plan_devices, planning_only_message
@@ -94,7 +94,8 @@ def replan_revision_create(
     """A draft revision answering the deployment's full question again (the request a degraded revision
     stands in for), on the fleet as it is now (without ``exclude_nodes`` and other deployments'
     devices); PlanningError when nothing fits. ``degrade``: when the full question does not fit, the
-    largest workload that does (degrade.py), the revision keeping the full one in ``degraded_from``.
+    largest workload that does (degrade.py), the revision keeping the full one in ``degraded_from``;
+    last, on the deployment's emergency quality budget where its operator set one (``emergency_max_kl``).
 
     The applied plan with only its stranded stages moved is preferred to a fresh plan unless the fresh
     one serves enough better to pay for the stages it changes beyond the repair
@@ -114,11 +115,20 @@ def replan_revision_create(
     except PlanningError:
         if not degrade:
             raise
-        (request, chosen), degraded_from = degraded_plan(asked, plan_for), asked
+        request, chosen = degraded_plan(asked, plan_for, lowered=_emergency(deployment, asked))
+        degraded_from = asked
     return plan_revision_create(
         model=deployment.model, plan=plan_to_dict(chosen), request=request, source=source,
         deployment=deployment, degraded_from=degraded_from,
     )
+
+
+def _emergency(deployment: Deployment, asked: dict[str, Any]) -> dict[str, Any] | None:
+    """``asked`` on the deployment's emergency quality budget; None where its operator allows none."""
+    if deployment.emergency_max_kl is None:
+        return None
+    profile = ModelProfile.from_dict(deployment.model.profile)
+    return emergency_request(asked, max_kl=deployment.emergency_max_kl, low_bits=measured_low_bits(profile))
 
 
 def registered_fleet(*, name: str = "inventory") -> FleetSpec:

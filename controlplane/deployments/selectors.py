@@ -89,9 +89,10 @@ class PipelineHead:
 
 def deployment_endpoints(*, deployment: Deployment) -> list[PipelineHead]:
     """Every pipeline of the deployment whose head is wanted; ``ready`` when all its stages reported
-    ready, ``serving`` when it is its replica's serving pipeline (an incoming one is not yet, an outgoing
-    or reloading one no longer: docs/deployments.md, "Handover (make before break)")."""
-    stages = list(deployment.stages.filter(wanted=True).select_related("device__node")
+    ready and none is lost with its node (its last report says ready, but nothing runs it), ``serving``
+    when it is its replica's serving pipeline (an incoming one is not yet, an outgoing or reloading one
+    no longer: docs/deployments.md, "Handover (make before break)")."""
+    stages = list(deployment.stages.filter(wanted=True).select_related("node", "device__node")
                   .order_by("pipeline", "stage_index"))
     endpoints = []
     pipelines = list(DeploymentPipeline.objects.filter(deployment=deployment).order_by("index"))
@@ -106,7 +107,7 @@ def deployment_endpoints(*, deployment: Deployment) -> list[PipelineHead]:
             pipeline_id=pipeline.pipeline_id,
             head_address=own[0].spec["head"],
             auth_token=pipeline.auth_token,
-            ready=all(s.state == DeploymentStage.State.READY for s in own),
+            ready=all(s.state == DeploymentStage.State.READY and not s.lost for s in own),
             stages=tuple(
                 StagePlace(s.stage_key, s.stage_index, s.device.name if s.device else None) for s in own
             ),

@@ -44,7 +44,7 @@ def deployment_create(
     first as a deployment of its own where the planner places it (``drafts.py``). ``targets``: any of
     its service-level targets (targets.py; the others keep their defaults)."""
     targets = {**targets_of(Deployment()), **(targets or {})}
-    targets_check(targets)
+    targets_check(targets, model=revision.model)
     _require_draft_revision(revision)
     _require_strategy(routing_strategy)
     _require_speculation(speculation, speculative_tokens)
@@ -105,7 +105,7 @@ def deployment_update(
         deployment.rebalance_policy = rebalance_policy
     if targets:
         wanted = {**targets_of(deployment), **targets}
-        targets_check(wanted)
+        targets_check(wanted, model=deployment.model)
         for name, value in targets.items():
             changes[name] = [getattr(deployment, name), value]
             setattr(deployment, name, value)

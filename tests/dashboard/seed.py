@@ -226,6 +226,32 @@ def stopped_group_deployment_create(*, name: str = "tp-chat") -> int:
     return deployment.pk
 
 
+def stopped_degraded_deployment_create(*, name: str = "int8-chat") -> int:
+    """A stopped deployment whose applied revision a re-plan after a loss planned on the operator's
+    emergency quality budget (degrade.py): 2 of the 4 sequences asked, int8 allowed within a summed
+    KL of 0.5 (the model's int8 KL set here, 0.001 a layer). No stage rows: nothing runs."""
+    from django.utils import timezone
+
+    from controlplane.deployments.models import Deployment, PlanRevision
+    from controlplane.models_catalog.models import LlmModel
+    from controlplane.planning import plan, plan_to_dict
+    from controlplane.plans.selectors import plan_request_from_inventory
+
+    model = LlmModel.objects.get()
+    model.profile = {**model.profile, "sensitivity": {"8": [0.001] * model.num_layers}}
+    model.save(update_fields=["profile"])
+    request = {**REQUEST, "batch": 2, "bits": [16, 8], "quality": {"max_kl": 0.5}}
+    planned = plan_to_dict(plan(plan_request_from_inventory(model=model, request=request)))
+    deployment = Deployment.objects.create(name=name, model=model, status=Deployment.Status.STOPPED,
+                                           emergency_max_kl=0.5)
+    deployment.revision = PlanRevision.objects.create(
+        model=model, deployment=deployment, number=1, plan=planned, request=request, degraded_from=REQUEST,
+        source=PlanRevision.Source.REPLAN, status=PlanRevision.Status.APPLIED, applied_at=timezone.now(),
+    )
+    deployment.save()
+    return deployment.pk
+
+
 def _checkpoint_stand_in() -> Path:
     """Llama-3-8B's config beside an empty ``model.safetensors``: deployable as far as the control
     plane can tell (it never opens weights; agents do), so applying a plan works. No agent runs

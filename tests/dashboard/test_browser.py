@@ -4,15 +4,15 @@ Covers: log in; the topology of an emulated fleet with a running deployment; a u
 updating live from agent telemetry; prefix caching's figures on the Utilization and Deployments pages;
 the demand figures following the demand API in place; an invalid plan edit showing the planner's
 error; a valid edit applied as a new revision; the prefix caching switch; a tensor-parallel group's
-shares in the plan editor, edited and checked. Screenshots of each page go to
-test-artifacts/screenshots/.
+shares in the plan editor, edited and checked; what a degraded plan lowered, redrawn from the API.
+Screenshots of each page go to test-artifacts/screenshots/.
 (READY on the new plan needs real agents and stage processes: tests/dashboard/test_e2e.py.)
 
 Each test stands alone, in any order: the read-only ones share a module's server and a page logged in
-by its fixture (the group editor's test adds a stopped deployment there, which runs no stage and so
-changes nothing the others see); the one that applies a new revision has a server and agents of its
-own. One chromium serves them all (Playwright's sync API runs one per thread): a test needing another
-session opens a context of its own in it.
+by its fixture (the group editor's test and the degraded plan's each add a stopped deployment there,
+which runs no stage and so changes nothing the others see); the one that applies a new revision has a
+server and agents of its own. One chromium serves them all (Playwright's sync API runs one per
+thread): a test needing another session opens a context of its own in it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from tests.dashboard.browser import (
     own_context,
 )
 from tests.dashboard.seed import OPERATOR
-from tests.support.processes import REPO_ROOT, manage_argv
+from tests.support.processes import REPO_ROOT, manage_argv, manage_shell
 from tests.support.trace_samples import request_trace
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -342,3 +342,26 @@ def test_a_kept_trace_is_drawn_as_a_waterfall_from_the_deployments_page(page, se
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     expect(page.locator("#span-detail")).to_contain_text('"motley.prompt_tokens": 5')  # drawn after the click
     shot(page, "traces")
+
+
+@pytest.fixture(scope="module")
+def degraded_deployment(server) -> int:
+    """The module's server with a stopped deployment serving a precision-degraded revision
+    (``seed.stopped_degraded_deployment_create``); no stage rows, so the others see nothing new run."""
+    script = "from tests.dashboard.seed import stopped_degraded_deployment_create as c; print(f'ID={c()}')"
+    return int(manage_shell(server.env, script).split("ID=", 1)[1])
+
+
+def test_deployments_page_says_what_a_degraded_plan_lowered(page, degraded_deployment):
+    """The line the server renders is redrawn from the API on each resync (deployments.js): both say
+    what the emergency quality budget lowered."""
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    with page.expect_response(lambda r: "/api/v1/deployments/?limit=1000" in r.url):
+        page.goto("/deployments/")
+    line = page.locator(f"section.deployment[data-deployment='{degraded_deployment}'] [data-field=degraded]")
+    page.wait_for_load_state("networkidle")  # the resync's redraw done
+    expect(line).to_contain_text("Serving a degraded plan: 2 of 4 sequences, context 2048 of 2048 tokens; "
+                                 "precision lowered: ")
+    expect(line).to_contain_text("of the emergency budget 0.5; the full plan is restored")
+    assert not errors, errors

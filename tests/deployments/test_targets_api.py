@@ -107,3 +107,27 @@ def test_demand_endpoint_answers_for_the_deployment(api, anonymous, nodes, revis
     assert_error(api.get(url, {"window_s": 1}), 400, "window_s")
     assert api.get(f"{URL}999999/demand/").status_code == 404
     assert anonymous.get(url).status_code == 401
+
+
+def test_the_emergency_quality_budget_needs_a_measured_model_and_is_set_cleared_and_shown(
+        api, admin_client, nodes, llm, revision, sent):
+    body = {"name": "tiny", "model": llm.pk, "plan": THREE_STAGES, "request": REQUEST,
+            "emergency_max_kl": 0.1}
+    assert_error(api.post(URL, body, format="json"), 400, "emergency_max_kl",
+                 f"run manage.py profile_quality {llm.name}")
+    assert not Deployment.objects.exists()
+    deployment = deployment_create(name="tiny", revision=revision)
+    url = f"{URL}{deployment.pk}/"
+    assert api.get(url).json()["emergency_max_kl"] is None  # the default: no lower precision
+    assert_error(api.patch(url, {"emergency_max_kl": 0.1}, format="json"), 400, "profile_quality")
+
+    llm.profile = {**llm.profile, "sensitivity": {"8": [0.01] * 6}}  # as profile_quality stores it
+    llm.save(update_fields=["profile"])
+    assert api.patch(url, {"emergency_max_kl": 0.1}, format="json").json()["emergency_max_kl"] == 0.1
+    assert AuditEntry.objects.get(action="deployment.updated").detail["emergency_max_kl"] == [None, 0.1]
+    assert_error(api.patch(url, {"emergency_max_kl": 0}, format="json"), 400, "emergency_max_kl", "positive")
+    assert api.patch(url, {"emergency_max_kl": None}, format="json").json()["emergency_max_kl"] is None
+    change = admin_client.get(f"/admin/deployments/deployment/{deployment.pk}/change/").content.decode()
+    assert 'name="emergency_max_kl"' in change
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Deployment.objects.filter(pk=deployment.pk).update(emergency_max_kl=-1.0)

@@ -72,9 +72,12 @@ class PlanRevisionSerializer(serializers.ModelSerializer):
     class Meta:
         model = PlanRevision
         fields = [
-            "id", "number", "model", "deployment", "source", "status", "plan", "request", "created",
-            "applied_at",
+            "id", "number", "model", "deployment", "source", "status", "plan", "request", "degraded_from",
+            "created", "applied_at",
         ]
+        extra_kwargs = {"degraded_from": {"help_text": "The request a degraded revision stands in for (a "
+                                          "re-plan after a loss that fit only a smaller workload or lower "
+                                          "precision); null for a full plan."}}
 
 
 class DeploymentSerializer(serializers.ModelSerializer):
@@ -88,7 +91,8 @@ class DeploymentSerializer(serializers.ModelSerializer):
     pipelines = PipelineSerializer(many=True, read_only=True)
     degraded = serializers.SerializerMethodField(
         help_text="The applied plan's workload against the one asked, when a re-plan after a loss could fit "
-                  "only fewer or shorter sequences (null: the full plan).")
+                  "only fewer or shorter sequences, and the precision it lowered on the emergency quality "
+                  "budget (null: the full plan).")
 
     class Meta:
         model = Deployment
@@ -101,8 +105,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(serializers.JSONField(allow_null=True))
     def get_degraded(self, deployment: Deployment) -> dict | None:
-        revision = deployment.revision
-        return degraded_workload(revision.request, revision.degraded_from) if revision else None
+        return degraded_workload(deployment.revision) if deployment.revision else None
 
     @extend_schema_field(StageSerializer(many=True))
     def get_stages(self, deployment: Deployment) -> list[dict]:
@@ -148,6 +151,10 @@ class TargetsSerializer(serializers.Serializer):
     min_replicas = serializers.IntegerField(min_value=1, max_value=32767, required=False)
     max_replicas = serializers.IntegerField(min_value=1, max_value=32767, allow_null=True, required=False,
                                             help_text="null: as many as the fleet holds.")
+    emergency_max_kl = serializers.FloatField(
+        allow_null=True, required=False,
+        help_text="The summed measured KL of the layers a re-plan after a loss may lower to keep serving "
+        "when not even its smallest workload fits (positive; needs manage.py profile_quality; null: none).")
 
     def targets(self) -> dict:
         """The validated target fields that were given."""

@@ -92,6 +92,16 @@ async function refreshEvents() {
   }));
 }
 
+// The precision a degraded plan lowered on the emergency quality budget, as the server renders it
+// (deployments.degrade.precision_text): "" when none was.
+function precisionText(p) {
+  if (!p) return "";
+  const layers = Object.entries(p.layers).sort((a, b) => b[0] - a[0])
+    .map(([bits, count]) => `${count} layer(s) at ${bits} bits`).join(", ") || "no layer below 16 bits";
+  const kl = p.kl === null ? "KL unmeasured" : `KL ${+p.kl.toPrecision(4)}`;
+  return `; precision lowered: ${layers}, ${kl} of the emergency budget ${+p.max_kl.toPrecision(4)}`;
+}
+
 async function onResync() {
   refreshEvents();
   const page = await getJSON("/api/v1/deployments/?limit=1000");
@@ -104,7 +114,7 @@ async function onResync() {
     section.querySelector('[data-field="status_message"]').textContent = deployment.status_message;
     const degraded = section.querySelector('[data-field="degraded"]'), d = deployment.degraded;
     degraded.hidden = !d;
-    degraded.textContent = d ? `Serving a degraded plan: ${d.planned.batch} of ${d.asked.batch} sequences, context ${d.planned.context} of ${d.asked.context} tokens; the full plan is restored when the fleet fits it again.` : "";
+    degraded.textContent = d ? `Serving a degraded plan: ${d.planned.batch} of ${d.asked.batch} sequences, context ${d.planned.context} of ${d.asked.context} tokens${precisionText(d.precision)}; the full plan is restored when the fleet fits it again.` : "";
     showCaching(section.querySelector("[data-caching]"), deployment.prefix_caching);
     showSpeculation(section.querySelector("[data-speculation]"), deployment);
     for (const stage of deployment.stages) {
