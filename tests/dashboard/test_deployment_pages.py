@@ -104,10 +104,11 @@ def test_plan_editor_has_the_deployments_targets_in_a_form_of_their_own(operator
     editor = json.loads(page.split('id="editor-data" type="application/json">')[1].split("</script>")[0])
     assert editor["targets"] == {
         "ttft_target_ms": 450, "tpot_target_ms": None, "target_percentile": 99, "target_window_s": 300,
-        "priority": 3, "min_replicas": 2, "max_replicas": None}
+        "priority": 3, "min_replicas": 2, "max_replicas": None, "emergency_max_kl": None}
     form = page[page.index('id="targets" data-deployment="%d"' % running_deployment.pk):]
     assert 'name="ttft_target_ms" type="number" min="1" value="450"' in form
     assert 'name="tpot_target_ms" type="number" min="1" value=""' in form  # empty: no target
+    assert 'name="emergency_max_kl" type="number" min="0" step="any" value=""' in form  # never lowered
     assert '<option value="99" selected>p99</option>' in form
     assert 'name="priority" type="number" value="3"' in form
     assert 'min="10" max="3600" value="300"' in form  # the API's window bounds
