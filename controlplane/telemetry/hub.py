@@ -251,11 +251,15 @@ class TelemetryHub:
         self.channel = await layer.new_channel()
         await layer.group_add(GROUP, self.channel)
         while True:
-            message = await layer.receive(self.channel)
-            try:
-                self.ingest(message)
-            except Exception:  # one bad message must not stop live telemetry for every browser
-                logger.exception("telemetry hub: could not ingest a message")
+            self.take(await layer.receive(self.channel))
+
+    def take(self, message: Mapping[str, Any]) -> None:
+        """``ingest``, logging what it raises: one bad message must not stop live telemetry for every
+        browser, nor the agent's socket that handed it over (``services.telemetry_publish``)."""
+        try:
+            self.ingest(message)
+        except Exception:
+            logger.exception("telemetry hub: could not ingest a message")
 
     async def _flush(self, layer, store) -> None:
         while True:
