@@ -112,6 +112,9 @@ async def _dashboard(url: str, origin: str, session: str, deltas: bool, probe: b
                 out["frames"] += 1
                 out["bytes"] += len(text)
                 out["delivery"].append(arrived - float(at))
+                # The hub's version counts the heartbeats it ingested: the first and last seen time it.
+                out["versions"].append((float(at), int(version)))
+                out["versions"][:] = [min(out["versions"]), max(out["versions"])]
             # A GPU's new sample comes whole (devices) or as a patch; its sent_at is new either way.
             for name, fields in _samples(frame):
                 if (sent_at := fields.get("sent_at")) is not None and seen.get(name) != sent_at:
@@ -147,7 +150,7 @@ def run_dashboards(conn, url: str, origin: str, session: str, deltas: bool, sock
                    start: float, end: float) -> None:
     """``sockets`` dashboards (the first ``probes`` of them parsing every frame) until ``end``; report
     what arrived from ``start`` on."""
-    out = {"frames": 0, "bytes": 0, "delivery": [], "latency": [], "in_server": []}
+    out = {"frames": 0, "bytes": 0, "delivery": [], "latency": [], "in_server": [], "versions": []}
 
     async def main() -> list[str]:
         results = await asyncio.gather(*(_dashboard(url, origin, session, deltas, i < probes, start, end, out)
