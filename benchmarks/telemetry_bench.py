@@ -230,7 +230,7 @@ def main() -> None:
               f"{r['frames_per_socket_s']:.1f} | {r['frame_kb']:.0f} | {r['server_cores']:.2f} | "
               f"{r['server_cpu_ms_per_heartbeat']:.2f} | {r['load_average_1m']:.1f} / {r['cpus']} |")
     full, delta = (next((r for r in results if r["mode"] == m), None) for m in ("full", "delta"))
-    if full and delta:
+    if full and delta and full["frame_kb"] and delta["frame_kb"]:  # no ratio of windows without a frame
         print(f"\ndelta / full: p99 {delta['p99_ms'] / full['p99_ms']:.2f}x, frame size "
               f"{delta['frame_kb'] / full['frame_kb']:.2f}x, server CPU per heartbeat "
               f"{delta['server_cpu_ms_per_heartbeat'] / full['server_cpu_ms_per_heartbeat']:.2f}x")
