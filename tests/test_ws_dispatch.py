@@ -4,10 +4,14 @@
 from __future__ import annotations
 
 import channels.consumer
+import pytest
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.testing import WebsocketCommunicator
 
 from controlplane.common.ws_dispatch import FramesWithoutSweep
+
+# Closing runs Channels' own sweep, which checks connections an earlier test in this thread opened.
+pytestmark = pytest.mark.django_db
 
 
 class Echo(FramesWithoutSweep, AsyncWebsocketConsumer):
