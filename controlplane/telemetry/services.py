@@ -5,10 +5,10 @@ The agents' socket (``enrollment.consumers``) builds a node's sample from each h
 process's ``keeper.SampleKeeper`` writes the latest of every node off the event loop, a few times a
 second, through ``telemetry_keep_many``; read through ``selectors.py``: samples are superseded every
 second and losing one costs nothing) and publishes it at once, from its event loop, to the Channels
-group ``telemetry`` (``telemetry_publish``; with the in-memory layer, straight to this process's hub):
-no database, no thread hop, no throttle. Pacing is the
-browser sockets' business: the dashboard's hub (``hub.py``) is one subscriber per server process
-and each ``/ws/dashboard/`` socket takes snapshots at its own pace.
+group ``telemetry`` (``telemetry_publish``; with the in-memory layer, straight to this process's
+hub): no database, no thread hop, no throttle. Pacing is the browser sockets' business: the
+dashboard's hub (``hub.py``) is one subscriber per server process and each ``/ws/dashboard/`` socket
+takes snapshots at its own pace.
 """
 
 from __future__ import annotations
