@@ -17,7 +17,8 @@ Latency is agent-to-browser, measured on the probe sockets (which parse and appl
 every GPU sample, the time from the agent's ``sent_at`` to the first frame carrying it (same machine,
 same clock), split into agent's send to frame rendered (the frame's ``at``) and rendered to arrived
 (every socket). CPU is the server process's user+system time over the measured window, in cores, and
-per heartbeat ingested (one node's update: 8 GPU samples).
+per heartbeat ingested (one node's update: 8 GPU samples), counted by the hub's version, which the
+frames carry: a server behind its agents ingests fewer heartbeats than they send.
 """
 
 from __future__ import annotations
@@ -154,10 +155,13 @@ def _summary(result: dict, per_s: float, agents: list[dict], args) -> dict:
     reports, elapsed = result["reports"], result["elapsed"]
     merged = {k: [v for r in reports for v in r[k]] for k in ("latency", "in_server", "delivery")}
     latencies, frames = merged["latency"], sum(r["frames"] for r in reports)
+    versions = [v for r in reports for v in r["versions"]]  # (rendered at, hub version) in the window
+    (t0, v0), (t1, v1) = (min(versions), max(versions)) if versions else ((0.0, 0), (0.0, 0))
+    ingested = (v1 - v0) / (t1 - t0) if t1 > t0 else float("nan")
     return {
         "mode": result["mode"], "gpus": len(agents) * args.gpus_per_node, "nodes": len(agents),
         "dashboards": args.dashboards, "probes": args.probes, "seconds": elapsed,
-        "heartbeats_per_s": per_s, "samples": len(latencies),
+        "heartbeats_per_s": per_s, "heartbeats_ingested_per_s": ingested, "samples": len(latencies),
         "expected_samples": per_s * elapsed * args.gpus_per_node * args.probes,
         "p50_ms": 1000 * percentile(latencies, 0.5), "p95_ms": 1000 * percentile(latencies, 0.95),
         "p99_ms": 1000 * percentile(latencies, 0.99), "max_ms": 1000 * max(latencies, default=float("nan")),
@@ -168,7 +172,9 @@ def _summary(result: dict, per_s: float, agents: list[dict], args) -> dict:
         "frames_per_socket_s": frames / args.dashboards / elapsed,
         "frame_kb": sum(r["bytes"] for r in reports) / max(1, frames) / 1024,
         "server_cores": result["server_cores"],
-        "server_cpu_ms_per_heartbeat": 1000 * result["server_cores"] / per_s if per_s else float("nan"),
+        # Per heartbeat the hub ingested (its version counts them): a server that falls behind the
+        # agents has ingested fewer than were sent, and spent its CPU on those.
+        "server_cpu_ms_per_heartbeat": 1000 * result["server_cores"] / ingested if ingested else float("nan"),
         # Other work on the machine skews every figure: the benchmark reports the load it ran under.
         "load_average_1m": result["load_average_1m"], "cpus": os.cpu_count(),
     }
@@ -218,12 +224,13 @@ def main() -> None:
     for r in results:
         print(f"| {r['mode']} | {r['gpus']} | {r['nodes']} | {r['dashboards']} ({r['probes']}) | "
               f"{interval} | "
-              f"{r['heartbeats_per_s']:.0f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | "
+              f"{r['heartbeats_per_s']:.0f} | {r['heartbeats_ingested_per_s']:.0f} | "
+              f"{r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | "
               f"{r['max_ms']:.0f} | {r['samples'] / max(1, r['expected_samples']):.0%} | "
               f"{r['frames_per_socket_s']:.1f} | {r['frame_kb']:.0f} | {r['server_cores']:.2f} | "
               f"{r['server_cpu_ms_per_heartbeat']:.2f} | {r['load_average_1m']:.1f} / {r['cpus']} |")
     full, delta = (next((r for r in results if r["mode"] == m), None) for m in ("full", "delta"))
-    if full and delta:
+    if full and delta and full["frame_kb"] and delta["frame_kb"]:  # no ratio of windows without a frame
         print(f"\ndelta / full: p99 {delta['p99_ms'] / full['p99_ms']:.2f}x, frame size "
               f"{delta['frame_kb'] / full['frame_kb']:.2f}x, server CPU per heartbeat "
               f"{delta['server_cpu_ms_per_heartbeat'] / full['server_cpu_ms_per_heartbeat']:.2f}x")

@@ -23,6 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")  # services reads settings
+import django  # noqa: E402
+
+django.setup()  # services imports the hub's runtime, which imports the rollups' model
 
 from benchmarks.telemetry_sim import heartbeat  # noqa: E402
 from controlplane.telemetry.frames import Subscription  # noqa: E402

@@ -10,7 +10,8 @@ acks every frame by its version as the dashboard's live.js does. *Probe* sockets
 and apply it as the page does, timing each GPU sample from its agent's ``sent_at`` to the first frame
 carrying it; the others read the frame's head only (its version and ``at``: when the server rendered
 it) and ack, so that fifty sockets' worth of traffic costs the server what it would while the
-client's parsing stays within the machine.
+client's parsing stays within the machine. One more socket per process shows no node: its frames
+(fleet counts, every tick) time the hub's ingest by the version they carry.
 """
 
 from __future__ import annotations
@@ -121,6 +122,25 @@ async def _dashboard(url: str, origin: str, session: str, deltas: bool, probe: b
                         out["in_server"].append(float(at) - sent_at)
 
 
+async def _ingest_meter(url: str, origin: str, session: str, start: float, end: float, out: dict) -> None:
+    """A socket showing no node, sent a frame of fleet counts on every tick: each frame's hub version
+    (the heartbeats it ingested) and ``at`` (when it rendered) time the server's ingest, however late
+    the frames arrive. The first and last of the window go to ``out["versions"]``."""
+    headers = {"Cookie": f"sessionid={session}"}
+    async with await _connect(url, additional_headers=headers, origin=origin) as socket:
+        await socket.send(json.dumps({"subscribe": {"nodes": []}}))
+        while time.time() < end:
+            try:
+                text = await asyncio.wait_for(socket.recv(), timeout=1.0)
+            except TimeoutError:
+                continue
+            version, at = HEAD.search(text, 0, 200).groups()
+            await socket.send(json.dumps({"ack": int(version)}))
+            if start <= float(at) < end:
+                out["versions"][:] = [min([*out["versions"], (float(at), int(version))]),
+                                      max([*out["versions"], (float(at), int(version))])]
+
+
 async def fleet_heard(url: str, origin: str, session: str, nodes: int, timeout_s: float) -> None:
     """Wait until the server's hub has a sample of ``nodes`` nodes (every agent's first heartbeat
     recorded and published), read from the frames' fleet counts with a subscription to no node."""
@@ -147,11 +167,13 @@ def run_dashboards(conn, url: str, origin: str, session: str, deltas: bool, sock
                    start: float, end: float) -> None:
     """``sockets`` dashboards (the first ``probes`` of them parsing every frame) until ``end``; report
     what arrived from ``start`` on."""
-    out = {"frames": 0, "bytes": 0, "delivery": [], "latency": [], "in_server": []}
+    out = {"frames": 0, "bytes": 0, "delivery": [], "latency": [], "in_server": [], "versions": []}
 
     async def main() -> list[str]:
         results = await asyncio.gather(*(_dashboard(url, origin, session, deltas, i < probes, start, end, out)
-                                         for i in range(sockets)), return_exceptions=True)
+                                         for i in range(sockets)),
+                                       _ingest_meter(url, origin, session, start, end, out),
+                                       return_exceptions=True)
         return [repr(r) for r in results if isinstance(r, BaseException)]
 
     errors = asyncio.run(main())

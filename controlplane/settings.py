@@ -377,7 +377,7 @@ CACHES = {
          "OPTIONS": {"serializer": "controlplane.common.cache.JsonSerializer",
                      "socket_connect_timeout": 0.5, "socket_timeout": 0.5}}
         if MOTLEY_CACHE_URL.startswith(("redis://", "rediss://", "unix://"))
-        else {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+        else {"BACKEND": "controlplane.common.cache.FileCache",
               "LOCATION": str(VAR_DIR / "cache"), "OPTIONS": {"MAX_ENTRIES": 100_000}}
     )
 }

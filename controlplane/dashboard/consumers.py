@@ -28,6 +28,7 @@ import json
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
+from controlplane.common.ws_dispatch import FramesWithoutSweep
 from controlplane.common.ws_limits import MessageLimits
 from controlplane.telemetry.frames import Subscription, SubscriptionError
 from controlplane.telemetry.runtime import running_hub
@@ -37,7 +38,7 @@ CLOSE_BAD_SUBSCRIPTION = 4400
 ACK_TIMEOUT_S = 10.0  # a browser silent this long is sent the next delta anyway
 
 
-class DashboardConsumer(AsyncWebsocketConsumer):
+class DashboardConsumer(FramesWithoutSweep, AsyncWebsocketConsumer):
     async def connect(self):
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:

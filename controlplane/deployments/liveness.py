@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -107,12 +107,25 @@ def node_heartbeats_flush(*, seen: list[HeartbeatSeen]) -> dict[int, str]:
             node.last_heartbeat = entry.received_at
             newer.append(node)
     if newer:
-        Node.objects.bulk_update(newer, ["last_heartbeat"])
+        _last_heartbeats_write(newer)
     for node_id in latest:
         _heard_from(nodes[node_id])
     stage_reports_record_news(
         reports={nodes[node_id]: (entry.received_at, entry.stages) for node_id, entry in latest.items()})
     return refused
+
+
+def _last_heartbeats_write(nodes: list[Node]) -> None:
+    """Each node's ``last_heartbeat``, as ``bulk_update`` would write it, in one statement run once
+    per row (``executemany``): ``bulk_update`` builds and compiles a CASE over every row in Python,
+    which at a thousand nodes cost a flush more CPU than everything else the agents' sockets do."""
+    connection = connections[Node.objects.db]
+    field, quote = Node._meta.get_field("last_heartbeat"), connection.ops.quote_name
+    statement = (f"UPDATE {quote(Node._meta.db_table)} SET {quote(field.column)} = %s "
+                 f"WHERE {quote(Node._meta.pk.column)} = %s")
+    with connection.cursor() as cursor:
+        cursor.executemany(statement, [(field.get_db_prep_value(n.last_heartbeat, connection), n.pk)
+                                       for n in nodes])
 
 
 def _heard_from(node: Node) -> None:

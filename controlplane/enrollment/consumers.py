@@ -23,6 +23,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
+from controlplane.common.ws_dispatch import FramesWithoutSweep
 from controlplane.common.ws_limits import MessageLimits
 from controlplane.deployments.liveness import node_connection_closed
 from controlplane.enrollment.heartbeats import running_flusher
@@ -45,7 +46,7 @@ def stages_fingerprint(stages: list) -> tuple:
     ))
 
 
-class AgentConsumer(AsyncJsonWebsocketConsumer):
+class AgentConsumer(FramesWithoutSweep, AsyncJsonWebsocketConsumer):
     async def connect(self):
         headers = dict(self.scope.get("headers", []))
         found = await database_sync_to_async(node_for_credential)(

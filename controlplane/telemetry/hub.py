@@ -251,11 +251,15 @@ class TelemetryHub:
         self.channel = await layer.new_channel()
         await layer.group_add(GROUP, self.channel)
         while True:
-            message = await layer.receive(self.channel)
-            try:
-                self.ingest(message)
-            except Exception:  # one bad message must not stop live telemetry for every browser
-                logger.exception("telemetry hub: could not ingest a message")
+            self.take(await layer.receive(self.channel))
+
+    def take(self, message: Mapping[str, Any]) -> None:
+        """``ingest``, logging what it raises: one bad message must not stop live telemetry for every
+        browser, nor the agent's socket that handed it over (``services.telemetry_publish``)."""
+        try:
+            self.ingest(message)
+        except Exception:
+            logger.exception("telemetry hub: could not ingest a message")
 
     async def _flush(self, layer, store) -> None:
         while True:
@@ -278,11 +282,16 @@ def _close(kind: str, key: str, bucket: _Bucket, seconds: int) -> Rollup:
 
 
 def _number(value: Any, default: float = _MISSING) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
+    """``value`` as a finite float, else ``default``; called for every field of every GPU a heartbeat
+    reports, so the usual cases (a float, a missing field) take no exception."""
+    if value is None:  # a field the card does not report (NVLink on a PCIe card)
         return default
-    return number if number == number and number not in (float("inf"), float("-inf")) else default
+    if value.__class__ is not float:
+        try:
+            value = float(value)
+        except (TypeError, ValueError, OverflowError):  # OverflowError: an int past float's range
+            return default
+    return value if value - value == 0.0 else default  # NaN and infinities give NaN
 
 
 def _or_none(value: float) -> float | None:

@@ -5,9 +5,10 @@ The agents' socket (``enrollment.consumers``) builds a node's sample from each h
 process's ``keeper.SampleKeeper`` writes the latest of every node off the event loop, a few times a
 second, through ``telemetry_keep_many``; read through ``selectors.py``: samples are superseded every
 second and losing one costs nothing) and publishes it at once, from its event loop, to the Channels
-group ``telemetry`` (``telemetry_publish``): no database, no thread hop, no throttle. Pacing is the
-browser sockets' business: the dashboard's hub (``hub.py``) is one subscriber per server process
-and each ``/ws/dashboard/`` socket takes snapshots at its own pace.
+group ``telemetry`` (``telemetry_publish``; with the in-memory layer, straight to this process's
+hub): no database, no thread hop, no throttle. Pacing is the browser sockets' business: the
+dashboard's hub (``hub.py``) is one subscriber per server process and each ``/ws/dashboard/`` socket
+takes snapshots at its own pace.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import logging
 import time
 from typing import Any
 
+from channels.layers import InMemoryChannelLayer
 from django.conf import settings
 from django.core.cache import cache
 
+from controlplane.telemetry.runtime import running_hub
 from controlplane.telemetry.schema import CACHE_ERRORS, GROUP, NODES_KEY, node_sample_key, stage_node_key
 
 logger = logging.getLogger(__name__)
@@ -101,5 +104,15 @@ def telemetry_message(sample: dict[str, Any]) -> dict[str, Any]:
 
 
 async def telemetry_publish(layer, sample: dict[str, Any]) -> None:
-    """Send ``sample`` to every subscriber of the group ``telemetry`` (lossy: a full channel drops it)."""
-    await layer.group_send(GROUP, telemetry_message(sample))
+    """Send ``sample`` to every subscriber of the group ``telemetry``, the hub of every server process
+    (lossy: a full channel drops it).
+
+    With Channels' in-memory layer (the embedded default: one server process, which agents and
+    browsers share) the group's one subscriber is this process's hub, which takes the sample at once:
+    through the layer it would be deep-copied and queued for another task to take out, which cost as
+    much CPU as the hub's own ingest.
+    """
+    if isinstance(layer, InMemoryChannelLayer):
+        running_hub().take(telemetry_message(sample))
+    else:
+        await layer.group_send(GROUP, telemetry_message(sample))

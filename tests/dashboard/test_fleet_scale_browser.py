@@ -143,6 +143,56 @@ def test_the_filter_narrows_what_is_drawn(server, page):
     assert drawing_problems(page) == []
 
 
+def test_the_filtered_page_is_sent_the_telemetry_of_the_nodes_it_draws_only(server, page):
+    """The page subscribes to the nodes its filter leaves drawn: read from its own socket's frames, once
+    the server has answered a subscription (with a snapshot), no frame carries another node's cards.
+    Only the registered node has an agent, so its cards are the ones a filter must keep out."""
+    seed = at_scale(server, 64)
+    live, other = seed["agents"][0]["node"], seed["nodes"][3]
+    log: list[tuple[str, dict]] = []  # ("sent" | "received", message), in the order the page saw them
+
+    def watch(socket):
+        if socket.url.endswith("/ws/dashboard/"):
+            socket.on("framesent", lambda payload: log.append(("sent", json.loads(payload))))
+            socket.on("framereceived", lambda payload: log.append(("received", json.loads(payload))))
+
+    def filtered_to(words: str, drawn: list[str]) -> list[str]:
+        """The nodes whose cards the frames carry once the page, filtered by ``words``, is answered."""
+        snapshots = "Number(document.getElementById('live-status').dataset.snapshots || 0)"
+        wanted = {"subscribe": {"nodes": drawn}}
+        before = page.evaluate(snapshots)
+        page.locator("#topology-filter").fill(words)
+        answered = None
+        for _ in range(5):  # the page applies a snapshot for another cause too (a gap it acked null)
+            page.wait_for_function(f"{snapshots} > {before}")
+            before = page.evaluate(snapshots)
+            subscribed = next((i for i, (way, m) in enumerate(log) if way == "sent" and m == wanted),
+                              len(log))
+            answered = next((i for i, (way, m) in enumerate(log)
+                             if i > subscribed and way == "received" and m["type"] == "snapshot"), None)
+            if answered is not None:
+                break
+        assert answered is not None, f"no snapshot answered {wanted}"
+        assert sorted(page.locator("g.node").evaluate_all("gs => gs.map(g => g.dataset.node)")) == drawn
+        assert [m for way, m in log if way == "sent" and "subscribe" in m][-1] == wanted
+        return sorted({name.split("/")[0] for way, m in log[answered:] if way == "received"
+                       for name in [*m["devices"], *m.get("patches", {})]})
+
+    page.on("websocket", watch)
+    agents = SimulatedAgents(server.url, [seed["agents"][0]], [])
+    try:
+        open_topology(page)
+        page.wait_for_function(  # every node shown: the registered node's cards come live
+            f"document.querySelectorAll('g.gpu[data-device^=\"{live}/\"]:not(.no-data)').length === 8")
+        assert live in {name.split("/")[0] for way, m in log if way == "received" for name in m["devices"]}
+        assert filtered_to(other, [other]) == []  # a declared node: no telemetry, and none of the live one's
+        assert filtered_to(live, [live]) == [live]
+    finally:
+        page.remove_listener("websocket", watch)
+        agents.stop()
+        page.locator("#topology-filter").fill("")
+
+
 def test_nodes_are_grouped_by_the_label_the_operator_picks(server, page):
     at_scale(server, 64)
     open_topology(page)

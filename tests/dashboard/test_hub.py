@@ -126,6 +126,18 @@ def test_malformed_samples_are_skipped():
     assert hub.devices == {} and hub.stages == {}
 
 
+def test_a_figure_that_is_not_a_finite_number_is_left_out_of_its_gpu():
+    hub = TelemetryHub(clock=Clock(5.0))
+    gpu = {**_gpu(50.0), "temperature_c": float("inf"), "power_w": "12.5", "memory_used_bytes": 10**400,
+           "pcie_tx_bytes_per_s": "fast", "pcie_rx_bytes_per_s": None, "utilization_pct": 7}
+    hub.ingest(telemetry_message(telemetry_sample(node_id=1, node_name="a", heartbeat={"devices": [gpu]},
+                                                  received_at=5.0)))
+    kept = hub.devices["a/gpu0"]
+    assert kept["utilization_pct"] == 7.0 and kept["power_w"] == 12.5 and kept["memory_total_bytes"] == 100
+    left_out = {"temperature_c", "memory_used_bytes", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s"}
+    assert not left_out & set(kept)
+
+
 def test_history_keeps_only_the_window_and_rollups_close_per_bucket():
     clock = Clock(1000.0)
     hub = TelemetryHub(history_s=30, rollup_s=10, clock=clock)

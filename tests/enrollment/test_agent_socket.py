@@ -7,9 +7,9 @@ import time
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 
+from contracts.names import device_name
 from controlplane.asgi import application
 from controlplane.deployments.models import DeploymentStage
 from controlplane.deployments.revisions import plan_revision_create
@@ -17,7 +17,7 @@ from controlplane.deployments.services import deployment_create
 from controlplane.enrollment import consumers, heartbeats
 from controlplane.enrollment.services import agent_register
 from controlplane.inventory.models import Node
-from controlplane.telemetry.schema import GROUP
+from controlplane.telemetry.runtime import running_hub
 from controlplane.telemetry.selectors import node_sample
 from tests.deployments.conftest import REQUEST, edited_plan
 from tests.enrollment.conftest import DEVICE
@@ -37,9 +37,9 @@ async def connect(authorization: str | None, origin: bytes | None = None) -> Web
     return WebsocketCommunicator(application, "/ws/agents/", headers=headers)
 
 
-def heartbeat(incarnation: int, stages=()) -> dict:
+def heartbeat(incarnation: int, stages=(), devices=({"index": 0, "utilization": 0.5},)) -> dict:
     return {"type": "heartbeat", "incarnation": incarnation, "seq": 1, "sent_at": 0.0,
-            "devices": [{"index": 0, "utilization": 0.5}], "stages": list(stages)}
+            "devices": list(devices), "stages": list(stages)}
 
 
 async def test_without_a_valid_credential_the_socket_is_refused(join_token):
@@ -52,19 +52,28 @@ async def test_without_a_valid_credential_the_socket_is_refused(join_token):
         await communicator.disconnect()
 
 
-async def test_a_heartbeat_marks_the_node_alive_and_reaches_the_telemetry_group(join_token):
+async def hub_heard(hub, samples: int, since: int) -> int:
+    """Wait until this process's telemetry hub has taken ``samples`` samples since its version
+    ``since`` (through the channel layer's group, or straight from the socket with the in-memory
+    layer); how many it took."""
+    deadline = time.monotonic() + 5
+    while hub.version - since < samples and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.1)  # and no more
+    return hub.version - since
+
+
+async def test_a_heartbeat_marks_the_node_alive_and_reaches_the_telemetry_hub(join_token):
     a = await database_sync_to_async(register)(join_token, "node-a")
     await database_sync_to_async(Node.objects.filter(pk=a.node.pk).update)(status=Node.Status.SUSPECT)
-    layer = get_channel_layer()
-    channel = await layer.new_channel()
-    await layer.group_add(GROUP, channel)
+    hub = running_hub()
+    since = hub.version
     # Agents send no Origin header; a browser's Origin on this route changes nothing either.
     communicator = await connect(f"Node {a.node.pk}:{a.credential}")
     assert (await communicator.connect())[0]
-    await communicator.send_json_to(heartbeat(a.incarnation))
-    message = await asyncio.wait_for(layer.receive(channel), 5)
-    assert message["type"] == "telemetry.sample" and message["sample"]["node"] == "node-a"
-    assert message["sample"]["devices"] == [{"index": 0, "utilization": 0.5}]
+    await communicator.send_json_to(heartbeat(a.incarnation, devices=[{"index": 0, "utilization_pct": 50.0}]))
+    assert await hub_heard(hub, 1, since) == 1
+    assert hub.devices[device_name("node-a", 0)]["utilization_pct"] == 50.0
     assert await communicator.receive_nothing(0.2)
     node = await database_sync_to_async(Node.objects.get)(pk=a.node.pk)
     assert node.status == Node.Status.READY
@@ -140,9 +149,8 @@ async def test_unchanged_heartbeats_are_written_once_per_flush_not_once_each(joi
     receives = Calls(monkeypatch, consumers, "agent_message_receive")
     flushes = Calls(monkeypatch, heartbeats, "node_heartbeats_flush")
     a = await database_sync_to_async(register)(join_token, "node-a")
-    layer = get_channel_layer()
-    channel = await layer.new_channel()
-    await layer.group_add(GROUP, channel)
+    hub = running_hub()
+    since = hub.version
     communicator = await connect(f"Node {a.node.pk}:{a.credential}")
     assert (await communicator.connect())[0]
     await communicator.send_json_to(heartbeat(a.incarnation))  # the first: checked and written at once
@@ -162,15 +170,8 @@ async def test_unchanged_heartbeats_are_written_once_per_flush_not_once_each(joi
     node = await database_sync_to_async(Node.objects.get)(pk=a.node.pk)
     assert node.status == Node.Status.READY  # back from SUSPECT through the coalesced write
     assert abs(node.last_heartbeat.timestamp() - last_sent) < 0.2
-    # Every heartbeat's telemetry still reached the group, as it arrived.
-    published = 0
-    while True:
-        try:
-            await asyncio.wait_for(layer.receive(channel), 0.05)
-        except TimeoutError:
-            break
-        published += 1
-    assert published == 31
+    # Every heartbeat's telemetry still reached the hub, as it arrived.
+    assert await hub_heard(hub, 31, since) == 31
     # The latest heartbeat is kept as the node's latest sample, off the loop within a keep interval.
     for _ in range(20):
         kept = await database_sync_to_async(node_sample)("node-a")
