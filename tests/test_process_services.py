@@ -21,8 +21,8 @@ def started_on(loop: asyncio.AbstractEventLoop) -> dict[str, bool]:
     hub = telemetry_runtime.current_hub()
     return {
         "telemetry hub": hub is not None and hub.loop is loop,
-        "telemetry keeper": keeper._keeper is not None and keeper._keeper.loop is loop,
-        "heartbeat flusher": heartbeats._flusher is not None and heartbeats._flusher.loop is loop,
+        "telemetry keeper": getattr(keeper._keepers.current, "loop", None) is loop,
+        "heartbeat flusher": getattr(heartbeats._flushers.current, "loop", None) is loop,
         "usage writer": usage_backlog._writer is not None and usage_backlog._writer.get_loop() is loop
         and not usage_backlog._writer.done(),
         "gateway": loop in runtime._gateways,

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from channels.db import database_sync_to_async
 
+from controlplane.common.loop_service import OnePerLoop
 from controlplane.deployments.liveness import HeartbeatSeen, heartbeat_flush_interval_s, node_heartbeats_flush
 
 logger = logging.getLogger(__name__)
@@ -79,15 +80,10 @@ class HeartbeatFlusher:
                 logger.debug("agent heartbeats: could not refuse a closed socket", exc_info=True)
 
 
-_flusher: HeartbeatFlusher | None = None
+_flushers = OnePerLoop(HeartbeatFlusher)
 
 
 def running_flusher() -> HeartbeatFlusher:
     """This process's flusher, started on the running event loop unless it runs there (one per loop; at
     the ASGI application's start: controlplane/process_services.py)."""
-    global _flusher
-    loop = asyncio.get_running_loop()
-    if _flusher is None or _flusher.loop is not loop or loop.is_closed():
-        _flusher = HeartbeatFlusher()
-        _flusher.start()
-    return _flusher
+    return _flushers.get()

@@ -16,6 +16,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
+from controlplane.common.loop_service import OnePerLoop
 from controlplane.telemetry.services import telemetry_keep_many
 
 logger = logging.getLogger(__name__)
@@ -57,15 +58,10 @@ class SampleKeeper:
         self.writes += 1
 
 
-_keeper: SampleKeeper | None = None
+_keepers = OnePerLoop(SampleKeeper)
 
 
 def running_keeper() -> SampleKeeper:
     """This process's keeper, started on the running event loop unless it runs there (one per loop; at
     the ASGI application's start: controlplane/process_services.py)."""
-    global _keeper
-    loop = asyncio.get_running_loop()
-    if _keeper is None or _keeper.loop is not loop or loop.is_closed():
-        _keeper = SampleKeeper()
-        _keeper.start()
-    return _keeper
+    return _keepers.get()
