@@ -309,9 +309,9 @@ MOTLEY_CALIBRATION_MIN_SAMPLES = env_int("MOTLEY_CALIBRATION_MIN_SAMPLES", 8)
 MOTLEY_CALIBRATION_MIN_DECODE_STEPS = env_int("MOTLEY_CALIBRATION_MIN_DECODE_STEPS", 3)
 MOTLEY_CALIBRATION_EVENT_CHANGE = env_float("MOTLEY_CALIBRATION_EVENT_CHANGE", 0.1)
 # The rebalance policy (docs/deployments.md, "Rebalance policy"): a pass every INTERVAL_S over each READY
-# deployment whose policy is not off; a drift beyond DRIFT, a throttle, forecast load over DEMAND_HIGH or
-# under DEMAND_LOW of capacity, each lasting DRIFT_FOR_S, trigger it, the fleet changing too; every CHECK_S
-# it asks for a better plan, acts on a gain of MIN_GAIN, never within COOLDOWN_S of the last change.
+# deployment whose policy is not off; a drift beyond DRIFT, a throttle, forecast load (over DEMAND_WINDOW_S)
+# over DEMAND_HIGH or under DEMAND_LOW of capacity, each lasting DRIFT_FOR_S, and the fleet changing trigger
+# it; every CHECK_S it asks for a better plan, acts on a gain of MIN_GAIN, not within COOLDOWN_S of a change.
 MOTLEY_REBALANCE_INTERVAL_S = env_float("MOTLEY_REBALANCE_INTERVAL_S", 10)
 MOTLEY_REBALANCE_DRIFT = env_float("MOTLEY_REBALANCE_DRIFT", 0.25)
 MOTLEY_REBALANCE_DRIFT_FOR_S = env_float("MOTLEY_REBALANCE_DRIFT_FOR_S", 60)
@@ -320,6 +320,7 @@ MOTLEY_REBALANCE_COOLDOWN_S = env_float("MOTLEY_REBALANCE_COOLDOWN_S", 300)
 MOTLEY_REBALANCE_CHECK_S = env_float("MOTLEY_REBALANCE_CHECK_S", 300)
 MOTLEY_REBALANCE_DEMAND_HIGH = env_float("MOTLEY_REBALANCE_DEMAND_HIGH", 0.8)
 MOTLEY_REBALANCE_DEMAND_LOW = env_float("MOTLEY_REBALANCE_DEMAND_LOW", 0.5)
+MOTLEY_REBALANCE_DEMAND_WINDOW_S = env_float("MOTLEY_REBALANCE_DEMAND_WINDOW_S", 60)
 CELERY_BEAT_SCHEDULE = {
     "node-health-check": {
         "task": NODE_HEALTH_CHECK,

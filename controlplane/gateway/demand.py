@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from django.conf import settings
 from redis.exceptions import RedisError
 
 from contracts.names import parse_pipeline_id
@@ -39,7 +40,7 @@ from controlplane.gateway.serving.fleet_store import (
     process_id,
     shared_url,
 )
-from controlplane.rebalance.demand import PUBLISH_EVERY_S, SAMPLE_WINDOW_S, sample_publish
+from controlplane.rebalance.demand import PUBLISH_EVERY_S, sample_publish
 from controlplane.telemetry.selectors import Latest, stage_samples
 
 logger = logging.getLogger(__name__)
@@ -84,8 +85,8 @@ def gateway_records() -> tuple[list[RouteRecord], float | None]:
     since when all of them are complete (None: as far back as any window: no source was cut)."""
     own = list(recorder.recent)
     starts = [own[0].at] if len(own) == recorder.recent.maxlen else []
-    if (store := _shared_store()) is None:
-        return own, max(starts, default=None)
+    if (store := _shared_store()) is None:  # one process: it knows nothing from before it started
+        return own, max([*starts, recorder.started_at])
     try:
         published = store.ended_decisions()
     except (RedisError, OSError) as exc:  # each process's own figures until the store answers again
@@ -118,13 +119,23 @@ def demand_publish_due(now: float) -> bool:
     return True
 
 
-def demand_publish(*, now: float, records: Iterable[RouteRecord] | None = None) -> None:
+def demand_publish(*, now: float, records: Iterable[RouteRecord] | None = None,
+                   started_at: float | None = None) -> None:
     """Publish, for the rebalance policy in the Celery worker, the load of every deployment this
-    process served over the last ``SAMPLE_WINDOW_S``: rates, and p95 and p99 of TTFT and TPOT
-    (``rebalance.demand.sample_publish``). No DB access: called off the event loop after a request.
-    Lossy like telemetry: a cache that does not answer loses this sample, the next one follows."""
-    recent = [r for r in (recorder.recent if records is None else records)
-              if r.replica is not None and now - r.at <= SAMPLE_WINDOW_S]
+    process served over the last ``MOTLEY_REBALANCE_DEMAND_WINDOW_S``: rates, and p95 and p99 of TTFT
+    and TPOT (``rebalance.demand.sample_publish``). No DB access: called off the event loop after a
+    request. Lossy like telemetry: a cache that does not answer loses this sample, the next one follows.
+
+    The rates are over the part of the window the process saw: since it started (``started_at``; the
+    recorder's by default), or since its oldest kept record where it keeps no older one. Over the
+    whole window, a process that has served 5 s of a 60 s window would report a twelfth of its load."""
+    window = settings.MOTLEY_REBALANCE_DEMAND_WINDOW_S
+    kept = list(recorder.recent if records is None else records)
+    started_at = recorder.started_at if records is None else started_at
+    since = [now - window, *([started_at] if started_at is not None else []),
+             *([kept[0].at] if records is None and len(kept) == recorder.recent.maxlen else [])]
+    span = max(now - max(since), 1.0)  # a second at least: one request is no rate of thousands
+    recent = [r for r in kept if r.replica is not None and now - r.at <= window]
     by_deployment: dict[int, list[RouteRecord]] = {}
     for record in recent:
         if (deployment := _deployment_of(record.replica)) is not None:
@@ -134,8 +145,8 @@ def demand_publish(*, now: float, records: Iterable[RouteRecord] | None = None) 
         tpot = [v for r in mine if (v := _tpot_ms(r)) is not None]
         try:
             sample_publish(deployment_id=deployment, process=process_id(), sample={
-                "at": now, "arrival_rate": len(mine) / SAMPLE_WINDOW_S,
-                "output_tokens_per_s": sum(r.completion_tokens for r in mine) / SAMPLE_WINDOW_S,
+                "at": now, "arrival_rate": len(mine) / span,
+                "output_tokens_per_s": sum(r.completion_tokens for r in mine) / span,
                 **{f"{kind}_p{q}_ms": percentile_of(values, q)
                    for kind, values in (("ttft", ttft), ("tpot", tpot)) for q in (95, 99)}})
         except Exception as exc:  # the cache is down: the policy sees no load, as with no requests

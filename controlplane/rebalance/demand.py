@@ -23,7 +23,6 @@ from controlplane.rebalance.models import RebalanceProposal, RebalanceState
 from controlplane.rebalance.triggers import Occurrence
 
 PUBLISH_EVERY_S = 5.0
-SAMPLE_WINDOW_S = 60  # the span each published sample measures
 SAMPLE_TTL_S = 120  # a process that stopped publishing stops counting after this
 HORIZON_S = 120.0  # how far ahead the load is forecast at most: about the time a new replica takes to serve
 SERIES_KEEP = 60  # samples kept per deployment (a pass every 10 s: ten minutes)

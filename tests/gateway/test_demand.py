@@ -80,6 +80,7 @@ def test_when_the_kept_records_span_less_than_the_window_the_rates_are_over_thei
     recorder = RouterRecorder()
     monkeypatch.setattr("controlplane.gateway.demand.recorder", recorder)
     monkeypatch.setattr("controlplane.gateway.demand._shared_store", lambda: None)  # one process alone
+    recorder.started_at = 0.0  # serving long before
     for i in range(recorder.recent.maxlen):  # 500 requests over the last 10 s: 50 per second
         served(recorder, 1, at=NOW - 10 + i * 10 / recorder.recent.maxlen, ttft_s=0.1, e2e_s=0.2, tokens=2)
     demand = deployment_demand(deployment=deployment(target_window_s=300), now=NOW)
@@ -119,25 +120,27 @@ def test_kv_use_and_the_heads_queue_come_from_the_stages_telemetry():
     assert demand["queue"]["head_queue"] == 4
 
 
-def test_published_load_adds_up_over_gateway_processes():
+def test_published_load_adds_up_over_gateway_processes(settings):
     """Each process publishes its own load (the policy runs in the Celery worker, not here); the policy
     reads the sum of the rates and the worst percentile."""
     from django.core.cache import cache
 
     from controlplane.gateway.demand import demand_publish
-    from controlplane.rebalance.demand import SAMPLE_WINDOW_S, sample_publish, samples_read
+    from controlplane.rebalance.demand import sample_publish, samples_read
+
+    window = settings.MOTLEY_REBALANCE_DEMAND_WINDOW_S
 
     cache.clear()
     recorder = RouterRecorder()
     served(recorder, 30, at=NOW - 10, ttft_s=0.1, e2e_s=0.3, tokens=11)  # TTFT 100 ms, TPOT 20 ms
     served(recorder, 5, at=NOW - 10, ttft_s=0.1, e2e_s=0.3, tokens=11, replica="d8-r0")
-    demand_publish(now=NOW, records=recorder.recent)
+    demand_publish(now=NOW, records=recorder.recent, started_at=0.0)
     sample_publish(deployment_id=7, process="other", sample={
         "at": NOW, "arrival_rate": 1.0, "output_tokens_per_s": 5.0,
         "ttft_p95_ms": 900.0, "ttft_p99_ms": 950.0, "tpot_p95_ms": None, "tpot_p99_ms": None})
     load = samples_read(deployment=deployment(target_percentile=99), now=NOW + 1)
-    assert load.arrival_rate == pytest.approx(30 / SAMPLE_WINDOW_S + 1.0)
-    assert load.output_tokens_per_s == pytest.approx(30 * 11 / SAMPLE_WINDOW_S + 5.0)
+    assert load.arrival_rate == pytest.approx(30 / window + 1.0)
+    assert load.output_tokens_per_s == pytest.approx(30 * 11 / window + 5.0)
     assert (load.ttft_ms, load.tpot_ms) == (950.0, pytest.approx(20.0))
     cache.clear()
 
@@ -180,3 +183,21 @@ def test_an_unreachable_store_leaves_each_process_its_own_requests(monkeypatch):
     monkeypatch.setattr("controlplane.gateway.demand.recorder", mine)
     served(mine, 3, at=NOW - 5, ttft_s=0.1, e2e_s=0.3, tokens=11)
     assert deployment_demand(deployment=deployment(), now=NOW)["requests"] == 3
+
+
+def test_a_process_that_started_lately_reports_its_load_over_the_time_it_served(settings):
+    """Over the whole window, a process serving for 6 s of 60 would report a tenth of its load: a cold
+    start read as no load, and the policy scaling in at the peak. The demand API cuts the same way."""
+    from django.core.cache import cache
+
+    from controlplane.gateway.demand import demand_publish
+    from controlplane.rebalance.demand import samples_read
+
+    cache.clear()
+    settings.MOTLEY_REBALANCE_DEMAND_WINDOW_S = 60
+    recorder = RouterRecorder(started_at=NOW - 6)
+    served(recorder, 12, at=NOW - 3, ttft_s=0.1, e2e_s=0.3, tokens=11)
+    demand_publish(now=NOW, records=recorder.recent, started_at=recorder.started_at)
+    load = samples_read(deployment=deployment(), now=NOW)
+    assert load.arrival_rate == pytest.approx(2.0) and load.output_tokens_per_s == pytest.approx(22.0)
+    cache.clear()

@@ -69,6 +69,7 @@ class RouterRecorder:
     # replica -> the other live gateway processes' (requests, failed) of the error window
     peer_outcomes: dict[str, tuple[int, int]] = field(default_factory=dict)
     ended: deque = field(default_factory=lambda: deque(maxlen=RECENT))  # ended records not yet published
+    started_at: float = field(default_factory=time.time)  # no record of this process is older
 
     def record(self, record: RouteRecord) -> None:
         if record.replica is not None:
