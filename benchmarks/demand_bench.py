@@ -33,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -60,6 +61,11 @@ WAYS = ("auto", "mean", "peak")
 PHASES = {"day-a": 0.0, "day-b": 0.5}
 LOW, HIGH = 0.2, 3.0
 GOALS = {"auto_attainment": 0.95, "mean_attainment_below": 0.80, "card_seconds_vs_peak": 0.70}
+# The clients' prompts, chat template included, are 14-20 tokens. The plan is asked for that prompt and a
+# context just above prompt and output: a decode step of the tiny model reads about as many bytes of KV
+# cache as of weights, so a plan for 256 tokens prices steps twice as long as these requests take, and
+# its capacity (the unit of the day's load) would be half what a replica serves.
+PROMPT_TOKENS = 18
 DEMO_SHAPE = ["--layers", "6", "--hidden", "64", "--intermediate", "128", "--heads", "4", "--kv-heads", "2"]
 
 
@@ -250,12 +256,16 @@ def main() -> int:
     parser.add_argument("--step-ms", type=float, default=100.0, help="a card's decode step of the model")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--ttft-ms", type=float, help="default: 10x (prefill + a token) of the plan: "
+    parser.add_argument("--context", type=int, default=48,
+                        help="the plan's context: the clients' chat prompts (14-20 tokens) and their output")
+    parser.add_argument("--ttft-ms", type=float, help="default: 12x (prefill + a token) of the plan: "
                         "the gateway's first token on 2 loaded cores takes ~1 s of its own")
     parser.add_argument("--tpot-ms", type=float, help="default: 1.5x a token of the plan")
     parser.add_argument("--no-supply-loss", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    # SIGTERM ends the run through the system's own stop (agents, stages, run_local), as Ctrl-C does.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.work = args.work.resolve()
     args.work.mkdir(parents=True, exist_ok=True)
     model = args.work / "model"
@@ -264,7 +274,8 @@ def main() -> int:
                        cwd=REPO_ROOT, check=True, capture_output=True)
     knobs = policy_env(args.day_s)
     print(f"policy settings: {knobs}", flush=True)
-    request = {"batch": args.batch, "context": 256, "bits": [16], "objective": "latency"}
+    request = {"batch": args.batch, "context": args.context, "prompt_tokens": PROMPT_TOKENS, "bits": [16],
+               "objective": "latency"}
     replicas = {"auto": 1, "mean": math.ceil(mean_multiplier(LOW, HIGH)), "peak": math.ceil(HIGH)}
     result: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "policy": knobs, "ways": {}}
     system = embedded_system_at(args.work / "system", MOTLEY_EMULATION_TIME_SCALE="1", **knobs)
@@ -278,7 +289,7 @@ def main() -> int:
             fleet.deploy(name, 1)
         predicted = {n: fleet.preview(n, 1)["predicted"] for n in MODELS}
         one = predicted[MODELS[0]]
-        args.ttft_ms = args.ttft_ms or round(10 * (one["prefill_ms"] + one["token_latency_ms"]))
+        args.ttft_ms = args.ttft_ms or round(12 * (one["prefill_ms"] + one["token_latency_ms"]))
         args.tpot_ms = args.tpot_ms or round(1.5 * one["token_latency_ms"])
         for name in MODELS:
             fleet.wait_serving(name)
