@@ -16,7 +16,8 @@ request asks (``--max-tokens``) is a model's unit of load; open-loop clients (``
 each model a day of ``multiplier`` x that, 0.2x rising to 3x and back, the two models half a day out of
 phase. Run three ways back to back on the same system, the same arrivals each time:
 
-- ``auto``: the rebalance policy on auto with targets set, ``min_replicas`` 1, ``max_replicas`` 3;
+- ``auto``: the rebalance policy on auto with targets set, ``min_replicas`` 1, ``max_replicas`` 3,
+  starting from the replicas its first load needs (``sizes``);
 - ``mean``: policy off, each model planned with the replicas its mean load needs (ceil(1.6) = 2);
 - ``peak``: policy off, the replicas its peak needs (3).
 
@@ -235,13 +236,23 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else round(value)
 
 
-def way_set_up(fleet: Fleet, way: str, replicas: dict[str, int]) -> None:
-    """The deployments as ``way`` runs them: auto from one replica, static ones at their size."""
+def sizes(way: str, day_s: float) -> dict[str, int]:
+    """Each model's replicas as ``way`` starts its day: the static ones for their mean or peak load
+    throughout; auto for the load its day starts at (one replica for 0.2x, three for 3x), as a policy
+    that followed the day before would leave it."""
+    if way == "auto":
+        return {n: math.ceil(multiplier(0.0, day_s=day_s, phase=PHASES[n], low=LOW, high=HIGH))
+                for n in MODELS}
+    return dict.fromkeys(MODELS, math.ceil(mean_multiplier(LOW, HIGH) if way == "mean" else HIGH))
+
+
+def way_set_up(fleet: Fleet, way: str, day_s: float) -> None:
+    """The deployments as ``way`` starts its day (``sizes``), the policy on for auto only."""
     for name in MODELS:
         fleet.patch(name, {"rebalance_policy": "off"})
-    for name in MODELS:  # one at a time: each preview sees the cards the other holds
-        fleet.apply(name, replicas[way])
-        fleet.wait_serving(name, replicas[way])
+    for name, replicas in sizes(way, day_s).items():  # one at a time: each preview sees the others' cards
+        fleet.apply(name, replicas)
+        fleet.wait_serving(name, replicas)
     if way == "auto":
         for name in MODELS:
             fleet.patch(name, {"rebalance_policy": "auto"})
@@ -276,7 +287,6 @@ def main() -> int:
     print(f"policy settings: {knobs}", flush=True)
     request = {"batch": args.batch, "context": args.context, "prompt_tokens": PROMPT_TOKENS, "bits": [16],
                "objective": "latency"}
-    replicas = {"auto": 1, "mean": math.ceil(mean_multiplier(LOW, HIGH)), "peak": math.ceil(HIGH)}
     result: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "policy": knobs, "ways": {}}
     system = embedded_system_at(args.work / "system", MOTLEY_EMULATION_TIME_SCALE="1", **knobs)
     system.workdir.mkdir(parents=True, exist_ok=True)
@@ -294,7 +304,7 @@ def main() -> int:
         for name in MODELS:
             fleet.wait_serving(name)
             fleet.patch(name, {"ttft_target_ms": int(args.ttft_ms), "tpot_target_ms": int(args.tpot_ms),
-                               "target_window_s": 30, "min_replicas": 1, "max_replicas": replicas["peak"]})
+                               "target_window_s": 30, "min_replicas": 1, "max_replicas": math.ceil(HIGH)})
         print(f"targets: TTFT p95 {args.ttft_ms} ms, TPOT p95 {args.tpot_ms} ms", flush=True)
         key = system.manage("create_api_key", "admin", "--name", "demand").strip().split()[-1]
         unit = {n: predicted[n]["decode_tokens_per_s"] / args.max_tokens for n in MODELS}
@@ -305,12 +315,12 @@ def main() -> int:
         print(f"one replica's planned capacity: {result['planned']}", flush=True)
         clients = DayClients(base_url=system.url, api_key=key, max_tokens=args.max_tokens)
         for way in args.ways:
-            way_set_up(fleet, way, replicas)
+            way_set_up(fleet, way, args.day_s)
             print(f"[{way}] day of {args.day_s:g} s starts", flush=True)
             result["ways"][way] = run_day(fleet, clients, args, unit)
             print(f"[{way}] {json.dumps(result['ways'][way])}", flush=True)
         if not args.no_supply_loss:
-            way_set_up(fleet, "auto", replicas)
+            way_set_up(fleet, "auto", args.day_s)
             try:
                 result["supply_loss"] = supply_loss(system, fleet, clients, unit)
             except Exception as exc:  # the days' figures stand: report them with what went wrong here

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import demand_load as day
-from benchmarks.demand_bench import fleet_text, policy_env
+from benchmarks.demand_bench import fleet_text, policy_env, sizes
 from contracts.fleet_file import load_fleet_file
 
 
@@ -62,3 +62,9 @@ def test_the_fleet_file_parses_and_the_policy_clocks_scale_with_the_day(tmp_path
     assert policy_env(600)["MOTLEY_REBALANCE_DRIFT_FOR_S"] == "10"
     assert policy_env(600)["MOTLEY_REBALANCE_COOLDOWN_S"] == "20"
     assert policy_env(60)["MOTLEY_REBALANCE_COOLDOWN_S"] == "8"
+
+
+def test_each_way_starts_its_day_at_its_size():
+    assert sizes("auto", 600) == {"day-a": 1, "day-b": 3}  # day-b's day starts at its peak
+    assert sizes("mean", 600) == {"day-a": 2, "day-b": 2}
+    assert sizes("peak", 600) == {"day-a": 3, "day-b": 3}
