@@ -68,7 +68,8 @@ def supply_loss(system: System, fleet, clients, unit: dict[str, float], load_s: 
                 "degraded": after["degraded"], "status": after["status"]}
     _until(lambda: _nodes(system)[node]["status"] == "lost", 30)
     returned = time.monotonic()
-    system.start_agent(node)
+    # A token of its own: the system's first one (10 min) has run out by now, as an operator's would.
+    system.start_agent(node, join_token=system.manage("create_join_token", "--ttl", "1h").strip())
     restored = _until(lambda: system.deployment(fleet.ids[LOST])["degraded"] is None
                       and fleet.serving(LOST, 2), 120, poll_s=0.5)
     load.join(timeout=load_s + 120)
