@@ -86,12 +86,15 @@ def demand(*, state: RebalanceState, deployment: Deployment, now: float) -> Occu
     is due (lasted long enough, out of the cooldown, within the replica bounds)."""
     kept = state.demand.get("series", [])
     sample = samples_read(deployment=deployment, now=now)
+    applied_at = deployment.revision.applied_at
     if sample is not None:
-        kept = [*kept, [sample.at, sample.arrival_rate, sample.output_tokens_per_s, sample.ttft_ms,
-                        sample.tpot_ms]]
+        # A percentile over a window that began before the applied change measures the plan it replaced:
+        # counted, a miss the change already answered would ask for one more, pass after pass.
+        stale = applied_at is not None and sample.at - applied_at.timestamp() < SAMPLE_WINDOW_S
+        kept = [*kept, [sample.at, sample.arrival_rate, sample.output_tokens_per_s,
+                        None if stale else sample.ttft_ms, None if stale else sample.tpot_ms]]
     kept = [s for s in kept if now - s[0] <= deployment.target_window_s][-SERIES_KEEP:]
     memory = policy.Memory(**state.demand.get("memory", {}))
-    applied_at = deployment.revision.applied_at
     # A degraded plan is the restore's to change (degrade.py): demand waits for the full plan.
     if not kept or deployment.revision.plan.get("predicted") is None or deployment.revision.degraded_from:
         state.demand = {"series": kept}
