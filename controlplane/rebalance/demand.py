@@ -90,7 +90,8 @@ def demand(*, state: RebalanceState, deployment: Deployment, now: float) -> Occu
     if sample is not None:
         # A percentile over a window that began before the applied change measures the plan it replaced:
         # counted, a miss the change already answered would ask for one more, pass after pass.
-        stale = applied_at is not None and sample.at - applied_at.timestamp() < SAMPLE_WINDOW_S
+        window = settings.MOTLEY_REBALANCE_DEMAND_WINDOW_S
+        stale = applied_at is not None and sample.at - applied_at.timestamp() < window
         kept = [*kept, [sample.at, sample.arrival_rate, sample.output_tokens_per_s,
                         None if stale else sample.ttft_ms, None if stale else sample.tpot_ms]]
     kept = [s for s in kept if now - s[0] <= deployment.target_window_s][-SERIES_KEEP:]

@@ -10,7 +10,7 @@ from django.core.cache import cache
 
 from controlplane.deployments.models import Deployment, PlanRevision
 from controlplane.deployments.selectors import devices_in_use
-from controlplane.rebalance.demand import SAMPLE_WINDOW_S, sample_publish
+from controlplane.rebalance.demand import sample_publish
 from controlplane.rebalance.models import RebalanceProposal, RebalanceState
 from controlplane.rebalance.tasks import rebalance_evaluate_all
 from tests.rebalance.helpers import policy_events, proposals, uncordon
@@ -89,21 +89,22 @@ def test_without_free_cards_a_scale_out_asks_for_a_larger_batch(deployment, t0, 
     assert capacity == pytest.approx(proposal.proposed_tokens_per_s, abs=0.01)
 
 
-def test_a_percentile_measured_before_the_applied_change_is_no_miss(deployment, t0, monkeypatch):
-    """The gateway's percentiles cover its last SAMPLE_WINDOW_S: for that long after a change they still
-    describe the plan it replaced, so a miss among them does not put the new plan at risk (in a bench
-    with a cooldown shorter than the window, it asked for a replica more, then a batch twice as large,
-    at every pass after each change it had made)."""
+def test_a_percentile_measured_before_the_applied_change_is_no_miss(deployment, t0, monkeypatch, settings):
+    """The gateway's percentiles cover its last MOTLEY_REBALANCE_DEMAND_WINDOW_S: for that long after a
+    change they still describe the plan it replaced, so a miss among them does not put the new plan at
+    risk (in a bench with a cooldown shorter than the window, it asked for a replica more, then a batch
+    twice as large, at every pass after each change it had made)."""
     uncordon("node-a")
     Deployment.objects.filter(pk=deployment.pk).update(ttft_target_ms=400, max_replicas=8)
     PlanRevision.objects.filter(pk=deployment.revision_id).update(
         applied_at=datetime.fromtimestamp(t0, timezone.utc))
     deployment.refresh_from_db()
-    passes(deployment, t0, 0.3, range(0, SAMPLE_WINDOW_S, 10), monkeypatch, ttft_p95_ms=900.0)
+    window = int(settings.MOTLEY_REBALANCE_DEMAND_WINDOW_S)
+    passes(deployment, t0, 0.3, range(0, window, 10), monkeypatch, ttft_p95_ms=900.0)
     state = RebalanceState.objects.get(deployment=deployment)
     assert state.demand["memory"]["at_risk_since"] is None
     assert [s[3] for s in state.demand["series"]] == [None] * len(state.demand["series"])
-    passes(deployment, t0, 0.3, range(SAMPLE_WINDOW_S, SAMPLE_WINDOW_S + 20, 10), monkeypatch,
+    passes(deployment, t0, 0.3, range(window, window + 20, 10), monkeypatch,
            ttft_p95_ms=900.0)
     state.refresh_from_db()
-    assert state.demand["memory"]["at_risk_since"] == t0 + SAMPLE_WINDOW_S  # measured on this plan alone
+    assert state.demand["memory"]["at_risk_since"] == t0 + window  # measured on this plan alone
