@@ -75,9 +75,12 @@ DEMO_SHAPE = ["--layers", "6", "--hidden", "64", "--intermediate", "128", "--hea
 def policy_env(day_s: float) -> dict[str, str]:
     """The policy's clocks for a day of ``day_s`` seconds: a pass every 2 s, a condition must last
     1/60 of the day and changes come at least 1/30 of a day apart (10 s and 20 s for the issue's 600 s
-    day, where the defaults, 60 s and 300 s, are sized for a real one); no better-plan checks."""
+    day, where the defaults, 60 s and 300 s, are sized for a real one), each load sample spans 1/40 of
+    the day (15 s; the default 60 s would lag a compressed day by a quarter of it); no better-plan
+    checks."""
     return {"MOTLEY_REBALANCE_INTERVAL_S": "2", "MOTLEY_REBALANCE_DRIFT_FOR_S": f"{max(4.0, day_s / 60):g}",
-            "MOTLEY_REBALANCE_COOLDOWN_S": f"{max(8.0, day_s / 30):g}", "MOTLEY_REBALANCE_CHECK_S": "86400"}
+            "MOTLEY_REBALANCE_COOLDOWN_S": f"{max(8.0, day_s / 30):g}", "MOTLEY_REBALANCE_CHECK_S": "86400",
+            "MOTLEY_REBALANCE_DEMAND_WINDOW_S": f"{max(6.0, day_s / 40):g}"}
 
 
 def fleet_text(nodes: int, overrides: str, hop_ms: float) -> str:
