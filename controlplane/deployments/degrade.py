@@ -1,12 +1,14 @@
 """Degrade, then restore: the largest workload a fleet that lost capacity can still serve.
 
-A lost card can leave too little memory for the plan's ``batch`` sequences of ``context`` tokens,
-while the same cards would serve fewer sequences, or shorter ones. Going down over that would turn a
-loss of capacity into an outage, so the controller's re-plan after a loss (``revisions.py``) asks
-this search for the largest workload that fits: first the most sequences at the asked context, and
-only when not even one fits, one sequence of the longest context down to ``CONTEXT_FLOOR``. Each
-search is a binary search on the planner's feasibility (fewer sequences or shorter ones never need
-more memory), so it costs a handful of planner calls. The revision planned on it keeps the request it
+A lost card can leave too little memory for the plan's replicas of ``batch`` sequences of ``context``
+tokens, while the same cards would serve fewer replicas, fewer sequences, or shorter ones. Going down
+over that would turn a loss of capacity into an outage, so the controller's re-plan after a loss
+(``revisions.py``) asks this search for the largest workload that fits: first the most replicas of
+the asked workload (a request that names its replicas; each replica left serves as asked), then, on
+one replica, the most sequences at the asked context, and only when not even one fits, one sequence
+of the longest context down to ``CONTEXT_FLOOR``. Each search is a binary search on the planner's
+feasibility (fewer replicas, sequences or shorter ones never need more memory), so it costs a handful
+of planner calls. The revision planned on it keeps the request it
 stands in for (``PlanRevision.degraded_from``); the reconcile loop plans that again once it fits and
 restores the full plan, at its own precision.
 
@@ -40,16 +42,28 @@ def workload_of(request: Mapping[str, Any]) -> tuple[int, int]:
     return int(request.get("batch") or default.batch), int(request.get("context") or default.context)
 
 
+def workload_shown(request: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored request's workload as the API, the events and the page show it: ``batch``, ``context``
+    and ``replicas`` (a number, or "auto" where the planner picks them)."""
+    batch, context = workload_of(request)
+    return {"batch": batch, "context": context, "replicas": request.get("replicas") or "auto"}
+
+
+def workload_text(planned: Mapping[str, Any], asked: Mapping[str, Any]) -> str:
+    """``planned`` against ``asked`` in words: "batch 6 of 8, context 256 of 256", and the replicas
+    where they differ."""
+    text = f"batch {planned['batch']} of {asked['batch']}, context {planned['context']} of {asked['context']}"
+    replicas = planned.get("replicas"), asked.get("replicas")
+    return text if replicas[0] == replicas[1] else f"replicas {replicas[0]} of {replicas[1]}, {text}"
+
+
 def degraded_workload(revision) -> dict | None:
-    """What a revision serves against what was asked, ``{"planned": {"batch", "context"}, "asked": …,
-    "precision": lowered_precision(…)}``, for the API, the events and the Deployments page; None for a
-    revision that is not degraded."""
+    """What a revision serves against what was asked, ``{"planned": {"batch", "context", "replicas"},
+    "asked": …, "precision": lowered_precision(…)}``, for the API, the events and the Deployments page;
+    None for a revision that is not degraded."""
     if revision.degraded_from is None:
         return None
-    (batch, context), (asked_batch, asked_context) = workload_of(revision.request), workload_of(
-        revision.degraded_from)
-    return {"planned": {"batch": batch, "context": context},
-            "asked": {"batch": asked_batch, "context": asked_context},
+    return {"planned": workload_shown(revision.request), "asked": workload_shown(revision.degraded_from),
             "precision": lowered_precision(revision.request, revision.degraded_from, revision.plan,
                                            ModelProfile.from_dict(revision.model.profile))}
 
@@ -139,16 +153,39 @@ def degraded_plan(
     full workload down when not even one sequence of ``CONTEXT_FLOOR`` tokens fits ``asked``'s precision.
     PlanningError when nothing does."""
     try:
-        return _largest_workload(asked, plan_for, try_asked=False)
+        return _largest_serving(asked, plan_for, try_asked=False)
     except PlanningError as shrunk:
         if lowered is None:
             raise
         try:
-            return _largest_workload(lowered, plan_for, try_asked=True)
+            return _largest_serving(lowered, plan_for, try_asked=True)
         except PlanningError as exc:
             budget = lowered["quality"]["max_kl"]
             raise PlanningError(f"{shrunk}; nor on the emergency quality budget (max_kl {budget:.4g}, "
                                 f"{'/'.join(map(str, lowered['bits']))} bits): {exc}") from None
+
+
+def _largest_serving(
+    asked: Mapping[str, Any], plan_for: Callable[[dict[str, Any]], Plan], *, try_asked: bool,
+) -> tuple[dict, Plan]:
+    """The most replicas of ``asked``'s workload where it names more than one, else (or when not one
+    fits) the largest workload of one replica (``_largest_workload``)."""
+    replicas = asked.get("replicas")
+    if isinstance(replicas, int) and replicas > 1:
+        plans: dict[int, tuple[dict, Plan]] = {}
+
+        def fits(r: int) -> bool:
+            request = {**asked, "replicas": r}
+            try:
+                plans[r] = (request, plan_for(request))
+            except PlanningError:
+                return False
+            return True
+
+        if (most := _largest(1, replicas if try_asked else replicas - 1, fits)) is not None:
+            return plans[most]
+        asked, try_asked = {**asked, "replicas": 1}, False  # one replica of the whole workload: tried
+    return _largest_workload(asked, plan_for, try_asked=try_asked)
 
 
 def _largest_workload(

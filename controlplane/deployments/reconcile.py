@@ -22,7 +22,12 @@ from django.utils import timezone
 from contracts.model_profile import ModelProfile
 from contracts.tasks import START_STAGE, STOP_STAGE
 from controlplane.deployments import dispatch, handover
-from controlplane.deployments.degrade import degraded_workload, precision_text, workload_of
+from controlplane.deployments.degrade import (
+    degraded_workload,
+    precision_text,
+    workload_shown,
+    workload_text,
+)
 from controlplane.deployments.desired_state import revision_apply
 from controlplane.deployments.events import STATUS_KINDS, event_record
 from controlplane.deployments.models import (
@@ -259,12 +264,10 @@ def _restore_full_plan(*, deployment: Deployment) -> None:
 def _workload_event(*, deployment: Deployment, revision: PlanRevision, kind: str, why: str) -> None:
     """A degraded or restored plan, with the workload planned against the one asked, and the precision
     lowered on the emergency quality budget (``precision``: null when none was)."""
-    batch, context = workload_of(revision.request)
-    planned = {"batch": batch, "context": context}
+    planned = workload_shown(revision.request)
     shown = degraded_workload(revision) or {"asked": planned, "precision": None}
     asked, precision = shown["asked"], shown["precision"]
-    message = (f"plan revision {revision.number}: {why}; batch {batch} of {asked['batch']}, "
-               f"context {context} of {asked['context']}")
+    message = f"plan revision {revision.number}: {why}; {workload_text(planned, asked)}"
     event_record(
         kind=kind, deployment=deployment,
         message=f"{message}; {precision_text(precision)}" if precision else message,

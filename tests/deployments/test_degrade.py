@@ -17,6 +17,8 @@ from controlplane.deployments.degrade import (
     precision_text,
     with_workload,
     workload_of,
+    workload_shown,
+    workload_text,
 )
 from controlplane.deployments.plan_request_form import plan_request_from_dict
 from controlplane.planning import PlanningError, plan_to_dict
@@ -58,6 +60,31 @@ def test_a_fleet_that_lost_a_card_serves_the_most_sequences_that_fit_at_the_aske
     assert not fits(planner(3), with_workload(ASKED, batch=batch + 1, context=4096))  # the largest
     assert len(plan_for.asked) <= 6  # a binary search: a handful of planner calls
     assert {k: request[k] for k in ("bits", "replicas")} == {"bits": [16], "replicas": 1}
+
+
+def test_a_fleet_that_lost_a_replicas_card_serves_the_replicas_left_at_the_whole_workload():
+    """Two replicas of one card each: with one card lost, one replica of the asked workload fits, and
+    each request it serves is served as asked (fewer sequences would only queue more of them)."""
+    two = {**ASKED, "batch": 8, "context": 1024, "replicas": 2}
+    assert fits(planner(2), two) and not fits(planner(1), two)
+    request, plan = degraded_plan(two, planner(1))
+    assert request == {**two, "replicas": 1} and len(plan.replicas) == 1
+    assert (plan.batch, plan.context) == (8, 1024)
+    three = {**two, "replicas": 3}  # three asked, two cards left: two replicas, not one
+    request, plan = degraded_plan(three, planner(2))
+    assert request["replicas"] == 2 and len(plan.replicas) == 2 and plan.batch == 8
+    # Not one replica of the whole workload left: the workload of one replica shrinks.
+    request, plan = degraded_plan({**two, "batch": 4000}, planner(1))
+    assert request["replicas"] == 1 and workload_of(request)[0] < 4000
+
+
+def test_the_workload_text_names_the_replicas_where_they_differ():
+    asked = workload_shown({**ASKED, "replicas": 2})
+    assert workload_shown(ASKED) == {"batch": 32, "context": 4096, "replicas": 1}
+    assert workload_shown({"batch": 4}) == {"batch": 4, "context": workload_of({})[1], "replicas": "auto"}
+    one = workload_shown(ASKED)
+    assert workload_text(one, asked) == "replicas 1 of 2, batch 32 of 32, context 4096 of 4096"
+    assert workload_text(asked, asked) == "batch 32 of 32, context 4096 of 4096"
 
 
 def test_when_not_one_sequence_fits_the_context_shrinks_to_the_longest_that_does():

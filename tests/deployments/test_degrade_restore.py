@@ -100,12 +100,13 @@ def test_a_lost_card_degrades_the_workload_and_its_return_restores_it(small_node
     assert degraded.source == PlanRevision.Source.REPLAN and degraded.degraded_from == ASKED
     assert 1 <= degraded.request["batch"] < 4000 and degraded.request["context"] == 512
     event = deployment.events.get(kind=DeploymentEvent.Kind.DEGRADED_PLAN)
-    assert event.detail["asked"] == {"batch": 4000, "context": 512}
-    assert event.detail["planned"] == {"batch": degraded.request["batch"], "context": 512}
+    assert event.detail["asked"] == {"batch": 4000, "context": 512, "replicas": 1}
+    assert event.detail["planned"] == {"batch": degraded.request["batch"], "context": 512, "replicas": 1}
     assert f"batch {degraded.request['batch']} of 4000" in event.message
     assert deployment_reconcile(deployment_id=deployment.pk).revision == degraded  # n1 still lost: kept
     batch = degraded.request["batch"]
-    shown = {"planned": {"batch": batch, "context": 512}, "asked": {"batch": 4000, "context": 512},
+    shown = {"planned": {"batch": batch, "context": 512, "replicas": 1},
+             "asked": {"batch": 4000, "context": 512, "replicas": 1},
              "precision": None}
     assert admin_client.get(f"/api/v1/deployments/{deployment.pk}/").json()["degraded"] == shown
     page = admin_client.get("/deployments/").content.decode()
@@ -118,7 +119,8 @@ def test_a_lost_card_degrades_the_workload_and_its_return_restores_it(small_node
     assert restored.request == ASKED
     assert "n1/gpu0" in str(restored.plan["replicas"])
     event = deployment.events.get(kind=DeploymentEvent.Kind.RESTORED)
-    assert event.detail["planned"] == event.detail["asked"] == {"batch": 4000, "context": 512}
+    full = {"batch": 4000, "context": 512, "replicas": 1}
+    assert event.detail["planned"] == event.detail["asked"] == full
     assert kinds(deployment).count("restored") == 1
     assert admin_client.get(f"/api/v1/deployments/{deployment.pk}/").json()["degraded"] is None
 

@@ -183,11 +183,11 @@ def repaired_under_load(system: System, demo_model) -> None:
     print(f"serving on one card {on_one_card - one_card:.1f} s after the kill")
     # n0 alone holds 6 sequences of 256 tokens (degrade.py): served, and said so.
     assert revisions[2]["degraded_from"] is None and revisions[3]["degraded_from"] == DEGRADING
-    assert degraded["degraded"] == {"planned": {"batch": 6, "context": 256},
-                                    "asked": {"batch": 8, "context": 256}, "precision": None}
+    assert degraded["degraded"] == {"planned": {"batch": 6, "context": 256, "replicas": 1},
+                                    "asked": {"batch": 8, "context": 256, "replicas": 1}, "precision": None}
     assert {s["node_name"] for s in degraded["stages"]} == {"n0"}
     (event,) = system.get(f"/api/v1/events/?deployment={pk}&kind=degraded_plan")["results"]
-    assert event["detail"]["planned"] == {"batch": 6, "context": 256}
+    assert event["detail"]["planned"] == {"batch": 6, "context": 256, "replicas": 1}
 
     back = time.monotonic()  # n2's agent back: two cards hold the full workload, which is restored
     system.start_agent("n2")

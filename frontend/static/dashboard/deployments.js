@@ -114,7 +114,8 @@ async function onResync() {
     section.querySelector('[data-field="status_message"]').textContent = deployment.status_message;
     const degraded = section.querySelector('[data-field="degraded"]'), d = deployment.degraded;
     degraded.hidden = !d;
-    degraded.textContent = d ? `Serving a degraded plan: ${d.planned.batch} of ${d.asked.batch} sequences, context ${d.planned.context} of ${d.asked.context} tokens${precisionText(d.precision)}; the full plan is restored when the fleet fits it again.` : "";
+    const replicas = d && d.planned.replicas !== d.asked.replicas ? `${d.planned.replicas} of ${d.asked.replicas} replicas, ` : "";
+    degraded.textContent = d ? `Serving a degraded plan: ${replicas}${d.planned.batch} of ${d.asked.batch} sequences, context ${d.planned.context} of ${d.asked.context} tokens${precisionText(d.precision)}; the full plan is restored when the fleet fits it again.` : "";
     showCaching(section.querySelector("[data-caching]"), deployment.prefix_caching);
     showSpeculation(section.querySelector("[data-speculation]"), deployment);
     for (const stage of deployment.stages) {
