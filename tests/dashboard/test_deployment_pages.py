@@ -138,7 +138,7 @@ def test_deployments_page_shows_the_targets_next_to_their_attainment_and_the_dem
         operator_client, running_deployment, monkeypatch):
     running_deployment.ttft_target_ms, running_deployment.target_percentile = 300, 99
     running_deployment.save(update_fields=["ttft_target_ms", "target_percentile"])
-    recorder = decision_log.RouterRecorder()
+    recorder = decision_log.RouterRecorder(started_at=time.time() - 600)  # serving for ten minutes
     monkeypatch.setattr("controlplane.gateway.demand.recorder", recorder)
     for i, ttft_s in enumerate([0.1, 0.1, 0.1, 0.5]):  # one of four over the target: 75 %, p99 500 ms
         recorder.record(decision_log.RouteRecord(f"r{i}", "chat", "round_robin", time.time() - 5,

@@ -92,7 +92,7 @@ def test_demand_endpoint_answers_for_the_deployment(api, anonymous, nodes, revis
     deployment = deployment_create(name="tiny", revision=revision)
     deployment.ttft_target_ms = 200
     deployment.save(update_fields=["ttft_target_ms"])
-    recorder = decision_log.RouterRecorder()
+    recorder = decision_log.RouterRecorder(started_at=time.time() - 600)  # serving for ten minutes
     monkeypatch.setattr("controlplane.gateway.demand.recorder", recorder)
     recorder.record(decision_log.RouteRecord("a", "tiny", "round_robin", time.time() - 1,
                                              f"d{deployment.pk}-r0", "running", prompt_tokens=40))
