@@ -96,8 +96,8 @@ def test_a_percentile_measured_before_the_applied_change_is_no_miss(deployment, 
     twice as large, at every pass after each change it had made)."""
     uncordon("node-a")
     Deployment.objects.filter(pk=deployment.pk).update(ttft_target_ms=400, max_replicas=8)
-    PlanRevision.objects.filter(pk=deployment.revision_id).update(
-        applied_at=datetime.fromtimestamp(t0, timezone.utc))
+    PlanRevision.objects.filter(pk=deployment.revision_id).update(  # half a second before: a stored
+        applied_at=datetime.fromtimestamp(t0 - 0.5, timezone.utc))  # microsecond is no boundary case
     deployment.refresh_from_db()
     window = int(settings.MOTLEY_REBALANCE_DEMAND_WINDOW_S)
     passes(deployment, t0, 0.3, range(0, window, 10), monkeypatch, ttft_p95_ms=900.0)
