@@ -24,6 +24,7 @@ import functools
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -120,7 +121,7 @@ def demand_publish_due(now: float) -> bool:
 
 
 def demand_publish(*, now: float, records: Iterable[RouteRecord] | None = None,
-                   started_at: float | None = None) -> None:
+                   started_at: float | None = None, waiting: dict[str, int] | None = None) -> None:
     """Publish, for the rebalance policy in the Celery worker, the load of every deployment this
     process served over the last ``MOTLEY_REBALANCE_DEMAND_WINDOW_S``: rates, and p95 and p99 of TTFT
     and TPOT (``rebalance.demand.sample_publish``). No DB access: called off the event loop after a
@@ -128,7 +129,13 @@ def demand_publish(*, now: float, records: Iterable[RouteRecord] | None = None,
 
     The rates are over the part of the window the process saw: since it started (``started_at``; the
     recorder's by default), or since its oldest kept record where it keeps no older one. Over the
-    whole window, a process that has served 5 s of a 60 s window would report a twelfth of its load."""
+    whole window, a process that has served 5 s of a 60 s window would report a twelfth of its load.
+
+    ``concurrency``: the requests a replica held, on average over that span (each from being routed to
+    its end), plus those of the deployment's model waiting in this process's queue now (``waiting``, by
+    served model name; shared evenly where several deployments serve one model). A replica's real
+    time per request, the gateway's own included, and the load a saturated plan cannot take in: what
+    the served tokens/s cannot show (planning/demand.py)."""
     window = settings.MOTLEY_REBALANCE_DEMAND_WINDOW_S
     kept = list(recorder.recent if records is None else records)
     started_at = recorder.started_at if records is None else started_at
@@ -140,17 +147,35 @@ def demand_publish(*, now: float, records: Iterable[RouteRecord] | None = None,
     for record in recent:
         if (deployment := _deployment_of(record.replica)) is not None:
             by_deployment.setdefault(deployment, []).append(record)
+    held = _held_s(kept, since=now - span, now=now)
+    models = {deployment: mine[-1].model for deployment, mine in by_deployment.items()}
+    sharing = Counter(models.values())
     for deployment, mine in by_deployment.items():
+        queued = (waiting or {}).get(models[deployment], 0) / sharing[models[deployment]]
         ttft = [_ttft_ms(r) for r in mine if r.queue_s is not None]
         tpot = [v for r in mine if (v := _tpot_ms(r)) is not None]
         try:
             sample_publish(deployment_id=deployment, process=process_id(), sample={
                 "at": now, "arrival_rate": len(mine) / span,
                 "output_tokens_per_s": sum(r.completion_tokens for r in mine) / span,
+                "concurrency": held.get(deployment, 0.0) / span + queued,
                 **{f"{kind}_p{q}_ms": percentile_of(values, q)
                    for kind, values in (("ttft", ttft), ("tpot", tpot)) for q in (95, 99)}})
         except Exception as exc:  # the cache is down: the policy sees no load, as with no requests
             logger.warning("demand of deployment %s not published: %s", deployment, exc)
+
+
+def _held_s(records: list[RouteRecord], *, since: float, now: float) -> dict[int, float]:
+    """Per deployment, the seconds its replicas held requests between ``since`` and ``now``: each
+    record from being routed to its end (now, while it runs)."""
+    held: dict[int, float] = {}
+    for record in records:
+        if record.replica is None or (deployment := _deployment_of(record.replica)) is None:
+            continue
+        end = now if record.e2e_s is None else record.at + record.e2e_s
+        if (overlap := min(end, now) - max(record.at, since)) > 0:
+            held[deployment] = held.get(deployment, 0.0) + overlap
+    return held
 
 
 def _deployment_of(replica: str) -> int | None:

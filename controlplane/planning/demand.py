@@ -11,9 +11,18 @@ The rules, in the order they are checked (docs/deployments.md, "Demand"):
   (arrival rate and output tokens/s), never below zero, so a rise is answered before it peaks and a
   few spikes do not tilt it (and no further ahead than half the span the samples cover: a trend
   through a few samples is mostly noise);
+- the load is the larger of two shares of the plan's capacity: the output tokens/s served against the
+  tokens/s the planner predicts, and the requests in the system (held by a replica, on average over the
+  window, or waiting in the gateway now) against the sequences the replicas hold at once. The first
+  trusts the planner; the second is Little's law on what was measured, so it counts what a replica
+  really spends per request (the gateway's own time included) and the demand a saturated replica
+  cannot serve (the backlog), which the served tokens/s never show;
 - **at risk**: the forecast needs more than ``high`` of the plan's capacity, or the measured
   percentile (the targets', p95 or p99) of TTFT or TPOT is over its target; **low**: one replica
-  fewer would still run under ``low`` of its capacity at the forecast load, and every target is met.
+  fewer would still run under ``low`` of its capacity at the forecast load, and every target is met;
+- a scale-out asks for as many replicas as bring the forecast back to ``high`` (Kubernetes' HPA rule,
+  ``ceil(replicas * load / high)``), at least one more: a load that rises fast is answered in one
+  change rather than one replica per cool-down; a scale-in takes one replica at a time.
   ``low`` < ``high`` is the hysteresis: a scale-in leaves a plan the same load does not push back out;
 - a condition acts only once it has lasted ``for_s`` (a noisy sample restarts the clock), and no
   change comes within ``cooldown_s`` of the last one;
@@ -37,6 +46,7 @@ class LoadSample:
     output_tokens_per_s: float
     ttft_ms: float | None = None  # the measured percentile the target is set at (None: no requests)
     tpot_ms: float | None = None
+    concurrency: float | None = None  # requests held by replicas (mean over the window) + waiting now
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,7 @@ class Capacity:
     tokens_per_s: float
     token_latency_ms: float
     prefill_ms: float
+    slots: int = 0  # sequences the replicas hold at once (replicas x batch); 0: not known
 
 
 @dataclass(frozen=True)
@@ -72,6 +83,7 @@ class Knobs:
 class Forecast:
     arrival_rate: float
     output_tokens_per_s: float
+    concurrency: float = 0.0
 
     @property
     def tokens_per_request(self) -> float:
@@ -105,6 +117,7 @@ class Memory:
 class Decision:
     action: str | None  # "out", "in" or None (keep)
     reason: str
+    replicas: int  # how many replicas the action asks for (the current count when it keeps)
     forecast: Forecast
     reach_s: float  # how far ahead the load was forecast
     utilisation: float
@@ -115,18 +128,21 @@ def forecast(series: Sequence[LoadSample], *, at: float) -> Forecast:
     """The load at time ``at`` on the Theil-Sen line through ``series`` (the median of the slopes
     between every two samples, through the median residual), floored at zero: a robust trend, which
     a few spikes in the window do not tilt as they would a least-squares line."""
-    if not series:
-        return Forecast(0.0, 0.0)
     times = [s.at for s in series]
+    measured = [s for s in series if s.concurrency is not None]
+    return Forecast(_theil_sen(times, [s.arrival_rate for s in series], at),
+                    _theil_sen(times, [s.output_tokens_per_s for s in series], at),
+                    _theil_sen([s.at for s in measured], [s.concurrency for s in measured], at))
 
-    def line(values: list[float]) -> float:
-        slopes = [(values[j] - values[i]) / (times[j] - times[i])
-                  for i in range(len(times)) for j in range(i + 1, len(times)) if times[j] != times[i]]
-        slope = _median(slopes) if slopes else 0.0
-        level = _median([v - slope * t for t, v in zip(times, values, strict=True)])
-        return max(0.0, level + slope * at)
 
-    return Forecast(line([s.arrival_rate for s in series]), line([s.output_tokens_per_s for s in series]))
+def _theil_sen(times: list[float], values: list[float], at: float) -> float:
+    if not values:
+        return 0.0
+    slopes = [(values[j] - values[i]) / (times[j] - times[i])
+              for i in range(len(times)) for j in range(i + 1, len(times)) if times[j] != times[i]]
+    slope = _median(slopes) if slopes else 0.0
+    level = _median([v - slope * t for t, v in zip(times, values, strict=True)])
+    return max(0.0, level + slope * at)
 
 
 def _median(values: list[float]) -> float:
@@ -162,6 +178,8 @@ def decide(series: Sequence[LoadSample], *, targets: Targets, capacity: Capacity
     reach = min(knobs.horizon_s, span / 2)  # a short series: a short reach
     load = forecast(series, at=now + reach)
     u = load.output_tokens_per_s / capacity.tokens_per_s if capacity.tokens_per_s > 0 else math.inf
+    occupancy = load.concurrency / capacity.slots if capacity.slots > 0 else 0.0
+    u = max(u, occupancy)
     latest = series[-1] if series else None
     missed = [f"{name} p{targets.percentile} {value:.0f} ms over its {target:g} ms target"
               for name, value, target in (("TTFT", latest and latest.ttft_ms, targets.ttft_ms),
@@ -175,30 +193,37 @@ def decide(series: Sequence[LoadSample], *, targets: Targets, capacity: Capacity
                     low_since=_since(memory.low_since, now) if low else None)
     figures = (f"forecast {load.output_tokens_per_s:.1f} output tokens/s "
                f"({load.arrival_rate:.2f} requests/s) "
-               f"in {reach:.0f} s against {capacity.tokens_per_s:.1f} tokens/s of {n} replica(s), "
-               f"{u:.0%} of capacity")
+               f"in {reach:.0f} s against {capacity.tokens_per_s:.1f} tokens/s of {n} replica(s)")
+    if capacity.slots > 0:
+        figures += (f", {load.concurrency:.1f} requests in flight or waiting for {capacity.slots} "
+                    f"sequence slots")
+    figures += f": {u:.0%} of capacity"
     since = memory.at_risk_since if at_risk else memory.low_since
-    action = None
+    action, wanted = None, n
     if at_risk:
         why = "; ".join(missed) if missed else f"over the {knobs.high:.0%} high mark"
         reason, action = f"targets at risk: {figures}; {why}", "out"
-        if targets.max_replicas is not None and n >= targets.max_replicas:
+        most = targets.max_replicas if targets.max_replicas is not None else math.inf
+        if n >= most:
             reason += f"; at max_replicas {targets.max_replicas}: more throughput from the replicas it has"
+        else:
+            wanted = int(min(most, max(n + 1, math.ceil(n * u / knobs.high) if math.isfinite(u) else n + 1)))
+            reason += f"; {wanted} replica(s) bring it under the mark"
     elif low:
         reason = (f"load low: {figures}; {n - 1} replica(s) would run at {u_fewer:.0%}, under the "
                   f"{knobs.low:.0%} low mark")
         if n <= targets.min_replicas:
             reason += f"; already at min_replicas {targets.min_replicas}"
         else:
-            action = "in"
+            action, wanted = "in", n - 1
     else:
-        return Decision(None, f"load within bounds: {figures}", load, reach, u, memory)
+        return Decision(None, f"load within bounds: {figures}", n, load, reach, u, memory)
     if action is not None and now - since < knobs.for_s:
         reason, action = f"{reason}; for {now - since:.0f} s of the {knobs.for_s:g} s it must last", None
     if action is not None and last_change_at is not None and now - last_change_at < knobs.cooldown_s:
         reason, action = (f"{reason}; waits: the last change was {now - last_change_at:.0f} s ago "
                           f"(cooldown {knobs.cooldown_s:g} s)"), None
-    return Decision(action, reason, load, reach, u, memory)
+    return Decision(action, reason, n if action is None else wanted, load, reach, u, memory)
 
 
 def _since(began: float | None, now: float) -> float:

@@ -7,10 +7,11 @@ occurrences are scale-outs (one replica more) and the free cards each could use 
 compete: each is a claimant (``planning.card_shares.Claimant``) with
 
 - its priority (``Deployment.priority``);
-- its need: the forecast output tokens/s its applied plan does not cover below the scale-out mark
-  (``forecast / MOTLEY_REBALANCE_DEMAND_HIGH - capacity``); where the forecast is under the mark (a
-  measured percentile over its target set the scale-out off), one replica like its own
-  (``capacity / replicas``), which is what the scale-out asks for;
+- its need: the tokens/s its applied plan lacks to bring the forecast load under the scale-out mark
+  (``capacity * (utilisation / MOTLEY_REBALANCE_DEMAND_HIGH - 1)``, the utilisation the policy
+  decided on: the larger of the tokens and the sequence slots' shares, planning/demand.py); where the
+  load is under the mark (a measured percentile over its target set the scale-out off), one replica
+  like its own (``capacity / replicas``);
 - each free card's worth to it (``planning.card_worth``: tokens/s at the best precision its quality
   budget allows, 0 where its layers cannot use the card or its request excludes it).
 
@@ -45,6 +46,7 @@ from controlplane.planning.card_worth import CardWorth, assign_whole, card_worth
 from controlplane.planning.cost_model import CostModel
 from controlplane.rebalance.demand import capacity_of
 from controlplane.rebalance.models import RebalanceProposal
+from controlplane.rebalance.pricing import free_devices
 from controlplane.rebalance.selectors import deployment_ids_to_evaluate
 from controlplane.rebalance.services import Observed, rebalance_observe, rebalance_settle
 
@@ -85,7 +87,7 @@ class _Claim:
     claimant: Claimant
     worth: dict[str, CardWorth]
     capacity: float
-    forecast: float
+    utilisation: float | None  # of the applied plan at the forecast load (None: unbounded)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,8 +121,9 @@ class Shares:
         high = settings.MOTLEY_REBALANCE_DEMAND_HIGH
         text = (f"free cards shared among {len(self.claims)} deployments scaling out (priority, then "
                 f"worth): given {words}, {received:.1f} tokens/s against a need of {claim.claimant.need} "
-                f"tokens/s (forecast {claim.forecast:.1f} over {high:g} of the {claim.capacity:.1f} its "
-                f"plan serves) at priority {claim.claimant.priority}")
+                f"tokens/s (a forecast load of {_share_text(claim.utilisation)} of the "
+                f"{claim.capacity:.1f} its plan serves, brought to {high:g}) at priority "
+                f"{claim.claimant.priority}")
         if others:
             text += "; left to the others: " + ", ".join(f"{card} ({name})"
                                                         for card, name in sorted(others.items()))
@@ -136,8 +139,7 @@ def share_cards(observed: Iterable[Observed]) -> Shares:
     if len(wanting) < 2:
         return Shares()
     fleet = wanting[0].fleet
-    used = devices_in_use(deployment=None)
-    free = [d.name for d in fleet.devices if not d.down and d.name not in used]
+    free = free_devices(fleet=fleet)
     claims = {seen.deployment.pk: c for seen in wanting if (c := _claim(seen, fleet, free)) is not None}
     usable = [{card for card, w in c.worth.items() if w.tokens_per_s > 0} for c in claims.values()]
     if not any(a & b for i, a in enumerate(usable) for b in usable[i + 1:]):
@@ -171,13 +173,18 @@ def _claim(seen: Observed, fleet: FleetSpec, free: list[str]) -> _Claim | None:
     worth = {card: card_worth(request, fleet.device(card), cost) for card in free
              if request.excluded_reason(fleet.device(card)) is None}
     capacity = capacity_of(revision.plan)
-    forecast = seen.occurrence.detail["forecast_output_tokens_per_s"]
-    need = forecast / settings.MOTLEY_REBALANCE_DEMAND_HIGH - capacity.tokens_per_s
-    if need <= 0:  # a measured percentile over its target: the one replica the scale-out asks for
+    utilisation = seen.occurrence.detail["utilisation"]
+    need = (capacity.tokens_per_s * (utilisation / settings.MOTLEY_REBALANCE_DEMAND_HIGH - 1)
+            if utilisation is not None else 0.0)
+    if need <= 0:  # a measured percentile over its target (or no capacity): one replica like its own
         need = capacity.tokens_per_s / max(1, capacity.replicas)
     claimant = Claimant(str(deployment.pk), deployment.priority, math.ceil(need),
                         {card: int(w.tokens_per_s) for card, w in worth.items()})
-    return _Claim(claimant, worth, capacity.tokens_per_s, forecast)
+    return _Claim(claimant, worth, capacity.tokens_per_s, utilisation)
+
+
+def _share_text(utilisation: float | None) -> str:
+    return "unbounded" if utilisation is None else f"{utilisation:.0%}"
 
 
 def _worth_text(worth: CardWorth) -> str:

@@ -52,6 +52,7 @@ def samples_read(*, deployment: Deployment, now: float) -> policy.LoadSample | N
     if not found:
         return None
     q = deployment.target_percentile
+    concurrency = [s["concurrency"] for s in found if s.get("concurrency") is not None]
 
     def worst(kind: str) -> float | None:
         values = [s[f"{kind}_p{q}_ms"] for s in found if s.get(f"{kind}_p{q}_ms") is not None]
@@ -59,7 +60,8 @@ def samples_read(*, deployment: Deployment, now: float) -> policy.LoadSample | N
 
     return policy.LoadSample(at=now, arrival_rate=sum(s["arrival_rate"] for s in found),
                              output_tokens_per_s=sum(s["output_tokens_per_s"] for s in found),
-                             ttft_ms=worst("ttft"), tpot_ms=worst("tpot"))
+                             ttft_ms=worst("ttft"), tpot_ms=worst("tpot"),
+                             concurrency=sum(concurrency) if concurrency else None)
 
 
 def targets(deployment: Deployment) -> policy.Targets:
@@ -78,7 +80,8 @@ def capacity_of(plan: dict[str, Any]) -> policy.Capacity:
     """The planner's figures of a stored plan (``plan_to_dict``)."""
     figures = plan["predicted"]
     return policy.Capacity(replicas=len(plan["replicas"]), tokens_per_s=figures["decode_tokens_per_s"],
-                           token_latency_ms=figures["token_latency_ms"], prefill_ms=figures["prefill_ms"])
+                           token_latency_ms=figures["token_latency_ms"], prefill_ms=figures["prefill_ms"],
+                           slots=len(plan["replicas"]) * plan["batch"])
 
 
 def demand(*, state: RebalanceState, deployment: Deployment, now: float) -> Occurrence | None:
@@ -93,7 +96,8 @@ def demand(*, state: RebalanceState, deployment: Deployment, now: float) -> Occu
         window = settings.MOTLEY_REBALANCE_DEMAND_WINDOW_S
         stale = applied_at is not None and sample.at - applied_at.timestamp() < window
         kept = [*kept, [sample.at, sample.arrival_rate, sample.output_tokens_per_s,
-                        None if stale else sample.ttft_ms, None if stale else sample.tpot_ms]]
+                        None if stale else sample.ttft_ms, None if stale else sample.tpot_ms,
+                        sample.concurrency]]
     kept = [s for s in kept if now - s[0] <= deployment.target_window_s][-SERIES_KEEP:]
     memory = policy.Memory(**state.demand.get("memory", {}))
     # A degraded plan is the restore's to change (degrade.py): demand waits for the full plan.
@@ -108,25 +112,33 @@ def demand(*, state: RebalanceState, deployment: Deployment, now: float) -> Occu
         return None
     since = decision.memory.at_risk_since if decision.action == "out" else decision.memory.low_since
     load = decision.forecast
-    detail = {"action": decision.action, "utilisation": _round(decision.utilisation),
+    detail = {"action": decision.action, "replicas": decision.replicas,
+              "utilisation": _round(decision.utilisation),
               "horizon_s": round(decision.reach_s, 1), "forecast_requests_per_s": round(load.arrival_rate, 3),
-              "forecast_output_tokens_per_s": round(load.output_tokens_per_s, 3)}
+              "forecast_output_tokens_per_s": round(load.output_tokens_per_s, 3),
+              "forecast_concurrency": round(load.concurrency, 2)}
     key = f"demand:{decision.action}@{since:.0f}"
     return Occurrence(RebalanceProposal.Trigger.DEMAND, key, decision.reason, detail)
 
 
-def asks(*, deployment: Deployment, occurrence: Occurrence) -> list[dict[str, Any]]:
+def asks(*, deployment: Deployment, occurrence: Occurrence, free_cards: int) -> list[dict[str, Any]]:
     """The changes to the revision's request a demand occurrence asks the planner for, in order: one
-    replica fewer; or one replica more (within ``max_replicas``), else, where no free cards take one,
-    twice the batch on the replicas it has (more sequences in flight: more micro-batches and KV, if
-    their memory holds it)."""
-    current = len(deployment.revision.placements)
+    replica fewer; or the replicas the policy wants (within ``max_replicas``, and as many as the
+    ``free_cards`` hold at the cards a replica has now), else one more; else, where no free cards take
+    one more, twice the batch on the replicas it has (more sequences in flight: more micro-batches and
+    KV, if their memory holds it)."""
+    placements = deployment.revision.placements
+    current = len(placements)
     if occurrence.detail["action"] == "in":
         return [{"replicas": current - 1}]
     batch, _ = workload_of(deployment.revision.request)
     larger = {"replicas": current, "batch": 2 * batch}
     most = deployment.max_replicas
-    return [larger] if most is not None and current >= most else [{"replicas": current + 1}, larger]
+    if (most is not None and current >= most) or free_cards == 0:
+        return [larger]
+    held = free_cards // max(len(replica) for replica in placements)
+    wanted = min(occurrence.detail["replicas"], current + max(1, held))  # decide: within max_replicas
+    return [{"replicas": n} for n in dict.fromkeys((wanted, current + 1))] + [larger]
 
 
 def delivers(plan: dict[str, Any], changes: dict[str, Any]) -> bool:

@@ -56,6 +56,12 @@ def plannable_devices(*, deployment: Deployment, fleet: FleetSpec) -> list[str]:
     return sorted(d.name for d in fleet.devices if not d.down and d.name not in busy)
 
 
+def free_devices(*, fleet: FleetSpec) -> list[str]:
+    """The devices up that carry no deployment's stage."""
+    used = devices_in_use(deployment=None)
+    return [d.name for d in fleet.devices if not d.down and d.name not in used]
+
+
 @dataclass(frozen=True)
 class Pricing:
     """The applied plan and the planner's against each other on one fleet."""

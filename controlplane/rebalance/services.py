@@ -40,7 +40,7 @@ from controlplane.planning import replica_placements
 from controlplane.rebalance import demand, triggers
 from controlplane.rebalance.diff import plan_diff
 from controlplane.rebalance.models import RebalanceProposal, RebalanceState
-from controlplane.rebalance.pricing import Pricing, fleet_now, price, throttled_devices
+from controlplane.rebalance.pricing import Pricing, fleet_now, free_devices, price, throttled_devices
 from controlplane.rebalance.selectors import change_in_flight
 
 if TYPE_CHECKING:
@@ -107,7 +107,8 @@ def rebalance_settle(*, observed: Observed, now: float, withheld: Iterable[str] 
     re-plan is a planner run, and operators' applies and the controller's reconciles wait on that
     row. The decision is taken only if the revision the triggers saw is still the applied one."""
     deployment, occurrence, fleet = observed.deployment, observed.occurrence, observed.fleet
-    asks = (demand.asks(deployment=deployment, occurrence=occurrence)
+    asks = (demand.asks(deployment=deployment, occurrence=occurrence,
+                        free_cards=len(set(free_devices(fleet=fleet)) - set(withheld)))
             if occurrence is not None and occurrence.trigger == RebalanceProposal.Trigger.DEMAND else [None])
     for changes in asks:  # a demand change's alternatives, the first the planner fits
         pricing = price(deployment=deployment, fleet=fleet, changes=changes, withheld=withheld)

@@ -201,3 +201,27 @@ def test_a_process_that_started_lately_reports_its_load_over_the_time_it_served(
     load = samples_read(deployment=deployment(), now=NOW)
     assert load.arrival_rate == pytest.approx(2.0) and load.output_tokens_per_s == pytest.approx(22.0)
     cache.clear()
+
+
+def test_published_concurrency_is_the_time_requests_were_held_plus_the_model_waiting_now(settings):
+    """Little's law on what was measured: the seconds the window's requests were held by a replica
+    (routed to end; a running one to now; one routed before the window only from its start) over the
+    window, plus the model's requests waiting in the gateway, shared by the deployments serving it."""
+    from django.core.cache import cache
+
+    from controlplane.gateway.demand import demand_publish
+    from controlplane.rebalance.demand import samples_read
+
+    cache.clear()
+    settings.MOTLEY_REBALANCE_DEMAND_WINDOW_S = 60
+    recorder = RouterRecorder(started_at=0.0)
+    served(recorder, 1, at=NOW - 62, ttft_s=0.5, e2e_s=5.0, tokens=11)  # 3 s of it in the window
+    served(recorder, 10, at=NOW - 30, ttft_s=0.5, e2e_s=3.0, tokens=11)  # 30 s
+    served(recorder, 2, at=NOW - 4, ttft_s=None, e2e_s=0.0, tokens=0, outcome="running")  # 8 s so far
+    served(recorder, 1, at=NOW - 10, ttft_s=0.5, e2e_s=1.0, tokens=11, replica="d8-r0")  # another deployment
+    demand_publish(now=NOW, records=recorder.recent, started_at=0.0, waiting={"tiny": 3, "other": 5})
+    load = samples_read(deployment=deployment(), now=NOW)
+    assert load.concurrency == pytest.approx((3 + 30 + 8) / 60 + 3 / 2)
+    assert samples_read(deployment=Deployment(pk=8, name="chat-2"), now=NOW).concurrency == pytest.approx(
+        1 / 60 + 3 / 2)
+    cache.clear()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
+
 from controlplane.planning.demand import (
     Capacity,
     Forecast,
@@ -25,7 +27,7 @@ WINDOW_S = 300
 
 
 def capacity(replicas: int) -> Capacity:
-    return Capacity(replicas, PER_REPLICA * replicas, token_latency_ms=80, prefill_ms=150)
+    return Capacity(replicas, PER_REPLICA * replicas, token_latency_ms=80, prefill_ms=150, slots=4 * replicas)
 
 
 def run(loads: list[float], *, replicas: int, targets: Targets = TARGETS,
@@ -41,8 +43,7 @@ def run(loads: list[float], *, replicas: int, targets: Targets = TARGETS,
                           last_change_at=last_change_at, knobs=KNOBS)
         memory = decision.memory
         if decision.action is not None:  # at max_replicas a scale-out is a larger batch, not a replica
-            most = targets.max_replicas or math.inf
-            replicas += -1 if decision.action == "in" else 1 if replicas < most else 0
+            replicas = decision.replicas
             changes.append((now, decision.action, replicas))
             last_change_at, memory = now, Memory()
     return changes
@@ -62,6 +63,41 @@ def test_scale_out_needs_the_condition_to_last_and_stops_at_max_replicas():
     assert changes[0] == (60.0, "out", 3)  # at risk from 0 s, acted once it had lasted 60 s
     # still at risk at max_replicas: more throughput from the same replicas, once per cool-down
     assert [(at, replicas) for at, _, replicas in changes[1:]] == [(360.0, 3), (660.0, 3)]
+
+
+def test_a_load_that_outruns_one_replica_gets_every_replica_it_needs_in_one_change():
+    """A jump to 2.5x of one replica's capacity: HPA's rule asks for ceil(1 * 2.5 / 0.8) = 4 at once;
+    the next change, a cool-down later, finds nothing to do. Capped at max_replicas."""
+    assert run([250.0] * 60, replicas=1) == [(60.0, "out", 4)]
+    assert run([250.0] * 60, replicas=1, targets=Targets(2000, 200, max_replicas=3))[0] == (60.0, "out", 3)
+
+
+def test_a_backlog_the_served_tokens_hide_scales_out():
+    """A saturated replica serves what it can: its tokens/s sit at 70 % of the planned capacity, under
+    the mark, and would never ask for more. The requests in the system say otherwise: 4 held by its
+    4 slots and 6 more waiting in the gateway, 250 % of what it holds at once."""
+    series = [LoadSample(10.0 * i, 0.7, 70, concurrency=10.0) for i in range(8)]
+    decision = decide(series, targets=Targets(None, None, max_replicas=8), capacity=capacity(1),
+                      memory=Memory(at_risk_since=0.0), now=70, last_change_at=None, knobs=KNOBS)
+    assert decision.action == "out" and decision.utilisation == pytest.approx(2.5)
+    assert decision.replicas == 4  # ceil(1 * 2.5 / 0.8)
+    assert "10.0 requests in flight or waiting for 4 sequence slots: 250% of capacity" in decision.reason
+    tokens_only = [LoadSample(s.at, s.arrival_rate, s.output_tokens_per_s) for s in series]
+    assert decide(tokens_only, targets=TARGETS, capacity=capacity(1), memory=Memory(), now=70,
+                  last_change_at=None, knobs=KNOBS).action is None
+
+
+def test_requests_held_longer_than_planned_keep_a_replica_the_tokens_would_release():
+    """Two replicas serving 45 tokens/s: by tokens, one would run at 45 %, under the low mark, and the
+    tokens alone take a replica away. The requests in flight say each is held longer than planned (6
+    of the 8 slots busy, one replica would need 150 % of its own): no scale-in."""
+    series = [LoadSample(10.0 * i, 0.45, 45, concurrency=6.0) for i in range(8)]
+    decision = decide(series, targets=TARGETS, capacity=capacity(2), memory=Memory(low_since=0.0), now=70,
+                      last_change_at=None, knobs=KNOBS)
+    assert decision.action is None and decision.utilisation == pytest.approx(0.75)
+    tokens_only = [LoadSample(s.at, s.arrival_rate, s.output_tokens_per_s) for s in series]
+    assert decide(tokens_only, targets=TARGETS, capacity=capacity(2), memory=Memory(low_since=0.0), now=70,
+                  last_change_at=None, knobs=KNOBS).action == "in"
 
 
 def test_low_load_scales_in_down_to_min_replicas_only():
@@ -109,6 +145,8 @@ def test_forecast_follows_the_trend_and_never_goes_negative():
     assert math.isclose(forecast(series, at=190).output_tokens_per_s, 200.0)
     falling = [LoadSample(float(t), 1.0, 100.0 - t) for t in range(0, 100, 10)]
     assert forecast(falling, at=500) == Forecast(1.0, 0.0)
+    queueing = [LoadSample(float(t), 1.0, 100.0, concurrency=2.0 + t / 10) for t in range(0, 100, 10)]
+    assert math.isclose(forecast(queueing, at=190).concurrency, 21.0)
 
 
 def _mm1_wait_ms(u: float, service_ms: float, q: int, n: int = 60_000, seed: int = 3) -> float:

@@ -1,8 +1,10 @@
-"""The demand trigger through the policy's Celery task: the load a gateway publishes, a proposal of one
-replica more (or fewer) whose text and fields give the planner's prediction at the forecast load."""
+"""The demand trigger through the policy's Celery task: the load a gateway publishes, a proposal of the
+replicas it needs (or one fewer) whose text and fields give the planner's prediction at the forecast
+load."""
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timezone
 
 import pytest
@@ -47,10 +49,11 @@ def test_targets_at_risk_propose_another_replica_with_its_prediction(deployment,
     [proposal] = proposals(deployment)
     assert proposal.trigger == RebalanceProposal.Trigger.DEMAND
     assert proposal.status == RebalanceProposal.Status.OPEN
-    assert len(proposal.revision.placements) == replicas + 1
-    assert proposal.revision.request["replicas"] == replicas + 1
+    wanted = math.ceil(replicas * 0.95 / 0.8)  # as many as bring the load under the 80 % mark at once
+    assert wanted > replicas + 1
+    assert len(proposal.revision.placements) == wanted and proposal.revision.request["replicas"] == wanted
     forecast = proposal.forecast
-    assert forecast["replicas"] == replicas + 1 and forecast["ttft_target_ms"] == 400
+    assert forecast["replicas"] == wanted and forecast["ttft_target_ms"] == 400
     assert forecast["capacity_tokens_per_s"] > forecast["forecast_output_tokens_per_s"] > 0
     assert f"predicted TTFT p95 {forecast['ttft_ms']:.0f} ms (target 400 ms)" in proposal.reason
     assert "TTFT p95 900 ms over its 400 ms target" in proposal.reason

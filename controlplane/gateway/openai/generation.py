@@ -212,7 +212,9 @@ class Generation:
             recorder.finished(self.request_id, outcome, time.monotonic() - self.placed,
                               self.completion_tokens)
             if demand_publish_due(now := time.time()):  # off the loop: it writes the shared cache
-                asyncio.get_running_loop().run_in_executor(None, partial(demand_publish, now=now))
+                waiting = {model: len(queue) for model, queue in gateway().waiting.queues.items()}
+                publish = partial(demand_publish, now=now, waiting=waiting)
+                asyncio.get_running_loop().run_in_executor(None, publish)
             self.span.end(outcome, self.completion_tokens)
 
     async def _migrate(self, exc: PipelineBroken | RequestRejected) -> None:
