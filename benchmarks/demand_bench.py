@@ -243,10 +243,10 @@ def _ms(value: float | None) -> float | None:
 
 def sizes(way: str, day_s: float) -> dict[str, int]:
     """Each model's replicas as ``way`` starts its day: the static ones for their mean or peak load
-    throughout; auto for the load its day starts at (one replica for 0.2x, three for 3x), as a policy
-    that followed the day before would leave it."""
+    throughout; auto for the load its day starts at, at the policy's high mark (one replica for 0.2x,
+    four for 3x), as a policy that followed the day before would leave it."""
     if way == "auto":
-        return {n: math.ceil(multiplier(0.0, day_s=day_s, phase=PHASES[n], low=LOW, high=HIGH))
+        return {n: _replicas_for(multiplier(0.0, day_s=day_s, phase=PHASES[n], low=LOW, high=HIGH))
                 for n in MODELS}
     return dict.fromkeys(MODELS, _replicas_for(mean_multiplier(LOW, HIGH) if way == "mean" else HIGH))
 

@@ -1,5 +1,7 @@
 """`make run` (run_local) with its demo, when a local agent is killed with SIGKILL: the control plane
-stays up and the node turns LOST; with --restart-agents the agent comes back and the node is READY."""
+stays up and, with --restart-agents, the agent comes back and the node is READY. Without it the agent
+is left exited (its node turns LOST, as a lost stage's node does in tests/e2e/test_handover.py): the
+supervisor's part of that is tested on plain processes below, without a system of its own."""
 
 from __future__ import annotations
 
@@ -76,28 +78,35 @@ def _stop(launcher: subprocess.Popen) -> None:
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
 
 
-@pytest.mark.parametrize("restart", [False, True], ids=["left-lost", "restarted"])
-def test_a_killed_agent_leaves_the_control_plane_up(tmp_path, demo_model, restart):
-    launcher, base, headers = _start(tmp_path, demo_model, *(["--restart-agents"] if restart else []))
+def test_a_killed_agent_is_restarted_and_the_control_plane_stays_up(tmp_path, demo_model):
+    launcher, base, headers = _start(tmp_path, demo_model, "--restart-agents")
     try:
         agent, before = _agent(launcher, "death-a"), _node(base, headers, "death-a")["incarnation"]
         os.kill(agent.pid, signal.SIGKILL)
-        if restart:  # back within the backoff (1 s), before its node could turn LOST (4 s)
-            wait_until(lambda: (node := _node(base, headers, "death-a"))["incarnation"] > before
-                       and node["status"] == "ready", 90, "death-a registered again and READY")
-            assert _agent(launcher, "death-a").pid != agent.pid
-        else:
-            wait_until(lambda: _node(base, headers, "death-a")["status"] == "lost", 60, "death-a LOST")
-            assert not [p for p in psutil.Process(launcher.pid).children()
-                        if "agents" in p.cmdline() and "death-a" in p.cmdline()]
+        # back within the backoff (1 s), before its node could turn LOST (4 s)
+        wait_until(lambda: (node := _node(base, headers, "death-a"))["incarnation"] > before
+                   and node["status"] == "ready", 90, "death-a registered again and READY")
+        assert _agent(launcher, "death-a").pid != agent.pid
         assert launcher.poll() is None
         assert httpx.get(f"{base}/api/v1/deployments/", headers=headers, timeout=10).status_code == 200
     finally:
         _stop(launcher)
     output = (tmp_path / "run_local.log").read_text()
     assert "agent death-a exited with code -9; the control plane stays up" in output
-    assert ("restarting it in 1s" in output) == restart
-    assert "stopping everything" not in output
+    assert "restarting it in 1s" in output and "stopping everything" not in output
+
+
+def test_supervise_leaves_an_exited_agent_by_default_and_returns_on_a_control_plane_exit():
+    group, reports = ProcessGroup(), []
+    group.start("agent n1", python_argv("-c", "raise SystemExit(3)"), essential=False)
+    group.start("asgi", python_argv("-c", "import time; time.sleep(3)"))
+    try:
+        name, code = supervise(group, restart_agents=False, lost_after_s=15, report=reports.append)
+    finally:
+        group.stop()
+    assert (name, code) == ("asgi", 0)
+    [report] = reports  # once: nothing restarts it to exit again
+    assert "agent n1 exited with code 3; the control plane stays up" in report and "not restarted" in report
 
 
 def test_supervise_restarts_a_crashing_agent_with_a_growing_delay_and_returns_on_a_control_plane_exit():
