@@ -23,6 +23,7 @@ from controlplane.inventory.services import fleet_import
 from controlplane.models_catalog.services import model_register
 from controlplane.planning.card_shares import Claimant, assign, greedy, score
 from controlplane.rebalance.demand import sample_publish
+from controlplane.rebalance.models import RebalanceProposal
 from controlplane.rebalance.tasks import rebalance_evaluate_all
 from tests.dashboard.seed import LAB_FLEET, _checkpoint_stand_in, running_deployment_create
 from tests.rebalance.helpers import policy_events, proposals
@@ -155,3 +156,19 @@ def test_one_scale_out_alone_plans_as_without_the_joint_pass(pair, t0, monkeypat
     proposal = demand_proposal(big)
     assert len(proposal.revision.placements) == len(big.revision.placements) + 1
     assert proposals(small) == []
+
+
+def test_on_auto_both_shares_are_applied(pair, t0, monkeypatch):
+    """The same competition with the policy on auto: each re-plan is applied at once, on the card the
+    joint pass gave it, and neither takes the other's."""
+    big, small = pair
+    auto = Deployment.RebalancePolicy.AUTO
+    Deployment.objects.filter(pk__in=[big.pk, small.pk]).update(rebalance_policy=auto)
+    passes({big: short_of(big, 40), small: short_of(small, 500)}, t0, monkeypatch)
+    for deployment, card, other in ((big, L4, A100), (small, A100, L4)):
+        proposal = demand_proposal(deployment)
+        assert proposal.status == RebalanceProposal.Status.ACCEPTED
+        deployment.refresh_from_db()
+        assert deployment.revision == proposal.revision
+        used = {stage.device for replica in deployment.revision.placements for stage in replica}
+        assert card in used and other not in used
