@@ -1,10 +1,10 @@
 """The supply-loss part of ``demand_bench.py``: ``kill -9`` of the agent holding a stage of ``day-a``
 while both models stream at their planned capacity, then the node's return.
 
-``day-a`` runs two replicas (``min_replicas`` 2, the policy on auto) and every node that holds no stage
-is cordoned first, so the re-plan after the loss cannot take a spare card: it has the deployment's own
-remaining card and must serve on less (the degraded plan), and only the returned node gives the full
-plan back. Measured from the kill: the time until a request sent after it is answered and until the
+``day-a`` runs two replicas (``min_replicas`` 2, the policy on auto), the other model's policy is off
+(a scale-in of it would free a card) and every node that holds no stage is cordoned first, so the
+re-plan after the loss cannot take a spare card: it has the deployment's own remaining card and must
+serve on less (the degraded plan: one replica), and only the returned node gives the full plan back. Measured from the kill: the time until a request sent after it is answered and until the
 deployment is READY on a revision planned after the loss; the requests that failed (those in flight on
 the lost pipeline, which migration cannot always save, apart from the ones sent after the kill); then,
 from the agent's restart, the time until ``day-a`` serves its two replicas again on a plan that is not
@@ -42,6 +42,9 @@ def _until(predicate, timeout_s: float, poll_s: float = 0.2) -> float | None:
 
 
 def supply_loss(system: System, fleet, clients, unit: dict[str, float], load_s: float = 150.0) -> dict:
+    for name in unit:
+        if name != LOST:
+            fleet.patch(name, {"rebalance_policy": "off"})
     fleet.patch(LOST, {"min_replicas": 2})
     fleet.apply(LOST, 2)
     fleet.wait_serving(LOST, 2)

@@ -19,11 +19,11 @@ The rules, in the order they are checked (docs/deployments.md, "Demand"):
   cannot serve (the backlog), which the served tokens/s never show;
 - **at risk**: the forecast needs more than ``high`` of the plan's capacity, or the measured
   percentile (the targets', p95 or p99) of TTFT or TPOT is over its target; **low**: one replica
-  fewer would still run under ``low`` of its capacity at the forecast load, and every target is met;
+  fewer would still run under ``low`` of its capacity at the forecast load, and every target is met.
+  ``low`` < ``high`` is the hysteresis: a scale-in leaves a plan the same load does not push back out;
 - a scale-out asks for as many replicas as bring the forecast back to ``high`` (Kubernetes' HPA rule,
   ``ceil(replicas * load / high)``), at least one more: a load that rises fast is answered in one
-  change rather than one replica per cool-down; a scale-in takes one replica at a time.
-  ``low`` < ``high`` is the hysteresis: a scale-in leaves a plan the same load does not push back out;
+  change rather than one replica per cool-down; a scale-in takes one replica at a time;
 - a condition acts only once it has lasted ``for_s`` (a noisy sample restarts the clock), and no
   change comes within ``cooldown_s`` of the last one;
 - within ``min_replicas`` .. ``max_replicas``: at ``max_replicas`` a scale-out asks for more throughput
@@ -208,7 +208,7 @@ def decide(series: Sequence[LoadSample], *, targets: Targets, capacity: Capacity
             reason += f"; at max_replicas {targets.max_replicas}: more throughput from the replicas it has"
         else:
             wanted = int(min(most, max(n + 1, math.ceil(n * u / knobs.high) if math.isfinite(u) else n + 1)))
-            reason += f"; {wanted} replica(s) bring it under the mark"
+            reason += f"; asks for {wanted} replica(s)"
     elif low:
         reason = (f"load low: {figures}; {n - 1} replica(s) would run at {u_fewer:.0%}, under the "
                   f"{knobs.low:.0%} low mark")
