@@ -4,10 +4,11 @@ while both models stream at their planned capacity, then the node's return.
 ``day-a`` runs two replicas (``min_replicas`` 2, the policy on auto), the other model's policy is off
 (a scale-in of it would free a card) and every node that holds no stage is cordoned first, so the
 re-plan after the loss cannot take a spare card: it has the deployment's own remaining card and must
-serve on less (the degraded plan: one replica), and only the returned node gives the full plan back. Measured from the kill: the time until a request sent after it is answered and until the
-deployment is READY on a revision planned after the loss; the requests that failed (those in flight on
-the lost pipeline, which migration cannot always save, apart from the ones sent after the kill); then,
-from the agent's restart, the time until ``day-a`` serves its two replicas again on a plan that is not
+serve on less (the degraded plan: one replica), and only the returned node gives the full plan back.
+Measured from the kill: the time until a request sent after it is answered and until the deployment
+is READY on a revision planned after the loss; the requests that failed (those in flight on the lost
+pipeline, which migration cannot always save, apart from the ones sent after the kill); then, from the
+agent's restart, the time until ``day-a`` serves its two replicas again on a plan that is not
 degraded. Goals (#37): serving again within 5 s, none failed but what migration cannot save, the full
 plan back within 60 s of the node's return.
 """
