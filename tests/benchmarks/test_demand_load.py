@@ -65,6 +65,6 @@ def test_the_fleet_file_parses_and_the_policy_clocks_scale_with_the_day(tmp_path
 
 
 def test_each_way_starts_its_day_at_its_size():
-    assert sizes("auto", 600) == {"day-a": 1, "day-b": 3}  # day-b's day starts at its peak
+    assert sizes("auto", 600) == {"day-a": 1, "day-b": 4}  # day-b's day starts at its peak, at the mark
     assert sizes("mean", 600) == {"day-a": 2, "day-b": 2}
     assert sizes("peak", 600) == {"day-a": 4, "day-b": 4}  # 3x at the 80 % high mark
