@@ -164,7 +164,8 @@ def test_the_filtered_page_is_sent_the_telemetry_of_the_nodes_it_draws_only(serv
         page.locator("#topology-filter").fill(words)
         answered = None
         for _ in range(5):  # the page applies a snapshot for another cause too (a gap it acked null)
-            page.wait_for_function(f"{snapshots} > {before}")
+            # A loaded 2-core machine running the whole suite took over 15 s to answer one.
+            page.wait_for_function(f"{snapshots} > {before}", timeout=45_000)
             before = page.evaluate(snapshots)
             subscribed = next((i for i, (way, m) in enumerate(log) if way == "sent" and m == wanted),
                               len(log))
