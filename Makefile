@@ -35,14 +35,14 @@ run: $(RUN_STAMP)
 
 # The suite runs in pytest-xdist worker processes, each with a Redis server and stage ports of its own
 # (tests/worker_services.py). Most end-to-end tests wait on the processes they start, so more workers
-# than cores pays; TEST_WORKERS=0 runs everything in one process (with pdb, say). worksteal: a worker
-# that runs out takes tests queued on another, so no worker idles behind the last long tests.
+# than cores pays; TEST_WORKERS=0 runs everything in one process (with pdb, say). loadscope: a worker
+# takes whole modules, heaviest first (tests/conftest.py), so a module's fixtures start once.
 TEST_WORKERS ?= 3
 # test-fast: the unit and API tests, without the tests that start systems, browsers or containers.
 FAST_MARKERS := not slow and not browser and not docker
 
 test: $(DEV_STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-fast: $(DEV_STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS) -m "$(FAST_MARKERS)" $(PYTEST_ARGS)

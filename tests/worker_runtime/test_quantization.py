@@ -92,8 +92,9 @@ def test_int4_rounds_each_group_to_the_nearest_step_and_the_kernel_matches_it(gr
     for start in (0, 40, 120):  # blocks not aligned to the 64-row packing, as fused q/k/v arrive
         layer.load_rows(start, w[start : {0: 40, 40: 120, 120: 208}[start]])
     layer.finish()
-    x = torch.randn(3, 256)
-    torch.testing.assert_close(layer(x), x.bfloat16().float() @ deq.T, atol=0.1, rtol=0.01)
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(0)).bfloat16().float()
+    # The kernel rounds its sums through bf16: within bf16's step (2**-8) of the summed |x * w|.
+    assert ((layer(x) - x @ deq.T).abs() <= (x.abs() @ deq.abs().T) * 2**-8).all()
 
 
 def test_int4_refuses_shapes_its_kernel_cannot_take():
