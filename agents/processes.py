@@ -21,6 +21,8 @@ from pathlib import Path
 
 import psutil
 
+from agents.files import replace_whole
+
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
@@ -96,7 +98,7 @@ def write_pid_record(path: Path, pid: int) -> None:
         started = psutil.Process(pid).create_time()
     except psutil.NoSuchProcess:
         return
-    path.write_text(json.dumps({"pid": pid, "create_time": started}))
+    replace_whole(path, json.dumps({"pid": pid, "create_time": started}))
 
 
 def sweep_pid_records(paths: list[Path], grace_s: float = 2.0) -> list[int]:

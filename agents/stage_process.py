@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.adopted import AdoptedProcess
+from agents.files import replace_whole
 from agents.processes import die_with_parent, signal_group, write_pid_record
 from contracts.names import WEIGHT_CACHE_ENV
 
@@ -99,13 +100,7 @@ def respec(run: StageRun, stage_dir: Path, spec: dict[str, Any]) -> bool:
 def _spec_write(stage_dir: Path, spec: dict[str, Any]) -> Path:
     """The spec as the process reads it, replaced whole (a process reading it never sees half a file)."""
     spec_path = stage_dir / "spec.json"
-    fresh = stage_dir / "spec.json.part"
-    fresh.unlink(missing_ok=True)
-    # 0600: the spec carries the pipeline's auth_token.
-    fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(json.dumps(spec, indent=1))
-    os.replace(fresh, spec_path)
+    replace_whole(spec_path, json.dumps(spec, indent=1), mode=0o600)  # 0600: it carries the auth_token
     return spec_path
 
 

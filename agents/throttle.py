@@ -14,11 +14,11 @@ The file is replaced by an atomic rename, so a stage never reads half of it.
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from agents.files import replace_whole
 from contracts.hardware import DeviceSpec
 
 
@@ -58,7 +58,4 @@ class Throttles:
         return float(factor)
 
     def _write(self, device_index: int, factor: float) -> None:
-        path = self.path(device_index)
-        partial = path.with_name(f".{path.name}.{os.getpid()}")
-        partial.write_text(json.dumps({"factor": factor}))
-        os.replace(partial, path)
+        replace_whole(self.path(device_index), json.dumps({"factor": factor}))
