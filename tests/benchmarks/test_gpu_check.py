@@ -50,9 +50,10 @@ def gpu_check(tmp_path: Path, *args: str, timeout_s: float) -> tuple[subprocess.
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(540)
 def test_the_dry_run_passes_every_step_and_reports_each(tmp_path):
-    done, summary = gpu_check(tmp_path, timeout_s=380)
+    # 80 s alone; on two cores the suite's other workers load, the default 240 s ran out before serve.
+    done, summary = gpu_check(tmp_path, "--budget", "480", timeout_s=520)
     statuses = {s["name"]: s["status"] for s in summary["steps"]}
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert list(statuses) == STEPS

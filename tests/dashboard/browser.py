@@ -32,12 +32,15 @@ LOGIN = "/accounts/login/"
 
 
 VIEWPORT = (1400, 900)
+# How long a page's wait lasts: the suite's workers load two cores, and a page's first live frame then
+# takes seconds behind the server's and chromium's share of them.
+WAIT_MS = 30_000
 TOPOLOGY = "**/topology/"  # where a login lands
 
 
 @contextmanager
 def chromium_page(base_url: str, *, viewport: tuple[int, int] = VIEWPORT,
-                  timeout_ms: int = 15_000) -> Iterator:
+                  timeout_ms: int = WAIT_MS) -> Iterator:
     """A page of Debian's chromium (headless, through Playwright) on ``base_url``, closed after the
     block; SCREENSHOTS exists."""
     from playwright.sync_api import sync_playwright
@@ -60,7 +63,7 @@ def own_context(page, url: str) -> Iterator:
     context = page.context.browser.new_context(base_url=url, viewport=page.viewport_size)
     try:
         fresh = context.new_page()
-        fresh.set_default_timeout(15_000)
+        fresh.set_default_timeout(WAIT_MS)
         yield fresh
     finally:
         context.close()
@@ -82,7 +85,7 @@ def log_in(page, credentials: tuple[str, str], *, start: str | None = LOGIN,
 
 @contextmanager
 def logged_in_page(base_url: str, credentials: tuple[str, str], *, viewport: tuple[int, int] = VIEWPORT,
-                   timeout_ms: int = 15_000, start: str | None = LOGIN,
+                   timeout_ms: int = WAIT_MS, start: str | None = LOGIN,
                    landing: str | None = TOPOLOGY) -> Iterator:
     """``chromium_page`` on ``base_url``, logged in with ``credentials`` by ``log_in``."""
     with chromium_page(base_url, viewport=viewport, timeout_ms=timeout_ms) as page:

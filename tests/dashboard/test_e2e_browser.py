@@ -26,7 +26,7 @@ def test_operator_moves_a_boundary_and_the_deployment_is_ready_on_the_new_plan(e
     system.wait_status(pk, "ready", 120)
     admin = read_credentials(Path(system.env["MOTLEY_VAR_DIR"]))
     credentials = (admin["username"], admin["password"])
-    with logged_in_page(system.url, credentials, timeout_ms=20_000, start="/") as page:
+    with logged_in_page(system.url, credentials, start="/") as page:
         assert page.locator("g.stage").count() == 3
         # Coloured by the agents' telemetry.
         page.wait_for_function("document.querySelectorAll('g.gpu[data-value]').length === 3")

@@ -51,7 +51,7 @@ def settled(system: System, pk: int, revision: int) -> dict:
                 and all(s["wanted"] and s["state"] == "ready" for s in d["stages"])
                 and all(p["phase"] == "serving" for p in d["pipelines"]) and d)
     try:
-        return wait_until(done, 120, f"revision {revision} serving alone")
+        return wait_until(done, 180, f"revision {revision} serving alone")
     except AssertionError:
         raise AssertionError(f"{system.deployment(pk)}\n{system.logs()}") from None
 
