@@ -10,23 +10,43 @@ from typing import Any, Iterable
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import connections
 from django.utils import timezone as dj_timezone
 
 from controlplane.telemetry.models import TelemetryRollup
 from controlplane.telemetry.schema import FIELDS, Rollup
 
+COLUMNS = ("kind", "key", "bucket_start", "seconds", "samples", "mean", "peak")
+
 
 def rollups_save(*, rollups: Iterable[Rollup]) -> int:
-    """Store closed buckets (a bucket already stored is kept) and drop rows past the retention."""
-    rows = [
-        TelemetryRollup(kind=r.kind, key=r.key, seconds=r.seconds, samples=r.samples, mean=r.mean,
-                        peak=r.peak, bucket_start=datetime.fromtimestamp(r.bucket_start, timezone.utc))
-        for r in rollups
-    ]
-    TelemetryRollup.objects.bulk_create(rows, batch_size=500, ignore_conflicts=True)
+    """Store closed buckets (a bucket already stored is kept) and drop rows past the retention.
+
+    One INSERT run once per row (``executemany``), not ``bulk_create``: at 10,000 GPUs a rollup
+    interval closes 10,000 buckets, and the ORM compiling them into statements cost the server
+    process a sixth of a core."""
+    rows = [(r.kind, r.key, datetime.fromtimestamp(r.bucket_start, timezone.utc), r.seconds, r.samples,
+             r.mean, r.peak) for r in rollups]
+    if rows:
+        _insert_new(rows)
     cutoff = dj_timezone.now() - timedelta(hours=settings.MOTLEY_TELEMETRY_RETENTION_HOURS)
     TelemetryRollup.objects.filter(bucket_start__lt=cutoff).delete()
     return len(rows)
+
+
+def _insert_new(rows: list[tuple]) -> None:
+    """``rows`` in ``COLUMNS`` order, each converted by its field as the ORM would; a bucket another
+    process stored first is left as it is (``ON CONFLICT DO NOTHING``: SQLite and PostgreSQL)."""
+    connection = connections[TelemetryRollup.objects.db]
+    fields = [TelemetryRollup._meta.get_field(name) for name in COLUMNS]
+    quote = connection.ops.quote_name
+    statement = (f"INSERT INTO {quote(TelemetryRollup._meta.db_table)} "
+                 f"({', '.join(quote(f.column) for f in fields)}) "
+                 f"VALUES ({', '.join(['%s'] * len(fields))}) ON CONFLICT DO NOTHING")
+    prepared = [[f.get_db_prep_value(v, connection) for f, v in zip(fields, row, strict=True)]
+                for row in rows]
+    with connection.cursor() as cursor:
+        cursor.executemany(statement, prepared)
 
 
 async def rollups_store(rollups: list[Rollup]) -> None:
