@@ -155,18 +155,23 @@ def test_a_card_slower_than_its_catalog_is_calibrated_and_planned_by_it(paced_sy
 
     # A new plan preview is priced by it: the same card alone now serves about half the tokens.
     after = {name: preview(system, model, name) for name in (SLOW, ALIKE)}
+    refit = {name: calibrated["by_bits"]["16"] for name, calibrated in stored(system).items()}
+    priced = {}
     for name, body in after.items():
         (stage,) = body["replicas"][0]["stages"]
         assert stage["device"] == name
         assert stage["calibration"]["source"] == "measured"
-        # The beat fits again every 2 s while the test reads: the factor it saw moves by a hair.
-        assert stage["calibration"]["factor"] == pytest.approx(factor[name], rel=0.05)
+        # The beat fits again every 2 s while the test reads: the preview's factor is the one stored at
+        # its moment, between the fits read before and after it (give or take the next fit's step).
+        priced[name] = stage["calibration"]["factor"]
+        low, high = sorted((factor[name], refit[name]))
+        assert low / 1.05 <= priced[name] <= high * 1.05, (name, priced[name], factor[name], refit[name])
         assert stage["predicted"]["compute_ms"] == pytest.approx(
             stage["predicted_raw"]["compute_ms"] * stage["calibration"]["factor"])
     # Its speed falls by the factor's ratio: about half, as far as the measured ratio is from 2 (under a
     # loaded machine both cards' steps grow by the same added time, which pulls the ratio toward 1).
     speeds = {name: body["predicted"]["decode_tokens_per_s"] for name, body in after.items()}
-    assert speeds[SLOW] / speeds[ALIKE] == pytest.approx(factor[ALIKE] / factor[SLOW], rel=0.1), speeds
+    assert speeds[SLOW] / speeds[ALIKE] == pytest.approx(priced[ALIKE] / priced[SLOW], rel=0.1), speeds
     # Each device's calibration was announced as an event.
     events = system.get("/api/v1/events/?kind=calibrated")["results"]
     assert {e["device"] for e in events} == set(expected)
