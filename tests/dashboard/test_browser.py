@@ -219,7 +219,12 @@ def test_invalid_edit_shows_the_error_a_valid_one_is_applied_and_rebalance_propo
     switch.locator("button", has_text="Turn off").click()
     page.wait_for_function(f"document.querySelector(\"[data-caching='{server.seed['deployment_id']}']\")"
                            ".dataset.on === 'false'")
-    page.reload()
+    # The reload's resync (its read of the deployments) is held until the operator has chosen a
+    # speculation mode below: its answer, from before the choice, must not undo it.
+    held = []
+    page.route("**/api/v1/deployments/?limit=1000", lambda route: held.append(route))
+    with page.expect_request("**/api/v1/deployments/?limit=1000"):
+        page.reload()
     assert switch.locator("[data-field=prefix_caching]").inner_text() == "off"
     switch.locator("button", has_text="Turn on").click()
     page.wait_for_function(f"document.querySelector(\"[data-caching='{server.seed['deployment_id']}']\")"
@@ -228,6 +233,12 @@ def test_invalid_edit_shows_the_error_a_valid_one_is_applied_and_rebalance_propo
     speculation = page.locator(f"[data-speculation='{server.seed['deployment_id']}']")
     speculation.locator("[data-field=speculation]").select_option("lookup")
     speculation.locator("[data-field=speculative_tokens]").fill("6")
+    assert held, "the reload's resync did not read the deployments"
+    with page.expect_response("**/api/v1/deployments/?limit=1000"):
+        held.pop().continue_()
+    page.unroute("**/api/v1/deployments/?limit=1000")
+    page.wait_for_timeout(200)  # the resync's redraw runs as its answer is read
+    assert speculation.locator("[data-field=speculation]").input_value() == "lookup"
     speculation.locator("button", has_text="Apply").click()
     speculation.locator("[role=status]", has_text="applied").wait_for()
     page.reload()

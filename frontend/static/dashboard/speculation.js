@@ -5,7 +5,9 @@
 // deployment's switch ([data-speculation="<deployment id>"]): the mode and the most proposals per
 // step, sent by Apply as PATCH /api/v1/deployments/{id}/; the stages take them in place
 // (docs/deployments.md, "Speculative decoding"). A refusal (a plain account, a bad value) shows the
-// API's message. showSpeculation redraws a box from the API's deployment (deployments.js).
+// API's message. showSpeculation redraws a box from the API's deployment (deployments.js, on every
+// resync) but keeps a mode, ceiling or draft model the operator changed and has not applied yet: a
+// resync that lands between choosing and Apply must not send the old values.
 import { patchJSON } from "./api.js";
 
 export function acceptanceText(stats) {
@@ -19,8 +21,10 @@ export function tokensPerStepText(stats) {
 }
 
 export function showSpeculation(box, deployment) {
-  box.querySelector('[data-field="speculation"]').value = deployment.speculation;
-  box.querySelector('[data-field="speculative_tokens"]').value = deployment.speculative_tokens;
+  if (box.dataset.edited !== "true") {
+    box.querySelector('[data-field="speculation"]').value = deployment.speculation;
+    box.querySelector('[data-field="speculative_tokens"]').value = deployment.speculative_tokens;
+  }
   box.querySelector('[data-field="draft_deployment"]').textContent =
     deployment.draft_deployment_name ? `served by ${deployment.draft_deployment_name}` : "";
 }
@@ -39,11 +43,13 @@ export function speculationBody(box) {
 
 for (const box of document.querySelectorAll("[data-speculation]")) {
   const result = box.querySelector('[role="status"]');
+  for (const event of ["input", "change"]) box.addEventListener(event, () => { box.dataset.edited = "true"; });
   box.querySelector("button").addEventListener("click", async () => {
     result.textContent = "";
     result.className = "";
     try {
       const deployment = await patchJSON(`/api/v1/deployments/${box.dataset.speculation}/`, speculationBody(box));
+      delete box.dataset.edited;
       showSpeculation(box, deployment);
       result.textContent = "applied";
     } catch (error) {
