@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 from contracts.metrics import GPU_FIELDS, SLOWDOWN_REASONS, STAGE_FIELDS
 from contracts.names import device_name
 from controlplane.telemetry.frames import Frames, Subscription
+from controlplane.telemetry.history import Series
 from controlplane.telemetry.schema import FIELDS, GROUP, Rollup
 
 logger = logging.getLogger(__name__)
@@ -57,14 +57,6 @@ class NodeState:
         self.previous, self.previous_version, self.version = before, self.version, version
 
 
-class _Bucket:
-    __slots__ = ("count", "peaks", "seen", "start", "sums")
-
-    def __init__(self, start: float, width: int):
-        self.start, self.count = start, 0
-        self.sums, self.peaks, self.seen = [0.0] * width, [float("-inf")] * width, [0] * width
-
-
 class TelemetryHub:
     """Latest samples, recent history and open rollup buckets of every GPU and stage."""
 
@@ -72,13 +64,13 @@ class TelemetryHub:
         self.history_s, self.rollup_s, self.clock = history_s, rollup_s, clock
         self.devices: dict[str, dict[str, Any]] = {}
         self.stages: dict[str, dict[str, Any]] = {}
-        self.history: dict[tuple[str, str], deque[array]] = {}
+        self.history: dict[tuple[str, str], Series] = {}
         self.version = 0
         self.nodes: dict[str, NodeState] = {}
         # (version, time, node, "devices" | "stages", key) of every GPU or stage that went away, oldest first
         self.tombstones: deque[tuple[int, float, str, str, str]] = deque()
         self.forgotten = 0  # the version of the newest tombstone dropped: deltas start after it
-        self._buckets: dict[tuple[str, str], _Bucket] = {}
+        self._open: dict[tuple[str, str], float] = {}  # the start of each series' open rollup bucket
         self._closed: list[Rollup] = []
         self._tasks: list[asyncio.Task] = []  # held: the loop keeps only weak references to tasks
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -118,7 +110,7 @@ class TelemetryHub:
             except (KeyError, TypeError, ValueError):
                 continue
             values = [_number(metrics.get(f)) for f in GPU_FIELDS]
-            throttle = list(metrics.get("throttle_reasons") or ())
+            throttle = tuple(metrics.get("throttle_reasons") or ())
             throttled += any(r in SLOWDOWN_REASONS for r in throttle)
             # Two decimals are plenty on a screen and keep a 1,000-GPU snapshot small.
             self.devices[name] = {"t": t, "sent_at": sent_at, "node": node, **_present(GPU_FIELDS, values, 2),
@@ -163,24 +155,29 @@ class TelemetryHub:
             self.forgotten = self.tombstones.popleft()[0]
 
     def _record(self, kind: str, key: str, now: float, values: list[float]) -> None:
-        ring = self.history.get((kind, key))
-        if ring is None:
-            ring = self.history[(kind, key)] = deque()
-        ring.append(array("d", [now, *values]))
-        while ring and ring[0][0] < now - self.history_s:
-            ring.popleft()
+        """Keep the row in the series' history; a row in a later rollup bucket closes the open one,
+        whose rollup is worked out from the history's rows then (not summed row by row: a Python
+        loop over every field of every sample cost more than the rest of the ingest)."""
+        series = self.history.get((kind, key))
+        if series is None:
+            series = self.history[(kind, key)] = Series(len(values))
         start = now - now % self.rollup_s
-        bucket = self._buckets.get((kind, key))
-        if bucket is None or bucket.start != start:
-            if bucket is not None:
-                self._closed.append(_close(kind, key, bucket, self.rollup_s))
-            bucket = self._buckets[(kind, key)] = _Bucket(start, len(values))
-        bucket.count += 1
-        for i, value in enumerate(values):
-            if value == value:  # not NaN
-                bucket.sums[i] += value
-                bucket.seen[i] += 1
-                bucket.peaks[i] = max(bucket.peaks[i], value)
+        opened = self._open.get((kind, key))
+        if opened is not None and opened != start:
+            self._closed.append(self._rollup(kind, key, opened))
+        self._open[(kind, key)] = start
+        series.append(now, values)
+        series.drop_before(min(now - self.history_s, start))  # the open bucket's rows stay
+
+    def _rollup(self, kind: str, key: str, start: float) -> Rollup:
+        """The mean and peak of each field over the series' rows in the bucket from ``start``."""
+        times, *columns = self.history[(kind, key)].columns_between(start, start + self.rollup_s)
+        mean, peak = {}, {}
+        for field, column in zip(FIELDS[kind], columns):
+            seen = [v for v in column if v == v]  # not NaN
+            if seen:
+                mean[field], peak[field] = sum(seen) / len(seen), max(seen)
+        return Rollup(kind, key, start, self.rollup_s, len(times), mean, peak)
 
     # -- reads ----------------------------------------------------------------------------------
     def snapshot_text(self) -> str:
@@ -221,22 +218,21 @@ class TelemetryHub:
         since = self.clock() - (since_s or self.history_s)
         wanted = None if keys is None else set(keys)
         series: dict[str, Any] = {}
-        for (k, key), ring in list(self.history.items()):
+        for (k, key), kept in list(self.history.items()):
             if k != kind or (wanted is not None and key not in wanted):
                 continue
-            rows = [row for row in list(ring) if row[0] >= since]
-            series[key] = {"t": [row[0] for row in rows]} | {
-                f: [_or_none(row[i + 1]) for row in rows] for i, f in enumerate(fields)
-            }
+            times, *columns = kept.columns_between(since, float("inf"))
+            series[key] = {"t": times} | {f: [_or_none(v) for v in column]
+                                          for f, column in zip(fields, columns)}
         return series
 
     def take_closed_rollups(self, *, flush_all: bool = False) -> list[Rollup]:
         """Buckets that ended (and, with ``flush_all``, the open ones too), each returned once."""
         now = self.clock()
-        for (kind, key), bucket in list(self._buckets.items()):
-            if flush_all or bucket.start + self.rollup_s <= now:
-                self._closed.append(_close(kind, key, bucket, self.rollup_s))
-                del self._buckets[(kind, key)]
+        for (kind, key), start in list(self._open.items()):
+            if flush_all or start + self.rollup_s <= now:
+                self._closed.append(self._rollup(kind, key, start))
+                del self._open[(kind, key)]
         closed, self._closed = self._closed, []
         return closed
 
@@ -274,13 +270,6 @@ class TelemetryHub:
                     logger.exception("telemetry hub: could not store %d rollups", len(rollups))
 
 
-def _close(kind: str, key: str, bucket: _Bucket, seconds: int) -> Rollup:
-    fields = FIELDS[kind]
-    mean = {f: bucket.sums[i] / bucket.seen[i] for i, f in enumerate(fields) if bucket.seen[i]}
-    peak = {f: bucket.peaks[i] for i, f in enumerate(fields) if bucket.seen[i]}
-    return Rollup(kind, key, bucket.start, seconds, bucket.count, mean, peak)
-
-
 def _number(value: Any, default: float = _MISSING) -> float:
     """``value`` as a finite float, else ``default``; called for every field of every GPU a heartbeat
     reports, so the usual cases (a float, a missing field) take no exception."""
@@ -300,4 +289,13 @@ def _or_none(value: float) -> float | None:
 
 
 def _present(fields: tuple[str, ...], values: list[float], digits: int | None = None) -> dict[str, float]:
-    return {f: (v if digits is None else round(v, digits)) for f, v in zip(fields, values) if v == v}
+    """The values a sample has (not NaN) by field, rounded to ``digits`` decimals if given.
+
+    ``round(v * 10**digits) / 10**digits`` rounds as ``round(v, digits)`` does but for exact halves,
+    in half its time (called for every field of every GPU). A float past 1e15 has no decimals to lose
+    and is kept as it is, so the product cannot overflow."""
+    if digits is None:
+        return {f: v for f, v in zip(fields, values) if v == v}
+    scale = 10 ** digits
+    return {f: (round(v * scale) / scale if -1e15 < v < 1e15 else v)
+            for f, v in zip(fields, values) if v == v}
