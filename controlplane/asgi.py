@@ -15,8 +15,19 @@ The process traces its requests where the ``OTEL_*`` variables ask (contracts/tr
 own trace store too when they name ``motley`` (the dashboard's request timeline): the gateway's own
 spans, and Django's and Celery's instrumentation (controlplane/gateway/traces/instrumentation.py),
 set up before Django's handler loads the middleware the Django one adds.
+
+The garbage collector is tuned for a server that allocates fast and keeps a large, stable state.
+Once the application is built, the objects made so far (Django's apps, URL patterns, models: about
+125,000) are frozen out of its reach (``gc.freeze``): they live as long as the process, and every
+full collection walked them. And the youngest generation is collected every 10,000 tracked
+allocations, not 700: at 10,000 GPUs' telemetry (20,000 allocations a second) a heartbeat's objects,
+which live for a keeper interval or a tick, outlived a collection every 30 ms and went on to the
+older generations, whose collections then took a fifth of the server's CPU and paused its event
+loop for up to 0.3 s; at 10,000 they die young and the collector takes about 7 % (a gen-0 pass
+costs in proportion to the objects it finds, so passing less often costs no more).
 """
 
+import gc
 import os
 import sys
 
@@ -24,7 +35,9 @@ import django
 from django.core.asgi import get_asgi_application
 
 GIL_SWITCH_INTERVAL_S = 0.001
+GC_THRESHOLDS = (10_000, 10, 100)  # allocations before a gen-0 pass; gen-0 passes per gen-1; gen-1 per gen-2
 sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+gc.set_threshold(*GC_THRESHOLDS)
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 django.setup(set_prefix=False)
 
@@ -63,3 +76,4 @@ application = ProtocolTypeRouter({
     ])),
     "lifespan": lifespan,
 })
+gc.freeze()
