@@ -110,8 +110,8 @@ def node_heartbeats_flush(*, seen: list[HeartbeatSeen]) -> dict[int, str]:
         _last_heartbeats_write(newer)
     for node_id in latest:
         _heard_from(nodes[node_id])
-    stage_reports_record_news(
-        reports={nodes[node_id]: (entry.received_at, entry.stages) for node_id, entry in latest.items()})
+    stage_reports_record_news(reports={nodes[node_id]: (entry.received_at, entry.stages)
+                                       for node_id, entry in latest.items() if entry.stages})
     return refused
 
 
