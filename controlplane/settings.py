@@ -3,7 +3,7 @@ its default (``contracts.env``), and listed in docs/configuration.md; the rest o
 reads ``django.conf.settings``, never the environment.
 
 Embedded default (nothing set): SQLite under var/, Celery over kombu's filesystem transport under
-var/broker, an in-process channel layer and a file cache under var/cache. Service mode: DATABASE_URL
+var/broker, an in-process channel layer and a SQLite cache under var/cache. Service mode: DATABASE_URL
 (PostgreSQL), CELERY_BROKER_URL (redis:// or amqp://), CHANNEL_REDIS_URL (redis://) and MOTLEY_CACHE_URL
 (redis://, default CHANNEL_REDIS_URL). See docs/architecture.md.
 """
@@ -368,8 +368,8 @@ CHANNEL_LAYERS = {
 # each node, read by the dashboard, the gateway's router and calibration in the Celery worker. Service
 # mode: Redis (MOTLEY_CACHE_URL, default the channel layer's), values stored as JSON (nothing read from
 # the network is unpickled), short socket timeouts (telemetry is lossy; a slow Redis must not stall an
-# event loop). Embedded default: files under var/cache/, which the ASGI server and the Celery worker on
-# this machine both read. Never cache.clear() the Redis one: it flushes the channel layer's database too.
+# event loop). Embedded default: a SQLite file under var/cache/ (common/sqlite_cache.py) that the ASGI
+# server and the Celery worker both read. Never cache.clear() Redis: the channel layer lives there too.
 MOTLEY_CACHE_URL = env_str("MOTLEY_CACHE_URL", CHANNEL_REDIS_URL)
 CACHES = {
     "default": (
@@ -378,8 +378,8 @@ CACHES = {
          "OPTIONS": {"serializer": "controlplane.common.cache.JsonSerializer",
                      "socket_connect_timeout": 0.5, "socket_timeout": 0.5}}
         if MOTLEY_CACHE_URL.startswith(("redis://", "rediss://", "unix://"))
-        else {"BACKEND": "controlplane.common.cache.FileCache",
-              "LOCATION": str(VAR_DIR / "cache"), "OPTIONS": {"MAX_ENTRIES": 100_000}}
+        else {"BACKEND": "controlplane.common.sqlite_cache.SqliteCache",
+              "LOCATION": str(VAR_DIR / "cache" / "cache.sqlite3"), "OPTIONS": {"MAX_ENTRIES": 100_000}}
     )
 }
 

@@ -1,8 +1,8 @@
 """The latest telemetry of a node, a device or a stage, with its age: what every reader goes through.
 
 One state for every process: the agents' socket keeps each node's latest sample in Django's cache
-(``services.telemetry_keep``), which is Redis in service mode and files under ``var/cache/`` in the
-embedded default (settings.CACHES), so an ASGI process that did not receive a heartbeat, and the
+(``services.telemetry_keep``), which is Redis in service mode and a SQLite file under ``var/cache/`` in
+the embedded default (settings.CACHES), so an ASGI process that did not receive a heartbeat, and the
 Celery worker, read the same samples as the one that did. The dashboard, the gateway's router and
 the planner's calibration read through these functions and nothing else.
 

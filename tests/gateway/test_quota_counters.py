@@ -1,5 +1,5 @@
-"""The counters behind the key limits: all-or-nothing admission, exact under concurrency on the file cache
-(several processes on one machine, as the embedded default runs them) and on Redis (service mode)."""
+"""The counters behind the key limits: all-or-nothing admission, exact under concurrency on the SQLite
+cache (several processes on one machine, as the embedded default runs them) and on Redis (service mode)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import multiprocessing
 import uuid
 
 import pytest
-from django.core.cache.backends.filebased import FileBasedCache
 from django.core.cache.backends.locmem import LocMemCache
 
+from controlplane.common.sqlite_cache import SqliteCache
 from controlplane.gateway.accounts.counters import Check, CounterStore
 from tests.support.processes import redis_up, redis_url
 
@@ -18,10 +18,10 @@ REDIS_URL = redis_url(11)  # a database no other test uses
 
 def stores(tmp_path) -> dict[str, CounterStore]:
     return {"memory": CounterStore(LocMemCache(uuid.uuid4().hex, {})),
-            "files": CounterStore(FileBasedCache(str(tmp_path / "cache"), {}))}
+            "sqlite": CounterStore(SqliteCache(str(tmp_path / "cache" / "cache.sqlite3"), {}))}
 
 
-@pytest.fixture(params=["memory", "files", "redis"])
+@pytest.fixture(params=["memory", "sqlite", "redis"])
 def store(request, tmp_path):
     if request.param != "redis":
         yield stores(tmp_path)[request.param]
@@ -75,13 +75,13 @@ def test_adjust_corrects_existing_counters_only(store):
 
 
 def _take(location: str, n: int, queue) -> None:
-    store = CounterStore(FileBasedCache(location, {}))
+    store = CounterStore(SqliteCache(location, {}))
     queue.put(sum(store.admit([Check("race:rpm", 1, 50, 60)]).admitted for _ in range(n)))
 
 
-def test_the_file_cache_is_exact_across_processes(tmp_path):
+def test_the_sqlite_cache_is_exact_across_processes(tmp_path):
     """Four processes race for 50 units of one counter: exactly 50 are admitted."""
-    location = str(tmp_path / "cache")
+    location = str(tmp_path / "cache" / "cache.sqlite3")
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     workers = [ctx.Process(target=_take, args=(location, 30, queue)) for _ in range(4)]
@@ -91,4 +91,4 @@ def test_the_file_cache_is_exact_across_processes(tmp_path):
     for worker in workers:
         worker.join(timeout=10)
     assert admitted == 50
-    assert CounterStore(FileBasedCache(location, {})).get("race:rpm") == 50
+    assert CounterStore(SqliteCache(location, {})).get("race:rpm") == 50

@@ -1,16 +1,16 @@
 """Counters every gateway process shares, checked and incremented in one atomic step.
 
 The quotas (quotas.py) count requests and tokens per key in Django's default cache, which every process
-of an installation shares (settings.CACHES): Redis in service mode, files under ``var/cache/`` in the
-embedded default. ``CounterStore.admit`` takes a list of ``Check``s and either increments all of them
+of an installation shares (settings.CACHES): Redis in service mode, a SQLite file under ``var/cache/`` in
+the embedded default. ``CounterStore.admit`` takes a list of ``Check``s and either increments all of them
 or none: a check whose counter would pass its limit refuses the lot, so a refused request never
 counts and two processes can never both take the last unit.
 
 - Redis: one Lua script (GET every counter, compare, INCRBY all, set the TTL of new ones), which Redis
   runs atomically: one round trip, exact across any number of processes and hosts.
-- Any other cache (the file cache, the tests' in-memory one): get and set under a lock, a process-wide
-  one plus, for the file cache, an ``fcntl`` lock on a file in its directory, so every process on the
-  machine that shares ``var/cache/`` takes turns. A memory cache is per process, and so are its limits.
+- Any other cache (the SQLite one, the tests' in-memory one): get and set under a lock, a process-wide
+  one plus, for the SQLite cache, an ``fcntl`` lock on a file in its directory, so every process on
+  the machine that shares ``var/cache/`` takes turns. A memory cache is per process, and so are its limits.
 
 A counter may be ``seeded``: when it is missing (a cache that lost it, or the first use in a period)
 ``admit`` answers ``missing`` instead of starting it from 0, and the caller ``seed``s it from the
@@ -28,10 +28,11 @@ from pathlib import Path
 
 from django.core.cache import BaseCache
 from django.core.cache import cache as default_cache
-from django.core.cache.backends.filebased import FileBasedCache
 from django.core.cache.backends.redis import RedisCache
 
-LOCK_FILE = "motley-counters.lock"  # not a *.djcache file: the file cache never culls or clears it
+from controlplane.common.sqlite_cache import SqliteCache
+
+LOCK_FILE = "motley-counters.lock"  # beside the SQLite cache's file
 
 
 @dataclass(frozen=True)
@@ -147,10 +148,10 @@ class CounterStore:
     @contextmanager
     def _locked(self):
         with self._process_lock:
-            if not isinstance(self.cache, FileBasedCache):
+            if not isinstance(self.cache, SqliteCache):
                 yield
                 return
-            directory = Path(self.cache._dir)
+            directory = Path(self.cache.directory)
             directory.mkdir(parents=True, exist_ok=True)
             fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
             try:
