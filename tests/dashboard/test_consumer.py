@@ -148,7 +148,8 @@ async def test_a_silent_browser_is_sent_the_next_delta_after_its_unacked_frame(
     django_user_model, settings, monkeypatch
 ):
     """No ack within ACK_TIMEOUT_S: the browser will still apply that frame first (a socket delivers
-    in order), so the next frame is the delta from it, not a snapshot; its late ack changes nothing."""
+    in order), so the next frame is the delta from it, not a snapshot; and so again for that one. The
+    late acks, in order, change nothing: the deltas go on."""
     from controlplane.dashboard import consumers
 
     monkeypatch.setattr(consumers, "ACK_TIMEOUT_S", 0.2)
@@ -160,8 +161,12 @@ async def test_a_silent_browser_is_sent_the_next_delta_after_its_unacked_frame(
         await _publish_heartbeat(layer, "node-s", 20.0)
         following = json.loads(await communicator.receive_from(timeout=2))
         assert following["type"] == "delta" and following["from"] == unacked["version"]
-        await communicator.send_to(text_data=json.dumps({"ack": unacked["version"]}))  # late: ignored
-        await communicator.send_to(text_data=json.dumps({"ack": following["version"]}))
+        await _publish_heartbeat(layer, "node-s", 25.0)
+        third = json.loads(await communicator.receive_from(timeout=2))  # the second went unacked too
+        assert third["type"] == "delta" and third["from"] == following["version"]
+        for frame in (unacked, following):  # late: ignored
+            await communicator.send_to(text_data=json.dumps({"ack": frame["version"]}))
+        await communicator.send_to(text_data=json.dumps({"ack": third["version"]}))
         delta = await _next(communicator, layer, "node-s", 30.0)
         assert delta["type"] == "delta" and delta["patches"]["node-s/gpu0"]["utilization_pct"] == 30.0
     finally:
