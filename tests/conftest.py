@@ -1,8 +1,8 @@
 """Fixtures of every test: a cache of its own, and no usage record left queued by the one before;
 and the order the suite's workers take its modules in (``pytest_collection_modifyitems``).
 
-The control plane's cache is shared by every process (Redis in service mode, files under var/ in the
-embedded default: settings.CACHES), so tests running in this process would otherwise see each
+The control plane's cache is shared by every process (Redis in service mode, a SQLite file under var/
+in the embedded default: settings.CACHES), so tests running in this process would otherwise see each
 other's telemetry, and another test run's. Each test gets a fresh in-memory cache; tests of the
 shared cache itself start real processes (tests/telemetry/test_shared_state.py).
 """

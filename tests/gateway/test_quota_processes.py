@@ -1,5 +1,5 @@
 """Key limits hold across gateway processes: two daphne servers on one installation share the counters
-(Redis in service mode, the file cache under var/cache/ in the embedded default). Requests spread over
+(Redis in service mode, the SQLite cache under var/cache/ in the embedded default). Requests spread over
 both are refused at the limit with 429 and Retry-After, and served again once the window passed; the
 usage either server reports is the sum of both."""
 

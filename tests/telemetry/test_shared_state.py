@@ -3,7 +3,7 @@
 Real processes: daphne serving ``controlplane.asgi`` (twice, in service mode), an agent's websocket
 on the first, the API and the dashboard socket of the second, and a third process reading through
 the selectors as the Celery worker does (calibration). Service mode needs a Redis server
-(the channel layer and, by default, the cache); the embedded default shares its file cache.
+(the channel layer and, by default, the cache); the embedded default shares its SQLite cache.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Called by the OpenAI views after the request is parsed and tokenized and before 
   ``Retry-After`` is the time to the window's end. Budget periods are UTC days or months.
 
 The counters live in the cache every gateway process shares (counters.py: Redis in service mode, the
-file cache in the embedded default); a check and its increments are one atomic step, and a refused
+SQLite cache in the embedded default); a check and its increments are one atomic step, and a refused
 request counts nowhere. A budget counter missing from the cache (first use in a period, a cache that
 lost it) is seeded from the stored usage (usage.py) before it counts, once this process's usage still
 queued for the database (usage_backlog.py) is written: a request that ended just before is counted. A
