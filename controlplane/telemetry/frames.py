@@ -9,10 +9,11 @@ Two frames, both JSON text (the socket's protocol: docs/dashboard.md, "Live upda
      "patches": {name: {field: value}}, "stages": {...}, "removed": {"devices": [...], "stages": [...]}}
 
 A delta carries the GPUs and stages of the shown nodes whose figures changed after version ``v`` and
-names the ones that went away (or moved to a node not shown). A GPU whose node's previous sample the
-browser holds (the usual case: a browser acks every tick, a node reports every second) comes as a
-patch of the fields that changed (its time and utilization, mostly); any other comes whole in
-``devices``, as stages always do. Deleting the removed, replacing the entries in ``devices`` and
+names the ones that went away (or moved to a node not shown). A GPU whose node's sample the browser
+holds is one of the last few the hub keeps (``hub.PAST_KEPT``: the one before the latest when a
+browser acks every tick and a node reports every second; an older one when the browser runs late)
+comes as a patch of the fields that changed (its time and utilization, mostly); any other comes
+whole in ``devices``, as stages always do. Deleting the removed, replacing the entries in ``devices`` and
 ``stages`` and merging the patches into the state at ``v`` gives the snapshot at ``V`` of the same
 nodes. ``fleet`` counts the whole fleet whatever is shown (nodes reporting, GPUs, stages, GPUs
 throttled by a slowdown reason).
@@ -108,9 +109,10 @@ class Frames:
         devices, patches, stages = [], [], []
         for node in names:
             fragment = self._fragment(node)
-            if since is not None and hub.nodes[node].previous_version <= since:  # it holds the previous
-                devices.append(fragment.new)
-                patches.append(fragment.patches)
+            if since is not None and (held := hub.nodes[node].held_at(since)) is not None:
+                new, changed = fragment.patched(held)
+                devices.append(new)
+                patches.append(changed)
             else:
                 devices.append(fragment.devices)
             stages.append(fragment.stages)
@@ -149,13 +151,14 @@ class Frames:
 
 class _Fragment:
     """One node's JSON object members at one version: every GPU whole (for a snapshot); as a delta from
-    its previous sample, the GPUs new or reshaped whole and the others' changed fields; its stages.
-    Each is rendered the first time a frame needs it, once per version of the node."""
+    one of its earlier samples, the GPUs new or reshaped whole and the others' changed fields; its
+    stages. Each is rendered the first time a frame needs it, once per version of the node (and per
+    earlier sample patched against)."""
 
     def __init__(self, hub: TelemetryHub, state):
         self.hub, self.state, self.version = hub, state, state.version
         self._devices: str | None = None
-        self._delta: tuple[str, str] | None = None
+        self._deltas: dict[int, tuple[str, str]] = {}  # by the earlier version patched against
         self._stages: str | None = None
 
     @property
@@ -166,31 +169,26 @@ class _Fragment:
         return self._devices
 
     @property
-    def new(self) -> str:
-        return self._patched()[0]
-
-    @property
-    def patches(self) -> str:
-        return self._patched()[1]
-
-    @property
     def stages(self) -> str:
         if self._stages is None:
             stages = self.hub.stages
             self._stages = _dumps({key: stages[key] for key in sorted(self.state.stages)})[1:-1]
         return self._stages
 
-    def _patched(self) -> tuple[str, str]:
-        if self._delta is None:
+    def patched(self, held: int) -> tuple[str, str]:
+        """The GPUs new or reshaped since the node's version ``held`` (one of ``state.past``), whole,
+        and the others' changed fields."""
+        if (delta := self._deltas.get(held)) is None:
+            earlier = next(entries for version, entries in self.state.past if version == held)
             new, patches = {}, {}
             for name in self.state.devices:
-                entry, before = self.hub.devices[name], self.state.previous.get(name)
+                entry, before = self.hub.devices[name], earlier.get(name)
                 if before is None or before.keys() != entry.keys():
                     new[name] = entry
                 elif changed := {f: v for f, v in entry.items() if before[f] != v}:
                     patches[name] = changed
-            self._delta = (_dumps(new)[1:-1], _dumps(patches)[1:-1])
-        return self._delta
+            delta = self._deltas[held] = (_dumps(new)[1:-1], _dumps(patches)[1:-1])
+        return delta
 
 
 def _join(fragments: list[str]) -> str:

@@ -38,23 +38,36 @@ _MISSING = float("nan")
 # How long a removed GPU or stage is remembered: a browser holding a version older than the oldest
 # tombstone forgotten is sent a full snapshot instead of a delta.
 TOMBSTONE_KEEP_S = 60.0
+# How many of a node's earlier samples a delta can patch against: a browser a few seconds behind (a
+# busy server, a slow page) still gets its GPUs as patches rather than whole, so a late delta stays
+# the size of a delta instead of nearly a snapshot's, which would make it later still.
+PAST_KEPT = 4
 
 
 class NodeState:
     """What the latest sample of one node holds, the hub version at which that last changed, and its
-    GPUs' entries before that change (at ``previous_version``), which a delta patches field by field
-    for a browser that holds them."""
+    GPUs' entries at each of its last ``PAST_KEPT`` earlier versions (oldest first), which a delta
+    patches field by field for a browser that holds one of them."""
 
-    __slots__ = ("devices", "previous", "previous_version", "stages", "throttled", "version")
+    __slots__ = ("devices", "past", "stages", "throttled", "version")
 
     def __init__(self) -> None:
-        self.version, self.previous_version, self.throttled = 0, 0, 0
+        self.version, self.throttled = 0, 0
         self.devices: tuple[str, ...] = ()
-        self.previous: dict[str, dict[str, Any]] = {}
+        self.past: deque[tuple[int, dict[str, dict[str, Any]]]] = deque(maxlen=PAST_KEPT)
         self.stages: set[str] = set()
 
     def changed(self, version: int, before: dict[str, dict[str, Any]]) -> None:
-        self.previous, self.previous_version, self.version = before, self.version, version
+        self.past.append((self.version, before))
+        self.version = version
+
+    def held_at(self, since: int) -> int | None:
+        """Which of the kept earlier versions a browser holding hub version ``since`` has of this node
+        (the newest not after it), or None when it is older than all of them."""
+        for version, _ in reversed(self.past):
+            if version <= since:
+                return version
+        return None
 
 
 class TelemetryHub:

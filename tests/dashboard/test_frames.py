@@ -102,6 +102,32 @@ def test_a_delta_applied_to_the_old_snapshot_is_the_new_snapshot(seed, nodes):
     assert patched  # GPUs came as patches of their previous sample too
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_browser_several_versions_behind_gets_patches_that_make_the_new_snapshot(seed):
+    """A late browser (a busy server, a slow page) holds a version from a few ticks back: the delta
+    from it still applies to give the new snapshot, and a node that changed several times since is
+    patched against the sample the browser holds (hub.PAST_KEPT), not sent whole."""
+    rng = random.Random(seed)
+    clock = Clock(1000.0)
+    hub, fleet = TelemetryHub(clock=clock), Fleet(rng, nodes=3)
+    states = [json.loads(hub.frames.render(Subscription(), None)[1])]
+    patched_late = 0
+    for _ in range(40):
+        for _ in range(rng.randint(1, 4)):
+            hub.ingest(fleet.step())
+            clock.t = fleet.t
+        hub.frames.new_tick()
+        held = rng.choice(states[-4:])
+        delta = json.loads(hub.frames.frame(Subscription(), held["version"])[1])
+        snapshot = json.loads(hub.frames.render(Subscription(), None)[1])
+        assert apply(delta, held) == snapshot
+        before = states[-1]["devices"]  # the previous tick's
+        patched_late += sum(held["devices"][name]["t"] < before.get(name, {}).get("t", 0) < sample["t"]
+                            for name, sample in snapshot["devices"].items() if name in delta["patches"])
+        states.append(snapshot)
+    assert patched_late  # GPUs that changed twice since the browser's version, and came as patches
+
+
 def test_only_the_nodes_shown_are_sent_with_the_whole_fleet_counted():
     hub = TelemetryHub(clock=Clock(1000.0))
     hub.ingest(_heartbeat("a", 1000.0, {0: 10.0, 1: 20.0}, ["d1-r0-s0"]))
