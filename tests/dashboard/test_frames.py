@@ -75,20 +75,28 @@ class Fleet:
                 {k for n in shown for k in self.stages[n]})
 
 
+def _random_hub(seed: int, nodes: int) -> tuple[random.Random, TelemetryHub, Fleet]:
+    rng = random.Random(seed)
+    return rng, TelemetryHub(clock=Clock(1000.0)), Fleet(rng, nodes=nodes)
+
+
+def _next_tick(hub: TelemetryHub, fleet: Fleet, heartbeats: int) -> None:
+    """``heartbeats`` of the fleet's, then a new tick (frames are rendered afresh)."""
+    for _ in range(heartbeats):
+        hub.ingest(fleet.step())
+        hub.clock.t = fleet.t
+    hub.frames.new_tick()
+
+
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("nodes", [None, ("n0", "n2", "n-never-seen")])
 def test_a_delta_applied_to_the_old_snapshot_is_the_new_snapshot(seed, nodes):
-    rng = random.Random(seed)
-    clock = Clock(1000.0)
-    hub, fleet = TelemetryHub(clock=clock), Fleet(rng, nodes=5)
+    rng, hub, fleet = _random_hub(seed, 5)
     subscription = Subscription(None if nodes is None else frozenset(nodes))
     held = json.loads(hub.frames.render(subscription, None)[1])
     patched = 0
     for _ in range(60):
-        for _ in range(rng.randint(0, 8)):
-            hub.ingest(fleet.step())
-            clock.t = fleet.t
-        hub.frames.new_tick()
+        _next_tick(hub, fleet, rng.randint(0, 8))
         version, text = hub.frames.frame(subscription, held["version"])
         delta = json.loads(text)
         assert version == delta["version"] == hub.version
@@ -107,16 +115,11 @@ def test_a_browser_several_versions_behind_gets_patches_that_make_the_new_snapsh
     """A late browser (a busy server, a slow page) holds a version from a few ticks back: the delta
     from it still applies to give the new snapshot, and a node that changed several times since is
     patched against the sample the browser holds (hub.PAST_KEPT), not sent whole."""
-    rng = random.Random(seed)
-    clock = Clock(1000.0)
-    hub, fleet = TelemetryHub(clock=clock), Fleet(rng, nodes=3)
+    rng, hub, fleet = _random_hub(seed, 3)
     states = [json.loads(hub.frames.render(Subscription(), None)[1])]
     patched_late = 0
     for _ in range(40):
-        for _ in range(rng.randint(1, 4)):
-            hub.ingest(fleet.step())
-            clock.t = fleet.t
-        hub.frames.new_tick()
+        _next_tick(hub, fleet, rng.randint(1, 4))
         held = rng.choice(states[-4:])
         delta = json.loads(hub.frames.frame(Subscription(), held["version"])[1])
         snapshot = json.loads(hub.frames.render(Subscription(), None)[1])
