@@ -54,7 +54,12 @@ def test_a_killed_web_process_fails_only_its_streams_in_flight(tmp_path, demo_mo
             time.sleep(1.5)
             killed_at = time.monotonic()
             victim.kill()
-            time.sleep(2.0)
+            # The load goes on until a stream begun after the kill has ended (on a loaded host a
+            # stream takes seconds: a fixed wait could end before any client started a new one).
+            deadline = killed_at + 60
+            while time.monotonic() < deadline and not any(
+                    o.streamed and o.started > killed_at for o in load.snapshot()):
+                time.sleep(0.2)
         outcomes = load.snapshot()
         dashboards = [one, other]
         survivor_health = httpx.get(f"{survivor.url}/health", timeout=10)
