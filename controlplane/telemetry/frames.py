@@ -9,10 +9,10 @@ Two frames, both JSON text (the socket's protocol: docs/dashboard.md, "Live upda
      "patches": {name: {field: value}}, "stages": {...}, "removed": {"devices": [...], "stages": [...]}}
 
 A delta carries the GPUs and stages of the shown nodes whose figures changed after version ``v`` and
-names the ones that went away (or moved to a node not shown). A GPU whose node's sample the browser
-holds is one of the last few the hub keeps (``hub.PAST_KEPT``: the one before the latest when a
-browser acks every tick and a node reports every second; an older one when the browser runs late)
-comes as a patch of the fields that changed (its time and utilization, mostly); any other comes
+names the ones that went away (or moved to a node not shown). A GPU comes as a patch of the fields
+that changed (its time and utilization, mostly) when the browser holds one of the node's last few
+samples, which the hub keeps (``hub.PAST_KEPT``: the one before the latest when a browser acks every
+tick and a node reports every second, an older one when the browser runs late); any other comes
 whole in ``devices``, as stages always do. Deleting the removed, replacing the entries in ``devices`` and
 ``stages`` and merging the patches into the state at ``v`` gives the snapshot at ``V`` of the same
 nodes. ``fleet`` counts the whole fleet whatever is shown (nodes reporting, GPUs, stages, GPUs
@@ -175,11 +175,11 @@ class _Fragment:
             self._stages = _dumps({key: stages[key] for key in sorted(self.state.stages)})[1:-1]
         return self._stages
 
-    def patched(self, held: int) -> tuple[str, str]:
-        """The GPUs new or reshaped since the node's version ``held`` (one of ``state.past``), whole,
-        and the others' changed fields."""
-        if (delta := self._deltas.get(held)) is None:
-            earlier = next(entries for version, entries in self.state.past if version == held)
+    def patched(self, held: tuple[int, dict[str, dict[str, Any]]]) -> tuple[str, str]:
+        """The GPUs new or reshaped since ``held`` (an earlier version of the node and its entries,
+        from ``NodeState.held_at``), whole, and the others' changed fields."""
+        version, earlier = held
+        if (delta := self._deltas.get(version)) is None:
             new, patches = {}, {}
             for name in self.state.devices:
                 entry, before = self.hub.devices[name], earlier.get(name)
@@ -187,7 +187,7 @@ class _Fragment:
                     new[name] = entry
                 elif changed := {f: v for f, v in entry.items() if before[f] != v}:
                     patches[name] = changed
-            delta = self._deltas[held] = (_dumps(new)[1:-1], _dumps(patches)[1:-1])
+            delta = self._deltas[version] = (_dumps(new)[1:-1], _dumps(patches)[1:-1])
         return delta
 
 

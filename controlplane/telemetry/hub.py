@@ -61,12 +61,12 @@ class NodeState:
         self.past.append((self.version, before))
         self.version = version
 
-    def held_at(self, since: int) -> int | None:
-        """Which of the kept earlier versions a browser holding hub version ``since`` has of this node
-        (the newest not after it), or None when it is older than all of them."""
-        for version, _ in reversed(self.past):
-            if version <= since:
-                return version
+    def held_at(self, since: int) -> tuple[int, dict[str, dict[str, Any]]] | None:
+        """Which of the kept earlier versions, with its entries, a browser holding hub version
+        ``since`` has of this node (the newest not after it), or None when it is older than all."""
+        for held in reversed(self.past):
+            if held[0] <= since:
+                return held
         return None
 
 

@@ -6,8 +6,8 @@
 // step, sent by Apply as PATCH /api/v1/deployments/{id}/; the stages take them in place
 // (docs/deployments.md, "Speculative decoding"). A refusal (a plain account, a bad value) shows the
 // API's message. showSpeculation redraws a box from the API's deployment (deployments.js, on every
-// resync) but keeps a mode, ceiling or draft model the operator changed and has not applied yet: a
-// resync that lands between choosing and Apply must not send the old values.
+// resync) but keeps a mode or ceiling the operator changed and has not applied yet: a resync that
+// lands between choosing and Apply must not send the old values.
 import { patchJSON } from "./api.js";
 
 export function acceptanceText(stats) {
