@@ -1,13 +1,14 @@
-"""The CPU of storing one rollup interval of a large fleet: ``rollups.rollups_save`` (one INSERT run once
-per row, ``executemany``) side by side with the ORM's ``bulk_create``, which it replaced.
+"""The time of storing one rollup interval of a large fleet: ``rollups.rollups_save`` (one INSERT run once
+per row, ``executemany``, in one transaction) side by side with the same statements committed row by
+row (outside a transaction, as it ran before) and with the ORM's ``bulk_create``.
 
     .venv/bin/python benchmarks/rollups_bench.py [--gpus 10000] [--rounds 5]
 
 A hub (controlplane/telemetry/hub.py) is fed 10 s of heartbeats of ``gpus / 8`` nodes
-(``telemetry_sim.heartbeat``) and its closed buckets are stored, alternately by each way, into a fresh
-test database of the configured kind (SQLite by default; PostgreSQL where ``DATABASE_URL`` says so),
-each round at a bucket time of its own so that every row is new. Reported: CPU time of the storing
-process per interval, each way, and their ratio.
+(``telemetry_sim.heartbeat``) and its closed buckets are stored, in turn by each way, into a fresh
+test database of the configured kind (SQLite by default, in a file in WAL mode as the server keeps it;
+PostgreSQL where ``DATABASE_URL`` says so), each round at a bucket time of its own so that every row is
+new. Reported: wall time and CPU time of the storing process per interval, each way, and their ratios.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -62,10 +64,16 @@ def bulk_create(rollups: list[Rollup]) -> None:
         for r in rollups], batch_size=500, ignore_conflicts=True)
 
 
-def cpu_ms(store, rollups: list[Rollup]) -> float:
-    started = time.process_time()
+def commit_per_row(rollups: list[Rollup]) -> None:
+    """``rollups_save`` outside its transaction: every row of the ``executemany`` a commit of its own."""
+    rollups_save.__wrapped__(rollups=rollups)
+
+
+def spent_ms(store, rollups: list[Rollup]) -> tuple[float, float]:
+    """Wall and CPU milliseconds of storing ``rollups``."""
+    wall, cpu = time.perf_counter(), time.process_time()
     store(rollups)
-    return (time.process_time() - started) * 1000
+    return (time.perf_counter() - wall) * 1000, (time.process_time() - cpu) * 1000
 
 
 def main() -> None:
@@ -73,28 +81,36 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=10000)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
+    folder = tempfile.TemporaryDirectory(prefix="rollups-bench-")
+    if connection.vendor == "sqlite":  # a file, as the server's: Django's test default is in memory
+        connection.settings_dict["TEST"]["NAME"] = f"{folder.name}/rollups-bench.sqlite3"
     runner = DiscoverRunner(verbosity=0, interactive=False)  # replaces one a killed run left
     databases = runner.setup_databases()
+    ways = {"bulk_create": bulk_create, "a commit per row": commit_per_row,
+            "rollups_save": lambda rows: rollups_save(rollups=rows)}
     try:
         template = interval(args.gpus, time.time() // ROLLUP_S * ROLLUP_S - 3600)
-        ways = {"bulk_create": bulk_create, "executemany": lambda rows: rollups_save(rollups=rows)}
-        spent: dict[str, list[float]] = {name: [] for name in ways}
+        spent: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}
         for round_ in range(args.rounds):
             for offset, (name, store) in enumerate(ways.items()):
-                shift = (2 * round_ + offset + 1) * ROLLUP_S
+                shift = (len(ways) * round_ + offset + 1) * ROLLUP_S
                 rows = [Rollup(r.kind, r.key, r.bucket_start + shift, r.seconds, r.samples, r.mean, r.peak)
                         for r in template]
-                spent[name].append(cpu_ms(store, rows))
+                spent[name].append(spent_ms(store, rows))
         stored = TelemetryRollup.objects.count()
     finally:
         runner.teardown_databases(databases)
-    medians = {name: statistics.median(values) for name, values in spent.items()}
+        folder.cleanup()
+    medians = {name: [statistics.median(v[i] for v in values) for i in (0, 1)]
+               for name, values in spent.items()}
     print(f"{connection.vendor}, {len(template)} buckets per interval, {args.rounds} rounds, "
           f"{stored} rows stored")
-    for name, value in medians.items():
-        each = ", ".join(f"{v:.0f}" for v in spent[name])
-        print(f"  {name}: median {value:.0f} ms CPU per interval ({each})")
-    print(f"  executemany / bulk_create: {medians['executemany'] / medians['bulk_create']:.2f}x")
+    for name, (wall, cpu) in medians.items():
+        print(f"  {name}: median {wall:.0f} ms wall, {cpu:.0f} ms CPU per interval")
+    ours = medians["rollups_save"]
+    for name in ("a commit per row", "bulk_create"):
+        wall, cpu = (ours[i] / medians[name][i] for i in (0, 1))
+        print(f"  rollups_save / {name}: wall {wall:.2f}x, CPU {cpu:.2f}x")
 
 
 if __name__ == "__main__":
