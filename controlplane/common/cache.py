@@ -9,13 +9,14 @@ the same values.
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from controlplane.common import json_text
 
 
 class JsonSerializer:
     def dumps(self, obj: Any) -> bytes:
-        return json.dumps(obj, separators=(",", ":")).encode()
+        return json_text.dumps(obj).encode()
 
     def loads(self, data: bytes) -> Any:
-        return json.loads(data)
+        return json_text.loads(data)

@@ -18,7 +18,6 @@ opens its own connection (again in a forked child); expired entries are deleted 
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import threading
@@ -28,6 +27,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from django.core.cache.backends.base import DEFAULT_TIMEOUT, BaseCache
+
+from controlplane.common import json_text
 
 CULL_EVERY_WRITES = 200
 _BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another process's write to finish
@@ -57,7 +58,7 @@ class SqliteCache(BaseCache):
         key = self.make_and_validate_key(key, version=version)
         row = self._connection().execute(
             f"SELECT value FROM cache_entries WHERE key = ? AND {_LIVE}", (key, time.time())).fetchone()
-        return default if row is None else json.loads(row[0])
+        return default if row is None else json_text.loads(row[0])
 
     def get_many(self, keys: Iterable[str], version=None) -> dict[str, Any]:
         wanted = {self.make_and_validate_key(key, version=version): key for key in keys}
@@ -67,7 +68,7 @@ class SqliteCache(BaseCache):
             chunk = names[i:i + _IN_CHUNK]
             rows = connection.execute(f"SELECT key, value FROM cache_entries WHERE key IN "
                                       f"({','.join('?' * len(chunk))}) AND {_LIVE}", (*chunk, now))
-            found.update((wanted[key], json.loads(value)) for key, value in rows)
+            found.update((wanted[key], json_text.loads(value)) for key, value in rows)
         return found
 
     def has_key(self, key, version=None) -> bool:
@@ -155,4 +156,4 @@ class SqliteCache(BaseCache):
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+    return json_text.dumps(value)

@@ -16,13 +16,13 @@ worked out in memory per heartbeat and written only when it changes.
 
 from __future__ import annotations
 
-import json
 import time
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
+from controlplane.common import json_text
 from controlplane.common.ws_dispatch import FramesWithoutSweep
 from controlplane.common.ws_limits import MessageLimits
 from controlplane.deployments.liveness import node_connection_closed
@@ -94,7 +94,7 @@ class AgentConsumer(FramesWithoutSweep, AsyncJsonWebsocketConsumer):
             await self.close(code=broken[0], reason=broken[1])
             return
         try:
-            message = json.loads(text_data) if text_data is not None else None
+            message = json_text.loads(text_data) if text_data is not None else None
         except ValueError:
             message = None
         if not isinstance(message, dict):

@@ -27,9 +27,10 @@ nodes (every Fleet page that acked the last tick) cost one frame between them.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from controlplane.common import json_text
 
 if TYPE_CHECKING:
     from controlplane.telemetry.hub import TelemetryHub
@@ -120,7 +121,7 @@ class Frames:
                  "throttled": sum(n.throttled for n in hub.nodes.values())}
         head = (f'{{"type":"snapshot","version":{hub.version}' if since is None
                 else f'{{"type":"delta","from":{since},"version":{hub.version}')
-        text = (f'{head},"at":{json.dumps(hub.clock())},"fleet":{_dumps(fleet)},'
+        text = (f'{head},"at":{_dumps(hub.clock())},"fleet":{_dumps(fleet)},'
                 f'"devices":{{{_join(devices)}}},"stages":{{{_join(stages)}}}')
         if since is not None:
             text += f',"patches":{{{_join(patches)}}},"removed":{_dumps(self._removed(subscription, since))}'
@@ -196,4 +197,4 @@ def _join(fragments: list[str]) -> str:
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+    return json_text.dumps(value)
