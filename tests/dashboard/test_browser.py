@@ -349,10 +349,20 @@ def test_a_kept_trace_is_drawn_as_a_waterfall_from_the_deployments_page(page, se
         "gateway.request", "gateway.admission", "head.request", "stage.request"]
     assert labels[3] == "\u00a0" * 6 + "└ stage.request · p0/0"  # under the head's span
     assert page.url.endswith(f"?trace={sample.trace_id}")
-    detail = page.locator("#span-detail")
-    for _ in range(4):  # on a loaded machine plotly may bind its click handler after drawing the bars
-        box = bars.nth(2).bounding_box()  # plotly's drag layer takes the click and finds the bar under it
-        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    detail, hover = page.locator("#span-detail"), page.locator("#trace-waterfall .hoverlayer .hovertext")
+    for attempt in range(4):
+        # plotly's drag layer takes the click and sends plotly_click for the bar its hover found under
+        # the pointer; the hover runs on a mouse move, throttled, so on a loaded machine a click right
+        # after the move finds nothing. Move (a pixel further each try: a real move), wait for the
+        # hover's label, then click.
+        box = bars.nth(2).bounding_box()
+        page.mouse.move(box["x"] + box["width"] / 2 + attempt, box["y"] + box["height"] / 2)
+        try:
+            expect(hover.first).to_be_visible(timeout=5_000)
+        except AssertionError:
+            continue
+        page.mouse.down()
+        page.mouse.up()
         try:
             expect(detail).to_contain_text('"motley.prompt_tokens": 5', timeout=5_000)  # drawn on the click
             break
