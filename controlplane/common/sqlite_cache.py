@@ -83,7 +83,7 @@ class SqliteCache(BaseCache):
 
     def set_many(self, data: dict[str, Any], timeout=DEFAULT_TIMEOUT, version=None) -> list[str]:
         expires = self.get_backend_timeout(timeout)
-        rows = [(self.make_and_validate_key(key, version=version), expires, _dumps(value))
+        rows = [(self.make_and_validate_key(key, version=version), expires, json_text.dumps(value))
                 for key, value in data.items()]  # every value serialized before anything is written
         with self._transaction(len(rows)) as connection:
             connection.executemany(_UPSERT, rows)
@@ -91,7 +91,7 @@ class SqliteCache(BaseCache):
 
     def add(self, key, value, timeout=DEFAULT_TIMEOUT, version=None) -> bool:
         key = self.make_and_validate_key(key, version=version)
-        row = (key, self.get_backend_timeout(timeout), _dumps(value), time.time())
+        row = (key, self.get_backend_timeout(timeout), json_text.dumps(value), time.time())
         with self._transaction(1) as connection:
             return connection.execute(_ADD, row).rowcount == 1
 
@@ -153,7 +153,3 @@ class SqliteCache(BaseCache):
             doomed = count // self._cull_frequency if self._cull_frequency else count
             connection.execute("DELETE FROM cache_entries WHERE key IN (SELECT key FROM cache_entries "
                                "ORDER BY expires IS NULL, expires LIMIT ?)", (doomed,))
-
-
-def _dumps(value: Any) -> str:
-    return json_text.dumps(value)

@@ -121,10 +121,11 @@ class Frames:
                  "throttled": sum(n.throttled for n in hub.nodes.values())}
         head = (f'{{"type":"snapshot","version":{hub.version}' if since is None
                 else f'{{"type":"delta","from":{since},"version":{hub.version}')
-        text = (f'{head},"at":{_dumps(hub.clock())},"fleet":{_dumps(fleet)},'
+        text = (f'{head},"at":{json_text.dumps(hub.clock())},"fleet":{json_text.dumps(fleet)},'
                 f'"devices":{{{_join(devices)}}},"stages":{{{_join(stages)}}}')
         if since is not None:
-            text += f',"patches":{{{_join(patches)}}},"removed":{_dumps(self._removed(subscription, since))}'
+            removed = json_text.dumps(self._removed(subscription, since))
+            text += f',"patches":{{{_join(patches)}}},"removed":{removed}'
         return hub.version, text + "}"
 
     def _fragment(self, node: str) -> _Fragment:
@@ -166,14 +167,14 @@ class _Fragment:
     def devices(self) -> str:
         if self._devices is None:
             devices = self.hub.devices
-            self._devices = _dumps({name: devices[name] for name in self.state.devices})[1:-1]
+            self._devices = json_text.dumps({name: devices[name] for name in self.state.devices})[1:-1]
         return self._devices
 
     @property
     def stages(self) -> str:
         if self._stages is None:
             stages = self.hub.stages
-            self._stages = _dumps({key: stages[key] for key in sorted(self.state.stages)})[1:-1]
+            self._stages = json_text.dumps({key: stages[key] for key in sorted(self.state.stages)})[1:-1]
         return self._stages
 
     def patched(self, held: tuple[int, dict[str, dict[str, Any]]]) -> tuple[str, str]:
@@ -188,13 +189,9 @@ class _Fragment:
                     new[name] = entry
                 elif changed := {f: v for f, v in entry.items() if before[f] != v}:
                     patches[name] = changed
-            delta = self._deltas[version] = (_dumps(new)[1:-1], _dumps(patches)[1:-1])
+            delta = self._deltas[version] = (json_text.dumps(new)[1:-1], json_text.dumps(patches)[1:-1])
         return delta
 
 
 def _join(fragments: list[str]) -> str:
     return ",".join(f for f in fragments if f)
-
-
-def _dumps(value: Any) -> str:
-    return json_text.dumps(value)
