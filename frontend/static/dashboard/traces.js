@@ -1,7 +1,7 @@
 // The Request traces page: recent sampled requests (GET /api/v1/traces/, the first paint embedded) and a
 // waterfall of the one picked (GET /api/v1/traces/<id>/): a bar per span from its start to its end, each
 // under its parent, coloured by the process that made it (gateway, head, other stages), failed ones red,
-// its events as marks on its bar; a click on a bar shows the span's attributes.
+// its events as marks on its bar; a click on a bar or a mark shows the span's attributes.
 import { getJSON } from "./api.js";
 import { h } from "./dom.js";
 
@@ -54,6 +54,7 @@ function drawWaterfall(trace) {
   const events = spans.flatMap((s, i) => s.events.map((e) => ({ row: i, at: e.offset_s * 1000, name: e.name })));
   const marks = {
     type: "scatter", mode: "markers", y: events.map((e) => e.row), x: events.map((e) => e.at),
+    customdata: events.map((e) => e.row),
     text: events.map((e) => e.name), hovertemplate: "%{text} at %{x:.2f} ms<extra></extra>",
     marker: { symbol: "line-ns-open", size: 14, color: "#222" }, name: "events", showlegend: false,
   };
@@ -67,8 +68,10 @@ function drawWaterfall(trace) {
   };
   Plotly.react(element, [bars, marks], layout, CONFIG);
   element.removeAllListeners?.("plotly_click");
+  // A click shows the span of the bar or of the event mark under the pointer: plotly reports the mark
+  // alone where one lies within its hover distance of the pointer, as on a short bar's middle.
   element.on("plotly_click", (event) => {
-    const point = event.points.find((p) => p.data.name === "spans");
+    const point = event.points.find((p) => p.customdata !== undefined);
     if (point) detail(spans[point.customdata]);
   });
 }
