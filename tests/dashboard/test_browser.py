@@ -3,8 +3,9 @@
 Covers: log in; the topology of an emulated fleet with a running deployment; a utilization chart
 updating live from agent telemetry; prefix caching's figures on the Utilization and Deployments pages;
 the demand figures following the demand API in place; an invalid plan edit showing the planner's
-error; a valid edit applied as a new revision; the prefix caching switch; a tensor-parallel group's
-shares in the plan editor, edited and checked; what a degraded plan lowered, redrawn from the API.
+error; a valid edit applied as a new revision; a plan check answered after a later edit ignored; the
+prefix caching switch; a tensor-parallel group's shares in the plan editor, edited and checked; what a
+degraded plan lowered, redrawn from the API.
 Screenshots of each page go to test-artifacts/screenshots/.
 (READY on the new plan needs real agents and stage processes: tests/dashboard/test_e2e.py.)
 
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -257,6 +260,36 @@ def test_invalid_edit_shows_the_error_a_valid_one_is_applied_and_rebalance_propo
     page.click("#apply")
     assert page.locator("#diff li").count() == 2
     page.keyboard.press("Escape")
+
+
+def test_a_check_answered_after_a_later_edit_does_not_enable_apply(page, server):
+    """Edit A's check is held in flight while edit B makes the plan invalid; A's answer then arrives.
+    It priced a plan no longer shown: taken, it would enable Apply (and Apply posts the checked plan).
+    The page's clock is Playwright's, paused, so the 150 ms wait before each check runs only when told."""
+    with own_context(page, server.url) as own:
+        own.clock.install()
+        log_in(own, OPERATOR)
+        own.goto(f"/deployments/{server.seed['deployment_id']}/plan/")
+        own.wait_for_selector("#check-status.ok")
+        own.clock.pause_at(datetime.now() + timedelta(seconds=5))
+        held = []
+        own.route("**/api/v1/plans/validate/", lambda route: held.append(route))
+        replica = own.locator("table.replica-table").filter(has=own.locator("tbody tr:nth-child(2)")).first
+        boundary, last_end = replica.locator("input.end").first, replica.locator("input.end").last
+        with own.expect_request("**/api/v1/plans/validate/"):
+            _set(boundary, str(int(boundary.input_value()) + 1))  # edit A: valid
+            own.clock.run_for(200)
+        _set(last_end, "30")  # edit B: layers missing; its check waits for the clock
+        with own.expect_response("**/api/v1/plans/validate/") as answer:
+            held.pop().continue_()
+        assert answer.value.json()["valid"]
+        time.sleep(0.5)  # the page reads the answer and, where it takes it, renders it
+        assert own.locator("#check-status").inner_text() == "checking…"
+        assert own.locator("#apply").is_disabled()
+        own.unroute("**/api/v1/plans/validate/")
+        own.clock.run_for(200)
+        own.wait_for_selector("#problems li[data-code=layer_missing]")
+        assert own.locator("#apply").is_disabled()
 
 
 @pytest.fixture(scope="module")

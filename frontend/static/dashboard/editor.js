@@ -190,8 +190,11 @@ async function validate() {
 }
 
 // An edit makes the last check stale at once: it reads "checking…" and Apply waits for the next one.
+// A check still in flight priced the plan before this edit, so its answer is dropped: taken, it would
+// enable Apply for a plan other than the one shown, and Apply posts the checked plan.
 function edit(change) {
   change();
+  checkSeq += 1;
   check = null;
   document.getElementById("apply").disabled = true;
   renderCheck();
