@@ -178,25 +178,24 @@ class System:
         self.processes[name].wait(timeout=10)
 
     def stop(self) -> None:
-        """Stop agents first (they stop their stages), then the control plane; SIGKILL what lingers."""
+        """SIGTERM the agents (they stop their stages) and the control plane together: nothing is left
+        to serve, so neither waits for the other. SIGKILL what lingers."""
         descendants = []
         for process in self.processes.values():
             try:
                 descendants += psutil.Process(process.pid).children(recursive=True)
             except psutil.Error:
                 pass
-        agents = [p for name, p in self.processes.items() if name != "control-plane"]
-        for group in (agents, [p for name, p in self.processes.items() if name == "control-plane"]):
-            for process in group:
-                if process.poll() is None:
-                    process.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + 15
-            for process in group:
-                try:
-                    process.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
         for child in descendants:
             try:
                 child.kill()
